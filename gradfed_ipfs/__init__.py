@@ -1,0 +1,1 @@
+"""gradfed-ipfs."""

@@ -1,0 +1,457 @@
+"""The exception hierarchy of gradfed-ipfs.
+
+Every error the library raises on purpose derives from :class:`GradfedError`, so one
+``except GradfedError`` serves users and the CLI. Each family carries an ``exit_code`` that the
+CLI exits with. The tree::
+
+    GradfedError                       root; exit_code 1
+    ├── GradientError                  the seed's ``GradientError`` enum (seed-api §3); exit 3
+    │   ├── ShapeMismatch              lengths or shapes of gradients disagree
+    │   │   └── DimensionMismatch      the backward-pass spelling of the same condition
+    │   ├── ChecksumFailed             a GradientDelta's checksum does not match its content
+    │   ├── InvalidCompressionRatio    k / keep-ratio outside (0, 1]
+    │   ├── EmptyGradientSet           an aggregation was given no gradients
+    │   │   └── EmptyGradients         the backward-pass spelling of the same condition
+    │   ├── IncompatibleDtype          a tensor of an unsupported dtype
+    │   ├── OutlierDetected            a z-score above the threshold
+    │   ├── InvalidGradient            catch-all: NaN/Inf, bad sizes, bad parameters
+    │   ├── NodeNotFound               a backward-pass step id is unknown
+    │   └── PeerNotFound               a peer is not registered in a step
+    ├── DecodeError                    untrusted bytes that do not decode; exit 4
+    │   ├── MalformedArrow             not a gradient Arrow IPC file
+    │   ├── MalformedManifest          not a chunk manifest / IPLD record we understand
+    │   └── MalformedAnnouncement      a pubsub announcement that does not parse
+    ├── BlockStoreError                storage failures; exit 5
+    │   ├── BlockNotFound              no block with that CID (within the timeout)
+    │   ├── BlockCorrupt               bytes whose hash is not their CID
+    │   ├── BlockTooLarge              a block over the store's size limit, refused before sending
+    │   ├── StoreUnavailable           the daemon cannot be reached (after retries)
+    │   └── StoreRequestError          the daemon answered with an error
+    ├── KuboError                      managing Kubo daemons; exit 6
+    │   ├── KuboNotInstalled           no Kubo binary and it could not be built
+    │   └── KuboStartError             a daemon failed to start (message has its log tail)
+    ├── FederatedError                 the seed's ``FederatedError`` (seed-api §6.1); exit 7
+    │   ├── NoContributions            a round has nothing to aggregate
+    │   ├── FederatedDimensionMismatch contributions of different lengths
+    │   ├── ClientNotFound             a contribution from a client not in the round
+    │   ├── NotStarted                 operating on a round that was not started
+    │   ├── PrivacyBudgetExhausted     a DP operation would exceed the (ε, δ) budget
+    │   └── SecureAggregationError     the masked-sum protocol cannot proceed
+    ├── CoordinationError              the seed's ``CoordinationError`` (§8.4); exit 8
+    │   ├── PassNotFound               unknown backward pass id
+    │   └── PassAlreadyTerminal        the pass is Complete or Failed
+    ├── ArrowBlockError                the seed's GARW block errors (§8.6); exit 4
+    │   ├── EmptyInput                 zero bytes
+    │   ├── ArrowBlockShapeMismatch    declared shape disagrees with the values
+    │   ├── InvalidMagic               the first four bytes are not ``GARW``
+    │   └── TruncatedData              fewer bytes than the header promises
+    └── ComputationGraphError          the seed's ``ComputationGraphError`` (§7.2); exit 9
+        ├── GraphNodeNotFound          no node with that id
+        ├── CircularDependency         the graph has a cycle
+        ├── GraphSerializationError    a node or graph does not (de)serialize
+        └── GraphIoError               reading or writing a graph/checkpoint failed
+
+Store errors carry context as attributes (``api_url``, ``endpoint``, ``cid``), set by the one
+boundary that talks to Kubo, so a message always names the CID and the daemon.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+__all__ = [
+    "ArrowBlockError",
+    "ArrowBlockShapeMismatch",
+    "BlockCorrupt",
+    "BlockNotFound",
+    "BlockStoreError",
+    "BlockTooLarge",
+    "ChecksumFailed",
+    "CircularDependency",
+    "ClientNotFound",
+    "ComputationGraphError",
+    "CoordinationError",
+    "DecodeError",
+    "DimensionMismatch",
+    "EmptyGradientSet",
+    "EmptyGradients",
+    "EmptyInput",
+    "FederatedDimensionMismatch",
+    "FederatedError",
+    "GradfedError",
+    "GradientError",
+    "GraphIoError",
+    "GraphNodeNotFound",
+    "GraphSerializationError",
+    "IncompatibleDtype",
+    "InvalidCompressionRatio",
+    "InvalidGradient",
+    "InvalidMagic",
+    "KuboError",
+    "KuboNotInstalled",
+    "KuboStartError",
+    "MalformedAnnouncement",
+    "MalformedArrow",
+    "MalformedManifest",
+    "NoContributions",
+    "NodeNotFound",
+    "NotStarted",
+    "OutlierDetected",
+    "PassAlreadyTerminal",
+    "PassNotFound",
+    "PeerNotFound",
+    "PrivacyBudgetExhausted",
+    "SecureAggregationError",
+    "ShapeMismatch",
+    "StoreRequestError",
+    "StoreUnavailable",
+    "TruncatedData",
+]
+
+
+class GradfedError(Exception):
+    """Root of every error gradfed-ipfs raises on purpose."""
+
+    exit_code: ClassVar[int] = 1
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Every family must say how the CLI exits; inheriting one is fine, zero is not.
+        if not isinstance(cls.__dict__.get("exit_code", cls.exit_code), int) or cls.exit_code == 0:
+            raise TypeError(f"{cls.__name__} needs a non-zero integer exit_code")
+
+
+# --------------------------------------------------------------------------- gradient (seed §3)
+
+
+class GradientError(GradfedError):
+    """An error from gradient math: the seed's ``GradientError`` enum."""
+
+    exit_code: ClassVar[int] = 3
+
+
+class ShapeMismatch(GradientError, ValueError):
+    """Two gradients, or a gradient and its declared shape, disagree.
+
+    Parameters
+    ----------
+    expected, actual
+        The shapes (or ``[length]``) that were compared.
+    """
+
+    def __init__(self, expected: Sequence[int], actual: Sequence[int]) -> None:
+        self.expected = list(expected)
+        self.actual = list(actual)
+        super().__init__(f"Shape mismatch: expected {self.expected}, got {self.actual}")
+
+
+class DimensionMismatch(ShapeMismatch):
+    """Gradients from different peers have different lengths (backward-pass spelling)."""
+
+    def __init__(
+        self, expected: Sequence[int] | None = None, actual: Sequence[int] | None = None
+    ) -> None:
+        ShapeMismatch.__init__(self, expected or [], actual or [])
+        detail = f": expected {self.expected}, got {self.actual}" if expected is not None else ""
+        self.args = (f"Gradient dimension mismatch between peers{detail}",)
+
+
+class ChecksumFailed(GradientError, ValueError):
+    """A ``GradientDelta``'s stored checksum does not match its content."""
+
+    def __init__(self, message: str = "Checksum verification failed") -> None:
+        super().__init__(message)
+
+
+class InvalidCompressionRatio(GradientError, ValueError):
+    """A compression ratio (k/n or keep ratio) outside ``(0, 1]``."""
+
+    def __init__(self, ratio: float) -> None:
+        self.ratio = ratio
+        super().__init__(f"Invalid compression ratio: {ratio}")
+
+
+class EmptyGradientSet(GradientError, ValueError):
+    """An aggregation was given no gradients."""
+
+    def __init__(self, message: str = "Empty gradient set") -> None:
+        super().__init__(message)
+
+
+class EmptyGradients(EmptyGradientSet):
+    """No gradients were provided (backward-pass spelling of :class:`EmptyGradientSet`)."""
+
+    def __init__(self, message: str = "Empty gradients provided") -> None:
+        super().__init__(message)
+
+
+class IncompatibleDtype(GradientError, TypeError):
+    """A tensor has a dtype this operation does not support."""
+
+    def __init__(self, dtype: object) -> None:
+        self.dtype = dtype
+        super().__init__(f"Incompatible dtype: {dtype}")
+
+
+class OutlierDetected(GradientError, ValueError):
+    """A value's z-score exceeds the threshold (the first such index is reported)."""
+
+    def __init__(self, index: int, value: float) -> None:
+        self.index = index
+        self.value = value
+        super().__init__(f"Outlier detected at index {index}: value {value}")
+
+
+class InvalidGradient(GradientError, ValueError):
+    """A gradient or a parameter is invalid (NaN/Inf, bad size, bad argument)."""
+
+    def __init__(self, message: str) -> None:
+        self.reason = message
+        super().__init__(f"Invalid gradient: {message}")
+
+
+class NodeNotFound(GradientError, KeyError):
+    """A node id is not in the backward-pass schedule."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        super().__init__(f"Node not found in backward pass schedule: {node_id}")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class PeerNotFound(GradientError, KeyError):
+    """A peer is not registered in a backward-pass step."""
+
+    def __init__(self, peer_id: str) -> None:
+        self.peer_id = peer_id
+        super().__init__(f"Peer not found in step: {peer_id}")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+# --------------------------------------------------------------------------- untrusted bytes
+
+
+class DecodeError(GradfedError, ValueError):
+    """Untrusted bytes (a block, a record, a message) that do not decode."""
+
+    exit_code: ClassVar[int] = 4
+
+
+class MalformedArrow(DecodeError):
+    """Bytes that are not a gradient Arrow IPC file of a layout we understand."""
+
+
+class MalformedManifest(DecodeError):
+    """A dag-cbor record (chunk manifest, round record, graph node) of the wrong form."""
+
+
+class MalformedAnnouncement(DecodeError):
+    """A pubsub announcement that is not valid for this session (see its message)."""
+
+
+# --------------------------------------------------------------------------- block stores
+
+
+class BlockStoreError(GradfedError):
+    """A block store failed. ``api_url``, ``endpoint`` and ``cid`` say where, when known."""
+
+    exit_code: ClassVar[int] = 5
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        cid: object | None = None,
+        api_url: str | None = None,
+        endpoint: str | None = None,
+    ) -> None:
+        self.cid = cid
+        self.api_url = api_url
+        self.endpoint = endpoint
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        message = str(self.args[0]) if self.args else ""
+        where = []
+        if self.cid is not None and str(self.cid) not in message:
+            where.append(f"cid={self.cid}")
+        if self.endpoint:
+            where.append(f"endpoint={self.endpoint}")
+        if self.api_url:
+            where.append(f"api={self.api_url}")
+        return f"{message} ({', '.join(where)})" if where else message
+
+
+class BlockNotFound(BlockStoreError, KeyError):
+    """No block with this CID could be found (locally, or via the network within the timeout)."""
+
+
+class BlockCorrupt(BlockStoreError, ValueError):
+    """The bytes returned for a CID do not hash to that CID."""
+
+
+class BlockTooLarge(BlockStoreError, ValueError):
+    """A block exceeds the store's size limit; it was refused before anything was sent."""
+
+
+class StoreUnavailable(BlockStoreError, ConnectionError):
+    """The store (a Kubo daemon) cannot be reached, after bounded retries."""
+
+
+class StoreRequestError(BlockStoreError):
+    """The daemon answered a request with an error (status or an NDJSON error line)."""
+
+
+# --------------------------------------------------------------------------- Kubo daemons
+
+
+class KuboError(GradfedError):
+    """Managing a local Kubo daemon failed."""
+
+    exit_code: ClassVar[int] = 6
+
+
+class KuboNotInstalled(KuboError, FileNotFoundError):
+    """No Kubo binary was found and ``scripts/install-kubo`` could not build one."""
+
+
+class KuboStartError(KuboError, RuntimeError):
+    """A Kubo daemon did not become ready; the message ends with the tail of its log."""
+
+
+# --------------------------------------------------------------------------- federated (seed §6)
+
+
+class FederatedError(GradfedError):
+    """An error of the federated protocol: the seed's ``FederatedError``."""
+
+    exit_code: ClassVar[int] = 7
+
+
+class NoContributions(FederatedError, ValueError):
+    """A round has no contributions to aggregate."""
+
+    def __init__(self, message: str = "No contributions received") -> None:
+        super().__init__(message)
+
+
+class FederatedDimensionMismatch(FederatedError, ValueError):
+    """Contributions of different lengths (the seed's ``FederatedError::DimensionMismatch``)."""
+
+    def __init__(self, expected: int, actual: int) -> None:
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"Dimension mismatch: expected {expected}, got {actual}")
+
+
+class ClientNotFound(FederatedError, KeyError):
+    """A client id is not part of the round."""
+
+    def __init__(self, client_id: str) -> None:
+        self.client_id = client_id
+        super().__init__(f"Client not found: {client_id}")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class NotStarted(FederatedError, RuntimeError):
+    """An operation needs a round that has been started."""
+
+    def __init__(self, message: str = "Round not started") -> None:
+        super().__init__(message)
+
+
+class PrivacyBudgetExhausted(FederatedError, ValueError):
+    """A differential-privacy step would exceed the (ε, δ) budget; nothing was changed."""
+
+
+class SecureAggregationError(FederatedError):
+    """The secure-aggregation protocol cannot proceed (too few participants, bad shares...)."""
+
+
+# --------------------------------------------------------------------------- coordination (§8)
+
+
+class CoordinationError(GradfedError):
+    """An error of the pass-level coordinator: the seed's ``CoordinationError``."""
+
+    exit_code: ClassVar[int] = 8
+
+
+class PassNotFound(CoordinationError, KeyError):
+    """No backward pass with this id."""
+
+    def __init__(self, pass_id: object) -> None:
+        self.pass_id = pass_id
+        super().__init__(f"Pass not found: {pass_id}")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class PassAlreadyTerminal(CoordinationError):
+    """The pass is already Complete or Failed."""
+
+    def __init__(self, pass_id: object) -> None:
+        self.pass_id = pass_id
+        super().__init__(f"Pass already in terminal state: {pass_id}")
+
+
+class ArrowBlockError(GradfedError, ValueError):
+    """An error decoding the seed's ``GARW`` gradient block (§8.6)."""
+
+    exit_code: ClassVar[int] = 4
+
+
+class EmptyInput(ArrowBlockError):
+    """Zero input bytes."""
+
+
+class ArrowBlockShapeMismatch(ArrowBlockError):
+    """The declared shape's element count differs from the number of values."""
+
+
+class InvalidMagic(ArrowBlockError):
+    """The first four bytes are not ``GARW``."""
+
+
+class TruncatedData(ArrowBlockError):
+    """The input ends before the header says it should."""
+
+
+# --------------------------------------------------------------------------- graph (§7)
+
+
+class ComputationGraphError(GradfedError):
+    """An error of the computation graph store: the seed's ``ComputationGraphError``."""
+
+    exit_code: ClassVar[int] = 9
+
+
+class GraphNodeNotFound(ComputationGraphError, KeyError):
+    """No node with this id in the graph."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        super().__init__(f"Node not found: {node_id}")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class CircularDependency(ComputationGraphError):
+    """The graph has a cycle, so it has no topological order."""
+
+
+class GraphSerializationError(ComputationGraphError, ValueError):
+    """A node, graph or checkpoint does not serialize or deserialize."""
+
+
+class GraphIoError(ComputationGraphError, OSError):
+    """Reading or writing a graph or checkpoint file failed."""
