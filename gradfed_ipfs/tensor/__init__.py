@@ -1,0 +1,1 @@
+"""Gradient tensors: types, compression, aggregation and verification (pure NumPy, no I/O)."""
