@@ -1,0 +1,587 @@
+"""Gradient tensor types: dense, sparse and quantized layers, and the per-model ``GradientDelta``.
+
+These are the seed's ``tensor`` types (seed-api §4.0-4.4) with NumPy arrays inside. Every
+constructor accepts any sequence and converts it once: values to float32, indices to int64,
+quantized values to int8, shapes to a tuple of ints.
+
+``LayerGradient`` is the common base of the representations (the seed's tagged enum):
+``LayerGradient.Dense``, ``.Sparse``, ``.Quantized`` and ``.SparseQuantized`` name them, and
+each has ``shape``, ``to_dense()`` and ``memory_size()``.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import math
+import struct
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, Final
+
+import numpy as np
+from multiformats import CID
+from numpy.typing import ArrayLike, NDArray
+
+from .._types import CIDLike, FloatArray, GradientLike
+from ..cid import parse_cid
+from ..errors import ChecksumFailed, InvalidGradient, ShapeMismatch
+
+__all__ = [
+    "DenseGradient",
+    "GradientDelta",
+    "LayerGradient",
+    "QuantizedGradient",
+    "SparseGradient",
+    "SparseQuantizedGradient",
+    "TensorDtype",
+    "TensorMetadata",
+    "pack_int4",
+    "quantize_values",
+    "unpack_int4",
+]
+
+_CHECKSUM_DOMAIN: Final = b"gradfed-ipfs/gradient-delta/v1\x00"
+_DEGENERATE_RANGE: Final = 1e-8
+
+
+class TensorDtype(enum.Enum):
+    """Element types of tensors (seed §4.0); the value is the lower-case display name."""
+
+    FLOAT32 = "float32"
+    FLOAT64 = "float64"
+    INT8 = "int8"
+    INT16 = "int16"
+    INT32 = "int32"
+    INT64 = "int64"
+    UINT8 = "uint8"
+    UINT16 = "uint16"
+    UINT32 = "uint32"
+    UINT64 = "uint64"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+    @property
+    def element_size(self) -> int:
+        """Bytes per element (4, 8, 1, 2, 4, 8, 1, 2, 4, 8, 2, 2 in declaration order)."""
+        return _ELEMENT_SIZES[self]
+
+    @property
+    def numpy_dtype(self) -> np.dtype[np.generic]:
+        """The NumPy storage dtype (``bfloat16`` is stored as ``uint16``, as in Arrow)."""
+        if self is TensorDtype.BFLOAT16:
+            return np.dtype(np.uint16)
+        dtype: np.dtype[np.generic] = np.dtype(self.value)
+        return dtype
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_ELEMENT_SIZES: Final = {
+    TensorDtype.FLOAT32: 4,
+    TensorDtype.FLOAT64: 8,
+    TensorDtype.INT8: 1,
+    TensorDtype.INT16: 2,
+    TensorDtype.INT32: 4,
+    TensorDtype.INT64: 8,
+    TensorDtype.UINT8: 1,
+    TensorDtype.UINT16: 2,
+    TensorDtype.UINT32: 4,
+    TensorDtype.UINT64: 8,
+    TensorDtype.BFLOAT16: 2,
+    TensorDtype.FLOAT16: 2,
+}
+
+
+@dataclass(frozen=True)
+class TensorMetadata:
+    """Descriptive metadata of a tensor (seed §4.0).
+
+    Attributes
+    ----------
+    name
+        Tensor name, e.g. ``"sparse_gradient"``.
+    shape
+        Dimensions, row-major.
+    dtype
+        Element type.
+    strides
+        Optional strides in elements.
+    custom
+        Free-form string annotations.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: TensorDtype = TensorDtype.FLOAT32
+    strides: tuple[int, ...] | None = None
+    custom: Mapping[str, str] = field(default_factory=dict)
+
+
+def _shape(shape: Sequence[int]) -> tuple[int, ...]:
+    dims = tuple(int(d) for d in shape)
+    if any(d < 0 for d in dims):
+        raise InvalidGradient(f"shape dimensions must be >= 0, got {list(dims)}")
+    return dims
+
+
+def _float32(values: ArrayLike) -> FloatArray:
+    return np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+
+
+def _len_prefixed(data: bytes) -> bytes:
+    return struct.pack("<Q", len(data)) + data
+
+
+class LayerGradient(ABC):
+    """A layer's gradient in one of four representations (the seed's ``LayerGradient`` enum).
+
+    ``LayerGradient.Dense``, ``.Sparse``, ``.Quantized`` and ``.SparseQuantized`` are the
+    concrete classes; ``isinstance(x, LayerGradient)`` accepts any of them.
+    """
+
+    kind: ClassVar[str]
+    Dense: ClassVar[type[DenseGradient]]
+    Sparse: ClassVar[type[SparseGradient]]
+    Quantized: ClassVar[type[QuantizedGradient]]
+    SparseQuantized: ClassVar[type[SparseQuantizedGradient]]
+
+    shape: tuple[int, ...]
+
+    @abstractmethod
+    def to_dense(self) -> FloatArray:
+        """Return the flat float32 dense values (``prod(shape)`` elements)."""
+
+    @abstractmethod
+    def memory_size(self) -> int:
+        """Return the payload size in bytes, as the seed costs it."""
+
+    @abstractmethod
+    def payload_parts(self) -> Iterator[bytes | memoryview]:
+        """Yield the canonical little-endian payload buffers hashed by the delta checksum."""
+
+
+@dataclass(eq=False, init=False)
+class DenseGradient(LayerGradient):
+    """Plain float32 values (the seed's ``LayerGradient::Dense``).
+
+    Attributes
+    ----------
+    values
+        Flat float32 array of ``prod(shape)`` elements, row-major.
+    shape
+        Tensor dimensions.
+    """
+
+    kind: ClassVar[str] = "dense"
+
+    values: FloatArray
+    shape: tuple[int, ...]
+
+    def __init__(self, values: GradientLike, shape: Sequence[int] | None = None) -> None:
+        array = np.asarray(values, dtype=np.float32)
+        self.values = np.ascontiguousarray(array).reshape(-1)
+        self.shape = _shape(array.shape if shape is None else shape)
+        if math.prod(self.shape) != self.values.size:
+            raise ShapeMismatch(list(self.shape), [self.values.size])
+
+    def to_dense(self) -> FloatArray:
+        """Return the values (no copy)."""
+        return self.values
+
+    def memory_size(self) -> int:
+        """Return ``4·len(values)`` bytes."""
+        return 4 * self.values.size
+
+    def payload_parts(self) -> Iterator[bytes | memoryview]:
+        """Yield the float32 little-endian values."""
+        yield np.ascontiguousarray(self.values, dtype="<f4").data.cast("B")
+
+
+@dataclass(eq=False, init=False)
+class SparseGradient(LayerGradient):
+    """Non-zero entries at flattened positions (seed §4.1). Nothing is validated on construction.
+
+    Attributes
+    ----------
+    indices
+        int64 flattened row-major positions, length nnz.
+    values
+        float32 values, one per index.
+    shape
+        Dense tensor dimensions.
+    """
+
+    kind: ClassVar[str] = "sparse"
+
+    indices: NDArray[np.int64]
+    values: FloatArray
+    shape: tuple[int, ...]
+
+    def __init__(
+        self, indices: ArrayLike, values: GradientLike, shape: Sequence[int] | int
+    ) -> None:
+        self.indices = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
+        self.values = _float32(values)
+        self.shape = _shape([shape] if isinstance(shape, int) else shape)
+
+    @property
+    def metadata(self) -> TensorMetadata:
+        """``TensorMetadata("sparse_gradient", shape, float32)``."""
+        return TensorMetadata("sparse_gradient", self.shape, TensorDtype.FLOAT32)
+
+    def nnz(self) -> int:
+        """Return the number of stored entries, ``len(indices)``."""
+        return int(self.indices.size)
+
+    def total_elements(self) -> int:
+        """Return ``prod(shape)`` (1 for an empty shape)."""
+        return math.prod(self.shape)
+
+    def sparsity_ratio(self) -> float:
+        """Return ``1 - nnz/total`` as float32 precision (NaN when total is 0)."""
+        total = self.total_elements()
+        if total == 0:
+            return math.nan
+        return float(np.float32(1.0) - np.float32(self.nnz()) / np.float32(total))
+
+    def to_dense(self) -> FloatArray:
+        """Scatter into zeros: later duplicates win; out-of-range or surplus entries are dropped."""
+        total = self.total_elements()
+        dense = np.zeros(total, dtype=np.float32)
+        count = min(self.indices.size, self.values.size)
+        indices, values = self.indices[:count], self.values[:count]
+        keep = (indices >= 0) & (indices < total)
+        dense[indices[keep]] = values[keep]
+        return dense
+
+    def verify_shape(self) -> None:
+        """Check every index is in ``[0, total)`` and there is one value per index.
+
+        Raises
+        ------
+        InvalidGradient
+            ``"Index {i} out of bounds for shape {shape}"``, or
+            ``"Indices length {a} != values length {b}"``.
+        """
+        total = self.total_elements()
+        bad = np.flatnonzero((self.indices < 0) | (self.indices >= total))
+        if bad.size:
+            index = int(self.indices[bad[0]])
+            raise InvalidGradient(f"Index {index} out of bounds for shape {list(self.shape)}")
+        if self.indices.size != self.values.size:
+            raise InvalidGradient(
+                f"Indices length {self.indices.size} != values length {self.values.size}"
+            )
+
+    def memory_size(self) -> int:
+        """Return ``4·len(indices) + 4·len(values)`` bytes (indices costed as 32-bit)."""
+        return 4 * self.indices.size + 4 * self.values.size
+
+    def payload_parts(self) -> Iterator[bytes | memoryview]:
+        """Yield int64 indices then float32 values, little-endian, length-prefixed."""
+        yield _len_prefixed(np.ascontiguousarray(self.indices, dtype="<i8").tobytes())
+        yield np.ascontiguousarray(self.values, dtype="<f4").data.cast("B")
+
+
+def _round_half_away(x: FloatArray) -> FloatArray:
+    """Round to nearest, ties away from zero (Rust's ``f32::round``), exactly."""
+    truncated = np.trunc(x)
+    step = (np.abs(x - truncated) >= 0.5).astype(np.float32)
+    return truncated + np.copysign(step, x)
+
+
+def quantize_values(
+    values: GradientLike, bits: int = 8
+) -> tuple[NDArray[np.int8], np.float32, np.float32]:
+    """Affine min/max quantization to signed ``bits``-bit integers (the seed's formula).
+
+    ``levels = 2**bits - 1``; ``scale = (max - min)/levels`` (1.0 when ``|max - min| < 1e-8``);
+    ``q = clamp(round_half_away((v - min)/scale - 2**(bits-1)), -2**(bits-1), 2**(bits-1)-1)``,
+    computed in float32. Dequantizing gives ``(q + 2**(bits-1))·scale + min``, within
+    ``scale/2`` of ``v`` (plus float32 rounding, ~1e-7·max|v|).
+
+    Parameters
+    ----------
+    values
+        Any array-like of finite numbers; flattened.
+    bits
+        8 (int8, 256 levels) or 4 (int4, 16 levels).
+
+    Returns
+    -------
+    tuple
+        ``(q, scale, min_val)``: int8 array of logical values, float32 scale and minimum.
+
+    Raises
+    ------
+    InvalidGradient
+        If ``bits`` is not 4 or 8, or a value is NaN or infinite.
+    """
+    if bits not in (4, 8):
+        raise InvalidGradient(f"quantization bits must be 4 or 8, got {bits}")
+    flat = _float32(values)
+    if flat.size == 0:
+        return np.empty(0, dtype=np.int8), np.float32(1.0), np.float32(0.0)
+    if not np.isfinite(flat).all():
+        raise InvalidGradient("cannot quantize non-finite values")
+    lo, hi = np.float32(flat.min()), np.float32(flat.max())
+    levels = np.float32(2**bits - 1)
+    offset = np.float32(2 ** (bits - 1))
+    span = np.float32(hi - lo)
+    scale = np.float32(1.0) if abs(float(span)) < _DEGENERATE_RANGE else span / levels
+    scaled = (flat - lo) / scale
+    scaled -= offset
+    rounded = _round_half_away(scaled)
+    np.clip(rounded, -offset, offset - 1, out=rounded)
+    return rounded.astype(np.int8), np.float32(scale), lo
+
+
+@dataclass(eq=False, init=False)
+class QuantizedGradient(LayerGradient):
+    """Affine-quantized values (seed §4.2), int8 or int4 (two values per byte on the wire).
+
+    Dequantize with ``v = (q + 2**(bits-1))·scale + min_val``. Error bound: ``scale/2`` per
+    element, where ``scale = (max - min)/255`` for int8 and ``/15`` for int4.
+
+    Attributes
+    ----------
+    quantized_values
+        int8 logical values in ``[-128, 127]`` (int8) or ``[-8, 7]`` (int4), one per element.
+    scale
+        float32 step between levels.
+    min_val
+        float32 zero point (the minimum of the input).
+    shape
+        Tensor dimensions.
+    bits
+        8 or 4.
+    """
+
+    kind: ClassVar[str] = "quantized"
+
+    quantized_values: NDArray[np.int8]
+    scale: float
+    min_val: float
+    shape: tuple[int, ...]
+    bits: int
+
+    def __init__(
+        self,
+        quantized_values: ArrayLike,
+        scale: float,
+        min_val: float,
+        shape: Sequence[int] | int,
+        bits: int = 8,
+    ) -> None:
+        if bits not in (4, 8):
+            raise InvalidGradient(f"quantization bits must be 4 or 8, got {bits}")
+        self.quantized_values = np.ascontiguousarray(quantized_values, dtype=np.int8).reshape(-1)
+        self.scale = float(np.float32(scale))
+        self.min_val = float(np.float32(min_val))
+        self.shape = _shape([shape] if isinstance(shape, int) else shape)
+        self.bits = bits
+
+    @classmethod
+    def from_dense(
+        cls, values: GradientLike, shape: Sequence[int] | int | None = None, bits: int = 8
+    ) -> QuantizedGradient:
+        """Quantize ``values`` with :func:`quantize_values` (shape defaults to ``[len]``)."""
+        q, scale, lo = quantize_values(values, bits)
+        dims = [q.size] if shape is None else shape
+        return cls(q, float(scale), float(lo), dims, bits)
+
+    @property
+    def metadata(self) -> TensorMetadata:
+        """``TensorMetadata("quantized_gradient", shape, int8)``."""
+        return TensorMetadata("quantized_gradient", self.shape, TensorDtype.INT8)
+
+    def to_dense(self) -> FloatArray:
+        """Dequantize in float32: ``(q + 2**(bits-1))·scale + min_val``."""
+        offset = np.float32(2 ** (self.bits - 1))
+        dense = self.quantized_values.astype(np.float32)
+        dense += offset
+        dense *= np.float32(self.scale)
+        dense += np.float32(self.min_val)
+        return dense
+
+    def packed(self) -> NDArray[np.uint8]:
+        """Return the wire payload: int8 bytes, or two int4 values per byte (low nibble first)."""
+        if self.bits == 8:
+            return self.quantized_values.view(np.uint8)
+        return pack_int4(self.quantized_values)
+
+    def compression_ratio(self) -> float:
+        """Return dense bytes / quantized bytes: ``4n/(n+8)`` for int8 (0.0 when n is 0)."""
+        n = self.quantized_values.size
+        if n == 0:
+            return 0.0
+        return float(np.float32(4 * n) / np.float32(self.memory_size()))
+
+    def memory_size(self) -> int:
+        """Return payload bytes plus 8 for scale and zero point (``n + 8``, or ``⌈n/2⌉ + 8``)."""
+        n = self.quantized_values.size
+        return (n if self.bits == 8 else (n + 1) // 2) + 8
+
+    def payload_parts(self) -> Iterator[bytes | memoryview]:
+        """Yield bits, scale, zero point and the packed values."""
+        yield struct.pack("<Bff", self.bits, self.scale, self.min_val)
+        yield _len_prefixed(self.packed().tobytes())
+
+
+def pack_int4(values: NDArray[np.int8]) -> NDArray[np.uint8]:
+    """Pack int4 values in ``[-8, 7]`` two per byte: ``(q + 8)`` nibbles, low nibble first."""
+    nibbles = (values.astype(np.int16) + 8).astype(np.uint8)
+    if nibbles.size % 2:
+        nibbles = np.concatenate([nibbles, np.zeros(1, dtype=np.uint8)])
+    pairs = nibbles.reshape(-1, 2)
+    return np.ascontiguousarray(pairs[:, 0] | (pairs[:, 1] << 4))
+
+
+def unpack_int4(packed: NDArray[np.uint8], count: int) -> NDArray[np.int8]:
+    """Invert :func:`pack_int4`, returning ``count`` int8 values in ``[-8, 7]``."""
+    out = np.empty(packed.size * 2, dtype=np.int8)
+    out[0::2] = (packed & 0x0F).astype(np.int8)
+    out[1::2] = (packed >> 4).astype(np.int8)
+    out -= 8
+    return out[:count]
+
+
+@dataclass(eq=False, init=False)
+class SparseQuantizedGradient(LayerGradient):
+    """Top-k indices with int8/int4-quantized values: the combined sparsify + quantize codec.
+
+    Error bound: exact zeros off the support; ``quantized.scale/2`` on it.
+
+    Attributes
+    ----------
+    indices
+        int64 flattened positions, length nnz.
+    quantized
+        The nnz values, quantized (its shape is ``(nnz,)``).
+    shape
+        Dense tensor dimensions.
+    """
+
+    kind: ClassVar[str] = "sparse-quantized"
+
+    indices: NDArray[np.int64]
+    quantized: QuantizedGradient
+    shape: tuple[int, ...]
+
+    def __init__(
+        self, indices: ArrayLike, quantized: QuantizedGradient, shape: Sequence[int] | int
+    ) -> None:
+        self.indices = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
+        self.quantized = quantized
+        self.shape = _shape([shape] if isinstance(shape, int) else shape)
+
+    def to_sparse(self) -> SparseGradient:
+        """Return the dequantized :class:`SparseGradient`."""
+        return SparseGradient(self.indices, self.quantized.to_dense(), self.shape)
+
+    def to_dense(self) -> FloatArray:
+        """Dequantize and scatter into zeros."""
+        return self.to_sparse().to_dense()
+
+    def memory_size(self) -> int:
+        """Return ``4·nnz`` index bytes plus the quantized values' size."""
+        return 4 * self.indices.size + self.quantized.memory_size()
+
+    def payload_parts(self) -> Iterator[bytes | memoryview]:
+        """Yield the int64 indices, then the quantized payload."""
+        yield _len_prefixed(np.ascontiguousarray(self.indices, dtype="<i8").tobytes())
+        yield from self.quantized.payload_parts()
+
+
+LayerGradient.Dense = DenseGradient
+LayerGradient.Sparse = SparseGradient
+LayerGradient.Quantized = QuantizedGradient
+LayerGradient.SparseQuantized = SparseQuantizedGradient
+
+
+class GradientDelta:
+    """Per-layer gradients relative to a base model, with a SHA-256 checksum (seed §4.4).
+
+    The checksum is SHA-256 (hex) over a canonical encoding: a domain tag, the base CID's
+    bytes, the layer count, then for each layer in sorted-name order its UTF-8 name, kind,
+    shape and *all* payload bytes (little-endian), every field length-prefixed. The timestamp
+    is not covered, so equal content has an equal checksum.
+
+    Parameters
+    ----------
+    base_model
+        CID of the model the delta applies to.
+    timestamp
+        Unix seconds (UTC); defaults to now.
+    """
+
+    def __init__(self, base_model: CIDLike, timestamp: int | None = None) -> None:
+        self.base_model: CID = parse_cid(base_model)
+        self.layer_gradients: dict[str, LayerGradient] = {}
+        self.timestamp: int = int(time.time()) if timestamp is None else int(timestamp)
+        self.checksum: str = self.compute_checksum()
+
+    def __repr__(self) -> str:
+        return (
+            f"GradientDelta(base_model={self.base_model}, layers={sorted(self.layer_gradients)}, "
+            f"checksum={self.checksum[:16]}…)"
+        )
+
+    def add_layer(self, layer_name: str, gradient: LayerGradient) -> None:
+        """Insert or replace a layer of any representation and recompute the checksum."""
+        if not isinstance(gradient, LayerGradient):
+            raise InvalidGradient(f"not a LayerGradient: {type(gradient).__name__}")
+        self.layer_gradients[layer_name] = gradient
+        self.checksum = self.compute_checksum()
+
+    def add_dense_gradient(
+        self, layer_name: str, values: GradientLike, shape: Sequence[int] | None = None
+    ) -> None:
+        """Insert or replace a dense layer (``ShapeMismatch`` if the shape does not fit)."""
+        self.add_layer(layer_name, DenseGradient(values, shape))
+
+    def add_sparse_gradient(self, layer_name: str, gradient: SparseGradient) -> None:
+        """Insert or replace a sparse layer."""
+        self.add_layer(layer_name, gradient)
+
+    def add_quantized_gradient(self, layer_name: str, gradient: QuantizedGradient) -> None:
+        """Insert or replace a quantized layer."""
+        self.add_layer(layer_name, gradient)
+
+    def compute_checksum(self) -> str:
+        """Return the SHA-256 hex digest of the canonical encoding (see the class docstring)."""
+        digest = hashlib.sha256(_CHECKSUM_DOMAIN)
+        digest.update(_len_prefixed(bytes(self.base_model)))
+        digest.update(struct.pack("<Q", len(self.layer_gradients)))
+        for name in sorted(self.layer_gradients):
+            layer = self.layer_gradients[name]
+            digest.update(_len_prefixed(name.encode("utf-8")))
+            digest.update(_len_prefixed(layer.kind.encode("ascii")))
+            digest.update(struct.pack(f"<Q{len(layer.shape)}Q", len(layer.shape), *layer.shape))
+            for part in layer.payload_parts():
+                digest.update(part)
+        return digest.hexdigest()
+
+    def verify_checksum(self) -> None:
+        """Recompute the checksum and compare.
+
+        Raises
+        ------
+        ChecksumFailed
+            If the content no longer matches :attr:`checksum`.
+        """
+        if self.compute_checksum() != self.checksum:
+            raise ChecksumFailed()
+
+    def total_memory_size(self) -> int:
+        """Return the sum of the layers' :meth:`LayerGradient.memory_size` in bytes."""
+        return sum(layer.memory_size() for layer in self.layer_gradients.values())
+
+    def dense_layer(self, layer_name: str) -> FloatArray:
+        """Return a layer's dense values reshaped to its shape (``KeyError`` if absent)."""
+        layer = self.layer_gradients[layer_name]
+        return layer.to_dense().reshape(layer.shape)
