@@ -1,16 +1,21 @@
-"""Aggregation math and strategies: FedAvg, Sum, Mean, WeightedMean.
+"""Aggregation math and strategies: FedAvg, Sum, Mean, WeightedMean and robust rules.
 
 Plain functions on arrays hold the math (one home per formula); strategies are small frozen
 objects with one ``aggregate`` method, in the style of Flower's strategies. Contributions are
 always a mapping keyed by peer ID and are processed in sorted peer-ID order, so weights can never
 follow dict order (the seed's WeightedMean bug).
 
+Robust strategies (:class:`Median`, :class:`TrimmedMean`, :class:`MultiKrum`, :class:`Krum`,
+:class:`NormBounded`) delegate to the plain functions of :mod:`gradfed_ipfs.tensor.robust`,
+re-exported here. :class:`GradientAggregator` is the seed's stateless list-based API.
+
 All arithmetic is float32 in, float32 out; sums are accumulated in float64 where that costs no
-extra pass, because d can be 10⁷–10⁹ and float32 accumulation drifts.
+extra pass, because d can be 10⁷ to 10⁹ and float32 accumulation drifts.
 """
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,20 +24,40 @@ import numpy as np
 
 from .._types import FloatArray, GradientLike
 from ..errors import EmptyGradientSet, InvalidGradient, ShapeMismatch
+from .robust import (
+    clip_to_norm,
+    coordinate_median,
+    krum_scores,
+    multikrum_select,
+    pairwise_sq_distances,
+    trimmed_mean,
+)
 
 __all__ = [
     "AggregationMethod",
     "AggregationStrategy",
     "Contribution",
     "FedAvg",
+    "GradientAggregator",
+    "Krum",
     "Mean",
+    "Median",
+    "MultiKrum",
+    "NormBounded",
     "Sum",
+    "TrimmedMean",
     "WeightedMean",
     "as_float32_vector",
     "check_same_length",
+    "clip_to_norm",
+    "coordinate_median",
     "fedavg",
     "gradient_sum",
+    "krum_scores",
     "mean",
+    "multikrum_select",
+    "pairwise_sq_distances",
+    "trimmed_mean",
     "weighted_mean",
 ]
 
@@ -246,14 +271,192 @@ class FedAvg(AggregationStrategy):
         return fedavg(contributions)
 
 
+def _in_peer_order(contributions: Mapping[str, Contribution]) -> list[FloatArray]:
+    return [contributions[p].values for p in sorted(contributions)]
+
+
+@dataclass(frozen=True)
+class Median(AggregationStrategy):
+    """Coordinate-wise median (Yin et al., 2018, https://arxiv.org/abs/1803.01498).
+
+    Ignores sample counts. Robust to fewer than half the peers being arbitrary.
+    """
+
+    def aggregate(self, contributions: Mapping[str, Contribution]) -> FloatArray:
+        """Return the coordinate-wise median; see :func:`coordinate_median`."""
+        return coordinate_median(_in_peer_order(contributions))
+
+
+@dataclass(frozen=True)
+class TrimmedMean(AggregationStrategy):
+    """Coordinate-wise β-trimmed mean (Yin et al., 2018, https://arxiv.org/abs/1803.01498).
+
+    Parameters
+    ----------
+    beta
+        Fraction of values dropped at each end of every coordinate, in ``[0, 0.5)``;
+        ``floor(beta·N)`` peers are trimmed on each side.
+    """
+
+    beta: float = 0.2
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.beta < 0.5:
+            raise InvalidGradient(f"trimmed-mean beta must be in [0, 0.5), got {self.beta}")
+
+    def aggregate(self, contributions: Mapping[str, Contribution]) -> FloatArray:
+        """Return the trimmed mean; see :func:`trimmed_mean`."""
+        return trimmed_mean(_in_peer_order(contributions), self.beta)
+
+
+@dataclass(frozen=True)
+class MultiKrum(AggregationStrategy):
+    """Multi-Krum (Blanchard et al., 2017, https://arxiv.org/abs/1703.02757).
+
+    Scores every peer by the summed squared distance to its ``N - f - 2`` nearest peers,
+    keeps the ``m`` lowest-scoring peers and FedAvg-averages them (sample-weighted when counts
+    are known). The guarantee needs ``N > 2f + 2``.
+
+    Parameters
+    ----------
+    f
+        Number of Byzantine peers tolerated, ``>= 0``.
+    m
+        Peers selected, ``>= 1`` (capped at N).
+    """
+
+    f: int = 1
+    m: int = 1
+
+    def __post_init__(self) -> None:
+        if self.f < 0:
+            raise InvalidGradient(f"f must be >= 0, got {self.f}")
+        if self.m < 1:
+            raise InvalidGradient(f"m must be >= 1, got {self.m}")
+
+    def select(self, contributions: Mapping[str, Contribution]) -> list[str]:
+        """Return the sorted peer IDs that Multi-Krum keeps."""
+        peers = sorted(contributions)
+        chosen = multikrum_select([contributions[p].values for p in peers], self.f, self.m)
+        return [peers[i] for i in chosen]
+
+    def aggregate(self, contributions: Mapping[str, Contribution]) -> FloatArray:
+        """Average the selected contributions; see :func:`krum_scores`."""
+        if not contributions:
+            raise EmptyGradientSet()
+        return fedavg({p: contributions[p] for p in self.select(contributions)})
+
+
+@dataclass(frozen=True)
+class Krum(MultiKrum):
+    """Krum: :class:`MultiKrum` with ``m = 1``, returning the single most central gradient.
+
+    Blanchard et al., 2017, https://arxiv.org/abs/1703.02757.
+
+    Parameters
+    ----------
+    f
+        Number of Byzantine peers tolerated, ``>= 0``.
+    """
+
+    m: int = field(default=1, init=False)
+
+
+@dataclass(frozen=True)
+class NormBounded(AggregationStrategy):
+    """Clip each contribution to L2 norm ``max_norm``, then delegate to ``inner``.
+
+    Norm bounding (Sun et al., 2019, https://arxiv.org/abs/1911.07963) limits how far any one
+    peer can move the aggregate: with FedAvg over N equal-weight peers, by ``max_norm/N``.
+
+    Parameters
+    ----------
+    inner
+        The rule applied to the clipped contributions (default :class:`FedAvg`).
+    max_norm
+        L2 bound per contribution, finite and ``> 0``.
+    """
+
+    inner: AggregationStrategy = field(default_factory=lambda: FedAvg())
+    max_norm: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.max_norm) and self.max_norm > 0):
+            raise InvalidGradient(f"max_norm must be finite and > 0, got {self.max_norm}")
+        if not isinstance(self.inner, AggregationStrategy):
+            raise InvalidGradient(f"inner must be an AggregationStrategy, got {self.inner!r}")
+
+    def aggregate(self, contributions: Mapping[str, Contribution]) -> FloatArray:
+        """Clip every contribution (keeping its sample count), then run ``inner``."""
+        clipped = {
+            peer: Contribution(clip_to_norm(c.values, self.max_norm), c.num_samples)
+            for peer, c in contributions.items()
+        }
+        return self.inner.aggregate(clipped)
+
+
+class GradientAggregator:
+    """The seed's stateless list-based aggregator (seed-api §4.6)."""
+
+    @staticmethod
+    def average(gradients: Sequence[GradientLike]) -> FloatArray:
+        """Return the element-wise mean.
+
+        Raises
+        ------
+        EmptyGradientSet
+            If ``gradients`` is empty.
+        ShapeMismatch
+            If a length differs from the first's.
+        """
+        return mean([as_float32_vector(g) for g in gradients])
+
+    @staticmethod
+    def weighted_average(gradients: Sequence[GradientLike], weights: Sequence[float]) -> FloatArray:
+        """Return ``Σ_g g·(w_g / Σw)``; negative weights are accepted.
+
+        Raises
+        ------
+        EmptyGradientSet, ShapeMismatch
+            As :meth:`average`.
+        InvalidGradient
+            ``"Gradient count X != weight count Y"`` or ``"Sum of weights is zero"``.
+        """
+        return weighted_mean([as_float32_vector(g) for g in gradients], weights)
+
+    @staticmethod
+    def apply_momentum(
+        current: GradientLike, previous_momentum: GradientLike, momentum_factor: float
+    ) -> FloatArray:
+        """Return ``β·m_prev + g`` (heavy ball without dampening), float32.
+
+        Raises
+        ------
+        ShapeMismatch
+            ``expected=[len(previous)]``, ``actual=[len(current)]`` if lengths differ.
+        """
+        gradient = as_float32_vector(current)
+        previous = as_float32_vector(previous_momentum)
+        if gradient.size != previous.size:
+            raise ShapeMismatch([previous.size], [gradient.size])
+        result: FloatArray = np.float32(momentum_factor) * previous + gradient
+        return result
+
+
 class AggregationMethod:
     """The seed's ``AggregationMethod`` enum, as a namespace of strategy classes.
 
     ``AggregationMethod.FedAvg()`` is a :class:`FedAvg` strategy, and so on; any
-    :class:`AggregationStrategy` instance is accepted wherever a method is expected.
+    :class:`AggregationStrategy` instance is accepted wherever a method is expected. Beyond the
+    seed: ``Median``, ``TrimmedMean``, ``Krum``, ``MultiKrum`` and ``NormBounded``.
     """
 
     Sum = Sum
     Mean = Mean
     WeightedMean = WeightedMean
     FedAvg = FedAvg
+    Median = Median
+    TrimmedMean = TrimmedMean
+    Krum = Krum
+    MultiKrum = MultiKrum
+    NormBounded = NormBounded
