@@ -1,0 +1,642 @@
+"""A CID-linked computation DAG, stored as IPLD (dag-cbor) blocks (seed-api §7).
+
+Nodes refer to tensors by CID string; an edge ``producer → consumer`` exists because the
+producer's ``output_cid`` is one of the consumer's ``input_cids``. Fixes over the seed:
+
+- :meth:`ComputationGraphStore.topological_order` raises
+  :class:`~gradfed_ipfs.errors.CircularDependency` on a cycle (the seed dropped those nodes).
+- Missing nodes raise :class:`~gradfed_ipfs.errors.GraphNodeNotFound` (the seed raised
+  ``InvalidGradient("Node not found: …")``; ``GraphNodeNotFound`` is also a ``KeyError``).
+- :meth:`ComputationGraphStore.store_gradient_as_arrow` is async and really stores the Arrow
+  bytes in a block store as a **raw** block (the seed labelled them dag-cbor and threw them
+  away), so the recorded CID resolves.
+- The graph is content addressed. :meth:`ComputationGraphStore.save_to_store` writes each node
+  as a dag-cbor block, in topological order, whose ``inputs``, ``output`` and ``gradient`` are
+  CID links and whose ``parents`` link the node blocks of its producers; a root block maps node
+  ids to node blocks and keeps the edge list. :meth:`ComputationGraphStore.load_from_store`
+  restores the same graph from the root CID.
+
+Node block (dag-cbor)::
+
+    {"type": "gradfed/graph-node", "version": 1, "id": str, "op": str,
+     "inputs": [link|str], "output": link|str|null, "gradient": link|str|null,
+     "metadata": {str: str}, "parents": [link to node block, ...]}
+
+Root block::
+
+    {"type": "gradfed/graph", "version": 1, "nodes": {id: link}, "edges": [[from, to], ...]}
+
+A tensor reference that parses as a CID is stored as a link; any other label (the seed's tests
+use ``"cid_a"``) is kept as a text string. Loaded CIDs are canonical strings (base32 for CIDv1).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+import pyarrow as pa
+from multiformats import CID
+
+from ._types import CIDLike, FloatArray, GradientLike
+from .arrow_ipc import decode_gradient, open_arrow_file
+from .arrow_ipc import store_gradient_as_arrow as encode_gradient
+from .blockstore.base import Block, BlockStore
+from .cid import parse_cid
+from .errors import (
+    CircularDependency,
+    DecodeError,
+    GraphNodeNotFound,
+    GraphSerializationError,
+    IncompatibleDtype,
+    MalformedArrow,
+    MalformedManifest,
+    ShapeMismatch,
+)
+from .ipld_records import decode_record, encode_record, fetch_all, from_link, to_link
+
+__all__ = [
+    "ComputationGraphStore",
+    "ComputationNode",
+    "GRAPH_RECORD_TYPE",
+    "NODE_RECORD_TYPE",
+    "provenance_chain_from_store",
+]
+
+GRAPH_RECORD_TYPE: Final = "gradfed/graph"
+"""``type`` field of a graph root block."""
+NODE_RECORD_TYPE: Final = "gradfed/graph-node"
+"""``type`` field of a graph node block."""
+_VERSION: Final = 1
+
+
+@dataclass
+class ComputationNode:
+    """One operation in the graph.
+
+    Attributes
+    ----------
+    id
+        Unique id (a UUID4 string from :meth:`new`).
+    op
+        The operation, e.g. ``"matmul"``.
+    input_cids
+        CIDs of the input tensors.
+    output_cid
+        CID of the output tensor, once known.
+    gradient_cid
+        CID of the gradient w.r.t. the output, once known.
+    metadata
+        Free-form string metadata.
+    """
+
+    id: str
+    op: str
+    input_cids: list[str] = field(default_factory=list)
+    output_cid: str | None = None
+    gradient_cid: str | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def new(cls, op: str, input_cids: Sequence[str] = ()) -> ComputationNode:
+        """Build a node with a fresh UUID4 id, no output, no gradient and no metadata."""
+        return cls(str(uuid.uuid4()), op, [str(c) for c in input_cids])
+
+    def with_meta(self, key: str, value: str) -> ComputationNode:
+        """Add a metadata entry and return ``self`` (builder)."""
+        self.metadata[key] = value
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the seed's JSON form (keys ``id, op, input_cids, output_cid, …``)."""
+        return {
+            "id": self.id,
+            "op": self.op,
+            "input_cids": list(self.input_cids),
+            "output_cid": self.output_cid,
+            "gradient_cid": self.gradient_cid,
+            "metadata": dict(self.metadata),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ComputationNode:
+        """Parse :meth:`to_dict` output; ``GraphSerializationError`` if it is not one."""
+        if not isinstance(data, Mapping):
+            raise GraphSerializationError(f"node must be an object, got {type(data).__name__}")
+        try:
+            node = cls(
+                data["id"],
+                data["op"],
+                list(data["input_cids"]),
+                data.get("output_cid"),
+                data.get("gradient_cid"),
+                dict(data.get("metadata") or {}),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise GraphSerializationError(f"malformed node: {exc}") from exc
+        node._check()
+        return node
+
+    def _check(self) -> None:
+        texts = [self.id, self.op, *self.input_cids, *self.metadata, *self.metadata.values()]
+        optional = [self.output_cid, self.gradient_cid]
+        if not all(isinstance(t, str) for t in texts) or not all(
+            t is None or isinstance(t, str) for t in optional
+        ):
+            raise GraphSerializationError(f"node {self.id!r}: fields must be strings")
+
+
+class ComputationGraphStore:
+    """The computation DAG: nodes by id and producer→consumer edges (the seed's store)."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, ComputationNode] = {}
+        self._edges: list[tuple[str, str]] = []
+
+    # ---------------------------------------------------------------- building
+
+    def add_node(self, node: ComputationNode) -> None:
+        """Insert ``node``, adding an edge from every existing producer of one of its inputs.
+
+        As in the seed: no edges are added *from* the new node to existing consumers, and
+        re-inserting an id replaces the node but keeps its old edges.
+        """
+        inputs = set(node.input_cids)
+        for existing in self._nodes.values():
+            if existing.output_cid is not None and existing.output_cid in inputs:
+                self._edges.append((existing.id, node.id))
+        self._nodes[node.id] = node
+
+    def _require(self, node_id: str) -> ComputationNode:
+        node = self._nodes.get(node_id)
+        if node is None:
+            raise GraphNodeNotFound(node_id)
+        return node
+
+    def record_output(self, node_id: str, output_cid: str) -> None:
+        """Set a node's output and add edges to every other node consuming it (no duplicates).
+
+        Raises
+        ------
+        GraphNodeNotFound
+            If there is no such node.
+        """
+        node = self._require(node_id)
+        node.output_cid = str(output_cid)
+        present = set(self._edges)
+        for other in self._nodes.values():
+            edge = (node_id, other.id)
+            if other.id != node_id and node.output_cid in other.input_cids and edge not in present:
+                self._edges.append(edge)
+                present.add(edge)
+
+    def record_gradient(self, node_id: str, gradient_cid: str) -> None:
+        """Set a node's gradient CID; ``GraphNodeNotFound`` if there is no such node."""
+        self._require(node_id).gradient_cid = str(gradient_cid)
+
+    # ---------------------------------------------------------------- queries
+
+    def get_node(self, node_id: str) -> ComputationNode | None:
+        """Return the node, or ``None``."""
+        return self._nodes.get(node_id)
+
+    def node_count(self) -> int:
+        """Return the number of nodes."""
+        return len(self._nodes)
+
+    def edge_count(self) -> int:
+        """Return the number of edges (duplicates from re-inserted nodes included)."""
+        return len(self._edges)
+
+    def nodes(self) -> list[ComputationNode]:
+        """Return all nodes, in insertion order."""
+        return list(self._nodes.values())
+
+    @property
+    def edges(self) -> list[tuple[str, str]]:
+        """The ``(producer_id, consumer_id)`` edges (a copy)."""
+        return list(self._edges)
+
+    def __iter__(self) -> Iterator[ComputationNode]:
+        return iter(list(self._nodes.values()))
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ComputationGraphStore):
+            return NotImplemented
+        return self._nodes == other._nodes and sorted(self._edges) == sorted(other._edges)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def copy(self) -> ComputationGraphStore:
+        """Return a deep copy (the seed's ``Clone``)."""
+        return copy.deepcopy(self)
+
+    def topological_order(self) -> list[str]:
+        """Return node ids in a deterministic topological order (Kahn's algorithm).
+
+        Zero-in-degree ids start sorted, and each batch of newly freed successors is sorted
+        before it is enqueued. The backward order is the reverse.
+
+        Raises
+        ------
+        CircularDependency
+            If the graph has a cycle; the message names the nodes left on or behind it.
+        """
+        in_degree = dict.fromkeys(self._nodes, 0)
+        successors: dict[str, list[str]] = {n: [] for n in self._nodes}
+        for src, dst in self._edges:
+            if src in in_degree and dst in in_degree:
+                in_degree[dst] += 1
+                successors[src].append(dst)
+        queue = sorted(n for n, d in in_degree.items() if d == 0)
+        order: list[str] = []
+        head = 0
+        while head < len(queue):
+            current = queue[head]
+            head += 1
+            order.append(current)
+            freed = []
+            for nxt in successors[current]:
+                in_degree[nxt] -= 1
+                if in_degree[nxt] == 0:
+                    freed.append(nxt)
+            queue.extend(sorted(freed))
+        if len(order) != len(self._nodes):
+            stuck = sorted(n for n, d in in_degree.items() if d > 0)
+            shown = ", ".join(stuck[:10]) + (", …" if len(stuck) > 10 else "")
+            raise CircularDependency(f"computation graph has a cycle through: {shown}")
+        return order
+
+    def find_consumers(self, cid: str) -> list[ComputationNode]:
+        """Return every node that lists ``cid`` among its inputs (insertion order)."""
+        return [n for n in self._nodes.values() if cid in n.input_cids]
+
+    def _producer(self, cid: str) -> ComputationNode | None:
+        return next((n for n in self._nodes.values() if n.output_cid == cid), None)
+
+    def provenance_chain(self, output_cid: str) -> list[ComputationNode]:
+        """Return the nodes ``output_cid`` derives from, root first, its producer last.
+
+        A depth-first walk backwards through inputs from the (first) producer of
+        ``output_cid``, each node visited once, reversed. Linear chains come out earliest to
+        latest. An unknown CID gives ``[]``. Iterative, so deep graphs do not hit Python's
+        recursion limit.
+        """
+        start = self._producer(output_cid)
+        if start is None:
+            return []
+        visited: list[ComputationNode] = []
+        seen: set[str] = set()
+        stack = [start]
+        while stack:
+            node = stack.pop()
+            if node.id in seen:
+                continue
+            seen.add(node.id)
+            visited.append(node)
+            for cid in reversed(node.input_cids):
+                producer = self._producer(cid)
+                if producer is not None and producer.id not in seen:
+                    stack.append(producer)
+        visited.reverse()
+        return visited
+
+    # ---------------------------------------------------------------- gradients as blocks
+
+    async def store_gradient_as_arrow(
+        self,
+        node_id: str,
+        gradient_data: GradientLike,
+        shape: Sequence[int],
+        store: BlockStore,
+        *,
+        pin: bool = True,
+    ) -> str:
+        """Encode a gradient as an Arrow block, store it (raw codec) and record its CID.
+
+        Parameters
+        ----------
+        node_id
+            The node whose ``gradient_cid`` is set; checked before anything is encoded.
+        gradient_data
+            The flat (row-major) values.
+        shape
+            The tensor shape recorded in the block; must hold exactly the values.
+        store
+            Where the block is written.
+        pin
+            Pin the block (default).
+
+        Returns
+        -------
+        str
+            The block's CID (``bafkrei…``), which resolves in ``store``.
+
+        Raises
+        ------
+        GraphNodeNotFound
+            If there is no such node.
+        ShapeMismatch
+            If ``prod(shape)`` differs from the number of values.
+        BlockTooLarge
+            If the encoded gradient is over the 2 MiB block limit.
+        """
+        node = self._require(node_id)
+        values = np.asarray(gradient_data, dtype=np.float32).reshape(-1)
+        dims = tuple(int(d) for d in shape)
+        if math.prod(dims) != values.size:
+            raise ShapeMismatch([math.prod(dims)], [values.size])
+        block = Block.new(encode_gradient(values, shape=dims, layer=node_id), "raw")
+        cid = await store.put(block, pin=pin)
+        node.gradient_cid = str(cid)
+        return node.gradient_cid
+
+    @staticmethod
+    def encode_gradient_arrow(gradient_data: GradientLike, shape: Sequence[int]) -> bytes:
+        """Return the Arrow IPC bytes :meth:`store_gradient_as_arrow` would store."""
+        values = np.asarray(gradient_data, dtype=np.float32).reshape(-1)
+        return encode_gradient(values, shape=tuple(int(d) for d in shape))
+
+    @staticmethod
+    def load_gradient_from_arrow(
+        arrow_bytes: bytes | bytearray | memoryview, expected_shape: Sequence[int] = ()
+    ) -> FloatArray:
+        """Decode a gradient block (ours, or the seed's ``gradient``-column layout).
+
+        Parameters
+        ----------
+        arrow_bytes
+            Untrusted Arrow IPC file bytes.
+        expected_shape
+            When non-empty, the recorded shape must equal it.
+
+        Returns
+        -------
+        FloatArray
+            The flat float32 values.
+
+        Raises
+        ------
+        ShapeMismatch
+            If ``expected_shape`` is given and differs from the recorded shape.
+        IncompatibleDtype
+            If the seed's ``gradient`` column is not Float32.
+        MalformedArrow
+            If the bytes are not a gradient Arrow file.
+        """
+        try:
+            decoded = decode_gradient(arrow_bytes)
+            values, shape = decoded.values, list(decoded.shape)
+        except MalformedArrow as exc:
+            if "'value' column" not in str(exc):
+                raise
+            values, shape = _decode_seed_layout(arrow_bytes)
+        if expected_shape and list(expected_shape) != shape:
+            raise ShapeMismatch(list(expected_shape), shape)
+        return values
+
+    async def load_gradient(
+        self, node_id: str, store: BlockStore, expected_shape: Sequence[int] = ()
+    ) -> FloatArray:
+        """Fetch and decode a node's stored gradient.
+
+        Raises
+        ------
+        GraphNodeNotFound
+            If there is no such node, or it has no gradient CID.
+        """
+        node = self._require(node_id)
+        if node.gradient_cid is None:
+            raise GraphNodeNotFound(f"{node_id} (no gradient recorded)")
+        block = await store.get(node.gradient_cid)
+        return self.load_gradient_from_arrow(block.data, expected_shape)
+
+    # ---------------------------------------------------------------- JSON checkpoint
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return ``{"nodes": {id: node}, "edges": [[from, to], …]}``."""
+        return {
+            "nodes": {nid: n.to_dict() for nid, n in self._nodes.items()},
+            "edges": [[a, b] for a, b in self._edges],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ComputationGraphStore:
+        """Parse :meth:`to_dict` output; ``GraphSerializationError`` if it is not one."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("nodes"), Mapping):
+            raise GraphSerializationError("Checkpoint deserialization: expected {nodes, edges}")
+        graph = cls()
+        for nid, raw in data["nodes"].items():
+            node = ComputationNode.from_dict(raw)
+            if node.id != nid:
+                raise GraphSerializationError(f"node key {nid!r} differs from its id {node.id!r}")
+            graph._nodes[nid] = node
+        edges = data.get("edges", [])
+        if not isinstance(edges, list):
+            raise GraphSerializationError("Checkpoint deserialization: edges must be a list")
+        for edge in edges:
+            if (
+                not isinstance(edge, list | tuple)
+                or len(edge) != 2
+                or not all(isinstance(e, str) and e in graph._nodes for e in edge)
+            ):
+                raise GraphSerializationError(f"Checkpoint deserialization: bad edge {edge!r:.80}")
+            graph._edges.append((edge[0], edge[1]))
+        return graph
+
+    def checkpoint(self) -> bytes:
+        """Serialize the graph as the seed's JSON bytes."""
+        return json.dumps(self.to_dict()).encode("utf-8")
+
+    @classmethod
+    def from_checkpoint(cls, data: bytes | str) -> ComputationGraphStore:
+        """Restore a graph from :meth:`checkpoint` bytes.
+
+        Raises
+        ------
+        GraphSerializationError
+            If the bytes are not such a checkpoint.
+        """
+        try:
+            parsed = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise GraphSerializationError(f"Checkpoint deserialization: {exc}") from exc
+        return cls.from_dict(parsed)
+
+    # ---------------------------------------------------------------- IPLD
+
+    async def save_to_store(self, store: BlockStore, *, pin: bool = True) -> CID:
+        """Write every node and a root as dag-cbor blocks; return the root CID.
+
+        Node blocks are written in topological order so each can link its producers' blocks.
+        Only the root is pinned (a recursive pin on Kubo covers the node blocks).
+
+        Raises
+        ------
+        CircularDependency
+            If the graph has a cycle (a Merkle DAG cannot hold one).
+        BlockTooLarge
+            If the root (one link per node) exceeds 2 MiB, around 20,000 nodes.
+        """
+        order = self.topological_order()
+        producers: dict[str, set[str]] = {nid: set() for nid in self._nodes}
+        for src, dst in self._edges:
+            producers[dst].add(src)
+        node_cids: dict[str, CID] = {}
+        for nid in order:
+            node = self._nodes[nid]
+            record: dict[str, Any] = {
+                "type": NODE_RECORD_TYPE,
+                "version": _VERSION,
+                "id": node.id,
+                "op": node.op,
+                "inputs": [to_link(c) for c in node.input_cids],
+                "output": None if node.output_cid is None else to_link(node.output_cid),
+                "gradient": None if node.gradient_cid is None else to_link(node.gradient_cid),
+                "metadata": dict(node.metadata),
+                "parents": [node_cids[p] for p in sorted(producers[nid])],
+            }
+            node_cids[nid] = await store.put(encode_record(record), pin=False)
+        root: dict[str, Any] = {
+            "type": GRAPH_RECORD_TYPE,
+            "version": _VERSION,
+            "nodes": {nid: node_cids[nid] for nid in self._nodes},
+            "edges": [[a, b] for a, b in self._edges],
+        }
+        return await store.put(encode_record(root), pin=pin)
+
+    @classmethod
+    async def load_from_store(cls, cid: CIDLike, store: BlockStore) -> ComputationGraphStore:
+        """Restore a graph from its root CID (see :meth:`save_to_store`).
+
+        Every block is verified against its CID by the store, and each node's ``parents``
+        links must agree with the root's edges.
+
+        Raises
+        ------
+        MalformedManifest
+            If a block is not a graph record of the expected form.
+        BlockNotFound
+            If a block cannot be fetched.
+        """
+        cid = parse_cid(cid)
+        root = decode_record(await store.get(cid), GRAPH_RECORD_TYPE)
+        nodes_field, edges_field = root.get("nodes"), root.get("edges")
+        if not isinstance(nodes_field, dict) or not isinstance(edges_field, list):
+            raise MalformedManifest(f"graph root {cid} needs a nodes map and an edges list")
+        node_links: dict[str, CID] = {}
+        for nid, link in nodes_field.items():
+            if not isinstance(link, CID):
+                raise MalformedManifest(f"graph root {cid}: node {nid!r} is not a link")
+            node_links[nid] = link
+        blocks = await fetch_all(store, node_links.values())
+        graph = cls()
+        parents: dict[str, set[bytes]] = {}
+        for nid, block in zip(node_links, blocks, strict=True):
+            node, parent_links = _decode_node(block)
+            if node.id != nid:
+                raise MalformedManifest(f"node block {block.cid} has id {node.id!r}, not {nid!r}")
+            graph._nodes[nid] = node
+            parents[nid] = parent_links
+        edges: list[tuple[str, str]] = []
+        for edge in edges_field:
+            if (
+                not isinstance(edge, list)
+                or len(edge) != 2
+                or not all(isinstance(e, str) and e in graph._nodes for e in edge)
+            ):
+                raise MalformedManifest(f"graph root {cid}: bad edge {edge!r:.80}")
+            edges.append((edge[0], edge[1]))
+        graph._edges = edges
+        expected: dict[str, set[bytes]] = {nid: set() for nid in graph._nodes}
+        for src, dst in edges:
+            expected[dst].add(bytes(node_links[src]))
+        for nid, links in parents.items():
+            if links != expected[nid]:
+                raise MalformedManifest(f"node {nid!r}: parent links disagree with the root edges")
+        return graph
+
+
+async def provenance_chain_from_store(
+    root_cid: CIDLike, output_cid: str, store: BlockStore
+) -> list[ComputationNode]:
+    """Load the graph persisted at ``root_cid`` and return the provenance of ``output_cid``.
+
+    See :meth:`ComputationGraphStore.provenance_chain`; ``output_cid`` is compared in canonical
+    string form.
+    """
+    graph = await ComputationGraphStore.load_from_store(root_cid, store)
+    return graph.provenance_chain(_canonical(output_cid))
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _canonical(value: str) -> str:
+    try:
+        return str(parse_cid(value))
+    except DecodeError:
+        return value
+
+
+def _decode_node(block: Block) -> tuple[ComputationNode, set[bytes]]:
+    record = decode_record(block, NODE_RECORD_TYPE)
+    inputs, parents, metadata = record.get("inputs"), record.get("parents"), record.get("metadata")
+    if not isinstance(inputs, list) or not isinstance(parents, list):
+        raise MalformedManifest(f"node block {block.cid}: inputs and parents must be lists")
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise MalformedManifest(f"node block {block.cid}: metadata must map text to text")
+    if not all(isinstance(p, CID) for p in parents):
+        raise MalformedManifest(f"node block {block.cid}: parents must be links")
+    nid, op = record.get("id"), record.get("op")
+    if not isinstance(nid, str) or not isinstance(op, str):
+        raise MalformedManifest(f"node block {block.cid}: id and op must be text")
+    output, gradient = record.get("output"), record.get("gradient")
+    node = ComputationNode(
+        nid,
+        op,
+        [from_link(c, "input") for c in inputs],
+        None if output is None else from_link(output, "output"),
+        None if gradient is None else from_link(gradient, "gradient"),
+        dict(metadata),
+    )
+    return node, {bytes(p) for p in parents}
+
+
+def _decode_seed_layout(data: bytes | bytearray | memoryview) -> tuple[FloatArray, list[int]]:
+    """Decode the seed's layout: one ``gradient`` column, ``shape`` in field metadata."""
+    schema, batches = open_arrow_file(data)
+    index = schema.get_field_index("gradient")
+    if index < 0:
+        raise MalformedArrow("Arrow IPC block does not contain a 'gradient' column")
+    column_field = schema.field(index)
+    if column_field.type != pa.float32():
+        raise IncompatibleDtype("Float32")
+    parts = []
+    for batch in batches:
+        column = batch.column(index)
+        if column.null_count:
+            raise MalformedArrow("'gradient' column has nulls")
+        parts.append(column.to_numpy(zero_copy_only=False).astype(np.float32, copy=False))
+    values = np.concatenate(parts) if parts else np.empty(0, np.float32)
+    meta = {k.decode("utf-8", "replace"): v for k, v in (column_field.metadata or {}).items()}
+    try:
+        shape = json.loads(meta["shape"]) if "shape" in meta else [int(values.size)]
+    except ValueError as exc:
+        raise MalformedArrow(f"bad 'shape' metadata: {exc}") from exc
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise MalformedArrow(f"bad 'shape' metadata: {shape!r:.60}")
+    return values, shape
