@@ -1,1 +1,109 @@
-"""Gradient tensors: types, compression, aggregation and verification (pure NumPy, no I/O)."""
+"""Gradient tensors: types, compression, aggregation and verification (pure NumPy, no I/O).
+
+``delta_store`` (storing a :class:`GradientDelta` as IPLD through a block store) is the one
+module here that does I/O; import it explicitly from :mod:`gradfed_ipfs.tensor.delta_store`.
+"""
+
+from __future__ import annotations
+
+from .aggregation import (
+    AggregationMethod,
+    AggregationStrategy,
+    Contribution,
+    FedAvg,
+    GradientAggregator,
+    Krum,
+    Mean,
+    Median,
+    MultiKrum,
+    NormBounded,
+    Sum,
+    TrimmedMean,
+    WeightedMean,
+    fedavg,
+    gradient_sum,
+    mean,
+    weighted_mean,
+)
+from .compression import (
+    CODECS,
+    Codec,
+    Dense,
+    ErrorFeedback,
+    GradientCompressor,
+    Int4,
+    Int8,
+    QuantizedCodec,
+    RandomK,
+    Threshold,
+    TopK,
+    TopKInt8,
+)
+from .robust import (
+    clip_to_norm,
+    coordinate_median,
+    krum_scores,
+    multikrum_select,
+    pairwise_sq_distances,
+    trimmed_mean,
+)
+from .types import (
+    DenseGradient,
+    GradientDelta,
+    LayerGradient,
+    QuantizedGradient,
+    SparseGradient,
+    SparseQuantizedGradient,
+    TensorDtype,
+    TensorMetadata,
+)
+from .verification import GradientVerifier, PeerAnomaly, cross_peer_check
+
+__all__ = [
+    "CODECS",
+    "AggregationMethod",
+    "AggregationStrategy",
+    "Codec",
+    "Contribution",
+    "Dense",
+    "DenseGradient",
+    "ErrorFeedback",
+    "FedAvg",
+    "GradientAggregator",
+    "GradientCompressor",
+    "GradientDelta",
+    "GradientVerifier",
+    "Int4",
+    "Int8",
+    "Krum",
+    "LayerGradient",
+    "Mean",
+    "Median",
+    "MultiKrum",
+    "NormBounded",
+    "PeerAnomaly",
+    "QuantizedCodec",
+    "QuantizedGradient",
+    "RandomK",
+    "SparseGradient",
+    "SparseQuantizedGradient",
+    "Sum",
+    "TensorDtype",
+    "TensorMetadata",
+    "Threshold",
+    "TopK",
+    "TopKInt8",
+    "TrimmedMean",
+    "WeightedMean",
+    "clip_to_norm",
+    "coordinate_median",
+    "cross_peer_check",
+    "fedavg",
+    "gradient_sum",
+    "krum_scores",
+    "mean",
+    "multikrum_select",
+    "pairwise_sq_distances",
+    "trimmed_mean",
+    "weighted_mean",
+]
