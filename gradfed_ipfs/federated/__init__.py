@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+from .accountant import PrivacyBudget, RdpPrivacyAccountant
+from .clients import ClientInfo, ClientState
 from .convergence import ConvergenceConfig, ConvergenceDetector
+from .privacy import AccountingMode, Calibration, DifferentialPrivacy, DPMechanism
+from .rounds import FederatedRound, ModelSyncProtocol, ModelUpdate, RoundStats
 
 __all__ = [
+    "AccountingMode",
+    "Calibration",
+    "ClientInfo",
+    "ClientState",
     "ConvergenceConfig",
     "ConvergenceDetector",
+    "DPMechanism",
+    "DifferentialPrivacy",
+    "FederatedRound",
+    "ModelSyncProtocol",
+    "ModelUpdate",
+    "PrivacyBudget",
+    "RdpPrivacyAccountant",
+    "RoundStats",
 ]
