@@ -1,0 +1,220 @@
+from __future__ import annotations
+
+import dag_cbor
+import numpy as np
+import pytest
+from multiformats import CID
+
+from gradfed_ipfs.blockstore.base import Block
+from gradfed_ipfs.blockstore.memory import MemoryBlockStore
+from gradfed_ipfs.dag import fetch_gradient, put_gradient
+from gradfed_ipfs.errors import InvalidGradient, MalformedManifest
+from gradfed_ipfs.round_record import (
+    ContributionRef,
+    RoundRecord,
+    commit_round,
+    strategy_from_ipld,
+    strategy_to_ipld,
+    verify_history,
+    verify_round,
+)
+from gradfed_ipfs.tensor.aggregation import AggregationMethod, AggregationStrategy, FedAvg
+
+
+async def run_rounds(store: MemoryBlockStore, rounds: int = 5, strategy=None):
+    """Simulate `rounds` rounds of three peers; return the record CIDs and aggregates."""
+    strategy = strategy or FedAvg()
+    rng = np.random.default_rng(7)
+    previous: CID | None = None
+    cids, aggregates = [], []
+    for r in range(rounds):
+        refs = {}
+        for i, peer in enumerate(["peer-c", "peer-a", "peer-b"]):
+            grad = rng.standard_normal(64).astype(np.float32)
+            refs[peer] = ContributionRef(peer, str(await put_gradient(store, grad)), 10 * (i + 1))
+        previous, aggregate = await commit_round(
+            store,
+            session="s1",
+            round=r,
+            contributions=refs,
+            aggregation=strategy,
+            previous=previous,
+            privacy={"epsilon_spent": 0.1 * (r + 1), "delta": 1e-5},
+            compression={"codec": "dense"},
+            timestamp_ms=1_700_000_000_000 + r,
+        )
+        cids.append(previous)
+        aggregates.append(aggregate)
+    return cids, aggregates
+
+
+async def rewrite(store: MemoryBlockStore, cid: CID, edit) -> CID:
+    record = dag_cbor.decode((await store.get(cid)).data)
+    edit(record)
+    return await store.put(Block.new(dag_cbor.encode(record), "dag-cbor"))
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        AggregationMethod.FedAvg(),
+        AggregationMethod.Sum(),
+        AggregationMethod.Mean(),
+        AggregationMethod.WeightedMean(weights={"a": 1.0, "b": 2.5}),
+        AggregationMethod.WeightedMean(weights=[1.0, 2.0]),
+        AggregationMethod.Median(),
+        AggregationMethod.TrimmedMean(beta=0.25),
+        AggregationMethod.Krum(f=1),
+        AggregationMethod.MultiKrum(f=1, m=2),
+        AggregationMethod.NormBounded(inner=AggregationMethod.Median(), max_norm=2.0),
+    ],
+)
+def test_strategy_ipld_round_trip(strategy: AggregationStrategy) -> None:
+    data = strategy_to_ipld(strategy)
+    assert dag_cbor.decode(dag_cbor.encode(data)) == data
+    rebuilt = strategy_from_ipld(dag_cbor.decode(dag_cbor.encode(data)))
+    assert strategy_to_ipld(rebuilt) == data
+    assert type(rebuilt) is type(strategy)
+
+
+def test_strategy_errors() -> None:
+    class Custom(AggregationStrategy):
+        def aggregate(self, contributions):  # type: ignore[no-untyped-def]
+            raise NotImplementedError
+
+    with pytest.raises(InvalidGradient):
+        strategy_to_ipld(Custom())
+    with pytest.raises(MalformedManifest):
+        strategy_from_ipld({"method": "Nope", "params": {}})
+    with pytest.raises(MalformedManifest):
+        strategy_from_ipld({"method": "TrimmedMean", "params": {"beta": 0.9}})
+    with pytest.raises(MalformedManifest):
+        strategy_from_ipld({"method": "FedAvg", "params": {"bogus": 1}})
+
+
+async def test_commit_round_links_everything() -> None:
+    store = MemoryBlockStore()
+    cids, aggregates = await run_rounds(store, rounds=2)
+    record = dag_cbor.decode((await store.get(cids[1])).data)
+    assert record["type"] == "gradfed/round"
+    assert record["round"] == 1
+    assert [c["peer"] for c in record["contributions"]] == ["peer-a", "peer-b", "peer-c"]
+    assert all(isinstance(c["gradient"], CID) for c in record["contributions"])
+    assert record["previous"] == cids[0]
+    assert record["aggregation"] == {"method": "FedAvg", "params": {}}
+    assert record["privacy"]["epsilon_spent"] == pytest.approx(0.2)
+    stored = await fetch_gradient(store, record["aggregate"])
+    np.testing.assert_array_equal(stored, aggregates[1])
+    loaded = await RoundRecord.load(cids[1], store)
+    assert loaded.previous == str(cids[0])
+    assert loaded.to_ipld() == dag_cbor.decode((await store.get(cids[1])).data)
+
+
+async def test_verify_round_and_history_ok() -> None:
+    store = MemoryBlockStore()
+    cids, _ = await run_rounds(store)
+    result = await verify_round(cids[-1], store)
+    assert result.ok
+    assert result.status == "verified"
+    history = await verify_history(cids[-1], store)
+    assert [r.round for r in history] == [4, 3, 2, 1, 0]
+    assert all(r.ok for r in history)
+
+
+async def test_verify_detects_contribution_pointing_at_other_block() -> None:
+    store = MemoryBlockStore()
+    cids, _ = await run_rounds(store, rounds=2)
+    other = await put_gradient(store, np.full(64, 9.0, np.float32))
+
+    def swap(record) -> None:  # type: ignore[no-untyped-def]
+        record["contributions"][1]["gradient"] = other
+
+    forged = await rewrite(store, cids[1], swap)
+    result = await verify_round(forged, store)
+    assert not result.ok
+    assert "differs from the recomputed FedAvg" in (result.mismatch or "")
+    assert "peer-b" in (result.mismatch or "")
+    history = await verify_history(forged, store)
+    assert [r.ok for r in history] == [False, True]
+
+
+async def test_verify_detects_missing_and_corrupt_contribution() -> None:
+    store = MemoryBlockStore()
+    cids, _ = await run_rounds(store, rounds=1)
+    record = dag_cbor.decode((await store.get(cids[0])).data)
+    victim = record["contributions"][2]["gradient"]
+    cid_obj, data = store.blocks[bytes(victim)]
+    store.blocks[bytes(victim)] = (cid_obj, data[:-8] + b"\x00" * 8)
+    result = await verify_round(cids[0], store)
+    assert not result.ok
+    assert "contribution of peer peer-c" in (result.mismatch or "")
+    await store.delete(victim)
+    assert "peer-c" in ((await verify_round(cids[0], store)).mismatch or "")
+
+
+async def test_verify_detects_wrong_weight_and_wrong_method() -> None:
+    store = MemoryBlockStore()
+    cids, _ = await run_rounds(store, rounds=1)
+
+    def reweigh(record) -> None:  # type: ignore[no-untyped-def]
+        record["contributions"][0]["weight"] = 1000
+
+    assert not (await verify_round(await rewrite(store, cids[0], reweigh), store)).ok
+
+    def remethod(record) -> None:  # type: ignore[no-untyped-def]
+        record["aggregation"] = {"method": "Median", "params": {}}
+
+    result = await verify_round(await rewrite(store, cids[0], remethod), store)
+    assert "Median" in (result.mismatch or "")
+
+
+async def test_verify_history_detects_chain_break_and_early_end() -> None:
+    store = MemoryBlockStore()
+    cids, _ = await run_rounds(store, rounds=3)
+
+    def skip(record) -> None:  # type: ignore[no-untyped-def]
+        record["previous"] = cids[0]
+
+    history = await verify_history(await rewrite(store, cids[2], skip), store)
+    assert "chain break" in (history[1].mismatch or "")
+
+    def orphan(record) -> None:  # type: ignore[no-untyped-def]
+        record["previous"] = None
+
+    history = await verify_history(await rewrite(store, cids[2], orphan), store)
+    assert history[-1].mismatch == "history ends before round 0"
+
+
+async def test_verify_unreadable_record() -> None:
+    store = MemoryBlockStore()
+    junk = await store.put(Block.new(dag_cbor.encode({"type": "other", "version": 1}), 0x71))
+    result = await verify_round(junk, store)
+    assert not result.ok
+    assert result.round == -1
+    assert len(await verify_history(junk, store)) == 1
+
+
+async def test_noised_round_is_checked_but_not_recomputed() -> None:
+    store = MemoryBlockStore()
+    grads = {p: await put_gradient(store, np.ones(4, np.float32) * i) for i, p in enumerate("ab")}
+    noised = np.array([0.3, 0.6, 0.2, 0.5], np.float32)
+    record = RoundRecord(
+        "s",
+        0,
+        [ContributionRef(p, str(c), 1) for p, c in grads.items()],
+        FedAvg(),
+        str(await put_gradient(store, noised)),
+        privacy={"noise": True, "epsilon_spent": 1.0},
+    )
+    result = await verify_round(await record.commit(store), store)
+    assert result.ok
+    assert not result.recomputed
+
+
+def test_record_refuses_duplicate_peer() -> None:
+    cid = "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"
+    record = RoundRecord(
+        "s", 0, [ContributionRef("a", cid), ContributionRef("a", cid)], FedAvg(), cid
+    )
+    with pytest.raises(InvalidGradient):
+        record.to_ipld()
