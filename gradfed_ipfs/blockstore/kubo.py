@@ -87,13 +87,16 @@ def iter_ndjson(body: bytes | str) -> Iterator[dict[str, Any]]:
         yield item
 
 
-def parse_rpc_error(status: int, body: bytes | str) -> str | None:
+def parse_rpc_error(status: int, body: bytes | str, *, streamed: bool = False) -> str | None:
     """Return Kubo's error message for an answer, or ``None`` when it is a success.
 
     Kubo signals errors either with a non-200 status and a ``{"Message", "Type": "error"}`` body,
-    or (streaming endpoints such as ``block/rm``) with HTTP 200 and ``Error`` fields in NDJSON
-    lines.
+    or (streaming endpoints such as ``block/rm``, flagged by ``streamed``) with HTTP 200 and
+    ``Error`` fields in NDJSON lines. A 200 answer of any other endpoint is a success whatever
+    its bytes are (``block/get`` returns raw block data, which must not be parsed).
     """
+    if status == 200 and not streamed:
+        return None
     text = body.decode("utf-8", errors="replace") if isinstance(body, bytes) else body
     if status != 200:
         try:
@@ -247,7 +250,7 @@ class KuboBlockStore:
         with rpc_context(self.api_url, "block/rm", parsed):
             with contextlib.suppress(StoreRequestError):
                 await self._post("pin/rm", {"arg": str(parsed)})
-            await self._post("block/rm", {"arg": str(parsed)})
+            await self._post("block/rm", {"arg": str(parsed)}, streamed=True)
 
     async def pin(self, cid: CIDLike) -> None:
         """``pin/add`` (recursive: a dag-cbor root pins every block it links)."""
@@ -318,6 +321,7 @@ class KuboBlockStore:
         *,
         files: Mapping[str, Any] | None = None,
         read_timeout: float | None = None,
+        streamed: bool = False,
     ) -> httpx.Response:
         """POST with bounded retries on connection failures; map every failure to our errors."""
         timeout = httpx.Timeout(read_timeout or self.timeout + 10.0, connect=5.0)
@@ -341,7 +345,7 @@ class KuboBlockStore:
             except httpx.HTTPError as exc:
                 raise StoreUnavailable(f"HTTP error talking to Kubo: {exc!r}") from exc
             logger.debug("POST %s %s -> %d", endpoint, params.get("arg", ""), response.status_code)
-            message = parse_rpc_error(response.status_code, response.content)
+            message = parse_rpc_error(response.status_code, response.content, streamed=streamed)
             if message is None:
                 return response
             if _is_not_found(message):

@@ -30,9 +30,10 @@ def test_parse_rpc_error() -> None:
     assert parse_rpc_error(500, b'{"Message":"boom","Code":0,"Type":"error"}') == "boom"
     assert parse_rpc_error(502, b"bad gateway") == "HTTP 502: bad gateway"
     # block/rm reports failures inside HTTP 200 NDJSON.
-    assert parse_rpc_error(200, b'{"Hash":"a"}\n{"Hash":"b","Error":"pinned: recursive"}\n') == (
-        "pinned: recursive"
-    )
+    body = b'{"Hash":"a"}\n{"Hash":"b","Error":"pinned: recursive"}\n'
+    assert parse_rpc_error(200, body, streamed=True) == "pinned: recursive"
+    # Raw block bytes that happen to look like an error are still data, not an error.
+    assert parse_rpc_error(200, b'{"Error":"looks like one"}') is None
 
 
 def test_iter_ndjson() -> None:

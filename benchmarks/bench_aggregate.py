@@ -1,0 +1,84 @@
+"""FedAvg throughput: ours vs the stacked ``w @ X`` bound vs Flower's ``aggregate``.
+
+Run: ``python benchmarks/bench_aggregate.py`` (Flower from the ``bench`` extra; without it that
+column is skipped). All three run in this one process on the same arrays; each number is the
+best of ``--repeat`` runs. The bound is a BLAS ``w @ X`` over a matrix stacked *before* timing,
+i.e. reading N·d floats exactly once — no aggregation that starts from N separate arrays can be
+faster. Flower's ``aggregate`` takes ``[(ndarrays, num_examples)]``.
+
+On machines that set ``OPENBLAS_CORETYPE``/``OPENBLAS_L2_SIZE`` (see the env notes) run with both
+unset to measure a current NumPy: ``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from gradfed_ipfs.tensor.aggregation import Contribution, fedavg
+
+
+def best_of(repeat: int, func: Callable[[], object]) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        started = time.perf_counter()
+        func()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--dims", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    parser.add_argument("--peers", type=int, nargs="+", default=[4, 16])
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args()
+    try:
+        from flwr.server.strategy.aggregate import aggregate as flwr_aggregate
+    except ImportError:
+        flwr_aggregate = None
+        print("flwr not installed (pip install -e '.[bench]'): Flower column skipped")
+
+    rng = np.random.default_rng(0)
+    header = f"{'d':>11} {'N':>3} {'bound ms':>9} {'ours ms':>8} {'flwr ms':>8} "
+    header += f"{'ours/bound':>10} {'flwr/ours':>9} {'max|err|':>9}"
+    print(header)
+    for d in args.dims:
+        for n in args.peers:
+            print(run_case(rng, d, n, args.repeat, flwr_aggregate))
+
+
+def run_case(
+    rng: np.random.Generator,
+    d: int,
+    n: int,
+    repeat: int,
+    flwr_aggregate: Callable[..., object] | None,
+) -> str:
+    grads = [rng.standard_normal(d, dtype=np.float32) for _ in range(n)]
+    samples = [int(s) for s in rng.integers(10, 1000, size=n)]
+    contributions = {
+        f"peer-{i:03d}": Contribution(g, s)
+        for i, (g, s) in enumerate(zip(grads, samples, strict=True))
+    }
+    stacked = np.stack(grads)
+    w = (np.asarray(samples, dtype=np.float64) / sum(samples)).astype(np.float32)
+    t_bound = best_of(repeat, lambda: w @ stacked)
+    t_ours = best_of(repeat, lambda: fedavg(contributions))
+    error = float(np.max(np.abs(fedavg(contributions) - w @ stacked)))
+    flwr_cols, ratio = f"{'-':>8} ", f"{'-':>9}"
+    if flwr_aggregate is not None:
+        results = [([g], s) for g, s in zip(grads, samples, strict=True)]
+        t_flwr = best_of(repeat, lambda: flwr_aggregate(results))
+        flwr_cols, ratio = f"{t_flwr * 1e3:8.1f} ", f"{t_flwr / t_ours:9.2f}"
+    return (
+        f"{d:>11,} {n:>3} {t_bound * 1e3:9.1f} {t_ours * 1e3:8.1f} {flwr_cols}"
+        f"{t_ours / t_bound:10.2f} {ratio} {error:9.1e}"
+    )
+
+
+if __name__ == "__main__":
+    main()
