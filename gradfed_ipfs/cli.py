@@ -21,7 +21,7 @@ from .errors import GradfedError
 
 __all__ = ["build_parser", "main"]
 
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False)
 
 
