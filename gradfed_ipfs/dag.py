@@ -38,6 +38,7 @@ from .cid import DAG_CBOR, RAW, parse_cid
 from .errors import (
     BlockCorrupt,
     DecodeError,
+    DimensionMismatch,
     InvalidGradient,
     MalformedArrow,
     MalformedManifest,
@@ -501,6 +502,7 @@ async def fetch_gradient(
     retries: int = 2,
     progress: ProgressCallback | None = None,
     max_length: int | None = None,
+    expected_length: int | None = None,
 ) -> FloatArray:
     """Fetch a gradient by CID, raw block or chunked DAG, verified and decoded.
 
@@ -514,6 +516,9 @@ async def fetch_gradient(
         See :func:`fetch_chunks`.
     max_length
         Refuse manifests declaring more values than this (before allocating).
+    expected_length
+        The length the caller requires; a different one raises :class:`DimensionMismatch`
+        (before any chunk is fetched, for a chunked gradient).
 
     Returns
     -------
@@ -527,6 +532,8 @@ async def fetch_gradient(
         If a dag-cbor CID does not lead to a valid manifest, or it is too long.
     MalformedArrow
         If a raw block is not a dense gradient.
+    DimensionMismatch
+        If the length differs from ``expected_length``.
     BlockCorrupt, BlockNotFound, StoreUnavailable
         See :func:`fetch_chunks`.
     """
@@ -536,6 +543,7 @@ async def fetch_gradient(
         decoded = decode_gradient(block.data)
         if decoded.encoding != "dense":
             raise MalformedArrow(f"block {parsed} has encoding {decoded.encoding!r}, not dense")
+        _check_length(decoded.values.size, expected_length)
         if progress is not None:
             progress(decoded.values.nbytes, decoded.values.nbytes)
         return decoded.tensor()
@@ -544,6 +552,7 @@ async def fetch_gradient(
     manifest = await fetch_manifest(store, parsed, timeout=timeout, retries=retries)
     if max_length is not None and manifest.length > max_length:
         raise MalformedManifest(f"manifest {parsed} declares {manifest.length} > {max_length}")
+    _check_length(manifest.length, expected_length)
     out = np.empty(manifest.length, dtype=np.float32)
 
     def into_slice(ref: ChunkRef, values: FloatArray) -> None:
@@ -560,6 +569,11 @@ async def fetch_gradient(
         manifest_cid=parsed,
     )
     return out.reshape(manifest.shape)
+
+
+def _check_length(length: int, expected: int | None) -> None:
+    if expected is not None and length != expected:
+        raise DimensionMismatch([expected], [length])
 
 
 async def _bounded(limit: int, jobs: Iterator[Awaitable[None]]) -> None:

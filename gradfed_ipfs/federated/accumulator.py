@@ -8,7 +8,13 @@ The seed's flow (seed-api §6.13) with its defects fixed:
 - ``WeightedMean`` weights map to peers by peer ID, never by dict order;
 - ``gradient_clipping`` is applied to the aggregate;
 - FedAvg is weighted by sample counts when peers give them;
-- ``max_peers`` is enforced and ``timeout`` bounds every fetch.
+- ``max_peers`` is enforced and ``timeout`` bounds every fetch;
+- size is not a limit: ``commit_local`` stores a gradient whose encoding exceeds ``chunk_bytes``
+  as a chunked DAG (dag-cbor manifest CID, see :mod:`gradfed_ipfs.dag`) and a small one as a
+  single raw block; ``add_peer_gradient`` accepts either CID and dispatches on its codec.
+
+This class holds every peer's gradient in ``peer_gradients`` (N·d floats). For constant memory
+whatever N, use :class:`~gradfed_ipfs.federated.streaming.StreamingAccumulator`.
 """
 
 from __future__ import annotations
@@ -20,10 +26,17 @@ import numpy as np
 from multiformats import CID
 
 from .._types import CIDLike, FloatArray, GradientLike
-from ..arrow_ipc import load_gradient_from_arrow, store_gradient_as_arrow
 from ..backward_pass import BackwardPassConfig, clip_gradient_norm
-from ..blockstore.base import Block, BlockStore
+from ..blockstore.base import BlockStore
 from ..cid import parse_cid
+from ..dag import (
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_CONCURRENCY,
+    ProgressCallback,
+    fetch_gradient,
+    put_gradient,
+    values_per_chunk,
+)
 from ..errors import (
     DimensionMismatch,
     EmptyGradients,
@@ -51,6 +64,12 @@ class DistributedGradientAccumulator:
         Aggregation rule, clipping, peer limit and fetch timeout.
     local_peer_id
         The key of the local gradient among contributions (its own peer ID when known).
+    chunk_bytes
+        Largest block in bytes (≤ 2 MiB); larger encodings are committed as chunked DAGs.
+    concurrency
+        Chunks stored or fetched at once.
+    progress
+        Called with ``(done_bytes, total_bytes)`` during each commit and fetch.
 
     Attributes
     ----------
@@ -70,7 +89,16 @@ class DistributedGradientAccumulator:
         config: BackwardPassConfig | None = None,
         *,
         local_peer_id: str = LOCAL_PEER_ID,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        progress: ProgressCallback | None = None,
     ) -> None:
+        values_per_chunk(chunk_bytes)  # validates the size
+        if concurrency < 1:
+            raise InvalidGradient(f"concurrency must be >= 1, got {concurrency}")
+        self.chunk_bytes = chunk_bytes
+        self.concurrency = concurrency
+        self.progress = progress
         self._session_id = session_id
         self.config = config if config is not None else BackwardPassConfig()
         self.local_peer_id = local_peer_id
@@ -105,9 +133,11 @@ class DistributedGradientAccumulator:
     async def commit_local(
         self, gradient: GradientLike, store: BlockStore, *, num_samples: int | None = None
     ) -> CID:
-        """Encode the local gradient as Arrow IPC, store it as a raw block and return its CID.
+        """Encode the local gradient as Arrow IPC, store it and return its CID.
 
-        The accumulator's state changes only after the store has accepted the block.
+        An encoding up to ``chunk_bytes`` is one raw block (``bafkrei…``); a larger one is a
+        chunked DAG whose dag-cbor manifest CID (``bafyrei…``) is returned, pinned recursively.
+        The accumulator's state changes only after the store has accepted every block.
 
         Parameters
         ----------
@@ -122,13 +152,16 @@ class DistributedGradientAccumulator:
         ------
         InvalidGradient
             If the gradient has NaN or Inf values.
-        BlockTooLarge
-            If the encoding exceeds the store's block limit.
         """
         values = as_float32_vector(gradient)
         _check_finite(values, "local gradient")
-        block = Block.new(store_gradient_as_arrow(values))
-        cid = await store.put(block)
+        cid = await put_gradient(
+            store,
+            values,
+            chunk_bytes=self.chunk_bytes,
+            concurrency=self.concurrency,
+            progress=self.progress,
+        )
         self.local_gradient = values
         self.local_samples = num_samples
         self.local_cid = cid
@@ -144,16 +177,29 @@ class DistributedGradientAccumulator:
     ) -> None:
         """Fetch a peer's gradient by CID, verify it, and hold it under ``peer_id``.
 
-        A re-sent gradient from the same peer replaces the old one (one peer counts once).
+        ``cid`` may be a raw CID (one Arrow block) or a dag-cbor CID (a chunk manifest, whose
+        chunks are fetched concurrently). A re-sent gradient from the same peer replaces the old
+        one (one peer counts once).
+
+        Parameters
+        ----------
+        peer_id
+            The peer that announced the gradient.
+        cid
+            Its CID (raw or dag-cbor).
+        store
+            Where to fetch from.
+        num_samples
+            Samples behind the gradient (FedAvg weight), when announced.
 
         Raises
         ------
         BlockNotFound
-            If the block is not found within ``config.timeout`` seconds.
+            If a block is not found within ``config.timeout`` seconds.
         BlockCorrupt
-            If the fetched bytes do not hash to ``cid``.
-        MalformedArrow
-            If the block is not a gradient.
+            If fetched bytes do not hash to their CID (the message names the chunk).
+        MalformedArrow, MalformedManifest
+            If a block is not a gradient or a manifest.
         InvalidGradient
             If it has NaN/Inf values, or a new peer would exceed ``config.max_peers``.
         DimensionMismatch
@@ -168,12 +214,17 @@ class DistributedGradientAccumulator:
         if num_samples is not None and num_samples < 0:
             raise InvalidGradient(f"num_samples must be >= 0, got {num_samples}")
         parsed = parse_cid(cid)
-        block = await store.get(parsed, timeout=self.config.timeout)
-        values = load_gradient_from_arrow(block.data).reshape(-1)
-        _check_finite(values, f"gradient of peer {peer_id} ({parsed})")
         expected = self._expected_length(excluding=peer_id)
-        if expected is not None and values.size != expected:
-            raise DimensionMismatch([expected], [values.size])
+        fetched = await fetch_gradient(
+            store,
+            parsed,
+            concurrency=self.concurrency,
+            timeout=self.config.timeout,
+            progress=self.progress,
+            expected_length=expected,
+        )
+        values = fetched.reshape(-1)
+        _check_finite(values, f"gradient of peer {peer_id} ({parsed})")
         self.peer_gradients[peer_id] = values
         self.peer_cids[peer_id] = parsed
         if num_samples is None:

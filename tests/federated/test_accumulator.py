@@ -157,3 +157,48 @@ async def test_corrupted_block_in_memory_store_raises() -> None:
     with pytest.raises(BlockCorrupt):
         await acc.add_peer_gradient("p", cid, store)  # type: ignore[arg-type]
     assert acc.peer_count == 0
+
+
+# ------------------------------------------------------------------ chunked (large) gradients
+
+
+def make_chunked(**kwargs: object) -> DistributedGradientAccumulator:
+    return DistributedGradientAccumulator("session-1", chunk_bytes=65_536, **kwargs)  # type: ignore[arg-type]
+
+
+async def test_commit_local_picks_chunked_form_and_peers_accept_both_kinds(
+    store: BlockStore,
+) -> None:
+    from gradfed_ipfs.cid import DAG_CBOR, RAW
+    from gradfed_ipfs.dag import put_gradient, values_per_chunk
+
+    n = 2 * values_per_chunk(65_536) + 7
+    rng = np.random.default_rng(5)
+    local, peer_big = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    progress: list[tuple[int, int]] = []
+    acc = make_chunked(progress=lambda done, total: progress.append((done, total)))
+    cid = await acc.commit_local(local, store)
+    assert cid.codec.code == DAG_CBOR
+    assert progress[-1] == (4 * n, 4 * n)
+    big_cid = await put_gradient(store, peer_big, chunk_bytes=65_536)
+    await acc.add_peer_gradient("big", big_cid, store)
+    np.testing.assert_array_equal(acc.peer_gradients["big"], peer_big)
+    small = make_chunked()
+    small_cid = await small.commit_local([1.0, 2.0], store)
+    assert small_cid.codec.code == RAW
+    expected = (local.astype(np.float64) + peer_big) / 2
+    np.testing.assert_allclose(acc.aggregate(), expected.astype(np.float32), rtol=1e-6)
+
+
+async def test_chunked_length_mismatch_raises_before_fetching_chunks() -> None:
+    from gradfed_ipfs.dag import fetch_manifest, put_gradient, values_per_chunk
+
+    store = MemoryBlockStore()
+    acc = make_chunked()
+    await acc.commit_local([1.0, 2.0, 3.0], store)
+    big = await put_gradient(store, np.zeros(values_per_chunk(65_536) + 1), chunk_bytes=65_536)
+    for chunk in (await fetch_manifest(store, big)).chunks:
+        del store.blocks[bytes(chunk.cid)]  # a fetch of any chunk would fail with BlockNotFound
+    with pytest.raises(DimensionMismatch):
+        await acc.add_peer_gradient("p", big, store)
+    assert acc.peer_count == 0
