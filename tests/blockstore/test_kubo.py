@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import time
 
+import httpx
 import pytest
 
 from gradfed_ipfs.blockstore import Block, KuboBlockStore
-from gradfed_ipfs.errors import BlockNotFound, BlockTooLarge, StoreUnavailable
+from gradfed_ipfs.errors import BlockCorrupt, BlockNotFound, BlockTooLarge, StoreUnavailable
 from gradfed_ipfs.kubo import KuboDaemon
 
 pytestmark = pytest.mark.kubo
@@ -92,3 +93,33 @@ async def test_killed_daemon_keeps_pinned_blocks_after_restart(fresh_daemon: Kub
     fresh_daemon.start()
     async with KuboBlockStore(fresh_daemon.api_url) as store:
         assert (await store.get(block.cid, timeout=2)).data == block.data
+
+
+class TamperingTransport(httpx.AsyncBaseTransport):
+    """Forwards to the real daemon but flips one bit of every ``block/get`` answer."""
+
+    def __init__(self) -> None:
+        self._inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self._inner.handle_async_request(request)
+        if not request.url.path.endswith("/block/get"):
+            return response
+        body = bytearray(await response.aread())
+        body[len(body) // 2] ^= 0x01
+        return httpx.Response(response.status_code, headers=response.headers, content=bytes(body))
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+async def test_daemon_answering_altered_bytes_raises_corrupt(kubo_node: object) -> None:
+    api = kubo_node.api_url  # type: ignore[attr-defined]
+    block = Block.new(os.urandom(5000))
+    async with KuboBlockStore(api) as honest:
+        await honest.put(block)
+    async with KuboBlockStore(api, transport=TamperingTransport()) as tampered:
+        with pytest.raises(BlockCorrupt) as info:
+            await tampered.get(block.cid)
+    assert info.value.cid == block.cid
+    assert info.value.endpoint == "block/get"
