@@ -200,3 +200,16 @@ async def test_restore_rejects_swapped_parameter() -> None:
     forged = await store.put(Block.new(dag_cbor.encode(record), "dag-cbor"))
     with pytest.raises(MalformedManifest, match="step"):
         await GradientCheckpoint.load_from_store(forged, store)
+
+
+# ----------------------------------------------------------------------- real Kubo
+
+
+@pytest.mark.kubo
+async def test_checkpoint_round_trip_through_kubo(kubo_store) -> None:  # type: ignore[no-untyped-def]
+    ckpt = full_checkpoint()
+    root = await ckpt.save_to_store(kubo_store)
+    assert str(root).startswith("bafyrei")
+    restored = await GradientCheckpoint.load_from_store(root, kubo_store)
+    assert restored == ckpt
+    assert await restored.save_to_store(MemoryBlockStore()) == root

@@ -373,3 +373,22 @@ async def test_load_from_store_rejects_wrong_records() -> None:
     forged = await store.put(Block.new(dag_cbor.encode(record), "dag-cbor"))
     with pytest.raises(MalformedManifest, match="parent links"):
         await ComputationGraphStore.load_from_store(forged, store)
+
+
+# ----------------------------------------------------------------------- real Kubo
+
+
+@pytest.mark.kubo
+async def test_graph_root_round_trip_through_kubo(kubo_store) -> None:  # type: ignore[no-untyped-def]
+    graph = ComputationGraphStore()
+    graph.add_node(ComputationNode("x", "input", []))
+    x_out = await graph.store_gradient_as_arrow("x", [1.0, 2.0], [2], kubo_store)
+    graph.record_output("x", x_out)
+    graph.add_node(ComputationNode("y", "relu", [x_out]).with_meta("layer", "fc1"))
+    await graph.store_gradient_as_arrow("y", np.arange(6.0), [2, 3], kubo_store)
+    root = await graph.save_to_store(kubo_store)
+    assert await kubo_store.is_pinned(root)
+    loaded = await ComputationGraphStore.load_from_store(root, kubo_store)
+    assert loaded == graph
+    values = await loaded.load_gradient("y", kubo_store, [2, 3])
+    np.testing.assert_array_equal(values, np.arange(6.0))
