@@ -45,11 +45,14 @@ CLI exits with. The tree::
     │   ├── ArrowBlockShapeMismatch    declared shape disagrees with the values
     │   ├── InvalidMagic               the first four bytes are not ``GARW``
     │   └── TruncatedData              fewer bytes than the header promises
-    └── ComputationGraphError          the seed's ``ComputationGraphError`` (§7.2); exit 9
-        ├── GraphNodeNotFound          no node with that id
-        ├── CircularDependency         the graph has a cycle
-        ├── GraphSerializationError    a node or graph does not (de)serialize
-        └── GraphIoError               reading or writing a graph/checkpoint failed
+    ├── ComputationGraphError          the seed's ``ComputationGraphError`` (§7.2); exit 9
+    │   ├── GraphNodeNotFound          no node with that id
+    │   ├── CircularDependency         the graph has a cycle
+    │   ├── GraphSerializationError    a node or graph does not (de)serialize
+    │   └── GraphIoError               reading or writing a graph/checkpoint failed
+    └── PubsubError                    IPFS pubsub (announcements); exit 10
+        ├── PubsubUnavailable          the daemon's pubsub API cannot be reached
+        └── PubsubRequestError         the daemon refused a pubsub call (e.g. pubsub disabled)
 
 Store errors carry context as attributes (``api_url``, ``endpoint``, ``cid``), set by the one
 boundary that talks to Kubo, so a message always names the CID and the daemon.
@@ -102,6 +105,9 @@ __all__ = [
     "PassNotFound",
     "PeerNotFound",
     "PrivacyBudgetExhausted",
+    "PubsubError",
+    "PubsubRequestError",
+    "PubsubUnavailable",
     "SecureAggregationError",
     "ShapeMismatch",
     "StoreRequestError",
@@ -455,3 +461,27 @@ class GraphSerializationError(ComputationGraphError, ValueError):
 
 class GraphIoError(ComputationGraphError, OSError):
     """Reading or writing a graph or checkpoint file failed."""
+
+
+# --------------------------------------------------------------------------- pubsub
+
+
+class PubsubError(GradfedError):
+    """Kubo pubsub failed. ``api_url`` and ``topic`` say where, when known."""
+
+    exit_code: ClassVar[int] = 10
+
+    def __init__(
+        self, message: str, *, api_url: str | None = None, topic: str | None = None
+    ) -> None:
+        self.api_url = api_url
+        self.topic = topic
+        super().__init__(message)
+
+
+class PubsubUnavailable(PubsubError, ConnectionError):
+    """The daemon's pubsub API cannot be reached (connection refused, timeout, stream broke)."""
+
+
+class PubsubRequestError(PubsubError):
+    """The daemon answered a pubsub call with an error (e.g. pubsub is not enabled)."""
