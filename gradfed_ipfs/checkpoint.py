@@ -3,7 +3,9 @@
 :class:`GradientCheckpoint` holds what the seed's checkpoint holds (seed-api §10): the
 computation graph, the step, the loss CID, opaque optimizer-state blobs keyed by parameter name,
 and a Unix timestamp. It adds model ``parameters`` (name → float32 array), which the seed left
-out, so that a run can resume from the checkpoint alone.
+out, and error-feedback ``residuals`` (stream id → float32 array, e.g. from
+:meth:`~gradfed_ipfs.tensor.compression.ErrorFeedback.residual`), so that a run can resume from
+the checkpoint alone. DP accountant state, where present, goes into ``optimizer_state`` as a blob.
 
 Two ways to persist it:
 
@@ -19,10 +21,12 @@ Two ways to persist it:
 
       {"type": "gradfed/checkpoint", "version": 1, "step": int, "timestamp": int,
        "loss": link|str|null, "graph": link,
-       "optimizer_state": {name: link | b""}, "parameters": {name: link}}
+       "optimizer_state": {name: link | b""}, "parameters": {name: link},
+       "residuals": {name: link}}
 
-  Empty optimizer blobs are stored inline (a block cannot be empty). A blob or parameter over
-  the 2 MiB block limit raises :class:`~gradfed_ipfs.errors.BlockTooLarge`.
+  Empty optimizer blobs are stored inline (a block cannot be empty). A parameter or residual
+  whose encoding exceeds 1 MiB is stored as a chunked DAG (:mod:`gradfed_ipfs.dag`); an
+  optimizer blob over the 2 MiB block limit raises :class:`~gradfed_ipfs.errors.BlockTooLarge`.
 """
 
 from __future__ import annotations
@@ -43,8 +47,9 @@ from multiformats import CID
 from ._types import CIDLike, FloatArray, GradientLike
 from .arrow_ipc import decode_gradient, store_gradient_as_arrow
 from .blockstore.base import Block, BlockStore
-from .cid import parse_cid
+from .cid import RAW, parse_cid
 from .computation_graph import ComputationGraphStore
+from .dag import DEFAULT_CHUNK_BYTES, fetch_gradient, put_gradient
 from .errors import GraphIoError, GraphSerializationError, MalformedManifest
 from .ipld_records import decode_record, encode_record, fetch_all, from_link, require, to_link
 
@@ -73,6 +78,8 @@ class GradientCheckpoint:
         Unix seconds at creation.
     parameters
         Model parameters by name (float32 arrays of any shape); not in the seed.
+    residuals
+        Error-feedback residuals by stream id (float32 arrays); not in the seed.
     """
 
     graph: ComputationGraphStore
@@ -81,6 +88,7 @@ class GradientCheckpoint:
     optimizer_state: dict[str, bytes] = field(default_factory=dict)
     timestamp: int = field(default_factory=lambda: int(time.time()))
     parameters: dict[str, FloatArray] = field(default_factory=dict)
+    residuals: dict[str, FloatArray] = field(default_factory=dict)
 
     @classmethod
     def new(cls, graph: ComputationGraphStore, step: int) -> GradientCheckpoint:
@@ -100,6 +108,10 @@ class GradientCheckpoint:
         """Insert or replace a model parameter (copied as float32, shape kept)."""
         self.parameters[name] = np.array(values, dtype=np.float32, copy=True)
 
+    def set_residual(self, stream_id: str, values: GradientLike) -> None:
+        """Insert or replace an error-feedback residual (copied as float32, shape kept)."""
+        self.residuals[stream_id] = np.array(values, dtype=np.float32, copy=True)
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, GradientCheckpoint):
             return NotImplemented
@@ -109,12 +121,8 @@ class GradientCheckpoint:
             and self.loss_cid == other.loss_cid
             and self.optimizer_state == other.optimizer_state
             and self.timestamp == other.timestamp
-            and self.parameters.keys() == other.parameters.keys()
-            and all(
-                self.parameters[k].shape == other.parameters[k].shape
-                and np.array_equal(self.parameters[k], other.parameters[k], equal_nan=True)
-                for k in self.parameters
-            )
+            and _arrays_equal(self.parameters, other.parameters)
+            and _arrays_equal(self.residuals, other.residuals)
         )
 
     __hash__ = None  # type: ignore[assignment]  # mutable
@@ -129,10 +137,8 @@ class GradientCheckpoint:
             "loss_cid": self.loss_cid,
             "optimizer_state": {k: list(v) for k, v in self.optimizer_state.items()},
             "timestamp": self.timestamp,
-            "parameters": {
-                k: {"shape": list(v.shape), "values": v.reshape(-1).tolist()}
-                for k, v in self.parameters.items()
-            },
+            "parameters": _arrays_to_json(self.parameters),
+            "residuals": _arrays_to_json(self.residuals),
         }
 
     @classmethod
@@ -149,10 +155,8 @@ class GradientCheckpoint:
         try:
             step, timestamp, loss = data["step"], data["timestamp"], data.get("loss_cid")
             blobs = {str(k): bytes(v) for k, v in dict(data.get("optimizer_state") or {}).items()}
-            params = {
-                str(k): np.array(v["values"], dtype=np.float32).reshape(v["shape"])
-                for k, v in dict(data.get("parameters") or {}).items()
-            }
+            params = _arrays_from_json(data.get("parameters"))
+            residuals = _arrays_from_json(data.get("residuals"))
         except (KeyError, TypeError, ValueError) as exc:
             raise GraphSerializationError(f"Checkpoint deserialization: {exc}") from exc
         if not _is_uint(step) or not _is_uint(timestamp):
@@ -160,7 +164,7 @@ class GradientCheckpoint:
         if loss is not None and not isinstance(loss, str):
             raise GraphSerializationError("Checkpoint deserialization: loss_cid not a string")
         graph = ComputationGraphStore.from_dict(data.get("graph"))
-        return cls(graph, step, loss, blobs, timestamp, params)
+        return cls(graph, step, loss, blobs, timestamp, params, residuals)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write pretty JSON atomically: temp file in the same directory, fsync, rename.
@@ -225,11 +229,6 @@ class GradientCheckpoint:
         for name in sorted(self.optimizer_state):
             blob = self.optimizer_state[name]
             blobs[name] = await store.put(Block.new(blob, "raw"), pin=False) if blob else b""
-        params: dict[str, CID] = {}
-        for name in sorted(self.parameters):
-            value = self.parameters[name]
-            data = store_gradient_as_arrow(value, shape=value.shape, layer=name)
-            params[name] = await store.put(Block.new(data, "raw"), pin=False)
         record: dict[str, Any] = {
             "type": CHECKPOINT_RECORD_TYPE,
             "version": _VERSION,
@@ -238,7 +237,8 @@ class GradientCheckpoint:
             "loss": None if self.loss_cid is None else to_link(self.loss_cid),
             "graph": graph_cid,
             "optimizer_state": blobs,
-            "parameters": params,
+            "parameters": await _put_arrays(store, self.parameters),
+            "residuals": await _put_arrays(store, self.residuals),
         }
         return await store.put(encode_record(record), pin=pin)
 
@@ -263,33 +263,77 @@ class GradientCheckpoint:
         graph_link = require(record, "graph", CID, where)
         blob_links = require(record, "optimizer_state", dict, where)
         param_links = require(record, "parameters", dict, where)
+        residual_links = require(record, "residuals", dict, where)
         loss = record.get("loss")
-        if not all(isinstance(v, CID | bytes) for v in blob_links.values()) or not all(
-            isinstance(v, CID) for v in param_links.values()
-        ):
-            raise MalformedManifest(f"{where}: optimizer_state/parameters must be links")
+        if not all(isinstance(v, CID | bytes) for v in blob_links.values()):
+            raise MalformedManifest(f"{where}: optimizer_state must hold links")
         graph = await ComputationGraphStore.load_from_store(graph_link, store)
         blob_blocks = await fetch_all(store, [v for v in blob_links.values() if isinstance(v, CID)])
         fetched = iter(blob_blocks)
         blobs = {
             k: next(fetched).data if isinstance(v, CID) else bytes(v) for k, v in blob_links.items()
         }
-        params: dict[str, FloatArray] = {}
-        for name, block in zip(
-            param_links, await fetch_all(store, param_links.values()), strict=True
-        ):
-            decoded = decode_gradient(block.data)
-            if decoded.encoding != "dense" or decoded.layer != name:
-                raise MalformedManifest(f"{where}: parameter block {block.cid} is not {name!r}")
-            params[name] = np.array(decoded.tensor(), dtype=np.float32, copy=True)
+        params = await _get_arrays(store, param_links, f"{where}: parameter")
+        residuals = await _get_arrays(store, residual_links, f"{where}: residual")
         loss_cid = None if loss is None else from_link(loss, "loss")
-        return cls(graph, step, loss_cid, blobs, timestamp, params)
+        return cls(graph, step, loss_cid, blobs, timestamp, params, residuals)
 
     restore = load_from_store
 
 
 def _is_uint(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _arrays_equal(a: Mapping[str, FloatArray], b: Mapping[str, FloatArray]) -> bool:
+    return a.keys() == b.keys() and all(
+        a[k].shape == b[k].shape and np.array_equal(a[k], b[k], equal_nan=True) for k in a
+    )
+
+
+def _arrays_to_json(arrays: Mapping[str, FloatArray]) -> dict[str, Any]:
+    return {
+        k: {"shape": list(v.shape), "values": v.reshape(-1).tolist()} for k, v in arrays.items()
+    }
+
+
+def _arrays_from_json(data: Any) -> dict[str, FloatArray]:
+    return {
+        str(k): np.array(v["values"], dtype=np.float32).reshape(v["shape"])
+        for k, v in dict(data or {}).items()
+    }
+
+
+async def _put_arrays(store: BlockStore, arrays: Mapping[str, FloatArray]) -> dict[str, CID]:
+    """Store each array as a dense Arrow block named by its key, or a chunked DAG when large."""
+    links: dict[str, CID] = {}
+    for name in sorted(arrays):
+        value = arrays[name]
+        data = store_gradient_as_arrow(value, shape=value.shape, layer=name)
+        if len(data) <= DEFAULT_CHUNK_BYTES:
+            links[name] = await store.put(Block.new(data, "raw"), pin=False)
+        else:
+            links[name] = await put_gradient(store, value, pin=False)
+    return links
+
+
+async def _get_arrays(
+    store: BlockStore, links: Mapping[str, Any], what: str
+) -> dict[str, FloatArray]:
+    """Fetch and decode :func:`_put_arrays` blocks; each must be dense and carry its name."""
+    if not all(isinstance(v, CID) for v in links.values()):
+        raise MalformedManifest(f"{what}s must be links")
+    arrays: dict[str, FloatArray] = {}
+    raw = {k: v for k, v in links.items() if v.codec.code == RAW}
+    for name, block in zip(raw, await fetch_all(store, raw.values()), strict=True):
+        decoded = decode_gradient(block.data)
+        if decoded.encoding != "dense" or decoded.layer != name:
+            raise MalformedManifest(f"{what} block {block.cid} is not {name!r}")
+        arrays[name] = np.array(decoded.tensor(), dtype=np.float32, copy=True)
+    for name, link in links.items():
+        if name not in raw:  # a chunked DAG (dag-cbor manifest)
+            arrays[name] = np.array(await fetch_gradient(store, link), dtype=np.float32)
+    return {name: arrays[name] for name in links}
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -44,6 +44,7 @@ def full_checkpoint() -> GradientCheckpoint:
     ckpt.set_optimizer_state("empty", b"")
     ckpt.set_parameter("fc1.weight", np.arange(12, dtype=np.float32).reshape(3, 4) / 7)
     ckpt.set_parameter("fc1.bias", np.array([np.float32(1e-30), -0.0, np.inf], np.float32))
+    ckpt.set_residual("peer-a/fc1", np.array([0.25, -1e-8], np.float32))
     return ckpt
 
 
@@ -84,7 +85,7 @@ def test_json_is_seed_format(tmp_path: Path) -> None:
     assert set(data["graph"]) == {"nodes", "edges"}
     assert data["step"] == 3
     # A seed file (no parameters key) loads.
-    del data["parameters"]
+    del data["parameters"], data["residuals"]
     path.write_text(json.dumps(data))
     assert GradientCheckpoint.load(path).optimizer_state == {"w": b"\x05\x06"}
 
@@ -148,6 +149,21 @@ async def test_store_round_trip_gives_same_state() -> None:
         assert restored.parameters[name].flags.writeable
     # Deterministic: the same state commits to the same CID.
     assert await restored.commit(MemoryBlockStore()) == root
+
+
+async def test_large_parameter_is_chunked_and_restored() -> None:
+    store = MemoryBlockStore()
+    ckpt = GradientCheckpoint.new(ComputationGraphStore(), 1)
+    big = np.random.default_rng(3).standard_normal((700, 1000)).astype(np.float32)  # 2.8 MB
+    ckpt.set_parameter("big", big)
+    ckpt.set_residual("r", big[:2])
+    root = await ckpt.save_to_store(store)
+    record = dag_cbor.decode((await store.get(root)).data)
+    assert record["parameters"]["big"].codec.name == "dag-cbor"  # a chunk manifest
+    assert record["residuals"]["r"].codec.name == "raw"
+    restored = await GradientCheckpoint.load_from_store(root, store)
+    assert restored == ckpt
+    assert restored.parameters["big"].tobytes() == big.tobytes()
 
 
 async def test_record_links_graph_blobs_and_parameters() -> None:
