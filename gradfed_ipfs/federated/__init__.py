@@ -6,7 +6,9 @@ from .accountant import PrivacyBudget, RdpPrivacyAccountant
 from .clients import ClientInfo, ClientState
 from .convergence import ConvergenceConfig, ConvergenceDetector
 from .privacy import AccountingMode, Calibration, DifferentialPrivacy, DPMechanism
-from .rounds import FederatedRound, ModelSyncProtocol, ModelUpdate, RoundStats
+from .rounds import FederatedRound, ModelUpdate, RoundStats
+from .secure_aggregation import SecAggClient, SecAggServer, SecureAggregation
+from .sync import ModelSyncProtocol
 
 __all__ = [
     "AccountingMode",
@@ -23,4 +25,7 @@ __all__ = [
     "PrivacyBudget",
     "RdpPrivacyAccountant",
     "RoundStats",
+    "SecAggClient",
+    "SecAggServer",
+    "SecureAggregation",
 ]

@@ -21,10 +21,10 @@ from gradfed_ipfs.federated.privacy import DifferentialPrivacy
 from gradfed_ipfs.federated.rounds import (
     PLACEHOLDER_MODEL_CID,
     FederatedRound,
-    ModelSyncProtocol,
     ModelUpdate,
     RoundStats,
 )
+from gradfed_ipfs.federated.sync import ModelSyncProtocol
 
 MODEL = "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"
 
