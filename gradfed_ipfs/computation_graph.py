@@ -280,9 +280,6 @@ class ComputationGraphStore:
         """Return every node that lists ``cid`` among its inputs (insertion order)."""
         return [n for n in self._nodes.values() if cid in n.input_cids]
 
-    def _producer(self, cid: str) -> ComputationNode | None:
-        return next((n for n in self._nodes.values() if n.output_cid == cid), None)
-
     def provenance_chain(self, output_cid: str) -> list[ComputationNode]:
         """Return the nodes ``output_cid`` derives from, root first, its producer last.
 
@@ -291,7 +288,11 @@ class ComputationGraphStore:
         latest. An unknown CID gives ``[]``. Iterative, so deep graphs do not hit Python's
         recursion limit.
         """
-        start = self._producer(output_cid)
+        producers: dict[str, ComputationNode] = {}
+        for candidate in self._nodes.values():
+            if candidate.output_cid is not None:
+                producers.setdefault(candidate.output_cid, candidate)
+        start = producers.get(output_cid)
         if start is None:
             return []
         visited: list[ComputationNode] = []
@@ -304,7 +305,7 @@ class ComputationGraphStore:
             seen.add(node.id)
             visited.append(node)
             for cid in reversed(node.input_cids):
-                producer = self._producer(cid)
+                producer = producers.get(cid)
                 if producer is not None and producer.id not in seen:
                     stack.append(producer)
         visited.reverse()
@@ -440,17 +441,10 @@ class ComputationGraphStore:
             if node.id != nid:
                 raise GraphSerializationError(f"node key {nid!r} differs from its id {node.id!r}")
             graph._nodes[nid] = node
-        edges = data.get("edges", [])
-        if not isinstance(edges, list):
-            raise GraphSerializationError("Checkpoint deserialization: edges must be a list")
-        for edge in edges:
-            if (
-                not isinstance(edge, list | tuple)
-                or len(edge) != 2
-                or not all(isinstance(e, str) and e in graph._nodes for e in edge)
-            ):
-                raise GraphSerializationError(f"Checkpoint deserialization: bad edge {edge!r:.80}")
-            graph._edges.append((edge[0], edge[1]))
+        edges = _parse_edges(data.get("edges", []), graph._nodes)
+        if edges is None:
+            raise GraphSerializationError("Checkpoint deserialization: bad edges")
+        graph._edges = edges
         return graph
 
     def checkpoint(self) -> bytes:
@@ -547,15 +541,9 @@ class ComputationGraphStore:
                 raise MalformedManifest(f"node block {block.cid} has id {node.id!r}, not {nid!r}")
             graph._nodes[nid] = node
             parents[nid] = parent_links
-        edges: list[tuple[str, str]] = []
-        for edge in edges_field:
-            if (
-                not isinstance(edge, list)
-                or len(edge) != 2
-                or not all(isinstance(e, str) and e in graph._nodes for e in edge)
-            ):
-                raise MalformedManifest(f"graph root {cid}: bad edge {edge!r:.80}")
-            edges.append((edge[0], edge[1]))
+        edges = _parse_edges(edges_field, graph._nodes)
+        if edges is None:
+            raise MalformedManifest(f"graph root {cid}: edges must be pairs of node ids")
         graph._edges = edges
         expected: dict[str, set[bytes]] = {nid: set() for nid in graph._nodes}
         for src, dst in edges:
@@ -586,6 +574,21 @@ def _canonical(value: str) -> str:
         return str(parse_cid(value))
     except DecodeError:
         return value
+
+
+def _parse_edges(data: object, nodes: Mapping[str, object]) -> list[tuple[str, str]] | None:
+    """Return ``[(from, to), …]`` if ``data`` lists pairs of known node ids, else ``None``."""
+    if not isinstance(data, list):
+        return None
+    edges = []
+    for edge in data:
+        if not isinstance(edge, list | tuple) or len(edge) != 2:
+            return None
+        src, dst = edge
+        if not (isinstance(src, str) and isinstance(dst, str) and src in nodes and dst in nodes):
+            return None
+        edges.append((src, dst))
+    return edges
 
 
 def _decode_node(block: Block) -> tuple[ComputationNode, set[bytes]]:
