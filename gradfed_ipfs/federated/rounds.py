@@ -41,6 +41,7 @@ from .convergence import ConvergenceDetector
 
 if TYPE_CHECKING:
     from .privacy import DifferentialPrivacy
+    from .secure_aggregation import SecAggResult
 
 __all__ = [
     "ALLOWED_TRANSITIONS",
@@ -340,6 +341,30 @@ class FederatedRound(_JsonRecord):
         result = dp.dp_fedavg(self.contributions, expected_clients=len(self.expected_clients))
         self.epsilon_spent, self.delta_spent = dp.spent()
         return result
+
+    def record_secure_result(self, result: SecAggResult) -> FloatArray:
+        """Take a secure-aggregation outcome as this round's aggregate and note the dropouts.
+
+        Parameters
+        ----------
+        result
+            The outcome of :func:`~gradfed_ipfs.federated.secure_aggregation.
+            run_secure_aggregation` or of a networked :class:`SecAggServer` run.
+
+        Returns
+        -------
+        FloatArray
+            The survivors' unweighted mean, shape ``(d,)``, float32 (SecAgg only reveals the
+            sum; clients wanting FedAvg weights pre-scale their own vectors).
+        """
+        self._require_started()
+        unknown = [c for c in result.survivors + result.dropped if c not in self.expected_clients]
+        if unknown:
+            raise ClientNotFound(unknown[0])
+        if not result.survivors:
+            raise NoContributions()
+        self.dropped_clients = sorted(result.dropped)
+        return (result.total / np.float32(len(result.survivors))).astype(np.float32)
 
     def missing_clients(self) -> list[str]:
         """Return the expected clients that have not contributed, sorted."""

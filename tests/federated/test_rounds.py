@@ -24,6 +24,7 @@ from gradfed_ipfs.federated.rounds import (
     ModelUpdate,
     RoundStats,
 )
+from gradfed_ipfs.federated.secure_aggregation import run_secure_aggregation
 from gradfed_ipfs.federated.sync import ModelSyncProtocol
 
 MODEL = "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"
@@ -349,3 +350,18 @@ def test_model_sync_protocol_complete_errors() -> None:
     with pytest.raises(InvalidGradient, match="already completed"):
         sync.complete_round(0, [1.0], 1.0)
     assert sync.convergence.history() == [1.0]
+
+
+def test_record_secure_result_reports_dropped_clients() -> None:
+    inputs = {c: np.full(4, float(i)) for i, c in enumerate(["a", "b", "c", "d", "e"])}
+    result = run_secure_aggregation(
+        inputs, 3, drop_before_masking={"b", "d"}, randbytes=np.random.default_rng(0).bytes
+    )
+    rnd = FederatedRound.start(0, list(inputs))
+    mean = rnd.record_secure_result(result)
+    np.testing.assert_allclose(mean, np.full(4, (0.0 + 2.0 + 4.0) / 3), atol=1e-6)
+    assert rnd.stats().dropped_clients == ["b", "d"]
+    with pytest.raises(ClientNotFound):
+        FederatedRound.start(0, ["a"]).record_secure_result(result)
+    with pytest.raises(NotStarted):
+        FederatedRound(0, MODEL, 1).record_secure_result(result)
