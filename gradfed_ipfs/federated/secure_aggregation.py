@@ -161,6 +161,7 @@ class SecAggClient:
         self._roster: dict[str, AdvertisedKeys] = {}
         self._held: dict[str, tuple[Share, Share]] = {}  # sender -> (share of b, share of s_sk)
         self._answered = False
+        self._masked_sent = False
 
     def advertise_keys(self) -> AdvertisedKeys:
         """Round 0: return this client's public keys."""
@@ -186,6 +187,8 @@ class SecAggClient:
         list of EncryptedShare
             One ciphertext per other client, for the server to relay.
         """
+        if self._roster:
+            raise SecureAggregationError("keys were already shared this round")
         if roster.get(self.client_id) != self.advertise_keys():
             raise SecureAggregationError(f"roster does not hold {self.client_id}'s own keys")
         _check_threshold(self.threshold, len(roster))
@@ -244,6 +247,11 @@ class SecAggClient:
         numpy.ndarray
             Shape ``(d,)``, the ring dtype; uniformly distributed to anyone without the seeds.
         """
+        if self._masked_sent:
+            # Two vectors under the same masks would reveal their difference to the server.
+            raise SecureAggregationError("a masked input was already sent this round")
+        if not self._roster:
+            raise SecureAggregationError("share_keys must run before masked_input")
         neighbours = sorted(self._held)  # clients whose shares arrived, and this client
         if len(neighbours) < self.threshold:
             raise SecureAggregationError(
@@ -262,6 +270,7 @@ class SecAggClient:
                 masked += mask
             else:
                 masked -= mask
+        self._masked_sent = True
         return masked
 
     def unmask(self, survivors: Collection[str], dropped: Collection[str]) -> UnmaskingShares:

@@ -199,6 +199,19 @@ def test_client_never_reveals_both_secrets_of_one_client() -> None:
         clients["c0"].unmask(["c0", "c1", "c2"], [])
 
 
+def test_client_round_order_is_enforced() -> None:
+    client = SecAggClient("solo", 1, randbytes=rb(12))
+    with pytest.raises(SecureAggregationError, match="share_keys must run"):
+        client.masked_input([1.0])
+    roster = {"solo": client.advertise_keys()}
+    assert client.share_keys(roster) == []
+    with pytest.raises(SecureAggregationError, match="already shared"):
+        client.share_keys(roster)
+    other = SecAggClient("x", 1, randbytes=rb(13))
+    with pytest.raises(SecureAggregationError, match="own keys"):
+        other.share_keys(roster)
+
+
 def test_tampered_share_is_rejected() -> None:
     clients, _, routed = setup_round()
     msg = routed["c1"][0]
@@ -213,9 +226,12 @@ def test_server_rejects_bad_inputs() -> None:
     clients, server, routed = setup_round()
     for cid, client in clients.items():
         client.receive_shares(routed[cid])
-    server.receive_masked("c0", clients["c0"].masked_input([1.0, 2.0]))
+    first = clients["c0"].masked_input([1.0, 2.0])
+    server.receive_masked("c0", first)
     with pytest.raises(SecureAggregationError, match="unexpected masked input"):
-        server.receive_masked("c0", clients["c0"].masked_input([1.0, 2.0]))
+        server.receive_masked("c0", first)
+    with pytest.raises(SecureAggregationError, match="already sent"):
+        clients["c0"].masked_input([5.0, 6.0])  # same masks twice would leak the difference
     with pytest.raises(FederatedDimensionMismatch):
         server.receive_masked("c1", clients["c1"].masked_input([1.0, 2.0, 3.0]))
     with pytest.raises(SecureAggregationError, match="before unmask_request"):
