@@ -21,15 +21,19 @@ noise standard deviation (or Laplace scale) divided by the sensitivity.
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-import dp_accounting
 import numpy as np
-from dp_accounting import rdp
 from numpy.typing import NDArray
 
 from ..errors import InvalidGradient, PrivacyBudgetExhausted
+
+if TYPE_CHECKING:
+    import dp_accounting
 
 __all__ = [
     "REL_TOL",
@@ -48,6 +52,12 @@ REL_TOL = 1e-9
 _MAX_ROUNDS = 1 << 40
 
 
+def _dp() -> ModuleType:
+    # Deferred: importing dp_accounting pulls in scipy and the PLD code (about 2 s), which
+    # ``import gradfed_ipfs`` should not pay for when no privacy accounting is used.
+    return importlib.import_module("dp_accounting")
+
+
 def gaussian_event(noise_multiplier: float) -> dp_accounting.DpEvent:
     """Return the event of one Gaussian release.
 
@@ -62,7 +72,7 @@ def gaussian_event(noise_multiplier: float) -> dp_accounting.DpEvent:
         A ``GaussianDpEvent``.
     """
     _check_positive("noise_multiplier", noise_multiplier)
-    return dp_accounting.GaussianDpEvent(noise_multiplier)
+    return _dp().GaussianDpEvent(noise_multiplier)
 
 
 def subsampled_gaussian_event(
@@ -88,7 +98,7 @@ def subsampled_gaussian_event(
     inner = gaussian_event(noise_multiplier)
     if sampling_rate == 1.0:
         return inner
-    return dp_accounting.PoissonSampledDpEvent(sampling_rate, inner)
+    return _dp().PoissonSampledDpEvent(sampling_rate, inner)
 
 
 def laplace_event(noise_multiplier: float) -> dp_accounting.DpEvent:
@@ -105,7 +115,7 @@ def laplace_event(noise_multiplier: float) -> dp_accounting.DpEvent:
         A ``LaplaceDpEvent``.
     """
     _check_positive("noise_multiplier", noise_multiplier)
-    return dp_accounting.LaplaceDpEvent(noise_multiplier)
+    return _dp().LaplaceDpEvent(noise_multiplier)
 
 
 def _check_positive(name: str, value: float) -> None:
@@ -136,7 +146,7 @@ class RdpPrivacyAccountant:
     """
 
     def __init__(self, orders: Sequence[float] | None = None) -> None:
-        self._accountant = rdp.RdpAccountant(orders=None if orders is None else list(orders))
+        self._accountant = _dp().rdp.RdpAccountant(orders=None if orders is None else list(orders))
         self._events: list[tuple[dp_accounting.DpEvent, int]] = []
         self._unit_cache: dict[str, NDArray[np.float64]] = {}
 
@@ -152,9 +162,7 @@ class RdpPrivacyAccountant:
 
     def ledger(self) -> dp_accounting.DpEvent:
         """Return everything composed so far as one ``ComposedDpEvent``."""
-        return dp_accounting.ComposedDpEvent(
-            [dp_accounting.SelfComposedDpEvent(e, n) for e, n in self._events]
-        )
+        return _dp().ComposedDpEvent([_dp().SelfComposedDpEvent(e, n) for e, n in self._events])
 
     def _check_supported(self, event: dp_accounting.DpEvent) -> None:
         if not self._accountant.supports(event):
@@ -235,13 +243,13 @@ class RdpPrivacyAccountant:
         # RDP composes by adding the per-order values; dp_accounting computes one release's
         # vector (cached, the subsampled Gaussian costs ~0.1 s) and converts the total to ε.
         total = self._accountant.rdp + count * self._unit_rdp(event)
-        return float(rdp.compute_epsilon(self._accountant.orders, total, delta)[0])
+        return float(_dp().rdp.compute_epsilon(self._accountant.orders, total, delta)[0])
 
     def _unit_rdp(self, event: dp_accounting.DpEvent) -> NDArray[np.float64]:
         key = repr(event)  # DpEvents are attrs classes with a faithful repr
         cached = self._unit_cache.get(key)
         if cached is None:
-            fresh = rdp.RdpAccountant(orders=list(self._accountant.orders))
+            fresh = _dp().rdp.RdpAccountant(orders=list(self._accountant.orders))
             fresh.compose(event, 1)
             cached = np.asarray(fresh.rdp, dtype=np.float64)
             self._unit_cache[key] = cached

@@ -30,11 +30,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, MutableSequence
 from enum import Enum
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
-import dp_accounting
 import numpy as np
-from dp_accounting import rdp
 from numpy.typing import NDArray
 
 from .._types import FloatArray, GradientLike
@@ -43,10 +41,14 @@ from .accountant import (
     REL_TOL,
     PrivacyBudget,
     RdpPrivacyAccountant,
+    _dp,
     check_privacy_params,
     laplace_event,
     subsampled_gaussian_event,
 )
+
+if TYPE_CHECKING:
+    import dp_accounting
 
 __all__ = [
     "AccountingMode",
@@ -276,7 +278,7 @@ class DifferentialPrivacy:
             calibration is Calibration.AUTO and epsilon >= 1.0
         )
         if use_analytic:
-            return float(dp_accounting.get_sigma_gaussian(epsilon, delta)) * sensitivity
+            return float(_dp().get_sigma_gaussian(epsilon, delta)) * sensitivity
         return sensitivity * math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon
 
     def noise_multiplier(self, mechanism: DPMechanism | None = None) -> float:
@@ -307,15 +309,15 @@ class DifferentialPrivacy:
         releases = self.planned_releases
 
         def make_event(z: float) -> dp_accounting.DpEvent:
-            return dp_accounting.SelfComposedDpEvent(self._event(mech, z), releases)
+            return _dp().SelfComposedDpEvent(self._event(mech, z), releases)
 
         return float(
-            dp_accounting.calibrate_dp_mechanism(
-                rdp.RdpAccountant,
+            _dp().calibrate_dp_mechanism(
+                _dp().rdp.RdpAccountant,
                 make_event,
                 eps,
                 delta,
-                bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-6, 1.0),
+                bracket_interval=_dp().LowerEndpointAndGuess(1e-6, 1.0),
             )
         )
 
