@@ -196,8 +196,9 @@ class DifferentialPrivacy:
     accounting
         ``RDP`` (default) or the seed's ``LEGACY`` flat ε/100 per call.
     noise_multiplier
-        RDP mode: noise std (Laplace scale) divided by Δ. ``None`` calibrates it with
-        ``dp_accounting`` so that ``planned_releases`` releases spend exactly the budget.
+        Noise std (Laplace scale) divided by Δ, in either mode. ``None`` calibrates it with
+        ``dp_accounting`` so that ``planned_releases`` releases spend exactly the budget
+        (RDP mode), or to one release of the whole (ε, δ) (legacy mode, as in the seed).
     sampling_rate
         RDP mode, Gaussian only: Poisson sampling rate q of each release (1 = no sampling).
     planned_releases
