@@ -45,6 +45,7 @@ __all__ = [
 
 _CHECKSUM_DOMAIN: Final = b"gradfed-ipfs/gradient-delta/v1\x00"
 _DEGENERATE_RANGE: Final = 1e-8
+_QUANT_BLOCK: Final = 1 << 16
 
 
 class TensorDtype(enum.Enum):
@@ -287,11 +288,38 @@ class SparseGradient(LayerGradient):
         yield np.ascontiguousarray(self.values, dtype="<f4").data.cast("B")
 
 
-def _round_half_away(x: FloatArray) -> FloatArray:
-    """Round to nearest, ties away from zero (Rust's ``f32::round``), exactly."""
-    truncated = np.trunc(x)
-    step = (np.abs(x - truncated) >= 0.5).astype(np.float32)
-    return truncated + np.copysign(step, x)
+def _quantize_into(
+    flat: FloatArray, lo: np.float32, scale: np.float32, offset: np.float32
+) -> NDArray[np.int8]:
+    """Return ``clamp(round_half_away((flat - lo)/scale - offset))`` as int8.
+
+    Rounding is exact (Rust's ``f32::round``: truncate, then step away from zero when the
+    fraction is at least 0.5). The work runs over cache-sized blocks with preallocated
+    buffers, so the eleven element-wise steps touch main memory only to read the input and
+    write the output.
+    """
+    out = np.empty(flat.size, dtype=np.int8)
+    block = min(_QUANT_BLOCK, max(flat.size, 1))
+    z = np.empty(block, dtype=np.float32)
+    whole = np.empty(block, dtype=np.float32)
+    frac = np.empty(block, dtype=np.float32)
+    mask = np.empty(block, dtype=bool)
+    for start in range(0, flat.size, block):
+        stop = min(start + block, flat.size)
+        m = stop - start
+        zb, wb, fb, mb = z[:m], whole[:m], frac[:m], mask[:m]
+        np.subtract(flat[start:stop], lo, out=zb)
+        np.divide(zb, scale, out=zb)
+        np.subtract(zb, offset, out=zb)
+        np.trunc(zb, out=wb)
+        np.subtract(zb, wb, out=fb)
+        np.greater_equal(fb, 0.5, out=mb)
+        np.add(wb, mb, out=wb)
+        np.less_equal(fb, -0.5, out=mb)
+        np.subtract(wb, mb, out=wb)
+        np.clip(wb, -offset, offset - 1, out=wb)
+        np.copyto(out[start:stop], wb, casting="unsafe")
+    return out
 
 
 def quantize_values(
@@ -326,18 +354,14 @@ def quantize_values(
     flat = _float32(values)
     if flat.size == 0:
         return np.empty(0, dtype=np.int8), np.float32(1.0), np.float32(0.0)
-    if not np.isfinite(flat).all():
-        raise InvalidGradient("cannot quantize non-finite values")
     lo, hi = np.float32(flat.min()), np.float32(flat.max())
+    if not (np.isfinite(lo) and np.isfinite(hi)):  # NaN propagates through min and max
+        raise InvalidGradient("cannot quantize non-finite values")
     levels = np.float32(2**bits - 1)
     offset = np.float32(2 ** (bits - 1))
     span = np.float32(hi - lo)
     scale = np.float32(1.0) if abs(float(span)) < _DEGENERATE_RANGE else span / levels
-    scaled = (flat - lo) / scale
-    scaled -= offset
-    rounded = _round_half_away(scaled)
-    np.clip(rounded, -offset, offset - 1, out=rounded)
-    return rounded.astype(np.int8), np.float32(scale), lo
+    return _quantize_into(flat, lo, np.float32(scale), offset), np.float32(scale), lo
 
 
 @dataclass(eq=False, init=False)

@@ -240,3 +240,18 @@ def test_delta_rejects_non_layers() -> None:
     delta = GradientDelta(BASE)
     with pytest.raises(InvalidGradient):
         delta.add_layer("x", [1, 2, 3])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_blockwise_quantizer_matches_reference_across_blocks(bits: int) -> None:
+    rng = np.random.default_rng(9)
+    values = rng.normal(size=200_003).astype(np.float32)
+    values[:3] = [0.0, 255.0, 127.5]  # exact ties once the scale is 1 (int8)
+    quantized = QuantizedGradient.from_dense(values, bits=bits)
+    lo, scale = np.float32(values.min()), np.float32(quantized.scale)
+    offset = np.float32(2 ** (bits - 1))
+    z = (values - lo) / scale - offset
+    whole = np.trunc(z)
+    expected = np.where(np.abs(z - whole) >= 0.5, whole + np.sign(z), whole)
+    expected = np.clip(expected, -offset, offset - 1).astype(np.int8)
+    np.testing.assert_array_equal(quantized.quantized_values, expected)
