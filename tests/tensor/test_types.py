@@ -76,6 +76,23 @@ def test_sparse_dense_round_trip_is_exact(values: np.ndarray) -> None:
     np.testing.assert_array_equal(sparse.to_dense(), values)
 
 
+@given(st.data())
+def test_sparse_to_dense_and_back_is_exact(data: st.DataObject) -> None:
+    total = data.draw(st.integers(1, 500))
+    indices = data.draw(st.sets(st.integers(0, total - 1), max_size=total))
+    ordered = np.array(sorted(indices), dtype=np.int64)
+    nonzero = finite32.filter(lambda v: v != 0)
+    values = np.array(
+        data.draw(st.lists(nonzero, min_size=ordered.size, max_size=ordered.size)),
+        dtype=np.float32,
+    )
+    sparse = SparseGradient(ordered, values, [total])
+    dense = sparse.to_dense()
+    back = np.flatnonzero(dense)
+    np.testing.assert_array_equal(back, ordered)
+    np.testing.assert_array_equal(dense[back], values)
+
+
 # ---------------------------------------------------------------- seed §11: quantized
 
 
