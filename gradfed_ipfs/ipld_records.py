@@ -16,7 +16,7 @@ from multiformats import CID
 
 from .blockstore.base import Block, BlockStore
 from .cid import parse_cid
-from .errors import DecodeError, MalformedManifest
+from .errors import DecodeError, GraphSerializationError, MalformedManifest
 
 __all__ = [
     "FETCH_CONCURRENCY",
@@ -37,10 +37,17 @@ def encode_record(record: dict[str, Any]) -> Block:
 
     Raises
     ------
+    GraphSerializationError
+        If a value is not dag-cbor encodable (NaN or infinite floats, NumPy scalars other
+        than float64, sets, ...).
     BlockTooLarge
         If the encoding exceeds the 2 MiB block limit.
     """
-    return Block.new(dag_cbor.encode(record), "dag-cbor")
+    try:
+        data = dag_cbor.encode(record)
+    except (dag_cbor.encoding.CBOREncodingError, TypeError, ValueError) as exc:
+        raise GraphSerializationError(f"record does not encode as dag-cbor: {exc}") from exc
+    return Block.new(data, "dag-cbor")
 
 
 def decode_record(block: Block, record_type: str, version: int = 1) -> dict[str, Any]:

@@ -56,6 +56,7 @@ __all__ = [
 ROUND_RECORD_TYPE: Final = "gradfed/round"
 """``type`` field of a round record."""
 _VERSION: Final = 1
+_MAX_STRATEGY_DEPTH: Final = 8
 
 
 # --------------------------------------------------------------------------- strategies
@@ -88,7 +89,7 @@ def strategy_to_ipld(strategy: AggregationStrategy) -> dict[str, Any]:
     return {"method": name, "params": params}
 
 
-def strategy_from_ipld(data: object) -> AggregationStrategy:
+def strategy_from_ipld(data: object, *, _depth: int = 0) -> AggregationStrategy:
     """Rebuild a strategy from :func:`strategy_to_ipld` output.
 
     Raises
@@ -96,20 +97,47 @@ def strategy_from_ipld(data: object) -> AggregationStrategy:
     MalformedManifest
         If the method is unknown or its parameters are invalid.
     """
+    if _depth > _MAX_STRATEGY_DEPTH:
+        raise MalformedManifest(f"aggregation strategies nested over {_MAX_STRATEGY_DEPTH} deep")
     if not isinstance(data, dict) or not isinstance(data.get("params"), dict):
         raise MalformedManifest(f"aggregation must be {{method, params}}, got {data!r:.80}")
     name = data.get("method")
     cls = getattr(AggregationMethod, name, None) if isinstance(name, str) else None
     if not (isinstance(cls, type) and issubclass(cls, AggregationStrategy)):
         raise MalformedManifest(f"unknown aggregation method {name!r}")
-    params = {
-        k: strategy_from_ipld(v) if isinstance(v, dict) and "method" in v else v
-        for k, v in data["params"].items()
-    }
+    defaults = cls()
+    params: dict[str, Any] = {}
+    for key, value in data["params"].items():
+        default = getattr(defaults, key, None) if isinstance(key, str) else None
+        if not _param_fits(value, default):
+            raise MalformedManifest(f"bad parameter {key!r} for {name}: {value!r:.60}")
+        nested = isinstance(default, AggregationStrategy)
+        params[key] = strategy_from_ipld(value, _depth=_depth + 1) if nested else value
     try:
         return cls(**params)
     except (TypeError, ValueError) as exc:
         raise MalformedManifest(f"bad parameters for {name}: {exc}") from exc
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _param_fits(value: object, default: object) -> bool:
+    """Whether an untrusted parameter has the kind of the strategy's default for it."""
+    if isinstance(default, AggregationStrategy):
+        return isinstance(value, dict)
+    if isinstance(default, bool) or default is None:
+        return False  # no such parameter (or one we never record)
+    if isinstance(default, int):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(default, float):
+        return _is_number(value)
+    if isinstance(default, Mapping | list | tuple):
+        if isinstance(value, dict):
+            return all(isinstance(k, str) and _is_number(v) for k, v in value.items())
+        return isinstance(value, list) and all(_is_number(v) for v in value)
+    return False
 
 
 # --------------------------------------------------------------------------- record
@@ -395,8 +423,9 @@ async def verify_round(cid: CIDLike, store: BlockStore) -> RoundVerification:
         return RoundVerification(str(parsed), record.round, True, None, recomputed=False)
     try:
         expected = np.asarray(record.aggregation.aggregate(inputs), dtype=np.float32)
-    except GradfedError as exc:
-        return fail(f"contributions cannot be aggregated: {exc}")
+    except (GradfedError, ValueError, TypeError, ArithmeticError) as exc:
+        # The record is untrusted: any failure to recompute is a mismatch, not a crash.
+        return fail(f"contributions cannot be aggregated with {record.aggregation!r}: {exc}")
     if expected.size != recorded.size:
         return fail(
             f"aggregate {record.aggregate_cid} has {recorded.size} values, contributions "

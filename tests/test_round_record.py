@@ -1,14 +1,20 @@
 from __future__ import annotations
 
+import copy
+
 import dag_cbor
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from multiformats import CID
 
+from gradfed_ipfs.arrow_ipc import store_gradient_as_arrow
 from gradfed_ipfs.blockstore.base import Block
 from gradfed_ipfs.blockstore.memory import MemoryBlockStore
+from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.dag import fetch_gradient, put_gradient
-from gradfed_ipfs.errors import InvalidGradient, MalformedManifest
+from gradfed_ipfs.errors import GraphSerializationError, InvalidGradient, MalformedManifest
 from gradfed_ipfs.round_record import (
     ContributionRef,
     RoundRecord,
@@ -90,6 +96,17 @@ def test_strategy_errors() -> None:
         strategy_from_ipld({"method": "TrimmedMean", "params": {"beta": 0.9}})
     with pytest.raises(MalformedManifest):
         strategy_from_ipld({"method": "FedAvg", "params": {"bogus": 1}})
+    with pytest.raises(MalformedManifest, match="weights"):
+        strategy_from_ipld({"method": "WeightedMean", "params": {"weights": None}})
+    with pytest.raises(MalformedManifest):
+        strategy_from_ipld({"method": "MultiKrum", "params": {"f": 1.5}})
+    with pytest.raises(MalformedManifest):
+        strategy_from_ipld({"method": "Krum", "params": {"m": 3}})
+    deep: dict = {"method": "FedAvg", "params": {}}
+    for _ in range(20):
+        deep = {"method": "NormBounded", "params": {"inner": deep}}
+    with pytest.raises(MalformedManifest, match="nested"):
+        strategy_from_ipld(deep)
 
 
 async def test_commit_round_links_everything() -> None:
@@ -183,6 +200,20 @@ async def test_verify_history_detects_chain_break_and_early_end() -> None:
 
     history = await verify_history(await rewrite(store, cids[2], orphan), store)
     assert history[-1].mismatch == "history ends before round 0"
+
+
+async def test_unencodable_parameters_raise_serialization_error() -> None:
+    store = MemoryBlockStore()
+    grad = await put_gradient(store, np.ones(2, np.float32))
+    with pytest.raises(GraphSerializationError, match="Infinity"):
+        await commit_round(
+            store,
+            session="s",
+            round=0,
+            contributions={"a": grad},
+            aggregation=FedAvg(),
+            privacy={"epsilon_spent": float("inf")},
+        )
 
 
 async def test_verify_unreadable_record() -> None:
@@ -297,3 +328,69 @@ async def test_history_verified_by_outsider_over_bitswap(kubo_swarm3) -> None:  
         np.testing.assert_array_equal(again, aggregates[4])
         final = resumed - np.float32(0.1) * again
         assert final.tobytes() == params.tobytes()
+
+
+# ----------------------------------------------------------------------- untrusted records
+
+
+_GRADIENTS = [
+    Block.new(store_gradient_as_arrow(np.array(v, np.float32)))
+    for v in ([1.0, 2.0], [3.0, 4.0], [2.0, 3.0])
+]
+_FUZZ_RECORD = {
+    "type": "gradfed/round",
+    "version": 1,
+    "session": "s",
+    "round": 0,
+    "contributions": [
+        {"peer": "a", "gradient": _GRADIENTS[0].cid, "weight": 3},
+        {"peer": "b", "gradient": _GRADIENTS[1].cid, "weight": None},
+    ],
+    "aggregation": {
+        "method": "NormBounded",
+        "params": {
+            "inner": {"method": "WeightedMean", "params": {"weights": [1.0]}},
+            "max_norm": 1.0,
+        },
+    },
+    "compression": {},
+    "privacy": {},
+    "aggregate": _GRADIENTS[2].cid,
+    "previous": None,
+    "timestamp_ms": 5,
+}
+
+_ipld_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 3)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=4)
+    | st.binary(max_size=4)
+    | st.just(make_cid(b"x")),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    key=st.sampled_from(sorted(_FUZZ_RECORD)) | st.just("aggregation.params.weights"),
+    value=_ipld_values,
+)
+async def test_verify_round_never_raises_on_malformed_records(key: str, value: object) -> None:
+    store = MemoryBlockStore()
+    for block in _GRADIENTS:
+        await store.put(block)
+    record = copy.deepcopy(_FUZZ_RECORD)
+    if key == "aggregation.params.weights":
+        record["aggregation"]["params"]["inner"]["params"]["weights"] = value  # type: ignore[index]
+    else:
+        record[key] = value
+    cid = await store.put(Block.new(dag_cbor.encode(record), "dag-cbor"))
+    result = await verify_round(cid, store)
+    if not result.ok:
+        assert result.mismatch
+    assert len(await verify_history(cid, store)) >= 1
