@@ -24,6 +24,7 @@ import numpy as np
 
 from .._types import FloatArray, GradientLike
 from ..errors import EmptyGradientSet, InvalidGradient, ShapeMismatch
+from .kernels import weighted_sum
 from .robust import (
     clip_to_norm,
     coordinate_median,
@@ -142,7 +143,7 @@ def weighted_mean(gradients: Sequence[FloatArray], weights: Sequence[float]) -> 
         raise EmptyGradientSet()
     if len(gradients) != len(weights):
         raise InvalidGradient(f"Gradient count {len(gradients)} != weight count {len(weights)}")
-    length = check_same_length(gradients)
+    check_same_length(gradients)
     w = np.asarray(weights, dtype=np.float64)
     if not np.all(np.isfinite(w)):
         raise InvalidGradient(f"weights must be finite, got {list(weights)}")
@@ -151,14 +152,9 @@ def weighted_mean(gradients: Sequence[FloatArray], weights: Sequence[float]) -> 
         raise InvalidGradient("Sum of weights is zero")
     if len(gradients) == 1:
         return gradients[0].astype(np.float32, copy=True)
-    # One fused pass per contribution, accumulating in float64: close to the memory-bandwidth
-    # bound of reading N·d floats once (a stacked `w @ X` would first copy N·d into one matrix).
-    result = np.zeros(length, dtype=np.float64)
-    scratch = np.empty(length, dtype=np.float64)
-    for gradient, weight in zip(gradients, w / total_weight, strict=True):
-        np.multiply(gradient, weight, out=scratch)
-        result += scratch
-    return result.astype(np.float32)
+    # One pass over the N·d inputs, reduced block by block in cache by BLAS: within a few
+    # percent of a `w @ X` over a pre-stacked matrix (see benchmarks/bench_aggregate.py).
+    return weighted_sum(gradients, w / total_weight)
 
 
 def fedavg(contributions: Mapping[str, Contribution]) -> FloatArray:
