@@ -4,6 +4,8 @@ import dag_cbor
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from multiformats import CID
 
 from gradfed_ipfs.arrow_ipc import encode_arrow_file
@@ -19,6 +21,7 @@ from gradfed_ipfs.errors import (
     BlockCorrupt,
     CircularDependency,
     ComputationGraphError,
+    GradfedError,
     GraphNodeNotFound,
     GraphSerializationError,
     MalformedArrow,
@@ -392,3 +395,52 @@ async def test_graph_root_round_trip_through_kubo(kubo_store) -> None:  # type: 
     assert loaded == graph
     values = await loaded.load_gradient("y", kubo_store, [2, 3])
     np.testing.assert_array_equal(values, np.arange(6.0))
+
+
+# ----------------------------------------------------------------------- untrusted records
+
+_leaves = (
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 3)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=4)
+    | st.binary(max_size=4)
+    | st.just(make_cid(b"x"))
+    | st.sampled_from(["A", "B", "C", "D"])
+)
+_ipld_values = st.recursive(
+    _leaves,
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    target=st.sampled_from(["root", "node"]),
+    key=st.sampled_from(
+        ["type", "version", "nodes", "edges", "id", "op", "inputs", "output", "gradient",
+         "metadata", "parents", "extra"]
+    ),
+    value=_ipld_values,
+)  # fmt: skip
+async def test_graph_loader_fuzz(target: str, key: str, value: object) -> None:
+    store = MemoryBlockStore()
+    root = await real_cid_graph().save_to_store(store)
+    root_record = dag_cbor.decode((await store.get(root)).data)
+    if target == "node":
+        node = dag_cbor.decode((await store.get(root_record["nodes"]["B"])).data)
+        node[key] = value
+        root_record["nodes"]["B"] = await store.put(Block.new(dag_cbor.encode(node), "dag-cbor"))
+    else:
+        root_record[key] = value
+    forged = await store.put(Block.new(dag_cbor.encode(root_record), "dag-cbor"))
+    try:
+        graph = await ComputationGraphStore.load_from_store(forged, store)
+    except GradfedError:
+        return
+    # Whatever loads is a usable graph (a Merkle DAG of parent links cannot hold a cycle).
+    assert len(graph.topological_order()) == graph.node_count()
