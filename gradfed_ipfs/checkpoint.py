@@ -154,7 +154,10 @@ class GradientCheckpoint:
             raise GraphSerializationError("Checkpoint deserialization: expected an object")
         try:
             step, timestamp, loss = data["step"], data["timestamp"], data.get("loss_cid")
-            blobs = {str(k): bytes(v) for k, v in dict(data.get("optimizer_state") or {}).items()}
+            blobs = {
+                str(k): bytes(_int_list(v))
+                for k, v in dict(data.get("optimizer_state") or {}).items()
+            }
             params = _arrays_from_json(data.get("parameters"))
             residuals = _arrays_from_json(data.get("residuals"))
         except (KeyError, TypeError, ValueError) as exc:
@@ -279,6 +282,13 @@ class GradientCheckpoint:
         return cls(graph, step, loss_cid, blobs, timestamp, params, residuals)
 
     restore = load_from_store
+
+
+def _int_list(value: object) -> list[int]:
+    """Return ``value`` if it is a list of ints (a JSON byte blob), else raise ``TypeError``."""
+    if not isinstance(value, list) or not all(isinstance(b, int) for b in value):
+        raise TypeError("optimizer_state blobs must be lists of byte values")
+    return value
 
 
 def _is_uint(value: object) -> bool:

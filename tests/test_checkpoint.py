@@ -131,6 +131,13 @@ def test_load_errors(tmp_path: Path) -> None:
     bad.write_text('{"step": "x", "timestamp": 1, "graph": {"nodes": {}, "edges": []}}')
     with pytest.raises(GraphSerializationError):
         GradientCheckpoint.load(bad)
+    graph = '"graph": {"nodes": {}, "edges": []}'
+    bad.write_text('{"step": 1, "timestamp": 1, "optimizer_state": {"w": 10}, ' + graph + "}")
+    with pytest.raises(GraphSerializationError, match="lists of byte values"):
+        GradientCheckpoint.load(bad)
+    bad.write_text('{"step": 1, "timestamp": 1, "optimizer_state": {"w": [256]}, ' + graph + "}")
+    with pytest.raises(GraphSerializationError):
+        GradientCheckpoint.load(bad)
 
 
 # ----------------------------------------------------------------------- content addressing
