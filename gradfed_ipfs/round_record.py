@@ -243,7 +243,8 @@ class RoundRecord:
                 not isinstance(item, dict)
                 or not isinstance(item.get("peer"), str)
                 or not isinstance(item.get("gradient"), CID)
-                or not (item.get("weight") is None or _is_uint(item.get("weight")))
+                or "weight" not in item  # written as null when absent; missing is malformed
+                or not (item["weight"] is None or _is_uint(item["weight"]))
             ):
                 raise MalformedManifest(f"{where}: bad contribution {item!r:.80}")
             contributions.append(

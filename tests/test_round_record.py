@@ -185,6 +185,21 @@ async def test_verify_detects_wrong_weight_and_wrong_method() -> None:
     assert "Median" in (result.mismatch or "")
 
 
+async def test_contribution_without_weight_field_is_malformed() -> None:
+    store = MemoryBlockStore()
+    cids, _ = await run_rounds(store, rounds=1)
+
+    def drop_weight(record) -> None:  # type: ignore[no-untyped-def]
+        del record["contributions"][0]["weight"]
+
+    forged = await rewrite(store, cids[0], drop_weight)
+    with pytest.raises(MalformedManifest, match="bad contribution"):
+        await RoundRecord.load(forged, store)
+    result = await verify_round(forged, store)
+    assert not result.ok
+    assert result.round == -1
+
+
 async def test_verify_history_detects_chain_break_and_early_end() -> None:
     store = MemoryBlockStore()
     cids, _ = await run_rounds(store, rounds=3)
