@@ -22,6 +22,7 @@ from gradfed_ipfs.tensor.robust import (
     clip_to_norm,
     coordinate_median,
     krum_scores,
+    l2_norm,
     multikrum_select,
     pairwise_sq_distances,
     trimmed_mean,
@@ -219,3 +220,24 @@ def test_one_wild_peer_among_five() -> None:
         result = strategy.aggregate(contributions)
         assert np.all(np.abs(result - 1.0) < 0.11), strategy
     assert np.abs(FedAvg().aggregate(contributions)).max() > 1e5
+
+
+@given(
+    hnp.arrays(
+        np.float32,
+        st.tuples(st.integers(1, 9), st.integers(1, 10)),
+        elements=st.floats(width=32, allow_nan=False, allow_infinity=False),
+    )
+)
+def test_coordinate_median_matches_numpy(matrix: np.ndarray) -> None:
+    expected = np.median(matrix.astype(np.float64), axis=0).astype(np.float32)
+    np.testing.assert_array_equal(coordinate_median(list(matrix)), expected)
+
+
+def test_l2_norm_survives_float32_overflow() -> None:
+    big = np.full(4, 3e38, dtype=np.float32)
+    assert l2_norm(big) == pytest.approx(6e38)
+    clipped = clip_to_norm(big, 1.0)
+    assert l2_norm(clipped) == pytest.approx(1.0, rel=1e-6)
+    small = np.array([0.3, 0.4], dtype=np.float32)
+    assert clip_to_norm(small, 1.0) is small  # within the bound: no copy
