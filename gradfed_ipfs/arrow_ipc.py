@@ -96,6 +96,8 @@ _INDEX: Final = "index"
 _Q: Final = "q"
 _UINT32_LIMIT: Final = 2**32
 _FLOAT32_MAX: Final = float(np.finfo(np.float32).max)
+_MAX_DIMS: Final = 32
+_MAX_NONZERO_PRODUCT: Final = 2**60  # times 4 bytes stays below NumPy's intp limit
 
 
 @dataclass(frozen=True)
@@ -463,6 +465,10 @@ def _parse_shape(text: str | None, size: int | None) -> tuple[int, ...]:
     ):
         raise MalformedArrow(f"{META_SHAPE} must be a list of non-negative ints, got {text!r:.60}")
     shape = tuple(parsed)
+    # NumPy refuses more than 64 dimensions, or dimensions whose non-zero product overflows
+    # intp, even for zero elements; such a shape must not get past the decoder.
+    if len(shape) > _MAX_DIMS or math.prod(d for d in shape if d) > _MAX_NONZERO_PRODUCT:
+        raise MalformedArrow(f"{META_SHAPE} {text!r:.60} is not a shape NumPy can represent")
     if size is not None and math.prod(shape) != size:
         raise MalformedArrow(f"{META_SHAPE} {list(shape)} does not match {size} values")
     return shape
