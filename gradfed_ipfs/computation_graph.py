@@ -9,7 +9,8 @@ producer's ``output_cid`` is one of the consumer's ``input_cids``. Fixes over th
   ``InvalidGradient("Node not found: …")``; ``GraphNodeNotFound`` is also a ``KeyError``).
 - :meth:`ComputationGraphStore.store_gradient_as_arrow` is async and really stores the Arrow
   bytes in a block store as a **raw** block (the seed labelled them dag-cbor and threw them
-  away), so the recorded CID resolves.
+  away), so the recorded CID resolves. An encoding over 1 MiB becomes a chunked DAG
+  (:func:`gradfed_ipfs.dag.put_gradient`) whose manifest CID is recorded instead.
 - The graph is content addressed. :meth:`ComputationGraphStore.save_to_store` writes each node
   as a dag-cbor block, in topological order, whose ``inputs``, ``output`` and ``gradient`` are
   CID links and whose ``parents`` link the node blocks of its producers; a root block maps node
@@ -48,7 +49,8 @@ from ._types import CIDLike, FloatArray, GradientLike
 from .arrow_ipc import decode_gradient, open_arrow_file
 from .arrow_ipc import store_gradient_as_arrow as encode_gradient
 from .blockstore.base import Block, BlockStore
-from .cid import parse_cid
+from .cid import is_dag_cbor, parse_cid
+from .dag import DEFAULT_CHUNK_BYTES, fetch_gradient, put_gradient
 from .errors import (
     CircularDependency,
     DecodeError,
@@ -340,7 +342,8 @@ class ComputationGraphStore:
         Returns
         -------
         str
-            The block's CID (``bafkrei…``), which resolves in ``store``.
+            The block's CID (``bafkrei…``), or a chunk manifest's (``bafyrei…``) for an encoding
+            over 1 MiB; it resolves in ``store``.
 
         Raises
         ------
@@ -348,16 +351,17 @@ class ComputationGraphStore:
             If there is no such node.
         ShapeMismatch
             If ``prod(shape)`` differs from the number of values.
-        BlockTooLarge
-            If the encoded gradient is over the 2 MiB block limit.
         """
         node = self._require(node_id)
         values = np.asarray(gradient_data, dtype=np.float32).reshape(-1)
         dims = tuple(int(d) for d in shape)
         if math.prod(dims) != values.size:
             raise ShapeMismatch([math.prod(dims)], [values.size])
-        block = Block.new(encode_gradient(values, shape=dims, layer=node_id), "raw")
-        cid = await store.put(block, pin=pin)
+        data = encode_gradient(values, shape=dims, layer=node_id)
+        if len(data) <= DEFAULT_CHUNK_BYTES:
+            cid = await store.put(Block.new(data, "raw"), pin=pin)
+        else:  # too large for one block: a chunked DAG (dag-cbor manifest CID)
+            cid = await put_gradient(store, values, shape=dims, pin=pin)
         node.gradient_cid = str(cid)
         return node.gradient_cid
 
@@ -418,6 +422,11 @@ class ComputationGraphStore:
         node = self._require(node_id)
         if node.gradient_cid is None:
             raise GraphNodeNotFound(f"{node_id} (no gradient recorded)")
+        if is_dag_cbor(node.gradient_cid):
+            tensor = await fetch_gradient(store, node.gradient_cid)
+            if expected_shape and list(expected_shape) != list(tensor.shape):
+                raise ShapeMismatch(list(expected_shape), list(tensor.shape))
+            return tensor.reshape(-1)
         block = await store.get(node.gradient_cid)
         return self.load_gradient_from_arrow(block.data, expected_shape)
 

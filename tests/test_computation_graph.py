@@ -265,6 +265,19 @@ async def test_gradient_shape_mismatch_error() -> None:
         await graph.store_gradient_as_arrow("n", np.ones(6), [4, 2], store)
 
 
+async def test_large_gradient_is_stored_as_chunked_dag() -> None:
+    store = MemoryBlockStore()
+    graph = ComputationGraphStore()
+    graph.add_node(ComputationNode("n", "conv", []))
+    big = np.random.default_rng(5).standard_normal((600, 1000)).astype(np.float32)  # 2.4 MB
+    grad_cid = await graph.store_gradient_as_arrow("n", big, [600, 1000], store)
+    assert grad_cid.startswith("bafyrei")  # manifest of chunk blocks
+    values = await graph.load_gradient("n", store, [600, 1000])
+    assert values.tobytes() == big.tobytes()
+    with pytest.raises(ShapeMismatch):
+        await graph.load_gradient("n", store, [1000, 600])
+
+
 async def test_store_gradient_node_not_found() -> None:
     store = MemoryBlockStore()
     with pytest.raises(GraphNodeNotFound):
