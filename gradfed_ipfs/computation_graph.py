@@ -15,20 +15,8 @@ producer's ``output_cid`` is one of the consumer's ``input_cids``. Fixes over th
   as a dag-cbor block, in topological order, whose ``inputs``, ``output`` and ``gradient`` are
   CID links and whose ``parents`` link the node blocks of its producers; a root block maps node
   ids to node blocks and keeps the edge list. :meth:`ComputationGraphStore.load_from_store`
-  restores the same graph from the root CID.
+  restores the same graph from the root CID (layout in :mod:`gradfed_ipfs.graph_ipld`).
 
-Node block (dag-cbor)::
-
-    {"type": "gradfed/graph-node", "version": 1, "id": str, "op": str,
-     "inputs": [link|str], "output": link|str|null, "gradient": link|str|null,
-     "metadata": {str: str}, "parents": [link to node block, ...]}
-
-Root block::
-
-    {"type": "gradfed/graph", "version": 1, "nodes": {id: link}, "edges": [[from, to], ...]}
-
-A tensor reference that parses as a CID is stored as a link; any other label (the seed's tests
-use ``"cid_a"``) is kept as a text string. Loaded CIDs are canonical strings (base32 for CIDv1).
 """
 
 from __future__ import annotations
@@ -39,7 +27,7 @@ import math
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -49,33 +37,22 @@ from ._types import CIDLike, FloatArray, GradientLike
 from .arrow_ipc import decode_gradient, open_arrow_file
 from .arrow_ipc import store_gradient_as_arrow as encode_gradient
 from .blockstore.base import Block, BlockStore
-from .cid import is_dag_cbor, parse_cid
+from .cid import is_dag_cbor
 from .dag import DEFAULT_CHUNK_BYTES, fetch_gradient, put_gradient
 from .errors import (
     CircularDependency,
-    DecodeError,
     GraphNodeNotFound,
     GraphSerializationError,
     IncompatibleDtype,
     MalformedArrow,
-    MalformedManifest,
     ShapeMismatch,
 )
-from .ipld_records import decode_record, encode_record, fetch_all, from_link, to_link
 
 __all__ = [
     "ComputationGraphStore",
     "ComputationNode",
-    "GRAPH_RECORD_TYPE",
-    "NODE_RECORD_TYPE",
-    "provenance_chain_from_store",
+    "parse_edges",
 ]
-
-GRAPH_RECORD_TYPE: Final = "gradfed/graph"
-"""``type`` field of a graph root block."""
-NODE_RECORD_TYPE: Final = "gradfed/graph-node"
-"""``type`` field of a graph node block."""
-_VERSION: Final = 1
 
 
 @dataclass
@@ -450,7 +427,7 @@ class ComputationGraphStore:
             if node.id != nid:
                 raise GraphSerializationError(f"node key {nid!r} differs from its id {node.id!r}")
             graph._nodes[nid] = node
-        edges = _parse_edges(data.get("edges", []), graph._nodes)
+        edges = parse_edges(data.get("edges", []), graph._nodes)
         if edges is None:
             raise GraphSerializationError("Checkpoint deserialization: bad edges")
         graph._edges = edges
@@ -477,115 +454,48 @@ class ComputationGraphStore:
 
     # ---------------------------------------------------------------- IPLD
 
+    @classmethod
+    def from_parts(
+        cls, nodes: Mapping[str, ComputationNode], edges: Sequence[tuple[str, str]]
+    ) -> ComputationGraphStore:
+        """Build a graph from nodes and edges taken as they are (no edges are derived)."""
+        graph = cls()
+        graph._nodes = dict(nodes)
+        graph._edges = list(edges)
+        return graph
+
     async def save_to_store(self, store: BlockStore, *, pin: bool = True) -> CID:
         """Write every node and a root as dag-cbor blocks; return the root CID.
 
-        Node blocks are written in topological order so each can link its producers' blocks.
-        Only the root is pinned (a recursive pin on Kubo covers the node blocks).
+        See :func:`gradfed_ipfs.graph_ipld.save_graph` for the layout.
 
         Raises
         ------
         CircularDependency
             If the graph has a cycle (a Merkle DAG cannot hold one).
-        BlockTooLarge
-            If the root (one link per node) exceeds 2 MiB, around 20,000 nodes.
         """
-        order = self.topological_order()
-        producers: dict[str, set[str]] = {nid: set() for nid in self._nodes}
-        for src, dst in self._edges:
-            producers[dst].add(src)
-        node_cids: dict[str, CID] = {}
-        for nid in order:
-            node = self._nodes[nid]
-            record: dict[str, Any] = {
-                "type": NODE_RECORD_TYPE,
-                "version": _VERSION,
-                "id": node.id,
-                "op": node.op,
-                "inputs": [to_link(c) for c in node.input_cids],
-                "output": None if node.output_cid is None else to_link(node.output_cid),
-                "gradient": None if node.gradient_cid is None else to_link(node.gradient_cid),
-                "metadata": dict(node.metadata),
-                "parents": [node_cids[p] for p in sorted(producers[nid])],
-            }
-            node_cids[nid] = await store.put(encode_record(record), pin=False)
-        root: dict[str, Any] = {
-            "type": GRAPH_RECORD_TYPE,
-            "version": _VERSION,
-            "nodes": {nid: node_cids[nid] for nid in self._nodes},
-            "edges": [[a, b] for a, b in self._edges],
-        }
-        return await store.put(encode_record(root), pin=pin)
+        from .graph_ipld import save_graph
+
+        return await save_graph(self, store, pin=pin)
 
     @classmethod
     async def load_from_store(cls, cid: CIDLike, store: BlockStore) -> ComputationGraphStore:
-        """Restore a graph from its root CID (see :meth:`save_to_store`).
-
-        Every block is verified against its CID by the store, and each node's ``parents``
-        links must agree with the root's edges.
+        """Restore a graph from its root CID; see :func:`gradfed_ipfs.graph_ipld.load_graph`.
 
         Raises
         ------
         MalformedManifest
             If a block is not a graph record of the expected form.
-        BlockNotFound
-            If a block cannot be fetched.
         """
-        cid = parse_cid(cid)
-        root = decode_record(await store.get(cid), GRAPH_RECORD_TYPE)
-        nodes_field, edges_field = root.get("nodes"), root.get("edges")
-        if not isinstance(nodes_field, dict) or not isinstance(edges_field, list):
-            raise MalformedManifest(f"graph root {cid} needs a nodes map and an edges list")
-        node_links: dict[str, CID] = {}
-        for nid, link in nodes_field.items():
-            if not isinstance(link, CID):
-                raise MalformedManifest(f"graph root {cid}: node {nid!r} is not a link")
-            node_links[nid] = link
-        blocks = await fetch_all(store, node_links.values())
-        graph = cls()
-        parents: dict[str, set[bytes]] = {}
-        for nid, block in zip(node_links, blocks, strict=True):
-            node, parent_links = _decode_node(block)
-            if node.id != nid:
-                raise MalformedManifest(f"node block {block.cid} has id {node.id!r}, not {nid!r}")
-            graph._nodes[nid] = node
-            parents[nid] = parent_links
-        edges = _parse_edges(edges_field, graph._nodes)
-        if edges is None:
-            raise MalformedManifest(f"graph root {cid}: edges must be pairs of node ids")
-        graph._edges = edges
-        expected: dict[str, set[bytes]] = {nid: set() for nid in graph._nodes}
-        for src, dst in edges:
-            expected[dst].add(bytes(node_links[src]))
-        for nid, links in parents.items():
-            if links != expected[nid]:
-                raise MalformedManifest(f"node {nid!r}: parent links disagree with the root edges")
-        return graph
+        from .graph_ipld import load_graph
 
-
-async def provenance_chain_from_store(
-    root_cid: CIDLike, output_cid: str, store: BlockStore
-) -> list[ComputationNode]:
-    """Load the graph persisted at ``root_cid`` and return the provenance of ``output_cid``.
-
-    See :meth:`ComputationGraphStore.provenance_chain`; ``output_cid`` is compared in canonical
-    string form.
-    """
-    graph = await ComputationGraphStore.load_from_store(root_cid, store)
-    return graph.provenance_chain(_canonical(output_cid))
+        return await load_graph(cid, store)
 
 
 # --------------------------------------------------------------------------- helpers
 
 
-def _canonical(value: str) -> str:
-    try:
-        return str(parse_cid(value))
-    except DecodeError:
-        return value
-
-
-def _parse_edges(data: object, nodes: Mapping[str, object]) -> list[tuple[str, str]] | None:
+def parse_edges(data: object, nodes: Mapping[str, object]) -> list[tuple[str, str]] | None:
     """Return ``[(from, to), …]`` if ``data`` lists pairs of known node ids, else ``None``."""
     if not isinstance(data, list):
         return None
@@ -598,32 +508,6 @@ def _parse_edges(data: object, nodes: Mapping[str, object]) -> list[tuple[str, s
             return None
         edges.append((src, dst))
     return edges
-
-
-def _decode_node(block: Block) -> tuple[ComputationNode, set[bytes]]:
-    record = decode_record(block, NODE_RECORD_TYPE)
-    inputs, parents, metadata = record.get("inputs"), record.get("parents"), record.get("metadata")
-    if not isinstance(inputs, list) or not isinstance(parents, list):
-        raise MalformedManifest(f"node block {block.cid}: inputs and parents must be lists")
-    if not isinstance(metadata, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
-    ):
-        raise MalformedManifest(f"node block {block.cid}: metadata must map text to text")
-    if not all(isinstance(p, CID) for p in parents):
-        raise MalformedManifest(f"node block {block.cid}: parents must be links")
-    nid, op = record.get("id"), record.get("op")
-    if not isinstance(nid, str) or not isinstance(op, str):
-        raise MalformedManifest(f"node block {block.cid}: id and op must be text")
-    output, gradient = record.get("output"), record.get("gradient")
-    node = ComputationNode(
-        nid,
-        op,
-        [from_link(c, "input") for c in inputs],
-        None if output is None else from_link(output, "output"),
-        None if gradient is None else from_link(gradient, "gradient"),
-        dict(metadata),
-    )
-    return node, {bytes(p) for p in parents}
 
 
 def _decode_seed_layout(data: bytes | bytearray | memoryview) -> tuple[FloatArray, list[int]]:

@@ -12,11 +12,7 @@ from gradfed_ipfs.arrow_ipc import encode_arrow_file
 from gradfed_ipfs.blockstore.base import Block
 from gradfed_ipfs.blockstore.memory import MemoryBlockStore
 from gradfed_ipfs.cid import make_cid, parse_cid
-from gradfed_ipfs.computation_graph import (
-    ComputationGraphStore,
-    ComputationNode,
-    provenance_chain_from_store,
-)
+from gradfed_ipfs.computation_graph import ComputationGraphStore, ComputationNode
 from gradfed_ipfs.errors import (
     BlockCorrupt,
     CircularDependency,
@@ -28,6 +24,7 @@ from gradfed_ipfs.errors import (
     MalformedManifest,
     ShapeMismatch,
 )
+from gradfed_ipfs.graph_ipld import provenance_chain_from_store
 
 
 def cid(label: str) -> str:
