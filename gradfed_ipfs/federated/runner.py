@@ -1,0 +1,351 @@
+"""``RoundRunner``: one federated round over IPFS, end to end.
+
+A round on one node:
+
+1. commit the local gradient (a raw block, or a chunked DAG when large) to the local daemon;
+2. announce its CID on the session topic, re-publishing until the round closes (so a late
+   subscriber still learns it), after waiting until pubsub shows other subscribers;
+3. collect other peers' announcements of this round and fetch each announced gradient as soon
+   as it is announced, concurrently, through the local daemon (bitswap brings the blocks);
+   every block is re-hashed, decoded and checked (length, finiteness) on arrival;
+4. stop when ``min_peers`` peer gradients are in, or the collection deadline has passed and no
+   fetch is in flight; each fetch is bounded by ``fetch_timeout``, so a peer that announces but
+   never serves its blocks is excluded and reported in ``RoundStats.missing_clients``;
+5. aggregate (holding or streaming accumulator) and close the round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from multiformats import CID
+
+from .._types import CIDLike, FloatArray, GradientLike
+from ..backward_pass import BackwardPassConfig
+from ..blockstore.base import BlockStore
+from ..errors import (
+    BlockCorrupt,
+    BlockStoreError,
+    DecodeError,
+    GradientError,
+    InvalidGradient,
+)
+from ..pubsub import Announcement
+from ..tensor.aggregation import as_float32_vector
+from .accumulator import DistributedGradientAccumulator
+from .gossip import GossipModelSync
+from .rounds import RoundStats
+
+__all__ = ["GradientAccumulator", "RoundConfig", "RoundResult", "RoundRunner"]
+
+logger = logging.getLogger("gradfed_ipfs.federated")
+
+
+class GradientAccumulator(Protocol):
+    """What the runner needs from an accumulator (holding or streaming)."""
+
+    async def commit_local(
+        self, gradient: GradientLike, store: BlockStore, *, num_samples: int | None = None
+    ) -> CID:
+        """Store the local gradient and return its CID."""
+        ...
+
+    async def add_peer_gradient(
+        self, peer_id: str, cid: CIDLike, store: BlockStore, *, num_samples: int | None = None
+    ) -> None:
+        """Fetch, verify and take in one peer's gradient."""
+        ...
+
+    def aggregate(self) -> FloatArray:
+        """Return the aggregate of the local and peer gradients."""
+        ...
+
+
+@dataclass(frozen=True)
+class RoundConfig:
+    """Timing and size settings of a round.
+
+    Attributes
+    ----------
+    min_peers
+        Peer gradients (besides the local one) to wait for.
+    collect_timeout
+        Seconds after the commit during which announcements are collected.
+    fetch_timeout
+        Seconds one peer's whole gradient may take to arrive; then the peer is excluded.
+    subscriber_timeout
+        Seconds to wait until pubsub shows ``min_peers`` subscribers before announcing.
+    republish_interval
+        Seconds between re-publications of the local announcement.
+    max_republish
+        Most publications of the local announcement per round.
+    max_peers
+        Most peer gradients taken in (further announcers are ignored).
+    """
+
+    min_peers: int = 1
+    collect_timeout: float = 60.0
+    fetch_timeout: float = 60.0
+    subscriber_timeout: float = 10.0
+    republish_interval: float = 1.0
+    max_republish: int = 120
+    max_peers: int = 64
+
+    def __post_init__(self) -> None:
+        if self.min_peers < 0 or self.max_peers < 1 or self.max_republish < 1:
+            raise InvalidGradient("min_peers must be >= 0, max_peers and max_republish >= 1")
+        for name in ("collect_timeout", "fetch_timeout", "republish_interval"):
+            if not getattr(self, name) > 0:
+                raise InvalidGradient(f"{name} must be > 0 seconds")
+
+
+@dataclass
+class RoundResult:
+    """What a round produced.
+
+    Attributes
+    ----------
+    round_id
+        The round.
+    local_cid
+        CID of this node's committed gradient.
+    aggregate
+        The aggregate (float32, length d).
+    stats
+        Participants (local included), missing peers, duration, rejected contributions.
+    contributors
+        Peer ID → CID of every peer gradient taken in.
+    failures
+        Peer ID → why its gradient was not taken in.
+    drops
+        Announcement drops by reason (see :class:`~gradfed_ipfs.pubsub.AnnouncementFilter`).
+    """
+
+    round_id: int
+    local_cid: CID
+    aggregate: FloatArray
+    stats: RoundStats
+    contributors: dict[str, CID] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+    drops: dict[str, int] = field(default_factory=dict)
+
+
+class RoundRunner:
+    """Runs rounds for one node: its block store (daemon) and its gossip endpoint.
+
+    Parameters
+    ----------
+    store
+        This node's block store (for Kubo, its own daemon).
+    gossip
+        This node's gossip endpoint (its ``local_peer_id`` is this node's peer ID).
+    config
+        Round settings.
+    accumulator_factory
+        Builds a fresh accumulator per round (default: a holding
+        :class:`~gradfed_ipfs.federated.accumulator.DistributedGradientAccumulator` with FedAvg);
+        pass one returning a :class:`~gradfed_ipfs.federated.streaming.StreamingAccumulator`
+        for constant memory.
+    """
+
+    def __init__(
+        self,
+        store: BlockStore,
+        gossip: GossipModelSync,
+        config: RoundConfig | None = None,
+        *,
+        accumulator_factory: Callable[[], GradientAccumulator] | None = None,
+    ) -> None:
+        self.store = store
+        self.gossip = gossip
+        self.config = config if config is not None else RoundConfig()
+        self._factory = accumulator_factory or self._default_accumulator
+
+    def _default_accumulator(self) -> GradientAccumulator:
+        return DistributedGradientAccumulator(
+            self.gossip.session_id,
+            BackwardPassConfig(max_peers=self.config.max_peers, timeout=self.config.fetch_timeout),
+            local_peer_id=self.gossip.local_peer_id,
+        )
+
+    async def run_round(
+        self,
+        round_id: int,
+        gradient: GradientLike,
+        *,
+        num_samples: int | None = None,
+        expected_peers: list[str] | None = None,
+    ) -> RoundResult:
+        """Commit, announce, collect, fetch, verify and aggregate one round.
+
+        Parameters
+        ----------
+        round_id
+            The round number (≥ 0); only announcements of this round count.
+        gradient
+            The local gradient.
+        num_samples
+            Local samples behind it (FedAvg weight), announced to the others.
+        expected_peers
+            Peers expected in the round; those that never announce are reported missing too.
+
+        Returns
+        -------
+        RoundResult
+            The aggregate and the round's stats.
+        """
+        cfg = self.config
+        started = time.monotonic()
+        values = as_float32_vector(gradient)
+        accumulator = self._factory()
+        await self.gossip.start()
+        local_cid = await accumulator.commit_local(values, self.store, num_samples=num_samples)
+        announcement = self.gossip.make_announcement(
+            local_cid, round_id, num_samples=num_samples, length=int(values.size)
+        )
+        await self.gossip.wait_for_peers(cfg.min_peers, timeout=cfg.subscriber_timeout)
+        closed = asyncio.Event()
+        announcer = asyncio.create_task(
+            self.gossip.announce_until(
+                announcement, closed, interval=cfg.republish_interval, max_count=cfg.max_republish
+            )
+        )
+        state = _RoundState(round_id, int(values.size), accumulator, self)
+        try:
+            await state.collect(time.monotonic() + cfg.collect_timeout)
+            aggregate = accumulator.aggregate()
+        finally:
+            closed.set()
+            for task in state.fetches.values():
+                task.cancel()
+            await asyncio.gather(announcer, *state.fetches.values(), return_exceptions=True)
+        never_announced = set(expected_peers or []) - set(state.announced)
+        stats = RoundStats(
+            round_id=round_id,
+            participants=1 + len(state.contributors),
+            missing_clients=sorted(state.missing | never_announced),
+            duration_ms=int((time.monotonic() - started) * 1000),
+            rejected_contributions=state.rejected,
+        )
+        logger.info(
+            "round %d: %d peers in, missing %s, rejected %d",
+            round_id,
+            len(state.contributors),
+            stats.missing_clients,
+            state.rejected,
+        )
+        return RoundResult(
+            round_id,
+            local_cid,
+            aggregate,
+            stats,
+            state.contributors,
+            state.failures,
+            dict(self.gossip.drops),
+        )
+
+
+class _RoundState:
+    """The bookkeeping of one round in progress on one node."""
+
+    def __init__(
+        self, round_id: int, length: int, accumulator: GradientAccumulator, runner: RoundRunner
+    ) -> None:
+        self.round_id = round_id
+        self.length = length
+        self.accumulator = accumulator
+        self.runner = runner
+        self.announced: dict[str, Announcement] = {}
+        self.fetches: dict[str, asyncio.Task[None]] = {}
+        self.contributors: dict[str, CID] = {}
+        self.failures: dict[str, str] = {}
+        self.missing: set[str] = set()
+        self.rejected = 0
+
+    async def collect(self, deadline: float) -> None:
+        """Take announcements and finished fetches until ``min_peers`` or the deadline."""
+        gossip, cfg = self.runner.gossip, self.runner.config
+        while len(self.contributors) < cfg.min_peers:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 and not self.fetches:
+                break
+            waiters: set[asyncio.Future[object]] = {*self.fetches.values()}  # type: ignore[arg-type]
+            listener: asyncio.Future[Announcement | None] | None = None
+            if remaining > 0:
+                listener = asyncio.ensure_future(gossip.next_announcement(remaining))
+                waiters.add(listener)  # type: ignore[arg-type]
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            if listener is not None:
+                if not listener.done():
+                    listener.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await listener
+                elif (found := listener.result()) is not None:
+                    self.start_fetch(found)
+            for peer, task in list(self.fetches.items()):
+                if task.done():
+                    self.settle(peer, task)
+        for peer, task in list(self.fetches.items()):  # stragglers, each bounded by fetch_timeout
+            with contextlib.suppress(Exception):
+                await task
+            self.settle(peer, task)
+
+    def start_fetch(self, found: Announcement) -> None:
+        """Start fetching an announced gradient, unless the announcement is unusable."""
+        gossip, cfg = self.runner.gossip, self.runner.config
+        if found.round != self.round_id:
+            gossip.drops["other_round"] += 1
+            return
+        if found.peer_id in self.announced:
+            return
+        if len(self.announced) >= cfg.max_peers:
+            gossip.drops["over_max_peers"] += 1
+            return
+        self.announced[found.peer_id] = found
+        if found.length != self.length:
+            self.failures[found.peer_id] = f"announced length {found.length} != {self.length}"
+            self.rejected += 1
+            return
+        fetch = self.accumulator.add_peer_gradient(
+            found.peer_id, found.cid, self.runner.store, num_samples=found.num_samples
+        )
+        self.fetches[found.peer_id] = asyncio.create_task(
+            asyncio.wait_for(fetch, cfg.fetch_timeout), name=f"fetch-{found.peer_id}"
+        )
+
+    def settle(self, peer: str, task: asyncio.Task[None]) -> None:
+        """Record a finished fetch: a contribution, a missing peer or a rejected gradient."""
+        del self.fetches[peer]
+        outcome = _outcome(task)
+        if outcome is None:
+            self.contributors[peer] = self.announced[peer].cid
+            return
+        kind, why = outcome
+        self.failures[peer] = why
+        if kind == "missing":
+            self.missing.add(peer)
+        else:
+            self.rejected += 1
+        logger.info("peer %s excluded (%s): %s", peer, kind, why)
+
+
+def _outcome(task: asyncio.Task[None]) -> tuple[str, str] | None:
+    """Classify a finished fetch: None when it succeeded, else (``missing``|``rejected``, why).
+
+    A gradient that proved bad (corrupt bytes, undecodable, wrong length, NaN) is ``rejected``;
+    one that did not arrive (timeout, not found, daemon errors) is ``missing``.
+    """
+    exc = task.exception()
+    if exc is None:
+        return None
+    if isinstance(exc, BlockCorrupt | DecodeError | GradientError):
+        return ("rejected", f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, TimeoutError | BlockStoreError):
+        return ("missing", f"{type(exc).__name__}: {exc}")
+    raise exc

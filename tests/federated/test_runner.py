@@ -1,0 +1,241 @@
+"""RoundRunner: whole rounds on the in-memory bus, and the 3-node Kubo acceptance test."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gradfed_ipfs.backward_pass import BackwardPassConfig
+from gradfed_ipfs.blockstore import Block, KuboBlockStore, MemoryBlockStore
+from gradfed_ipfs.blockstore.base import UNSET
+from gradfed_ipfs.cid import make_cid, parse_cid
+from gradfed_ipfs.dag import fetch_manifest, put_gradient
+from gradfed_ipfs.errors import InvalidGradient
+from gradfed_ipfs.federated.gossip import GossipModelSync
+from gradfed_ipfs.federated.runner import RoundConfig, RoundRunner
+from gradfed_ipfs.federated.streaming import StreamingAccumulator
+from gradfed_ipfs.pubsub import KuboPubsub, MemoryPubsubBus
+
+FAST = RoundConfig(
+    min_peers=2,
+    collect_timeout=5.0,
+    fetch_timeout=0.5,
+    subscriber_timeout=1.0,
+    republish_interval=0.02,
+)
+
+
+def fedavg_reference(grads: list[np.ndarray], samples: list[int]) -> np.ndarray:
+    total = np.zeros(grads[0].size, dtype=np.float64)
+    for grad, count in zip(grads, samples, strict=True):
+        total += grad.astype(np.float64) * count
+    return (total / sum(samples)).astype(np.float32)
+
+
+class HangingStore(MemoryBlockStore):
+    """A shared in-memory 'network' in which some CIDs never arrive (get waits forever)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.never: set[bytes] = set()
+
+    async def get(self, cid: Any, *, timeout: Any = UNSET) -> Block:
+        if bytes(parse_cid(cid)) in self.never:
+            await asyncio.Event().wait()
+        return await super().get(cid)
+
+
+def nodes(bus: MemoryPubsubBus, names: list[str], session: str) -> list[GossipModelSync]:
+    return [GossipModelSync(name, bus.endpoint(name), session_id=session) for name in names]
+
+
+async def test_three_nodes_agree_on_fedavg_in_memory() -> None:
+    store, bus = MemoryBlockStore(), MemoryPubsubBus()
+    rng = np.random.default_rng(0)
+    grads = [rng.standard_normal(300_000).astype(np.float32) for _ in range(3)]  # chunked
+    samples = [10, 20, 70]
+    gossips = nodes(bus, ["a", "b", "c"], "mem")
+    runners = [RoundRunner(store, g, FAST) for g in gossips]
+    results = await asyncio.gather(
+        *(r.run_round(1, g, num_samples=n) for r, g, n in zip(runners, grads, samples, strict=True))
+    )
+    reference = fedavg_reference(grads, samples)
+    for result in results:
+        assert result.stats.participants == 3
+        assert result.stats.missing_clients == []
+        assert result.local_cid.codec.name == "dag-cbor"
+        np.testing.assert_allclose(result.aggregate, reference, rtol=1e-6, atol=1e-7)
+    assert sorted(results[0].contributors) == ["b", "c"]
+    for gossip in gossips:
+        await gossip.aclose()
+
+
+async def test_peer_that_never_serves_is_excluded_and_reported() -> None:
+    store, bus = HangingStore(), MemoryPubsubBus()
+    grads = [np.full(1000, v, dtype=np.float32) for v in (1.0, 3.0)]
+    ghost_cid = make_cid(b"blocks nobody will ever serve")
+    store.never.add(bytes(ghost_cid))
+    a, b, ghost = nodes(bus, ["a", "b", "ghost"], "ghost")
+    config = RoundConfig(
+        min_peers=2,
+        collect_timeout=1.0,
+        fetch_timeout=0.3,
+        subscriber_timeout=0.1,
+        republish_interval=0.02,
+    )
+    closed = asyncio.Event()
+    haunting = asyncio.create_task(
+        ghost.announce_until(
+            ghost.make_announcement(ghost_cid, 4, length=1000), closed, interval=0.02
+        )
+    )
+    results = await asyncio.gather(
+        RoundRunner(store, a, config).run_round(4, grads[0], expected_peers=["b", "ghost", "zed"]),
+        RoundRunner(store, b, config).run_round(4, grads[1]),
+    )
+    closed.set()
+    await haunting
+    for result in results:
+        np.testing.assert_array_equal(result.aggregate, np.full(1000, 2.0, dtype=np.float32))
+        assert "ghost" in result.stats.missing_clients
+        assert "TimeoutError" in result.failures["ghost"]
+        assert result.stats.participants == 2
+    assert results[0].stats.missing_clients == ["ghost", "zed"]
+
+
+async def test_corrupt_and_mislabelled_gradients_are_rejected_with_streaming() -> None:
+    blocks, bus = MemoryBlockStore(), MemoryPubsubBus()
+    a, b, liar, forger = nodes(bus, ["a", "b", "liar", "forger"], "rej")
+    good = np.full(600_000, 2.0, dtype=np.float32)
+    bad_cid = await put_gradient(blocks, np.full(600_000, 9.0, dtype=np.float32))
+    chunk = (await fetch_manifest(blocks, bad_cid)).chunks[1].cid
+    blocks.blocks[bytes(chunk)] = (chunk, blocks.blocks[bytes(chunk)][1][:-8] + b"\0" * 8)
+    wrong_length = await put_gradient(blocks, np.ones(10, dtype=np.float32))
+
+    def streaming() -> StreamingAccumulator:
+        return StreamingAccumulator("rej", BackwardPassConfig(max_peers=8), local_peer_id="a")
+
+    closed = asyncio.Event()
+    tasks = [
+        asyncio.create_task(
+            liar.announce_until(
+                liar.make_announcement(bad_cid, 0, length=600_000), closed, interval=0.02
+            )
+        ),
+        asyncio.create_task(
+            forger.announce_until(
+                forger.make_announcement(wrong_length, 0, length=600_000), closed, interval=0.02
+            )
+        ),
+    ]
+    config = RoundConfig(
+        min_peers=3, collect_timeout=1.0, fetch_timeout=5.0, subscriber_timeout=0.1
+    )
+    runner = RoundRunner(blocks, a, config, accumulator_factory=streaming)
+    b_task = asyncio.create_task(RoundRunner(blocks, b, config).run_round(0, good))
+    result = await runner.run_round(0, np.zeros(600_000, dtype=np.float32))
+    closed.set()
+    await asyncio.gather(*tasks, b_task)
+    assert sorted(result.contributors) == ["b"]
+    assert result.stats.rejected_contributions == 2
+    assert "BlockCorrupt" in result.failures["liar"]
+    assert "DimensionMismatch" in result.failures["forger"]
+    np.testing.assert_allclose(result.aggregate, np.full(600_000, 1.0), atol=1e-6)
+
+
+def test_round_config_is_validated() -> None:
+    with pytest.raises(InvalidGradient):
+        RoundConfig(fetch_timeout=0)
+    with pytest.raises(InvalidGradient):
+        RoundConfig(max_peers=0)
+
+
+# ---------------------------------------------------------------------------- acceptance
+
+
+@pytest.mark.kubo
+async def test_three_kubo_nodes_10m_floats_fedavg_over_pubsub(kubo_swarm3) -> None:  # type: ignore[no-untyped-def]
+    """Each node commits 10M floats (chunked), learns the others' CIDs only via pubsub."""
+    d = 10_000_000
+    rng = np.random.default_rng(42)
+    grads = [rng.standard_normal(d, dtype=np.float32) for _ in range(3)]
+    samples = [100, 250, 650]
+    session = "acceptance-10m"
+    stores = [KuboBlockStore(n.api_url, timeout=60.0) for n in kubo_swarm3]
+    transports = [KuboPubsub(n.api_url) for n in kubo_swarm3]
+    gossips = [
+        GossipModelSync(n.peer_id, t, session_id=session)
+        for n, t in zip(kubo_swarm3, transports, strict=True)
+    ]
+    config = RoundConfig(
+        min_peers=2, collect_timeout=120.0, fetch_timeout=120.0, subscriber_timeout=30.0
+    )
+    try:
+        results = await asyncio.gather(
+            *(
+                RoundRunner(store, gossip, config).run_round(0, grad, num_samples=count)
+                for store, gossip, grad, count in zip(stores, gossips, grads, samples, strict=True)
+            )
+        )
+        reference = fedavg_reference(grads, samples)
+        for node, result in zip(kubo_swarm3, results, strict=True):
+            assert result.local_cid.codec.name == "dag-cbor"
+            others = {n.peer_id for n in kubo_swarm3} - {node.peer_id}
+            assert set(result.contributors) == others
+            assert result.stats.participants == 3
+            np.testing.assert_allclose(result.aggregate, reference, rtol=1e-6, atol=1e-7)
+    finally:
+        for gossip in gossips:
+            await gossip.aclose()
+        for closable in [*stores, *transports]:
+            await closable.aclose()
+
+
+@pytest.mark.kubo
+async def test_kubo_peer_announcing_unserved_blocks_is_excluded(kubo_swarm3) -> None:  # type: ignore[no-untyped-def]
+    session = "ghost-on-kubo"
+    transports = [KuboPubsub(n.api_url) for n in kubo_swarm3]
+    stores = [KuboBlockStore(n.api_url, timeout=10.0) for n in kubo_swarm3[:2]]
+    gossips = [
+        GossipModelSync(n.peer_id, t, session_id=session)
+        for n, t in zip(kubo_swarm3, transports, strict=True)
+    ]
+    ghost = gossips[2]
+    ghost_cid = make_cid(b"never stored anywhere " + session.encode(), "dag-cbor")
+    config = RoundConfig(
+        min_peers=2, collect_timeout=6.0, fetch_timeout=2.0, subscriber_timeout=15.0
+    )
+    closed = asyncio.Event()
+    try:
+        await ghost.start()
+        haunting = asyncio.create_task(
+            ghost.announce_until(
+                ghost.make_announcement(ghost_cid, 0, length=100), closed, interval=0.2
+            )
+        )
+        grads = [np.full(100, v, dtype=np.float32) for v in (1.0, 2.0)]
+        results = await asyncio.gather(
+            *(
+                RoundRunner(store, gossip, config).run_round(0, grad)
+                for store, gossip, grad in zip(stores, gossips[:2], grads, strict=True)
+            )
+        )
+        closed.set()
+        await haunting
+        for result in results:
+            np.testing.assert_allclose(result.aggregate, np.full(100, 1.5))
+            assert result.stats.missing_clients == [kubo_swarm3[2].peer_id], (
+                result.failures,
+                result.drops,
+                result.contributors,
+            )
+            assert result.stats.participants == 2
+    finally:
+        closed.set()
+        for gossip in gossips:
+            await gossip.aclose()
+        for closable in [*stores, *transports]:
+            await closable.aclose()
