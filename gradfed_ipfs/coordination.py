@@ -360,7 +360,7 @@ class PassCoordinator:
         with self._lock:
             state = self._get_locked(contribution.pass_id)
             if state is None:
-                raise PassNotFound(contribution.pass_id.as_key())
+                raise _not_found(contribution.pass_id)
             if state.status.is_terminal:
                 error = PassAlreadyTerminal(contribution.pass_id.as_key())
                 error.args = (f"Backward pass is already terminal (status: {state.status})",)
@@ -480,7 +480,7 @@ class PassCoordinator:
         with self._lock:
             state = self._get_locked(pass_id)
             if state is None:
-                raise PassNotFound(pass_id.as_key())
+                raise _not_found(pass_id)
             ready = (
                 not state.status.is_terminal and len(state.contributions) >= self._expected_peers
             )
@@ -497,6 +497,12 @@ class PassCoordinator:
         return GradientArrowBlock.new(
             first.layer_name, values, sum(b.num_samples for b in ordered), first.shape
         )
+
+
+def _not_found(pass_id: BackwardPassId) -> PassNotFound:
+    error = PassNotFound(pass_id.as_key())
+    error.args = (f"Backward pass not found: {pass_id.as_key()}",)  # the seed's message
+    return error
 
 
 BackwardPassCoordinator = PassCoordinator

@@ -120,9 +120,9 @@ def test_submit_to_terminal_pass_returns_error() -> None:
     pid = BackwardPassId(1, "a")
     coord.start_pass(pid)
     coord.mark_complete(pid, "cid")
-    with pytest.raises(PassAlreadyTerminal, match="Complete"):
+    with pytest.raises(PassAlreadyTerminal, match=r"already terminal \(status: Complete\)"):
         coord.submit_contribution(contribution(pid, "p1"))
-    with pytest.raises(PassNotFound):
+    with pytest.raises(PassNotFound, match="Backward pass not found: 7-z"):
         coord.submit_contribution(contribution(BackwardPassId(7, "z"), "p1"))
     with pytest.raises(CoordinationError):
         coord.submit_contribution(contribution(BackwardPassId(7, "z"), "p1"))
