@@ -581,13 +581,16 @@ async def _bounded(limit: int, jobs: Iterator[Awaitable[None]]) -> None:
     if limit < 1:
         raise InvalidGradient(f"concurrency must be >= 1, got {limit}")
     pending: set[asyncio.Task[None]] = set()
+    started: list[asyncio.Task[None]] = []
     try:
         for job in jobs:
             if len(pending) >= limit:
                 finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in finished:
                     task.result()
-            pending.add(asyncio.ensure_future(job))
+            task = asyncio.ensure_future(job)
+            started.append(task)
+            pending.add(task)
         while pending:
             finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in finished:
@@ -595,5 +598,6 @@ async def _bounded(limit: int, jobs: Iterator[Awaitable[None]]) -> None:
     except BaseException:
         for task in pending:
             task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        # Retrieve every outcome, so no "exception was never retrieved" is logged later.
+        await asyncio.gather(*started, return_exceptions=True)
         raise

@@ -219,7 +219,9 @@ class RoundRunner:
         state = _RoundState(round_id, int(values.size), accumulator, self)
         try:
             await state.collect(time.monotonic() + cfg.collect_timeout)
-            aggregate = accumulator.aggregate()
+            # A streaming accumulator finalizes in place (no second d-array); it is not reused.
+            finish = getattr(accumulator, "finalize", None) or accumulator.aggregate
+            aggregate: FloatArray = finish()
         finally:
             closed.set()
             for task in state.fetches.values():

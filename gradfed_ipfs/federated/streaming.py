@@ -117,6 +117,7 @@ class StreamingAccumulator:
         self.peer_cids: dict[str, CID] = {}
         self.peer_samples: dict[str, int | None] = {}
         self._samples_given: bool | None = None
+        self._finalized = False
 
     @property
     def session_id(self) -> str:
@@ -158,6 +159,7 @@ class StreamingAccumulator:
         DimensionMismatch
             If its length differs from gradients already folded.
         """
+        self._check_open()
         if self.local_folded:
             raise InvalidGradient("the local gradient was already committed and folded in")
         values = as_float32_vector(gradient)
@@ -209,6 +211,7 @@ class StreamingAccumulator:
         BlockNotFound, BlockCorrupt, MalformedArrow, MalformedManifest
             As :func:`gradfed_ipfs.dag.fetch_gradient`; nothing stays folded in.
         """
+        self._check_open()
         if peer_id == self.local_peer_id:
             raise InvalidGradient(f"peer id {peer_id!r} is the local peer's id")
         if peer_id in self.peer_cids:
@@ -300,6 +303,8 @@ class StreamingAccumulator:
         """
         if not self.local_folded or self.total is None:
             raise EmptyGradients()
+        if self._finalized:
+            return self.total.astype(np.float32, copy=True)
         if isinstance(self.config.aggregation, Sum):
             result = self.total.astype(np.float32, copy=True)
         else:
@@ -308,6 +313,32 @@ class StreamingAccumulator:
             result = (self.total / self.accumulate_dtype.type(self.weight_sum)).astype(
                 np.float32, copy=False
             )
+        if self.config.gradient_clipping is not None:
+            clip_gradient_norm(result, self.config.gradient_clipping)
+        return result
+
+    def finalize(self) -> FloatArray:
+        """Like :meth:`aggregate` but in place: no second d-array; the accumulator is then done.
+
+        Returns
+        -------
+        FloatArray
+            The aggregate (float32 of length d); for a float32 running sum it *is* that array.
+
+        Raises
+        ------
+        EmptyGradients, InvalidGradient
+            As :meth:`aggregate`.
+        """
+        if not self.local_folded or self.total is None:
+            raise EmptyGradients()
+        total = self.total
+        if not isinstance(self.config.aggregation, Sum):
+            if self.weight_sum == 0.0:
+                raise InvalidGradient("Sum of weights is zero")
+            total /= self.accumulate_dtype.type(self.weight_sum)
+        self._finalized = True
+        result: FloatArray = total.astype(np.float32, copy=False)
         if self.config.gradient_clipping is not None:
             clip_gradient_norm(result, self.config.gradient_clipping)
         return result
@@ -333,6 +364,10 @@ class StreamingAccumulator:
             self._samples_given = given
             return float(num_samples) if num_samples is not None else 1.0
         return 1.0
+
+    def _check_open(self) -> None:
+        if self._finalized:
+            raise InvalidGradient("the accumulator was finalized; start a new one")
 
     def _check_length(self, length: int) -> None:
         if self.total is not None and length != self.total.size:

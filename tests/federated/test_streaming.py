@@ -117,3 +117,18 @@ async def test_refusals() -> None:
     with pytest.raises(InvalidGradient, match="max_peers"):
         await acc.add_peer_gradient("q", one, store, num_samples=1)
     np.testing.assert_allclose(acc.aggregate(), [1.0, 1.75])  # (3·[1, 2] + 1·[1, 1]) / 4
+
+
+async def test_finalize_divides_in_place_and_closes() -> None:
+    store = MemoryBlockStore()
+    local, peer = grads(2, seed=9)
+    acc = StreamingAccumulator("s", chunk_bytes=CHUNK)
+    await acc.commit_local(local, store)
+    await acc.add_peer_gradient("p", await put_gradient(store, peer, chunk_bytes=CHUNK), store)
+    expected = acc.aggregate()
+    result = acc.finalize()
+    assert result is acc.total
+    np.testing.assert_array_equal(result, expected)
+    np.testing.assert_array_equal(acc.aggregate(), expected)
+    with pytest.raises(InvalidGradient, match="finalized"):
+        await acc.add_peer_gradient("q", await put_gradient(store, peer), store)
