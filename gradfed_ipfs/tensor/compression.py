@@ -75,8 +75,8 @@ def _float_tolerance(values: FloatArray) -> float:
 def top_k_indices(values: FloatArray, k: int) -> NDArray[np.int64]:
     """Return the ascending positions of the ``k`` largest ``|values|``, ties to lower index.
 
-    NaN magnitudes rank below every number. Runs ``np.argpartition`` plus one comparison pass;
-    the tie fix-up pass runs only when the k-th magnitude is tied across the cut.
+    NaN magnitudes rank below every number. Runs ``np.abs``, ``np.argpartition`` and one
+    counting pass; the tie fix-up runs only when the k-th magnitude is tied across the cut.
 
     Parameters
     ----------
@@ -91,16 +91,16 @@ def top_k_indices(values: FloatArray, k: int) -> NDArray[np.int64]:
     if k >= n:
         return np.arange(n, dtype=np.int64)
     magnitude = np.abs(values)
-    if np.isnan(magnitude).any():
-        magnitude = np.nan_to_num(magnitude, nan=-1.0)
     chosen = np.argpartition(magnitude, n - k)[n - k :]
+    if np.isnan(magnitude[chosen]).any():  # NumPy ranks NaN largest; we rank it smallest
+        magnitude = np.nan_to_num(magnitude, nan=-1.0)
+        chosen = np.argpartition(magnitude, n - k)[n - k :]
     cut = magnitude[chosen].min()
-    above = magnitude > cut
-    n_above = int(np.count_nonzero(above))
-    tied = np.flatnonzero(magnitude == cut)
-    if n_above + tied.size == k:
+    if np.count_nonzero(magnitude >= cut) == k:
         return np.sort(chosen).astype(np.int64, copy=False)
-    picked = np.concatenate([np.flatnonzero(above), tied[: k - n_above]])
+    above = np.flatnonzero(magnitude > cut)
+    tied = np.flatnonzero(magnitude == cut)
+    picked = np.concatenate([above, tied[: k - above.size]])
     return np.sort(picked).astype(np.int64, copy=False)
 
 
