@@ -6,6 +6,7 @@ module here that does I/O; import it explicitly from :mod:`gradfed_ipfs.tensor.d
 
 from __future__ import annotations
 
+from .adaptive import BySize
 from .aggregation import (
     AggregationMethod,
     AggregationStrategy,
@@ -63,6 +64,7 @@ __all__ = [
     "CODECS",
     "AggregationMethod",
     "AggregationStrategy",
+    "BySize",
     "Codec",
     "Contribution",
     "Dense",
