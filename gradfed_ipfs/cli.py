@@ -1,8 +1,15 @@
 """The ``gradfed-ipfs`` command line.
 
-This is the only module that prints or imports ``rich``; nothing in the library imports it.
-User mistakes and library errors end with a one-line message and the error family's exit code,
-never a traceback (``--debug`` shows it).
+This module and its helper package :mod:`gradfed_ipfs.cli_commands` are the only code that
+prints or imports ``rich``; nothing in the library imports them. User mistakes and library
+errors end with a one-line message and the error family's exit code, never a traceback
+(``--debug`` shows it). Exit codes: 0 success; 1 a failed check (``verify-round``, ``history``,
+``node status`` of a stopped node) or a usage mistake; 2 bad arguments (argparse); otherwise the
+``exit_code`` of the error's family (3 gradient, 4 decode, 5 block store, 6 Kubo, 7 federated,
+10 pubsub; see :mod:`gradfed_ipfs.errors`); 130 interrupted.
+
+The daemon is chosen by ``--api URL``, else ``$GRADFED_IPFS_API``, else the managed node
+(``gradfed-ipfs node start``).
 """
 
 from __future__ import annotations
@@ -14,15 +21,13 @@ import os
 import sys
 from collections.abc import Sequence
 
-from rich.console import Console
 from rich.table import Table
 
+from .cli_commands import add_data_parsers, add_node_parser, add_record_parsers
+from .cli_commands.common import API_ENV, HOME_ENV, console, err_console
 from .errors import GradfedError
 
-__all__ = ["build_parser", "main"]
-
-console = Console(highlight=False, soft_wrap=True)
-err_console = Console(stderr=True, highlight=False)
+__all__ = ["build_parser", "console", "err_console", "main"]
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -76,8 +81,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     parser.add_argument(
         "--api",
-        default=os.environ.get("GRADFED_IPFS_API"),
-        help="Kubo RPC URL of an external daemon (default: $GRADFED_IPFS_API)",
+        default=os.environ.get(API_ENV),
+        metavar="URL",
+        help=f"Kubo RPC URL of the daemon to use (default: ${API_ENV}, else the managed node)",
+    )
+    parser.add_argument(
+        "--node-dir",
+        default=None,
+        metavar="DIR",
+        help=f"directory of the managed node (default: ${HOME_ENV}, else "
+        "~/.local/share/gradfed-ipfs/node)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long a block fetch or RPC call may take (default 30)",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = commands.add_parser(
@@ -92,7 +112,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--seed", type=int, default=0, help="RNG seed (default 0)")
     demo.set_defaults(handler=_cmd_demo)
+    add_node_parser(commands)
+    add_data_parsers(commands)
+    add_record_parsers(commands)
     return parser
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
