@@ -583,11 +583,15 @@ async def _bounded(limit: int, jobs: Iterator[Awaitable[None]]) -> None:
     pending: set[asyncio.Task[None]] = set()
     started: list[asyncio.Task[None]] = []
     try:
-        for job in jobs:
+        while True:
+            # Wait for room *before* creating the next job, so no coroutine is left unawaited.
             if len(pending) >= limit:
                 finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in finished:
                     task.result()
+            job = next(jobs, None)
+            if job is None:
+                break
             task = asyncio.ensure_future(job)
             started.append(task)
             pending.add(task)

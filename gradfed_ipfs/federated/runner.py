@@ -314,12 +314,16 @@ class _RoundState:
             self.failures[found.peer_id] = f"announced length {found.length} != {self.length}"
             self.rejected += 1
             return
-        fetch = self.accumulator.add_peer_gradient(
-            found.peer_id, found.cid, self.runner.store, num_samples=found.num_samples
-        )
-        self.fetches[found.peer_id] = asyncio.create_task(
-            asyncio.wait_for(fetch, cfg.fetch_timeout), name=f"fetch-{found.peer_id}"
-        )
+
+        async def fetch() -> None:  # the coroutine is created only once the task runs
+            await asyncio.wait_for(
+                self.accumulator.add_peer_gradient(
+                    found.peer_id, found.cid, self.runner.store, num_samples=found.num_samples
+                ),
+                cfg.fetch_timeout,
+            )
+
+        self.fetches[found.peer_id] = asyncio.create_task(fetch(), name=f"fetch-{found.peer_id}")
 
     def settle(self, peer: str, task: asyncio.Task[None]) -> None:
         """Record a finished fetch: a contribution, a missing peer or a rejected gradient."""

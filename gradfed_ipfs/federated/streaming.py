@@ -5,7 +5,11 @@ DistributedGradientAccumulator`, the default) holds every peer's gradient: N·d 
 linear rules (Sum, Mean, FedAvg and WeightedMean with per-peer weights) the aggregate is
 ``Σ wᵢ·gᵢ / W``, so it can be folded chunk by chunk into one running float32 array of length d
 while the chunks arrive. Peak extra memory is about one d-array plus the chunks in flight
-(``concurrency`` × ``chunk_bytes``), whatever the number of peers.
+(about ``concurrency`` × 2 × ``chunk_bytes`` of HTTP buffers), whatever the number of peers.
+The default ``concurrency`` is therefore 2 here rather than 8: ``benchmarks/bench_swarm.py``
+measured, for N = 16 and d = 10M, extra memory of 1.3 × d × 4 bytes at 2 chunks in flight,
+1.8× at 4 and 2.6× at 8, with the same speed from a local daemon. Over bitswap more chunks in
+flight fetch faster; raise it when memory allows.
 
 Each chunk is verified (re-hashed against its CID) and checked for finiteness before it is
 folded. If a later chunk of the same gradient fails, the chunks already folded are fetched again
@@ -29,7 +33,6 @@ from ..blockstore.base import BlockStore
 from ..cid import DAG_CBOR, RAW, parse_cid
 from ..dag import (
     DEFAULT_CHUNK_BYTES,
-    DEFAULT_CONCURRENCY,
     ChunkManifest,
     ChunkRef,
     ProgressCallback,
@@ -43,9 +46,13 @@ from ..errors import DecodeError, DimensionMismatch, EmptyGradients, InvalidGrad
 from ..tensor.aggregation import FedAvg, Mean, Sum, WeightedMean, as_float32_vector
 from .accumulator import LOCAL_PEER_ID
 
-__all__ = ["StreamingAccumulator"]
+__all__ = ["STREAMING_CONCURRENCY", "StreamingAccumulator"]
 
 logger = logging.getLogger("gradfed_ipfs.federated")
+
+STREAMING_CONCURRENCY = 2
+"""Default chunks in flight per gradient for :class:`StreamingAccumulator`."""
+_CHECK_BLOCK = 1 << 18  # values per finiteness check of the local gradient (256 KiB of bools)
 
 
 class StreamingAccumulator:
@@ -67,7 +74,8 @@ class StreamingAccumulator:
     chunk_bytes
         Largest block in bytes for ``commit_local``.
     concurrency
-        Chunks fetched at once per gradient.
+        Chunks stored or fetched at once per gradient (default 2: each chunk in flight costs a
+        few chunk sizes of transient memory).
     progress
         Called with ``(done_bytes, total_bytes)`` during each commit and fetch.
     accumulate_dtype
@@ -87,7 +95,7 @@ class StreamingAccumulator:
         *,
         local_peer_id: str = LOCAL_PEER_ID,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        concurrency: int = DEFAULT_CONCURRENCY,
+        concurrency: int = STREAMING_CONCURRENCY,
         progress: ProgressCallback | None = None,
         accumulate_dtype: type[np.floating] = np.float32,
     ) -> None:
@@ -163,8 +171,8 @@ class StreamingAccumulator:
         if self.local_folded:
             raise InvalidGradient("the local gradient was already committed and folded in")
         values = as_float32_vector(gradient)
-        if not np.isfinite(values).all():
-            raise InvalidGradient("Non-finite value in local gradient")
+        for start in range(0, values.size, _CHECK_BLOCK):  # no d-sized boolean temporary
+            _check_finite(values[start : start + _CHECK_BLOCK], "local gradient", start)
         weight = self._weight(self.local_peer_id, num_samples)
         self._check_length(values.size)
         cid = await put_gradient(
@@ -387,7 +395,9 @@ class StreamingAccumulator:
             target += values * self.accumulate_dtype.type(weight)
 
 
-def _check_finite(values: FloatArray, what: str) -> None:
+def _check_finite(values: FloatArray, what: str, offset: int = 0) -> None:
     if not np.isfinite(values).all():
         index = int(np.flatnonzero(~np.isfinite(values))[0])
-        raise InvalidGradient(f"Non-finite value in {what} at index {index}: {values[index]}")
+        raise InvalidGradient(
+            f"Non-finite value in {what} at index {offset + index}: {values[index]}"
+        )
