@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Final, Protocol, runtime_checkable
+from types import TracebackType
+from typing import Final, Protocol, Self, runtime_checkable
 
 from multiformats import CID
 
@@ -19,6 +20,7 @@ from ..errors import BlockTooLarge, InvalidGradient
 __all__ = [
     "MAX_BLOCK_SIZE",
     "UNSET",
+    "AsyncClosing",
     "Block",
     "BlockStore",
     "Unset",
@@ -92,6 +94,24 @@ def _parse(cid: CIDLike) -> CID:
     from ..cid import parse_cid
 
     return parse_cid(cid)
+
+
+class AsyncClosing:
+    """Mixin: ``async with store:`` closes the store on exit by awaiting ``aclose()``."""
+
+    async def aclose(self) -> None:
+        """Release resources; overridden by stores that hold any."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
 
 
 @runtime_checkable

@@ -22,7 +22,6 @@ import contextlib
 import json
 import logging
 from collections.abc import Iterator, Mapping
-from types import TracebackType
 from typing import Any, Final
 
 import httpx
@@ -39,7 +38,7 @@ from ..errors import (
     StoreRequestError,
     StoreUnavailable,
 )
-from .base import MAX_BLOCK_SIZE, UNSET, Block, Unset
+from .base import MAX_BLOCK_SIZE, UNSET, AsyncClosing, Block, Unset
 
 __all__ = [
     "KuboBlockStore",
@@ -133,7 +132,7 @@ def _is_not_found(message: str) -> bool:
     return any(marker in lowered for marker in _NOT_FOUND_MARKERS)
 
 
-class KuboBlockStore:
+class KuboBlockStore(AsyncClosing):
     """A block store on a Kubo daemon, over one shared ``httpx.AsyncClient``.
 
     Parameters
@@ -300,17 +299,6 @@ class KuboBlockStore:
         """Close the HTTP client (if this store created it)."""
         if self._owns_client:
             await self._client.aclose()
-
-    async def __aenter__(self) -> KuboBlockStore:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     # ------------------------------------------------------------------ transport
 

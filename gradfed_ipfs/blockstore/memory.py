@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from types import TracebackType
 
 from multiformats import CID
 
 from .._types import CIDLike
 from ..cid import parse_cid
 from ..errors import BlockNotFound
-from .base import MAX_BLOCK_SIZE, UNSET, Block, Unset
+from .base import MAX_BLOCK_SIZE, UNSET, AsyncClosing, Block, Unset
 
 __all__ = ["MemoryBlockStore"]
 
 
-class MemoryBlockStore:
+class MemoryBlockStore(AsyncClosing):
     """A dict of CID → bytes that behaves like a :class:`~gradfed_ipfs.blockstore.BlockStore`.
 
     Blocks are verified on ``put`` and again on ``get`` (so tests that tamper with
@@ -93,17 +92,3 @@ class MemoryBlockStore:
 
     def __len__(self) -> int:
         return len(self.blocks)
-
-    async def aclose(self) -> None:
-        """Nothing to release."""
-
-    async def __aenter__(self) -> MemoryBlockStore:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, Self
 
 import httpx
 
@@ -68,6 +68,27 @@ def _stop_all_at_exit() -> None:  # pragma: no cover - safety net for crashed ca
             daemon.stop()
 
 
+class _StartStop:
+    """Mixin: ``with thing:`` calls ``start()`` on entry and ``stop()`` on exit."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
 def multiaddr_to_url(multiaddr: str) -> str:
     """Turn ``/ip4/127.0.0.1/tcp/5001`` into ``http://127.0.0.1:5001``."""
     parts = multiaddr.strip().split("/")
@@ -77,7 +98,7 @@ def multiaddr_to_url(multiaddr: str) -> str:
     return f"http://{host}:{parts[4]}"
 
 
-class KuboDaemon:
+class KuboDaemon(_StartStop):
     """A Kubo daemon on loopback with its own repo; a context manager.
 
     Parameters
@@ -129,7 +150,7 @@ class KuboDaemon:
         """Return whether the daemon process is alive."""
         return self._process is not None and self._process.poll() is None
 
-    def start(self) -> KuboDaemon:
+    def start(self) -> Self:
         """Initialise the repo if needed, start the daemon and wait until its API answers.
 
         Raises
@@ -187,21 +208,10 @@ class KuboDaemon:
             self._process.wait(timeout=10)
         self._forget()
 
-    def restart(self) -> KuboDaemon:
+    def restart(self) -> Self:
         """Stop (keeping the repo) and start again on the same repo; returns ``self``."""
         self._terminate()
         return self.start()
-
-    def __enter__(self) -> KuboDaemon:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # ------------------------------------------------------------------ control-plane RPC
 
@@ -315,7 +325,7 @@ class KuboDaemon:
             self._log_file = None
 
 
-class KuboSwarm:
+class KuboSwarm(_StartStop):
     """``n`` loopback daemons, started concurrently and all ``swarm/connect``-ed to each other.
 
     Parameters
@@ -333,7 +343,7 @@ class KuboSwarm:
         self.binary = Path(binary) if binary is not None else find_kubo_binary()
         self.daemons: list[KuboDaemon] = []
 
-    def start(self) -> KuboSwarm:
+    def start(self) -> Self:
         """Start every daemon and connect each pair; stops them all if any fails."""
         self.daemons = [KuboDaemon(binary=self.binary) for _ in range(self.n)]
         try:
@@ -360,14 +370,3 @@ class KuboSwarm:
 
     def __getitem__(self, index: int) -> KuboDaemon:
         return self.daemons[index]
-
-    def __enter__(self) -> KuboSwarm:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
