@@ -180,12 +180,14 @@ def plot_curves(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     rounds = np.arange(1, len(federated) + 1)
     figure, axes = plt.subplots(figsize=(6.4, 4.0), dpi=120)
     axes.plot(rounds, centralized, "--", color="gray", label="centralized (same steps)")
     axes.plot(rounds, federated, marker="o", markersize=3, label=label)
     axes.set_xlabel("round")
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_ylabel("test accuracy")
     axes.set_ylim(0.0, 1.0)
     axes.grid(alpha=0.3)

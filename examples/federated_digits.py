@@ -582,6 +582,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GradfedError as exc:
         print(f"error ({type(exc).__name__}): {exc}", file=sys.stderr)
         return exc.exit_code
+    except TimeoutError as exc:  # a peer's announcement never arrived
+        print(f"error (TimeoutError): {exc}", file=sys.stderr)
+        return 1
     print(
         f"final accuracy {result.final_accuracy:.4f} vs centralized "
         f"{result.centralized_accuracy:.4f} (gap {100 * result.gap:+.2f} points)"
