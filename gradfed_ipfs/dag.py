@@ -359,9 +359,9 @@ async def put_gradient(
         for cid, (offset, length) in zip(cids, ranges, strict=True)
     )
     manifest = ChunkManifest(recorded, int(flat.size), chunks)
-    cid = await store.put(manifest.to_block(), pin=False)
-    if pin:
-        await store.pin(cid)
+    # Kubo's `block/put --pin` pins recursively ("pin added blocks recursively"), so the
+    # manifest's pin protects every chunk; no separate pin/add round trip is needed.
+    cid = await store.put(manifest.to_block(), pin=pin)
     logger.debug("stored %d values as %d chunks under %s", flat.size, len(chunks), cid)
     return cid
 
