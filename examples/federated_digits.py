@@ -5,16 +5,19 @@ hold a non-IID share of the training set (label proportions drawn from a seeded 
 Every round each peer
 
 1. starts from the global model and runs a few full-batch gradient steps on its own data;
-2. commits its model delta to *its own* daemon (``DistributedGradientAccumulator.commit_local``,
-   or an encoded Arrow block with ``--compress``) and announces the CID on the session's pubsub
-   topic (``gradfed/v1/<session>``, :class:`~gradfed_ipfs.pubsub.Announcement`);
-3. receives the other peers' announcements (checked by
-   :class:`~gradfed_ipfs.pubsub.AnnouncementFilter`), fetches their deltas by CID through its own
-   daemon (bitswap; every block re-hashed against its CID), and aggregates them with
-   ``--method``;
-4. commits a dag-cbor round record (:func:`~gradfed_ipfs.round_record.commit_round`) linking the
+2. runs the round with its own :class:`~gradfed_ipfs.federated.runner.RoundRunner`: the delta is
+   committed to *its own* daemon (``DistributedGradientAccumulator.commit_local``, or an encoded
+   Arrow block with ``--compress``, see ``codec_accumulator.py``) and its CID announced on the
+   session's pubsub topic (``gradfed/v1/<session>``) by a
+   :class:`~gradfed_ipfs.federated.gossip.GossipModelSync` endpoint; the other peers'
+   announcements are checked (authenticated sender, session, CID, duplicates), their deltas
+   fetched by CID through the peer's own daemon (bitswap; every block re-hashed against its
+   CID) and aggregated with ``--method``;
+3. commits a dag-cbor round record (:func:`~gradfed_ipfs.round_record.commit_round`) linking the
    contributions, the aggregate and the previous round. Honest peers aggregate the same inputs in
    the same order, so they all commit the *same* record CID; the run checks that.
+
+Peers run in one process and in lock step (round r+1 starts when every peer closed round r).
 
 Options: ``--byzantine K`` makes the last K peers send their delta sign-flipped and scaled by 10;
 ``--dp-noise Z`` clips each delta to ``--dp-clip`` and adds Gaussian noise N(0, (Z·C)²) before it
@@ -31,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import math
 import sys
 import time
@@ -43,20 +45,22 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from gradfed_ipfs.arrow_ipc import load_gradient_from_arrow, store_layer_as_arrow
 from gradfed_ipfs.backward_pass import BackwardPassConfig
 from gradfed_ipfs.blockstore import Block, KuboBlockStore
 from gradfed_ipfs.dag import fetch_gradient, put_gradient
 from gradfed_ipfs.errors import GradfedError, InvalidGradient
 from gradfed_ipfs.federated.accumulator import DistributedGradientAccumulator
+from gradfed_ipfs.federated.gossip import GossipModelSync
 from gradfed_ipfs.federated.privacy import DifferentialPrivacy
+from gradfed_ipfs.federated.runner import GradientAccumulator, RoundConfig, RoundRunner
 from gradfed_ipfs.federated.secure_aggregation import SecAggClient, SecAggServer
-from gradfed_ipfs.pubsub import Announcement, AnnouncementFilter, KuboPubsub, session_topic
+from gradfed_ipfs.pubsub import Announcement, KuboPubsub
 from gradfed_ipfs.round_record import ContributionRef, commit_round
-from gradfed_ipfs.tensor.aggregation import AggregationStrategy, Contribution
+from gradfed_ipfs.tensor.aggregation import AggregationStrategy
 from gradfed_ipfs.tensor.compression import Codec, ErrorFeedback
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from codec_accumulator import CodecAccumulator
 from digits_model import (
     N_CLASSES,
     N_FEATURES,
@@ -73,6 +77,7 @@ from digits_model import (
 )
 
 BYZANTINE_SCALE = -10.0
+N_PARAMS = N_FEATURES * N_CLASSES
 
 
 class Node(Protocol):
@@ -140,18 +145,16 @@ class Result:
 
 @dataclass
 class Peer:
-    """One participant: its data, its daemon, its inbox of announcements."""
+    """One participant: its data, its daemon (store and pubsub) and its round runner."""
 
     index: int
     node: Node
     rows: NDArray[np.int64]
     store: KuboBlockStore
     pubsub: KuboPubsub
-    filter: AnnouncementFilter
+    gossip: GossipModelSync
+    runner: RoundRunner
     byzantine: bool
-    inbox: dict[int, dict[str, Announcement]] = field(default_factory=dict)
-    arrived: asyncio.Event = field(default_factory=asyncio.Event)
-    feedback: ErrorFeedback | None = None
     dp: DifferentialPrivacy | None = None
 
     @property
@@ -159,89 +162,85 @@ class Peer:
         """The daemon's peer ID (the peer's identity in pubsub and in contributions)."""
         return self.node.peer_id
 
-    async def listen(self, topic: str) -> None:
-        """Put every accepted announcement of ``topic`` in :attr:`inbox`, forever."""
-        async for message in self.pubsub.subscribe(topic):
-            announcement = self.filter.accept(message)
-            if announcement is not None:
-                self.inbox.setdefault(announcement.round, {})[announcement.peer_id] = announcement
-                self.arrived.set()
 
+def make_peer(
+    index: int,
+    node: Node,
+    rows: NDArray[np.int64],
+    strategy: AggregationStrategy,
+    codec: Codec | None,
+    options: Options,
+) -> Peer:
+    """Build a peer: a store and a pubsub client on its own daemon, a gossip endpoint, a runner."""
+    store = KuboBlockStore(node.api_url, timeout=options.timeout)
+    pubsub = KuboPubsub(node.api_url, timeout=options.timeout)
+    gossip = GossipModelSync(node.peer_id, pubsub, session_id=options.session)
+    config = RoundConfig(
+        min_peers=options.peers - 1,
+        collect_timeout=options.timeout,
+        fetch_timeout=options.timeout,
+        subscriber_timeout=options.timeout,
+        republish_interval=0.5,
+    )
+    feedback = ErrorFeedback(codec) if codec is not None else None
 
-async def wait_for(
-    condition: Callable[[], bool], what: str, timeout: float, event: asyncio.Event
-) -> None:
-    """Wait until ``condition()`` holds, waking up whenever ``event`` is set."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        event.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout=min(left, 1.0))
+    def accumulator() -> GradientAccumulator:
+        if feedback is not None:
+            return CodecAccumulator(node.peer_id, feedback, strategy, options.timeout)
+        config = BackwardPassConfig(aggregation=strategy, timeout=options.timeout)
+        return DistributedGradientAccumulator(options.session, config, local_peer_id=node.peer_id)
+
+    dp = None
+    if options.dp_noise is not None:
+        dp = DifferentialPrivacy(
+            options.dp_budget,
+            options.dp_delta,
+            options.dp_clip,
+            noise_multiplier=options.dp_noise,
+            rng=np.random.default_rng([options.seed, index]),
+        )
+    runner = RoundRunner(store, gossip, config, accumulator_factory=accumulator)
+    byzantine = index >= options.peers - options.byzantine
+    return Peer(index, node, rows, store, pubsub, gossip, runner, byzantine, dp)
 
 
 async def exchange(
-    peers: list[Peer],
-    round_id: int,
-    cids: dict[str, str],
-    samples: dict[str, int],
-    options: Options,
-) -> None:
-    """Announce every peer's CID and wait until each peer has everyone else's announcement.
+    peers: list[Peer], round_id: int, cids: dict[str, str], options: Options
+) -> dict[str, dict[str, Announcement]]:
+    """Announce every peer's CID; return, per peer, the others' announcements of the round.
 
-    Announcements are re-published every second until all have arrived (pubsub has no
-    delivery guarantee); receivers drop the duplicates.
+    Announcements are re-published until *every* peer has all of them (pubsub may lose a
+    message); receivers drop the repeats.
     """
-    topic = session_topic(options.session)
-    announcements = {
-        p.peer_id: Announcement.new(
-            options.session,
-            round_id,
-            p.peer_id,
-            cids[p.peer_id],
-            num_samples=samples[p.peer_id],
-            length=N_FEATURES * N_CLASSES,
-        ).encode()
-        for p in peers
-    }
-
-    def complete(peer: Peer) -> bool:
-        return len(peer.inbox.get(round_id, {})) >= len(peers) - 1
-
-    async def publish_until_done() -> None:
-        while True:
-            for p in peers:
-                await p.pubsub.publish(topic, announcements[p.peer_id])
-            await asyncio.sleep(1.0)  # retransmission interval, not a synchronisation
-
-    publisher = asyncio.create_task(publish_until_done())
-    try:
-        for peer in peers:
-            await wait_for(
-                lambda peer=peer: complete(peer),  # type: ignore[misc]
-                f"round {round_id} announcements at peer {peer.index}",
-                options.timeout,
-                peer.arrived,
+    closed = asyncio.Event()
+    announcers = [
+        asyncio.create_task(
+            p.gossip.announce_until(
+                p.gossip.make_announcement(
+                    cids[p.peer_id], round_id, num_samples=len(p.rows), length=N_PARAMS
+                ),
+                closed,
+                interval=0.5,
+                max_count=10**6,
             )
+        )
+        for p in peers
+    ]
+
+    async def collect(peer: Peer) -> dict[str, Announcement]:
+        found = await peer.gossip.collect_announcements(
+            len(peers) - 1, int(options.timeout * 1000), round_id=round_id
+        )
+        if len(found) < len(peers) - 1:
+            raise TimeoutError(f"peer {peer.index} got {len(found)} announcements of {round_id}")
+        return {a.peer_id: a for a in found}
+
+    try:
+        received = await asyncio.gather(*(collect(p) for p in peers))
     finally:
-        publisher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await publisher
-
-
-async def wait_for_mesh(peers: list[Peer], topic: str, timeout: float) -> None:
-    """Poll ``pubsub/peers`` until every daemon sees every other peer subscribed to ``topic``."""
-    deadline = time.monotonic() + timeout
-    delay = 0.02
-    for peer in peers:
-        others = {p.peer_id for p in peers if p is not peer}
-        while not others <= set(await peer.pubsub.peers(topic)):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"pubsub mesh on {topic!r} not formed after {timeout:.0f}s")
-            await asyncio.sleep(delay)  # no event exists for "a remote peer subscribed"
-            delay = min(delay * 2, 0.2)
+        closed.set()
+        await asyncio.gather(*announcers, return_exceptions=True)
+    return {p.peer_id: got for p, got in zip(peers, received, strict=True)}
 
 
 # --------------------------------------------------------------------------- one round
@@ -259,72 +258,59 @@ def local_delta(peer: Peer, weights: Array, data: DigitsData, options: Options) 
 
 
 async def plain_round(
-    peers: list[Peer],
-    deltas: dict[str, Array],
-    round_id: int,
-    strategy: AggregationStrategy,
-    codec: Codec | None,
-    options: Options,
-) -> tuple[dict[str, NDArray[np.float32]], dict[str, str], int]:
-    """Commit, announce, fetch and aggregate; return each peer's aggregate, the CIDs, bytes."""
-    samples = {p.peer_id: len(p.rows) for p in peers}
-    config = BackwardPassConfig(aggregation=strategy, timeout=options.timeout, max_peers=64)
-    accumulators = {
-        p.peer_id: DistributedGradientAccumulator(options.session, config, local_peer_id=p.peer_id)
-        for p in peers
-    }
-    cids: dict[str, str] = {}
-    own: dict[str, NDArray[np.float32]] = {}
-    nbytes = 0
-    for peer in peers:
-        values = deltas[peer.peer_id].astype(np.float32)
-        if codec is None or peer.feedback is None:
-            acc = accumulators[peer.peer_id]
-            cid = await acc.commit_local(values, peer.store, num_samples=samples[peer.peer_id])
-            nbytes += len((await peer.store.get(cid)).data)
-            own[peer.peer_id] = values
-        else:
-            block = Block.new(store_layer_as_arrow(peer.feedback.encode("delta", values)))
-            cid = await peer.store.put(block)
-            nbytes += len(block.data)
-            own[peer.peer_id] = load_gradient_from_arrow(block.data).reshape(-1)
-        cids[peer.peer_id] = str(cid)
-    await exchange(peers, round_id, cids, samples, options)
+    peers: list[Peer], deltas: dict[str, Array], round_id: int
+) -> tuple[dict[str, NDArray[np.float32]], dict[str, dict[str, str]], int]:
+    """Every peer runs the round with its ``RoundRunner``, all at once.
 
-    async def aggregate(peer: Peer) -> tuple[str, NDArray[np.float32]]:
-        announced = peer.inbox.pop(round_id)
-        acc = accumulators[peer.peer_id]
-        if codec is None:
-            for sender, ann in sorted(announced.items()):
-                await acc.add_peer_gradient(
-                    sender, ann.cid, peer.store, num_samples=ann.num_samples
-                )
-            return peer.peer_id, acc.aggregate()
-        inputs = {peer.peer_id: Contribution(own[peer.peer_id], samples[peer.peer_id])}
-        for sender, ann in sorted(announced.items()):
-            block = await peer.store.get(ann.cid, timeout=options.timeout)
-            inputs[sender] = Contribution(
-                load_gradient_from_arrow(block.data).reshape(-1), ann.num_samples
+    Returns each peer's aggregate, each peer's view of the contributions (peer ID → CID, its
+    own included) and the bytes committed.
+    """
+    tasks = [
+        asyncio.create_task(
+            p.runner.run_round(
+                round_id,
+                deltas[p.peer_id],
+                num_samples=len(p.rows),
+                expected_peers=[q.peer_id for q in peers if q is not p],
             )
-        return peer.peer_id, strategy.aggregate(inputs)
-
-    results = dict(await asyncio.gather(*(aggregate(p) for p in peers)))
-    return results, cids, nbytes
+        )
+        for p in peers
+    ]
+    # A runner stops re-publishing when its own round closes, which can be before a slower
+    # peer received its announcement (pubsub may lose one). Peers that are done keep announcing
+    # until every peer is done; receivers drop the repeats.
+    while not all(t.done() for t in tasks):
+        await asyncio.wait([t for t in tasks if not t.done()], timeout=0.5)
+        for peer, task in zip(peers, tasks, strict=True):
+            if task.done() and task.exception() is None and not all(t.done() for t in tasks):
+                await peer.gossip.broadcast_update(
+                    task.result().local_cid, round_id, num_samples=len(peer.rows), length=N_PARAMS
+                )
+    results = [t.result() for t in tasks]
+    aggregates: dict[str, NDArray[np.float32]] = {}
+    views: dict[str, dict[str, str]] = {}
+    nbytes = 0
+    for peer, result in zip(peers, results, strict=True):
+        if result.stats.missing_clients or result.failures:
+            raise TimeoutError(f"peer {peer.index} excluded peers: {result.failures}")
+        aggregates[peer.peer_id] = np.asarray(result.aggregate, dtype=np.float32)
+        views[peer.peer_id] = {
+            peer.peer_id: str(result.local_cid),
+            **{q: str(c) for q, c in result.contributors.items()},
+        }
+        nbytes += len((await peer.store.get(result.local_cid)).data)
+    return aggregates, views, nbytes
 
 
 async def secure_round(
     peers: list[Peer], deltas: dict[str, Array], round_id: int, options: Options
 ) -> tuple[dict[str, NDArray[np.float32]], int]:
     """SecAgg FedAvg: masked, sample-weighted deltas by CID; peer 0 unmasks only their sum."""
-    samples = {p.peer_id: len(p.rows) for p in peers}
-    total = sum(samples.values())
+    total = sum(len(p.rows) for p in peers)
     context = f"{options.session}/{round_id}".encode()
     threshold = len(peers) // 2 + 1
-    clients = {
-        p.peer_id: SecAggClient(p.peer_id, threshold, context=context, clip_range=8.0)
-        for p in peers
-    }
-    server = SecAggServer(threshold, context=context, clip_range=8.0)
+    clients = {p.peer_id: SecAggClient(p.peer_id, threshold, context=context) for p in peers}
+    server = SecAggServer(threshold, context=context)
     # Key agreement messages (public keys, encrypted Shamir shares) are passed in-process.
     roster = server.register(c.advertise_keys() for c in clients.values())
     routed = server.route_shares(m for c in clients.values() for m in c.share_keys(roster))
@@ -333,24 +319,23 @@ async def secure_round(
     cids: dict[str, str] = {}
     nbytes = 0
     for peer in peers:
-        weighted = deltas[peer.peer_id] * (samples[peer.peer_id] / total)
-        masked = clients[peer.peer_id].masked_input(weighted)
-        block = Block.new(masked.astype("<u4").tobytes())
+        weighted = deltas[peer.peer_id] * (len(peer.rows) / total)
+        block = Block.new(clients[peer.peer_id].masked_input(weighted).astype("<u4").tobytes())
         cids[peer.peer_id] = str(await peer.store.put(block))
         nbytes += len(block.data)
-    await exchange(peers, round_id, cids, samples, options)
     aggregator = peers[0]
-    announced = {a.peer_id: str(a.cid) for a in aggregator.inbox.pop(round_id).values()}
-    announced[aggregator.peer_id] = cids[aggregator.peer_id]
-    for sender, cid in sorted(announced.items()):
+    announced = (await exchange(peers, round_id, cids, options))[aggregator.peer_id]
+    masked_cids = {sender: str(a.cid) for sender, a in announced.items()}
+    masked_cids[aggregator.peer_id] = cids[aggregator.peer_id]
+    for sender, cid in sorted(masked_cids.items()):
         block = await aggregator.store.get(cid, timeout=options.timeout)
         server.receive_masked(sender, np.frombuffer(block.data, dtype="<u4").astype(np.uint32))
     survivors, dropped = server.unmask_request()
     total_delta = server.finalize(clients[v].unmask(survivors, dropped) for v in survivors)
     aggregate_cid = await put_gradient(aggregator.store, total_delta)
+    # The aggregate's CID reaches the other peers in-process; its bytes come over bitswap.
     results = {aggregator.peer_id: np.asarray(total_delta, dtype=np.float32)}
     for peer in peers[1:]:
-        peer.inbox.pop(round_id, None)
         fetched = await fetch_gradient(peer.store, aggregate_cid, timeout=options.timeout)
         results[peer.peer_id] = np.asarray(fetched, dtype=np.float32).reshape(-1)
     return results, nbytes
@@ -387,51 +372,29 @@ async def _run(options: Options, nodes: Sequence[Node], log: Callable[[str], Non
     codec = parse_codec(options.compress)
     data = load_data(options.peers, options.alpha, options.seed)
     centralized = train_centralized(data, options.rounds, options.local_steps, options.lr)
-    topic = session_topic(options.session)
-    peers: list[Peer] = []
-    for i, node in enumerate(nodes):
-        dp = None
-        if options.dp_noise is not None:
-            dp = DifferentialPrivacy(
-                options.dp_budget,
-                options.dp_delta,
-                options.dp_clip,
-                noise_multiplier=options.dp_noise,
-                rng=np.random.default_rng([options.seed, i]),
-            )
-        peers.append(
-            Peer(
-                i,
-                node,
-                data.parts[i],
-                KuboBlockStore(node.api_url, timeout=options.timeout),
-                KuboPubsub(node.api_url, timeout=options.timeout),
-                AnnouncementFilter(options.session, node.peer_id),
-                byzantine=i >= options.peers - options.byzantine,
-                feedback=ErrorFeedback(codec) if codec is not None else None,
-                dp=dp,
-            )
-        )
+    peers = [
+        make_peer(i, node, data.parts[i], strategy, codec, options) for i, node in enumerate(nodes)
+    ]
     result = Result(
         options, [], centralized, [p.peer_id for p in peers], [len(p.rows) for p in peers]
     )
-    listeners = [asyncio.create_task(p.listen(topic)) for p in peers]
     started = time.perf_counter()
     try:
-        await wait_for_mesh(peers, topic, options.timeout)
+        for p in peers:
+            await p.gossip.start(timeout=options.timeout)
+        for p in peers:
+            await p.gossip.wait_for_peers(len(peers) - 1, timeout=options.timeout)
         weights = {p.peer_id: np.zeros(N_FEATURES * N_CLASSES) for p in peers}
         previous: dict[str, str | None] = {p.peer_id: None for p in peers}
         honest = [p for p in peers if not p.byzantine]
         stamp = int(time.time() * 1000)
         for round_id in range(options.rounds):
             deltas = {p.peer_id: local_delta(p, weights[p.peer_id], data, options) for p in peers}
+            views: dict[str, dict[str, str]] = {}
             if options.secagg:
                 aggregates, nbytes = await secure_round(peers, deltas, round_id, options)
-                cids: dict[str, str] = {}
             else:
-                aggregates, cids, nbytes = await plain_round(
-                    peers, deltas, round_id, strategy, codec, options
-                )
+                aggregates, views, nbytes = await plain_round(peers, deltas, round_id)
             result.bytes_committed += nbytes
             for p in peers:
                 weights[p.peer_id] = weights[p.peer_id] + aggregates[p.peer_id]
@@ -440,9 +403,11 @@ async def _run(options: Options, nodes: Sequence[Node], log: Callable[[str], Non
                 np.array_equal(aggregates[p.peer_id], reference) for p in honest
             )
             record = ""
-            if cids and codec is None:
+            if views and codec is None:
+                reference_view = views[honest[0].peer_id]
+                result.consistent &= all(views[p.peer_id] == reference_view for p in honest)
                 record = await record_round(
-                    honest, cids, round_id, strategy, previous, stamp, result
+                    honest, reference_view, round_id, strategy, previous, stamp, result
                 )
             if peers[0].dp is not None:
                 result.epsilon = max(p.dp.spent()[0] for p in peers if p.dp is not None)
@@ -454,10 +419,8 @@ async def _run(options: Options, nodes: Sequence[Node], log: Callable[[str], Non
                 + (f"  record {record}" if record else "")
             )
     finally:
-        for task in listeners:
-            task.cancel()
-        await asyncio.gather(*listeners, return_exceptions=True)
         for p in peers:
+            await p.gossip.aclose()
             await p.pubsub.aclose()
             await p.store.aclose()
     result.seconds = time.perf_counter() - started
