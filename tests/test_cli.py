@@ -473,3 +473,21 @@ def test_watch_prints_announcements_and_drop_counts(
     assert f"round 2 peer {sender.peer_id} cid bafkrei" in out
     assert "samples 7 length 8" in out
     assert "dropped: malformed" in out
+
+
+@pytest.mark.kubo
+def test_aggregate_of_different_lengths_and_fetch_of_a_non_gradient(
+    kubo_node: KuboNode, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api = ["--api", kubo_node.api_url]
+    cids = []
+    for n in (4, 5):
+        code, out, _ = run_cli(capsys, *api, "commit", str(save(tmp_path / f"{n}.npy", np.ones(n))))
+        cids.append(out.strip())
+    code, _, err = run_cli(capsys, *api, "aggregate", *cids, "-o", str(tmp_path / "a.npy"))
+    assert code == 3  # the gradient family
+    assert "DimensionMismatch" in err
+    record = asyncio.run(_commit_rounds(kubo_node.api_url, 1))[0]  # a dag-cbor round record
+    code, _, err = run_cli(capsys, *api, "fetch", record, "-o", str(tmp_path / "r.npy"))
+    assert code == 4
+    assert "MalformedManifest" in err
