@@ -115,7 +115,8 @@ def node_start(node_dir: Path, timeout: float) -> int:
     if pid is not None and _is_kubo_daemon(pid):
         console.print(f"node already running: pid {pid}, api {_api_url(node_dir)}")
         return 0
-    binary = find_kubo_binary()
+    with err_console.status("locating Kubo (building it the first time takes minutes)…"):
+        binary = find_kubo_binary()
     repo = _repo(node_dir)
     repo.mkdir(parents=True, exist_ok=True)
     if not (repo / "config").exists():
