@@ -1,0 +1,310 @@
+"""Load: many peers as asyncio tasks over a few Kubo daemons, FedAvg rounds over pubsub.
+
+Run: ``python benchmarks/bench_load.py`` (32 peers, 4 daemons, 5 rounds of d = 1M) or
+``python benchmarks/bench_load.py --scaling`` (peers 8/16/32 at d = 1M, and d = 1M/4M at 8
+peers). Issue 8, scenario 6; ``tests/reliability/test_load.py`` runs a reduced version.
+
+Each round, every peer generates its gradient (seeded), commits it to its daemon with a
+``StreamingAccumulator`` (chunked DAG, pinned), and announces the CID on the session topic (an
+:class:`~gradfed_ipfs.pubsub.Announcement`, re-published every second until the round ends, as
+``RoundRunner`` does). One subscription per daemon fans the announcements out to that daemon's
+peers. Each peer fetches every other peer's gradient through its own daemon (bitswap moves the
+blocks between daemons), folds it in as the chunks arrive, and finalizes; its aggregate is
+compared with a float64 reference.
+
+Simulated peers share their daemon's pubsub identity, so the receiver's per-peer checks of
+``AnnouncementFilter`` (``from`` must equal the announced peer ID) are replaced here by: the
+``from`` must be the daemon that hosts the announced peer.
+
+Printed: per-peer round latency p50/p95 and the round wall time (the slowest peer), bytes moved
+(RPC ``block/get`` bytes fetched by the peers, and bitswap bytes between daemons), peak RSS of
+this process and of the largest daemon, and the largest deviation from the reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+import numpy as np
+
+from gradfed_ipfs.backward_pass import BackwardPassConfig
+from gradfed_ipfs.blockstore import KuboBlockStore
+from gradfed_ipfs.errors import DecodeError
+from gradfed_ipfs.federated.streaming import StreamingAccumulator
+from gradfed_ipfs.pubsub import Announcement, KuboPubsub, session_topic
+from gradfed_ipfs.tensor.aggregation import FedAvg
+
+
+class Node(Protocol):
+    api_url: str
+    peer_id: str
+
+
+@dataclass
+class LoadResult:
+    """Measurements of one load run."""
+
+    peers: int
+    daemons: int
+    d: int
+    rounds: int
+    peer_latencies: list[float] = field(default_factory=list)
+    round_seconds: list[float] = field(default_factory=list)
+    rpc_bytes: int = 0
+    bitswap_bytes: int = 0
+    peak_rss_self: int = 0
+    peak_rss_daemon: int = 0
+    max_error: float = 0.0
+
+    def p(self, q: float) -> float:
+        """Quantile ``q`` of the per-peer round latencies (seconds)."""
+        return float(np.quantile(self.peer_latencies, q))
+
+    def summary(self) -> str:
+        return (
+            f"peers={self.peers:>3} daemons={self.daemons} d={self.d:>9,} rounds={self.rounds}  "
+            f"latency p50={self.p(0.5):6.2f}s p95={self.p(0.95):6.2f}s "
+            f"round(max)={max(self.round_seconds):6.2f}s  "
+            f"rpc={self.rpc_bytes / 1e6:8.1f} MB bitswap={self.bitswap_bytes / 1e6:7.1f} MB  "
+            f"rss self={self.peak_rss_self / 1e6:6.0f} MB "
+            f"daemon={self.peak_rss_daemon / 1e6:5.0f} MB"
+            f"  max|err|={self.max_error:.2e}"
+        )
+
+
+def gradient(seed: int, round_id: int, peer: int, d: int) -> np.ndarray:
+    return np.random.default_rng([seed, round_id, peer]).standard_normal(d, dtype=np.float32)
+
+
+def samples_of(peer: int) -> int:
+    return 10 + peer
+
+
+def _bitswap_bytes(node: Node) -> int:
+    answer = httpx.post(f"{node.api_url}/api/v0/bitswap/stat", timeout=30).json()
+    return int(answer.get("DataReceived", 0))
+
+
+def _daemon_hwm(node: Any) -> int:
+    pid = getattr(node, "pid", None)
+    if pid is None:
+        return 0
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+async def run_load(
+    nodes: list[Any],
+    *,
+    peers: int,
+    rounds: int,
+    d: int,
+    session: str,
+    seed: int = 0,
+    fetch_concurrency: int = 4,
+    timeout: float = 600.0,
+) -> LoadResult:
+    """Run ``rounds`` FedAvg rounds of ``peers`` simulated peers spread over ``nodes``."""
+    result = LoadResult(peers, len(nodes), d, rounds)
+    topic = session_topic(session)
+    host = [i % len(nodes) for i in range(peers)]
+    names = [f"peer-{i:03d}" for i in range(peers)]
+    stores = [KuboBlockStore(n.api_url, timeout=timeout) for n in nodes]
+    pubsubs = [KuboPubsub(n.api_url) for n in nodes]
+    queues: list[asyncio.Queue[Announcement]] = [asyncio.Queue() for _ in range(peers)]
+    bitswap_before = sum(
+        await asyncio.gather(*(asyncio.to_thread(_bitswap_bytes, n) for n in nodes))
+    )
+
+    async def fan_out(k: int) -> None:
+        async for message in pubsubs[k].subscribe(topic):
+            try:
+                announcement = Announcement.decode(message.data)
+            except DecodeError:
+                continue
+            if announcement.peer_id not in names:
+                continue
+            if message.from_peer != nodes[host[names.index(announcement.peer_id)]].peer_id:
+                continue  # announced peer not hosted by the sending daemon: forged
+            for i in range(peers):
+                if host[i] == k:
+                    queues[i].put_nowait(announcement)
+
+    cluster = _Cluster(
+        nodes,
+        stores,
+        pubsubs,
+        queues,
+        names,
+        host,
+        session,
+        topic,
+        d,
+        seed,
+        timeout,
+        fetch_concurrency,
+    )
+    readers = [asyncio.create_task(fan_out(k)) for k in range(len(nodes))]
+    try:
+        for k, pubsub in enumerate(pubsubs):
+            deadline = time.monotonic() + 30
+            while topic not in await pubsub.topics():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"subscription on daemon {k} did not open")
+                await asyncio.sleep(0.05)  # polling against a deadline
+        for round_id in range(rounds):
+            reference = np.zeros(d, dtype=np.float64)
+            for i in range(peers):
+                reference += samples_of(i) * gradient(seed, round_id, i, d).astype(np.float64)
+            reference /= sum(samples_of(i) for i in range(peers))
+            seconds, outcomes = await _round(cluster, round_id)
+            result.round_seconds.append(seconds)
+            for latency, aggregate in outcomes:
+                result.peer_latencies.append(latency)
+                result.max_error = max(
+                    result.max_error, float(np.max(np.abs(aggregate - reference)))
+                )
+            for queue in queues:  # re-publications of this round still queued
+                while not queue.empty():
+                    queue.get_nowait()
+    finally:
+        for reader in readers:
+            reader.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+        for closable in [*stores, *pubsubs]:
+            await closable.aclose()
+    bitswap_after = sum(
+        await asyncio.gather(*(asyncio.to_thread(_bitswap_bytes, n) for n in nodes))
+    )
+    result.bitswap_bytes = bitswap_after - bitswap_before
+    result.rpc_bytes = cluster.fetched
+    result.peak_rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    result.peak_rss_daemon = max(_daemon_hwm(n) for n in nodes)
+    return result
+
+
+@dataclass
+class _Cluster:
+    """What every round of one load run shares."""
+
+    nodes: list[Any]
+    stores: list[KuboBlockStore]
+    pubsubs: list[KuboPubsub]
+    queues: list[asyncio.Queue[Announcement]]
+    names: list[str]
+    host: list[int]
+    session: str
+    topic: str
+    d: int
+    seed: int
+    timeout: float
+    fetch_concurrency: int
+    fetched: int = 0
+
+
+async def _round(c: _Cluster, round_id: int) -> tuple[float, list[tuple[float, np.ndarray]]]:
+    """One round on every peer; return its wall time and each peer's (latency, aggregate)."""
+    peers, d, seed, timeout, session, topic = (
+        len(c.names),
+        c.d,
+        c.seed,
+        c.timeout,
+        c.session,
+        c.topic,
+    )
+    stores, pubsubs, queues, names, host = c.stores, c.pubsubs, c.queues, c.names, c.host
+    fetch_concurrency = c.fetch_concurrency
+    everyone_done = asyncio.Event()
+    announcers: list[asyncio.Task[None]] = []
+    started = time.monotonic()
+
+    async def peer(i: int) -> tuple[float, np.ndarray]:
+        store = stores[host[i]]
+        accumulator = StreamingAccumulator(
+            session,
+            BackwardPassConfig(aggregation=FedAvg(), max_peers=peers, timeout=timeout),
+            local_peer_id=names[i],
+        )
+        cid = await accumulator.commit_local(
+            gradient(seed, round_id, i, d), store, num_samples=samples_of(i)
+        )
+        mine = Announcement.new(
+            session, round_id, names[i], cid, num_samples=samples_of(i), length=d
+        ).encode()
+
+        async def announce() -> None:
+            while not everyone_done.is_set():
+                with contextlib.suppress(Exception):
+                    await pubsubs[host[i]].publish(topic, mine)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(everyone_done.wait(), 1.0)
+
+        announcers.append(asyncio.create_task(announce()))
+        seen: set[str] = set()
+        pending: set[asyncio.Task[None]] = set()
+        limit = asyncio.Semaphore(fetch_concurrency)
+
+        async def fold(found: Announcement) -> None:
+            async with limit:
+                await accumulator.add_peer_gradient(
+                    found.peer_id, found.cid, store, num_samples=found.num_samples
+                )
+                c.fetched += 4 * d
+
+        try:
+            while len(seen) < peers - 1:
+                found = await asyncio.wait_for(queues[i].get(), timeout)
+                if found.round != round_id or found.peer_id in (names[i], *seen):
+                    continue
+                seen.add(found.peer_id)
+                pending.add(asyncio.create_task(fold(found)))
+            await asyncio.gather(*pending)
+            aggregate = accumulator.finalize()
+        finally:
+            for task in pending:
+                task.cancel()
+        return time.monotonic() - started, aggregate
+
+    try:
+        outcomes = await asyncio.gather(*(peer(i) for i in range(peers)))
+    finally:
+        everyone_done.set()
+        await asyncio.gather(*announcers, return_exceptions=True)
+    return time.monotonic() - started, outcomes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peers", type=int, default=32)
+    parser.add_argument("--daemons", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--d", type=int, default=1_000_000)
+    parser.add_argument("--scaling", action="store_true", help="peers 8/16/32, d 1M/4M")
+    args = parser.parse_args()
+    from gradfed_ipfs.kubo import KuboSwarm
+
+    runs = [(args.peers, args.d, args.rounds)]
+    if args.scaling:
+        runs = [(8, 1_000_000, 2), (16, 1_000_000, 2), (32, 1_000_000, 2), (8, 4_000_000, 2)]
+    with KuboSwarm(args.daemons) as swarm:
+        for n, (peers, d, rounds) in enumerate(runs):
+            result = asyncio.run(
+                run_load(list(swarm), peers=peers, rounds=rounds, d=d, session=f"load-{n}")
+            )
+            print(result.summary(), flush=True)
+            assert result.max_error < 1e-4, result.max_error
+
+
+if __name__ == "__main__":
+    main()
