@@ -182,8 +182,10 @@ async def run_load(
         for reader in readers:
             reader.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
-        for closable in [*stores, *pubsubs]:
-            await closable.aclose()
+        for store in stores:
+            await store.aclose()
+        for pubsub in pubsubs:
+            await pubsub.aclose()
     bitswap_after = sum(
         await asyncio.gather(*(asyncio.to_thread(_bitswap_bytes, n) for n in nodes))
     )

@@ -564,3 +564,18 @@ def test_fuzzed_round_record_contribution_without_weight_is_malformed() -> None:
     del record["contributions"][0]["weight"]
     with pytest.raises(MalformedManifest, match="bad contribution"):
         _read_round_record(bytes(dag_cbor.encode(record)))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=RecursionError,
+    reason="bug in pubsub.py (not ours to edit): Announcement.decode catches only ValueError "
+    "and UnicodeDecodeError from json.loads, and deeply nested JSON under the 64 KiB cap "
+    "raises RecursionError (AnnouncementFilter.accept then counts it as 'error')",
+)
+@pytest.mark.parametrize("opener", [b"[", b'{"a":'])
+def test_fuzzed_announcement_deeply_nested_json_is_malformed(opener: bytes) -> None:
+    data = opener * (60_000 // len(opener))
+    assert len(data) <= MAX_MESSAGE_BYTES
+    with pytest.raises(GradfedError):
+        Announcement.decode(data)
