@@ -14,8 +14,8 @@ and B (fetcher), and in one run, on those daemons, measures:
 
    Both sides keep 8 chunks in flight (ours: ``concurrency=8``; bare: ``asyncio.gather`` under a
    semaphore of 8) so the ratio measures our overhead. Every measurement uses fresh seeded data
-   (Kubo would otherwise answer from blocks it already holds); sizes under 20M floats take the
-   best of several repetitions, since a few chunks take only tens of milliseconds.
+   (Kubo would otherwise answer from blocks it already holds). Each number is the best of at
+   least two repetitions (five for 1M floats): two daemons and this process share the CPUs.
 
 2. **Peak memory** of aggregating N = 16 peers at d = 10M (FedAvg) from daemon A: the holding
    accumulator (every peer's gradient in ``peer_gradients``) vs the streaming one (one running
@@ -161,7 +161,7 @@ async def throughput(a_url: str, b_url: str, sizes: list[int]) -> list[str]:
         for n in sizes:
             megabytes = 4 * n / 1e6
             label = f"{n // 1_000_000}M"
-            repeats = max(1, min(5, 20_000_000 // n))  # best of several for the small sizes
+            repeats = max(2, min(5, 20_000_000 // n))  # best of several: loopback is noisy
             times: dict[str, float] = {}
             for repeat in range(repeats):
                 seed = 10 * (n // 1000) + 3 * repeat
