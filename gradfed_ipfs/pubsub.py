@@ -340,7 +340,7 @@ class KuboPubsub:
             if not isinstance(item, dict):
                 raise DecodeError("not an object")
             return parse_sub_line(item)
-        except (ValueError, DecodeError) as exc:
+        except (ValueError, DecodeError, RecursionError) as exc:  # never end the stream
             self.bad_lines += 1
             logger.debug("skipping bad pubsub line %r: %s", line[:80], exc)
             return None

@@ -173,7 +173,8 @@ async def test_subscription_reconnects_when_the_stream_breaks() -> None:
         opened += 1
         if opened == 2:
             raise httpx.ConnectError("daemon restarting", request=request)
-        body = b"garbage line\n" + line(opened) if opened == 1 else line(opened)
+        garbage = b"garbage line\n" + b"[" * 100_000 + b"\n"  # not JSON; too deep for json
+        body = garbage + line(opened) if opened == 1 else line(opened)
         return httpx.Response(200, content=body)
 
     client = KuboPubsub(
@@ -184,7 +185,7 @@ async def test_subscription_reconnects_when_the_stream_breaks() -> None:
     second = await anext(stream)  # the first stream ended, the second open failed, third works
     assert first.from_peer == second.from_peer == "peer"
     assert client.reconnects == 2
-    assert client.bad_lines == 1
+    assert client.bad_lines == 2
     await stream.aclose()  # type: ignore[attr-defined]
     await client.aclose()
 
