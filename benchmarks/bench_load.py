@@ -302,7 +302,7 @@ def main() -> None:
     with KuboSwarm(args.daemons) as swarm:
         for n, (peers, d, rounds) in enumerate(runs):
             result = asyncio.run(
-                run_load(list(swarm), peers=peers, rounds=rounds, d=d, session=f"load-{n}")
+                run_load(list(swarm), peers=peers, rounds=rounds, d=d, session=f"load-{n}", seed=n)
             )
             print(result.summary(), flush=True)
             assert result.max_error < 1e-4, result.max_error
