@@ -51,6 +51,11 @@ from .coordination import (
     GradientContribution,
     PassCoordinator,
 )
+from .dag import (
+    ChunkManifest,
+    fetch_gradient,
+    put_gradient,
+)
 from .errors import (
     ArrowBlockError,
     ArrowBlockShapeMismatch,
@@ -117,6 +122,9 @@ from .federated.convergence import (
     ConvergenceConfig,
     ConvergenceDetector,
 )
+from .federated.gossip import (
+    GossipModelSync,
+)
 from .federated.privacy import (
     AccountingMode,
     Calibration,
@@ -128,10 +136,18 @@ from .federated.rounds import (
     ModelUpdate,
     RoundStats,
 )
+from .federated.runner import (
+    RoundConfig,
+    RoundResult,
+    RoundRunner,
+)
 from .federated.secure_aggregation import (
     SecAggClient,
     SecAggServer,
     SecureAggregation,
+)
+from .federated.streaming import (
+    StreamingAccumulator,
 )
 from .federated.sync import (
     ModelSyncProtocol,
@@ -142,6 +158,14 @@ from .garw import (
 from .kubo import (
     KuboDaemon,
     KuboSwarm,
+)
+from .pubsub import (
+    Announcement,
+    AnnouncementFilter,
+    KuboPubsub,
+    MemoryPubsub,
+    MemoryPubsubBus,
+    session_topic,
 )
 from .round_record import (
     RoundRecord,
@@ -193,6 +217,8 @@ __all__ = [
     "AccountingMode",
     "AggregationMethod",
     "AggregationStrategy",
+    "Announcement",
+    "AnnouncementFilter",
     "ArrowBlockError",
     "ArrowBlockShapeMismatch",
     "BackwardPassConfig",
@@ -210,6 +236,7 @@ __all__ = [
     "BySize",
     "Calibration",
     "ChecksumFailed",
+    "ChunkManifest",
     "CircularDependency",
     "ClientInfo",
     "ClientNotFound",
@@ -241,6 +268,8 @@ __all__ = [
     "FederatedDimensionMismatch",
     "FederatedError",
     "FederatedRound",
+    "fetch_gradient",
+    "GossipModelSync",
     "GradfedError",
     "GradientAggregator",
     "GradientArrowBlock",
@@ -265,6 +294,7 @@ __all__ = [
     "KuboDaemon",
     "KuboError",
     "KuboNotInstalled",
+    "KuboPubsub",
     "KuboStartError",
     "KuboSwarm",
     "LayerGradient",
@@ -278,6 +308,8 @@ __all__ = [
     "Mean",
     "Median",
     "MemoryBlockStore",
+    "MemoryPubsub",
+    "MemoryPubsubBus",
     "ModelSyncProtocol",
     "ModelUpdate",
     "MultiKrum",
@@ -296,16 +328,21 @@ __all__ = [
     "PubsubError",
     "PubsubRequestError",
     "PubsubUnavailable",
+    "put_gradient",
     "QuantizedGradient",
     "RandomK",
     "RdpPrivacyAccountant",
+    "RoundConfig",
     "RoundRecord",
+    "RoundResult",
+    "RoundRunner",
     "RoundStats",
     "RoundVerification",
     "SecAggClient",
     "SecAggServer",
     "SecureAggregation",
     "SecureAggregationError",
+    "session_topic",
     "ShapeMismatch",
     "SparseGradient",
     "StepCoordinator",
@@ -313,6 +350,7 @@ __all__ = [
     "store_layer_as_arrow",
     "StoreRequestError",
     "StoreUnavailable",
+    "StreamingAccumulator",
     "Sum",
     "TensorDtype",
     "TensorMetadata",
