@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+import time
 import tracemalloc
 from collections.abc import Callable
 from typing import Any
@@ -58,6 +59,9 @@ FUZZ = settings(
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+
+SLOW_DECODE = 5.0
+"""Seconds any one decode may take (inputs are at most a few KiB; a normal decode is <1 ms)."""
 
 MAX_ELEMENTS = 1 << 16
 """Cap on decoded elements given to the Arrow loader: bounds what a sparse/quantized block may
@@ -246,12 +250,17 @@ def _deep_copy(value: Any) -> Any:
 def decodes_or_gradfed_error(decode: Callable[[bytes], Any], data: bytes) -> Any:
     """Return ``decode(data)``, or ``None`` when it raised a ``GradfedError``.
 
-    Any other exception fails the test with its type (pytest shows the input).
+    Any other exception fails the test with its type (pytest shows the input), and so does a
+    decode slower than :data:`SLOW_DECODE` seconds (a near-hang on a crafted input).
     """
+    started = time.perf_counter()
     try:
         return decode(data)
     except GradfedError:
         return None
+    finally:
+        elapsed = time.perf_counter() - started
+        assert elapsed < SLOW_DECODE, f"decoding {len(data)} bytes took {elapsed:.1f}s"
 
 
 # --------------------------------------------------------------------------- Arrow loader
