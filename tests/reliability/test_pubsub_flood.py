@@ -41,7 +41,7 @@ pytestmark = pytest.mark.kubo
 
 ROUND = 1_000_000
 WINDOW = 128
-MAX_SEEN = 256
+MAX_SEEN = 64  # below the distinct (peer, round) pairs of even the CI flood
 
 # kind -> the reason it must end up counted under
 KINDS = {
@@ -223,7 +223,7 @@ async def test_pubsub_flood_every_message_dropped_and_counted(kubo_swarm3) -> No
     np.testing.assert_array_equal(accumulator.peer_gradients[node_b.peer_id], honest_gradient)
     assert accumulator.is_ready(1)
     # Memory stays bounded: the de-duplication state is at its cap.
-    assert len(receiver.filter._seen) <= MAX_SEEN
+    assert len(receiver.filter._seen) == MAX_SEEN
 
 
 def _arrow(values: np.ndarray) -> bytes:
