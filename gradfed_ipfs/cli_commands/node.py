@@ -24,7 +24,7 @@ from rich.table import Table
 
 from ..errors import KuboStartError
 from ..kubo.binary import find_kubo_binary
-from ..kubo.daemon import _LOOPBACK_CONFIG, multiaddr_to_url
+from ..kubo.daemon import LOOPBACK_CONFIG, multiaddr_to_url
 from .common import console, default_node_dir, err_console
 
 __all__ = ["add_node_parser", "running_node_api"]
@@ -122,7 +122,7 @@ def node_start(node_dir: Path, timeout: float) -> int:
     if not (repo / "config").exists():
         with err_console.status("initialising the Kubo repo…"):
             _ipfs(binary, repo, "init", "--profile=test")
-    for key, value in _LOOPBACK_CONFIG:
+    for key, value in LOOPBACK_CONFIG:
         _ipfs(binary, repo, "config", "--json", key, value)
     with contextlib.suppress(FileNotFoundError):
         (repo / "api").unlink()  # a stale file from a killed daemon would point at a dead port

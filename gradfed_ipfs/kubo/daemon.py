@@ -31,12 +31,13 @@ import httpx
 from ..errors import KuboStartError
 from .binary import find_kubo_binary
 
-__all__ = ["KuboDaemon", "KuboSwarm", "live_daemon_pids", "multiaddr_to_url"]
+__all__ = ["LOOPBACK_CONFIG", "KuboDaemon", "KuboSwarm", "live_daemon_pids", "multiaddr_to_url"]
 
 logger = logging.getLogger("gradfed_ipfs.kubo")
 
-_LOOPBACK_CONFIG: Final[list[tuple[str, str]]] = [
-    # (key, JSON value): pinned again after `init --profile=test` so a reused repo stays local.
+LOOPBACK_CONFIG: Final[list[tuple[str, str]]] = [
+    # (key, JSON value): applied after `init --profile=test` at every start, so a reused repo
+    # stays loopback-only, routing-free and pubsub-enabled. Public: the CLI node uses it too.
     ("Addresses.API", '"/ip4/127.0.0.1/tcp/0"'),
     ("Addresses.Gateway", '"/ip4/127.0.0.1/tcp/0"'),
     ("Addresses.Swarm", '["/ip4/127.0.0.1/tcp/0"]'),
@@ -164,7 +165,7 @@ class KuboDaemon(_StartStop):
         self.repo.mkdir(parents=True, exist_ok=True)
         if not (self.repo / "config").exists():
             self._ipfs("init", "--profile=test")
-        for key, value in [*_LOOPBACK_CONFIG, *self.extra_config]:
+        for key, value in [*LOOPBACK_CONFIG, *self.extra_config]:
             self._ipfs("config", "--json", key, value)
         # A SIGKILLed daemon leaves its `api` file behind; a stale one would point us at a
         # dead port, so readiness only trusts a file written by this start.
