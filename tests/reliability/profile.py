@@ -10,6 +10,7 @@ What                       CI profile  full profile
 fuzz examples per decoder  500         10,000
 corruptions at rest        100         1,000
 pubsub flood messages      1,000       10,000
+SIGKILL/restart cycles     2           10
 =========================  ==========  ===========
 """
 
@@ -22,3 +23,4 @@ FULL = os.environ.get("GRADFED_RELIABILITY", "ci").strip().lower() == "full"
 FUZZ_EXAMPLES = int(os.environ.get("GRADFED_FUZZ_EXAMPLES", "10000" if FULL else "500"))
 CORRUPTIONS = 1000 if FULL else 100
 FLOOD_MESSAGES = 10_000 if FULL else 1000
+CRASH_CYCLES = 10 if FULL else 2

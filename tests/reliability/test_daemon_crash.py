@@ -26,6 +26,8 @@ from gradfed_ipfs.federated.accumulator import DistributedGradientAccumulator
 from gradfed_ipfs.kubo import KuboDaemon
 from tests.polling import apoll_until
 
+from .profile import CRASH_CYCLES
+
 pytestmark = pytest.mark.kubo
 
 CHUNK = 65_536  # smallest chunk: a 100k-float gradient becomes a DAG of 7 chunks
@@ -68,52 +70,60 @@ async def expected_cid(gradient: np.ndarray) -> object:
 async def test_peer_killed_while_others_fetch_restarts_and_round_completes(
     kubo_binary: Path,
 ) -> None:
-    gradient = np.random.default_rng(81).standard_normal(100_000).astype(np.float32)
+    roots = []
     with daemons(kubo_binary, 3) as (owner, fetcher_a, fetcher_b):
-        fetcher_a.connect(owner)
-        fetcher_b.connect(owner)
-        async with KuboBlockStore(owner.api_url, timeout=10.0) as owner_store:
-            root = await put_gradient(owner_store, gradient, chunk_bytes=CHUNK)
-        api_before = owner.api_url
-        owner.kill()  # SIGKILL by PID: no clean shutdown, no flush
-        assert not owner.is_running()
-
-        config = BackwardPassConfig(timeout=60.0)
-        stores = [KuboBlockStore(f.api_url, timeout=60.0) for f in (fetcher_a, fetcher_b)]
-        accumulators = [DistributedGradientAccumulator("crash", config) for _ in stores]
-        try:
-            fetches = [
-                asyncio.create_task(acc.add_peer_gradient("owner", root, store))
-                for acc, store in zip(accumulators, stores, strict=True)
-            ]
-
-            async def both_want_the_root() -> bool:
-                wants = [
-                    await asyncio.to_thread(f.rpc, "bitswap/wantlist")
-                    for f in (fetcher_a, fetcher_b)
-                ]
-                return all(str(root) in str(w) for w in wants)
-
-            # The fetches are in flight (the root is on both wantlists) while the owner is dead.
-            await apoll_until(both_want_the_root, timeout=20, what="root on both wantlists")
-            assert not any(task.done() for task in fetches)
-
-            await asyncio.to_thread(owner.start)  # same repo, same ports
-            assert owner.api_url == api_before
-            for fetcher in (fetcher_a, fetcher_b):
-                await asyncio.to_thread(fetcher.connect, owner)
-            await asyncio.wait_for(asyncio.gather(*fetches), timeout=60)
-        finally:
-            for store in stores:
-                await store.aclose()
-
-        for accumulator in accumulators:
-            np.testing.assert_array_equal(accumulator.peer_gradients["owner"], gradient)
-            assert accumulator.peer_cids["owner"] == root
-        # The owner's pinned DAG survived the SIGKILL.
+        for cycle in range(CRASH_CYCLES):
+            gradient = np.random.default_rng([81, cycle]).standard_normal(100_000)
+            roots.append(await _kill_owner_mid_fetch(owner, [fetcher_a, fetcher_b], gradient))
+        # Every pinned DAG survived every SIGKILL.
         async with KuboBlockStore(owner.api_url, timeout=5.0) as owner_store:
-            assert await owner_store.is_pinned(root)
-            assert await owner_store.has(root)
+            for root in roots:
+                assert await owner_store.is_pinned(root)
+                assert await owner_store.has(root)
+
+
+async def _kill_owner_mid_fetch(
+    owner: KuboDaemon, fetchers: list[KuboDaemon], gradient: np.ndarray
+) -> object:
+    gradient = gradient.astype(np.float32)
+    for fetcher in fetchers:
+        fetcher.connect(owner)
+    async with KuboBlockStore(owner.api_url, timeout=10.0) as owner_store:
+        root = await put_gradient(owner_store, gradient, chunk_bytes=CHUNK)
+    api_before = owner.api_url
+    owner.kill()  # SIGKILL by PID: no clean shutdown, no flush
+    assert not owner.is_running()
+
+    config = BackwardPassConfig(timeout=60.0)
+    stores = [KuboBlockStore(f.api_url, timeout=60.0) for f in fetchers]
+    accumulators = [DistributedGradientAccumulator("crash", config) for _ in stores]
+    try:
+        fetches = [
+            asyncio.create_task(acc.add_peer_gradient("owner", root, store))
+            for acc, store in zip(accumulators, stores, strict=True)
+        ]
+
+        async def all_want_the_root() -> bool:
+            wants = [await asyncio.to_thread(f.rpc, "bitswap/wantlist") for f in fetchers]
+            return all(str(root) in str(w) for w in wants)
+
+        # The fetches are in flight (the root is on every wantlist) while the owner is dead.
+        await apoll_until(all_want_the_root, timeout=20, what="root on the wantlists")
+        assert not any(task.done() for task in fetches)
+
+        await asyncio.to_thread(owner.start)  # same repo, same ports
+        assert owner.api_url == api_before
+        for fetcher in fetchers:
+            await asyncio.to_thread(fetcher.connect, owner)
+        await asyncio.wait_for(asyncio.gather(*fetches), timeout=60)
+    finally:
+        for store in stores:
+            await store.aclose()
+
+    for accumulator in accumulators:
+        np.testing.assert_array_equal(accumulator.peer_gradients["owner"], gradient)
+        assert accumulator.peer_cids["owner"] == root
+    return root
 
 
 class ConnectFailureCounter(httpx.AsyncBaseTransport):
@@ -137,29 +147,34 @@ class ConnectFailureCounter(httpx.AsyncBaseTransport):
 async def test_get_from_killed_daemon_retries_with_backoff_until_restart(
     kubo_binary: Path,
 ) -> None:
-    gradient = np.random.default_rng(82).standard_normal(4096).astype(np.float32)
     with daemons(kubo_binary, 1) as (owner,):
-        transport = ConnectFailureCounter()
-        # 12 retries from 50 ms, doubling: up to ~200 s of patience, far more than a restart.
-        async with KuboBlockStore(
-            owner.api_url, timeout=10.0, retries=12, backoff=0.05, transport=transport
-        ) as store:
-            cid = await put_gradient(store, gradient)
-            owner.kill()
-            fetch = asyncio.create_task(store.get(cid))
+        for cycle in range(CRASH_CYCLES):
+            gradient = np.random.default_rng([82, cycle]).standard_normal(4096)
+            await _kill_and_fetch_through_retries(owner, gradient.astype(np.float32))
 
-            async def refused() -> bool:
-                return transport.refused >= 2
 
-            await apoll_until(refused, timeout=20, what="the fetch retrying")
-            await asyncio.to_thread(owner.start)
-            block = await asyncio.wait_for(fetch, timeout=60)
-            assert block.cid == cid
-            assert await store.is_pinned(cid)
-        accumulator = DistributedGradientAccumulator("retry")
-        async with KuboBlockStore(owner.api_url, timeout=10.0) as store:
-            await accumulator.add_peer_gradient("owner", cid, store)
-        np.testing.assert_array_equal(accumulator.peer_gradients["owner"], gradient)
+async def _kill_and_fetch_through_retries(owner: KuboDaemon, gradient: np.ndarray) -> None:
+    transport = ConnectFailureCounter()
+    # 12 retries from 50 ms, doubling: up to ~200 s of patience, far more than a restart.
+    async with KuboBlockStore(
+        owner.api_url, timeout=10.0, retries=12, backoff=0.05, transport=transport
+    ) as store:
+        cid = await put_gradient(store, gradient)
+        owner.kill()
+        fetch = asyncio.create_task(store.get(cid))
+
+        async def refused() -> bool:
+            return transport.refused >= 2
+
+        await apoll_until(refused, timeout=20, what="the fetch retrying")
+        await asyncio.to_thread(owner.start)
+        block = await asyncio.wait_for(fetch, timeout=60)
+        assert block.cid == cid
+        assert await store.is_pinned(cid)
+    accumulator = DistributedGradientAccumulator("retry")
+    async with KuboBlockStore(owner.api_url, timeout=10.0) as store:
+        await accumulator.add_peer_gradient("owner", cid, store)
+    np.testing.assert_array_equal(accumulator.peer_gradients["owner"], gradient)
 
 
 class KillOnPut(httpx.AsyncBaseTransport):
