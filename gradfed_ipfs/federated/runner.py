@@ -166,6 +166,48 @@ class RoundRunner:
         self.gossip = gossip
         self.config = config if config is not None else RoundConfig()
         self._factory = accumulator_factory or self._default_accumulator
+        # Announcements for rounds this node has not reached yet (peer → announcement per
+        # round). A node one round behind would otherwise discard them, and their
+        # re-publications as duplicates, and miss those peers for a whole round.
+        self._deferred: dict[int, dict[str, Announcement]] = {}
+        self._deferred_count = 0
+        # The previous round's announcer keeps re-publishing after this node closed the round,
+        # until the next round starts: slower peers that lost the first copies still learn it.
+        self._lingering: asyncio.Task[int] | None = None
+
+    MAX_DEFERRED = 4096
+    """Most future-round announcements held (later ones are dropped as ``deferred_overflow``)."""
+
+    def defer(self, announcement: Announcement) -> None:
+        """Hold an announcement for a future round until :meth:`run_round` reaches it."""
+        held = self._deferred.setdefault(announcement.round, {})
+        if announcement.peer_id in held:
+            return
+        if self._deferred_count >= self.MAX_DEFERRED:
+            self.gossip.drops["deferred_overflow"] += 1
+            return
+        held[announcement.peer_id] = announcement
+        self._deferred_count += 1
+
+    def _take_deferred(self, round_id: int) -> list[Announcement]:
+        """Return the held announcements of ``round_id``; forget those of earlier rounds."""
+        for old in [r for r in self._deferred if r < round_id]:
+            self.gossip.drops["other_round"] += len(self._deferred[old])
+            self._deferred_count -= len(self._deferred.pop(old))
+        taken = list(self._deferred.pop(round_id, {}).values())
+        self._deferred_count -= len(taken)
+        return taken
+
+    async def aclose(self) -> None:
+        """Stop re-publishing the last round's announcement."""
+        await self._stop_lingering()
+
+    async def _stop_lingering(self) -> None:
+        task, self._lingering = self._lingering, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     def _default_accumulator(self) -> GradientAccumulator:
         return DistributedGradientAccumulator(
@@ -202,6 +244,7 @@ class RoundRunner:
         """
         cfg = self.config
         started = time.monotonic()
+        await self._stop_lingering()
         values = as_float32_vector(gradient)
         accumulator = self._factory()
         await self.gossip.start()
@@ -217,16 +260,24 @@ class RoundRunner:
             )
         )
         state = _RoundState(round_id, int(values.size), accumulator, self)
+        for early in self._take_deferred(round_id):
+            state.start_fetch(early)
         try:
             await state.collect(time.monotonic() + cfg.collect_timeout)
             # A streaming accumulator finalizes in place (no second d-array); it is not reused.
             finish = getattr(accumulator, "finalize", None) or accumulator.aggregate
             aggregate: FloatArray = finish()
-        finally:
+        except BaseException:
             closed.set()
+            raise
+        finally:
             for task in state.fetches.values():
                 task.cancel()
-            await asyncio.gather(announcer, *state.fetches.values(), return_exceptions=True)
+            await asyncio.gather(*state.fetches.values(), return_exceptions=True)
+            if closed.is_set():
+                await asyncio.gather(announcer, return_exceptions=True)
+            else:
+                self._lingering = announcer  # bounded by max_republish; stopped by next round
         never_announced = set(expected_peers or []) - set(state.announced)
         stats = RoundStats(
             round_id=round_id,
@@ -301,6 +352,9 @@ class _RoundState:
     def start_fetch(self, found: Announcement) -> None:
         """Start fetching an announced gradient, unless the announcement is unusable."""
         gossip, cfg = self.runner.gossip, self.runner.config
+        if found.round > self.round_id:
+            self.runner.defer(found)
+            return
         if found.round != self.round_id:
             gossip.drops["other_round"] += 1
             return

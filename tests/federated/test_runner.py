@@ -255,3 +255,63 @@ async def test_kubo_peer_announcing_unserved_blocks_is_excluded(kubo_swarm3) -> 
             await gossip.aclose()
         for closable in [*stores, *transports]:
             await closable.aclose()
+
+
+async def test_announcement_for_a_future_round_is_held_for_that_round() -> None:
+    # Prepare: b is a round ahead and announces its round-2 gradient exactly once.
+    store, bus = MemoryBlockStore(), MemoryPubsubBus()
+    a, b = nodes(bus, ["a", "b"], "defer")
+    config = RoundConfig(
+        min_peers=1,
+        collect_timeout=0.3,
+        fetch_timeout=1.0,
+        subscriber_timeout=0.2,
+        republish_interval=0.02,
+        max_republish=1,
+    )
+    runner = RoundRunner(store, a, config)
+    await a.start()
+    await b.start()
+    cid = await put_gradient(store, np.full(10, 2.0, dtype=np.float32))
+    await b.broadcast_update(cid, 2, num_samples=1, length=10)
+    # Execute: a's round 1 sees the round-2 message; round 2 then gets no re-publication.
+    first = await runner.run_round(1, np.zeros(10, dtype=np.float32), num_samples=1)
+    second = await runner.run_round(2, np.zeros(10, dtype=np.float32), num_samples=1)
+    # Assert: held during round 1 (not counted there), used in round 2.
+    assert first.contributors == {}
+    assert list(second.contributors) == ["b"]
+    np.testing.assert_allclose(second.aggregate, np.full(10, 1.0))
+    assert a.drops["other_round"] == 0
+    await runner.aclose()
+    for gossip in (a, b):
+        await gossip.aclose()
+
+
+async def test_finished_peers_keep_announcing_for_a_late_peer() -> None:
+    # Prepare: a and b finish round 1 between themselves before c subscribes.
+    store, bus = MemoryBlockStore(), MemoryPubsubBus()
+    a, b, c = nodes(bus, ["a", "b", "c"], "late")
+    config = RoundConfig(
+        min_peers=1,
+        collect_timeout=5.0,
+        fetch_timeout=1.0,
+        subscriber_timeout=1.0,
+        republish_interval=0.02,
+        max_republish=500,
+    )
+    early = [RoundRunner(store, g, config) for g in (a, b)]
+    grads = [np.full(8, v, dtype=np.float32) for v in (1.0, 3.0, 5.0)]
+    done = await asyncio.gather(
+        *(r.run_round(1, g, num_samples=1) for r, g in zip(early, grads[:2], strict=True))
+    )
+    assert all(len(result.contributors) == 1 for result in done)
+    # Execute: c joins late and needs both of them.
+    late = RoundRunner(store, c, RoundConfig(**{**config.__dict__, "min_peers": 2}))
+    result = await late.run_round(1, grads[2], num_samples=1)
+    # Assert: the re-publications that outlived a's and b's rounds reached c.
+    assert sorted(result.contributors) == ["a", "b"]
+    np.testing.assert_allclose(result.aggregate, np.full(8, 3.0))
+    for runner in (*early, late):
+        await runner.aclose()
+    for gossip in (a, b, c):
+        await gossip.aclose()

@@ -56,6 +56,7 @@ async def test_partitioned_peer_missing_then_back_and_stale_announcement_ignored
     stores: list[KuboBlockStore] = []
     transports: list[KuboPubsub] = []
     gossips: list[GossipModelSync] = []
+    runners: list[RoundRunner] = []
     try:
         swarm.start()
         node_a, node_b, node_p = swarm
@@ -98,12 +99,14 @@ async def test_partitioned_peer_missing_then_back_and_stale_announcement_ignored
         assert round1[2].stats.missing_clients == sorted(ids[:2])
         np.testing.assert_array_equal(round1[2].aggregate, grads1[2])
 
-        # P comes back and replays its round-1 announcement: stale, it must be ignored.
+        # P comes back and replays its round-1 announcement: stale, it must be ignored. (P's
+        # runner also keeps re-publishing it until P's next round; whichever copy arrives
+        # first is the one A and B accept, so count from before the reconnection.)
+        accepted_before = [g.filter.accepted for g in gossips[:2]]
         node_p.connect(node_a)
         node_p.connect(node_b)
         peers_p = await gossips[2].wait_for_peers(2, timeout=30)
         assert set(peers_p) >= set(ids[:2])
-        accepted_before = [g.filter.accepted for g in gossips[:2]]
         stale = gossips[2].make_announcement(round1[2].local_cid, 1, num_samples=1, length=D)
         await transports[2].publish(gossips[2].topic, stale.encode())
 
@@ -130,6 +133,8 @@ async def test_partitioned_peer_missing_then_back_and_stale_announcement_ignored
             assert result.contributors[node_p.peer_id] != round1[2].local_cid
             assert result.drops["other_round"] > before  # the stale one, dropped
     finally:
+        for runner in runners:
+            await runner.aclose()
         for gossip in gossips:
             await gossip.aclose()
         for closable in [*stores, *transports]:
