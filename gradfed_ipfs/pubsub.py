@@ -516,11 +516,14 @@ class Announcement:
             raise _bad("oversized", f"announcement of {len(data)} bytes > {MAX_MESSAGE_BYTES}")
         try:
             record = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise _bad("malformed", f"announcement is not JSON: {exc}") from None
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            # RecursionError: deeply nested JSON fits under the size cap (found by fuzzing).
+            raise _bad("malformed", f"announcement is not JSON: {type(exc).__name__}") from None
         if not isinstance(record, dict):
             raise _bad("malformed", "announcement is not a JSON object")
-        if record.get("version") != ANNOUNCEMENT_VERSION:
+        version = record.get("version")
+        # `true == 1` and `1.0 == 1` in Python: require the integer itself.
+        if type(version) is not int or version != ANNOUNCEMENT_VERSION:
             raise _bad("malformed", f"unsupported version {record.get('version')!r:.20}")
         session, peer_id, cid_text = record.get("session"), record.get("peer_id"), record.get("cid")
         if not isinstance(session, str) or not isinstance(peer_id, str) or not peer_id:

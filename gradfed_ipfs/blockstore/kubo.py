@@ -53,6 +53,8 @@ logger = logging.getLogger("gradfed_ipfs.blockstore")
 _CODEC_PARAM: Final = {RAW: "raw", DAG_CBOR: "dag-cbor"}
 # Markers in Kubo's error messages that mean "this block is not here" rather than a failure.
 _NOT_FOUND_MARKERS: Final = ("not found", "could not find", "context deadline exceeded")
+# With Datastore.HashOnRead, Kubo itself detects a corrupted block on disk and says so.
+_CORRUPT_MARKERS: Final = ("different hash than requested",)
 
 
 def encode_block_put(block: Block, *, pin: bool) -> tuple[dict[str, str], dict[str, Any]]:
@@ -336,6 +338,8 @@ class KuboBlockStore(AsyncClosing):
             message = parse_rpc_error(response.status_code, response.content, streamed=streamed)
             if message is None:
                 return response
+            if any(marker in message for marker in _CORRUPT_MARKERS):
+                raise BlockCorrupt(f"daemon reports a corrupted block: {message}")
             if _is_not_found(message):
                 raise BlockNotFound(f"block not found: {message}")
             raise StoreRequestError(f"Kubo refused {endpoint}: {message}")

@@ -165,3 +165,14 @@ async def test_block_rm_error_inside_200_body() -> None:
 def test_every_store_error_is_a_block_store_error() -> None:
     for cls in (BlockNotFound, BlockCorrupt, BlockTooLarge, StoreUnavailable, StoreRequestError):
         assert issubclass(cls, BlockStoreError)
+
+
+async def test_hash_on_read_refusal_maps_to_corrupt() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = {"Message": "block in storage has different hash than requested", "Type": "error"}
+        return httpx.Response(500, json=body)
+
+    store = store_with(handler)
+    with pytest.raises(BlockCorrupt):
+        await store.get(Block.new(b"a").cid)
+    await store.aclose()

@@ -24,7 +24,7 @@ import pytest
 
 from gradfed_ipfs.blockstore import Block, KuboBlockStore
 from gradfed_ipfs.dag import put_gradient
-from gradfed_ipfs.errors import BlockCorrupt, BlockNotFound, BlockStoreError
+from gradfed_ipfs.errors import BlockCorrupt, BlockNotFound
 from gradfed_ipfs.federated.accumulator import DistributedGradientAccumulator
 from gradfed_ipfs.kubo import KuboDaemon
 
@@ -143,7 +143,7 @@ async def test_corrupted_block_is_not_served_over_bitswap(
 
 
 async def test_hash_on_read_daemon_refuses_corrupted_file(kubo_binary: Path) -> None:
-    """With ``Datastore.HashOnRead=true`` Kubo itself refuses the file; we still get an error."""
+    """With ``Datastore.HashOnRead=true`` Kubo itself refuses the file: ``BlockCorrupt`` too."""
     daemon = KuboDaemon(binary=kubo_binary, extra_config=[("Datastore.HashOnRead", "true")])
     block = _gradient_blocks(np.random.default_rng(11), 1)[0]
     try:
@@ -153,12 +153,10 @@ async def test_hash_on_read_daemon_refuses_corrupted_file(kubo_binary: Path) -> 
             flatfs_path(daemon, block).write_bytes(
                 mutate(block.data, "flip", random.Random(3), b"")
             )
-            with pytest.raises(BlockStoreError) as info:
+            with pytest.raises(BlockCorrupt, match="different hash"):
                 await store.get(block.cid, timeout=2.0)
     finally:
         daemon.stop()
-    # Recorded for the reliability table: which of our errors Kubo's own check maps to.
-    print(f"HashOnRead=true: {type(info.value).__name__}: {info.value}")
 
 
 class CorruptingTransport(httpx.AsyncBaseTransport):
