@@ -152,8 +152,8 @@ def weighted_mean(gradients: Sequence[FloatArray], weights: Sequence[float]) -> 
         raise InvalidGradient("Sum of weights is zero")
     if len(gradients) == 1:
         return gradients[0].astype(np.float32, copy=True)
-    # One pass over the N·d inputs, reduced block by block in cache by BLAS: within a few
-    # percent of a `w @ X` over a pre-stacked matrix (see benchmarks/bench_aggregate.py).
+    # One pass over the N·d inputs, summed block by block in cache by BLAS saxpy: close to a
+    # `w @ X` over a pre-stacked matrix (see benchmarks/bench_aggregate.py).
     return weighted_sum(gradients, w / total_weight)
 
 
