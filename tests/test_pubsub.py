@@ -229,30 +229,38 @@ async def test_kubo_pubsub_end_to_end_with_hostile_messages(kubo_swarm3) -> None
 
         await apoll_until(ready, timeout=30, what="gossipsub to see the subscriber")
         good = Announcement.new("pubsub-e2e", 1, a.peer_id, CID_A, num_samples=3, length=9)
-        hostile = [
-            b"{malformed",
-            b"x" * (MAX_MESSAGE_BYTES + 10),
-            Announcement.new("other-session", 1, a.peer_id, CID_A).encode(),
-            Announcement.new("pubsub-e2e", 1, b.peer_id, CID_A).encode(),  # forged: from is a
-            announce(a.peer_id, session="pubsub-e2e", cid="bafy-not-a-cid"),
+        cases = [
+            (b"{malformed", "malformed"),
+            (b"x" * (MAX_MESSAGE_BYTES + 10), "oversized"),
+            (Announcement.new("other-session", 1, a.peer_id, CID_A).encode(), "wrong_session"),
+            # forged: the claimed peer is b, but the signed `from` is a
+            (Announcement.new("pubsub-e2e", 1, b.peer_id, CID_A).encode(), "forged_sender"),
+            (announce(a.peer_id, session="pubsub-e2e", cid="bafy-not-a-cid"), "bad_cid"),
+            (good.encode(), "accepted"),
+            (good.encode(), "duplicate"),
         ]
-        for data in [*hostile, good.encode(), good.encode()]:
-            await sender.publish(topic, data)
 
-        async def counted() -> bool:
-            return sum(checks.drops.values()) + checks.accepted >= 7
+        def outcome(reason: str) -> int:
+            return checks.accepted if reason == "accepted" else checks.drops[reason]
 
-        await apoll_until(counted, timeout=30, what="all messages to arrive")
+        # Gossipsub may drop a message now and then (more so on a loaded machine), so each one
+        # is re-published until its outcome is seen, a bounded number of times.
+        for data, reason in cases:
+            for _attempt in range(5):
+                await sender.publish(topic, data)
+
+                async def seen(reason: str = reason) -> bool:
+                    return outcome(reason) >= 1
+
+                try:
+                    await apoll_until(seen, timeout=6, what=f"a {reason} message to arrive")
+                    break
+                except TimeoutError:
+                    continue
+            assert outcome(reason) >= 1, f"{reason} message never arrived"
         assert not task.done()  # the subscriber loop survived every message
-        assert received == [good]
-        assert dict(checks.drops) == {
-            "malformed": 1,
-            "oversized": 1,
-            "wrong_session": 1,
-            "forged_sender": 1,
-            "bad_cid": 1,
-            "duplicate": 1,
-        }
+        assert received == [good]  # accepted once, however often it was re-published
+        assert set(checks.drops) == {r for _, r in cases if r != "accepted"}
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     finally:
