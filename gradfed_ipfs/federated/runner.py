@@ -11,7 +11,9 @@ A round on one node:
 4. stop when ``min_peers`` peer gradients are in, or the collection deadline has passed and no
    fetch is in flight; each fetch is bounded by ``fetch_timeout``, so a peer that announces but
    never serves its blocks is excluded and reported in ``RoundStats.missing_clients``;
-5. aggregate (holding or streaming accumulator) and close the round.
+5. aggregate (holding or streaming accumulator) and close the round; with ``dp``, client-level
+   DP-FedAvg instead (:mod:`gradfed_ipfs.federated.dp_round`): clip each contribution, equal
+   weights, Gaussian noise, the release charged to the RDP accountant and ε reported.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ from ..errors import (
 from ..pubsub import Announcement
 from ..tensor.aggregation import as_float32_vector
 from .accumulator import DistributedGradientAccumulator
+from .dp_round import HasContributions, check_dp_round, dp_round_aggregate
 from .gossip import GossipModelSync
+from .privacy import DifferentialPrivacy
 from .rounds import RoundStats
 
 __all__ = ["GradientAccumulator", "RoundConfig", "RoundResult", "RoundRunner"]
@@ -151,7 +155,16 @@ class RoundRunner:
         Builds a fresh accumulator per round (default: a holding
         :class:`~gradfed_ipfs.federated.accumulator.DistributedGradientAccumulator` with FedAvg);
         pass one returning a :class:`~gradfed_ipfs.federated.streaming.StreamingAccumulator`
-        for constant memory.
+        for constant memory (not with ``dp``: DP clips each contribution, so it needs them held).
+    dp
+        Client-level DP-FedAvg for every round (McMahan et al. 2018): ``dp.sensitivity`` is the
+        clip norm C and ``dp``'s Gaussian noise multiplier z; each contribution is clipped to C,
+        averaged with *equal* weights (announced sample counts are ignored: FedAvg's weights
+        would let one client's term exceed C and void the sensitivity bound), and
+        N(0, (zC/n)²) noise is added per coordinate. A round that the budget cannot afford
+        raises :class:`~gradfed_ipfs.errors.PrivacyBudgetExhausted` before anything is committed
+        or announced. The budget is cumulative over this runner's rounds; ``RoundStats`` reports
+        the (ε, δ) spent so far. See :mod:`gradfed_ipfs.federated.dp_round` for what ε covers.
     """
 
     def __init__(
@@ -161,8 +174,10 @@ class RoundRunner:
         config: RoundConfig | None = None,
         *,
         accumulator_factory: Callable[[], GradientAccumulator] | None = None,
+        dp: DifferentialPrivacy | None = None,
     ) -> None:
         self.store = store
+        self.dp = dp
         self.gossip = gossip
         self.config = config if config is not None else RoundConfig()
         self._factory = accumulator_factory or self._default_accumulator
@@ -247,6 +262,8 @@ class RoundRunner:
         await self._stop_lingering()
         values = as_float32_vector(gradient)
         accumulator = self._factory()
+        if self.dp is not None:  # refuse before the gradient leaves this node
+            check_dp_round(self.dp, accumulator)
         await self.gossip.start()
         local_cid = await accumulator.commit_local(values, self.store, num_samples=num_samples)
         announcement = self.gossip.make_announcement(
@@ -264,9 +281,16 @@ class RoundRunner:
             state.start_fetch(early)
         try:
             await state.collect(time.monotonic() + cfg.collect_timeout)
-            # A streaming accumulator finalizes in place (no second d-array); it is not reused.
-            finish = getattr(accumulator, "finalize", None) or accumulator.aggregate
-            aggregate: FloatArray = finish()
+            epsilon: float | None = None
+            delta: float | None = None
+            aggregate: FloatArray
+            if self.dp is not None:
+                held: HasContributions = accumulator  # type: ignore[assignment]  # checked above
+                aggregate, epsilon, delta = dp_round_aggregate(self.dp, held)
+            else:
+                # A streaming accumulator finalizes in place (no second d-array); not reused.
+                finish = getattr(accumulator, "finalize", None) or accumulator.aggregate
+                aggregate = finish()
         except BaseException:
             closed.set()
             raise
@@ -284,6 +308,9 @@ class RoundRunner:
             participants=1 + len(state.contributors),
             missing_clients=sorted(state.missing | never_announced),
             duration_ms=int((time.monotonic() - started) * 1000),
+            epsilon_spent=epsilon,
+            delta_spent=delta,
+            dropped_clients=sorted(state.missing),
             rejected_contributions=state.rejected,
         )
         logger.info(

@@ -66,6 +66,9 @@ async def test_three_nodes_agree_on_fedavg_in_memory() -> None:
     for result in results:
         assert result.stats.participants == 3
         assert result.stats.missing_clients == []
+        assert result.stats.dropped_clients == []
+        assert result.stats.epsilon_spent is None
+        assert result.stats.delta_spent is None
         assert result.local_cid.codec.name == "dag-cbor"
         np.testing.assert_allclose(result.aggregate, reference, rtol=1e-6, atol=1e-7)
     assert sorted(results[0].contributors) == ["b", "c"]
@@ -104,6 +107,8 @@ async def test_peer_that_never_serves_is_excluded_and_reported() -> None:
         assert "TimeoutError" in result.failures["ghost"]
         assert result.stats.participants == 2
     assert results[0].stats.missing_clients == ["ghost", "zed"]
+    # Dropped: announced but its gradient never arrived ("zed" never announced at all).
+    assert results[0].stats.dropped_clients == ["ghost"]
 
 
 async def test_corrupt_and_mislabelled_gradients_are_rejected_with_streaming() -> None:
@@ -249,6 +254,7 @@ async def test_kubo_peer_announcing_unserved_blocks_is_excluded(kubo_swarm3) -> 
                 result.contributors,
             )
             assert result.stats.participants == 2
+            assert result.stats.dropped_clients == [kubo_swarm3[2].peer_id]
     finally:
         closed.set()
         for gossip in gossips:
