@@ -119,9 +119,11 @@ class RoundStats(_JsonRecord):
     epsilon_spent, delta_spent
         Total (ε, δ) spent by the DP mechanism used in the round, or ``None`` without DP.
     dropped_clients
-        Clients that dropped out of secure aggregation after masking, sorted.
+        Clients that dropped out after committing to the round, sorted: out of secure
+        aggregation after masking, or (``RoundRunner``) announced a gradient that never arrived.
     rejected_contributions
-        Contributions refused because their sender was not in the round.
+        Contributions refused: from a client not in the round, or (``RoundRunner``) corrupt,
+        undecodable or of the wrong length.
     """
 
     round_id: int
