@@ -89,21 +89,12 @@ def test_malformed_bytes_raise_typed_error(data: bytes) -> None:
         load_gradient_from_arrow(data)
 
 
-def test_truncated_and_flipped_files_raise_typed_error() -> None:
+def test_truncated_files_raise_typed_error() -> None:
+    # Bit flips of every encoding, dense included: tests/tensor/test_arrow_encodings.py.
     data = store_gradient_as_arrow(np.arange(64, dtype=np.float32))
     for cut in (len(data) // 2, len(data) - 1, 10):
         with pytest.raises(MalformedArrow):
             load_gradient_from_arrow(data[:cut])
-    rng = np.random.default_rng(3)
-    for _ in range(200):
-        mutated = bytearray(data)
-        position = int(rng.integers(len(mutated)))
-        mutated[position] ^= 1 << int(rng.integers(8))
-        try:
-            out = load_gradient_from_arrow(bytes(mutated))
-        except MalformedArrow:
-            continue
-        assert out.dtype == np.float32
 
 
 def test_missing_value_column_and_wrong_type() -> None:

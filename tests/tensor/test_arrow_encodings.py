@@ -291,6 +291,7 @@ def test_nulls_are_refused() -> None:
 @pytest.mark.parametrize(
     "layer",
     [
+        DenseGradient(np.arange(64, dtype=np.float32)),
         SparseGradient([1, 3, 7], [1, 2, 3], [8]),
         QuantizedGradient.from_dense(np.arange(9, dtype=np.float32), bits=4),
         GradientCompressor.top_k_quantized(np.arange(32, dtype=np.float32), None, 4),
