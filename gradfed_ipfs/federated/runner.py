@@ -14,6 +14,11 @@ A round on one node:
 5. aggregate (holding or streaming accumulator) and close the round; with ``dp``, client-level
    DP-FedAvg instead (:mod:`gradfed_ipfs.federated.dp_round`): clip each contribution, equal
    weights, Gaussian noise, the release charged to the RDP accountant and ε reported.
+
+With ``secure=`` (a :class:`~gradfed_ipfs.federated.secagg_round.SecureRoundConfig`),
+:meth:`RoundRunner.run_round` runs a SecAgg round instead (through this node's store and gossip
+transport), central DP on the secure sum when ``dp`` is set too; see
+:mod:`gradfed_ipfs.federated.private_round`.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,7 +50,9 @@ from .accumulator import DistributedGradientAccumulator
 from .dp_round import HasContributions, check_dp_round, dp_round_aggregate
 from .gossip import GossipModelSync
 from .privacy import DifferentialPrivacy
+from .private_round import run_runner_secure_round
 from .rounds import RoundStats
+from .secagg_round import RandBytes, SecureRoundConfig
 
 __all__ = ["GradientAccumulator", "RoundConfig", "RoundResult", "RoundRunner"]
 
@@ -120,11 +128,14 @@ class RoundResult:
     local_cid
         CID of this node's committed gradient.
     aggregate
-        The aggregate (float32, length d).
+        The aggregate (float32, length d). In a SecAgg round (``secure=``), only the aggregator
+        has it (the survivors' mean); on a pure client it is an *empty* float32 array (length
+        0): the protocol publishes no sum to clients.
     stats
         Participants (local included), missing peers, duration, rejected contributions.
     contributors
-        Peer ID → CID of every peer gradient taken in.
+        Peer ID → CID of every peer gradient taken in (SecAgg, on the aggregator: of every
+        other survivor's masked block; ``local_cid`` is then this node's masked block).
     failures
         Peer ID → why its gradient was not taken in.
     drops
@@ -165,6 +176,11 @@ class RoundRunner:
         raises :class:`~gradfed_ipfs.errors.PrivacyBudgetExhausted` before anything is committed
         or announced. The budget is cumulative over this runner's rounds; ``RoundStats`` reports
         the (ε, δ) spent so far. See :mod:`gradfed_ipfs.federated.dp_round` for what ε covers.
+        With ``secure=`` rounds: central DP on the secure sum instead (each client clips to C
+        before masking; the aggregator noises the unmasked sum and is charged; see
+        :mod:`gradfed_ipfs.federated.private_round`).
+    randbytes
+        Cryptographic randomness of this node's SecAgg client role (default ``os.urandom``).
     """
 
     def __init__(
@@ -175,9 +191,11 @@ class RoundRunner:
         *,
         accumulator_factory: Callable[[], GradientAccumulator] | None = None,
         dp: DifferentialPrivacy | None = None,
+        randbytes: RandBytes = os.urandom,
     ) -> None:
         self.store = store
         self.dp = dp
+        self.randbytes = randbytes
         self.gossip = gossip
         self.config = config if config is not None else RoundConfig()
         self._factory = accumulator_factory or self._default_accumulator
@@ -238,6 +256,7 @@ class RoundRunner:
         *,
         num_samples: int | None = None,
         expected_peers: list[str] | None = None,
+        secure: SecureRoundConfig | None = None,
     ) -> RoundResult:
         """Commit, announce, collect, fetch, verify and aggregate one round.
 
@@ -251,6 +270,11 @@ class RoundRunner:
             Local samples behind it (FedAvg weight), announced to the others.
         expected_peers
             Peers expected in the round; those that never announce are reported missing too.
+        secure
+            Run this round with secure aggregation instead: this node must be one of
+            ``secure.clients`` and ``secure.round_id`` must equal ``round_id``; ``num_samples``
+            and ``expected_peers`` are unused (equal weights; the roster is ``secure.clients``).
+            ``stats.dropped_clients`` lists the clients that shared keys but were not summed.
 
         Returns
         -------
@@ -260,6 +284,8 @@ class RoundRunner:
         cfg = self.config
         started = time.monotonic()
         await self._stop_lingering()
+        if secure is not None:
+            return await self._run_secure(round_id, gradient, secure)
         values = as_float32_vector(gradient)
         accumulator = self._factory()
         if self.dp is not None:  # refuse before the gradient leaves this node
@@ -328,6 +354,35 @@ class RoundRunner:
             state.contributors,
             state.failures,
             dict(self.gossip.drops),
+        )
+
+    async def _run_secure(
+        self, round_id: int, gradient: GradientLike, secure: SecureRoundConfig
+    ) -> RoundResult:
+        if secure.round_id != round_id:
+            raise InvalidGradient(f"secure.round_id {secure.round_id} != round_id {round_id}")
+        outcome = await run_runner_secure_round(
+            self.store,
+            self.gossip.transport,
+            secure,
+            gradient,
+            dp=self.dp,
+            randbytes=self.randbytes,
+        )
+        logger.info(
+            "secure round %d: %d summed, dropped %s",
+            round_id,
+            outcome.stats.participants,
+            outcome.stats.dropped_clients,
+        )
+        return RoundResult(
+            round_id,
+            outcome.local_cid,
+            outcome.aggregate,
+            outcome.stats,
+            outcome.contributors,
+            {},
+            outcome.drops,
         )
 
 
