@@ -44,6 +44,7 @@ from ..errors import (
     ShapeMismatch,
 )
 from ..tensor.aggregation import Contribution, WeightedMean, as_float32_vector
+from ..tensor.verification import check_finite
 
 __all__ = ["LOCAL_PEER_ID", "DistributedGradientAccumulator"]
 
@@ -154,7 +155,7 @@ class DistributedGradientAccumulator:
             If the gradient has NaN or Inf values.
         """
         values = as_float32_vector(gradient)
-        _check_finite(values, "local gradient")
+        check_finite(values, "local gradient")
         cid = await put_gradient(
             store,
             values,
@@ -224,7 +225,7 @@ class DistributedGradientAccumulator:
             expected_length=expected,
         )
         values = fetched.reshape(-1)
-        _check_finite(values, f"gradient of peer {peer_id} ({parsed})")
+        check_finite(values, f"gradient of peer {peer_id} ({parsed})")
         self.peer_gradients[peer_id] = values
         self.peer_cids[peer_id] = parsed
         if num_samples is None:
@@ -292,9 +293,3 @@ class DistributedGradientAccumulator:
             if peer != excluding:
                 return int(values.size)
         return None
-
-
-def _check_finite(values: FloatArray, what: str) -> None:
-    if not np.isfinite(values).all():
-        index = int(np.flatnonzero(~np.isfinite(values))[0])
-        raise InvalidGradient(f"Non-finite value in {what} at index {index}: {values[index]}")

@@ -44,6 +44,7 @@ from ..dag import (
 )
 from ..errors import DecodeError, DimensionMismatch, EmptyGradients, InvalidGradient
 from ..tensor.aggregation import FedAvg, Mean, Sum, WeightedMean, as_float32_vector
+from ..tensor.verification import check_finite
 from .accumulator import LOCAL_PEER_ID
 
 __all__ = ["STREAMING_CONCURRENCY", "StreamingAccumulator"]
@@ -52,7 +53,6 @@ logger = logging.getLogger("gradfed_ipfs.federated")
 
 STREAMING_CONCURRENCY = 2
 """Default chunks in flight per gradient for :class:`StreamingAccumulator`."""
-_CHECK_BLOCK = 1 << 18  # values per finiteness check of the local gradient (256 KiB of bools)
 
 
 class StreamingAccumulator:
@@ -171,8 +171,7 @@ class StreamingAccumulator:
         if self.local_folded:
             raise InvalidGradient("the local gradient was already committed and folded in")
         values = as_float32_vector(gradient)
-        for start in range(0, values.size, _CHECK_BLOCK):  # no d-sized boolean temporary
-            _check_finite(values[start : start + _CHECK_BLOCK], "local gradient", start)
+        check_finite(values, "local gradient")
         weight = self._weight(self.local_peer_id, num_samples)
         self._check_length(values.size)
         cid = await put_gradient(
@@ -237,7 +236,7 @@ class StreamingAccumulator:
                     store, parsed, timeout=self.config.timeout, expected_length=self.length
                 )
                 flat = values.reshape(-1)
-                _check_finite(flat, f"gradient of {peer_id}")
+                check_finite(flat, f"gradient of {peer_id}")
                 self._check_length(flat.size)
                 self._fold(0, flat, weight)
             elif parsed.codec.code == DAG_CBOR:
@@ -260,7 +259,7 @@ class StreamingAccumulator:
         folded: list[ChunkRef] = []
 
         def fold(ref: ChunkRef, values: FloatArray) -> None:
-            _check_finite(values, f"chunk at offset {ref.offset} of {peer_id}'s gradient {cid}")
+            check_finite(values, f"chunk at offset {ref.offset} of {peer_id}'s gradient {cid}")
             self._fold(ref.offset, values, weight)
             folded.append(ref)
 
@@ -393,11 +392,3 @@ class StreamingAccumulator:
             target += values
         else:
             target += values * self.accumulate_dtype.type(weight)
-
-
-def _check_finite(values: FloatArray, what: str, offset: int = 0) -> None:
-    if not np.isfinite(values).all():
-        index = int(np.flatnonzero(~np.isfinite(values))[0])
-        raise InvalidGradient(
-            f"Non-finite value in {what} at index {offset + index}: {values[index]}"
-        )

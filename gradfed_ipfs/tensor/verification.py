@@ -17,7 +17,32 @@ from .._types import FloatArray, GradientLike
 from ..errors import InvalidGradient, OutlierDetected, ShapeMismatch
 from .robust import coordinate_median, stack_gradients
 
-__all__ = ["GradientVerifier", "PeerAnomaly", "cross_peer_check"]
+__all__ = ["GradientVerifier", "PeerAnomaly", "check_finite", "cross_peer_check"]
+
+_FINITE_BLOCK = 1 << 18  # values per finiteness check: a 256 KiB boolean temporary, not d bytes
+
+
+def check_finite(values: FloatArray, what: str = "gradient", offset: int = 0) -> None:
+    """Raise ``InvalidGradient`` naming the first NaN or ±Inf in ``values``.
+
+    Checked block by block, so a d = 10⁹ gradient needs no d-byte boolean temporary.
+
+    Parameters
+    ----------
+    values
+        Flat float array.
+    what
+        What the values are, for the message (e.g. ``"gradient of peer X"``).
+    offset
+        Index of ``values[0]`` in the whole gradient, for the reported index.
+    """
+    for start in range(0, values.size, _FINITE_BLOCK):
+        block = values[start : start + _FINITE_BLOCK]
+        if not np.isfinite(block).all():
+            index = start + int(np.flatnonzero(~np.isfinite(block))[0])
+            raise InvalidGradient(
+                f"Non-finite value in {what} at index {offset + index}: {values[index]}"
+            )
 
 
 def _vector(values: GradientLike) -> FloatArray:

@@ -97,3 +97,14 @@ def test_cross_peer_check_validates() -> None:
         cross_peer_check({"a": [1.0]}, min_cosine=2)
     with pytest.raises(ShapeMismatch):
         cross_peer_check({"a": [1.0], "b": [1.0, 2.0]})
+
+
+def test_check_finite_names_the_first_bad_index_across_blocks() -> None:
+    from gradfed_ipfs.tensor.verification import check_finite
+
+    values = np.zeros(600_000, dtype=np.float32)
+    check_finite(values, "ok")
+    values[500_001] = np.inf
+    values[550_000] = np.nan
+    with pytest.raises(InvalidGradient, match=r"in chunk at index 500011: inf"):
+        check_finite(values, "chunk", offset=10)
