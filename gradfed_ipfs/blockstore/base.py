@@ -14,7 +14,7 @@ from typing import Final, Protocol, Self, runtime_checkable
 from multiformats import CID
 
 from .._types import CIDLike
-from ..cid import CodecName, make_cid, verify_cid
+from ..cid import CodecName, make_cid, parse_cid, verify_cid
 from ..errors import BlockTooLarge, InvalidGradient
 
 __all__ = [
@@ -73,7 +73,7 @@ class Block:
     @classmethod
     def from_parts(cls, cid: CIDLike, data: bytes, *, verify: bool = True) -> Block:
         """Build a block from a CID and bytes, re-hashing unless ``verify`` is false."""
-        parsed = verify_cid(cid, data) if verify else _parse(cid)
+        parsed = verify_cid(cid, data) if verify else parse_cid(cid)
         return cls(parsed, bytes(data))
 
     def verify(self) -> None:
@@ -88,12 +88,6 @@ class Block:
 
     def __hash__(self) -> int:
         return hash(bytes(self.cid))
-
-
-def _parse(cid: CIDLike) -> CID:
-    from ..cid import parse_cid
-
-    return parse_cid(cid)
 
 
 class AsyncClosing:

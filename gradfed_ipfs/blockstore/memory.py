@@ -8,7 +8,7 @@ from multiformats import CID
 
 from .._types import CIDLike
 from ..cid import parse_cid
-from ..errors import BlockNotFound
+from ..errors import BlockNotFound, BlockTooLarge
 from .base import MAX_BLOCK_SIZE, UNSET, AsyncClosing, Block, Unset
 
 __all__ = ["MemoryBlockStore"]
@@ -34,8 +34,6 @@ class MemoryBlockStore(AsyncClosing):
 
     async def put(self, block: Block, *, pin: bool = True) -> CID:
         """Store a verified block; see :meth:`BlockStore.put`."""
-        from ..errors import BlockTooLarge
-
         if len(block.data) > self.max_block_size:
             raise BlockTooLarge(
                 f"block of {len(block.data)} bytes exceeds {self.max_block_size}", cid=block.cid
