@@ -15,10 +15,10 @@ of the bound at N = 4, d = 10M).
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
-from scipy.linalg.blas import saxpy
 from threadpoolctl import ThreadpoolController
 
 from .._types import FloatArray
@@ -55,6 +55,7 @@ def weighted_sum(
     result = np.empty(length, dtype=np.float32) if out is None else out
     w = [float(x) for x in weights]
     rows = [np.ascontiguousarray(g, dtype=np.float32).reshape(-1) for g in gradients]
+    saxpy = _saxpy()
     with _blas_controller().limit(limits=1, user_api="blas"):
         for start in range(0, length, CACHE_BLOCK_FLOATS):
             stop = min(start + CACHE_BLOCK_FLOATS, length)
@@ -65,6 +66,14 @@ def weighted_sum(
                 if summed.ctypes.data != block.ctypes.data:  # f2py copied instead of in place
                     block[...] = summed
     return result
+
+
+@functools.cache
+def _saxpy() -> Callable[..., Any]:
+    # Imported on first use: scipy.linalg costs ~0.2 s, which `import gradfed_ipfs` should not.
+    from scipy.linalg.blas import saxpy
+
+    return saxpy  # type: ignore[no-any-return]
 
 
 @functools.cache
