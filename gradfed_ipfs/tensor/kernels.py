@@ -110,10 +110,12 @@ def weighted_sum(
     # core is often stalled for a while, and with fixed halves the call would wait for it.
     claims = itertools.count()
     with _single_threaded_blas:
-        futures: list[Future[None]] = [
-            _pool().submit(_accumulate_blas, saxpy, rows, w, result, claims)
-            for _ in range(workers - 1)
-        ]
+        futures: list[Future[None]] = []
+        for _ in range(workers - 1):
+            try:
+                futures.append(_pool().submit(_accumulate_blas, saxpy, rows, w, result, claims))
+            except RuntimeError:  # interpreter shutting down: the caller claims every block
+                break
         _accumulate_blas(saxpy, rows, w, result, claims)  # the caller works too
         for future in futures:
             future.result()

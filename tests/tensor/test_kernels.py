@@ -128,3 +128,14 @@ def test_worker_pool_is_rebuilt_in_a_forked_child(monkeypatch: pytest.MonkeyPatc
     child_pool.shutdown()
     parent_pool.shutdown()
     assert kernels._pool() is not child_pool
+
+
+def test_caller_sums_alone_when_workers_cannot_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    class ShutDownPool:
+        def submit(self, *args: object) -> None:
+            raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+    grads = _peers(3, CACHE_BLOCK_FLOATS * 3)
+    expected = weighted_sum(grads, [1.0, 2.0, 3.0], threads=1)
+    monkeypatch.setattr(kernels, "_pool", ShutDownPool)
+    np.testing.assert_array_equal(weighted_sum(grads, [1.0, 2.0, 3.0], threads=4), expected)
