@@ -9,7 +9,8 @@ as a block to the sender's own store and announced on the session's SecAgg sub-t
     {"v": 1, "session": "...", "round": 0, "kind": "masked", "from": "<peer>", "cid": "bafk..."}
 
 The receiver fetches the block by CID through its own store (for Kubo, bitswap from the sender's
-daemon). Message kinds, in protocol order:
+daemon); :mod:`gradfed_ipfs.federated.secagg_wire` holds that encoding and the channel.
+Message kinds (:data:`KINDS`), in protocol order:
 
 ``keys``             a client's two X25519 public keys (JSON block)
 ``shares``           a client's AES-GCM encrypted Shamir share bundle, one ciphertext per other
@@ -41,27 +42,35 @@ Not covered: a sender that announces different CIDs for one message to different
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 from multiformats import CID
 
 from .._types import FloatArray, GradientLike
-from ..blockstore.base import Block, BlockStore
-from ..cid import parse_cid
-from ..errors import BlockStoreError, DecodeError, PubsubError, SecureAggregationError
-from ..pubsub import TOPIC_PREFIX, PubsubMessage, PubsubTransport
+from ..blockstore.base import BlockStore
+from ..errors import BlockStoreError, DecodeError, SecureAggregationError
+from ..pubsub import TOPIC_PREFIX, PubsubTransport
 from ..tensor.aggregation import as_float32_vector
 from .rounds import RoundStats
 from .secagg_blocks import decode_masked_block, encode_masked_block
+from .secagg_wire import (
+    KINDS,
+    SecAggChannel,
+    from_hex,
+    json_block,
+    load_json,
+    shares_from_json,
+    shares_to_json,
+    str_list,
+    to_hex,
+)
 from .secure_aggregation import (
     AdvertisedKeys,
     EncryptedShare,
@@ -69,7 +78,6 @@ from .secure_aggregation import (
     SecAggServer,
     UnmaskingShares,
 )
-from .shamir import Share
 
 __all__ = [
     "KINDS",
@@ -81,12 +89,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("gradfed_ipfs.federated")
-
-KINDS: Final = ("keys", "shares", "masked", "unmask-request", "unmask-response", "done")
-_CLIENT_KINDS: Final = frozenset({"keys", "shares", "masked", "unmask-response"})
-_AGGREGATOR_KINDS: Final = frozenset({"unmask-request", "done"})
-_MAX_ANNOUNCEMENT: Final = 2048
-_VERSION: Final = 1
 
 RandBytes = Callable[[int], bytes]
 _T = TypeVar("_T")
@@ -202,188 +204,6 @@ class SecureRoundResult:
     masked_cids: dict[str, CID] = field(default_factory=dict)
 
 
-def _hex(data: bytes) -> str:
-    return data.hex()
-
-
-def _unhex(value: object, what: str) -> bytes:
-    if not isinstance(value, str):
-        raise DecodeError(f"{what} is not a hex string")
-    try:
-        return bytes.fromhex(value)
-    except ValueError as exc:
-        raise DecodeError(f"{what} is not hex") from exc
-
-
-def _json_block(payload: Mapping[str, Any]) -> bytes:
-    return json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
-
-
-def _load(data: bytes, what: str) -> dict[str, Any]:
-    try:
-        value = json.loads(data)
-    except (ValueError, RecursionError) as exc:
-        raise DecodeError(f"{what} is not JSON") from exc
-    if not isinstance(value, dict):
-        raise DecodeError(f"{what} is not a JSON object")
-    return value
-
-
-def _shares_to_json(shares: Mapping[str, Share]) -> dict[str, list[object]]:
-    return {u: [s.x, hex(s.y)] for u, s in sorted(shares.items())}
-
-
-def _shares_from_json(value: object, what: str) -> dict[str, Share]:
-    if not isinstance(value, dict):
-        raise DecodeError(f"{what} is not an object")
-    out = {}
-    for u, pair in value.items():
-        if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], int)):
-            raise DecodeError(f"{what}[{u!r:.40}] is not [x, y]")
-        try:
-            out[str(u)] = Share(pair[0], int(str(pair[1]), 16))
-        except ValueError as exc:
-            raise DecodeError(f"{what}[{u!r:.40}] has a bad y") from exc
-    return out
-
-
-def _str_list(value: object, what: str) -> list[str]:
-    if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
-        raise DecodeError(f"{what} is not a list of strings")
-    return list(value)
-
-
-class _Channel:
-    """One peer's message channel: commit + announce, collect announcements, fetch by CID."""
-
-    def __init__(
-        self, store: BlockStore, transport: PubsubTransport, peer_id: str, cfg: SecureRoundConfig
-    ) -> None:
-        self.store = store
-        self.transport = transport
-        self.peer_id = peer_id
-        self.cfg = cfg
-        self.inbox: dict[tuple[str, str], CID] = {}
-        self.drops: Counter[str] = Counter()
-        self._changed = asyncio.Event()
-        self._posted: list[bytes] = []
-        self._tasks: list[asyncio.Task[None]] = []
-        self._subscription: AsyncIterator[PubsubMessage] | None = None
-        self._clients = frozenset(cfg.clients)
-
-    async def start(self) -> None:
-        self._subscription = self.transport.subscribe(self.cfg.topic)
-        self._tasks.append(asyncio.create_task(self._read(), name=f"secagg-read-{self.peer_id}"))
-        self._tasks.append(
-            asyncio.create_task(self._republish(), name=f"secagg-republish-{self.peer_id}")
-        )
-        others = (self._clients | {self.cfg.aggregator}) - {self.peer_id}
-        deadline = time.monotonic() + self.cfg.subscriber_timeout
-        delay = 0.01
-        while time.monotonic() < deadline:  # best effort: re-publication covers late joiners
-            try:
-                if others <= set(await self.transport.peers(self.cfg.topic)):
-                    break
-            except PubsubError as exc:
-                logger.debug("secagg: pubsub peers failed: %s", exc)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.2)
-
-    async def aclose(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
-        closer = getattr(self._subscription, "aclose", None)
-        if closer is not None:
-            with contextlib.suppress(Exception):
-                await closer()
-
-    async def _read(self) -> None:
-        if self._subscription is None:
-            return
-        async for message in self._subscription:
-            self.accept(message)
-
-    def accept(self, message: PubsubMessage) -> None:
-        """Validate one announcement and record its CID (first per kind and sender)."""
-        if len(message.data) > _MAX_ANNOUNCEMENT:
-            self.drops["oversized"] += 1
-            return
-        try:
-            item = _load(message.data, "announcement")
-            kind, sender = item.get("kind"), item.get("from")
-            if item.get("v") != _VERSION or kind not in KINDS or not isinstance(sender, str):
-                raise DecodeError("bad version, kind or sender")
-            cid = parse_cid(str(item.get("cid")))
-        except (DecodeError, ValueError, TypeError):
-            self.drops["malformed"] += 1
-            return
-        if item.get("session") != self.cfg.session_id or item.get("round") != self.cfg.round_id:
-            self.drops["other_round"] += 1
-            return
-        if sender != message.from_peer:
-            self.drops["spoofed_sender"] += 1
-            return
-        allowed = (kind in _CLIENT_KINDS and sender in self._clients) or (
-            kind in _AGGREGATOR_KINDS and sender == self.cfg.aggregator
-        )
-        if not allowed:
-            self.drops["not_a_party"] += 1
-            return
-        if (kind, sender) not in self.inbox:
-            self.inbox[(kind, sender)] = cid
-            self._changed.set()
-
-    async def post(self, kind: str, data: bytes) -> CID:
-        """Commit ``data`` to this peer's store and announce its CID (re-published)."""
-        cid = await self.store.put(Block.new(data, "raw"))
-        wire = _json_block(
-            {
-                "v": _VERSION,
-                "session": self.cfg.session_id,
-                "round": self.cfg.round_id,
-                "kind": kind,
-                "from": self.peer_id,
-                "cid": str(cid),
-            }
-        )
-        self.inbox.setdefault((kind, self.peer_id), cid)  # this peer's other role sees it
-        self._changed.set()
-        self._posted.append(wire)
-        await self.transport.publish(self.cfg.topic, wire)
-        return cid
-
-    async def _republish(self) -> None:
-        while True:
-            await asyncio.sleep(self.cfg.republish_interval)  # re-publication timer
-            for wire in list(self._posted):
-                try:
-                    await self.transport.publish(self.cfg.topic, wire)
-                except PubsubError as exc:
-                    logger.debug("secagg: re-publish failed: %s", exc)
-
-    def senders(self, kind: str) -> set[str]:
-        return {s for k, s in self.inbox if k == kind}
-
-    async def wait(self, ready: Callable[[], bool], timeout: float) -> bool:
-        """Wait until ``ready()`` (re-checked on each new announcement) or the timeout."""
-        deadline = time.monotonic() + timeout
-        while not ready():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
-        return True
-
-    async def fetch(self, kind: str, sender: str) -> bytes:
-        """Fetch the block ``sender`` announced for ``kind`` through this peer's store."""
-        block = await self.store.get(self.inbox[(kind, sender)], timeout=self.cfg.fetch_timeout)
-        return block.data
-
-
 async def _gather_all(jobs: Mapping[str, Awaitable[_T]]) -> dict[str, _T | BaseException]:
     results = await asyncio.gather(*jobs.values(), return_exceptions=True)
     return dict(zip(jobs, results, strict=True))
@@ -421,7 +241,7 @@ class SecureRoundPeer:
         self.transport = transport
         self.config = config
         self._rand = randbytes
-        self._channel: _Channel | None = None
+        self._channel: SecAggChannel | None = None
         self._client: SecAggClient | None = None
 
     @property
@@ -435,7 +255,7 @@ class SecureRoundPeer:
         return self._ch.peer_id
 
     @property
-    def _ch(self) -> _Channel:
+    def _ch(self) -> SecAggChannel:
         if self._channel is None:
             raise SecureAggregationError("start() must run first")
         return self._channel
@@ -447,7 +267,7 @@ class SecureRoundPeer:
         peer_id = await self.transport.local_peer_id()
         if peer_id not in self.config.clients and peer_id != self.config.aggregator:
             raise SecureAggregationError(f"{peer_id} is neither a client nor the aggregator")
-        self._channel = _Channel(self.store, self.transport, peer_id, self.config)
+        self._channel = SecAggChannel(self.store, self.transport, peer_id, self.config)
         await self._channel.start()
 
     async def aclose(self) -> None:
@@ -482,9 +302,9 @@ class SecureRoundPeer:
         roster = {}
         for c, data in (await self._require_all("keys")).items():
             try:
-                body = _load(data, "keys")
+                body = load_json(data, "keys")
                 keys = AdvertisedKeys(
-                    c, _unhex(body.get("cipher"), "cipher"), _unhex(body.get("mask"), "mask")
+                    c, from_hex(body.get("cipher"), "cipher"), from_hex(body.get("mask"), "mask")
                 )
             except DecodeError as exc:
                 raise SecureAggregationError(f"keys of {c} malformed: {exc}") from exc
@@ -499,11 +319,11 @@ class SecureRoundPeer:
         out = []
         for c, data in (await self._require_all("shares")).items():
             try:
-                body = _load(data, "shares")
+                body = load_json(data, "shares")
                 cts = body.get("shares")
                 if body.get("sender") != c or not isinstance(cts, dict):
                     raise DecodeError("wrong sender or no shares")
-                out += [EncryptedShare(c, str(r), _unhex(ct, "share")) for r, ct in cts.items()]
+                out += [EncryptedShare(c, str(r), from_hex(ct, "share")) for r, ct in cts.items()]
             except DecodeError as exc:
                 raise SecureAggregationError(f"share bundle of {c} malformed: {exc}") from exc
         return out
@@ -529,17 +349,20 @@ class SecureRoundPeer:
         mine = client.advertise_keys()
         await ch.post(
             "keys",
-            _json_block(
+            json_block(
                 {
                     "client_id": ch.peer_id,
-                    "cipher": _hex(mine.cipher_public_key),
-                    "mask": _hex(mine.mask_public_key),
+                    "cipher": to_hex(mine.cipher_public_key),
+                    "mask": to_hex(mine.mask_public_key),
                 }
             ),
         )
         shares = client.share_keys(await self._roster())
-        bundle = {"sender": ch.peer_id, "shares": {m.recipient: _hex(m.ciphertext) for m in shares}}
-        await ch.post("shares", _json_block(bundle))
+        bundle = {
+            "sender": ch.peer_id,
+            "shares": {m.recipient: to_hex(m.ciphertext) for m in shares},
+        }
+        await ch.post("shares", json_block(bundle))
         client.receive_shares(m for m in await self._bundles() if m.recipient == ch.peer_id)
         self._client = client
 
@@ -570,9 +393,9 @@ class SecureRoundPeer:
         if not await ch.wait(lambda: ("unmask-request", agg) in ch.inbox, wait):
             raise SecureAggregationError("no unmasking request from the aggregator in time")
         try:
-            body = _load(await ch.fetch("unmask-request", agg), "unmask request")
-            survivors = _str_list(body.get("survivors"), "survivors")
-            dropped = _str_list(body.get("dropped"), "dropped")
+            body = load_json(await ch.fetch("unmask-request", agg), "unmask request")
+            survivors = str_list(body.get("survivors"), "survivors")
+            dropped = str_list(body.get("dropped"), "dropped")
         except (DecodeError, BlockStoreError) as exc:
             raise SecureAggregationError(f"unmasking request unusable: {exc}") from exc
         if ch.peer_id not in survivors:
@@ -580,11 +403,11 @@ class SecureRoundPeer:
         answer = client.unmask(survivors, dropped)
         await ch.post(
             "unmask-response",
-            _json_block(
+            json_block(
                 {
                     "client_id": ch.peer_id,
-                    "self_mask_shares": _shares_to_json(answer.self_mask_shares),
-                    "key_shares": _shares_to_json(answer.key_shares),
+                    "self_mask_shares": shares_to_json(answer.self_mask_shares),
+                    "key_shares": shares_to_json(answer.key_shares),
                 }
             ),
         )
@@ -642,7 +465,7 @@ class SecureRoundPeer:
             server.receive_masked(c, vector)
             cids[c] = ch.inbox[("masked", c)]
         survivors, dropped = server.unmask_request()
-        await ch.post("unmask-request", _json_block({"survivors": survivors, "dropped": dropped}))
+        await ch.post("unmask-request", json_block({"survivors": survivors, "dropped": dropped}))
 
         alive = set(survivors)
         await ch.wait(lambda: alive <= ch.senders("unmask-response"), cfg.response_timeout)
@@ -654,20 +477,20 @@ class SecureRoundPeer:
             if isinstance(data, BaseException):
                 continue
             try:
-                body = _load(data, "unmask response")
+                body = load_json(data, "unmask response")
                 if body.get("client_id") != c:
                     raise DecodeError("wrong client_id")
                 answers.append(
                     UnmaskingShares(
                         c,
-                        _shares_from_json(body.get("self_mask_shares"), "self_mask_shares"),
-                        _shares_from_json(body.get("key_shares"), "key_shares"),
+                        shares_from_json(body.get("self_mask_shares"), "self_mask_shares"),
+                        shares_from_json(body.get("key_shares"), "key_shares"),
                     )
                 )
             except DecodeError as exc:
                 logger.info("secagg: unmasking answer of %s rejected: %s", c, exc)
         total = server.finalize(answers)
-        await ch.post("done", _json_block({"survivors": survivors, "dropped": dropped}))
+        await ch.post("done", json_block({"survivors": survivors, "dropped": dropped}))
         mean = (total / np.float32(len(survivors))).astype(np.float32)
         stats = RoundStats(
             round_id=cfg.round_id,
