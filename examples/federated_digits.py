@@ -45,6 +45,7 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from gradfed_ipfs.announcement import Announcement
 from gradfed_ipfs.backward_pass import BackwardPassConfig
 from gradfed_ipfs.blockstore import Block, KuboBlockStore
 from gradfed_ipfs.dag import fetch_gradient, put_gradient
@@ -54,7 +55,7 @@ from gradfed_ipfs.federated.gossip import GossipModelSync
 from gradfed_ipfs.federated.privacy import DifferentialPrivacy
 from gradfed_ipfs.federated.runner import GradientAccumulator, RoundConfig, RoundRunner
 from gradfed_ipfs.federated.secure_aggregation import SecAggClient, SecAggServer
-from gradfed_ipfs.pubsub import Announcement, KuboPubsub
+from gradfed_ipfs.pubsub import KuboPubsub
 from gradfed_ipfs.round_record import ContributionRef, commit_round
 from gradfed_ipfs.tensor.aggregation import AggregationStrategy
 from gradfed_ipfs.tensor.compression import Codec, ErrorFeedback

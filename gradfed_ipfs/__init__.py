@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import contextlib as _contextlib
 
+from .announcement import (
+    Announcement,
+    AnnouncementFilter,
+)
 from .arrow_ipc import (
     load_gradient_from_arrow,
     load_layer_from_arrow,
@@ -160,8 +164,6 @@ from .kubo import (
     KuboSwarm,
 )
 from .pubsub import (
-    Announcement,
-    AnnouncementFilter,
     KuboPubsub,
     MemoryPubsub,
     MemoryPubsubBus,

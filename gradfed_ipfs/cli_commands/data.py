@@ -10,13 +10,14 @@ import numpy as np
 from multiformats import CID
 
 from .._types import FloatArray
+from ..announcement import Announcement
 from ..arrow_ipc import decode_gradient, store_layer_as_arrow
 from ..blockstore.base import Block
 from ..blockstore.kubo import KuboBlockStore
 from ..cid import DAG_CBOR, RAW, parse_cid
 from ..dag import fetch_gradient, put_gradient
 from ..errors import DecodeError, DimensionMismatch
-from ..pubsub import Announcement, KuboPubsub, session_topic
+from ..pubsub import KuboPubsub, session_topic
 from ..tensor.aggregation import Contribution
 from .common import (
     UsageError,

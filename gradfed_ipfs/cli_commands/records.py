@@ -10,10 +10,11 @@ from typing import Any
 
 from rich.table import Table
 
+from ..announcement import AnnouncementFilter
 from ..blockstore.kubo import KuboBlockStore
 from ..cid import parse_cid
 from ..errors import DecodeError, GradfedError
-from ..pubsub import AnnouncementFilter, KuboPubsub, session_topic
+from ..pubsub import KuboPubsub, session_topic
 from ..round_record import RoundRecord, RoundVerification, verify_history, verify_round
 from .common import UsageError, async_handler, console, err_console
 

@@ -5,10 +5,10 @@ whose ``verify_update`` accepts almost any string. Here an endpoint runs over a
 :class:`~gradfed_ipfs.pubsub.PubsubTransport`: :class:`~gradfed_ipfs.pubsub.KuboPubsub` on a
 real daemon, or :class:`~gradfed_ipfs.pubsub.MemoryPubsub` (a shared in-process bus) in unit
 tests. Messages are DESIGN §3 announcements on ``gradfed/v1/<session_id>``; every received one
-passes an :class:`~gradfed_ipfs.pubsub.AnnouncementFilter` (authenticated sender, session, CID,
-size, de-duplication per (peer, round), own messages), and ``collect_updates`` counts distinct
-peers. Announcers re-publish until the round closes (bounded count and interval), so a late
-subscriber still learns the CID.
+passes an :class:`~gradfed_ipfs.announcement.AnnouncementFilter` (authenticated sender, session,
+CID, size, de-duplication per (peer, round), own messages), and ``collect_updates`` counts
+distinct peers. Announcers re-publish until the round closes (bounded count and interval), so a
+late subscriber still learns the CID.
 """
 
 from __future__ import annotations
@@ -22,11 +22,10 @@ from collections.abc import AsyncIterator
 
 from multiformats import CID
 
+from ..announcement import Announcement, AnnouncementFilter
 from ..cid import parse_cid
 from ..errors import DecodeError, InvalidGradient, PubsubError
 from ..pubsub import (
-    Announcement,
-    AnnouncementFilter,
     KuboPubsub,
     MemoryPubsub,
     MemoryPubsubBus,

@@ -35,6 +35,7 @@ from typing import Protocol
 from multiformats import CID
 
 from .._types import CIDLike, FloatArray, GradientLike
+from ..announcement import Announcement
 from ..backward_pass import BackwardPassConfig
 from ..blockstore.base import BlockStore
 from ..errors import (
@@ -44,7 +45,6 @@ from ..errors import (
     GradientError,
     InvalidGradient,
 )
-from ..pubsub import Announcement
 from ..tensor.aggregation import as_float32_vector
 from .accumulator import DistributedGradientAccumulator
 from .dp_round import HasContributions, check_dp_round, dp_round_aggregate
@@ -139,7 +139,7 @@ class RoundResult:
     failures
         Peer ID → why its gradient was not taken in.
     drops
-        Announcement drops by reason (see :class:`~gradfed_ipfs.pubsub.AnnouncementFilter`).
+        Announcement drops by reason (see :class:`~gradfed_ipfs.announcement.AnnouncementFilter`).
     """
 
     round_id: int

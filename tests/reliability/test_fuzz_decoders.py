@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from multiformats import CID
 
+from gradfed_ipfs.announcement import MAX_MESSAGE_BYTES, Announcement
 from gradfed_ipfs.arrow_ipc import (
     META_COUNT,
     META_SHAPE,
@@ -50,7 +51,6 @@ from gradfed_ipfs.errors import (
 )
 from gradfed_ipfs.garw import GradientArrowBlock
 from gradfed_ipfs.ipld_records import decode_record
-from gradfed_ipfs.pubsub import MAX_MESSAGE_BYTES, Announcement
 from gradfed_ipfs.round_record import ROUND_RECORD_TYPE, ContributionRef, RoundRecord
 from gradfed_ipfs.tensor.aggregation import FedAvg, TrimmedMean
 from gradfed_ipfs.tensor.types import QuantizedGradient, SparseGradient, SparseQuantizedGradient

@@ -27,12 +27,13 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
+from gradfed_ipfs.announcement import MAX_MESSAGE_BYTES, Announcement
 from gradfed_ipfs.blockstore import Block, KuboBlockStore
 from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import BlockNotFound
 from gradfed_ipfs.federated.accumulator import DistributedGradientAccumulator
 from gradfed_ipfs.federated.gossip import GossipModelSync
-from gradfed_ipfs.pubsub import MAX_MESSAGE_BYTES, Announcement, KuboPubsub, PubsubMessage
+from gradfed_ipfs.pubsub import KuboPubsub, PubsubMessage
 from tests.polling import apoll_until
 
 from .profile import FLOOD_MESSAGES
