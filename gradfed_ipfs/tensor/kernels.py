@@ -14,8 +14,8 @@ really do overlap; an f2py wrapper such as ``scipy.linalg.blas.saxpy`` holds the
 ~3 µs of argument parsing per call. BLAS itself is held to one thread: each call is one cache
 block, too small to be worth waking BLAS's own threads for.
 
-Measured on a 2-core machine at d = 10M (``benchmarks/bench_aggregate.py``): 1.0× of the
-two-thread ``w @ X`` bound at N = 4 and ~1.1× at N = 16, against 1.1× and 1.9× for the former
+Measured on a 2-core VM at d = 10M (``benchmarks/bench_aggregate.py``): 0.7–0.9× of the
+two-thread ``w @ X`` bound at N = 4 and 1.0–1.1× at N = 16, against 1.3× and 1.9× for the former
 single-threaded f2py ``saxpy`` loop.
 
 When the BLAS pointer is not available (another Python implementation, a SciPy without
