@@ -92,7 +92,8 @@ def weighted_sum(
     length = int(rows[0].size)
     if any(row.size != length for row in rows):
         raise ValueError(f"gradients differ in length: {sorted({row.size for row in rows})}")
-    w = np.asarray(weights, dtype=np.float32).reshape(-1)
+    # A private copy: the workers read the weights through raw pointers while the call runs.
+    w = np.array(weights, dtype=np.float32).reshape(-1)
     if w.size != len(rows):
         raise ValueError(f"{w.size} weights for {len(rows)} gradients")
     if threads is not None and threads < 1:
@@ -142,12 +143,12 @@ def _accumulate_blas(
     claims: Iterator[int],
 ) -> None:
     """Add every row's share into each block claimed from ``claims`` until none are left."""
-    # Fortran BLAS takes every scalar by pointer; each call gets its own so threads never share.
+    # Fortran BLAS takes every scalar by pointer: each worker has its own block length, and
+    # the weights, only ever read, are the caller's private copy.
     count = ctypes.c_int(0)
     unit_stride = ctypes.c_int(1)
-    scalars = np.array(weights, dtype=np.float32)  # a private copy the pointers below refer to
     count_at, stride_at = ctypes.addressof(count), ctypes.addressof(unit_stride)
-    weight_at = [scalars.ctypes.data + 4 * i for i in range(scalars.size)]
+    weight_at = [weights.ctypes.data + 4 * i for i in range(weights.size)]
     row_at = [row.ctypes.data for row in rows]
     out_at = out.ctypes.data
     for claimed in claims:  # next() on itertools.count is atomic under the GIL
