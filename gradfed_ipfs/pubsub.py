@@ -29,6 +29,7 @@ import httpx
 from .errors import DecodeError, PubsubError, PubsubRequestError, PubsubUnavailable
 
 __all__ = [
+    "PUBLISH_ATTEMPTS",
     "TOPIC_PREFIX",
     "KuboPubsub",
     "MemoryPubsub",
@@ -48,6 +49,9 @@ logger = logging.getLogger("gradfed_ipfs.pubsub")
 TOPIC_PREFIX: Final = "gradfed/v1/"
 """Announcement topics are ``TOPIC_PREFIX + session_id``."""
 _BASE64URL: Final = re.compile(r"[A-Za-z0-9_-]*")
+PUBLISH_ATTEMPTS: Final = 5
+"""Tries of one ``pubsub/pub`` that Kubo answers with "validation ignored" (a seqno race)."""
+_SEQNO_IGNORED: Final = "validation ignored"
 
 
 def encode_multibase(data: bytes) -> str:
@@ -244,10 +248,22 @@ class KuboPubsub:
         Raises
         ------
         PubsubUnavailable, PubsubRequestError
-            If the daemon cannot be reached or refuses.
+            If the daemon cannot be reached or refuses (a "validation ignored" answer only
+            after :data:`PUBLISH_ATTEMPTS` tries).
         """
         files = {"file": ("data", data, "application/octet-stream")}
-        await self._post("pubsub/pub", {"arg": encode_topic(topic)}, files=files)
+        params = {"arg": encode_topic(topic)}
+        for attempt in range(1, PUBLISH_ATTEMPTS + 1):
+            try:
+                await self._post("pubsub/pub", params, files=files)
+                return
+            except PubsubRequestError as exc:
+                # Kubo's seqno validator ignores a local message whose seqno is not above the
+                # last one it validated; two publishes racing on one daemon can hit that. The
+                # ignored message went nowhere, and a new publish gets a new seqno.
+                if _SEQNO_IGNORED not in str(exc) or attempt == PUBLISH_ATTEMPTS:
+                    raise
+                logger.debug("pubsub/pub %s: %s, publishing again", topic, _SEQNO_IGNORED)
 
     async def topics(self) -> list[str]:
         """``pubsub/ls``: the topics this daemon subscribes to (decoded)."""

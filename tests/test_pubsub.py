@@ -15,6 +15,7 @@ from gradfed_ipfs.announcement import MAX_MESSAGE_BYTES, Announcement, Announcem
 from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import DecodeError, PubsubRequestError, PubsubUnavailable
 from gradfed_ipfs.pubsub import (
+    PUBLISH_ATTEMPTS,
     KuboPubsub,
     MemoryPubsubBus,
     PubsubMessage,
@@ -157,6 +158,42 @@ async def test_publish_sends_multibase_topic_and_multipart_data() -> None:
     assert request.url.params["arg"] == "uZ3JhZGZlZC92MS90ZXN0"
     assert b"multipart/form-data" in request.headers["content-type"].encode()
     assert b"payload-bytes" in request.read()
+
+
+@pytest.mark.parametrize("ignored_answers", [1, PUBLISH_ATTEMPTS - 1, PUBLISH_ATTEMPTS])
+async def test_publish_retries_a_seqno_race_then_gives_up(ignored_answers: int) -> None:
+    # Kubo answers "validation ignored" when two local publishes race past its seqno validator.
+    calls: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        if len(calls) <= ignored_answers:
+            return httpx.Response(500, json={"Message": "validation ignored", "Type": "error"})
+        return httpx.Response(200, text="")
+
+    client = KuboPubsub("http://127.0.0.1:1", transport=httpx.MockTransport(handler))
+    if ignored_answers < PUBLISH_ATTEMPTS:
+        await client.publish("t", b"x")
+        assert len(calls) == ignored_answers + 1
+    else:
+        with pytest.raises(PubsubRequestError, match="validation ignored"):
+            await client.publish("t", b"x")
+        assert len(calls) == PUBLISH_ATTEMPTS
+    await client.aclose()
+
+
+async def test_publish_does_not_retry_other_refusals() -> None:
+    calls: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        return httpx.Response(500, json={"Message": "pubsub not enabled", "Type": "error"})
+
+    client = KuboPubsub("http://127.0.0.1:1", transport=httpx.MockTransport(handler))
+    with pytest.raises(PubsubRequestError, match="not enabled"):
+        await client.publish("t", b"x")
+    assert len(calls) == 1
+    await client.aclose()
 
 
 async def test_subscription_reconnects_when_the_stream_breaks() -> None:
