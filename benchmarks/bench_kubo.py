@@ -19,8 +19,8 @@ import time
 
 import httpx
 
-from gradfed_ipfs.blockstore import Block, KuboBlockStore
 from gradfed_ipfs.kubo import KuboDaemon
+from gradfed_ipfs.storage import Block, KuboBlockStore
 
 SIZES = [256 * 1024, 512 * 1024, 1024 * 1024, 2 * 1024 * 1024]
 

@@ -6,7 +6,7 @@ peers). Issue 8, scenario 6; ``tests/reliability/test_load.py`` runs a reduced v
 
 Each round, every peer generates its gradient (seeded), commits it to its daemon with a
 ``StreamingAccumulator`` (chunked DAG, pinned), and announces the CID on the session topic (an
-:class:`~gradfed_ipfs.announcement.Announcement`, re-published every second until the round ends, as
+:class:`~gradfed_ipfs.Announcement`, re-published every second until the round ends, as
 ``RoundRunner`` does). One subscription per daemon fans the announcements out to that daemon's
 peers. Each peer fetches every other peer's gradient through its own daemon (bitswap moves the
 blocks between daemons), folds it in as the chunks arrive, and finalizes; its aggregate is
@@ -35,12 +35,12 @@ from typing import Any, Protocol
 import httpx
 import numpy as np
 
-from gradfed_ipfs.announcement import Announcement
-from gradfed_ipfs.backward_pass import BackwardPassConfig
-from gradfed_ipfs.blockstore import KuboBlockStore
 from gradfed_ipfs.errors import DecodeError
-from gradfed_ipfs.federated.streaming import StreamingAccumulator
-from gradfed_ipfs.pubsub import KuboPubsub, session_topic
+from gradfed_ipfs.federated.round.streaming import StreamingAccumulator
+from gradfed_ipfs.formats.announcement import Announcement
+from gradfed_ipfs.kubo.pubsub import KuboPubsub, session_topic
+from gradfed_ipfs.seed.backward_pass import BackwardPassConfig
+from gradfed_ipfs.storage import KuboBlockStore
 from gradfed_ipfs.tensor.aggregation import FedAvg
 
 

@@ -47,16 +47,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gradfed_ipfs.arrow_ipc import store_gradient_as_arrow
-from gradfed_ipfs.federated.fixed_point import RingArray
-from gradfed_ipfs.federated.secagg_blocks import encode_masked_block
-from gradfed_ipfs.federated.secure_aggregation import (
+from gradfed_ipfs.federated.secagg.blocks import encode_masked_block
+from gradfed_ipfs.federated.secagg.fixed_point import RingArray
+from gradfed_ipfs.federated.secagg.protocol import (
     AdvertisedKeys,
     EncryptedShare,
     SecAggClient,
     SecAggServer,
     UnmaskingShares,
 )
+from gradfed_ipfs.formats.arrow import store_gradient_as_arrow
 from gradfed_ipfs.tensor.aggregation import Contribution, fedavg
 
 BONAWITZ_EXPANSION = 1.73

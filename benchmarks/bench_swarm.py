@@ -5,10 +5,10 @@ and B (fetcher), and in one run, on those daemons, measures:
 
 1. **Throughput** (MB/s of float32 payload) for 1M, 10M and 50M floats:
 
-   - ``commit``: :func:`gradfed_ipfs.dag.put_gradient` on A (Arrow-encode each chunk, hash,
+   - ``commit``: :func:`gradfed_ipfs.storage.dag.put_gradient` on A (Arrow-encode each chunk, hash,
      ``block/put``, dag-cbor manifest, recursive pin) vs a bare httpx ``block/put`` loop on A over
      chunks of the same sizes, encoded *before* the clock starts;
-   - ``fetch``: :func:`gradfed_ipfs.dag.fetch_gradient` on B (manifest, chunks over bitswap,
+   - ``fetch``: :func:`gradfed_ipfs.storage.dag.fetch_gradient` on B (manifest, chunks over bitswap,
      re-hash, decode into one preallocated array) vs a bare httpx ``block/get`` loop on B;
    - ``seq fetch``: the same fetch with one chunk in flight, against the concurrent one.
 
@@ -40,13 +40,13 @@ from collections.abc import Awaitable, Callable
 import httpx
 import numpy as np
 
-from gradfed_ipfs.arrow_ipc import store_gradient_as_arrow
-from gradfed_ipfs.backward_pass import BackwardPassConfig
-from gradfed_ipfs.blockstore import Block, KuboBlockStore
-from gradfed_ipfs.dag import fetch_gradient, plan_chunks, put_gradient
-from gradfed_ipfs.federated.accumulator import DistributedGradientAccumulator
-from gradfed_ipfs.federated.streaming import StreamingAccumulator
+from gradfed_ipfs.federated.round.accumulator import DistributedGradientAccumulator
+from gradfed_ipfs.federated.round.streaming import StreamingAccumulator
+from gradfed_ipfs.formats.arrow import store_gradient_as_arrow
 from gradfed_ipfs.kubo import KuboSwarm
+from gradfed_ipfs.seed.backward_pass import BackwardPassConfig
+from gradfed_ipfs.storage import Block, KuboBlockStore
+from gradfed_ipfs.storage.dag import fetch_gradient, plan_chunks, put_gradient
 
 CONCURRENCY = 8
 

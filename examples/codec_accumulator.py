@@ -1,4 +1,4 @@
-"""An accumulator for :class:`~gradfed_ipfs.federated.runner.RoundRunner` that sends encoded deltas.
+"""An accumulator for :class:`~gradfed_ipfs.RoundRunner` that sends encoded deltas.
 
 ``DistributedGradientAccumulator`` commits dense float32 blocks. This one encodes the local
 delta with a codec behind per-peer error feedback (top-k, int8, ...), commits it as one Arrow
@@ -12,10 +12,10 @@ import numpy as np
 from multiformats import CID
 
 from gradfed_ipfs._types import CIDLike, FloatArray, GradientLike
-from gradfed_ipfs.arrow_ipc import load_gradient_from_arrow, store_layer_as_arrow
-from gradfed_ipfs.blockstore import Block
-from gradfed_ipfs.blockstore.base import BlockStore
 from gradfed_ipfs.errors import DimensionMismatch, InvalidGradient
+from gradfed_ipfs.formats.arrow import load_gradient_from_arrow, store_layer_as_arrow
+from gradfed_ipfs.storage import Block
+from gradfed_ipfs.storage.base import BlockStore
 from gradfed_ipfs.tensor.aggregation import AggregationStrategy, Contribution, as_float32_vector
 from gradfed_ipfs.tensor.compression import ErrorFeedback
 

@@ -5,15 +5,15 @@ hold a non-IID share of the training set (label proportions drawn from a seeded 
 Every round each peer
 
 1. starts from the global model and runs a few full-batch gradient steps on its own data;
-2. runs the round with its own :class:`~gradfed_ipfs.federated.runner.RoundRunner`: the delta is
+2. runs the round with its own :class:`~gradfed_ipfs.RoundRunner`: the delta is
    committed to *its own* daemon (``DistributedGradientAccumulator.commit_local``, or an encoded
    Arrow block with ``--compress``, see ``codec_accumulator.py``) and its CID announced on the
    session's pubsub topic (``gradfed/v1/<session>``) by a
-   :class:`~gradfed_ipfs.federated.gossip.GossipModelSync` endpoint; the other peers'
+   :class:`~gradfed_ipfs.federated.round.gossip.GossipModelSync` endpoint; the other peers'
    announcements are checked (authenticated sender, session, CID, duplicates), their deltas
    fetched by CID through the peer's own daemon (bitswap; every block re-hashed against its
    CID) and aggregated with ``--method``;
-3. commits a dag-cbor round record (:func:`~gradfed_ipfs.round_record.commit_round`) linking the
+3. commits a dag-cbor round record (:func:`~gradfed_ipfs.commit_round`) linking the
    contributions, the aggregate and the previous round. Honest peers aggregate the same inputs in
    the same order, so they all commit the *same* record CID; the run checks that.
 
@@ -45,18 +45,18 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from gradfed_ipfs.announcement import Announcement
-from gradfed_ipfs.backward_pass import BackwardPassConfig
-from gradfed_ipfs.blockstore import Block, KuboBlockStore
-from gradfed_ipfs.dag import fetch_gradient, put_gradient
 from gradfed_ipfs.errors import GradfedError, InvalidGradient
-from gradfed_ipfs.federated.accumulator import DistributedGradientAccumulator
-from gradfed_ipfs.federated.gossip import GossipModelSync
-from gradfed_ipfs.federated.privacy import DifferentialPrivacy
-from gradfed_ipfs.federated.runner import GradientAccumulator, RoundConfig, RoundRunner
-from gradfed_ipfs.federated.secure_aggregation import SecAggClient, SecAggServer
-from gradfed_ipfs.pubsub import KuboPubsub
-from gradfed_ipfs.round_record import ContributionRef, commit_round
+from gradfed_ipfs.federated.privacy.mechanisms import DifferentialPrivacy
+from gradfed_ipfs.federated.round.accumulator import DistributedGradientAccumulator
+from gradfed_ipfs.federated.round.gossip import GossipModelSync
+from gradfed_ipfs.federated.round.runner import GradientAccumulator, RoundConfig, RoundRunner
+from gradfed_ipfs.federated.secagg.protocol import SecAggClient, SecAggServer
+from gradfed_ipfs.formats.announcement import Announcement
+from gradfed_ipfs.kubo.pubsub import KuboPubsub
+from gradfed_ipfs.provenance.round_record import ContributionRef, commit_round
+from gradfed_ipfs.seed.backward_pass import BackwardPassConfig
+from gradfed_ipfs.storage import Block, KuboBlockStore
+from gradfed_ipfs.storage.dag import fetch_gradient, put_gradient
 from gradfed_ipfs.tensor.aggregation import AggregationStrategy
 from gradfed_ipfs.tensor.compression import Codec, ErrorFeedback
 

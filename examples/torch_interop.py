@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from gradfed_ipfs.blockstore import Block, KuboBlockStore, MemoryBlockStore
-from gradfed_ipfs.blockstore.base import BlockStore
+from gradfed_ipfs.storage import Block, KuboBlockStore, MemoryBlockStore
+from gradfed_ipfs.storage.base import BlockStore
+from gradfed_ipfs.storage.delta_store import load_delta, store_delta
 from gradfed_ipfs.tensor.compression import Codec
-from gradfed_ipfs.tensor.delta_store import load_delta, store_delta
 from gradfed_ipfs.tensor.types import DenseGradient, GradientDelta
 
 __all__ = [

@@ -26,8 +26,8 @@ from typing import Any, Protocol
 import pytest
 from hypothesis import HealthCheck, settings
 
-from gradfed_ipfs.blockstore import KuboBlockStore, MemoryBlockStore
 from gradfed_ipfs.kubo import KuboDaemon, KuboSwarm, find_kubo_binary, live_daemon_pids
+from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
 
 settings.register_profile(
     "ci", max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow]

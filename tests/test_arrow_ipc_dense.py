@@ -7,12 +7,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from gradfed_ipfs.arrow_ipc import (
+from gradfed_ipfs.errors import MalformedArrow
+from gradfed_ipfs.formats.arrow import (
     decode_gradient,
     load_gradient_from_arrow,
     store_gradient_as_arrow,
 )
-from gradfed_ipfs.errors import MalformedArrow
 
 
 def seed_layout(values: np.ndarray) -> bytes:

@@ -3,8 +3,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradfed_ipfs.arrow_ipc import decode_gradient
-from gradfed_ipfs.backward_pass import (
+from gradfed_ipfs.errors import (
+    DimensionMismatch,
+    EmptyGradients,
+    InvalidGradient,
+    NodeNotFound,
+    PeerNotFound,
+)
+from gradfed_ipfs.formats.arrow import decode_gradient
+from gradfed_ipfs.seed.backward_pass import (
     AggregationMethod,
     BackwardPassConfig,
     BackwardPassStats,
@@ -15,14 +22,7 @@ from gradfed_ipfs.backward_pass import (
     clip_gradient_norm,
     federated_average,
 )
-from gradfed_ipfs.blockstore.memory import MemoryBlockStore
-from gradfed_ipfs.errors import (
-    DimensionMismatch,
-    EmptyGradients,
-    InvalidGradient,
-    NodeNotFound,
-    PeerNotFound,
-)
+from gradfed_ipfs.storage.memory import MemoryBlockStore
 from gradfed_ipfs.tensor.aggregation import Contribution
 
 

@@ -9,11 +9,7 @@ import numpy as np
 import pytest
 from multiformats import CID
 
-from gradfed_ipfs.blockstore.base import Block
-from gradfed_ipfs.blockstore.memory import MemoryBlockStore
-from gradfed_ipfs.checkpoint import GradientCheckpoint
 from gradfed_ipfs.cid import make_cid
-from gradfed_ipfs.computation_graph import ComputationGraphStore, ComputationNode
 from gradfed_ipfs.errors import (
     BlockCorrupt,
     BlockNotFound,
@@ -21,6 +17,10 @@ from gradfed_ipfs.errors import (
     GraphSerializationError,
     MalformedManifest,
 )
+from gradfed_ipfs.provenance.checkpoint import GradientCheckpoint
+from gradfed_ipfs.provenance.graph import ComputationGraphStore, ComputationNode
+from gradfed_ipfs.storage.base import Block
+from gradfed_ipfs.storage.memory import MemoryBlockStore
 
 
 def cid(label: str) -> str:

@@ -8,11 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from multiformats import CID
 
-from gradfed_ipfs.arrow_ipc import encode_arrow_file
-from gradfed_ipfs.blockstore.base import Block
-from gradfed_ipfs.blockstore.memory import MemoryBlockStore
 from gradfed_ipfs.cid import make_cid, parse_cid
-from gradfed_ipfs.computation_graph import ComputationGraphStore, ComputationNode
 from gradfed_ipfs.errors import (
     BlockCorrupt,
     CircularDependency,
@@ -24,7 +20,11 @@ from gradfed_ipfs.errors import (
     MalformedManifest,
     ShapeMismatch,
 )
-from gradfed_ipfs.graph_ipld import provenance_chain_from_store
+from gradfed_ipfs.formats.arrow import encode_arrow_file
+from gradfed_ipfs.provenance.graph import ComputationGraphStore, ComputationNode
+from gradfed_ipfs.provenance.graph_ipld import provenance_chain_from_store
+from gradfed_ipfs.storage.base import Block
+from gradfed_ipfs.storage.memory import MemoryBlockStore
 
 
 def cid(label: str) -> str:

@@ -8,16 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradfed_ipfs.blockstore.memory import MemoryBlockStore
 from gradfed_ipfs.cid import make_cid
-from gradfed_ipfs.coordination import (
-    BackwardPassCoordinator,
-    BackwardPassId,
-    CoordinationStatus,
-    GradientArrowBlock,
-    GradientContribution,
-    PassCoordinator,
-)
 from gradfed_ipfs.errors import (
     ArrowBlockError,
     ArrowBlockShapeMismatch,
@@ -28,7 +19,16 @@ from gradfed_ipfs.errors import (
     PassNotFound,
     TruncatedData,
 )
-from gradfed_ipfs.garw import fnv1a_64
+from gradfed_ipfs.seed.coordination import (
+    BackwardPassCoordinator,
+    BackwardPassId,
+    CoordinationStatus,
+    GradientArrowBlock,
+    GradientContribution,
+    PassCoordinator,
+)
+from gradfed_ipfs.seed.garw import fnv1a_64
+from gradfed_ipfs.storage.memory import MemoryBlockStore
 
 
 class FakeClock:

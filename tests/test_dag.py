@@ -11,10 +11,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gradfed_ipfs.arrow_ipc import store_gradient_as_arrow
-from gradfed_ipfs.blockstore import Block, KuboBlockStore, MemoryBlockStore
 from gradfed_ipfs.cid import DAG_CBOR, RAW, make_cid
-from gradfed_ipfs.dag import (
+from gradfed_ipfs.errors import (
+    BlockCorrupt,
+    BlockNotFound,
+    InvalidGradient,
+    MalformedManifest,
+    StoreUnavailable,
+)
+from gradfed_ipfs.formats.arrow import store_gradient_as_arrow
+from gradfed_ipfs.storage import Block, KuboBlockStore, MemoryBlockStore
+from gradfed_ipfs.storage.dag import (
     MANIFEST_FORMAT,
     ChunkManifest,
     ChunkRef,
@@ -23,13 +30,6 @@ from gradfed_ipfs.dag import (
     plan_chunks,
     put_gradient,
     values_per_chunk,
-)
-from gradfed_ipfs.errors import (
-    BlockCorrupt,
-    BlockNotFound,
-    InvalidGradient,
-    MalformedManifest,
-    StoreUnavailable,
 )
 
 CHUNK = 65_536  # smallest chunk size: many chunks from small arrays keeps tests fast

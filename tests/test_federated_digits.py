@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from gradfed_ipfs.blockstore import KuboBlockStore
 from gradfed_ipfs.errors import InvalidGradient
-from gradfed_ipfs.federated.accountant import RdpPrivacyAccountant, gaussian_event
+from gradfed_ipfs.federated.privacy.accountant import RdpPrivacyAccountant, gaussian_event
 from gradfed_ipfs.kubo import KuboDaemon, KuboSwarm
-from gradfed_ipfs.round_record import verify_history
+from gradfed_ipfs.provenance.round_record import verify_history
+from gradfed_ipfs.storage import KuboBlockStore
 from gradfed_ipfs.tensor.aggregation import Krum, MultiKrum, TrimmedMean
 from gradfed_ipfs.tensor.compression import TopKInt8
 

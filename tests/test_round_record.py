@@ -9,13 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from multiformats import CID
 
-from gradfed_ipfs.arrow_ipc import store_gradient_as_arrow
-from gradfed_ipfs.blockstore.base import Block
-from gradfed_ipfs.blockstore.memory import MemoryBlockStore
 from gradfed_ipfs.cid import make_cid
-from gradfed_ipfs.dag import fetch_gradient, put_gradient
 from gradfed_ipfs.errors import GraphSerializationError, InvalidGradient, MalformedManifest
-from gradfed_ipfs.round_record import (
+from gradfed_ipfs.formats.arrow import store_gradient_as_arrow
+from gradfed_ipfs.provenance.round_record import (
     ContributionRef,
     RoundRecord,
     commit_round,
@@ -24,6 +21,9 @@ from gradfed_ipfs.round_record import (
     verify_history,
     verify_round,
 )
+from gradfed_ipfs.storage.base import Block
+from gradfed_ipfs.storage.dag import fetch_gradient, put_gradient
+from gradfed_ipfs.storage.memory import MemoryBlockStore
 from gradfed_ipfs.tensor.aggregation import AggregationMethod, AggregationStrategy, FedAvg
 
 
@@ -271,9 +271,9 @@ def test_record_refuses_duplicate_peer() -> None:
 
 @pytest.mark.kubo
 async def test_history_verified_by_outsider_over_bitswap(kubo_swarm3) -> None:  # type: ignore[no-untyped-def]
-    from gradfed_ipfs.blockstore import KuboBlockStore
-    from gradfed_ipfs.checkpoint import GradientCheckpoint
-    from gradfed_ipfs.computation_graph import ComputationGraphStore
+    from gradfed_ipfs.provenance.checkpoint import GradientCheckpoint
+    from gradfed_ipfs.provenance.graph import ComputationGraphStore
+    from gradfed_ipfs.storage import KuboBlockStore
 
     node_a, node_b, node_c = kubo_swarm3
     rng = np.random.default_rng(11)

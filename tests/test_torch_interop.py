@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradfed_ipfs.blockstore import Block, MemoryBlockStore
 from gradfed_ipfs.errors import ChecksumFailed
+from gradfed_ipfs.storage import Block, MemoryBlockStore
+from gradfed_ipfs.storage.delta_store import load_delta, store_delta
 from gradfed_ipfs.tensor.compression import TopKInt8
-from gradfed_ipfs.tensor.delta_store import load_delta, store_delta
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from torch_interop import delta_from_arrays, grads_from_delta

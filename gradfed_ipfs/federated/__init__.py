@@ -1,31 +1,49 @@
-"""Federated learning over IPFS: rounds, convergence, differential privacy, secure aggregation."""
+"""Federated learning over IPFS: rounds, differential privacy and secure aggregation."""
 
 from __future__ import annotations
 
-from .accountant import PrivacyBudget, RdpPrivacyAccountant
-from .clients import ClientInfo, ClientState
-from .convergence import ConvergenceConfig, ConvergenceDetector
-from .privacy import AccountingMode, Calibration, DifferentialPrivacy, DPMechanism
-from .rounds import FederatedRound, ModelUpdate, RoundStats
-from .secure_aggregation import SecAggClient, SecAggServer, SecureAggregation
-from .sync import ModelSyncProtocol
+from .privacy import (
+    AccountingMode,
+    Calibration,
+    DifferentialPrivacy,
+    DPMechanism,
+    PrivacyBudget,
+    RdpPrivacyAccountant,
+)
+from .round import (
+    AccumulatorConfig,
+    DistributedGradientAccumulator,
+    GossipModelSync,
+    ModelUpdate,
+    RoundConfig,
+    RoundResult,
+    RoundRunner,
+    RoundStats,
+    SecureRoundConfig,
+    StreamingAccumulator,
+    run_secure_round,
+)
+from .secagg import SecAggClient, SecAggServer, SecureAggregation
 
 __all__ = [
     "AccountingMode",
+    "AccumulatorConfig",
     "Calibration",
-    "ClientInfo",
-    "ClientState",
-    "ConvergenceConfig",
-    "ConvergenceDetector",
     "DPMechanism",
     "DifferentialPrivacy",
-    "FederatedRound",
-    "ModelSyncProtocol",
+    "DistributedGradientAccumulator",
+    "GossipModelSync",
     "ModelUpdate",
     "PrivacyBudget",
     "RdpPrivacyAccountant",
+    "RoundConfig",
+    "RoundResult",
+    "RoundRunner",
     "RoundStats",
     "SecAggClient",
     "SecAggServer",
     "SecureAggregation",
+    "SecureRoundConfig",
+    "StreamingAccumulator",
+    "run_secure_round",
 ]

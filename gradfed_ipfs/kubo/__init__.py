@@ -1,12 +1,20 @@
-"""Kubo daemon management: locate or build the binary, start loopback daemons and swarms."""
+"""Kubo: the binary, loopback daemons and swarms, and pubsub (Kubo's and an in-memory bus)."""
+
+from __future__ import annotations
 
 from .binary import KUBO_VERSION, default_kubo_path, find_kubo_binary
-from .daemon import KuboDaemon, KuboSwarm, live_daemon_pids, multiaddr_to_url
+from .daemon import LOOPBACK_CONFIG, KuboDaemon, KuboSwarm, live_daemon_pids, multiaddr_to_url
+from .pubsub import KuboPubsub, MemoryPubsub, MemoryPubsubBus, PubsubTransport
 
 __all__ = [
     "KUBO_VERSION",
+    "LOOPBACK_CONFIG",
     "KuboDaemon",
+    "KuboPubsub",
     "KuboSwarm",
+    "MemoryPubsub",
+    "MemoryPubsubBus",
+    "PubsubTransport",
     "default_kubo_path",
     "find_kubo_binary",
     "live_daemon_pids",

@@ -1,7 +1,7 @@
 """Gradient tensors: types, compression, aggregation and verification (pure NumPy, no I/O).
 
 ``delta_store`` (storing a :class:`GradientDelta` as IPLD through a block store) is the one
-module here that does I/O; import it explicitly from :mod:`gradfed_ipfs.tensor.delta_store`.
+module here that does I/O; import it explicitly from :mod:`gradfed_ipfs.storage.delta_store`.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from .._types import FloatArray
 from ..errors import EmptyGradientSet, InvalidGradient, ShapeMismatch
 
 __all__ = [
+    "clip_gradient_norm",
     "clip_to_norm",
     "coordinate_median",
     "krum_scores",
@@ -191,3 +192,17 @@ def clip_to_norm(gradient: FloatArray, max_norm: float) -> FloatArray:
     if norm <= max_norm:
         return gradient
     return np.multiply(gradient, np.float32(max_norm / norm), dtype=np.float32)
+
+
+def clip_gradient_norm(gradient: FloatArray, max_norm: float) -> FloatArray:
+    """Scale ``gradient`` in place so its L2 norm is at most ``max_norm``; return it.
+
+    Unchanged when the norm is already within the bound (or zero). A ``max_norm`` that is
+    negative or not finite raises ``InvalidGradient`` (the seed did not guard this).
+    """
+    if not (max_norm >= 0 and np.isfinite(max_norm)):
+        raise InvalidGradient(f"max_norm must be a finite number >= 0, got {max_norm}")
+    norm = float(np.linalg.norm(gradient.astype(np.float64, copy=False)))
+    if norm > max_norm:
+        gradient *= np.float32(max_norm / norm)
+    return gradient

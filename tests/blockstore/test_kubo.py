@@ -8,9 +8,9 @@ import time
 import httpx
 import pytest
 
-from gradfed_ipfs.blockstore import Block, KuboBlockStore
 from gradfed_ipfs.errors import BlockCorrupt, BlockNotFound, BlockTooLarge, StoreUnavailable
 from gradfed_ipfs.kubo import KuboDaemon
+from gradfed_ipfs.storage import Block, KuboBlockStore
 
 pytestmark = pytest.mark.kubo
 

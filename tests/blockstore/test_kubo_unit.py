@@ -7,8 +7,6 @@ import json
 import httpx
 import pytest
 
-from gradfed_ipfs.blockstore import Block, KuboBlockStore
-from gradfed_ipfs.blockstore.kubo import encode_block_put, iter_ndjson, parse_rpc_error
 from gradfed_ipfs.errors import (
     BlockCorrupt,
     BlockNotFound,
@@ -18,6 +16,8 @@ from gradfed_ipfs.errors import (
     StoreRequestError,
     StoreUnavailable,
 )
+from gradfed_ipfs.storage import Block, KuboBlockStore
+from gradfed_ipfs.storage.kubo import encode_block_put, iter_ndjson, parse_rpc_error
 
 
 def store_with(handler: object, **kwargs: object) -> KuboBlockStore:

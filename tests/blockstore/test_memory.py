@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from gradfed_ipfs.blockstore import Block, MemoryBlockStore
 from gradfed_ipfs.errors import BlockCorrupt, BlockNotFound, BlockTooLarge, InvalidGradient
+from gradfed_ipfs.storage import Block, MemoryBlockStore
 
 
 async def test_put_get_has_delete_pin(memory_store: MemoryBlockStore) -> None:

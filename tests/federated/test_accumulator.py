@@ -7,9 +7,6 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from gradfed_ipfs.arrow_ipc import store_gradient_as_arrow
-from gradfed_ipfs.backward_pass import AggregationMethod, BackwardPassConfig
-from gradfed_ipfs.blockstore import Block, BlockStore, KuboBlockStore, MemoryBlockStore
 from gradfed_ipfs.errors import (
     BlockCorrupt,
     BlockNotFound,
@@ -18,7 +15,10 @@ from gradfed_ipfs.errors import (
     InvalidGradient,
     MalformedArrow,
 )
-from gradfed_ipfs.federated.accumulator import DistributedGradientAccumulator
+from gradfed_ipfs.federated.round.accumulator import DistributedGradientAccumulator
+from gradfed_ipfs.formats.arrow import store_gradient_as_arrow
+from gradfed_ipfs.seed.backward_pass import AggregationMethod, BackwardPassConfig
+from gradfed_ipfs.storage import Block, BlockStore, KuboBlockStore, MemoryBlockStore
 
 
 @pytest.fixture(params=["memory", pytest.param("kubo", marks=pytest.mark.kubo)])
@@ -170,7 +170,7 @@ async def test_commit_local_picks_chunked_form_and_peers_accept_both_kinds(
     store: BlockStore,
 ) -> None:
     from gradfed_ipfs.cid import DAG_CBOR, RAW
-    from gradfed_ipfs.dag import put_gradient, values_per_chunk
+    from gradfed_ipfs.storage.dag import put_gradient, values_per_chunk
 
     n = 2 * values_per_chunk(65_536) + 7
     rng = np.random.default_rng(5)
@@ -191,7 +191,7 @@ async def test_commit_local_picks_chunked_form_and_peers_accept_both_kinds(
 
 
 async def test_chunked_length_mismatch_raises_before_fetching_chunks() -> None:
-    from gradfed_ipfs.dag import fetch_manifest, put_gradient, values_per_chunk
+    from gradfed_ipfs.storage.dag import fetch_manifest, put_gradient, values_per_chunk
 
     store = MemoryBlockStore()
     acc = make_chunked()

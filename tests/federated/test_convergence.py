@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gradfed_ipfs.errors import InvalidGradient
-from gradfed_ipfs.federated.convergence import ConvergenceConfig, ConvergenceDetector
+from gradfed_ipfs.seed.convergence import ConvergenceConfig, ConvergenceDetector
 
 
 def test_config_defaults_match_seed() -> None:

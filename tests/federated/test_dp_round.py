@@ -8,14 +8,14 @@ import dp_accounting
 import numpy as np
 import pytest
 
-from gradfed_ipfs.backward_pass import BackwardPassConfig
-from gradfed_ipfs.blockstore import KuboBlockStore, MemoryBlockStore
 from gradfed_ipfs.errors import InvalidGradient, PrivacyBudgetExhausted
-from gradfed_ipfs.federated.gossip import GossipModelSync
-from gradfed_ipfs.federated.privacy import AccountingMode, DifferentialPrivacy
-from gradfed_ipfs.federated.runner import RoundConfig, RoundRunner
-from gradfed_ipfs.federated.streaming import StreamingAccumulator
-from gradfed_ipfs.pubsub import KuboPubsub, MemoryPubsubBus
+from gradfed_ipfs.federated.privacy.mechanisms import AccountingMode, DifferentialPrivacy
+from gradfed_ipfs.federated.round.gossip import GossipModelSync
+from gradfed_ipfs.federated.round.runner import RoundConfig, RoundRunner
+from gradfed_ipfs.federated.round.streaming import StreamingAccumulator
+from gradfed_ipfs.kubo.pubsub import KuboPubsub, MemoryPubsubBus
+from gradfed_ipfs.seed.backward_pass import BackwardPassConfig
+from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
 
 DELTA = 1e-5
 

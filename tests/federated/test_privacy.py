@@ -10,13 +10,13 @@ from hypothesis.extra import numpy as hnp
 from scipy import stats  # type: ignore[import-untyped]
 
 from gradfed_ipfs.errors import InvalidGradient, PrivacyBudgetExhausted
-from gradfed_ipfs.federated.accountant import (
+from gradfed_ipfs.federated.privacy.accountant import (
     PrivacyBudget,
     RdpPrivacyAccountant,
     laplace_event,
     subsampled_gaussian_event,
 )
-from gradfed_ipfs.federated.privacy import (
+from gradfed_ipfs.federated.privacy.mechanisms import (
     AccountingMode,
     Calibration,
     DifferentialPrivacy,

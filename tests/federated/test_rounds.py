@@ -15,17 +15,17 @@ from gradfed_ipfs.errors import (
     NoContributions,
     NotStarted,
 )
-from gradfed_ipfs.federated.clients import ClientInfo, ClientState
-from gradfed_ipfs.federated.convergence import ConvergenceDetector
-from gradfed_ipfs.federated.privacy import DifferentialPrivacy
-from gradfed_ipfs.federated.rounds import (
+from gradfed_ipfs.federated.privacy.mechanisms import DifferentialPrivacy
+from gradfed_ipfs.federated.secagg.protocol import run_secure_aggregation
+from gradfed_ipfs.seed.clients import ClientInfo, ClientState
+from gradfed_ipfs.seed.convergence import ConvergenceDetector
+from gradfed_ipfs.seed.rounds import (
     PLACEHOLDER_MODEL_CID,
     FederatedRound,
     ModelUpdate,
     RoundStats,
 )
-from gradfed_ipfs.federated.secure_aggregation import run_secure_aggregation
-from gradfed_ipfs.federated.sync import ModelSyncProtocol
+from gradfed_ipfs.seed.sync import ModelSyncProtocol
 
 MODEL = "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"
 

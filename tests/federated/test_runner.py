@@ -8,16 +8,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gradfed_ipfs.backward_pass import BackwardPassConfig
-from gradfed_ipfs.blockstore import Block, KuboBlockStore, MemoryBlockStore
-from gradfed_ipfs.blockstore.base import UNSET
 from gradfed_ipfs.cid import make_cid, parse_cid
-from gradfed_ipfs.dag import fetch_manifest, put_gradient
 from gradfed_ipfs.errors import InvalidGradient
-from gradfed_ipfs.federated.gossip import GossipModelSync
-from gradfed_ipfs.federated.runner import RoundConfig, RoundRunner
-from gradfed_ipfs.federated.streaming import StreamingAccumulator
-from gradfed_ipfs.pubsub import KuboPubsub, MemoryPubsubBus
+from gradfed_ipfs.federated.round.gossip import GossipModelSync
+from gradfed_ipfs.federated.round.runner import RoundConfig, RoundRunner
+from gradfed_ipfs.federated.round.streaming import StreamingAccumulator
+from gradfed_ipfs.kubo.pubsub import KuboPubsub, MemoryPubsubBus
+from gradfed_ipfs.seed.backward_pass import BackwardPassConfig
+from gradfed_ipfs.storage import Block, KuboBlockStore, MemoryBlockStore
+from gradfed_ipfs.storage.base import UNSET
+from gradfed_ipfs.storage.dag import fetch_manifest, put_gradient
 
 FAST = RoundConfig(
     min_peers=2,

@@ -12,14 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradfed_ipfs.blockstore import KuboBlockStore, MemoryBlockStore
 from gradfed_ipfs.errors import PrivacyBudgetExhausted, SecureAggregationError
-from gradfed_ipfs.federated.fixed_point import FixedPoint
-from gradfed_ipfs.federated.gossip import GossipModelSync
-from gradfed_ipfs.federated.privacy import DifferentialPrivacy
-from gradfed_ipfs.federated.runner import RoundResult, RoundRunner
-from gradfed_ipfs.federated.secagg_round import SecureRoundConfig, SecureRoundPeer
-from gradfed_ipfs.pubsub import KuboPubsub, MemoryPubsubBus
+from gradfed_ipfs.federated.privacy.mechanisms import DifferentialPrivacy
+from gradfed_ipfs.federated.round.gossip import GossipModelSync
+from gradfed_ipfs.federated.round.runner import RoundResult, RoundRunner
+from gradfed_ipfs.federated.round.secagg import SecureRoundConfig, SecureRoundPeer
+from gradfed_ipfs.federated.secagg.fixed_point import FixedPoint
+from gradfed_ipfs.kubo.pubsub import KuboPubsub, MemoryPubsubBus
+from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
 from tests.federated.test_dp_round import DELTA, make_dp, reference_epsilon
 from tests.federated.test_secagg_round import RecordingStore
 from tests.federated.test_secure_aggregation import rb, tolerance

@@ -6,13 +6,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from gradfed_ipfs.arrow_ipc import encode_arrow_file, store_gradient_as_arrow
 from gradfed_ipfs.errors import DecodeError, MalformedArrow
-from gradfed_ipfs.federated.secagg_blocks import (
+from gradfed_ipfs.federated.secagg.blocks import (
     MASKED_COLUMN,
     decode_masked_block,
     encode_masked_block,
 )
+from gradfed_ipfs.formats.arrow import encode_arrow_file, store_gradient_as_arrow
 
 
 def ring(bits: int, d: int = 1000, seed: int = 0) -> np.ndarray:

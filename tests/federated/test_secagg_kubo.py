@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradfed_ipfs.blockstore import Block, KuboBlockStore
 from gradfed_ipfs.errors import SecureAggregationError
-from gradfed_ipfs.federated.fixed_point import FixedPoint, RingArray
-from gradfed_ipfs.federated.secagg_blocks import decode_masked_block, encode_masked_block
-from gradfed_ipfs.federated.secure_aggregation import SecAggClient, SecAggServer
+from gradfed_ipfs.federated.secagg.blocks import decode_masked_block, encode_masked_block
+from gradfed_ipfs.federated.secagg.fixed_point import FixedPoint, RingArray
+from gradfed_ipfs.federated.secagg.protocol import SecAggClient, SecAggServer
 from gradfed_ipfs.kubo import KuboDaemon, KuboSwarm
+from gradfed_ipfs.storage import Block, KuboBlockStore
 from tests.federated.test_secure_aggregation import byte_chi_square_p, make_inputs, rb, tolerance
 
 pytestmark = pytest.mark.kubo

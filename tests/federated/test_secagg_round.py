@@ -15,18 +15,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradfed_ipfs.blockstore import Block, KuboBlockStore, MemoryBlockStore
 from gradfed_ipfs.cid import parse_cid
 from gradfed_ipfs.errors import BlockNotFound, SecureAggregationError
-from gradfed_ipfs.federated.fixed_point import FixedPoint
-from gradfed_ipfs.federated.secagg_blocks import decode_masked_block
-from gradfed_ipfs.federated.secagg_round import (
+from gradfed_ipfs.federated.round.secagg import (
     SecureRoundConfig,
     SecureRoundPeer,
     SecureRoundResult,
     secagg_topic,
 )
-from gradfed_ipfs.pubsub import KuboPubsub, MemoryPubsubBus, PubsubMessage
+from gradfed_ipfs.federated.secagg.blocks import decode_masked_block
+from gradfed_ipfs.federated.secagg.fixed_point import FixedPoint
+from gradfed_ipfs.kubo.pubsub import KuboPubsub, MemoryPubsubBus, PubsubMessage
+from gradfed_ipfs.storage import Block, KuboBlockStore, MemoryBlockStore
 from tests.federated.test_secure_aggregation import byte_chi_square_p, rb, tolerance
 
 D = 2_000

@@ -14,8 +14,8 @@ from gradfed_ipfs.errors import (
     FederatedDimensionMismatch,
     SecureAggregationError,
 )
-from gradfed_ipfs.federated.fixed_point import FixedPoint
-from gradfed_ipfs.federated.secure_aggregation import (
+from gradfed_ipfs.federated.secagg.fixed_point import FixedPoint
+from gradfed_ipfs.federated.secagg.protocol import (
     EncryptedShare,
     SecAggClient,
     SecAggServer,

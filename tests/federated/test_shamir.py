@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gradfed_ipfs.errors import SecureAggregationError
-from gradfed_ipfs.federated.shamir import PRIME, Share, combine_shares, split_secret
+from gradfed_ipfs.federated.secagg.shamir import PRIME, Share, combine_shares, split_secret
 
 
 def rand(seed: int) -> np.random.Generator:

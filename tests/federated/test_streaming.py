@@ -5,18 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradfed_ipfs.arrow_ipc import store_gradient_as_arrow
-from gradfed_ipfs.backward_pass import AggregationMethod, BackwardPassConfig
-from gradfed_ipfs.blockstore import Block, MemoryBlockStore
-from gradfed_ipfs.dag import fetch_manifest, put_gradient, values_per_chunk
 from gradfed_ipfs.errors import (
     BlockCorrupt,
     DimensionMismatch,
     EmptyGradients,
     InvalidGradient,
 )
-from gradfed_ipfs.federated.accumulator import DistributedGradientAccumulator
-from gradfed_ipfs.federated.streaming import StreamingAccumulator
+from gradfed_ipfs.federated.round.accumulator import DistributedGradientAccumulator
+from gradfed_ipfs.federated.round.streaming import StreamingAccumulator
+from gradfed_ipfs.formats.arrow import store_gradient_as_arrow
+from gradfed_ipfs.seed.backward_pass import AggregationMethod, BackwardPassConfig
+from gradfed_ipfs.storage import Block, MemoryBlockStore
+from gradfed_ipfs.storage.dag import fetch_manifest, put_gradient, values_per_chunk
 from gradfed_ipfs.tensor.aggregation import Median
 
 CHUNK = 65_536

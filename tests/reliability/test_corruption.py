@@ -22,11 +22,11 @@ import httpx
 import numpy as np
 import pytest
 
-from gradfed_ipfs.blockstore import Block, KuboBlockStore
-from gradfed_ipfs.dag import put_gradient
 from gradfed_ipfs.errors import BlockCorrupt, BlockNotFound
-from gradfed_ipfs.federated.accumulator import DistributedGradientAccumulator
+from gradfed_ipfs.federated.round.accumulator import DistributedGradientAccumulator
 from gradfed_ipfs.kubo import KuboDaemon
+from gradfed_ipfs.storage import Block, KuboBlockStore
+from gradfed_ipfs.storage.dag import put_gradient
 
 from .profile import CORRUPTIONS
 
@@ -66,7 +66,7 @@ def mutate(data: bytes, kind: str, rng: random.Random, other: bytes) -> bytes:
 
 
 def _gradient_blocks(rng: np.random.Generator, count: int) -> list[Block]:
-    from gradfed_ipfs.arrow_ipc import store_gradient_as_arrow
+    from gradfed_ipfs.formats.arrow import store_gradient_as_arrow
 
     return [
         Block.new(store_gradient_as_arrow(rng.standard_normal(int(rng.integers(16, 4096)))))

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradfed_ipfs.blockstore import KuboBlockStore
-from gradfed_ipfs.federated.gossip import GossipModelSync
-from gradfed_ipfs.federated.runner import RoundConfig, RoundResult, RoundRunner
+from gradfed_ipfs.federated.round.gossip import GossipModelSync
+from gradfed_ipfs.federated.round.runner import RoundConfig, RoundResult, RoundRunner
 from gradfed_ipfs.kubo import KuboDaemon, KuboSwarm
-from gradfed_ipfs.pubsub import KuboPubsub
+from gradfed_ipfs.kubo.pubsub import KuboPubsub
+from gradfed_ipfs.storage import KuboBlockStore
 from tests.polling import apoll_until, poll_until
 
 pytestmark = pytest.mark.kubo

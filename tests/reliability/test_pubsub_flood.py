@@ -27,13 +27,13 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from gradfed_ipfs.announcement import MAX_MESSAGE_BYTES, Announcement
-from gradfed_ipfs.blockstore import Block, KuboBlockStore
 from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import BlockNotFound
-from gradfed_ipfs.federated.accumulator import DistributedGradientAccumulator
-from gradfed_ipfs.federated.gossip import GossipModelSync
-from gradfed_ipfs.pubsub import KuboPubsub, PubsubMessage
+from gradfed_ipfs.federated.round.accumulator import DistributedGradientAccumulator
+from gradfed_ipfs.federated.round.gossip import GossipModelSync
+from gradfed_ipfs.formats.announcement import MAX_MESSAGE_BYTES, Announcement
+from gradfed_ipfs.kubo.pubsub import KuboPubsub, PubsubMessage
+from gradfed_ipfs.storage import Block, KuboBlockStore
 from tests.polling import apoll_until
 
 from .profile import FLOOD_MESSAGES
@@ -228,6 +228,6 @@ async def test_pubsub_flood_every_message_dropped_and_counted(kubo_swarm3) -> No
 
 
 def _arrow(values: np.ndarray) -> bytes:
-    from gradfed_ipfs.arrow_ipc import store_gradient_as_arrow
+    from gradfed_ipfs.formats.arrow import store_gradient_as_arrow
 
     return store_gradient_as_arrow(values)

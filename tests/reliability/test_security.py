@@ -19,13 +19,13 @@ from multiformats import CID
 
 import gradfed_ipfs
 from gradfed_ipfs._types import CIDLike
-from gradfed_ipfs.arrow_ipc import store_gradient_as_arrow
-from gradfed_ipfs.blockstore import Block, KuboBlockStore
-from gradfed_ipfs.blockstore.base import UNSET, Unset
-from gradfed_ipfs.dag import put_gradient
-from gradfed_ipfs.federated.fixed_point import FixedPoint
-from gradfed_ipfs.federated.secure_aggregation import SecAggClient, SecAggServer
+from gradfed_ipfs.federated.secagg.fixed_point import FixedPoint
+from gradfed_ipfs.federated.secagg.protocol import SecAggClient, SecAggServer
+from gradfed_ipfs.formats.arrow import store_gradient_as_arrow
 from gradfed_ipfs.kubo import KuboDaemon
+from gradfed_ipfs.storage import Block, KuboBlockStore
+from gradfed_ipfs.storage.base import UNSET, Unset
+from gradfed_ipfs.storage.dag import put_gradient
 
 PACKAGE = Path(gradfed_ipfs.__file__).parent
 

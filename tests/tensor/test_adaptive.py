@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradfed_ipfs.arrow_ipc import load_gradient_from_arrow, store_layer_as_arrow
 from gradfed_ipfs.errors import InvalidGradient
+from gradfed_ipfs.formats.arrow import load_gradient_from_arrow, store_layer_as_arrow
 from gradfed_ipfs.tensor.adaptive import BySize
 from gradfed_ipfs.tensor.compression import Dense, ErrorFeedback, Int8, TopK
 from gradfed_ipfs.tensor.types import DenseGradient, QuantizedGradient, SparseGradient

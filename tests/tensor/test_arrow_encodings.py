@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from gradfed_ipfs.arrow_ipc import (
+from gradfed_ipfs.errors import MalformedArrow
+from gradfed_ipfs.formats.arrow import (
     decode_gradient,
     encode_arrow_file,
     load_gradient_from_arrow,
@@ -18,7 +19,6 @@ from gradfed_ipfs.arrow_ipc import (
     store_gradient_as_arrow,
     store_layer_as_arrow,
 )
-from gradfed_ipfs.errors import MalformedArrow
 from gradfed_ipfs.tensor.compression import CODECS, GradientCompressor
 from gradfed_ipfs.tensor.types import (
     DenseGradient,

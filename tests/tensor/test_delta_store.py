@@ -7,12 +7,12 @@ import dag_cbor
 import numpy as np
 import pytest
 
-from gradfed_ipfs.blockstore.base import Block
-from gradfed_ipfs.blockstore.memory import MemoryBlockStore
 from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import BlockNotFound, ChecksumFailed, MalformedArrow, MalformedManifest
+from gradfed_ipfs.storage.base import Block
+from gradfed_ipfs.storage.delta_store import load_delta, store_delta
+from gradfed_ipfs.storage.memory import MemoryBlockStore
 from gradfed_ipfs.tensor.compression import GradientCompressor
-from gradfed_ipfs.tensor.delta_store import load_delta, store_delta
 from gradfed_ipfs.tensor.types import GradientDelta, QuantizedGradient, SparseGradient
 
 BASE = make_cid(b"model v1")
@@ -163,7 +163,8 @@ async def test_missing_layer_block() -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["gradfed_ipfs.arrow_ipc", "gradfed_ipfs.tensor.delta_store", "gradfed_ipfs.tensor"]
+    "module",
+    ["gradfed_ipfs.formats.arrow", "gradfed_ipfs.storage.delta_store", "gradfed_ipfs.tensor"],
 )
 def test_each_module_imports_first(module: str) -> None:
     result = subprocess.run(

@@ -7,11 +7,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gradfed_ipfs.arrow_ipc import load_gradient_from_arrow, store_layer_as_arrow
-from gradfed_ipfs.blockstore import Block, KuboBlockStore
+from gradfed_ipfs.formats.arrow import load_gradient_from_arrow, store_layer_as_arrow
+from gradfed_ipfs.storage import Block, KuboBlockStore
+from gradfed_ipfs.storage.delta_store import load_delta, store_delta
 from gradfed_ipfs.tensor.aggregation import Contribution, FedAvg
 from gradfed_ipfs.tensor.compression import Dense, TopKInt8
-from gradfed_ipfs.tensor.delta_store import load_delta, store_delta
 from gradfed_ipfs.tensor.types import GradientDelta
 
 pytestmark = pytest.mark.kubo

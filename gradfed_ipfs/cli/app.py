@@ -1,0 +1,152 @@
+"""The ``gradfed-ipfs`` command line.
+
+This module and its helper package the modules beside it are the only code that
+prints or imports ``rich``; nothing in the library imports them. User mistakes and library
+errors end with a one-line message and the error family's exit code, never a traceback
+(``--debug`` shows it). Exit codes: 0 success; 1 a failed check (``verify-round``, ``history``,
+``node status`` of a stopped node) or a usage mistake; 2 bad arguments (argparse); otherwise the
+``exit_code`` of the error's family (3 gradient, 4 decode, 5 block store, 6 Kubo, 7 federated,
+10 pubsub; see :mod:`gradfed_ipfs.errors`); 130 interrupted.
+
+The daemon is chosen by ``--api URL``, else ``$GRADFED_IPFS_API``, else the managed node
+(``gradfed-ipfs node start``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from rich.table import Table
+
+from ..errors import GradfedError
+from .common import API_ENV, HOME_ENV, console, err_console
+from .data import add_data_parsers
+from .node import add_node_parser
+from .records import add_record_parsers
+
+__all__ = ["build_parser", "console", "err_console", "main"]
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from ..kubo.daemon import KuboSwarm
+    from .demo import run_demo_round
+
+    if args.peers < 2:
+        raise GradfedError("a federated round needs at least 2 peers")
+    console.print(
+        f"[bold]gradfed-ipfs demo[/]: {args.peers} peers, each with its own Kubo daemon "
+        f"on 127.0.0.1, d = {args.dim:,} floats"
+    )
+    with console.status("starting Kubo daemons…"):
+        swarm = KuboSwarm(args.peers).start()
+    try:
+        for daemon in swarm:
+            console.print(f"  daemon {daemon.peer_id} api={daemon.api_url} pid={daemon.pid}")
+        result = asyncio.run(
+            run_demo_round(list(swarm), dimension=args.dim, seed=args.seed, log=console.print)
+        )
+    finally:
+        swarm.stop()
+    table = Table(title="FedAvg round over Kubo (bitswap)")
+    for column in ("peer", "samples", "gradient CID", "commit s", "fetch s", "max |err|"):
+        table.add_column(column, overflow="fold")
+    for peer in result.peers:
+        table.add_row(
+            peer.name,
+            str(peer.num_samples),
+            str(peer.cid),
+            f"{peer.commit_seconds:.3f}",
+            f"{peer.fetch_seconds:.3f}",
+            f"{peer.max_abs_error:.1e}",
+        )
+    console.print(table)
+    console.print(f"reference FedAvg[:4] = {[round(v, 6) for v in result.reference_head]}")
+    console.print(f"total round time {result.total_seconds:.2f}s")
+    if not result.ok:
+        err_console.print("[red]FAILED[/]: an aggregate differs from the NumPy reference")
+        return 1
+    console.print("[green]OK[/]: every peer's aggregate equals the NumPy reference")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser of ``gradfed-ipfs``."""
+    parser = argparse.ArgumentParser(
+        prog="gradfed-ipfs",
+        description="Exchange and aggregate federated-learning gradients through IPFS (Kubo).",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    parser.add_argument(
+        "--api",
+        default=os.environ.get(API_ENV),
+        metavar="URL",
+        help=f"Kubo RPC URL of the daemon to use (default: ${API_ENV}, else the managed node)",
+    )
+    parser.add_argument(
+        "--node-dir",
+        default=None,
+        metavar="DIR",
+        help=f"directory of the managed node (default: ${HOME_ENV}, else "
+        "~/.local/share/gradfed-ipfs/node)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long a block fetch or RPC call may take (default 30)",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    demo = commands.add_parser(
+        "demo",
+        help="run a real multi-peer FedAvg round over local Kubo daemons",
+        description="Start N loopback Kubo daemons, let each peer commit a gradient, fetch the "
+        "others' by CID over bitswap, aggregate, and check against NumPy.",
+    )
+    demo.add_argument("--peers", type=int, default=3, help="number of peers/daemons (default 3)")
+    demo.add_argument(
+        "--dim", type=int, default=200_000, help="gradient length in floats (default 200000)"
+    )
+    demo.add_argument("--seed", type=int, default=0, help="RNG seed (default 0)")
+    demo.set_defaults(handler=_cmd_demo)
+    add_node_parser(commands)
+    add_data_parsers(commands)
+    add_record_parsers(commands)
+    return parser
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; return the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING)
+    try:
+        code: int = args.handler(args)
+    except GradfedError as exc:
+        if args.debug:
+            raise
+        err_console.print(f"[red]error[/] ({type(exc).__name__}): {exc}")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        return 130
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""``gradfed-ipfs verify-round``, ``history`` and ``watch``: round records and announcements."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from rich.table import Table
+
+from ..cid import parse_cid
+from ..errors import DecodeError, GradfedError
+from ..formats.announcement import AnnouncementFilter
+from ..kubo.pubsub import KuboPubsub, session_topic
+from ..provenance.round_record import RoundRecord, RoundVerification, verify_history, verify_round
+from ..storage.kubo import KuboBlockStore
+from .common import UsageError, async_handler, console, err_console
+
+__all__ = ["add_record_parsers"]
+
+
+def _epsilon(record: RoundRecord | None) -> str:
+    if record is None:
+        return "?"
+    for key in ("epsilon_spent", "epsilon"):
+        value = record.privacy.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return f"{value:.3g}"
+    return "-"
+
+
+def _table(title: str, rows: list[tuple[RoundVerification, RoundRecord | None]]) -> Table:
+    table = Table(title=title)
+    for column in ("round", "record CID", "peers", "method", "ε spent", "status"):
+        table.add_column(column, overflow="fold")
+    for verification, record in rows:
+        method = "?" if record is None else repr(record.aggregation)
+        peers = "?" if record is None else str(len(record.contributions))
+        status = (
+            "[green]verified[/]"
+            if verification.ok and verification.recomputed
+            else "[yellow]verified (DP noise: not recomputed)[/]"
+            if verification.ok
+            else f"[red]{verification.status}[/]"
+        )
+        table.add_row(
+            str(verification.round) if verification.round >= 0 else "?",
+            verification.record_cid,
+            peers,
+            method,
+            _epsilon(record),
+            status,
+        )
+    return table
+
+
+async def _load(cid: str, store: KuboBlockStore) -> RoundRecord | None:
+    try:
+        return await RoundRecord.load(cid, store)
+    except GradfedError:
+        return None
+
+
+def _parse(text: str) -> str:
+    try:
+        return str(parse_cid(text))
+    except DecodeError as exc:
+        raise UsageError(f"{text!r} is not a CID: {exc}") from None
+
+
+async def _verify_round(args: argparse.Namespace, api: str) -> int:
+    cid = _parse(args.cid)
+    async with KuboBlockStore(api, timeout=args.timeout) as store:
+        await store.get(cid)  # an unknown CID is an error (exit 5), not a failed check
+        verification = await verify_round(cid, store)
+        record = await _load(cid, store) if verification.round >= 0 else None
+    console.print(_table("round record", [(verification, record)]))
+    return 0 if verification.ok else 1
+
+
+async def _history(args: argparse.Namespace, api: str) -> int:
+    cid = _parse(args.cid)
+    async with KuboBlockStore(api, timeout=args.timeout) as store:
+        await store.get(cid)  # an unknown CID is an error (exit 5), not a table of failures
+        with err_console.status("verifying every round…"):
+            results = await verify_history(cid, store)
+        rows = [(r, await _load(r.record_cid, store) if r.round >= 0 else None) for r in results]
+    first = rows[-1][1] if rows and rows[-1][1] is not None else None
+    session = f" of session {first.session!r}" if first is not None else ""
+    console.print(_table(f"history{session}, newest first", rows))
+    failed = sum(not r.ok for r in results)
+    console.print(
+        f"{len(results)} rounds, {failed} failed" if failed else f"{len(results)} rounds verified"
+    )
+    return 0 if not failed else 1
+
+
+async def _watch(args: argparse.Namespace, api: str) -> int:
+    pubsub = KuboPubsub(api, timeout=args.timeout)
+    topic = session_topic(args.session)
+    seen = 0
+    try:
+        own = await pubsub.local_peer_id()
+        checks = AnnouncementFilter(args.session, own)
+        err_console.print(f"watching {topic} on {api} (Ctrl-C to stop)")
+
+        async def consume() -> None:
+            nonlocal seen
+            async for message in pubsub.subscribe(topic):
+                announcement = checks.accept(message)
+                if announcement is None:
+                    continue
+                seen += 1
+                stamp = time.strftime("%H:%M:%S", time.localtime(announcement.timestamp_ms / 1e3))
+                console.print(
+                    f"{stamp} round {announcement.round} peer {announcement.peer_id} "
+                    f"cid {announcement.cid} samples {announcement.num_samples} "
+                    f"length {announcement.length}"
+                )
+                if args.count and seen >= args.count:
+                    return
+
+        with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+            await asyncio.wait_for(consume(), timeout=args.duration)
+    finally:
+        await pubsub.aclose()
+    table = Table(title=f"announcements on {topic}")
+    table.add_column("accepted")
+    for reason, _ in checks.counts():
+        table.add_column(f"dropped: {reason}")
+    table.add_row(str(checks.accepted), *(str(count) for _, count in checks.counts()))
+    console.print(table)
+    return 0
+
+
+def add_record_parsers(commands: Any) -> None:
+    """Register ``verify-round``, ``history`` and ``watch`` on ``commands``."""
+    verify = commands.add_parser(
+        "verify-round",
+        help="re-check one round record (re-fetch everything, recompute the aggregate)",
+        description="Fetch a round record, every contribution and the aggregate it links "
+        "(each block re-hashed against its CID), recompute the aggregate and compare it bit for "
+        "bit. Exit 0 if it verifies, 1 if not.",
+    )
+    verify.add_argument("cid", help="round record CID (bafyrei…)")
+    verify.set_defaults(handler=async_handler(_verify_round))
+
+    history = commands.add_parser(
+        "history",
+        help="verify a round record and every earlier one (a table of rounds)",
+        description="Walk the chain of round records back to round 0 from the given one, "
+        "verify every round, and print a table: round, peers, method, ε spent and status. "
+        "Exit 0 if every round verifies, 1 if not.",
+    )
+    history.add_argument("cid", help="the last round's record CID")
+    history.set_defaults(handler=async_handler(_history))
+
+    watch = commands.add_parser(
+        "watch",
+        help="print a session's gradient announcements live, with drop counters",
+        description="Subscribe to gradfed/v1/<session> and print every valid announcement; "
+        "malformed, forged, duplicate, foreign-session and own messages are dropped and "
+        "counted. Ends on Ctrl-C, after --count announcements or after --duration seconds.",
+    )
+    watch.add_argument("--session", required=True, help="session id")
+    watch.add_argument("--count", type=int, default=0, help="stop after N announcements")
+    watch.add_argument("--duration", type=float, default=None, help="stop after SECONDS")
+    watch.set_defaults(handler=async_handler(_watch))

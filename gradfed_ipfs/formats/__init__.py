@@ -1,0 +1,46 @@
+"""Bytes to objects and back, with no I/O: Arrow blocks, records, pubsub, announcements.
+
+Everything a peer sends is decoded here, so this is where sizes and nesting are checked.
+"""
+
+from __future__ import annotations
+
+from .announcement import ANNOUNCEMENT_VERSION, MAX_MESSAGE_BYTES, Announcement, AnnouncementFilter
+from .arrow import (
+    MAX_DECODED_ELEMENTS,
+    DecodedGradient,
+    decode_gradient,
+    encode_arrow_file,
+    load_gradient_from_arrow,
+    load_layer_from_arrow,
+    open_arrow_file,
+    store_gradient_as_arrow,
+    store_layer_as_arrow,
+)
+from .pubsub import TOPIC_PREFIX, PubsubMessage, parse_sub_line, session_topic
+from .records import decode_record, encode_record, from_link, require, to_link
+
+__all__ = [
+    "ANNOUNCEMENT_VERSION",
+    "MAX_DECODED_ELEMENTS",
+    "MAX_MESSAGE_BYTES",
+    "TOPIC_PREFIX",
+    "Announcement",
+    "AnnouncementFilter",
+    "DecodedGradient",
+    "PubsubMessage",
+    "decode_gradient",
+    "decode_record",
+    "encode_arrow_file",
+    "encode_record",
+    "from_link",
+    "load_gradient_from_arrow",
+    "load_layer_from_arrow",
+    "open_arrow_file",
+    "parse_sub_line",
+    "require",
+    "session_topic",
+    "store_gradient_as_arrow",
+    "store_layer_as_arrow",
+    "to_link",
+]

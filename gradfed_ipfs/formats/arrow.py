@@ -1,0 +1,474 @@
+"""Gradients as Arrow IPC *file* bytes (magic ``ARROW1``): the payload of every gradient block.
+
+Layout written here (DESIGN §3): one record batch with a non-nullable Float32 column ``value``
+holding the flattened (row-major) tensor. Schema metadata says how to read it back:
+
+``gradfed.encoding``  ``dense``, ``sparse``, ``quantized`` or ``sparse-quantized``
+``gradfed.shape``     JSON list of ints, e.g. ``[2, 3]``
+``gradfed.dtype``     ``float32`` (the dtype of the decoded tensor)
+``gradfed.layer``     the layer name, when there is one
+
+Compressed encodings (DESIGN §3) keep their parameters in the metadata, so decoding needs no
+configuration:
+
+``sparse``            ``index`` (UInt32, or Int64 when the tensor has 2³² or more elements)
+                      plus ``value`` (Float32): the non-zero entries.
+``quantized``         ``q``: Int8 values (``gradfed.bits=8``) or UInt8 bytes holding two int4
+                      values each, low nibble first (``gradfed.bits=4``); with
+                      ``gradfed.scale``, ``gradfed.zero_point`` and ``gradfed.count``.
+``sparse-quantized``  ``index`` plus a ``q`` column as above (top-k + int8).
+
+:func:`load_gradient_from_arrow` and :func:`decode_gradient` decode every encoding to the
+dense float32 tensor; :func:`load_layer_from_arrow` returns the stored representation
+(:class:`~gradfed_ipfs.tensor.types.SparseGradient` etc.). The loader also accepts the seed's
+layout (an Int32 ``index`` column beside ``value`` and no metadata) and any number of record
+batches. Decoding a single-batch dense file is zero-copy: the returned array is a read-only
+view on the input buffer.
+
+Every byte given to the loader is untrusted: column types, lengths, index bounds, shapes and
+quantization parameters are checked before use, decoded tensors are capped at
+``max_elements``, and anything malformed raises :class:`~gradfed_ipfs.errors.MalformedArrow`,
+never a pyarrow or NumPy exception.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+import pyarrow as pa
+from numpy.typing import NDArray
+
+from .._types import FloatArray, GradientLike
+from ..errors import GradientError, MalformedArrow
+from ..tensor.types import (
+    DenseGradient,
+    LayerGradient,
+    QuantizedGradient,
+    SparseGradient,
+    SparseQuantizedGradient,
+    unpack_int4,
+)
+
+__all__ = [
+    "ARROW_MAGIC",
+    "ENCODINGS",
+    "MAX_DECODED_ELEMENTS",
+    "META_BITS",
+    "META_COUNT",
+    "META_DTYPE",
+    "META_ENCODING",
+    "META_LAYER",
+    "META_SCALE",
+    "META_SHAPE",
+    "META_ZERO_POINT",
+    "DecodedGradient",
+    "decode_gradient",
+    "encode_arrow_file",
+    "load_gradient_from_arrow",
+    "load_layer_from_arrow",
+    "open_arrow_file",
+    "store_gradient_as_arrow",
+    "store_layer_as_arrow",
+]
+
+ARROW_MAGIC: Final = b"ARROW1"
+META_ENCODING: Final = "gradfed.encoding"
+META_SHAPE: Final = "gradfed.shape"
+META_DTYPE: Final = "gradfed.dtype"
+META_LAYER: Final = "gradfed.layer"
+META_BITS: Final = "gradfed.bits"
+META_SCALE: Final = "gradfed.scale"
+META_ZERO_POINT: Final = "gradfed.zero_point"
+META_COUNT: Final = "gradfed.count"
+
+ENCODINGS: Final = ("dense", "sparse", "quantized", "sparse-quantized")
+"""Every ``gradfed.encoding`` this module writes and reads."""
+MAX_DECODED_ELEMENTS: Final = 2**28
+"""Default cap on a decoded tensor's element count (1 GiB of float32), against size bombs."""
+
+_VALUE: Final = "value"
+_INDEX: Final = "index"
+_Q: Final = "q"
+_UINT32_LIMIT: Final = 2**32
+_FLOAT32_MAX: Final = float(np.finfo(np.float32).max)
+_MAX_DIMS: Final = 32
+_MAX_NONZERO_PRODUCT: Final = 2**60  # times 4 bytes stays below NumPy's intp limit
+
+
+@dataclass(frozen=True)
+class DecodedGradient:
+    """A decoded gradient block.
+
+    Attributes
+    ----------
+    values
+        Flat float32 array of ``prod(shape)`` elements (read-only view when zero-copy).
+    shape
+        The tensor's shape; ``(n,)`` for files without shape metadata.
+    encoding
+        ``gradfed.encoding`` of the block (``"dense"`` for the seed's layout).
+    layer
+        The layer name, or ``None``.
+    metadata
+        All schema metadata, decoded as UTF-8.
+    """
+
+    values: FloatArray
+    shape: tuple[int, ...]
+    encoding: str = "dense"
+    layer: str | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+    def tensor(self) -> FloatArray:
+        """Return the values reshaped to :attr:`shape` (a view, no copy)."""
+        return self.values.reshape(self.shape)
+
+
+def store_gradient_as_arrow(
+    gradient: GradientLike, *, shape: tuple[int, ...] | None = None, layer: str | None = None
+) -> bytes:
+    """Encode a gradient as Arrow IPC file bytes (dense float32 ``value`` column).
+
+    Parameters
+    ----------
+    gradient
+        Array or sequence of numbers; converted to float32 and flattened row-major.
+    shape
+        Tensor shape to record; defaults to the array's own shape.
+    layer
+        Optional layer name recorded as ``gradfed.layer``.
+
+    Returns
+    -------
+    bytes
+        An ``ARROW1`` file with one record batch; empty gradients give a zero-row batch.
+    """
+    array = np.asarray(gradient, dtype=np.float32)
+    recorded = tuple(int(d) for d in (array.shape if shape is None else shape))
+    flat = np.ascontiguousarray(array).reshape(-1)
+    if math.prod(recorded) != flat.size:
+        raise MalformedArrow(f"shape {list(recorded)} does not hold {flat.size} values")
+    metadata = {
+        META_ENCODING: "dense",
+        META_SHAPE: json.dumps(list(recorded)),
+        META_DTYPE: "float32",
+    }
+    if layer is not None:
+        metadata[META_LAYER] = layer
+    return encode_arrow_file({_VALUE: pa.array(flat, type=pa.float32())}, metadata)
+
+
+def encode_arrow_file(columns: Mapping[str, pa.Array], metadata: Mapping[str, str]) -> bytes:
+    """Write non-nullable ``columns`` and schema ``metadata`` as a one-batch Arrow IPC file."""
+    fields = [pa.field(name, col.type, nullable=False) for name, col in columns.items()]
+    schema = pa.schema(fields, metadata=dict(metadata))
+    batch = pa.record_batch(list(columns.values()), schema=schema)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, schema) as writer:
+        writer.write_batch(batch)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def load_gradient_from_arrow(
+    data: bytes | bytearray | memoryview, *, max_elements: int = MAX_DECODED_ELEMENTS
+) -> FloatArray:
+    """Decode a gradient block of any encoding into a float32 array of its recorded shape.
+
+    Single-batch dense files decode zero-copy (a read-only view on ``data``); the seed's
+    ``index`` + ``value`` layout and multi-batch files decode to a flat array. Sparse and
+    quantized blocks are densified.
+
+    Raises
+    ------
+    MalformedArrow
+        If ``data`` is not a gradient Arrow IPC file of a known encoding, a column or
+        parameter is inconsistent, or the tensor has more than ``max_elements`` elements.
+    """
+    return decode_gradient(data, max_elements=max_elements).tensor()
+
+
+def open_arrow_file(data: bytes | bytearray | memoryview) -> tuple[pa.Schema, list[pa.RecordBatch]]:
+    """Open untrusted Arrow IPC file bytes and return the schema and validated batches.
+
+    Raises
+    ------
+    MalformedArrow
+        If the bytes are not a well-formed Arrow IPC file.
+    """
+    view = memoryview(data)
+    if len(view) < 2 * len(ARROW_MAGIC) or bytes(view[:6]) != ARROW_MAGIC:
+        raise MalformedArrow("not an Arrow IPC file (missing ARROW1 magic)")
+    if bytes(view[-6:]) != ARROW_MAGIC:
+        raise MalformedArrow("truncated Arrow IPC file (missing trailing ARROW1 magic)")
+    try:
+        reader = pa.ipc.open_file(pa.py_buffer(view))
+        batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        for batch in batches:
+            batch.validate(full=True)
+        return reader.schema, batches
+    except (pa.ArrowException, OSError, ValueError, IndexError, OverflowError) as exc:
+        raise MalformedArrow(f"malformed Arrow IPC file: {exc}") from exc
+
+
+def decode_gradient(
+    data: bytes | bytearray | memoryview, *, max_elements: int = MAX_DECODED_ELEMENTS
+) -> DecodedGradient:
+    """Decode a gradient block and its metadata; every encoding is densified.
+
+    ``encoding`` on the result tells how the block was stored.
+
+    Raises
+    ------
+    MalformedArrow
+        See :func:`load_gradient_from_arrow`.
+    """
+    layer, metadata = _decode_layer(data, max_elements)
+    encoding = metadata.get(META_ENCODING, "dense")
+    return DecodedGradient(
+        layer.to_dense(), layer.shape, encoding, metadata.get(META_LAYER), metadata
+    )
+
+
+def load_layer_from_arrow(
+    data: bytes | bytearray | memoryview, *, max_elements: int = MAX_DECODED_ELEMENTS
+) -> tuple[LayerGradient, str | None]:
+    """Decode a gradient block into its stored representation and layer name.
+
+    Returns
+    -------
+    tuple
+        ``(layer, name)``: a ``DenseGradient``, ``SparseGradient``, ``QuantizedGradient`` or
+        ``SparseQuantizedGradient``, and ``gradfed.layer`` (or ``None``).
+
+    Raises
+    ------
+    MalformedArrow
+        See :func:`load_gradient_from_arrow`.
+    """
+    layer, metadata = _decode_layer(data, max_elements)
+    return layer, metadata.get(META_LAYER)
+
+
+def store_layer_as_arrow(
+    layer: LayerGradient | GradientLike, layer_name: str | None = None
+) -> bytes:
+    """Encode a dense array or any :class:`LayerGradient` as one Arrow IPC block.
+
+    Parameters
+    ----------
+    layer
+        A NumPy array or sequence (stored dense), or a ``DenseGradient``, ``SparseGradient``,
+        ``QuantizedGradient`` or ``SparseQuantizedGradient``.
+    layer_name
+        Optional name recorded as ``gradfed.layer``.
+
+    Returns
+    -------
+    bytes
+        An ``ARROW1`` file in the layout of the module docstring.
+
+    Raises
+    ------
+    MalformedArrow
+        If the layer is inconsistent: indices out of bounds or of another length than the
+        values, or a quantized payload of the wrong size.
+    """
+    if not isinstance(layer, LayerGradient):
+        return store_gradient_as_arrow(layer, layer=layer_name)
+    if isinstance(layer, DenseGradient):
+        return store_gradient_as_arrow(layer.values, shape=layer.shape, layer=layer_name)
+    metadata = {META_ENCODING: layer.kind, META_SHAPE: json.dumps(list(layer.shape))}
+    metadata[META_DTYPE] = "float32"
+    if layer_name is not None:
+        metadata[META_LAYER] = layer_name
+    columns: dict[str, pa.Array] = {}
+    total = math.prod(layer.shape)
+    if isinstance(layer, SparseGradient | SparseQuantizedGradient):
+        count = (
+            layer.values.size
+            if isinstance(layer, SparseGradient)
+            else layer.quantized.quantized_values.size
+        )
+        _check_indices(layer.indices, count, total, MalformedArrow)
+        index_type = pa.uint32() if total < _UINT32_LIMIT else pa.int64()
+        columns[_INDEX] = pa.array(layer.indices, type=index_type)
+    if isinstance(layer, SparseGradient):
+        columns[_VALUE] = pa.array(layer.values, type=pa.float32())
+    else:
+        quantized = layer.quantized if isinstance(layer, SparseQuantizedGradient) else layer
+        if not isinstance(quantized, QuantizedGradient):
+            raise MalformedArrow(f"cannot encode {type(layer).__name__} as Arrow")
+        if isinstance(layer, QuantizedGradient) and quantized.quantized_values.size != total:
+            raise MalformedArrow(
+                f"quantized layer has {quantized.quantized_values.size} values for shape "
+                f"{list(layer.shape)}"
+            )
+        metadata.update(
+            {
+                META_BITS: str(quantized.bits),
+                META_SCALE: repr(quantized.scale),
+                META_ZERO_POINT: repr(quantized.min_val),
+                META_COUNT: str(quantized.quantized_values.size),
+            }
+        )
+        q_type = pa.int8() if quantized.bits == 8 else pa.uint8()
+        payload = quantized.quantized_values if quantized.bits == 8 else quantized.packed()
+        columns[_Q] = pa.array(payload, type=q_type)
+    return encode_arrow_file(columns, metadata)
+
+
+def _check_indices(
+    indices: NDArray[np.int64], count: int, total: int, error: type[Exception]
+) -> None:
+    if indices.size != count:
+        raise error(f"{indices.size} indices for {count} values")
+    if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= total):
+        raise error(f"sparse index out of bounds for {total} elements")
+
+
+def _decode_layer(
+    data: bytes | bytearray | memoryview, max_elements: int
+) -> tuple[LayerGradient, dict[str, str]]:
+    schema, batches = open_arrow_file(data)
+    metadata = _decode_metadata(schema.metadata)
+    encoding = metadata.get(META_ENCODING, "dense")
+    if encoding not in ENCODINGS:
+        raise MalformedArrow(f"unknown {META_ENCODING} {encoding!r:.40}")
+    dtype = metadata.get(META_DTYPE, "float32")
+    if dtype != "float32":
+        raise MalformedArrow(f"unsupported {META_DTYPE} {dtype!r:.40}; only float32")
+    try:
+        if encoding == "dense":
+            values = _column(schema, batches, _VALUE, (pa.float32(),))
+            shape = _parse_shape(metadata.get(META_SHAPE), values.size)
+            return DenseGradient(values, shape), metadata
+        shape = _parse_shape(metadata.get(META_SHAPE), None)
+        total = math.prod(shape)
+        if total > max_elements:
+            raise MalformedArrow(f"tensor of {total} elements exceeds the {max_elements} cap")
+        if encoding == "quantized":
+            quantized = _quantized(schema, batches, metadata, total)
+            return QuantizedGradient(
+                quantized.quantized_values,
+                quantized.scale,
+                quantized.min_val,
+                shape,
+                quantized.bits,
+            ), metadata
+        indices = _column(schema, batches, _INDEX, (pa.uint32(), pa.int64())).astype(np.int64)
+        if encoding == "sparse":
+            values = _column(schema, batches, _VALUE, (pa.float32(),))
+            _check_indices(indices, values.size, total, MalformedArrow)
+            return SparseGradient(indices, values, shape), metadata
+        quantized = _quantized(schema, batches, metadata, indices.size)
+        _check_indices(indices, quantized.quantized_values.size, total, MalformedArrow)
+        return SparseQuantizedGradient(indices, quantized, shape), metadata
+    except GradientError as exc:
+        raise MalformedArrow(f"inconsistent {encoding} block: {exc}") from exc
+
+
+def _quantized(
+    schema: pa.Schema, batches: list[pa.RecordBatch], metadata: Mapping[str, str], count: int
+) -> QuantizedGradient:
+    bits = _meta_int(metadata, META_BITS, 4, 8)
+    if bits not in (4, 8):
+        raise MalformedArrow(f"{META_BITS} must be 4 or 8, got {bits}")
+    declared = _meta_int(metadata, META_COUNT, 0, 2**62)
+    if declared != count:
+        raise MalformedArrow(f"{META_COUNT} {declared} does not match {count} elements")
+    scale = _meta_float(metadata, META_SCALE)
+    zero_point = _meta_float(metadata, META_ZERO_POINT)
+    if not scale > 0:
+        raise MalformedArrow(f"{META_SCALE} must be > 0, got {scale}")
+    if bits == 8:
+        q = _column(schema, batches, _Q, (pa.int8(),))
+        if q.size != count:
+            raise MalformedArrow(f"'q' has {q.size} values, expected {count}")
+    else:
+        packed = _column(schema, batches, _Q, (pa.uint8(),))
+        if packed.size != (count + 1) // 2:
+            raise MalformedArrow(f"'q' has {packed.size} bytes, expected {(count + 1) // 2}")
+        q = unpack_int4(packed, count)
+    return QuantizedGradient(q, scale, zero_point, [count], bits)
+
+
+def _meta_int(metadata: Mapping[str, str], key: str, low: int, high: int) -> int:
+    text = metadata.get(key)
+    if text is None or not text.isascii() or not text.isdigit() or len(text) > 20:
+        raise MalformedArrow(f"{key} must be a non-negative integer, got {text!r:.40}")
+    value = int(text)
+    if not low <= value <= high:
+        raise MalformedArrow(f"{key} {value} outside [{low}, {high}]")
+    return value
+
+
+def _meta_float(metadata: Mapping[str, str], key: str) -> float:
+    text = metadata.get(key)
+    try:
+        value = float(text) if text is not None and len(text) <= 64 else math.nan
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and abs(value) <= _FLOAT32_MAX):
+        raise MalformedArrow(f"{key} must be a finite float32, got {text!r:.40}")
+    return value
+
+
+def _column(
+    schema: pa.Schema, batches: list[pa.RecordBatch], name: str, types: tuple[pa.DataType, ...]
+) -> NDArray[Any]:
+    index = schema.get_field_index(name)
+    if index < 0:
+        raise MalformedArrow(f"Arrow IPC block missing {name!r} column")
+    if schema.field(index).type not in types:
+        if name == _VALUE:
+            raise MalformedArrow("'value' column is not Float32")
+        raise MalformedArrow(f"{name!r} column has type {schema.field(index).type}")
+    parts: list[NDArray[Any]] = []
+    for batch in batches:
+        column = batch.column(index)
+        if column.null_count:
+            raise MalformedArrow(f"{name!r} column has nulls")
+        parts.append(column.to_numpy(zero_copy_only=True))
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        return np.empty(0, dtype=schema.field(index).type.to_pandas_dtype())
+    return np.concatenate(parts)
+
+
+def _decode_metadata(raw: Mapping[bytes, bytes] | None) -> dict[str, str]:
+    if not raw:
+        return {}
+    try:
+        return {k.decode("utf-8"): v.decode("utf-8") for k, v in raw.items()}
+    except UnicodeDecodeError as exc:
+        raise MalformedArrow(f"schema metadata is not UTF-8: {exc}") from exc
+
+
+def _parse_shape(text: str | None, size: int | None) -> tuple[int, ...]:
+    """Parse ``gradfed.shape``; check it holds ``size`` values when ``size`` is given."""
+    if text is None:
+        if size is None:
+            raise MalformedArrow(f"missing {META_SHAPE} metadata")
+        return (size,)
+    try:
+        parsed = json.loads(text)
+    except ValueError as exc:
+        raise MalformedArrow(f"{META_SHAPE} is not JSON: {text!r:.60}") from exc
+    if not isinstance(parsed, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**63 for d in parsed
+    ):
+        raise MalformedArrow(f"{META_SHAPE} must be a list of non-negative ints, got {text!r:.60}")
+    shape = tuple(parsed)
+    # NumPy refuses more than 64 dimensions, or dimensions whose non-zero product overflows
+    # intp, even for zero elements; such a shape must not get past the decoder.
+    if len(shape) > _MAX_DIMS or math.prod(d for d in shape if d) > _MAX_NONZERO_PRODUCT:
+        raise MalformedArrow(f"{META_SHAPE} {text!r:.60} is not a shape NumPy can represent")
+    if size is not None and math.prod(shape) != size:
+        raise MalformedArrow(f"{META_SHAPE} {list(shape)} does not match {size} values")
+    return shape

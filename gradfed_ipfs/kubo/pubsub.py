@@ -1,0 +1,344 @@
+"""IPFS pubsub: a Kubo client and an in-memory transport.
+
+Kubo's pubsub RPC (since v0.11) puts a topic on the wire as ``u`` + base64url without padding,
+takes message data as a multipart file, and streams received messages from ``pubsub/sub`` as
+NDJSON objects ``{"from", "data", "seqno", "topicIDs"}`` whose byte fields are multibase
+``u``-prefixed base64url. ``from`` is the sender's peer ID, authenticated because Kubo signs
+pubsub messages. This module and ``blockstore/kubo.py`` are the only places that catch ``httpx``
+errors; they leave here as :class:`~gradfed_ipfs.errors.PubsubError`.
+
+The gradient announcements carried on topic ``gradfed/v1/<session_id>`` (DESIGN §3), and the
+receiver's checks on them, live in :mod:`gradfed_ipfs.formats.announcement`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Final, Protocol
+
+import httpx
+
+from ..errors import DecodeError, PubsubError, PubsubRequestError, PubsubUnavailable
+from ..formats.pubsub import (
+    TOPIC_PREFIX,
+    PubsubMessage,
+    decode_multibase,
+    decode_topic,
+    encode_multibase,
+    encode_topic,
+    parse_sub_line,
+    session_topic,
+)
+
+__all__ = [
+    "PUBLISH_ATTEMPTS",
+    "TOPIC_PREFIX",
+    "KuboPubsub",
+    "MemoryPubsub",
+    "MemoryPubsubBus",
+    "PubsubMessage",
+    "PubsubTransport",
+    "decode_multibase",
+    "decode_topic",
+    "encode_multibase",
+    "encode_topic",
+    "parse_sub_line",
+    "session_topic",
+]
+
+logger = logging.getLogger("gradfed_ipfs.kubo.pubsub")
+
+PUBLISH_ATTEMPTS: Final = 5
+"""Tries of one ``pubsub/pub`` that Kubo answers with "validation ignored" (a seqno race)."""
+_SEQNO_IGNORED: Final = "validation ignored"
+
+
+class PubsubTransport(Protocol):
+    """What announcements need from pubsub: publish, subscribe, and who else listens."""
+
+    async def local_peer_id(self) -> str:
+        """Return this node's peer ID (the ``from`` of what it publishes)."""
+        ...
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        """Publish ``data`` on ``topic``."""
+        ...
+
+    def subscribe(self, topic: str) -> AsyncIterator[PubsubMessage]:
+        """Return an async iterator over messages on ``topic`` published from now on."""
+        ...
+
+    async def peers(self, topic: str) -> list[str]:
+        """Return the peers known to subscribe to ``topic``."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the transport's resources."""
+        ...
+
+
+# --------------------------------------------------------------------------- Kubo
+
+
+class KuboPubsub:
+    """Kubo's pubsub RPC on one shared ``httpx.AsyncClient``.
+
+    Parameters
+    ----------
+    api_url
+        The daemon's RPC base URL, e.g. ``http://127.0.0.1:5001``.
+    timeout
+        Seconds bounding each non-streaming call.
+    reconnect_delay
+        First delay in seconds before re-opening a broken ``pubsub/sub`` stream; doubles up to
+        ``max_reconnect_delay``.
+    max_reconnect_delay
+        Largest delay between reconnect attempts, in seconds.
+    transport
+        An ``httpx`` transport to use instead of the network (tests).
+
+    Attributes
+    ----------
+    reconnects
+        How many times a subscription stream was re-opened.
+    bad_lines
+        Stream lines that were not valid pubsub messages (skipped).
+    """
+
+    def __init__(
+        self,
+        api_url: str,
+        *,
+        timeout: float = 10.0,
+        reconnect_delay: float = 0.1,
+        max_reconnect_delay: float = 2.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.api_url = api_url.rstrip("/")
+        self.timeout = timeout
+        self.reconnect_delay = reconnect_delay
+        self.max_reconnect_delay = max_reconnect_delay
+        self.reconnects = 0
+        self.bad_lines = 0
+        self._peer_id: str | None = None
+        self._closed = False
+        self._client = httpx.AsyncClient(
+            base_url=f"{self.api_url}/api/v0",
+            transport=transport,
+            timeout=httpx.Timeout(timeout, connect=5.0),
+        )
+
+    async def _post(self, endpoint: str, params: Mapping[str, str], **kwargs: Any) -> Any:
+        try:
+            response = await self._client.post(f"/{endpoint}", params=dict(params), **kwargs)
+        except httpx.HTTPError as exc:
+            raise PubsubUnavailable(
+                f"{endpoint} failed: {exc!r}", api_url=self.api_url, topic=params.get("arg")
+            ) from exc
+        if response.status_code != 200:
+            raise PubsubRequestError(
+                f"Kubo refused {endpoint}: HTTP {response.status_code} {response.text[:300]}",
+                api_url=self.api_url,
+                topic=params.get("arg"),
+            )
+        text = response.text.strip()
+        try:
+            return json.loads(text) if text else None
+        except ValueError as exc:
+            raise PubsubRequestError(f"{endpoint} answered non-JSON: {text[:100]!r}") from exc
+
+    async def local_peer_id(self) -> str:
+        """Return the daemon's peer ID (``id``), cached after the first call."""
+        if self._peer_id is None:
+            answer = await self._post("id", {})
+            self._peer_id = str(answer["ID"])
+        return self._peer_id
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        """``pubsub/pub``: the topic in multibase, the data as a multipart file.
+
+        Raises
+        ------
+        PubsubUnavailable, PubsubRequestError
+            If the daemon cannot be reached or refuses (a "validation ignored" answer only
+            after :data:`PUBLISH_ATTEMPTS` tries).
+        """
+        files = {"file": ("data", data, "application/octet-stream")}
+        params = {"arg": encode_topic(topic)}
+        for attempt in range(1, PUBLISH_ATTEMPTS + 1):
+            try:
+                await self._post("pubsub/pub", params, files=files)
+                return
+            except PubsubRequestError as exc:
+                # Kubo's seqno validator ignores a local message whose seqno is not above the
+                # last one it validated; two publishes racing on one daemon can hit that. The
+                # ignored message went nowhere, and a new publish gets a new seqno.
+                if _SEQNO_IGNORED not in str(exc) or attempt == PUBLISH_ATTEMPTS:
+                    raise
+                logger.debug("pubsub/pub %s: %s, publishing again", topic, _SEQNO_IGNORED)
+
+    async def topics(self) -> list[str]:
+        """``pubsub/ls``: the topics this daemon subscribes to (decoded)."""
+        answer = await self._post("pubsub/ls", {}) or {}
+        return [decode_topic(t) for t in answer.get("Strings") or []]
+
+    async def peers(self, topic: str | None = None) -> list[str]:
+        """``pubsub/peers``: peers we know subscribe to ``topic`` (any topic when ``None``)."""
+        params = {"arg": encode_topic(topic)} if topic is not None else {}
+        answer = await self._post("pubsub/peers", params) or {}
+        return [str(p) for p in answer.get("Strings") or []]
+
+    async def subscribe(self, topic: str) -> AsyncIterator[PubsubMessage]:
+        """``pubsub/sub`` as an async iterator, re-opening the stream whenever it breaks.
+
+        Lines that are not valid messages are counted in :attr:`bad_lines` and skipped. The
+        iterator ends only when the consumer stops or :meth:`aclose` is called.
+        """
+        delay = self.reconnect_delay
+        first = True
+        while not self._closed:
+            if not first:
+                self.reconnects += 1
+                logger.debug("pubsub/sub %s: reconnecting in %.2fs", topic, delay)
+                await asyncio.sleep(delay)  # reconnect backoff, not a synchronisation
+                delay = min(delay * 2, self.max_reconnect_delay)
+            first = False
+            try:
+                async for message in self._stream(topic):
+                    delay = self.reconnect_delay
+                    yield message
+            except PubsubError as exc:
+                logger.debug("pubsub/sub %s broke: %s", topic, exc)
+
+    async def _stream(self, topic: str) -> AsyncIterator[PubsubMessage]:
+        request = self._client.build_request(
+            "POST",
+            "/pubsub/sub",
+            params={"arg": encode_topic(topic)},
+            timeout=httpx.Timeout(None, connect=5.0),
+        )
+        try:
+            response = await self._client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise PubsubUnavailable(f"pubsub/sub failed: {exc!r}", topic=topic) from exc
+        try:
+            if response.status_code != 200:
+                body = (await response.aread())[:300]
+                raise PubsubRequestError(f"pubsub/sub: HTTP {response.status_code} {body!r}")
+            async for line in response.aiter_lines():
+                message = self._parse(line)
+                if message is not None:
+                    yield message
+        except httpx.HTTPError as exc:
+            raise PubsubUnavailable(f"pubsub/sub stream broke: {exc!r}", topic=topic) from exc
+        finally:
+            with contextlib.suppress(httpx.HTTPError):
+                await response.aclose()
+
+    def _parse(self, line: str) -> PubsubMessage | None:
+        if not line.strip():
+            return None
+        try:
+            item = json.loads(line)
+            if not isinstance(item, dict):
+                raise DecodeError("not an object")
+            return parse_sub_line(item)
+        except (ValueError, DecodeError, RecursionError) as exc:  # never end the stream
+            self.bad_lines += 1
+            logger.debug("skipping bad pubsub line %r: %s", line[:80], exc)
+            return None
+
+    async def aclose(self) -> None:
+        """Close the HTTP client; open subscriptions end."""
+        self._closed = True
+        await self._client.aclose()
+
+
+# --------------------------------------------------------------------------- in memory
+
+
+class MemoryPubsubBus:
+    """An in-process pubsub network for unit tests: every endpoint sees every publication.
+
+    Subscriptions register synchronously when :meth:`MemoryPubsub.subscribe` is called, so a
+    subscriber sees exactly the messages published after that call.
+    """
+
+    def __init__(self) -> None:
+        self._queues: dict[str, list[tuple[str, asyncio.Queue[PubsubMessage]]]] = {}
+        self._seqno = 0
+
+    def endpoint(self, peer_id: str) -> MemoryPubsub:
+        """Return a transport for ``peer_id`` on this bus."""
+        return MemoryPubsub(self, peer_id)
+
+    def deliver(self, sender: str, topic: str, data: bytes) -> None:
+        """Hand a message from ``sender`` to every subscriber of ``topic`` (the sender too)."""
+        self._seqno += 1
+        message = PubsubMessage(sender, bytes(data), self._seqno.to_bytes(8, "big"), (topic,))
+        for _, queue in self._queues.get(topic, []):
+            queue.put_nowait(message)
+
+    def register(self, topic: str, peer_id: str) -> asyncio.Queue[PubsubMessage]:
+        """Add a subscriber queue for ``peer_id`` on ``topic``."""
+        queue: asyncio.Queue[PubsubMessage] = asyncio.Queue()
+        self._queues.setdefault(topic, []).append((peer_id, queue))
+        return queue
+
+    def unregister(self, topic: str, queue: asyncio.Queue[PubsubMessage]) -> None:
+        """Remove a subscriber queue."""
+        self._queues[topic] = [(p, q) for p, q in self._queues.get(topic, []) if q is not queue]
+
+    def subscribers(self, topic: str) -> list[str]:
+        """Return the peer IDs subscribed to ``topic``."""
+        return sorted({peer for peer, _ in self._queues.get(topic, [])})
+
+
+class MemoryPubsub:
+    """One peer's endpoint on a :class:`MemoryPubsubBus` (a :class:`PubsubTransport`).
+
+    Parameters
+    ----------
+    bus
+        The shared bus.
+    peer_id
+        This endpoint's peer ID: the authenticated ``from`` of what it publishes.
+    """
+
+    def __init__(self, bus: MemoryPubsubBus, peer_id: str) -> None:
+        self.bus = bus
+        self.peer_id = peer_id
+
+    async def local_peer_id(self) -> str:
+        """Return this endpoint's peer ID."""
+        return self.peer_id
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        """Deliver ``data`` to every current subscriber of ``topic``."""
+        self.bus.deliver(self.peer_id, topic, data)
+        await asyncio.sleep(0)
+
+    def subscribe(self, topic: str) -> AsyncIterator[PubsubMessage]:
+        """Subscribe now and return an iterator over later messages."""
+        queue = self.bus.register(topic, self.peer_id)
+        return self._iterate(topic, queue)
+
+    async def _iterate(
+        self, topic: str, queue: asyncio.Queue[PubsubMessage]
+    ) -> AsyncIterator[PubsubMessage]:
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            self.bus.unregister(topic, queue)
+
+    async def peers(self, topic: str) -> list[str]:
+        """Return the other peers subscribed to ``topic``."""
+        return [p for p in self.bus.subscribers(topic) if p != self.peer_id]
+
+    async def aclose(self) -> None:
+        """Nothing to release."""

@@ -1,0 +1,118 @@
+"""``Block`` and the async ``BlockStore`` protocol every store implements.
+
+A block is immutable bytes plus the CID of those bytes. Stores never trust what they hand
+back: ``get`` re-hashes and raises :class:`~gradfed_ipfs.errors.BlockCorrupt` on a mismatch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Iterable
+from types import TracebackType
+from typing import Final, Protocol, Self, runtime_checkable
+
+from multiformats import CID
+
+from .._types import CIDLike
+from ..block import MAX_BLOCK_SIZE, Block
+
+__all__ = [
+    "MAX_BLOCK_SIZE",
+    "UNSET",
+    "FETCH_CONCURRENCY",
+    "AsyncClosing",
+    "Block",
+    "BlockStore",
+    "Unset",
+    "fetch_all",
+]
+
+
+class Unset(enum.Enum):
+    """Sentinel type: an argument that was not given (distinct from ``None``)."""
+
+    UNSET = "UNSET"
+
+
+UNSET: Final = Unset.UNSET
+"""Pass-through default: inherit the store's setting (e.g. its timeout)."""
+
+
+class AsyncClosing:
+    """Mixin: ``async with store:`` closes the store on exit by awaiting ``aclose()``."""
+
+    async def aclose(self) -> None:
+        """Release resources; overridden by stores that hold any."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+@runtime_checkable
+class BlockStore(Protocol):
+    """An async content-addressed block store.
+
+    Implementations: :class:`~gradfed_ipfs.storage.MemoryBlockStore` (in process) and
+    :class:`~gradfed_ipfs.storage.KuboBlockStore` (a Kubo daemon over HTTP RPC). Every
+    ``get`` verifies the bytes against the CID.
+    """
+
+    async def put(self, block: Block, *, pin: bool = True) -> CID:
+        """Store a block (pinned by default) and return its CID."""
+        ...
+
+    async def get(self, cid: CIDLike, *, timeout: float | Unset = UNSET) -> Block:
+        """Return the verified block for ``cid``.
+
+        Raises ``BlockNotFound`` if it is not found within ``timeout`` seconds (the store's
+        default when not given) and ``BlockCorrupt`` if the bytes do not match the CID.
+        """
+        ...
+
+    async def has(self, cid: CIDLike) -> bool:
+        """Return whether the block is held locally (never asks the network)."""
+        ...
+
+    async def delete(self, cid: CIDLike) -> None:
+        """Remove a block (unpinning it first); ``BlockNotFound`` if it is not there."""
+        ...
+
+    async def pin(self, cid: CIDLike) -> None:
+        """Protect a block (and, for dag-cbor roots, everything it links) from GC."""
+        ...
+
+    async def unpin(self, cid: CIDLike) -> None:
+        """Remove a pin; the block stays until garbage collection."""
+        ...
+
+    async def list_cids(self) -> list[CID]:
+        """Return the CIDs of every locally held block."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections; the store must not be used afterwards."""
+        ...
+
+
+FETCH_CONCURRENCY: Final = 16
+"""Blocks :func:`fetch_all` fetches at once."""
+
+
+async def fetch_all(store: BlockStore, links: Iterable[CID]) -> list[Block]:
+    """Fetch blocks concurrently (at most :data:`FETCH_CONCURRENCY` at once), in order."""
+    semaphore = asyncio.Semaphore(FETCH_CONCURRENCY)
+
+    async def fetch(link: CID) -> Block:
+        async with semaphore:
+            return await store.get(link)
+
+    return list(await asyncio.gather(*(fetch(link) for link in links)))

@@ -1,0 +1,607 @@
+"""Large gradients as chunked DAGs: Arrow chunk blocks linked by a dag-cbor manifest.
+
+Kubo refuses blocks over 2 MiB and bitswap will not move much larger ones, so a gradient whose
+Arrow encoding exceeds ``chunk_bytes`` (default 1 MiB) is split into contiguous value ranges.
+Each range is its own dense Arrow block (raw codec 0x55, see :mod:`gradfed_ipfs.formats.arrow`).
+A dag-cbor manifest (codec 0x71) links them with real IPLD links (CBOR tag 42)::
+
+    {"format": "gradfed/chunked-gradient", "version": 1, "dtype": "float32",
+     "shape": [d0, d1, ...], "length": n,
+     "chunks": [{"cid": CID, "offset": 0, "length": k0}, {"cid": CID, "offset": k0, ...}, ...]}
+
+The manifest CID is the gradient's CID; a small gradient keeps its single raw-block CID.
+Pinning the manifest with ``pin/add`` (recursive) pins every chunk.
+
+Fetching is concurrent (bounded), every chunk is re-hashed on arrival (the store's ``get``
+verifies) and decoded straight into its slice of one preallocated float32 array. Manifests are
+untrusted input: :meth:`ChunkManifest.decode` validates every field and raises
+:class:`~gradfed_ipfs.errors.MalformedManifest`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Final
+
+import dag_cbor
+import numpy as np
+from multiformats import CID
+
+from .._types import CIDLike, FloatArray, GradientLike
+from ..cid import DAG_CBOR, RAW, parse_cid
+from ..errors import (
+    BlockCorrupt,
+    DecodeError,
+    DimensionMismatch,
+    InvalidGradient,
+    MalformedArrow,
+    MalformedManifest,
+    StoreUnavailable,
+)
+from ..formats.arrow import decode_gradient, store_gradient_as_arrow
+from .base import MAX_BLOCK_SIZE, UNSET, Block, BlockStore, Unset
+
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "DEFAULT_CONCURRENCY",
+    "MANIFEST_FORMAT",
+    "MANIFEST_VERSION",
+    "MAX_CHUNKS",
+    "ChunkRef",
+    "ChunkManifest",
+    "ProgressCallback",
+    "fetch_chunks",
+    "fetch_gradient",
+    "fetch_manifest",
+    "plan_chunks",
+    "put_gradient",
+    "values_per_chunk",
+]
+
+logger = logging.getLogger("gradfed_ipfs.storage.dag")
+
+MANIFEST_FORMAT: Final = "gradfed/chunked-gradient"
+"""Value of the manifest's ``format`` field."""
+MANIFEST_VERSION: Final = 1
+"""The manifest layout version written and accepted here."""
+DEFAULT_CHUNK_BYTES: Final = 1024 * 1024
+"""Default largest encoded chunk, in bytes (1 MiB)."""
+DEFAULT_CONCURRENCY: Final = 8
+"""Default number of chunks fetched or stored at once."""
+MAX_CHUNKS: Final = 65_536
+"""Most chunks a manifest may list (64 Ki x 2 MiB = 128 GiB of float32)."""
+_ARROW_OVERHEAD: Final = 4096  # generous bound of the Arrow framing + metadata of one chunk
+_MAX_DIMS: Final = 32
+
+ProgressCallback = Callable[[int, int], None]
+"""``progress(done_bytes, total_bytes)``: float32 bytes of the gradient decoded so far."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRef:
+    """One chunk of a chunked gradient.
+
+    Attributes
+    ----------
+    cid
+        Raw CID of the chunk's Arrow block.
+    offset
+        Index of the chunk's first value in the flat gradient.
+    length
+        Number of float32 values in the chunk (≥ 1).
+    """
+
+    cid: CID
+    offset: int
+    length: int
+
+    @property
+    def stop(self) -> int:
+        """One past the chunk's last value index (``offset + length``)."""
+        return self.offset + self.length
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkManifest:
+    """The dag-cbor record that links a chunked gradient's blocks.
+
+    Attributes
+    ----------
+    shape
+        The tensor's shape (row-major); its product is ``length``.
+    length
+        Total number of float32 values.
+    chunks
+        The chunks in offset order, contiguous from 0 to ``length``.
+    dtype
+        Element type; only ``"float32"``.
+    version
+        Manifest layout version (:data:`MANIFEST_VERSION`).
+    """
+
+    shape: tuple[int, ...]
+    length: int
+    chunks: tuple[ChunkRef, ...]
+    dtype: str = "float32"
+    version: int = MANIFEST_VERSION
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the decoded gradient in bytes (``4 * length``)."""
+        return 4 * self.length
+
+    def to_ipld(self) -> dict[str, Any]:
+        """Return the manifest as an IPLD data-model dict (CIDs stay ``CID`` objects)."""
+        return {
+            "format": MANIFEST_FORMAT,
+            "version": self.version,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "length": self.length,
+            "chunks": [{"cid": c.cid, "offset": c.offset, "length": c.length} for c in self.chunks],
+        }
+
+    def encode(self) -> bytes:
+        """Return the dag-cbor bytes of the manifest (CIDs as tag-42 links)."""
+        return bytes(dag_cbor.encode(self.to_ipld()))
+
+    def to_block(self) -> Block:
+        """Return the manifest as a dag-cbor block (codec 0x71)."""
+        return Block.new(self.encode(), "dag-cbor")
+
+    @classmethod
+    def decode(cls, data: bytes | bytearray | memoryview) -> ChunkManifest:
+        """Decode and validate untrusted manifest bytes.
+
+        Parameters
+        ----------
+        data
+            dag-cbor bytes of a manifest block.
+
+        Returns
+        -------
+        ChunkManifest
+            The validated manifest.
+
+        Raises
+        ------
+        MalformedManifest
+            If the bytes are not dag-cbor, or any field has the wrong type or value: unknown
+            format or version, a dtype other than float32, a shape whose product is not the
+            length, chunks that are not raw sha2-256 CIDs, not contiguous from 0, empty, too
+            many, or whose lengths do not sum to the total.
+        """
+        if len(data) > MAX_BLOCK_SIZE:
+            raise MalformedManifest(f"manifest of {len(data)} bytes exceeds {MAX_BLOCK_SIZE}")
+        try:
+            record = dag_cbor.decode(bytes(data))
+        except Exception as exc:  # dag_cbor raises many types on garbage input
+            raise MalformedManifest(f"manifest is not dag-cbor: {exc}") from exc
+        return cls.from_ipld(record)
+
+    @classmethod
+    def from_ipld(cls, record: object) -> ChunkManifest:
+        """Validate a decoded IPLD record; see :meth:`decode`.
+
+        Parameters
+        ----------
+        record
+            The decoded dag-cbor value.
+
+        Returns
+        -------
+        ChunkManifest
+            The validated manifest.
+        """
+        if not isinstance(record, dict):
+            raise MalformedManifest(f"manifest is not a map but {type(record).__name__}")
+        expected_keys = {"format", "version", "dtype", "shape", "length", "chunks"}
+        if set(record) != expected_keys:
+            raise MalformedManifest(f"manifest keys {sorted(record)} != {sorted(expected_keys)}")
+        if record["format"] != MANIFEST_FORMAT:
+            raise MalformedManifest(f"unknown manifest format {record['format']!r:.60}")
+        version = _int(record["version"], "version")
+        if version != MANIFEST_VERSION:
+            raise MalformedManifest(f"unsupported manifest version {version}")
+        if record["dtype"] != "float32":
+            raise MalformedManifest(f"unsupported dtype {record['dtype']!r:.40}")
+        raw_shape = record["shape"]
+        if not isinstance(raw_shape, list) or len(raw_shape) > _MAX_DIMS:
+            raise MalformedManifest(f"shape must be a list of at most {_MAX_DIMS} ints")
+        shape = tuple(_int(d, "shape dimension") for d in raw_shape)
+        length = _int(record["length"], "length")
+        if math.prod(shape) != length:
+            raise MalformedManifest(f"shape {list(shape)} does not hold length {length}")
+        raw_chunks = record["chunks"]
+        if not isinstance(raw_chunks, list) or not raw_chunks:
+            raise MalformedManifest("chunks must be a non-empty list")
+        if len(raw_chunks) > MAX_CHUNKS:
+            raise MalformedManifest(f"{len(raw_chunks)} chunks exceed the cap of {MAX_CHUNKS}")
+        chunks = tuple(_chunk(item, index) for index, item in enumerate(raw_chunks))
+        expected_offset = 0
+        for index, chunk in enumerate(chunks):
+            if chunk.offset != expected_offset:
+                raise MalformedManifest(
+                    f"chunk {index} starts at {chunk.offset}, expected {expected_offset} "
+                    "(chunks must be contiguous and in order)"
+                )
+            expected_offset = chunk.stop
+        if expected_offset != length:
+            raise MalformedManifest(f"chunk lengths sum to {expected_offset}, not {length}")
+        return cls(shape, length, chunks, "float32", version)
+
+
+def _int(value: object, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**53:
+        raise MalformedManifest(f"{what} must be a non-negative int, got {value!r:.40}")
+    return value
+
+
+def _chunk(item: object, index: int) -> ChunkRef:
+    if not isinstance(item, dict) or set(item) != {"cid", "offset", "length"}:
+        raise MalformedManifest(f"chunk {index} must be a map of cid, offset, length")
+    cid = item["cid"]
+    if not isinstance(cid, CID):
+        raise MalformedManifest(f"chunk {index} cid is not an IPLD link")
+    if cid.version != 1 or cid.codec.code != RAW or cid.hashfun.name != "sha2-256":
+        raise MalformedManifest(f"chunk {index} cid {cid} is not a CIDv1 raw sha2-256 link")
+    length = _int(item["length"], f"chunk {index} length")
+    if length == 0 or length > MAX_BLOCK_SIZE // 4:
+        raise MalformedManifest(f"chunk {index} length {length} outside 1..{MAX_BLOCK_SIZE // 4}")
+    return ChunkRef(parse_cid(cid), _int(item["offset"], f"chunk {index} offset"), length)
+
+
+def values_per_chunk(chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
+    """Return how many float32 values fit in one chunk block of at most ``chunk_bytes``.
+
+    Parameters
+    ----------
+    chunk_bytes
+        Largest encoded chunk in bytes, 64 KiB … 2 MiB.
+
+    Raises
+    ------
+    InvalidGradient
+        If ``chunk_bytes`` is outside 64 KiB … 2 MiB.
+    """
+    if not 65_536 <= chunk_bytes <= MAX_BLOCK_SIZE:
+        raise InvalidGradient(f"chunk_bytes must be in 65536..{MAX_BLOCK_SIZE}, got {chunk_bytes}")
+    return (chunk_bytes - _ARROW_OVERHEAD) // 4 // 64 * 64
+
+
+def plan_chunks(length: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[tuple[int, int]]:
+    """Split ``length`` values into contiguous ``(offset, length)`` ranges for ``chunk_bytes``.
+
+    Parameters
+    ----------
+    length
+        Number of float32 values.
+    chunk_bytes
+        Largest encoded chunk in bytes.
+
+    Returns
+    -------
+    list of (int, int)
+        Ranges covering ``0 … length`` in order; all but the last hold
+        :func:`values_per_chunk` values.
+    """
+    per = values_per_chunk(chunk_bytes)
+    return [(start, min(per, length - start)) for start in range(0, length, per)]
+
+
+async def put_gradient(
+    store: BlockStore,
+    gradient: GradientLike,
+    *,
+    shape: tuple[int, ...] | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    pin: bool = True,
+    progress: ProgressCallback | None = None,
+) -> CID:
+    """Store a gradient and return its CID: a raw block, or a chunked DAG when large.
+
+    Parameters
+    ----------
+    store
+        Where to put the blocks.
+    gradient
+        The gradient (any shape; flattened row-major, converted to float32).
+    shape
+        Shape to record; defaults to the array's shape.
+    chunk_bytes
+        Largest block in bytes (≤ 2 MiB); encodings above it are chunked.
+    concurrency
+        Chunks stored at once.
+    pin
+        Pin the result (recursively: the manifest pins every chunk).
+    progress
+        Called with ``(done_bytes, total_bytes)`` after each chunk is stored.
+
+    Returns
+    -------
+    CID
+        A raw CID (``bafkrei…``) for a single block, a dag-cbor CID (``bafyrei…``) for a DAG.
+    """
+    per = values_per_chunk(chunk_bytes)
+    array = np.asarray(gradient, dtype=np.float32)
+    recorded = tuple(int(d) for d in (array.shape if shape is None else shape))
+    flat = np.ascontiguousarray(array).reshape(-1)
+    if math.prod(recorded) != flat.size:
+        raise InvalidGradient(f"shape {list(recorded)} does not hold {flat.size} values")
+    total = 4 * flat.size
+    if flat.size <= per:
+        cid = await store.put(Block.new(store_gradient_as_arrow(flat, shape=recorded)), pin=pin)
+        if progress is not None:
+            progress(total, total)
+        return cid
+    ranges = plan_chunks(flat.size, chunk_bytes)
+    cids: list[CID | None] = [None] * len(ranges)
+    done = 0
+
+    async def store_one(index: int) -> None:
+        nonlocal done
+        offset, length = ranges[index]
+        data = store_gradient_as_arrow(flat[offset : offset + length])
+        # Chunks are pinned through the manifest's recursive pin, not one by one.
+        cids[index] = await store.put(Block.new(data), pin=False)
+        done += 4 * length
+        if progress is not None:
+            progress(done, total)
+
+    await _bounded(concurrency, (store_one(i) for i in range(len(ranges))))
+    chunks = tuple(
+        ChunkRef(_set(cid), offset, length)
+        for cid, (offset, length) in zip(cids, ranges, strict=True)
+    )
+    manifest = ChunkManifest(recorded, int(flat.size), chunks)
+    # Kubo's `block/put --pin` pins recursively ("pin added blocks recursively"), so the
+    # manifest's pin protects every chunk; no separate pin/add round trip is needed.
+    cid = await store.put(manifest.to_block(), pin=pin)
+    logger.debug("stored %d values as %d chunks under %s", flat.size, len(chunks), cid)
+    return cid
+
+
+def _set(cid: CID | None) -> CID:
+    if cid is None:  # pragma: no cover - every task either set it or raised
+        raise InvalidGradient("a chunk was not stored")
+    return cid
+
+
+async def fetch_manifest(
+    store: BlockStore, cid: CIDLike, *, timeout: float | Unset = UNSET, retries: int = 2
+) -> ChunkManifest:
+    """Fetch and validate the manifest of a chunked gradient.
+
+    Parameters
+    ----------
+    store
+        Where to get the block.
+    cid
+        A dag-cbor CID.
+    timeout
+        Seconds to wait for the block (the store's default when not given).
+    retries
+        Extra attempts on transient errors (:class:`StoreUnavailable`).
+
+    Raises
+    ------
+    MalformedManifest
+        If ``cid`` is not dag-cbor or the record is not a valid manifest.
+    """
+    parsed = parse_cid(cid)
+    if parsed.codec.code != DAG_CBOR:
+        raise MalformedManifest(f"{parsed} is not a dag-cbor CID")
+    block = await _get_with_retries(store, parsed, timeout, retries, f"manifest {parsed}")
+    try:
+        return ChunkManifest.decode(block.data)
+    except MalformedManifest as exc:
+        raise MalformedManifest(f"{exc} (manifest {parsed})") from None
+
+
+ChunkSink = Callable[[ChunkRef, FloatArray], None]
+"""Receives each verified chunk's values (a read-only view, valid only during the call)."""
+
+
+async def fetch_chunks(
+    store: BlockStore,
+    manifest: ChunkManifest,
+    sink: ChunkSink,
+    *,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    timeout: float | Unset = UNSET,
+    retries: int = 2,
+    progress: ProgressCallback | None = None,
+    manifest_cid: CID | None = None,
+) -> None:
+    """Fetch every chunk of ``manifest`` concurrently, verify, decode and pass it to ``sink``.
+
+    Parameters
+    ----------
+    store
+        Where to get the blocks (its ``get`` re-hashes each block against its CID).
+    manifest
+        A validated manifest.
+    sink
+        Called once per chunk with its ref and its ``length`` float32 values, in arrival order.
+    concurrency
+        Chunks in flight at once (≥ 1).
+    timeout
+        Seconds each block may take (the store's default when not given).
+    retries
+        Extra attempts per chunk on transient errors (:class:`StoreUnavailable`).
+    progress
+        Called with ``(done_bytes, total_bytes)`` after each chunk.
+    manifest_cid
+        Named in error messages when given.
+
+    Raises
+    ------
+    BlockCorrupt
+        If a chunk's bytes do not hash to its CID, or it is not a dense chunk of the declared
+        length; the message names the chunk index and CID. Nothing more is fetched.
+    BlockNotFound, StoreUnavailable
+        If a chunk cannot be fetched.
+    """
+    if concurrency < 1:
+        raise InvalidGradient(f"concurrency must be >= 1, got {concurrency}")
+    done = 0
+    where = f" of {manifest_cid}" if manifest_cid is not None else ""
+
+    async def fetch_one(index: int, ref: ChunkRef) -> None:
+        nonlocal done
+        block = await _get_with_retries(store, ref.cid, timeout, retries, f"chunk {index}{where}")
+        try:
+            decoded = decode_gradient(block.data)
+        except MalformedArrow as exc:
+            raise BlockCorrupt(
+                f"chunk {index}{where} is not a gradient block: {exc}", cid=ref.cid
+            ) from exc
+        if decoded.encoding != "dense" or decoded.values.size != ref.length:
+            raise BlockCorrupt(
+                f"chunk {index}{where} holds {decoded.values.size} {decoded.encoding} values, "
+                f"the manifest says {ref.length} dense",
+                cid=ref.cid,
+            )
+        sink(ref, decoded.values)
+        done += 4 * ref.length
+        if progress is not None:
+            progress(done, manifest.nbytes)
+
+    await _bounded(concurrency, (fetch_one(i, ref) for i, ref in enumerate(manifest.chunks)))
+
+
+async def _get_with_retries(
+    store: BlockStore, cid: CID, timeout: float | Unset, retries: int, what: str
+) -> Block:
+    delay = 0.05
+    for attempt in range(retries + 1):
+        try:
+            return await store.get(cid, timeout=timeout)
+        except BlockCorrupt as exc:
+            raise BlockCorrupt(f"{what} is corrupt: {exc}", cid=cid) from exc
+        except StoreUnavailable:
+            if attempt == retries:
+                raise
+            logger.debug("%s: transient failure, retry %d", what, attempt + 1)
+            await asyncio.sleep(delay)  # backoff before a retry, not a synchronisation
+            delay *= 2
+    raise StoreUnavailable(f"{what}: no attempt made", cid=cid)  # pragma: no cover
+
+
+async def fetch_gradient(
+    store: BlockStore,
+    cid: CIDLike,
+    *,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    timeout: float | Unset = UNSET,
+    retries: int = 2,
+    progress: ProgressCallback | None = None,
+    max_length: int | None = None,
+    expected_length: int | None = None,
+) -> FloatArray:
+    """Fetch a gradient by CID, raw block or chunked DAG, verified and decoded.
+
+    Parameters
+    ----------
+    store
+        Where to get the blocks.
+    cid
+        A raw CID (one Arrow block) or a dag-cbor CID (a chunk manifest).
+    concurrency, timeout, retries, progress
+        See :func:`fetch_chunks`.
+    max_length
+        Refuse manifests declaring more values than this (before allocating).
+    expected_length
+        The length the caller requires; a different one raises :class:`DimensionMismatch`
+        (before any chunk is fetched, for a chunked gradient).
+
+    Returns
+    -------
+    FloatArray
+        The gradient in its recorded shape. Chunked gradients land in one preallocated
+        writable array; a raw block decodes to a read-only zero-copy view.
+
+    Raises
+    ------
+    MalformedManifest
+        If a dag-cbor CID does not lead to a valid manifest, or it is too long.
+    MalformedArrow
+        If a raw block is not a dense gradient.
+    DimensionMismatch
+        If the length differs from ``expected_length``.
+    BlockCorrupt, BlockNotFound, StoreUnavailable
+        See :func:`fetch_chunks`.
+    """
+    parsed = parse_cid(cid)
+    if parsed.codec.code == RAW:
+        block = await _get_with_retries(store, parsed, timeout, retries, f"block {parsed}")
+        decoded = decode_gradient(block.data)
+        if decoded.encoding != "dense":
+            raise MalformedArrow(f"block {parsed} has encoding {decoded.encoding!r}, not dense")
+        _check_length(decoded.values.size, expected_length)
+        if progress is not None:
+            progress(decoded.values.nbytes, decoded.values.nbytes)
+        return decoded.tensor()
+    if parsed.codec.code != DAG_CBOR:
+        raise DecodeError(f"{parsed}: codec {parsed.codec.name} is neither raw nor dag-cbor")
+    manifest = await fetch_manifest(store, parsed, timeout=timeout, retries=retries)
+    if max_length is not None and manifest.length > max_length:
+        raise MalformedManifest(f"manifest {parsed} declares {manifest.length} > {max_length}")
+    _check_length(manifest.length, expected_length)
+    out = np.empty(manifest.length, dtype=np.float32)
+
+    def into_slice(ref: ChunkRef, values: FloatArray) -> None:
+        out[ref.offset : ref.stop] = values
+
+    await fetch_chunks(
+        store,
+        manifest,
+        into_slice,
+        concurrency=concurrency,
+        timeout=timeout,
+        retries=retries,
+        progress=progress,
+        manifest_cid=parsed,
+    )
+    return out.reshape(manifest.shape)
+
+
+def _check_length(length: int, expected: int | None) -> None:
+    if expected is not None and length != expected:
+        raise DimensionMismatch([expected], [length])
+
+
+async def _bounded(limit: int, jobs: Iterator[Awaitable[None]]) -> None:
+    """Run ``jobs`` with at most ``limit`` in flight; on the first error cancel the rest."""
+    if limit < 1:
+        raise InvalidGradient(f"concurrency must be >= 1, got {limit}")
+    pending: set[asyncio.Task[None]] = set()
+    started: list[asyncio.Task[None]] = []
+    try:
+        while True:
+            # Wait for room *before* creating the next job, so no coroutine is left unawaited.
+            if len(pending) >= limit:
+                finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in finished:
+                    task.result()
+            job = next(jobs, None)
+            if job is None:
+                break
+            task = asyncio.ensure_future(job)
+            started.append(task)
+            pending.add(task)
+        while pending:
+            finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in finished:
+                task.result()
+    except BaseException:
+        for task in pending:
+            task.cancel()
+        # Retrieve every outcome, so no "exception was never retrieved" is logged later.
+        await asyncio.gather(*started, return_exceptions=True)
+        raise

@@ -1,0 +1,92 @@
+"""``MemoryBlockStore``: an in-process block store for offline use and unit tests."""
+
+from __future__ import annotations
+
+import asyncio
+
+from multiformats import CID
+
+from .._types import CIDLike
+from ..cid import parse_cid
+from ..errors import BlockNotFound, BlockTooLarge
+from .base import MAX_BLOCK_SIZE, UNSET, AsyncClosing, Block, Unset
+
+__all__ = ["MemoryBlockStore"]
+
+
+class MemoryBlockStore(AsyncClosing):
+    """A dict of CID → bytes that behaves like a :class:`~gradfed_ipfs.storage.BlockStore`.
+
+    Blocks are verified on ``put`` and again on ``get`` (so tests that tamper with
+    :attr:`blocks` see ``BlockCorrupt``). ``get`` of a missing block raises ``BlockNotFound`` at
+    once: there is no network to wait for. Pins are tracked but nothing is ever collected.
+
+    Parameters
+    ----------
+    max_block_size
+        Largest accepted block in bytes (default 2 MiB, as Kubo).
+    """
+
+    def __init__(self, *, max_block_size: int = MAX_BLOCK_SIZE) -> None:
+        self.max_block_size = max_block_size
+        self.blocks: dict[bytes, tuple[CID, bytes]] = {}
+        self.pins: set[bytes] = set()
+
+    async def put(self, block: Block, *, pin: bool = True) -> CID:
+        """Store a verified block; see :meth:`BlockStore.put`."""
+        if len(block.data) > self.max_block_size:
+            raise BlockTooLarge(
+                f"block of {len(block.data)} bytes exceeds {self.max_block_size}", cid=block.cid
+            )
+        block.verify()
+        key = bytes(block.cid)
+        self.blocks[key] = (block.cid, block.data)
+        if pin:
+            self.pins.add(key)
+        await asyncio.sleep(0)  # yield like real I/O, so concurrency bugs show up in unit tests
+        return block.cid
+
+    async def get(self, cid: CIDLike, *, timeout: float | Unset = UNSET) -> Block:
+        """Return the verified block; ``BlockNotFound`` at once if absent."""
+        parsed = parse_cid(cid)
+        await asyncio.sleep(0)
+        try:
+            _, data = self.blocks[bytes(parsed)]
+        except KeyError:
+            raise BlockNotFound(f"Block not found for CID {parsed}", cid=parsed) from None
+        return Block.from_parts(parsed, data)
+
+    async def has(self, cid: CIDLike) -> bool:
+        """Return whether the block is stored."""
+        return bytes(parse_cid(cid)) in self.blocks
+
+    async def delete(self, cid: CIDLike) -> None:
+        """Remove a block and its pin; ``BlockNotFound`` if absent."""
+        parsed = parse_cid(cid)
+        key = bytes(parsed)
+        if key not in self.blocks:
+            raise BlockNotFound(f"Block not found for CID {parsed}", cid=parsed)
+        del self.blocks[key]
+        self.pins.discard(key)
+
+    async def pin(self, cid: CIDLike) -> None:
+        """Pin a stored block; ``BlockNotFound`` if absent."""
+        parsed = parse_cid(cid)
+        if bytes(parsed) not in self.blocks:
+            raise BlockNotFound(f"cannot pin missing block {parsed}", cid=parsed)
+        self.pins.add(bytes(parsed))
+
+    async def unpin(self, cid: CIDLike) -> None:
+        """Remove a pin (a no-op for an unpinned block)."""
+        self.pins.discard(bytes(parse_cid(cid)))
+
+    async def is_pinned(self, cid: CIDLike) -> bool:
+        """Return whether the block is pinned."""
+        return bytes(parse_cid(cid)) in self.pins
+
+    async def list_cids(self) -> list[CID]:
+        """Return every stored CID, in insertion order."""
+        return [cid for cid, _ in self.blocks.values()]
+
+    def __len__(self) -> int:
+        return len(self.blocks)
