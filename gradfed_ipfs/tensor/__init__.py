@@ -26,6 +26,7 @@ from .aggregation import (
     mean,
     weighted_mean,
 )
+from .bulyan import Bulyan, bulyan
 from .compression import (
     CODECS,
     Codec,
@@ -39,6 +40,16 @@ from .compression import (
     Threshold,
     TopK,
     TopKInt8,
+)
+from .fedopt import (
+    FedAdagrad,
+    FedAdam,
+    FedAvgM,
+    FedYogi,
+    OptimizerState,
+    ServerOptimizer,
+    fedprox_gradient,
+    qfedavg_update,
 )
 from .robust import (
     clip_to_norm,
@@ -61,6 +72,16 @@ from .types import (
 from .verification import GradientVerifier, PeerAnomaly, cross_peer_check
 
 __all__ = [
+    "Bulyan",
+    "FedAdagrad",
+    "FedAdam",
+    "FedAvgM",
+    "FedYogi",
+    "OptimizerState",
+    "ServerOptimizer",
+    "bulyan",
+    "fedprox_gradient",
+    "qfedavg_update",
     "CODECS",
     "AggregationMethod",
     "AggregationStrategy",
