@@ -51,6 +51,11 @@ from .fedopt import (
     fedprox_gradient,
     qfedavg_update,
 )
+from .regional import (
+    federated_average_by_region,
+    federated_average_in_regions,
+    hierarchical_federated_average,
+)
 from .robust import (
     clip_to_norm,
     coordinate_median,
@@ -72,6 +77,9 @@ from .types import (
 from .verification import GradientVerifier, PeerAnomaly, cross_peer_check
 
 __all__ = [
+    "federated_average_by_region",
+    "federated_average_in_regions",
+    "hierarchical_federated_average",
     "Bulyan",
     "FedAdagrad",
     "FedAdam",
