@@ -224,7 +224,7 @@ class Collection:
             return
         if not isinstance(exc, Exception):
             raise exc  # KeyboardInterrupt, SystemExit: not the peer's doing
-        if not isinstance(exc, GradfedError | TimeoutError | PEER_DATA_ERRORS):
+        if not isinstance(exc, (GradfedError, TimeoutError, *PEER_DATA_ERRORS)):
             logger.warning("peer %s: unexpected %r while fetching", peer, exc, exc_info=exc)
         self._fail(peer, classify(exc), f"{type(exc).__name__}: {exc}", type(exc).__name__)
 
