@@ -423,7 +423,8 @@ class DistributedGradientAccumulator(AccumulatorBase):
         if isinstance(strategy, WeightedMean) and not isinstance(strategy.weights, Mapping):
             strategy = WeightedMean(self._positional_weights(list(strategy.weights)))
         try:
-            result = strategy.aggregate(self.contributions())
+            with np.errstate(over="ignore"):  # an overflowing Sum is refused by _finish
+                result = strategy.aggregate(self.contributions())
         except ShapeMismatch as exc:
             raise DimensionMismatch(exc.expected, exc.actual) from None
         return self._finish(np.array(result, dtype=np.float32, copy=True))

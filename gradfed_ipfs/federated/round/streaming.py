@@ -11,20 +11,23 @@ measured, for N = 16 and d = 10M, extra memory of 1.3 × d × 4 bytes at 2 chunk
 1.8× at 4 and 2.6× at 8, with the same speed from a local daemon. Over bitswap more chunks in
 flight fetch faster; raise it when memory allows.
 
-A peer's gradient is verified whole before anything of it is folded in: a raw block is fetched,
-re-hashed, decoded and checked (finite, length) first; a chunked one is fetched twice, once to
-verify every chunk (re-hashed against its CID, decoded, finite) and once, from the local daemon
-that now holds the chunks, to fold them. So a rejected peer leaves the sum exactly as it was
-(a finite first chunk of 3e38 then a junk chunk cannot poison it), for the price of a second
-local read of an accepted chunked gradient. Only a local failure or a cancellation between the
-two passes (the daemon dies; the round's deadline cuts the fetch off) has to undo chunks
-already folded: they are read again and subtracted, exact up to float32 rounding.
+A peer's gradient is verified whole before anything of it is folded in, so a rejected peer
+leaves the sum exactly as it was (a finite first chunk of 3e38 then a junk chunk cannot poison
+it). A raw block is fetched, re-hashed, decoded and checked (finite, length, and that the sum
+stays finite) before it is added. A chunked one is read three times: once over the network to
+verify every chunk (re-hashed against its CID, decoded, finite), then, one peer at a time, from
+the local daemon that now holds the chunks, once to check that adding them keeps the sum finite
+and once to fold them. An accepted chunked gradient thus costs two extra local reads. Only a
+local failure or a cancellation during the last pass (the daemon dies; the round's deadline cuts
+the fetch off) has to undo chunks already folded: they are read again and subtracted, exact up
+to float32 rounding.
 
 Robust rules (median, trimmed mean, Krum) need every gradient at once and are refused here.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from typing import ClassVar
@@ -122,6 +125,7 @@ class StreamingAccumulator(AccumulatorBase):
         self.peer_samples: dict[str, int | None] = {}
         self._samples_given: bool | None = None
         self._finalized = False
+        self._fold_lock = asyncio.Lock()
 
     @property
     def length(self) -> int | None:
@@ -226,7 +230,12 @@ class StreamingAccumulator(AccumulatorBase):
         logger.debug("session %s: folded %s from %s", self.session_id, parsed, peer_id)
 
     async def _fold_chunked(self, peer_id: str, cid: CID, store: BlockStore, weight: float) -> None:
-        """Verify every chunk (first pass), then fold them in (second pass, local reads)."""
+        """Verify every chunk, then (one peer at a time) check the sum stays finite, then fold.
+
+        Pass 1 fetches over the network, concurrently with other peers; passes 2 and 3 read the
+        now-local chunks under a lock, so no other fold changes the sum between the check and
+        the fold.
+        """
         timeout = self.config.timeout
         manifest = await fetch_manifest(store, cid, timeout=timeout)
         self._check_length(manifest.length)
@@ -243,19 +252,29 @@ class StreamingAccumulator(AccumulatorBase):
             progress=self.progress,
             manifest_cid=cid,
         )
-        self._check_length(manifest.length)  # another gradient may have set d meanwhile
-        self._ensure_total(manifest.length)
-        folded: list[ChunkRef] = []
+        async with self._fold_lock:
+            self._check_length(manifest.length)  # another gradient may have set d meanwhile
+            self._ensure_total(manifest.length)
 
-        def fold(ref: ChunkRef, values: FloatArray) -> None:
-            self._fold(ref.offset, values, weight)
-            folded.append(ref)
+            def would_fold(ref: ChunkRef, values: FloatArray) -> None:
+                self._candidate(ref.offset, values, weight)
 
-        try:
-            await fetch_chunks(store, manifest, fold, concurrency=self.concurrency, timeout=timeout)
-        except BaseException:
-            await self._unfold(store, manifest, folded, weight)
-            raise
+            await fetch_chunks(
+                store, manifest, would_fold, concurrency=self.concurrency, timeout=timeout
+            )
+            folded: list[ChunkRef] = []
+
+            def fold(ref: ChunkRef, values: FloatArray) -> None:
+                self._fold(ref.offset, values, weight)
+                folded.append(ref)
+
+            try:
+                await fetch_chunks(
+                    store, manifest, fold, concurrency=self.concurrency, timeout=timeout
+                )
+            except BaseException:
+                await self._unfold(store, manifest, folded, weight)
+                raise
 
     async def _unfold(
         self, store: BlockStore, manifest: ChunkManifest, folded: list[ChunkRef], weight: float
@@ -266,7 +285,8 @@ class StreamingAccumulator(AccumulatorBase):
         undo = ChunkManifest(manifest.shape, manifest.length, tuple(folded))
 
         def subtract(ref: ChunkRef, values: FloatArray) -> None:
-            self._fold(ref.offset, values, -weight)
+            target = self._total_or_raise()[ref.offset : ref.offset + values.size]
+            target -= values * self.accumulate_dtype.type(weight)
 
         logger.warning("rolling back %d folded chunks by subtraction", len(folded))
         await fetch_chunks(
@@ -328,7 +348,12 @@ class StreamingAccumulator(AccumulatorBase):
     # ------------------------------------------------------------------ internals
 
     def _total(self) -> np.ndarray:
-        if not self.local_folded or self.total is None:
+        if not self.local_folded:
+            raise EmptyGradients()
+        return self._total_or_raise()
+
+    def _total_or_raise(self) -> np.ndarray:
+        if self.total is None:
             raise EmptyGradients()
         return self.total
 
@@ -370,10 +395,24 @@ class StreamingAccumulator(AccumulatorBase):
             self.total = np.zeros(length, dtype=self.accumulate_dtype)
         return self.total
 
-    def _fold(self, offset: int, values: FloatArray, weight: float) -> None:
+    def _candidate(self, offset: int, values: FloatArray, weight: float) -> np.ndarray:
+        """Return the running sum's slice at ``offset`` with ``weight · values`` added.
+
+        Raises
+        ------
+        InvalidGradient
+            If that would overflow (finite float32 values near the maximum).
+        """
         total = self._ensure_total(values.size if offset == 0 and self.total is None else 0)
-        target = total[offset : offset + values.size]
-        if weight == 1.0:
-            target += values
-        else:
-            target += values * self.accumulate_dtype.type(weight)
+        with np.errstate(over="ignore", invalid="ignore"):
+            candidate = values.astype(self.accumulate_dtype, copy=True)
+            if weight != 1.0:
+                candidate *= self.accumulate_dtype.type(weight)
+            candidate += total[offset : offset + values.size]
+        check_finite(candidate, "running sum (a contribution would overflow it)", offset)
+        return candidate
+
+    def _fold(self, offset: int, values: FloatArray, weight: float) -> None:
+        """Add ``weight · values`` at ``offset``; nothing is added if the sum would overflow."""
+        candidate = self._candidate(offset, values, weight)
+        self._total_or_raise()[offset : offset + values.size] = candidate
