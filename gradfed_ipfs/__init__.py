@@ -53,7 +53,7 @@ from .federated import (
     RoundResult,
     RoundRunner,
     RoundStats,
-    SecureRoundConfig,
+    SecureOptions,
     StreamingAccumulator,
 )
 from .formats import Announcement, AnnouncementFilter, session_topic
@@ -177,7 +177,7 @@ __all__ = [
     "RoundStats",
     "RoundVerification",
     "SecureAggregationError",
-    "SecureRoundConfig",
+    "SecureOptions",
     "session_topic",
     "ShapeMismatch",
     "SparseGradient",

@@ -36,6 +36,7 @@ CLI exits with. The tree::
     │   ├── ClientNotFound             a contribution from a client not in the round
     │   ├── NotStarted                 operating on a round that was not started
     │   ├── PrivacyBudgetExhausted     a DP operation would exceed the (ε, δ) budget
+    │   ├── InsufficientPeers          a round's deadline passed with fewer than min_peers in
     │   └── SecureAggregationError     the masked-sum protocol cannot proceed
     ├── CoordinationError              the seed's ``CoordinationError`` (§8.4); exit 8
     │   ├── PassNotFound               unknown backward pass id
@@ -88,6 +89,7 @@ __all__ = [
     "GraphNodeNotFound",
     "GraphSerializationError",
     "IncompatibleDtype",
+    "InsufficientPeers",
     "InvalidCompressionRatio",
     "InvalidGradient",
     "InvalidMagic",
@@ -375,6 +377,40 @@ class NotStarted(FederatedError, RuntimeError):
 
 class PrivacyBudgetExhausted(FederatedError, ValueError):
     """A differential-privacy step would exceed the (ε, δ) budget; nothing was changed."""
+
+
+class InsufficientPeers(FederatedError):
+    """A round's deadline passed with fewer than ``min_peers`` peer contributions in.
+
+    Attributes
+    ----------
+    round_id
+        The round.
+    needed, got
+        ``min_peers`` and the number of peer contributions taken in.
+    absent
+        Expected peers (sorted) that never announced, or whose contribution never arrived.
+    failures
+        Peer ID → why its contribution was not taken in.
+    """
+
+    def __init__(
+        self,
+        round_id: int,
+        needed: int,
+        got: int,
+        absent: Sequence[str] = (),
+        failures: dict[str, str] | None = None,
+    ) -> None:
+        self.round_id = round_id
+        self.needed = needed
+        self.got = got
+        self.absent = sorted(absent)
+        self.failures = dict(failures or {})
+        super().__init__(
+            f"round {round_id}: {got} of min_peers={needed} peer contributions by the deadline"
+            + (f"; absent: {', '.join(self.absent)}" if self.absent else "")
+        )
 
 
 class SecureAggregationError(FederatedError):
