@@ -39,6 +39,7 @@ from ..tensor.aggregation import (
     TrimmedMean,
 )
 from ..tensor.compression import Codec, Int4, Int8, TopK, TopKInt8
+from .managed import running_node_api
 
 __all__ = [
     "API_ENV",
@@ -121,8 +122,6 @@ def resolve_api(api: str | None, node_dir: Path) -> str:
     env = os.environ.get(API_ENV)
     if env:
         return _check_url(env)
-    from .node import running_node_api
-
     found = running_node_api(node_dir)
     if found is None:
         raise UsageError(

@@ -17,7 +17,8 @@ from gradfed_ipfs.errors import (
     StoreUnavailable,
 )
 from gradfed_ipfs.storage import Block, KuboBlockStore
-from gradfed_ipfs.storage.kubo import encode_block_put, iter_ndjson, parse_rpc_error
+from gradfed_ipfs.kubo.rpc import iter_ndjson, parse_rpc_error
+from gradfed_ipfs.storage.kubo import encode_block_put
 
 
 def store_with(handler: object, **kwargs: object) -> KuboBlockStore:
