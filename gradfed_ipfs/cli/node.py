@@ -1,10 +1,12 @@
-"""``gradfed-ipfs node start|stop|status``: one managed, persistent Kubo daemon per user.
+"""``gradfed-ipfs node start|stop|status|connect``: one managed, persistent Kubo daemon per user.
 
 The node lives in a directory (default ``~/.local/share/gradfed-ipfs/node``; ``--node-dir`` or
 ``$GRADFED_IPFS_HOME`` override it) holding the Kubo repo (``repo/``), the daemon's log
 (``daemon.log``) and its PID file (``daemon.pid``). The repo is initialised like every daemon of
 this project (``--profile=test``, loopback only, ``Routing.Type=none``, pubsub on) and kept
 between runs. The daemon outlives the CLI process; ``node stop`` ends it by its recorded PID.
+``node connect TARGET`` dials another node (a multiaddr, or another daemon's API URL) from the
+selected daemon (``--api``, ``$GRADFED_IPFS_API`` or the managed node).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from rich.table import Table
 from ..errors import KuboStartError
 from ..kubo.binary import find_kubo_binary
 from ..kubo.daemon import LOOPBACK_CONFIG
-from .common import console, default_node_dir, err_console
+from ..node import Node
+from .common import UsageError, api_of, console, default_node_dir, err_console, run
 from .managed import (
     LOG_FILE,
     PID_FILE,
@@ -176,8 +179,27 @@ def node_status(node_dir: Path) -> int:
     return 0 if info else 1
 
 
+async def node_connect(api: str, target: str, timeout: float) -> int:
+    """``swarm/connect`` the daemon at ``api`` to ``target``; print the address and peer count."""
+    async with Node(api, timeout=timeout) as node:
+        address = await node.connect(target)
+        peers = await node.peers()
+    console.print(f"connected to {address}")
+    console.print(f"this node now has {len(peers)} peer{'s' if len(peers) != 1 else ''}")
+    return 0
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     node_dir = Path(args.node_dir) if args.node_dir else default_node_dir()
+    if args.action == "connect":
+        if not args.target:
+            raise UsageError(
+                "node connect needs a target: a multiaddr (/ip4/…/tcp/…/p2p/…) or another "
+                "daemon's API URL (http://127.0.0.1:5001)"
+            )
+        return run(node_connect(api_of(args), args.target, args.timeout))
+    if args.target:
+        raise UsageError(f"node {args.action} takes no target")
     if args.action == "start":
         return node_start(node_dir, args.start_timeout)
     if args.action == "stop":
@@ -186,16 +208,22 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def add_node_parser(commands: Any) -> None:
-    """Register ``node start|stop|status`` on the subcommand group ``commands``."""
+    """Register ``node start|stop|status|connect`` on the subcommand group ``commands``."""
     node = commands.add_parser(
         "node",
-        help="start, stop or inspect the managed local Kubo daemon",
+        help="start, stop, inspect or connect the managed local Kubo daemon",
         description="Manage one persistent Kubo daemon on 127.0.0.1 under the user's data "
         "directory (default ~/.local/share/gradfed-ipfs/node, or $GRADFED_IPFS_HOME). The Kubo "
         "binary is found or built with scripts/install-kubo. Other subcommands use this daemon "
-        "when neither --api nor $GRADFED_IPFS_API is given.",
+        "when neither --api nor $GRADFED_IPFS_API is given. `node connect TARGET` dials "
+        "another node from the selected daemon.",
     )
-    node.add_argument("action", choices=["start", "stop", "status"], help="what to do")
+    node.add_argument("action", choices=["start", "stop", "status", "connect"], help="what to do")
+    node.add_argument(
+        "target",
+        nargs="?",
+        help="for connect: a multiaddr (/ip4/…/tcp/…/p2p/ID) or another daemon's API URL",
+    )
     node.add_argument(
         "--start-timeout",
         type=float,
