@@ -34,7 +34,8 @@ from ..errors import (
     StoreTimeout,
     StoreUnavailable,
 )
-from ..kubo.rpc import DEADLINE_GRACE, ErrorFamily, KuboRpc, Transport, iter_ndjson
+from ..formats.rpc import iter_ndjson
+from ..kubo.rpc import DEADLINE_GRACE, ErrorFamily, KuboRpc, Transport
 from .base import MAX_BLOCK_SIZE, UNSET, AsyncClosing, Block, Unset
 
 __all__ = ["STORE_ERRORS", "KuboBlockStore", "encode_block_put", "rpc_context"]

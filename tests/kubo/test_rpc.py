@@ -28,6 +28,7 @@ from gradfed_ipfs.errors import (
     StoreTimeout,
     StoreUnavailable,
 )
+from gradfed_ipfs.formats.rpc import LineSplitter, iter_ndjson, parse_rpc_error
 from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.kubo.pubsub import PUBSUB_ERRORS
 from gradfed_ipfs.kubo.rpc import (
@@ -36,10 +37,7 @@ from gradfed_ipfs.kubo.rpc import (
     MAX_PUBSUB_LINE_BYTES,
     ErrorFamily,
     KuboRpc,
-    LineSplitter,
-    iter_ndjson,
     max_response_bytes,
-    parse_rpc_error,
     rpc_call_sync,
 )
 from gradfed_ipfs.storage import MAX_BLOCK_SIZE, Block, KuboBlockStore
