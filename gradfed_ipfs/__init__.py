@@ -58,6 +58,7 @@ from .federated import (
 )
 from .formats import Announcement, AnnouncementFilter, session_topic
 from .kubo import KuboDaemon, KuboPubsub, KuboSwarm, MemoryPubsub, MemoryPubsubBus
+from .node import Node
 from .provenance import (
     ComputationGraphStore,
     ComputationNode,
@@ -161,6 +162,7 @@ __all__ = [
     "MemoryPubsub",
     "MemoryPubsubBus",
     "MultiKrum",
+    "Node",
     "NormBounded",
     "parse_cid",
     "PrivacyBudget",

@@ -26,10 +26,13 @@ CLI exits with. The tree::
     │   ├── BlockCorrupt               bytes whose hash is not their CID
     │   ├── BlockTooLarge              a block over the store's size limit, refused before sending
     │   ├── StoreUnavailable           the daemon cannot be reached (after retries)
+    │   │   └── StoreTimeout           an answer not complete within the call's deadline
     │   └── StoreRequestError          the daemon answered with an error
+    │       └── StoreResponseTooLarge  an answer over its endpoint's size cap
     ├── KuboError                      managing Kubo daemons; exit 6
     │   ├── KuboNotInstalled           no Kubo binary and it could not be built
-    │   └── KuboStartError             a daemon failed to start (message has its log tail)
+    │   ├── KuboStartError             a daemon failed to start (message has its log tail)
+    │   └── KuboRpcError               a control-plane RPC call (id, swarm/*) failed
     ├── FederatedError                 the seed's ``FederatedError`` (seed-api §6.1); exit 7
     │   ├── NoContributions            a round has nothing to aggregate
     │   ├── FederatedDimensionMismatch contributions of different lengths
@@ -53,7 +56,12 @@ CLI exits with. The tree::
     │   └── GraphIoError               reading or writing a graph/checkpoint failed
     └── PubsubError                    IPFS pubsub (announcements); exit 10
         ├── PubsubUnavailable          the daemon's pubsub API cannot be reached
+        │   └── PubsubTimeout          an answer not complete within the call's deadline
         └── PubsubRequestError         the daemon refused a pubsub call (e.g. pubsub disabled)
+            └── PubsubResponseTooLarge an answer over its endpoint's size cap
+
+Two mixins cut across the families: every ``*Timeout`` is an :class:`RpcTimeout` (and a
+``TimeoutError``), every ``*ResponseTooLarge`` a :class:`ResponseTooLarge`.
 
 Store errors carry context as attributes (``api_url``, ``endpoint``, ``cid``), set by the one
 boundary that talks to Kubo, so a message always names the CID and the daemon.
@@ -95,6 +103,7 @@ __all__ = [
     "InvalidMagic",
     "KuboError",
     "KuboNotInstalled",
+    "KuboRpcError",
     "KuboStartError",
     "MalformedAnnouncement",
     "MalformedArrow",
@@ -109,10 +118,16 @@ __all__ = [
     "PrivacyBudgetExhausted",
     "PubsubError",
     "PubsubRequestError",
+    "PubsubResponseTooLarge",
+    "PubsubTimeout",
     "PubsubUnavailable",
+    "ResponseTooLarge",
+    "RpcTimeout",
     "SecureAggregationError",
     "ShapeMismatch",
     "StoreRequestError",
+    "StoreResponseTooLarge",
+    "StoreTimeout",
     "StoreUnavailable",
     "TruncatedData",
 ]
@@ -262,6 +277,39 @@ class MalformedAnnouncement(DecodeError):
     """A pubsub announcement that is not valid for this session (see its message)."""
 
 
+# --------------------------------------------------------------------------- RPC limits
+
+
+class RpcTimeout(TimeoutError):
+    """Mixin: an RPC answer did not complete within the call's total deadline.
+
+    Attributes
+    ----------
+    received
+        Bytes of the answer that had arrived when the deadline passed.
+    deadline
+        The call's total deadline, in seconds.
+    """
+
+    received: int = 0
+    deadline: float = 0.0
+
+
+class ResponseTooLarge(ValueError):
+    """Mixin: an RPC answer exceeded its endpoint's size cap (nothing beyond it was kept).
+
+    Attributes
+    ----------
+    rpc_endpoint
+        The endpoint whose answer was too large, e.g. ``block/get``.
+    cap
+        The endpoint's cap, in bytes.
+    """
+
+    rpc_endpoint: str = ""
+    cap: int = 0
+
+
 # --------------------------------------------------------------------------- block stores
 
 
@@ -315,6 +363,14 @@ class StoreRequestError(BlockStoreError):
     """The daemon answered a request with an error (status or an NDJSON error line)."""
 
 
+class StoreTimeout(StoreUnavailable, RpcTimeout):
+    """The daemon's answer did not complete within the call's total deadline."""
+
+
+class StoreResponseTooLarge(StoreRequestError, ResponseTooLarge):
+    """The daemon's answer exceeded the endpoint's size cap; reading stopped there."""
+
+
 # --------------------------------------------------------------------------- Kubo daemons
 
 
@@ -330,6 +386,22 @@ class KuboNotInstalled(KuboError, FileNotFoundError):
 
 class KuboStartError(KuboError, RuntimeError):
     """A Kubo daemon did not become ready; the message ends with the tail of its log."""
+
+
+class KuboRpcError(KuboError):
+    """A control-plane RPC call (``id``, ``swarm/connect``, ``swarm/peers``) failed.
+
+    Parameters
+    ----------
+    message
+        What failed.
+    api_url
+        The daemon's RPC URL, when known.
+    """
+
+    def __init__(self, message: str, *, api_url: str | None = None) -> None:
+        self.api_url = api_url
+        super().__init__(message)
 
 
 # --------------------------------------------------------------------------- federated (seed §6)
@@ -521,3 +593,11 @@ class PubsubUnavailable(PubsubError, ConnectionError):
 
 class PubsubRequestError(PubsubError):
     """The daemon answered a pubsub call with an error (e.g. pubsub is not enabled)."""
+
+
+class PubsubTimeout(PubsubUnavailable, RpcTimeout):
+    """A pubsub call's answer did not complete within the call's total deadline."""
+
+
+class PubsubResponseTooLarge(PubsubRequestError, ResponseTooLarge):
+    """A pubsub call's answer exceeded the endpoint's size cap; reading stopped there."""

@@ -11,7 +11,7 @@ from multiformats import CID
 
 from .._types import FloatArray
 from ..cid import DAG_CBOR, RAW, parse_cid
-from ..errors import DecodeError, DimensionMismatch
+from ..errors import BlockNotFound, DecodeError, DimensionMismatch
 from ..formats.announcement import Announcement
 from ..formats.arrow import decode_gradient, store_layer_as_arrow
 from ..kubo.pubsub import KuboPubsub, session_topic
@@ -24,6 +24,7 @@ from .common import (
     async_handler,
     console,
     err_console,
+    explain_missing_block,
     human_bytes,
     parse_codec,
     parse_method,
@@ -50,15 +51,19 @@ async def fetch_any(
 
     Returns the values in their recorded shape and the block's encoding.
     """
-    if cid.codec.code == RAW:
-        block = await store.get(cid, timeout=timeout)  # re-hashed against the CID
-        decoded = decode_gradient(block.data)
-        return decoded.tensor(), decoded.encoding
-    if cid.codec.code != DAG_CBOR:
-        raise DecodeError(f"{cid}: codec {cid.codec.name} is neither raw nor dag-cbor")
-    with progress_bar(f"fetching {str(cid)[:16]}…", enabled=show_progress) as progress:
-        values = await fetch_gradient(store, cid, timeout=timeout, progress=progress)
-    return values, "dense (chunked)"
+    try:
+        if cid.codec.code == RAW:
+            block = await store.get(cid, timeout=timeout)  # re-hashed against the CID
+            decoded = decode_gradient(block.data)
+            return decoded.tensor(), decoded.encoding
+        if cid.codec.code != DAG_CBOR:
+            raise DecodeError(f"{cid}: codec {cid.codec.name} is neither raw nor dag-cbor")
+        with progress_bar(f"fetching {str(cid)[:16]}…", enabled=show_progress) as progress:
+            values = await fetch_gradient(store, cid, timeout=timeout, progress=progress)
+        return values, "dense (chunked)"
+    except BlockNotFound as exc:
+        await explain_missing_block(store.rpc, exc)
+        raise
 
 
 # --------------------------------------------------------------------------- commit
