@@ -28,8 +28,9 @@ from multiformats import CID
 
 from ._types import CIDLike, FloatArray, GradientLike
 from .errors import KuboRpcError
+from .federated.round.config import RoundConfig
 from .federated.round.gossip import GossipModelSync
-from .federated.round.runner import RoundConfig, RoundRunner
+from .federated.round.runner import RoundRunner
 from .kubo.pubsub import KuboPubsub, MemoryPubsubBus, PubsubTransport
 from .kubo.rpc import KuboRpc, Transport
 from .storage.base import UNSET, BlockStore, Unset
@@ -225,7 +226,7 @@ class Node:
         """Return a round runner for ``session_id`` over this node's store and pubsub.
 
         The runner and its gossip endpoint are closed with the node. ``options`` go to
-        :class:`~gradfed_ipfs.RoundRunner` (``dp=``, ``accumulator_factory=``, ...). Use the
+        :class:`~gradfed_ipfs.RoundRunner` (``accumulator_factory=``, ``randbytes=``). Use the
         node as ``async with`` first (the runner needs the node's peer ID).
 
         Raises
