@@ -157,6 +157,9 @@ class KuboRpc:
         An ``httpx`` transport to use instead of the network (e.g. ``httpx.MockTransport``).
     max_connections
         Most concurrent connections to the daemon.
+    base_path
+        Path every endpoint is relative to: Kubo's ``/api/v0`` (default), or ``""`` for a REST
+        API such as IPFS Cluster's.
 
     Examples
     --------
@@ -173,6 +176,7 @@ class KuboRpc:
         errors: ErrorFamily = KUBO_ERRORS,
         transport: Transport | None = None,
         max_connections: int = 64,
+        base_path: str = "/api/v0",
     ) -> None:
         if not timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
@@ -180,7 +184,7 @@ class KuboRpc:
         self.timeout = float(timeout)
         self.errors = errors
         self._client = httpx.AsyncClient(
-            base_url=f"{self.api_url}/api/v0",
+            base_url=f"{self.api_url}{base_path}",
             transport=transport,
             timeout=httpx.Timeout(self.timeout, connect=CONNECT_TIMEOUT),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=16),
@@ -215,6 +219,7 @@ class KuboRpc:
         retries: int = 0,
         backoff: float = 0.1,
         errors: ErrorFamily | None = None,
+        method: str = "POST",
     ) -> bytes:
         """POST ``/api/v0/<endpoint>`` and return the body of its successful answer.
 
@@ -238,6 +243,8 @@ class KuboRpc:
             First retry delay in seconds; doubles per attempt.
         errors
             The error family (default: the client's).
+        method
+            The HTTP method: Kubo takes only POST; IPFS Cluster's REST API also GET.
 
         Returns
         -------
@@ -256,7 +263,9 @@ class KuboRpc:
         delay = backoff
         for attempt in range(retries + 1):
             try:
-                status, body = await self._exchange(endpoint, params, files, seconds, cap, family)
+                status, body = await self._exchange(
+                    endpoint, params, files, seconds, cap, family, method
+                )
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as exc:
                 if attempt == retries:
                     raise self._error(
@@ -264,7 +273,7 @@ class KuboRpc:
                         f"Kubo daemon unreachable after {attempt + 1} attempts: {exc}",
                         endpoint,
                     ) from exc
-                logger.debug("POST %s failed (%s); retrying in %.2fs", endpoint, exc, delay)
+                logger.debug("%s %s failed (%s); retrying in %.2fs", method, endpoint, exc, delay)
                 await asyncio.sleep(delay)  # backoff between reconnect attempts, not a sync
                 delay *= 2
                 continue
@@ -278,7 +287,7 @@ class KuboRpc:
                 ) from exc
             except _Abort as abort:
                 raise abort.error from None
-            logger.debug("POST %s %s -> %d", endpoint, (params or {}).get("arg", ""), status)
+            logger.debug("%s %s %s -> %d", method, endpoint, (params or {}).get("arg", ""), status)
             message = parse_rpc_error(status, body, streamed=streamed)
             if message is not None:
                 raise self._error(family.refused, f"Kubo refused {endpoint}: {message}", endpoint)
@@ -386,6 +395,7 @@ class KuboRpc:
         seconds: float,
         cap: int,
         family: ErrorFamily,
+        method: str = "POST",
     ) -> tuple[int, bytes]:
         """One request under a total deadline; the body is read up to ``cap`` bytes."""
         received = 0
@@ -393,7 +403,7 @@ class KuboRpc:
         try:
             async with scope:
                 request = self._client.build_request(
-                    "POST",
+                    method,
                     f"/{endpoint}",
                     params=dict(params or {}),
                     files=files,
@@ -473,6 +483,8 @@ def rpc_call_sync(
     *,
     timeout: float = 30.0,
     errors: ErrorFamily = KUBO_ERRORS,
+    base_path: str = "/api/v0",
+    method: str = "POST",
 ) -> Any:
     """One JSON call from synchronous code (daemon management, ``node start``).
 
@@ -486,8 +498,8 @@ def rpc_call_sync(
     """
 
     async def call() -> Any:
-        async with KuboRpc(api_url, timeout=timeout, errors=errors) as rpc:
-            return await rpc.post_json(endpoint, params)
+        async with KuboRpc(api_url, timeout=timeout, errors=errors, base_path=base_path) as rpc:
+            return await rpc.post_json(endpoint, params, method=method)
 
     return _run_blocking(call)
 
