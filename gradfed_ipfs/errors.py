@@ -37,6 +37,8 @@ CLI exits with. The tree::
     │   ├── NotStarted                 operating on a round that was not started
     │   ├── PrivacyBudgetExhausted     a DP operation would exceed the (ε, δ) budget
     │   └── SecureAggregationError     the masked-sum protocol cannot proceed
+    │       ├── SecAggPeerRejected     one party's SecAgg message is unusable (names the party)
+    │       └── UnmaskRefused          an honest client refuses an unmasking request
     ├── CoordinationError              the seed's ``CoordinationError`` (§8.4); exit 8
     │   ├── PassNotFound               unknown backward pass id
     │   └── PassAlreadyTerminal        the pass is Complete or Failed
@@ -108,11 +110,13 @@ __all__ = [
     "PubsubError",
     "PubsubRequestError",
     "PubsubUnavailable",
+    "SecAggPeerRejected",
     "SecureAggregationError",
     "ShapeMismatch",
     "StoreRequestError",
     "StoreUnavailable",
     "TruncatedData",
+    "UnmaskRefused",
 ]
 
 
@@ -379,6 +383,26 @@ class PrivacyBudgetExhausted(FederatedError, ValueError):
 
 class SecureAggregationError(FederatedError):
     """The secure-aggregation protocol cannot proceed (too few participants, bad shares...)."""
+
+
+class SecAggPeerRejected(SecureAggregationError):
+    """One party's SecAgg message is malformed, undecryptable or misaddressed; ``peer`` names it.
+
+    The round goes on without that party where the protocol allows.
+    """
+
+    def __init__(self, peer: str, reason: str) -> None:
+        self.peer = peer
+        self.reason = reason
+        super().__init__(f"SecAgg message from {peer} rejected: {reason}")
+
+
+class UnmaskRefused(SecureAggregationError):
+    """An honest client refuses to unmask (both secrets of one peer, or inconsistent views).
+
+    The request asked for the self-mask share and the mask-key share of the same peer, or the
+    server showed different survivor sets to different clients.
+    """
 
 
 # --------------------------------------------------------------------------- coordination (§8)
