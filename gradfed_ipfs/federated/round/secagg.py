@@ -55,13 +55,12 @@ it. Clients trust the ``server-key`` the aggregator's authenticated pubsub ident
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from multiformats import CID
@@ -71,48 +70,38 @@ from ...errors import BlockStoreError, DecodeError, SecAggPeerRejected, SecureAg
 from ...kubo.pubsub import TOPIC_PREFIX, PubsubTransport
 from ...storage.base import BlockStore
 from ...tensor.aggregation import as_float32_vector
-from ..secagg.blocks import decode_masked_block, encode_masked_block
+from ..secagg.blocks import encode_masked_block
 from ..secagg.codec import (
-    answer_from_json,
     answer_to_json,
-    bundle_from_json,
     bundle_to_json,
     json_block,
-    keys_from_json,
     keys_to_json,
     pack_masked,
     request_from_json,
-    server_key_from_json,
     to_hex,
-    unpack_masked,
-    view_from_json,
     view_to_json,
 )
-from ..secagg.protocol import (
-    AdvertisedKeys,
-    EncryptedShare,
-    SecAggClient,
-    SecAggServer,
-    SignedView,
-    UnmaskingShares,
-    check_threshold,
-)
+from ..secagg.protocol import RandBytes, SecAggClient, SecAggServer, check_threshold
 from ..secagg.wire import KINDS, SecAggChannel
+from .secagg_steps import (
+    collect_answers,
+    collect_masked,
+    fetch_bundles,
+    fetch_roster,
+    fetch_server_key,
+    fetch_views,
+)
 from .stats import RoundStats
 
 __all__ = [
     "KINDS",
+    "RandBytes",
     "SecureRoundConfig",
     "SecureRoundPeer",
     "SecureRoundResult",
     "run_secure_round",
     "secagg_topic",
 ]
-
-logger = logging.getLogger("gradfed_ipfs.federated")
-
-RandBytes = Callable[[int], bytes]
-_T = TypeVar("_T")
 
 
 def secagg_topic(session_id: str) -> str:
@@ -234,11 +223,6 @@ class SecureRoundResult:
     rejected: dict[str, str] = field(default_factory=dict)
 
 
-async def _gather_all(jobs: Mapping[str, Awaitable[_T]]) -> dict[str, _T | BaseException]:
-    results = await asyncio.gather(*jobs.values(), return_exceptions=True)
-    return dict(zip(jobs, results, strict=True))
-
-
 class SecureRoundPeer:
     """One peer of a SecAgg round: its client role, its aggregator role, or both.
 
@@ -328,57 +312,10 @@ class SecureRoundPeer:
 
     # ------------------------------------------------------------------ shared steps
 
-    async def _require_all(self, kind: str) -> dict[str, bytes]:
-        """Wait for ``kind`` from every client and fetch each block."""
-        ch, clients = self._ch, set(self.config.clients)
-        if not await ch.wait(lambda: clients <= ch.senders(kind), self.config.phase_timeout):
-            missing = sorted(clients - ch.senders(kind))
-            raise SecureAggregationError(f"no {kind!r} message from {missing} in time")
-        fetched = await _gather_all({c: ch.fetch(kind, c) for c in sorted(clients)})
-        out = {}
-        for c, data in fetched.items():
-            if isinstance(data, BaseException):
-                raise SecureAggregationError(f"{kind!r} block of {c} unavailable: {data}")
-            out[c] = data
-        return out
-
-    async def _roster(self) -> dict[str, AdvertisedKeys]:
-        roster = {}
-        for c, data in (await self._require_all("keys")).items():
-            try:
-                roster[c] = keys_from_json(data, c)
-            except DecodeError as exc:
-                raise SecAggPeerRejected(c, f"keys malformed: {exc}") from exc
-        return roster
-
-    async def _bundles(self) -> tuple[list[EncryptedShare], set[str], dict[str, str]]:
-        """Fetch every share bundle: (ciphertexts, sharers, malformed sender → reason).
-
-        A bundle that does not decode is the same bytes for every party, so every party leaves
-        its sender out of the sharers (no pairwise masks with it, nothing to unmask).
-        """
-        out: list[EncryptedShare] = []
-        sharers, bad = set(), {}
-        for c, data in (await self._require_all("shares")).items():
-            try:
-                out += bundle_from_json(data, c)
-                sharers.add(c)
-            except DecodeError as exc:
-                bad[c] = f"share bundle malformed: {exc}"
-                logger.info("secagg: share bundle of %s rejected: %s", c, exc)
-        return out, sharers, bad
-
     async def _fetch_server_key(self) -> bytes:
         if self._server_key is None:
-            ch, agg = self._ch, self.config.aggregator
-            if not await ch.wait(
-                lambda: ("server-key", agg) in ch.inbox, self.config.phase_timeout
-            ):
-                raise SecureAggregationError("no server key from the aggregator in time")
-            try:
-                self._server_key = server_key_from_json(await ch.fetch("server-key", agg))
-            except (DecodeError, BlockStoreError) as exc:
-                raise SecureAggregationError(f"server key unusable: {exc}") from exc
+            cfg = self.config
+            self._server_key = await fetch_server_key(self._ch, cfg.aggregator, cfg.phase_timeout)
         return self._server_key
 
     # ------------------------------------------------------------------ client role
@@ -401,9 +338,9 @@ class SecureRoundPeer:
             randbytes=self._rand,
         )
         await ch.post("keys", keys_to_json(client.advertise_keys()))
-        shares = client.share_keys(await self._roster())
+        shares = client.share_keys(await fetch_roster(ch, cfg.clients, cfg.phase_timeout))
         await ch.post("shares", bundle_to_json(ch.peer_id, shares))
-        bundles, sharers, bad = await self._bundles()
+        bundles, sharers, bad = await fetch_bundles(ch, cfg.clients, cfg.phase_timeout)
         for c, reason in bad.items():
             self.rejected[c] = SecAggPeerRejected(c, reason)
         mine = [m for m in bundles if m.recipient == ch.peer_id and m.sender in sharers]
@@ -424,21 +361,6 @@ class SecureRoundPeer:
         server_key = await self._fetch_server_key()
         payload = pack_masked(client.rejected, encode_masked_block(client.masked_input(values)))
         return await self._ch.post("masked", client.seal_for_server(server_key, "masked", payload))
-
-    async def _signed_views(self, survivors: list[str]) -> list[SignedView]:
-        """Wait (``view_timeout``) for every survivor's view; return every view that decodes."""
-        ch, alive = self._ch, set(survivors)
-        await ch.wait(lambda: alive <= ch.senders("view"), self.config.view_timeout)
-        posted = sorted(ch.senders("view") & set(self.config.clients))
-        views = []
-        for c, data in (await _gather_all({c: ch.fetch("view", c) for c in posted})).items():
-            try:
-                if isinstance(data, BaseException):
-                    raise DecodeError(str(data))
-                views.append(view_from_json(data, c))
-            except DecodeError as exc:
-                logger.info("secagg: view of %s unusable: %s", c, exc)
-        return views
 
     async def answer_unmask(self) -> bool:
         """Client rounds 3-4: sign the request, check the others' views, answer, wait for done.
@@ -469,7 +391,8 @@ class SecureRoundPeer:
         if ch.peer_id not in survivors:
             return False
         await ch.post("view", view_to_json(client.confirm(survivors, dropped)))
-        answer = client.unmask(survivors, dropped, await self._signed_views(survivors))
+        views = await fetch_views(ch, cfg.clients, survivors, cfg.view_timeout)
+        answer = client.unmask(survivors, dropped, views)
         server_key = await self._fetch_server_key()
         sealed = client.seal_for_server(server_key, "unmask-response", answer_to_json(answer))
         await ch.post("unmask-response", sealed)
@@ -483,53 +406,6 @@ class SecureRoundPeer:
         return await self.answer_unmask()
 
     # ------------------------------------------------------------------ aggregator role
-
-    async def _collect_masked(
-        self, server: SecAggServer, rejected: dict[str, str]
-    ) -> dict[str, CID]:
-        """Fetch, unseal and add every sharer's masked vector; a bad one drops its client."""
-        cfg, ch = self.config, self._ch
-        sharers = server.sharers
-        await ch.wait(lambda: sharers <= ch.senders("masked"), cfg.mask_timeout)
-        announced = sorted(ch.senders("masked") & sharers)
-        cids = {}
-        for c, data in (await _gather_all({c: ch.fetch("masked", c) for c in announced})).items():
-            try:
-                if isinstance(data, BaseException):
-                    raise DecodeError(f"unavailable: {data}")
-                reported, block = unpack_masked(server.open_from(c, "masked", data))
-                vector = decode_masked_block(
-                    block, ring_bits=cfg.ring_bits, expected_length=cfg.length
-                )
-            except (DecodeError, SecAggPeerRejected) as exc:
-                rejected[c] = f"masked vector: {exc}"
-                logger.info("secagg: masked block of %s rejected: %s", c, exc)
-                continue
-            server.receive_masked(c, vector, reported)
-            cids[c] = ch.inbox[("masked", c)]
-        for c, accused in server.complaints.items():
-            for u in sorted(accused):
-                rejected.setdefault(u, f"its shares for {c} were unusable")
-        return cids
-
-    async def _collect_answers(
-        self, server: SecAggServer, survivors: list[str], rejected: dict[str, str]
-    ) -> list[UnmaskingShares]:
-        cfg, ch, alive = self.config, self._ch, set(survivors)
-        wait = cfg.view_timeout + cfg.response_timeout
-        await ch.wait(lambda: alive <= ch.senders("unmask-response"), wait)
-        responders = sorted(ch.senders("unmask-response") & alive)
-        answers = []
-        fetched = await _gather_all({c: ch.fetch("unmask-response", c) for c in responders})
-        for c, data in fetched.items():
-            try:
-                if isinstance(data, BaseException):
-                    raise DecodeError(f"unavailable: {data}")
-                answers.append(answer_from_json(server.open_from(c, "unmask-response", data), c))
-            except (DecodeError, SecAggPeerRejected) as exc:
-                rejected[c] = f"unmasking answer: {exc}"
-                logger.info("secagg: unmasking answer of %s rejected: %s", c, exc)
-        return answers
 
     async def aggregate(self) -> SecureRoundResult:
         """Aggregate: publish the server key, collect the sealed masked blocks, unmask the sum.
@@ -550,15 +426,24 @@ class SecureRoundPeer:
             raise SecureAggregationError(f"{ch.peer_id} is not this round's aggregator")
         started = time.monotonic()
         await ch.post("server-key", json_block({"key": to_hex(server.public_key)}))
-        server.register((await self._roster()).values())
-        bundles, sharers, bad = await self._bundles()
+        server.register((await fetch_roster(ch, cfg.clients, cfg.phase_timeout)).values())
+        bundles, sharers, bad = await fetch_bundles(ch, cfg.clients, cfg.phase_timeout)
         server.route_shares(bundles, sharers)  # ciphertexts stay unread: only the sharers
         rejected = {**bad, **server.rejected}
-        cids = await self._collect_masked(server, rejected)
+        cids = await collect_masked(
+            ch,
+            server,
+            ring_bits=cfg.ring_bits,
+            length=cfg.length,
+            timeout=cfg.mask_timeout,
+            rejected=rejected,
+        )
         survivors, dropped = server.unmask_request()
         cids = {c: cid for c, cid in cids.items() if c in survivors}
         await ch.post("unmask-request", json_block({"survivors": survivors, "dropped": dropped}))
-        total = server.finalize(await self._collect_answers(server, survivors, rejected))
+        wait = cfg.view_timeout + cfg.response_timeout  # the clients check the views first
+        answers = await collect_answers(ch, server, survivors, timeout=wait, rejected=rejected)
+        total = server.finalize(answers)
         rejected.update(server.rejected)
         await ch.post("done", json_block({"survivors": survivors, "dropped": dropped}))
         mean = (total / np.float32(len(survivors))).astype(np.float32)
