@@ -23,7 +23,10 @@ from gradfed_ipfs.federated.secagg.simulation import SecureAggregation
 from tests.federated.test_secagg_round import AGG, inputs_for, make_peers
 from tests.federated.test_secure_aggregation import rb, tolerance
 
+# Attacks where the aggregator ends up waiting out its timeouts use FAST; rounds that complete use
+# SLACK, which costs nothing when every party answers (waits end on the last message).
 FAST = {"mask_timeout": 0.5, "view_timeout": 0.5, "response_timeout": 0.5}
+SLACK = {"mask_timeout": 5.0, "view_timeout": 5.0, "response_timeout": 5.0}
 
 
 async def run_round(
@@ -170,7 +173,7 @@ async def test_malformed_share_names_its_sender_and_the_round_completes_without_
         return honest(self, recipient, body)
 
     monkeypatch.setattr(SecAggClient, "_seal_share", hostile)
-    outcomes, peers = await run_round(5, 3, inputs, seed=120, **FAST)
+    outcomes, peers = await run_round(5, 3, inputs, seed=120, **SLACK)
     error = peers["peer-0"].rejected["peer-1"]  # type: ignore[attr-defined]
     assert isinstance(error, SecAggPeerRejected)
     assert error.peer == "peer-1"
@@ -198,7 +201,7 @@ async def test_publicly_malformed_bundle_leaves_its_sender_out_everywhere(
         return b'{"sender": 7}' if sender == "peer-2" else honest(sender, shares)
 
     monkeypatch.setattr(round_secagg, "bundle_to_json", broken)
-    outcomes, peers = await run_round(4, 3, inputs, seed=130, **FAST)
+    outcomes, peers = await run_round(4, 3, inputs, seed=130, **SLACK)
     result = outcomes[AGG]
     assert isinstance(result, SecureRoundResult), result
     assert result.survivors == ["peer-0", "peer-1", "peer-3"]
@@ -223,7 +226,7 @@ async def test_off_roster_recipient_in_a_bundle_does_not_abort_the_aggregator(
         return out
 
     monkeypatch.setattr(SecAggClient, "share_keys", padded)
-    outcomes, _ = await run_round(3, 2, inputs, seed=140, **FAST)
+    outcomes, _ = await run_round(3, 2, inputs, seed=140, **SLACK)
     result = outcomes[AGG]
     assert isinstance(result, SecureRoundResult), result
     assert result.survivors == sorted(inputs)

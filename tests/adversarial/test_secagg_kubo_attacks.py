@@ -148,7 +148,7 @@ async def test_aggregator_showing_different_survivor_sets_is_refused_over_kubo(
     ids = sorted(swarm.ids)
     by_id = {n: i for i, n in enumerate(swarm.ids)}
     aggregator = ids[0]
-    cfg = config(f"views-{tmp_path.name}", ids, aggregator, view_timeout=5.0, response_timeout=1.0)
+    cfg = config(f"views-{tmp_path.name}", ids, aggregator, view_timeout=10.0, response_timeout=1.0)
     rng = np.random.default_rng(6)
     inputs = {p: rng.normal(0.0, 1.0, D).astype(np.float32) for p in ids}
     peers = {
