@@ -41,6 +41,8 @@ CLI exits with. The tree::
     │   ├── PrivacyBudgetExhausted     a DP operation would exceed the (ε, δ) budget
     │   ├── InsufficientPeers          a round's deadline passed with fewer than min_peers in
     │   └── SecureAggregationError     the masked-sum protocol cannot proceed
+    │       ├── SecAggPeerRejected     one party's SecAgg message is unusable (names the party)
+    │       └── UnmaskRefused          an honest client refuses an unmasking request
     ├── CoordinationError              the seed's ``CoordinationError`` (§8.4); exit 8
     │   ├── PassNotFound               unknown backward pass id
     │   └── PassAlreadyTerminal        the pass is Complete or Failed
@@ -123,6 +125,7 @@ __all__ = [
     "PubsubUnavailable",
     "ResponseTooLarge",
     "RpcTimeout",
+    "SecAggPeerRejected",
     "SecureAggregationError",
     "ShapeMismatch",
     "StoreRequestError",
@@ -130,6 +133,7 @@ __all__ = [
     "StoreTimeout",
     "StoreUnavailable",
     "TruncatedData",
+    "UnmaskRefused",
 ]
 
 
@@ -487,6 +491,26 @@ class InsufficientPeers(FederatedError):
 
 class SecureAggregationError(FederatedError):
     """The secure-aggregation protocol cannot proceed (too few participants, bad shares...)."""
+
+
+class SecAggPeerRejected(SecureAggregationError):
+    """One party's SecAgg message is malformed, undecryptable or misaddressed; ``peer`` names it.
+
+    The round goes on without that party where the protocol allows.
+    """
+
+    def __init__(self, peer: str, reason: str) -> None:
+        self.peer = peer
+        self.reason = reason
+        super().__init__(f"SecAgg message from {peer} rejected: {reason}")
+
+
+class UnmaskRefused(SecureAggregationError):
+    """An honest client refuses to unmask (both secrets of one peer, or inconsistent views).
+
+    The request asked for the self-mask share and the mask-key share of the same peer, or the
+    server showed different survivor sets to different clients.
+    """
 
 
 # --------------------------------------------------------------------------- coordination (§8)
