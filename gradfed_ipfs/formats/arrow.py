@@ -25,10 +25,14 @@ layout (an Int32 ``index`` column beside ``value`` and no metadata) and any numb
 batches. Decoding a single-batch dense file is zero-copy: the returned array is a read-only
 view on the input buffer.
 
-Every byte given to the loader is untrusted: column types, lengths, index bounds, shapes and
-quantization parameters are checked before use, decoded tensors are capped at
-``max_elements``, and anything malformed raises :class:`~gradfed_ipfs.errors.MalformedArrow`,
-never a pyarrow or NumPy exception.
+Every byte given to the loader is untrusted: the footer and batch headers are checked before
+pyarrow reads a batch (:mod:`~gradfed_ipfs.formats.arrow_footer`: no compressed bodies, no
+repeated or overlapping batches, declared rows within budget), column types, lengths, index
+bounds, shapes and quantization parameters are checked before use, decoded tensors are capped
+at ``max_elements`` (and must hold ``expected_length`` elements when the caller knows it), JSON
+metadata is depth-limited (:func:`~gradfed_ipfs.formats.limits.load_json`), and anything
+malformed raises :class:`~gradfed_ipfs.errors.MalformedArrow`, never a pyarrow, NumPy or
+recursion error.
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ from ..tensor.types import (
     SparseQuantizedGradient,
     unpack_int4,
 )
+from .arrow_footer import scan_arrow_file
+from .limits import MAX_ARROW_BATCHES, MAX_DECODED_ELEMENTS, check_elements, load_json
 
 __all__ = [
     "ARROW_MAGIC",
@@ -88,8 +94,6 @@ META_COUNT: Final = "gradfed.count"
 
 ENCODINGS: Final = ("dense", "sparse", "quantized", "sparse-quantized")
 """Every ``gradfed.encoding`` this module writes and reads."""
-MAX_DECODED_ELEMENTS: Final = 2**28
-"""Default cap on a decoded tensor's element count (1 GiB of float32), against size bombs."""
 
 _VALUE: Final = "value"
 _INDEX: Final = "index"
@@ -175,7 +179,10 @@ def encode_arrow_file(columns: Mapping[str, pa.Array], metadata: Mapping[str, st
 
 
 def load_gradient_from_arrow(
-    data: bytes | bytearray | memoryview, *, max_elements: int = MAX_DECODED_ELEMENTS
+    data: bytes | bytearray | memoryview,
+    *,
+    max_elements: int = MAX_DECODED_ELEMENTS,
+    expected_length: int | None = None,
 ) -> FloatArray:
     """Decode a gradient block of any encoding into a float32 array of its recorded shape.
 
@@ -183,51 +190,99 @@ def load_gradient_from_arrow(
     ``index`` + ``value`` layout and multi-batch files decode to a flat array. Sparse and
     quantized blocks are densified.
 
+    Parameters
+    ----------
+    data
+        The block's bytes (untrusted).
+    max_elements
+        Most elements the decoded tensor may hold; checked before allocating.
+    expected_length
+        The element count the caller requires (from a manifest or announcement), if known.
+
     Raises
     ------
     MalformedArrow
         If ``data`` is not a gradient Arrow IPC file of a known encoding, a column or
-        parameter is inconsistent, or the tensor has more than ``max_elements`` elements.
+        parameter is inconsistent, or the tensor has more than ``max_elements`` elements
+        (or not ``expected_length``).
     """
-    return decode_gradient(data, max_elements=max_elements).tensor()
+    return decode_gradient(
+        data, max_elements=max_elements, expected_length=expected_length
+    ).tensor()
 
 
-def open_arrow_file(data: bytes | bytearray | memoryview) -> tuple[pa.Schema, list[pa.RecordBatch]]:
+def open_arrow_file(
+    data: bytes | bytearray | memoryview,
+    *,
+    max_rows: int = MAX_DECODED_ELEMENTS,
+    expected_rows: int | None = None,
+) -> tuple[pa.Schema, list[pa.RecordBatch]]:
     """Open untrusted Arrow IPC file bytes and return the schema and validated batches.
+
+    The footer and batch headers are checked first
+    (:func:`~gradfed_ipfs.formats.arrow_footer.scan_arrow_file`), so no batch is read,
+    decompressed or repeated before its declared size passes.
+
+    Parameters
+    ----------
+    data
+        The file's bytes.
+    max_rows
+        Most rows the batches may declare in total.
+    expected_rows
+        The total row count required, if known.
 
     Raises
     ------
     MalformedArrow
-        If the bytes are not a well-formed Arrow IPC file.
+        If the bytes are not a well-formed, uncompressed Arrow IPC file within the budget.
     """
     view = memoryview(data)
     if len(view) < 2 * len(ARROW_MAGIC) or bytes(view[:6]) != ARROW_MAGIC:
         raise MalformedArrow("not an Arrow IPC file (missing ARROW1 magic)")
     if bytes(view[-6:]) != ARROW_MAGIC:
         raise MalformedArrow("truncated Arrow IPC file (missing trailing ARROW1 magic)")
+    layout = scan_arrow_file(view, max_batches=MAX_ARROW_BATCHES, max_rows=max_rows)
+    check_elements(
+        layout.rows,
+        "Arrow block",
+        max_elements=max_rows,
+        expected=expected_rows,
+        error=MalformedArrow,
+    )
     try:
         reader = pa.ipc.open_file(pa.py_buffer(view))
+        if reader.num_record_batches != len(layout.batch_rows):
+            raise MalformedArrow("pyarrow and the footer scan disagree on the batch count")
         batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
-        for batch in batches:
+        for batch, rows in zip(batches, layout.batch_rows, strict=True):
+            if batch.num_rows != rows:
+                raise MalformedArrow(f"a batch holds {batch.num_rows} rows, its header {rows}")
             batch.validate(full=True)
         return reader.schema, batches
     except (pa.ArrowException, OSError, ValueError, IndexError, OverflowError) as exc:
+        if isinstance(exc, MalformedArrow):
+            raise
         raise MalformedArrow(f"malformed Arrow IPC file: {exc}") from exc
 
 
 def decode_gradient(
-    data: bytes | bytearray | memoryview, *, max_elements: int = MAX_DECODED_ELEMENTS
+    data: bytes | bytearray | memoryview,
+    *,
+    max_elements: int = MAX_DECODED_ELEMENTS,
+    expected_length: int | None = None,
 ) -> DecodedGradient:
     """Decode a gradient block and its metadata; every encoding is densified.
 
-    ``encoding`` on the result tells how the block was stored.
+    ``encoding`` on the result tells how the block was stored. Parameters as in
+    :func:`load_gradient_from_arrow`.
 
     Raises
     ------
     MalformedArrow
         See :func:`load_gradient_from_arrow`.
     """
-    layer, metadata = _decode_layer(data, max_elements)
+    layer, metadata = _decode_layer(data, max_elements, expected_length)
     encoding = metadata.get(META_ENCODING, "dense")
     return DecodedGradient(
         layer.to_dense(), layer.shape, encoding, metadata.get(META_LAYER), metadata
@@ -235,9 +290,14 @@ def decode_gradient(
 
 
 def load_layer_from_arrow(
-    data: bytes | bytearray | memoryview, *, max_elements: int = MAX_DECODED_ELEMENTS
+    data: bytes | bytearray | memoryview,
+    *,
+    max_elements: int = MAX_DECODED_ELEMENTS,
+    expected_length: int | None = None,
 ) -> tuple[LayerGradient, str | None]:
     """Decode a gradient block into its stored representation and layer name.
+
+    Parameters as in :func:`load_gradient_from_arrow`.
 
     Returns
     -------
@@ -250,7 +310,7 @@ def load_layer_from_arrow(
     MalformedArrow
         See :func:`load_gradient_from_arrow`.
     """
-    layer, metadata = _decode_layer(data, max_elements)
+    layer, metadata = _decode_layer(data, max_elements, expected_length)
     return layer, metadata.get(META_LAYER)
 
 
@@ -332,9 +392,9 @@ def _check_indices(
 
 
 def _decode_layer(
-    data: bytes | bytearray | memoryview, max_elements: int
+    data: bytes | bytearray | memoryview, max_elements: int, expected_length: int | None
 ) -> tuple[LayerGradient, dict[str, str]]:
-    schema, batches = open_arrow_file(data)
+    schema, batches = open_arrow_file(data, max_rows=max_elements)
     metadata = _decode_metadata(schema.metadata)
     encoding = metadata.get(META_ENCODING, "dense")
     if encoding not in ENCODINGS:
@@ -344,13 +404,26 @@ def _decode_layer(
         raise MalformedArrow(f"unsupported {META_DTYPE} {dtype!r:.40}; only float32")
     try:
         if encoding == "dense":
+            rows = sum(batch.num_rows for batch in batches)
+            check_elements(
+                rows,
+                "dense block",
+                max_elements=max_elements,
+                expected=expected_length,
+                error=MalformedArrow,
+            )
             values = _column(schema, batches, _VALUE, (pa.float32(),))
             shape = _parse_shape(metadata.get(META_SHAPE), values.size)
             return DenseGradient(values, shape), metadata
         shape = _parse_shape(metadata.get(META_SHAPE), None)
         total = math.prod(shape)
-        if total > max_elements:
-            raise MalformedArrow(f"tensor of {total} elements exceeds the {max_elements} cap")
+        check_elements(
+            total,
+            f"{encoding} block",
+            max_elements=max_elements,
+            expected=expected_length,
+            error=MalformedArrow,
+        )
         if encoding == "quantized":
             quantized = _quantized(schema, batches, metadata, total)
             return QuantizedGradient(
@@ -456,10 +529,7 @@ def _parse_shape(text: str | None, size: int | None) -> tuple[int, ...]:
         if size is None:
             raise MalformedArrow(f"missing {META_SHAPE} metadata")
         return (size,)
-    try:
-        parsed = json.loads(text)
-    except ValueError as exc:
-        raise MalformedArrow(f"{META_SHAPE} is not JSON: {text!r:.60}") from exc
+    parsed = load_json(text, META_SHAPE, error=MalformedArrow)
     if not isinstance(parsed, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**63 for d in parsed
     ):
