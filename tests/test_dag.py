@@ -145,7 +145,6 @@ async def test_missing_chunk_is_not_found() -> None:
 
 
 def valid_record() -> dict[str, object]:
-    link = make_cid(b"chunk")
     return {
         "format": MANIFEST_FORMAT,
         "version": 1,
@@ -153,8 +152,8 @@ def valid_record() -> dict[str, object]:
         "shape": [2, 3],
         "length": 6,
         "chunks": [
-            {"cid": link, "offset": 0, "length": 4},
-            {"cid": link, "offset": 4, "length": 2},
+            {"cid": make_cid(b"chunk 0"), "offset": 0, "length": 4},
+            {"cid": make_cid(b"chunk 1"), "offset": 4, "length": 2},
         ],
     }
 
@@ -188,6 +187,7 @@ def test_valid_manifest_decodes() -> None:
         ("chunks.0.cid", "bafkreinotalink"),
         ("chunks.0.cid", make_cid(b"x", "dag-cbor")),
         ("chunks.0.extra", 1),
+        ("chunks.1.cid", make_cid(b"chunk 0")),  # one block named twice
         ("extra", 1),
     ],
 )

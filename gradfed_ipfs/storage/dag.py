@@ -42,7 +42,9 @@ from ..errors import (
     MalformedManifest,
     StoreUnavailable,
 )
-from ..formats.arrow import decode_gradient, store_gradient_as_arrow
+from ..formats.arrow import decode_gradient, load_layer_from_arrow, store_gradient_as_arrow
+from ..formats.limits import MAX_DECODED_ELEMENTS
+from ..tensor.types import DenseGradient
 from .base import MAX_BLOCK_SIZE, UNSET, Block, BlockStore, Unset
 
 __all__ = [
@@ -154,13 +156,17 @@ class ChunkManifest:
         return Block.new(self.encode(), "dag-cbor")
 
     @classmethod
-    def decode(cls, data: bytes | bytearray | memoryview) -> ChunkManifest:
+    def decode(
+        cls, data: bytes | bytearray | memoryview, *, max_length: int = MAX_DECODED_ELEMENTS
+    ) -> ChunkManifest:
         """Decode and validate untrusted manifest bytes.
 
         Parameters
         ----------
         data
             dag-cbor bytes of a manifest block.
+        max_length
+            Most values the manifest may declare (checked before anything is allocated).
 
         Returns
         -------
@@ -172,8 +178,9 @@ class ChunkManifest:
         MalformedManifest
             If the bytes are not dag-cbor, or any field has the wrong type or value: unknown
             format or version, a dtype other than float32, a shape whose product is not the
-            length, chunks that are not raw sha2-256 CIDs, not contiguous from 0, empty, too
-            many, or whose lengths do not sum to the total.
+            length, a length over ``max_length``, chunks that are not raw sha2-256 CIDs, not
+            contiguous from 0, empty, too many, naming one block twice, or whose lengths do
+            not sum to the total.
         """
         if len(data) > MAX_BLOCK_SIZE:
             raise MalformedManifest(f"manifest of {len(data)} bytes exceeds {MAX_BLOCK_SIZE}")
@@ -181,16 +188,18 @@ class ChunkManifest:
             record = dag_cbor.decode(bytes(data))
         except Exception as exc:  # dag_cbor raises many types on garbage input
             raise MalformedManifest(f"manifest is not dag-cbor: {exc}") from exc
-        return cls.from_ipld(record)
+        return cls.from_ipld(record, max_length=max_length)
 
     @classmethod
-    def from_ipld(cls, record: object) -> ChunkManifest:
+    def from_ipld(cls, record: object, *, max_length: int = MAX_DECODED_ELEMENTS) -> ChunkManifest:
         """Validate a decoded IPLD record; see :meth:`decode`.
 
         Parameters
         ----------
         record
             The decoded dag-cbor value.
+        max_length
+            Most values the manifest may declare.
 
         Returns
         -------
@@ -216,12 +225,18 @@ class ChunkManifest:
         length = _int(record["length"], "length")
         if math.prod(shape) != length:
             raise MalformedManifest(f"shape {list(shape)} does not hold length {length}")
+        if length > max_length:
+            raise MalformedManifest(f"manifest declares {length} values, more than {max_length}")
         raw_chunks = record["chunks"]
         if not isinstance(raw_chunks, list) or not raw_chunks:
             raise MalformedManifest("chunks must be a non-empty list")
         if len(raw_chunks) > MAX_CHUNKS:
             raise MalformedManifest(f"{len(raw_chunks)} chunks exceed the cap of {MAX_CHUNKS}")
         chunks = tuple(_chunk(item, index) for index, item in enumerate(raw_chunks))
+        # One block named twice would be fetched and decoded twice: a 70 KB manifest could
+        # make a verifier fetch one 2 MiB chunk thousands of times.
+        if len({bytes(chunk.cid) for chunk in chunks}) != len(chunks):
+            raise MalformedManifest("manifest names one chunk block more than once")
         expected_offset = 0
         for index, chunk in enumerate(chunks):
             if chunk.offset != expected_offset:
@@ -373,7 +388,12 @@ def _set(cid: CID | None) -> CID:
 
 
 async def fetch_manifest(
-    store: BlockStore, cid: CIDLike, *, timeout: float | Unset = UNSET, retries: int = 2
+    store: BlockStore,
+    cid: CIDLike,
+    *,
+    timeout: float | Unset = UNSET,
+    retries: int = 2,
+    max_length: int = MAX_DECODED_ELEMENTS,
 ) -> ChunkManifest:
     """Fetch and validate the manifest of a chunked gradient.
 
@@ -387,6 +407,8 @@ async def fetch_manifest(
         Seconds to wait for the block (the store's default when not given).
     retries
         Extra attempts on transient errors (:class:`StoreUnavailable`).
+    max_length
+        Most values the manifest may declare.
 
     Raises
     ------
@@ -398,7 +420,7 @@ async def fetch_manifest(
         raise MalformedManifest(f"{parsed} is not a dag-cbor CID")
     block = await _get_with_retries(store, parsed, timeout, retries, f"manifest {parsed}")
     try:
-        return ChunkManifest.decode(block.data)
+        return ChunkManifest.decode(block.data, max_length=max_length)
     except MalformedManifest as exc:
         raise MalformedManifest(f"{exc} (manifest {parsed})") from None
 
@@ -456,7 +478,9 @@ async def fetch_chunks(
         nonlocal done
         block = await _get_with_retries(store, ref.cid, timeout, retries, f"chunk {index}{where}")
         try:
-            decoded = decode_gradient(block.data)
+            decoded = decode_gradient(
+                block.data, max_elements=ref.length, expected_length=ref.length
+            )
         except MalformedArrow as exc:
             raise BlockCorrupt(
                 f"chunk {index}{where} is not a gradient block: {exc}", cid=ref.cid
@@ -501,7 +525,7 @@ async def fetch_gradient(
     timeout: float | Unset = UNSET,
     retries: int = 2,
     progress: ProgressCallback | None = None,
-    max_length: int | None = None,
+    max_length: int = MAX_DECODED_ELEMENTS,
     expected_length: int | None = None,
 ) -> FloatArray:
     """Fetch a gradient by CID, raw block or chunked DAG, verified and decoded.
@@ -515,7 +539,8 @@ async def fetch_gradient(
     concurrency, timeout, retries, progress
         See :func:`fetch_chunks`.
     max_length
-        Refuse manifests declaring more values than this (before allocating).
+        Refuse gradients declaring more values than this (before allocating; default
+        :data:`~gradfed_ipfs.formats.limits.MAX_DECODED_ELEMENTS`).
     expected_length
         The length the caller requires; a different one raises :class:`DimensionMismatch`
         (before any chunk is fetched, for a chunked gradient).
@@ -540,18 +565,20 @@ async def fetch_gradient(
     parsed = parse_cid(cid)
     if parsed.codec.code == RAW:
         block = await _get_with_retries(store, parsed, timeout, retries, f"block {parsed}")
-        decoded = decode_gradient(block.data)
-        if decoded.encoding != "dense":
-            raise MalformedArrow(f"block {parsed} has encoding {decoded.encoding!r}, not dense")
-        _check_length(decoded.values.size, expected_length)
+        # Not densified before the encoding is checked: a small sparse block may declare a
+        # large shape.
+        layer, _ = load_layer_from_arrow(block.data, max_elements=max_length)
+        if not isinstance(layer, DenseGradient):
+            raise MalformedArrow(f"block {parsed} has encoding {layer.kind!r}, not dense")
+        _check_length(layer.values.size, expected_length)
         if progress is not None:
-            progress(decoded.values.nbytes, decoded.values.nbytes)
-        return decoded.tensor()
+            progress(layer.values.nbytes, layer.values.nbytes)
+        return layer.values.reshape(layer.shape)
     if parsed.codec.code != DAG_CBOR:
         raise DecodeError(f"{parsed}: codec {parsed.codec.name} is neither raw nor dag-cbor")
-    manifest = await fetch_manifest(store, parsed, timeout=timeout, retries=retries)
-    if max_length is not None and manifest.length > max_length:
-        raise MalformedManifest(f"manifest {parsed} declares {manifest.length} > {max_length}")
+    manifest = await fetch_manifest(
+        store, parsed, timeout=timeout, retries=retries, max_length=max_length
+    )
     _check_length(manifest.length, expected_length)
     out = np.empty(manifest.length, dtype=np.float32)
 
