@@ -41,11 +41,10 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 import numpy as np
 import pyarrow as pa
-from numpy.typing import NDArray
 
 from .._types import FloatArray, GradientLike
 from ..errors import GradientError, MalformedArrow
@@ -55,10 +54,27 @@ from ..tensor.types import (
     QuantizedGradient,
     SparseGradient,
     SparseQuantizedGradient,
-    unpack_int4,
+)
+from .arrow_fields import (
+    _INDEX,
+    _Q,
+    _VALUE,
+    META_BITS,
+    META_COUNT,
+    META_DTYPE,
+    META_ENCODING,
+    META_LAYER,
+    META_SCALE,
+    META_SHAPE,
+    META_ZERO_POINT,
+    check_indices,
+    column,
+    decode_metadata,
+    parse_shape,
+    quantized_column,
 )
 from .arrow_footer import scan_arrow_file
-from .limits import MAX_ARROW_BATCHES, MAX_DECODED_ELEMENTS, check_elements, load_json
+from .limits import MAX_ARROW_BATCHES, MAX_DECODED_ELEMENTS, check_elements
 
 __all__ = [
     "ARROW_MAGIC",
@@ -83,25 +99,10 @@ __all__ = [
 ]
 
 ARROW_MAGIC: Final = b"ARROW1"
-META_ENCODING: Final = "gradfed.encoding"
-META_SHAPE: Final = "gradfed.shape"
-META_DTYPE: Final = "gradfed.dtype"
-META_LAYER: Final = "gradfed.layer"
-META_BITS: Final = "gradfed.bits"
-META_SCALE: Final = "gradfed.scale"
-META_ZERO_POINT: Final = "gradfed.zero_point"
-META_COUNT: Final = "gradfed.count"
+_UINT32_LIMIT: Final = 2**32
 
 ENCODINGS: Final = ("dense", "sparse", "quantized", "sparse-quantized")
 """Every ``gradfed.encoding`` this module writes and reads."""
-
-_VALUE: Final = "value"
-_INDEX: Final = "index"
-_Q: Final = "q"
-_UINT32_LIMIT: Final = 2**32
-_FLOAT32_MAX: Final = float(np.finfo(np.float32).max)
-_MAX_DIMS: Final = 32
-_MAX_NONZERO_PRODUCT: Final = 2**60  # times 4 bytes stays below NumPy's intp limit
 
 
 @dataclass(frozen=True)
@@ -354,7 +355,7 @@ def store_layer_as_arrow(
             if isinstance(layer, SparseGradient)
             else layer.quantized.quantized_values.size
         )
-        _check_indices(layer.indices, count, total, MalformedArrow)
+        check_indices(layer.indices, count, total, MalformedArrow)
         index_type = pa.uint32() if total < _UINT32_LIMIT else pa.int64()
         columns[_INDEX] = pa.array(layer.indices, type=index_type)
     if isinstance(layer, SparseGradient):
@@ -382,20 +383,11 @@ def store_layer_as_arrow(
     return encode_arrow_file(columns, metadata)
 
 
-def _check_indices(
-    indices: NDArray[np.int64], count: int, total: int, error: type[Exception]
-) -> None:
-    if indices.size != count:
-        raise error(f"{indices.size} indices for {count} values")
-    if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= total):
-        raise error(f"sparse index out of bounds for {total} elements")
-
-
 def _decode_layer(
     data: bytes | bytearray | memoryview, max_elements: int, expected_length: int | None
 ) -> tuple[LayerGradient, dict[str, str]]:
     schema, batches = open_arrow_file(data, max_rows=max_elements)
-    metadata = _decode_metadata(schema.metadata)
+    metadata = decode_metadata(schema.metadata)
     encoding = metadata.get(META_ENCODING, "dense")
     if encoding not in ENCODINGS:
         raise MalformedArrow(f"unknown {META_ENCODING} {encoding!r:.40}")
@@ -412,10 +404,10 @@ def _decode_layer(
                 expected=expected_length,
                 error=MalformedArrow,
             )
-            values = _column(schema, batches, _VALUE, (pa.float32(),))
-            shape = _parse_shape(metadata.get(META_SHAPE), values.size)
+            values = column(schema, batches, _VALUE, (pa.float32(),))
+            shape = parse_shape(metadata.get(META_SHAPE), values.size)
             return DenseGradient(values, shape), metadata
-        shape = _parse_shape(metadata.get(META_SHAPE), None)
+        shape = parse_shape(metadata.get(META_SHAPE), None)
         total = math.prod(shape)
         check_elements(
             total,
@@ -425,7 +417,7 @@ def _decode_layer(
             error=MalformedArrow,
         )
         if encoding == "quantized":
-            quantized = _quantized(schema, batches, metadata, total)
+            quantized = quantized_column(schema, batches, metadata, total)
             return QuantizedGradient(
                 quantized.quantized_values,
                 quantized.scale,
@@ -433,112 +425,13 @@ def _decode_layer(
                 shape,
                 quantized.bits,
             ), metadata
-        indices = _column(schema, batches, _INDEX, (pa.uint32(), pa.int64())).astype(np.int64)
+        indices = column(schema, batches, _INDEX, (pa.uint32(), pa.int64())).astype(np.int64)
         if encoding == "sparse":
-            values = _column(schema, batches, _VALUE, (pa.float32(),))
-            _check_indices(indices, values.size, total, MalformedArrow)
+            values = column(schema, batches, _VALUE, (pa.float32(),))
+            check_indices(indices, values.size, total, MalformedArrow)
             return SparseGradient(indices, values, shape), metadata
-        quantized = _quantized(schema, batches, metadata, indices.size)
-        _check_indices(indices, quantized.quantized_values.size, total, MalformedArrow)
+        quantized = quantized_column(schema, batches, metadata, indices.size)
+        check_indices(indices, quantized.quantized_values.size, total, MalformedArrow)
         return SparseQuantizedGradient(indices, quantized, shape), metadata
     except GradientError as exc:
         raise MalformedArrow(f"inconsistent {encoding} block: {exc}") from exc
-
-
-def _quantized(
-    schema: pa.Schema, batches: list[pa.RecordBatch], metadata: Mapping[str, str], count: int
-) -> QuantizedGradient:
-    bits = _meta_int(metadata, META_BITS, 4, 8)
-    if bits not in (4, 8):
-        raise MalformedArrow(f"{META_BITS} must be 4 or 8, got {bits}")
-    declared = _meta_int(metadata, META_COUNT, 0, 2**62)
-    if declared != count:
-        raise MalformedArrow(f"{META_COUNT} {declared} does not match {count} elements")
-    scale = _meta_float(metadata, META_SCALE)
-    zero_point = _meta_float(metadata, META_ZERO_POINT)
-    if not scale > 0:
-        raise MalformedArrow(f"{META_SCALE} must be > 0, got {scale}")
-    if bits == 8:
-        q = _column(schema, batches, _Q, (pa.int8(),))
-        if q.size != count:
-            raise MalformedArrow(f"'q' has {q.size} values, expected {count}")
-    else:
-        packed = _column(schema, batches, _Q, (pa.uint8(),))
-        if packed.size != (count + 1) // 2:
-            raise MalformedArrow(f"'q' has {packed.size} bytes, expected {(count + 1) // 2}")
-        q = unpack_int4(packed, count)
-    return QuantizedGradient(q, scale, zero_point, [count], bits)
-
-
-def _meta_int(metadata: Mapping[str, str], key: str, low: int, high: int) -> int:
-    text = metadata.get(key)
-    if text is None or not text.isascii() or not text.isdigit() or len(text) > 20:
-        raise MalformedArrow(f"{key} must be a non-negative integer, got {text!r:.40}")
-    value = int(text)
-    if not low <= value <= high:
-        raise MalformedArrow(f"{key} {value} outside [{low}, {high}]")
-    return value
-
-
-def _meta_float(metadata: Mapping[str, str], key: str) -> float:
-    text = metadata.get(key)
-    try:
-        value = float(text) if text is not None and len(text) <= 64 else math.nan
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and abs(value) <= _FLOAT32_MAX):
-        raise MalformedArrow(f"{key} must be a finite float32, got {text!r:.40}")
-    return value
-
-
-def _column(
-    schema: pa.Schema, batches: list[pa.RecordBatch], name: str, types: tuple[pa.DataType, ...]
-) -> NDArray[Any]:
-    index = schema.get_field_index(name)
-    if index < 0:
-        raise MalformedArrow(f"Arrow IPC block missing {name!r} column")
-    if schema.field(index).type not in types:
-        if name == _VALUE:
-            raise MalformedArrow("'value' column is not Float32")
-        raise MalformedArrow(f"{name!r} column has type {schema.field(index).type}")
-    parts: list[NDArray[Any]] = []
-    for batch in batches:
-        column = batch.column(index)
-        if column.null_count:
-            raise MalformedArrow(f"{name!r} column has nulls")
-        parts.append(column.to_numpy(zero_copy_only=True))
-    if len(parts) == 1:
-        return parts[0]
-    if not parts:
-        return np.empty(0, dtype=schema.field(index).type.to_pandas_dtype())
-    return np.concatenate(parts)
-
-
-def _decode_metadata(raw: Mapping[bytes, bytes] | None) -> dict[str, str]:
-    if not raw:
-        return {}
-    try:
-        return {k.decode("utf-8"): v.decode("utf-8") for k, v in raw.items()}
-    except UnicodeDecodeError as exc:
-        raise MalformedArrow(f"schema metadata is not UTF-8: {exc}") from exc
-
-
-def _parse_shape(text: str | None, size: int | None) -> tuple[int, ...]:
-    """Parse ``gradfed.shape``; check it holds ``size`` values when ``size`` is given."""
-    if text is None:
-        if size is None:
-            raise MalformedArrow(f"missing {META_SHAPE} metadata")
-        return (size,)
-    parsed = load_json(text, META_SHAPE, error=MalformedArrow)
-    if not isinstance(parsed, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**63 for d in parsed
-    ):
-        raise MalformedArrow(f"{META_SHAPE} must be a list of non-negative ints, got {text!r:.60}")
-    shape = tuple(parsed)
-    # NumPy refuses more than 64 dimensions, or dimensions whose non-zero product overflows
-    # intp, even for zero elements; such a shape must not get past the decoder.
-    if len(shape) > _MAX_DIMS or math.prod(d for d in shape if d) > _MAX_NONZERO_PRODUCT:
-        raise MalformedArrow(f"{META_SHAPE} {text!r:.60} is not a shape NumPy can represent")
-    if size is not None and math.prod(shape) != size:
-        raise MalformedArrow(f"{META_SHAPE} {list(shape)} does not match {size} values")
-    return shape
