@@ -225,8 +225,6 @@ class ChunkManifest:
         length = _int(record["length"], "length")
         if math.prod(shape) != length:
             raise MalformedManifest(f"shape {list(shape)} does not hold length {length}")
-        if length > max_length:
-            raise MalformedManifest(f"manifest declares {length} values, more than {max_length}")
         raw_chunks = record["chunks"]
         if not isinstance(raw_chunks, list) or not raw_chunks:
             raise MalformedManifest("chunks must be a non-empty list")
@@ -237,6 +235,8 @@ class ChunkManifest:
         # make a verifier fetch one 2 MiB chunk thousands of times.
         if len({bytes(chunk.cid) for chunk in chunks}) != len(chunks):
             raise MalformedManifest("manifest names one chunk block more than once")
+        if length > max_length:
+            raise MalformedManifest(f"manifest declares {length} values, more than {max_length}")
         expected_offset = 0
         for index, chunk in enumerate(chunks):
             if chunk.offset != expected_offset:

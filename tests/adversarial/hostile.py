@@ -16,15 +16,19 @@ from gradfed_ipfs.formats.arrow import META_COUNT, META_ENCODING, META_SHAPE, en
 _FOOTER_TAIL = 10  # int32 footer length + "ARROW1"
 
 
-def nested_shape_block(depth: int = 2000) -> bytes:
+def nested_shape_block(depth: int = 2000, count: int = 1024) -> bytes:
     """A dense block whose ``gradfed.shape`` is ``depth`` nested JSON arrays (13 KB at 2,000)."""
-    values = pa.array(np.zeros(1024, np.float32))
+    values = pa.array(np.zeros(count, np.float32))
     metadata = {META_ENCODING: "dense", META_SHAPE: "[" * depth + "]" * depth}
     return encode_arrow_file({"value": values}, metadata)
 
 
 def compressed_block(
-    count: int, codec: str = "zstd", *, column: str = "value", metadata: dict[str, str] | None = None
+    count: int,
+    codec: str = "zstd",
+    *,
+    column: str = "value",
+    metadata: dict[str, str] | None = None,
 ) -> bytes:
     """A dense block of ``count`` zeros whose body is ZSTD/LZ4 compressed (a decompression bomb)."""
     if column == "masked":
