@@ -67,7 +67,7 @@ def run_limited(setup: str, attack: str, *, budget_mb: int, timeout: float = 120
         budget=budget_mb * 2**20,
     )
     env = dict(os.environ, MALLOC_ARENA_MAX="2", OMP_NUM_THREADS="1", PYTHONPATH=str(_ROOT))
-    done = subprocess.run(  # noqa: S603 - our own interpreter on our own source
+    done = subprocess.run(
         [sys.executable, "-c", source],
         capture_output=True,
         text=True,

@@ -53,9 +53,9 @@ def _footer_blocks(data: bytes, count: int) -> list[tuple[int, int, int, int]]:
     found = []
     for pos in range(start, len(data) - _FOOTER_TAIL - 24 + 1, 8):
         offset, meta, pad, body = struct.unpack_from("<qiiq", data, pos)
-        if 8 <= offset < start and 8 < meta < 4096 and pad == 0 and 0 <= body < start:
-            if data[offset : offset + 4] == b"\xff\xff\xff\xff":
-                found.append((pos, offset, meta, body))
+        plausible = 8 <= offset < start and 8 < meta < 4096 and pad == 0 and 0 <= body < start
+        if plausible and data[offset : offset + 4] == b"\xff\xff\xff\xff":
+            found.append((pos, offset, meta, body))
     if len(found) != count:
         raise AssertionError(f"found {len(found)} footer blocks, expected {count}")
     return found

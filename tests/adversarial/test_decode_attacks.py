@@ -8,7 +8,7 @@ around an in-process decode) and, for the bombs, a child process whose address s
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import dag_cbor
@@ -95,7 +95,7 @@ def test_json_depth_ignores_brackets_inside_strings() -> None:
 
 
 @pytest.fixture(scope="module")
-def bomb_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+def bomb_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("bombs")
     files = {}
     for codec in ("zstd", "lz4"):
@@ -103,7 +103,7 @@ def bomb_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, P
         files[codec].write_bytes(compressed_block(BOMB_FLOATS, codec))
     files["masked"] = folder / "masked.arrow"
     files["masked"].write_bytes(compressed_block(BOMB_FLOATS, column="masked"))
-    yield files
+    return files
 
 
 @pytest.mark.parametrize("codec", ["zstd", "lz4"])
