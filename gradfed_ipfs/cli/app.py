@@ -132,6 +132,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _one_line(message: str) -> None:
+    """Print ``error <message>`` as one line: no wrapping, inner newlines collapsed."""
+    err_console.print(
+        "[red]error[/] " + " ".join(message.split()), soft_wrap=True, markup=True, highlight=False
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the process exit code."""
     parser = build_parser()
@@ -142,13 +149,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GradfedError as exc:
         if args.debug:
             raise
-        err_console.print(f"[red]error[/] ({type(exc).__name__}): {exc}")
+        _one_line(f"({type(exc).__name__}): {exc}")
         return exc.exit_code
     except (MemoryError, RecursionError) as exc:
         # Decoders check sizes and nesting first; this is the last line of defence.
         if args.debug:
             raise
-        err_console.print(f"[red]error[/] ({type(exc).__name__}): input too large or too deep")
+        _one_line(f"({type(exc).__name__}): input too large or too deep")
         return DecodeError.exit_code
     except KeyboardInterrupt:
         err_console.print("interrupted")

@@ -150,7 +150,9 @@ async def _aggregate(args: argparse.Namespace, api: str) -> int:
                 raise DimensionMismatch(list(shape), list(values.shape))
             shape = shape or tuple(values.shape)
             inputs[f"{index:06d}"] = Contribution.of(values.reshape(-1), count)
-        result = np.asarray(strategy.aggregate(inputs), dtype=np.float32).reshape(shape or (-1,))
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
+            aggregate = strategy.aggregate(inputs)
+        result = np.asarray(aggregate, dtype=np.float32).reshape(shape or (-1,))
         _require_finite(result, f"the {strategy!r} aggregate", DecodeError)
         committed = await put_gradient(store, result) if args.commit else None
     write_gradient_file(out, result)

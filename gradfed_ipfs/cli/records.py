@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.table import Table
 
-from ..cid import parse_cid
+from ..cid import DAG_CBOR, parse_cid
 from ..errors import DecodeError, GradfedError
 from ..formats.announcement import AnnouncementFilter
 from ..formats.records import decode_record
@@ -81,10 +81,14 @@ def _parse(text: str) -> str:
 async def _require_record(cid: str, store: KuboBlockStore) -> None:
     """Raise :class:`NotARoundRecord` unless ``cid`` is a round record (exit 5 if unknown)."""
     block = await store.get(cid)  # an unknown CID is an error (exit 5), not a failed check
+    if block.cid.codec.code != DAG_CBOR:
+        raise NotARoundRecord(f"{cid} is not a round record (a {block.cid.codec.name} block)")
     try:
         decode_record(block, ROUND_RECORD_TYPE)
-    except DecodeError as exc:
-        raise NotARoundRecord(f"{cid} is not a round record ({exc})") from None
+    except DecodeError:
+        raise NotARoundRecord(
+            f"{cid} is not a round record (not a {ROUND_RECORD_TYPE} v1 dag-cbor record)"
+        ) from None
 
 
 def _summary(verification: RoundVerification) -> str:
