@@ -47,18 +47,30 @@ def compressed_block(
 
 
 def _footer_blocks(data: bytes, count: int) -> list[tuple[int, int, int, int]]:
-    """``(position in file, offset, meta, body)`` of the footer's ``count`` batch entries."""
+    """``(position in file, offset, meta, body)`` of the footer's ``count`` batch entries.
+
+    The footer's ``recordBatches`` vector is ``count`` contiguous 24-byte structs whose batches
+    follow one another in the file (as pyarrow writes them): the first run that fits is it.
+    """
     footer_size = struct.unpack_from("<i", data, len(data) - _FOOTER_TAIL)[0]
     start = len(data) - _FOOTER_TAIL - footer_size
-    found = []
-    for pos in range(start, len(data) - _FOOTER_TAIL - 24 + 1, 8):
-        offset, meta, pad, body = struct.unpack_from("<qiiq", data, pos)
-        plausible = 8 <= offset < start and 8 < meta < 4096 and pad == 0 and 0 <= body < start
-        if plausible and data[offset : offset + 4] == b"\xff\xff\xff\xff":
-            found.append((pos, offset, meta, body))
-    if len(found) != count:
-        raise AssertionError(f"found {len(found)} footer blocks, expected {count}")
-    return found
+    for pos in range(start, len(data) - _FOOTER_TAIL - 24 * count + 1, 4):
+        entries = [struct.unpack_from("<qiiq", data, pos + 24 * k) for k in range(count)]
+        chained = all(
+            entries[k + 1][0] == entries[k][0] + entries[k][1] + entries[k][3]
+            for k in range(count - 1)
+        )
+        plausible = all(
+            8 <= offset < start
+            and 8 < meta < 4096
+            and pad == 0
+            and 0 <= body < start
+            and data[offset : offset + 4] == b"\xff\xff\xff\xff"
+            for offset, meta, pad, body in entries
+        )
+        if chained and plausible:
+            return [(pos + 24 * k, e[0], e[1], e[3]) for k, e in enumerate(entries)]
+    raise AssertionError(f"no run of {count} footer blocks found")
 
 
 def duplicated_footer_block(copies: int = 64, rows: int = 4096, codec: str | None = None) -> bytes:
