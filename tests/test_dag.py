@@ -110,6 +110,27 @@ async def test_chunk_with_wrong_length_is_corrupt() -> None:
         await fetch_gradient(store, cid)
 
 
+async def test_equal_chunks_are_distinct_blocks() -> None:
+    store = MemoryBlockStore()
+    values = np.zeros(3 * values_per_chunk(CHUNK), np.float32)  # three equal ranges
+    cid = await put_gradient(store, values, chunk_bytes=CHUNK)
+    manifest = await fetch_manifest(store, cid)
+    assert len({bytes(c.cid) for c in manifest.chunks}) == 3
+    np.testing.assert_array_equal(await fetch_gradient(store, cid), values)
+
+
+async def test_chunk_moved_to_another_offset_is_corrupt() -> None:
+    store = MemoryBlockStore()
+    per = values_per_chunk(CHUNK)
+    cid = await put_gradient(store, np.zeros(2 * per, np.float32), chunk_bytes=CHUNK)
+    first, second = (await fetch_manifest(store, cid)).chunks
+    swapped = ChunkManifest(
+        (2 * per,), 2 * per, (ChunkRef(second.cid, 0, per), ChunkRef(first.cid, per, per))
+    )
+    with pytest.raises(BlockCorrupt, match=f"written for offset '{per}'"):
+        await fetch_gradient(store, await store.put(swapped.to_block()), concurrency=1)
+
+
 class FlakyStore(MemoryBlockStore):
     """Fails the first ``failures`` gets with a transient error."""
 

@@ -7,6 +7,7 @@ holding the flattened (row-major) tensor. Schema metadata says how to read it ba
 ``gradfed.shape``     JSON list of ints, e.g. ``[2, 3]``
 ``gradfed.dtype``     ``float32`` (the dtype of the decoded tensor)
 ``gradfed.layer``     the layer name, when there is one
+``gradfed.offset``    for a chunk of a chunked gradient, the index of its first value
 
 Compressed encodings (DESIGN §3) keep their parameters in the metadata, so decoding needs no
 configuration:
@@ -64,6 +65,7 @@ from .arrow_fields import (
     META_DTYPE,
     META_ENCODING,
     META_LAYER,
+    META_OFFSET,
     META_SCALE,
     META_SHAPE,
     META_ZERO_POINT,
@@ -85,6 +87,7 @@ __all__ = [
     "META_DTYPE",
     "META_ENCODING",
     "META_LAYER",
+    "META_OFFSET",
     "META_SCALE",
     "META_SHAPE",
     "META_ZERO_POINT",
@@ -135,7 +138,11 @@ class DecodedGradient:
 
 
 def store_gradient_as_arrow(
-    gradient: GradientLike, *, shape: tuple[int, ...] | None = None, layer: str | None = None
+    gradient: GradientLike,
+    *,
+    shape: tuple[int, ...] | None = None,
+    layer: str | None = None,
+    offset: int | None = None,
 ) -> bytes:
     """Encode a gradient as Arrow IPC file bytes (dense float32 ``value`` column).
 
@@ -147,6 +154,10 @@ def store_gradient_as_arrow(
         Tensor shape to record; defaults to the array's own shape.
     layer
         Optional layer name recorded as ``gradfed.layer``.
+    offset
+        For a chunk of a larger gradient: the index of its first value, recorded as
+        ``gradfed.offset``. Equal chunks at different offsets then get different CIDs (a
+        manifest may not name one block twice).
 
     Returns
     -------
@@ -165,6 +176,8 @@ def store_gradient_as_arrow(
     }
     if layer is not None:
         metadata[META_LAYER] = layer
+    if offset is not None:
+        metadata[META_OFFSET] = str(offset)
     return encode_arrow_file({_VALUE: pa.array(flat, type=pa.float32())}, metadata)
 
 

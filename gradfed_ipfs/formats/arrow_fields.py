@@ -24,6 +24,7 @@ __all__ = [
     "META_DTYPE",
     "META_ENCODING",
     "META_LAYER",
+    "META_OFFSET",
     "META_SCALE",
     "META_SHAPE",
     "META_ZERO_POINT",
@@ -42,6 +43,7 @@ META_BITS: Final = "gradfed.bits"
 META_SCALE: Final = "gradfed.scale"
 META_ZERO_POINT: Final = "gradfed.zero_point"
 META_COUNT: Final = "gradfed.count"
+META_OFFSET: Final = "gradfed.offset"
 
 _VALUE: Final = "value"
 _INDEX: Final = "index"
