@@ -118,8 +118,12 @@ async def _history(args: argparse.Namespace, api: str) -> int:
     session = f" of session {first.session!r}" if first is not None else ""
     console.print(_table(f"history{session}, newest first", rows))
     failed = sum(not r.ok for r in results)
+    unverifiable = sum(r.unverifiable is not None for r in results)
+    note = f" ({unverifiable} unverifiable)" if unverifiable else ""
     console.print(
-        f"{len(results)} rounds, {failed} failed" if failed else f"{len(results)} rounds verified"
+        f"{len(results)} rounds, {failed} failed{note}"
+        if failed
+        else f"{len(results)} rounds verified"
     )
     return 0 if not failed else 1
 
