@@ -11,7 +11,7 @@ from multiformats import CID
 
 from .._types import FloatArray
 from ..cid import DAG_CBOR, RAW, parse_cid
-from ..errors import BlockNotFound, DecodeError, DimensionMismatch
+from ..errors import BlockNotFound, DecodeError, DimensionMismatch, MalformedArrow
 from ..formats.announcement import Announcement
 from ..formats.arrow import decode_gradient, store_layer_as_arrow
 from ..kubo.pubsub import KuboPubsub, session_topic
@@ -66,6 +66,13 @@ async def fetch_any(
         raise
 
 
+def _require_finite(values: FloatArray, what: str, error: type[DecodeError]) -> None:
+    """Refuse NaN or infinity: a result that is not finite is never written."""
+    bad = int(np.count_nonzero(~np.isfinite(values)))
+    if bad:
+        raise error(f"{what} has {bad} non-finite values of {values.size}; nothing written")
+
+
 # --------------------------------------------------------------------------- commit
 
 
@@ -110,6 +117,7 @@ async def _fetch(args: argparse.Namespace, api: str) -> int:
         raise UsageError(f"{out}: the output must end in .npy or .arrow")
     async with KuboBlockStore(api, timeout=args.timeout) as store:
         values, encoding = await fetch_any(store, cid, args.timeout)
+    _require_finite(values, f"gradient {cid}", MalformedArrow)
     write_gradient_file(out, np.asarray(values, dtype=np.float32))
     console.print(f"fetched {cid} ({encoding}, {shape_text(values.shape)}, verified) -> {out}")
     return 0
@@ -142,11 +150,15 @@ async def _aggregate(args: argparse.Namespace, api: str) -> int:
     async with KuboBlockStore(api, timeout=args.timeout) as store:
         for index, (cid, count) in enumerate(zip(cids, samples, strict=True)):
             values, _ = await fetch_any(store, cid, args.timeout)
+            _require_finite(values, f"gradient {cid}", MalformedArrow)
             if shape is not None and values.size != int(np.prod(shape)):
                 raise DimensionMismatch(list(shape), list(values.shape))
             shape = shape or tuple(values.shape)
             inputs[f"{index:06d}"] = Contribution.of(values.reshape(-1), count)
-        result = np.asarray(strategy.aggregate(inputs), dtype=np.float32).reshape(shape or (-1,))
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
+            aggregate = strategy.aggregate(inputs)
+        result = np.asarray(aggregate, dtype=np.float32).reshape(shape or (-1,))
+        _require_finite(result, f"the {strategy!r} aggregate", DecodeError)
         committed = await put_gradient(store, result) if args.commit else None
     write_gradient_file(out, result)
     console.print(f"aggregated {len(cids)} gradients with {strategy!r} -> {out}")
