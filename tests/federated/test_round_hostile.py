@@ -241,15 +241,15 @@ async def test_decoder_raising_anything_rejects_that_peer_not_the_round(
     a, b, evil = nodes(bus, ["a", "b", "evil"], f"decoder-{error.__name__}")
     poison = np.full(4, 7.0, dtype=np.float32)
     evil_cid = await put_gradient(store, poison)
-    real = dag.decode_gradient
+    real = dag.load_layer_from_arrow
 
-    def decode(data: bytes) -> Any:
-        decoded = real(data)
-        if np.array_equal(decoded.values, poison):
+    def decode(data: bytes, **limits: Any) -> Any:
+        layer, rest = real(data, **limits)
+        if np.array_equal(layer.values, poison):
             raise error("decoder blew up on hostile bytes")
-        return decoded
+        return layer, rest
 
-    monkeypatch.setattr(dag, "decode_gradient", decode)
+    monkeypatch.setattr(dag, "load_layer_from_arrow", decode)
     closed = asyncio.Event()
     announcing = asyncio.create_task(
         evil.announce_until(evil.make_announcement(evil_cid, 0, length=4), closed, interval=0.02)
