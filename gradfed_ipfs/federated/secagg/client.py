@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from ..._types import GradientLike
 from ...errors import DecodeError, SecAggPeerRejected, SecureAggregationError, UnmaskRefused
+from .codec import load_json
 from .crypto import kdf, pair_mask, prg, raw_public, seal, verify_view, view_message
 from .fixed_point import FixedPoint, RingArray
 from .messages import (
@@ -152,11 +153,10 @@ class SecAggClient:
         key = self._share_key(msg.sender, msg.sender, self.client_id)
         aad = f"{msg.sender}|{self.client_id}".encode()
         try:
-            body = json.loads(AESGCM(key).decrypt(SHARE_NONCE, msg.ciphertext, aad))
+            plain = AESGCM(key).decrypt(SHARE_NONCE, msg.ciphertext, aad)
         except InvalidTag as exc:
             raise DecodeError("share failed to decrypt") from exc
-        except (ValueError, RecursionError) as exc:
-            raise DecodeError("decrypted share is not JSON") from exc
+        body = load_json(plain, "decrypted share")
         x = sorted(self._roster).index(self.client_id) + 1
         if not isinstance(body, dict) or body.get("x") != x or type(body.get("x")) is not int:
             raise DecodeError(f"share is not a JSON object with x = {x}")

@@ -15,6 +15,7 @@ from collections.abc import Collection, Mapping
 from typing import Any, Final
 
 from ...errors import DecodeError
+from ...formats import limits
 from .messages import AdvertisedKeys, EncryptedShare, SignedView, UnmaskingShares
 from .shamir import Share
 
@@ -77,10 +78,7 @@ def load_json(data: bytes, what: str) -> dict[str, Any]:
     DecodeError
         If ``data`` is not JSON (or nests too deeply) or is not a JSON object.
     """
-    try:
-        value = json.loads(data)
-    except (ValueError, RecursionError) as exc:
-        raise DecodeError(f"{what} is not JSON") from exc
+    value = limits.load_json(data, what)
     if not isinstance(value, dict):
         raise DecodeError(f"{what} is not a JSON object")
     return value
