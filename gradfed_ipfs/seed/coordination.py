@@ -31,8 +31,8 @@ from typing import Any, ClassVar
 
 from ..errors import (
     ArrowBlockError,
+    ConfigError,
     CoordinationError,
-    InvalidGradient,
     MalformedManifest,
     PassAlreadyTerminal,
     PassNotFound,
@@ -292,9 +292,9 @@ class PassCoordinator:
         self, expected_peers: int, timeout_ms: int, *, clock: Clock = time.monotonic
     ) -> None:
         if expected_peers < 1:
-            raise InvalidGradient(f"expected_peers must be >= 1, got {expected_peers}")
+            raise ConfigError(f"expected_peers must be >= 1, got {expected_peers}")
         if timeout_ms <= 0:
-            raise InvalidGradient(f"timeout_ms must be > 0, got {timeout_ms}")
+            raise ConfigError(f"timeout_ms must be > 0, got {timeout_ms}")
         self._expected_peers = expected_peers
         self._timeout_ms = timeout_ms
         self._clock = clock

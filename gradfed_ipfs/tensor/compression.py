@@ -25,7 +25,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .._types import FloatArray, GradientLike
-from ..errors import InvalidCompressionRatio, InvalidGradient, ShapeMismatch
+from ..errors import ConfigError, InvalidCompressionRatio, ShapeMismatch
 from .types import (
     DenseGradient,
     LayerGradient,
@@ -354,7 +354,7 @@ class Threshold(Codec):
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.threshold) and self.threshold >= 0):
-            raise InvalidGradient(f"threshold must be finite and >= 0, got {self.threshold}")
+            raise ConfigError(f"threshold must be finite and >= 0, got {self.threshold}")
 
     def encode(self, values: GradientLike, shape: Sequence[int] | None = None) -> SparseGradient:
         """Threshold sparsify."""

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from gradfed_ipfs.errors import InvalidCompressionRatio, InvalidGradient, ShapeMismatch
+from gradfed_ipfs.errors import ConfigError, InvalidCompressionRatio, ShapeMismatch
 from gradfed_ipfs.tensor.compression import (
     CODECS,
     Codec,
@@ -195,7 +195,7 @@ def test_codec_settings_validated() -> None:
         RandomK(ratio=2)
     with pytest.raises(InvalidCompressionRatio):
         TopKInt8(ratio=0)
-    with pytest.raises(InvalidGradient):
+    with pytest.raises(ConfigError):
         Threshold(threshold=-1)
 
 

@@ -36,7 +36,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..._types import FloatArray, GradientLike
-from ...errors import InvalidGradient, NoContributions, PrivacyBudgetExhausted
+from ...errors import ConfigError, InvalidGradient, NoContributions, PrivacyBudgetExhausted
 from .accountant import (
     REL_TOL,
     PrivacyBudget,
@@ -225,17 +225,15 @@ class DifferentialPrivacy:
     ) -> None:
         check_privacy_params(epsilon, delta)
         if not (math.isfinite(sensitivity) and sensitivity > 0):
-            raise InvalidGradient(f"sensitivity must be finite and > 0, got {sensitivity}")
+            raise ConfigError(f"sensitivity must be finite and > 0, got {sensitivity}")
         if not 0.0 < sampling_rate <= 1.0:
-            raise InvalidGradient(f"sampling_rate must be in (0, 1], got {sampling_rate}")
+            raise ConfigError(f"sampling_rate must be in (0, 1], got {sampling_rate}")
         if planned_releases < 1:
-            raise InvalidGradient(f"planned_releases must be >= 1, got {planned_releases}")
+            raise ConfigError(f"planned_releases must be >= 1, got {planned_releases}")
         if noise_multiplier is not None and not (
             math.isfinite(noise_multiplier) and noise_multiplier > 0
         ):
-            raise InvalidGradient(
-                f"noise_multiplier must be finite and > 0, got {noise_multiplier}"
-            )
+            raise ConfigError(f"noise_multiplier must be finite and > 0, got {noise_multiplier}")
         self.sensitivity = float(sensitivity)
         self.mechanism = mechanism
         self.accounting = accounting
