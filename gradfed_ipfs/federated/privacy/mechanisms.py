@@ -37,6 +37,7 @@ from numpy.typing import NDArray
 
 from ..._types import FloatArray, GradientLike
 from ...errors import ConfigError, InvalidGradient, NoContributions, PrivacyBudgetExhausted
+from ...tensor.robust import clip_to_norm
 from .accountant import (
     REL_TOL,
     PrivacyBudget,
@@ -97,6 +98,8 @@ class Calibration(Enum):
 def clip_l2_norm(vector: NDArray[np.float64], max_norm: float) -> NDArray[np.float64]:
     """Return ``vector`` scaled down to L2 norm ``max_norm`` if it is longer (else unchanged).
 
+    :func:`~gradfed_ipfs.tensor.robust.clip_to_norm` with a float64 norm, as a copy.
+
     Parameters
     ----------
     vector
@@ -109,12 +112,7 @@ def clip_l2_norm(vector: NDArray[np.float64], max_norm: float) -> NDArray[np.flo
     numpy.ndarray
         Same shape and dtype.
     """
-    if not (math.isfinite(max_norm) and max_norm > 0):
-        raise InvalidGradient(f"max_norm must be finite and > 0, got {max_norm}")
-    norm = float(np.linalg.norm(vector))
-    if norm > max_norm and norm > 0:
-        return vector * (max_norm / norm)
-    return vector
+    return clip_to_norm(vector, max_norm, reject_non_finite=False, precision="float64")
 
 
 def dp_noised_sum(
