@@ -14,7 +14,7 @@ import numpy as np
 
 from .._types import GradientLike
 from ..errors import ConfigError
-from .compression import Codec, Dense, TopK
+from .codecs import Codec, Dense, TopK
 from .types import LayerGradient
 
 __all__ = ["BySize"]

@@ -6,7 +6,7 @@ import pytest
 from gradfed_ipfs.errors import ConfigError
 from gradfed_ipfs.formats.arrow import load_gradient_from_arrow, store_layer_as_arrow
 from gradfed_ipfs.tensor.adaptive import BySize
-from gradfed_ipfs.tensor.compression import Dense, ErrorFeedback, Int8, TopK
+from gradfed_ipfs.tensor.codecs import Dense, ErrorFeedback, Int8, TopK
 from gradfed_ipfs.tensor.types import DenseGradient, QuantizedGradient, SparseGradient
 
 

@@ -7,19 +7,18 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from gradfed_ipfs.errors import ConfigError, InvalidCompressionRatio, ShapeMismatch
-from gradfed_ipfs.tensor.compression import (
+from gradfed_ipfs.tensor.codecs import (
     CODECS,
     Codec,
     ErrorFeedback,
-    GradientCompressor,
     Int4,
     Int8,
     RandomK,
     Threshold,
     TopK,
     TopKInt8,
-    top_k_indices,
 )
+from gradfed_ipfs.tensor.compression import GradientCompressor, top_k_indices
 from gradfed_ipfs.tensor.types import SparseGradient, SparseQuantizedGradient
 
 finite32 = st.floats(width=32, allow_nan=False, allow_infinity=False, min_value=-1e4, max_value=1e4)
