@@ -74,6 +74,8 @@ and ``DecodeError`` subclass ``ValueError``, so generic handlers still work.
 
 Store errors carry context as attributes (``api_url``, ``endpoint``, ``cid``), set by the one
 boundary that talks to Kubo, so a message always names the CID and the daemon.
+
+Size: over 500 lines because every error has its one home here, under the tree above.
 """
 
 from __future__ import annotations
