@@ -129,7 +129,7 @@ def _check_delta(delta: float) -> None:
 
 
 def check_privacy_params(epsilon: float, delta: float) -> None:
-    """Raise ``InvalidGradient`` unless ``epsilon > 0`` is finite and ``0 < delta < 1``."""
+    """Raise ``ConfigError`` unless ``epsilon > 0`` is finite and ``0 < delta < 1``."""
     if not (math.isfinite(epsilon) and epsilon > 0):
         raise ConfigError(f"epsilon must be finite and > 0, got {epsilon}")
     if not 0.0 < delta < 1.0:
