@@ -84,7 +84,7 @@ class StreamingAccumulator(AccumulatorBase):
 
     Raises
     ------
-    InvalidGradient
+    ConfigError
         If the rule is not linear, or ``WeightedMean`` weights are positional.
     """
 
