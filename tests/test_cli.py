@@ -68,7 +68,17 @@ def save(path: Path, array: np.ndarray) -> Path:
     return path
 
 
-SUBCOMMANDS = ["demo", "node", "commit", "fetch", "aggregate", "verify-round", "history", "watch"]
+SUBCOMMANDS = [
+    "demo",
+    "node",
+    "commit",
+    "fetch",
+    "aggregate",
+    "verify-round",
+    "history",
+    "watch",
+    "round",
+]
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)
