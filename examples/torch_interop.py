@@ -36,12 +36,12 @@ async def federated_step(store: BlockStore, peers: int = 3) -> bool:
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
         optimizer.step()
-        flat, layout = flatten_state_dict(model.state_dict())  # counters stay in the layout
+        flat, peer_layout = flatten_state_dict(model.state_dict())  # counters stay in it
         cid = await put_gradient(store, flat)
         print(f"peer-{peer}: loss {loss.item():.3f}, {len(x)} samples, model {cid}")
         contributions[f"peer-{peer}"] = Contribution(await fetch_gradient(store, cid), len(x))
     average = fedavg(contributions)  # sample-weighted; num_batches_tracked is not averaged
-    load_flat(model, average, layout)
+    load_flat(model, average, peer_layout)  # the last peer's counters: not averaged
     exact = bool(np.array_equal(flatten_state_dict(model.state_dict())[0], average))
     print(f"global model = FedAvg of {peers} peers, loaded bit-exactly: {exact}")
     return exact

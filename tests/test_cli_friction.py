@@ -88,10 +88,23 @@ def test_conversions_are_announced_and_a_scalar_is_one_value(
     code, out, err = run_cli(capsys, *api, "fetch", cid, "-o", str(tmp_path / "back.npy"))
     assert code == 0
     assert f"fetched {cid} (dense, scalar (1 value), verified)" in out
-    assert f"fetching {cid} (one block, up to 30s)" in err  # not silent while it waits
+    assert "still fetching" not in err  # a quick fetch adds no line
     back = np.load(tmp_path / "back.npy")
     assert back.shape == ()
     assert float(back) == 2.5
+
+
+@pytest.mark.kubo
+def test_a_long_single_block_fetch_is_not_silent(
+    kubo_node: KuboNode, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    unknown = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
+    argv = ["--api", kubo_node.api_url, "--timeout", "4", "fetch", unknown]
+    code, _, err = run_cli(capsys, *argv, "-o", str(tmp_path / "x.npy"))
+    assert code == 5
+    lines = err.strip().splitlines()
+    assert lines[0] == f"still fetching {unknown} (one block, up to 4s)…"
+    assert "BlockNotFound" in lines[1]
 
 
 @pytest.mark.kubo

@@ -44,6 +44,8 @@ MAX_BUFFER_VALUES: Final = 65_536
 """Most integer values all buffers together may carry."""
 MAX_NDIM: Final = 32
 """Most dimensions a tensor may declare."""
+MAX_SIZE: Final = 2**48
+"""Most values a layout may describe (its vector would be 1 PiB; keeps hostile sizes finite)."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,8 @@ class Layout:
             if spec.offset != offset:
                 raise InvalidGradient(f"{spec.name!r} at offset {spec.offset}, expected {offset}")
             offset += spec.size
+            if offset > MAX_SIZE:
+                raise InvalidGradient(f"the layout describes over {MAX_SIZE} values")
         for buffer in self.buffers:
             _check_shape(buffer.name, buffer.shape)
             if buffer.dtype not in BUFFER_DTYPES:

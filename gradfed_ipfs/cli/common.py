@@ -296,17 +296,26 @@ def progress_bar(description: str, *, enabled: bool = True) -> Iterator[Callable
 
 
 @contextmanager
-def waiting(description: str, enabled: bool = True) -> Iterator[None]:
-    """Show a spinner on a terminal (one line on stderr otherwise) while a wait runs."""
+def waiting(description: str, enabled: bool = True, *, after: float = 2.0) -> Iterator[None]:
+    """Show a spinner on a terminal while a wait runs; elsewhere one line if it lasts ``after`` s.
+
+    Call inside a running event loop (the notice is scheduled on it). A quick wait prints
+    nothing off a terminal, so one-line error output stays one line.
+    """
     if not enabled:
         yield
         return
-    if not err_console.is_terminal:
-        err_console.print(f"{description}…", soft_wrap=True)
-        yield
+    if err_console.is_terminal:
+        with err_console.status(f"{description}…"):
+            yield
         return
-    with err_console.status(f"{description}…"):
+    notice = asyncio.get_running_loop().call_later(
+        after, lambda: err_console.print(f"still {description}…", soft_wrap=True)
+    )
+    try:
         yield
+    finally:
+        notice.cancel()
 
 
 def human_bytes(count: float) -> str:

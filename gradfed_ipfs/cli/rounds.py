@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,10 @@ from .common import (
 )
 from .samples import book_path, record_samples
 
-__all__ = ["add_round_parser"]
+__all__ = ["REPUBLISH_INTERVAL", "add_round_parser"]
+
+REPUBLISH_INTERVAL = 0.5
+"""Seconds between re-publications of this peer's announcement."""
 
 
 def _report(result: RoundResult, samples: dict[str, int | None], me: str) -> None:
@@ -106,7 +110,9 @@ async def _round(args: argparse.Namespace, api: str) -> int:
         collect_timeout=args.collect,
         fetch_timeout=args.timeout,
         subscriber_timeout=args.collect,
-        republish_interval=0.5,
+        republish_interval=REPUBLISH_INTERVAL,
+        # re-announce through the subscriber wait, the collection and the linger, not less
+        max_republish=math.ceil((2 * args.collect + args.linger) / REPUBLISH_INTERVAL) + 1,
         aggregation=strategy,
     )
     async with Node(api, timeout=args.timeout) as node:

@@ -181,6 +181,7 @@ def test_layout_is_plain_data_and_content_addressed() -> None:
         (lambda d: d["tensors"][1].update(offset=0), "offset"),
         (lambda d: d["tensors"][0].update(dtype="int32"), "int32"),
         (lambda d: d["tensors"][0].update(shape=[-1, 3]), "invalid shape"),
+        (lambda d: d["tensors"][0].update(shape=[2**40, 2**40]), "over"),
         (lambda d: d["tensors"][0].update(shape="4x3"), "integers"),
         (lambda d: d["tensors"][0].update(offset=True), "offset"),
         (lambda d: d["tensors"][0].update(name=3), "name"),
