@@ -154,8 +154,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 def _unavailable(provider: str) -> str | None:
     if provider == "docker":
-        reason = docker_kubo.docker_unavailable()
-        return f"--kubo=docker: {reason}" if reason else None
+        return docker_kubo.docker_unavailable()
     if provider == "external" and not os.environ.get("GRADFED_IPFS_API"):
         return "--kubo=external needs GRADFED_IPFS_API"
     return None
