@@ -104,12 +104,11 @@ gradfed_docker_setup() {
             _docker_unavailable "apt-get install ${missing[*]} failed"
             return 0
         fi
+        # Register as a user of the engine under the lock, so that a run ending meanwhile does
+        # not stop a dockerd that scripts/test started while this run still needs it.
         mkdir -p "$GRADFED_DOCKER_STATE/users"
-    fi
-    if ! _docker_answers; then
         exec {_gradfed_docker_lock}>"$GRADFED_DOCKER_STATE/lock"
         flock "$_gradfed_docker_lock"
-        # Register first, so a run that ends meanwhile does not stop the engine under us.
         touch "$GRADFED_DOCKER_STATE/users/$$"
         _gradfed_docker_registered=1
         trap gradfed_docker_teardown EXIT
@@ -120,14 +119,6 @@ gradfed_docker_setup() {
             return 0
         fi
         flock -u "$_gradfed_docker_lock"
-    elif [[ -f "$GRADFED_DOCKER_STATE/dockerd.pid" ]]; then
-        # Another scripts/test run started this engine: hold it until we are done.
-        exec {_gradfed_docker_lock}>"$GRADFED_DOCKER_STATE/lock"
-        touch "$GRADFED_DOCKER_STATE/users/$$"
-        _gradfed_docker_registered=1
-        trap gradfed_docker_teardown EXIT
-        trap 'exit 130' INT
-        trap 'exit 143' TERM
     fi
     if [[ -n "${GRADFED_KUBO_IMAGE:-}" ]]; then
         _docker_say "using GRADFED_KUBO_IMAGE=$GRADFED_KUBO_IMAGE (not building the local image)"
