@@ -164,7 +164,6 @@ def test_round_config_is_validated() -> None:
 
 
 @pytest.mark.kubo
-@pytest.mark.docker
 async def test_three_kubo_nodes_10m_floats_fedavg_over_pubsub(kubo_swarm3) -> None:  # type: ignore[no-untyped-def]
     """Each node commits 10M floats (chunked), learns the others' CIDs only via pubsub."""
     d = 10_000_000
