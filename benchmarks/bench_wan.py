@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -324,6 +325,7 @@ def orchestrate(argv: list[str]) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=300.0)
     options = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `wan()` still tears down
     if options.command == "sweep":
         sweep(options)
         return
@@ -350,11 +352,13 @@ def report(state: dict[str, Any], options: argparse.Namespace, command: str) -> 
 
 def sweep(options: argparse.Namespace) -> None:
     """The matrix: Kubo variants x links (RTT 0/50/150 ms, RTT 50 ms with 2 % loss)."""
+    big_window = ("-K", "Internal.Bitswap.MaxOutstandingBytesPerPeer=8388608")
     variants = [
         ("tcp",),
-        ("tcp", "-K", "Internal.Bitswap.MaxOutstandingBytesPerPeer=8388608"),
+        ("tcp", *big_window),
         ("quic",),
-        ("quic", "-K", "Internal.Bitswap.MaxOutstandingBytesPerPeer=8388608"),
+        ("quic", *big_window),
+        ("tcp", "-K", 'Swarm.ConnMgr={"LowWater":1,"HighWater":2,"GracePeriod":"1s"}'),
     ]
     links = [("0", "0"), ("25", "0"), ("75", "0"), ("25", "2")]
     lossy = argparse.Namespace(**{**vars(options), "d": options.d // 4})  # 2 % loss: ~0.2 MB/s
