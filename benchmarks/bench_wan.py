@@ -163,6 +163,7 @@ def measure_round(state: dict[str, Any], d: int, rounds: int, timeout: float) ->
         "d": d,
         "seconds": [max(p["seconds"] for p in rnd) for rnd in per_round],
         "participants": [min(p["participants"] for p in rnd) for rnd in per_round],
+        "agree": [len({p["sha256"] for p in rnd}) == 1 for rnd in per_round],
         "failures": [f for r in results for p in r["rounds"] for f in p["failures"]],
     }
 
@@ -253,13 +254,8 @@ async def worker_round(
     store = KuboBlockStore("http://127.0.0.1:5001", timeout=timeout)
     pubsub = KuboPubsub("http://127.0.0.1:5001", timeout=timeout)
     gossip = GossipModelSync(me, pubsub, session_id=session)
-    config = RoundConfig(
-        min_peers=len(ids) - 1,
-        collect_timeout=timeout,
-        fetch_timeout=timeout,
-        subscriber_timeout=timeout,
-        republish_interval=0.5,
-    )
+    # the project's default deadlines (scaled by the announced size), as a deployment has them
+    config = RoundConfig(min_peers=len(ids) - 1, subscriber_timeout=timeout, republish_interval=0.5)
     runner = RoundRunner(store, gossip, config)
     await asyncio.sleep(max(0.0, start - time.time()))  # common start instant of all peers
     out = []
