@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING
 
 from multiformats import CID
 
-from ...errors import BlockCorrupt, BlockStoreError, DecodeError, GradfedError, GradientError
+from ...errors import (
+    BlockCorrupt,
+    BlockStoreError,
+    BlockTimeout,
+    DecodeError,
+    GradfedError,
+    GradientError,
+)
 from ...formats.announcement import Announcement
 from .accumulator import PEER_DATA_ERRORS, GradientAccumulator
 from .liveness import FetchWatch, ProgressStore, verdict
@@ -269,6 +276,8 @@ class Collection:
             raise exc  # KeyboardInterrupt, SystemExit: not the peer's doing
         if not isinstance(exc, (GradfedError, TimeoutError, *PEER_DATA_ERRORS)):
             logger.warning("peer %s: unexpected %r while fetching", peer, exc, exc_info=exc)
+        if isinstance(exc, BlockTimeout) and exc.peer is None:
+            exc.peer = peer
         kind = classify(exc)
         if (
             kind == "dropped"
