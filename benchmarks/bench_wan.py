@@ -332,7 +332,7 @@ def orchestrate(argv: list[str]) -> None:
 def report(state: dict[str, Any], options: argparse.Namespace, command: str) -> dict[str, Any]:
     """Run ``command`` on the current network; print and return one JSON record."""
     record: dict[str, Any] = {
-        k: state[k] for k in ("DELAY_MS", "RATE", "LOSS_PCT", "TRANSPORT", "KUBO_CONFIG")
+        k: state.get(k) for k in ("DELAY_MS", "RATE", "LOSS_PCT", "TRANSPORT", "CC", "KUBO_CONFIG")
     }
     if command in ("link", "fetch", "all"):
         record["link"] = measure_link(state, 4 * options.d)

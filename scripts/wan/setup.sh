@@ -2,10 +2,13 @@
 # setup.sh — N Kubo peers in network namespaces behind an emulated wide-area link (root).
 #
 #   scripts/wan/setup.sh [-n N] [-d DELAY_MS] [-r RATE|none] [-l LOSS_PCT] [-t tcp|quic]
-#                        [-K KEY=JSON]... [-p PREFIX] [--no-kubo]
+#                        [-c CC] [-K KEY=JSON]... [-p PREFIX] [--no-kubo]
 #   defaults: N=3, one-way DELAY_MS=0 (RTT = 2 x DELAY), RATE=100mbit per direction, LOSS=0 %
 #   per direction, transport tcp (the swarm listens and peers connect on TCP, or on QUIC-v1),
 #   PREFIX=wan (namespaces wanA.., router wanr), RUN_DIR=$WAN_RUN_DIR or $TMPDIR/gradfed-wan-run.
+#   CC: TCP congestion control in the peer namespaces, one of the host's
+#   net.ipv4.tcp_allowed_congestion_control (default: the host's own, which new namespaces
+#   inherit; the host's settings are never changed).
 #   -K adds a Kubo config entry on every daemon, e.g.
 #      -K Internal.Bitswap.MaxOutstandingBytesPerPeer=4194304
 #
@@ -17,11 +20,12 @@
 
 source "$(dirname "$(readlink -f "$0")")/lib.sh"
 N=3; DELAY=0; RATE=100mbit; LOSS=0; TRANSPORT=tcp; PREFIX=wan; WITH_KUBO=1; EXTRA=()
+CC="$(cat /proc/sys/net/ipv4/tcp_congestion_control)"
 KUBO="${GRADFED_KUBO_BIN:-$HOME/.cache/gradfed-ipfs/kubo/v0.43.1/ipfs}"
 while [[ $# -gt 0 ]]; do
     case "$1" in
         -n) N="$2"; shift 2 ;; -d) DELAY="$2"; shift 2 ;; -r) RATE="$2"; shift 2 ;;
-        -l) LOSS="$2"; shift 2 ;; -t) TRANSPORT="$2"; shift 2 ;; -p) PREFIX="$2"; shift 2 ;;
+        -l) LOSS="$2"; shift 2 ;; -t) TRANSPORT="$2"; shift 2 ;; -p) PREFIX="$2"; shift 2 ;; -c) CC="$2"; shift 2 ;;
         -K) [[ "$2" == *=* ]] || die "-K wants KEY=JSON"; EXTRA+=("$2"); shift 2 ;;
         --no-kubo) WITH_KUBO=0; shift ;;
         -h|--help) usage ;;
@@ -33,6 +37,8 @@ need ip tc iptables iptables-restore gcc curl jq chrt numfmt
 [[ "$DELAY" =~ ^[0-9]+$ ]] || die "DELAY_MS must be whole milliseconds"
 [[ "$LOSS" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "LOSS_PCT must be a number"
 [[ "$TRANSPORT" == tcp || "$TRANSPORT" == quic ]] || die "transport must be tcp or quic"
+grep -qw -- "$CC" /proc/sys/net/ipv4/tcp_allowed_congestion_control \
+    || die "congestion control $CC is not in the host's allowed list ($(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control))"
 ((WITH_KUBO)) && { [[ -x "$KUBO" ]] || die "no Kubo binary at $KUBO (GRADFED_KUBO_BIN)"; }
 [[ -e "$RUN_DIR/state.env" ]] && die "$RUN_DIR/state.env exists: run teardown.sh first"
 ROUTER="${PREFIX}r"; NS=()
@@ -67,6 +73,7 @@ for ((i = 1; i <= N; i++)); do
     ip -n "$ROUTER" link set "r$l" up
     ip -n "$ns" link set "v$l" up
     ip -n "$ns" route add "$SUBNET.0/24" via "$(router_ip "$i")" dev "v$l"
+    nsx "$ns" sysctl -qw net.ipv4.tcp_congestion_control="$CC"
     shape_rate "$ns" "$l" "$ROUTER" "$RATE" "$DELAY"
 done
 if ((DELAY > 0)); then NFQ_Q=0; NFQ_PID=$(start_delay "$ROUTER" "$DELAY" 0); fi
@@ -115,7 +122,7 @@ fi
 
 {
     echo "PREFIX=$PREFIX"; echo "ROUTER=$ROUTER"; echo "NAMESPACES=\"${NS[*]}\""; echo "N=$N"
-    echo "DELAY_MS=$DELAY"; echo "RATE=$RATE"; echo "LOSS_PCT=$LOSS"; echo "TRANSPORT=$TRANSPORT"
+    echo "DELAY_MS=$DELAY"; echo "RATE=$RATE"; echo "LOSS_PCT=$LOSS"; echo "TRANSPORT=$TRANSPORT"; echo "CC=$CC"
     echo "NFQ_PID=$NFQ_PID"; echo "NFQ_Q=$NFQ_Q"; echo "NFQ_BIN=$NFQ_BIN"; echo "KUBO=$KUBO"
     echo "KUBO_CONFIG=\"${EXTRA[*]+"${EXTRA[*]//\"/\'}"}\""
     for ((i = 1; i <= N; i++)); do
@@ -124,5 +131,5 @@ fi
     done
 } >"$RUN_DIR/state.env"
 DONE=1; trap - EXIT
-echo "wan: $N peers (${NS[*]}), RTT $((2 * DELAY)) ms, $RATE, loss $LOSS %, $TRANSPORT" \
+echo "wan: $N peers (${NS[*]}), RTT $((2 * DELAY)) ms, $RATE, loss $LOSS %, $TRANSPORT, $CC" \
     "${EXTRA[*]+kubo ${EXTRA[*]}}; state in $RUN_DIR/state.env"
