@@ -128,7 +128,9 @@ def measure_link(state: dict[str, Any], nbytes: int) -> dict[str, Any]:
     return result
 
 
-def measure_fetch(state: dict[str, Any], d: int, reps: int, timeout: float) -> dict[str, Any]:
+def measure_fetch(
+    state: dict[str, Any], d: int, reps: int, timeout: float, concurrency: int = 8
+) -> dict[str, Any]:
     """Best of ``reps`` fetches of d fresh seeded floats from A to B (MB/s of payload)."""
     a, b = state["peers"][:2]
     runs = []
@@ -137,7 +139,8 @@ def measure_fetch(state: dict[str, Any], d: int, reps: int, timeout: float) -> d
         put = finish(spawn(a, "_put", str(d), str(seed)), 600)
         if "cid" not in put:
             return put
-        got = finish(spawn(b, "_fetch", put["cid"], str(d), str(seed), str(timeout)), timeout + 60)
+        argv = (put["cid"], str(d), str(seed), str(timeout), str(concurrency))
+        got = finish(spawn(b, "_fetch", *argv), timeout + 60)
         if "seconds" not in got:
             return got
         runs.append(got["seconds"])
@@ -229,14 +232,15 @@ async def worker_put(d: int, seed: int) -> None:
         emit(cid=str(await put_gradient(store, gradient(d, seed))))
 
 
-async def worker_fetch(cid: str, d: int, seed: int, timeout: float) -> None:
+async def worker_fetch(cid: str, d: int, seed: int, timeout: float, concurrency: int) -> None:
     """Fetch ``cid`` through this namespace's daemon, check it bit for bit, print seconds."""
     from gradfed_ipfs.storage import KuboBlockStore
     from gradfed_ipfs.storage.dag import fetch_gradient
 
     async with KuboBlockStore("http://127.0.0.1:5001", timeout=timeout) as store:
         t0 = time.perf_counter()
-        values = await asyncio.wait_for(fetch_gradient(store, cid), timeout)
+        fetch = fetch_gradient(store, cid, concurrency=concurrency)
+        values = await asyncio.wait_for(fetch, timeout)
         seconds = time.perf_counter() - t0
     assert np.array_equal(values.ravel(), gradient(d, seed)), "fetched gradient differs"
     emit(seconds=seconds, mb_s=4 * d / seconds / MB)
@@ -299,7 +303,8 @@ def main(argv: list[str] | None = None) -> None:
     elif command == "_put":
         asyncio.run(worker_put(int(args[1]), int(args[2])))
     elif command == "_fetch":
-        asyncio.run(worker_fetch(args[1], int(args[2]), int(args[3]), float(args[4])))
+        cid, d, seed, timeout, concurrency = args[1:6]
+        asyncio.run(worker_fetch(cid, int(d), int(seed), float(timeout), int(concurrency)))
     elif command == "_round":
         i, ids, d, rounds, start, session, timeout = args[1:8]
         asyncio.run(
@@ -320,6 +325,7 @@ def orchestrate(argv: list[str]) -> None:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--concurrency", type=int, default=8, help="chunks in flight (fetch)")
     options = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `wan()` still tears down
     if options.command == "sweep":
@@ -337,7 +343,10 @@ def report(state: dict[str, Any], options: argparse.Namespace, command: str) -> 
     if command in ("link", "fetch", "all"):
         record["link"] = measure_link(state, 4 * options.d)
     if command in ("fetch", "all"):
-        record["fetch"] = measure_fetch(state, options.d, options.reps, options.timeout)
+        record["fetch"] = measure_fetch(
+            state, options.d, options.reps, options.timeout, options.concurrency
+        )
+        record["concurrency"] = options.concurrency
         with contextlib.suppress(KeyError, TypeError):
             record["ratio"] = record["fetch"]["mb_s"] / record["link"]["mb_s"]
     if command in ("round", "all"):
