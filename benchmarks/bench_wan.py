@@ -18,8 +18,41 @@ daemon-to-daemon traffic crosses the emulated link. Measurements:
 - ``round``: N ``RoundRunner`` processes (one per namespace), ``min_peers = N - 1``, rounds back
   to back; seconds per round and participants.
 
-Measured on this project's 2-core machine shared with ~8 other jobs (load average ~12), 100
-Mbit/s per direction, cubic, d = 10M (fetch) and 1M (3-peer round); see ``SWEEP_RESULTS``.
+Measured 2026-11-30 on this project's 2-core machine shared with ~8 other jobs (load average
+~12), 100 Mbit/s per direction, the host's congestion control (BBR; new namespaces inherit it),
+Kubo 0.43.1. Fetch: d = 10M floats (40 MB; 2.5M with loss), best of 2, MB/s of payload and its
+ratio to raw TCP moving the same bytes on the same link. Round: 3 peers, d = 1M, one process
+each, three rounds back to back (the first includes pubsub warm-up), slowest peer's seconds;
+every round had all 3 peers. Window = ``Internal.Bitswap.MaxOutstandingBytesPerPeer``.
+
+==========================  ===================  =======  ==============  ================
+Kubo setting (8 in flight)  link                 raw TCP  fetch (ratio)   rounds (s)
+==========================  ===================  =======  ==============  ================
+TCP, default window 1 MiB   RTT 0.3 ms           11.8     10.7 (0.90)     6.6, 3.4, 3.4
+TCP, default                RTT 50 ms            10.6     8.5 (0.80)      8.8, 5.7, 4.8
+TCP, default                RTT 150 ms           8.5      4.3 (0.51)      10.4, 4.9, 4.2
+TCP, default                RTT 50 ms, 2 % loss  7.3      5.0 (0.69)      7.9, 4.8, 4.9
+TCP, 8 MiB window           RTT 0.3 ms           11.8     9.6 (0.81)      6.9, 3.4, 3.3
+TCP, 8 MiB window           RTT 50 ms            10.8     8.5 (0.78)      6.7, 5.0, 4.0
+TCP, 8 MiB window           RTT 150 ms           8.4      6.7 (0.79)      8.3, 5.3, 2.7
+TCP, 8 MiB window           RTT 50 ms, 2 % loss  7.2      6.4 (0.88)      5.9, 2.6, 3.5
+QUIC, default               RTT 0.3 ms           11.9     10.7 (0.90)     5.4, 2.0, 1.6
+QUIC, default               RTT 50 ms            10.8     6.3 (0.58)      7.5, 4.2, 3.6
+QUIC, default               RTT 150 ms           8.5      3.1 (0.37)      9.0, 4.7, 3.9
+QUIC, default               RTT 50 ms, 2 % loss  7.2      0.4 (0.05)      15.6, 17.3, 16.8
+QUIC, 8 MiB window          RTT 150 ms           8.5      3.1 (0.37)      11.3, 7.0, 6.2
+QUIC, 8 MiB window          RTT 50 ms, 2 % loss  7.2      0.4 (0.05)      18.4, 16.7, 16.9
+==========================  ===================  =======  ==============  ================
+
+Chunks in flight, RTT 150 ms, TCP (2 peers): 8 MiB window: 8 in flight 6.1 (0.72), 16 in
+flight 8.5 (1.00); 32 MiB window: 8 in flight 6.7 (0.78), 16 in flight 8.6 (1.00). Hence the
+project's defaults: ``WAN_TUNING`` (8 MiB window) and 16 chunks in flight
+(``storage.dag.DEFAULT_CONCURRENCY``); TCP stays the transport (QUIC lost everywhere off
+loopback: quic-go's own congestion control against the host's BBR). Connection manager
+(``Swarm.ConnMgr`` LowWater 1, HighWater 2, 1 s grace): the daemons trimmed their round peers
+(one was left with 0 peers) and the first round at RTT 0.3 ms had not finished after 90 s;
+Kubo's defaults (32/96) never trim 3 peers, so ``WAN_TUNING`` only raises them (64/192) for
+larger rounds.
 """
 
 from __future__ import annotations
@@ -49,9 +82,6 @@ WAN = ROOT / "scripts" / "wan"
 RUN_DIR = Path(os.environ.get("WAN_RUN_DIR", f"{tempfile.gettempdir()}/gradfed-wan-run"))
 MB = 1e6
 PORT = 5999
-
-SWEEP_RESULTS = """(filled in from `python -m benchmarks.bench_wan sweep`)"""
-
 
 # ================================================================= orchestration (host side)
 
@@ -356,15 +386,11 @@ def report(state: dict[str, Any], options: argparse.Namespace, command: str) -> 
 
 
 def sweep(options: argparse.Namespace) -> None:
-    """The matrix: Kubo variants x links (RTT 0/50/150 ms, RTT 50 ms with 2 % loss)."""
-    big_window = ("-K", "Internal.Bitswap.MaxOutstandingBytesPerPeer=8388608")
-    variants = [
-        ("tcp",),
-        ("tcp", *big_window),
-        ("quic",),
-        ("quic", *big_window),
-        ("tcp", "-K", 'Swarm.ConnMgr={"LowWater":1,"HighWater":2,"GracePeriod":"1s"}'),
-    ]
+    """The matrix: Kubo default or ``WAN_TUNING``, TCP or QUIC, x RTT 0/50/150 ms and 2 % loss."""
+    from gradfed_ipfs.kubo import WAN_TUNING
+
+    tuned = [arg for key, value in WAN_TUNING.config() for arg in ("-K", f"{key}={value}")]
+    variants = [("tcp",), ("tcp", *tuned), ("quic",), ("quic", *tuned)]
     links = [("0", "0"), ("25", "0"), ("75", "0"), ("25", "2")]
     lossy = argparse.Namespace(**{**vars(options), "d": options.d // 4})  # 2 % loss: ~0.2 MB/s
     for transport, *extra in variants:
