@@ -77,6 +77,8 @@ from typing import Any
 
 import numpy as np
 
+from gradfed_ipfs.storage.dag import DEFAULT_CONCURRENCY
+
 ROOT = Path(__file__).resolve().parent.parent
 WAN = ROOT / "scripts" / "wan"
 RUN_DIR = Path(os.environ.get("WAN_RUN_DIR", f"{tempfile.gettempdir()}/gradfed-wan-run"))
@@ -159,7 +161,7 @@ def measure_link(state: dict[str, Any], nbytes: int) -> dict[str, Any]:
 
 
 def measure_fetch(
-    state: dict[str, Any], d: int, reps: int, timeout: float, concurrency: int = 8
+    state: dict[str, Any], d: int, reps: int, timeout: float, concurrency: int = DEFAULT_CONCURRENCY
 ) -> dict[str, Any]:
     """Best of ``reps`` fetches of d fresh seeded floats from A to B (MB/s of payload)."""
     a, b = state["peers"][:2]
@@ -355,7 +357,9 @@ def orchestrate(argv: list[str]) -> None:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=300.0)
-    parser.add_argument("--concurrency", type=int, default=8, help="chunks in flight (fetch)")
+    parser.add_argument(
+        "--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="chunks in flight (fetch)"
+    )
     options = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `wan()` still tears down
     if options.command == "sweep":
