@@ -84,7 +84,7 @@ DEFAULT_CHUNK_BYTES: Final = 1024 * 1024
 """Default largest encoded chunk, in bytes (1 MiB)."""
 DEFAULT_CONCURRENCY: Final = 16
 """Default number of chunks fetched or stored at once (16 MiB in flight: at RTT 150 ms and
-100 Mbit/s a fetch reached 0.72-0.78 x raw TCP with 8, 1.00 x with 16; benchmarks/bench_wan.py)."""
+100 Mbit/s a fetch reached 0.72-0.79 x raw TCP with 8, 0.66-1.00 x with 16; bench_wan.py)."""
 _ARROW_OVERHEAD: Final = 4096  # generous bound of the Arrow framing + metadata of one chunk
 
 ProgressCallback = Callable[[int, int], None]
