@@ -28,7 +28,8 @@ CLI exits with. The tree::
     │       ├── InvalidMagic           the first four bytes are not ``GARW``
     │       └── TruncatedData          fewer bytes than the header promises
     ├── BlockStoreError                storage failures; exit 5
-    │   ├── BlockNotFound              no block with that CID (within the timeout)
+    │   ├── BlockNotFound              no block with that CID (Kubo: not in the local repo)
+    │   ├── BlockTimeout               a block did not arrive in time: slow or missing
     │   ├── BlockCorrupt               bytes whose hash is not their CID
     │   ├── BlockTooLarge              a block over the store's size limit, refused before sending
     │   ├── StoreUnavailable           the daemon cannot be reached (after retries)
@@ -88,6 +89,7 @@ __all__ = [
     "ArrowBlockShapeMismatch",
     "BlockCorrupt",
     "BlockNotFound",
+    "BlockTimeout",
     "BlockStoreError",
     "BlockTooLarge",
     "ChecksumFailed",
@@ -377,6 +379,38 @@ class BlockStoreError(GradfedError):
 
 class BlockNotFound(BlockStoreError, KeyError):
     """No block with this CID could be found (locally, or via the network within the timeout)."""
+
+
+class BlockTimeout(BlockStoreError, RpcTimeout):
+    """A block did not arrive within its timeout: still on its way, or nowhere.
+
+    Kubo cannot tell a slow block from a missing one (both end in "context deadline
+    exceeded"), so this is never :class:`BlockNotFound`: a fetch retries it while other blocks
+    of the same gradient keep arriving (slow is not missing).
+
+    Attributes
+    ----------
+    received
+        Bytes of the gradient (its other blocks) that had arrived by then.
+    deadline
+        The block's timeout, in seconds.
+    peer
+        The peer whose gradient it belongs to, when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        cid: object | None = None,
+        received: int = 0,
+        deadline: float = 0.0,
+        peer: str | None = None,
+    ) -> None:
+        super().__init__(message, cid=cid)
+        self.received = received
+        self.deadline = deadline
+        self.peer = peer
 
 
 class BlockCorrupt(BlockStoreError, ValueError):

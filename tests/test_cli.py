@@ -230,7 +230,7 @@ def test_unknown_cid_fails_after_the_timeout(
     for command in (["fetch", unknown, "-o", str(tmp_path / "x.npy")], ["history", unknown]):
         code, _, err = run_cli(capsys, "--api", kubo_node.api_url, "--timeout", "0.5", *command)
         assert code == 5
-        assert "BlockNotFound" in err
+        assert "BlockTimeout" in err
         assert unknown in err.replace("\n", "")
         if command[0] == "fetch":  # the session daemon has no peers: the error says so
             assert "this node has 0 peers" in err.replace("\n", " ")
@@ -246,7 +246,7 @@ def test_unknown_cid_on_a_connected_node_has_no_peer_hint(
     api = ["--api", kubo_swarm3[0].api_url, "--timeout", "0.5"]
     code, _, err = run_cli(capsys, *api, "fetch", unknown, "-o", str(tmp_path / "x.npy"))
     assert code == 5
-    assert "BlockNotFound" in err
+    assert "BlockTimeout" in err
     assert "0 peers" not in err
 
 

@@ -10,8 +10,8 @@ import httpx
 import numpy as np
 import pytest
 
-from gradfed_ipfs import BlockNotFound, Node, RoundConfig
-from gradfed_ipfs.errors import KuboRpcError
+from gradfed_ipfs import Node, RoundConfig
+from gradfed_ipfs.errors import BlockTimeout, KuboRpcError
 from gradfed_ipfs.kubo import KuboDaemon, MemoryPubsubBus
 from gradfed_ipfs.node import pick_dial_address
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
@@ -103,7 +103,7 @@ async def test_nodes_connect_exchange_and_run_a_round(two_unconnected: list[Kubo
         assert await a.peer_id() == first.peer_id
         assert await a.peers() == []
         cid = await a.put_gradient(grads[0])
-        with pytest.raises(BlockNotFound):  # not connected: b cannot find a's blocks
+        with pytest.raises(BlockTimeout):  # not connected: b cannot find a's blocks
             await b.fetch_gradient(cid, timeout=0.5, retries=0)
 
         dialled = await b.connect(a.api_url)  # by API URL

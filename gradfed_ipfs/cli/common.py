@@ -27,7 +27,14 @@ from rich.progress import (
 
 from .._types import FloatArray
 from ..adapters.numpy import as_float32
-from ..errors import BlockNotFound, DecodeError, GradfedError, InvalidGradient, KuboRpcError
+from ..errors import (
+    BlockNotFound,
+    BlockTimeout,
+    DecodeError,
+    GradfedError,
+    InvalidGradient,
+    KuboRpcError,
+)
 from ..formats.arrow import decode_gradient, store_gradient_as_arrow
 from ..kubo.rpc import KuboRpc
 from ..tensor.aggregation import (
@@ -143,7 +150,7 @@ def _check_url(url: str) -> str:
     return url.rstrip("/")
 
 
-async def explain_missing_block(rpc: KuboRpc, exc: BlockNotFound) -> None:
+async def explain_missing_block(rpc: KuboRpc, exc: BlockNotFound | BlockTimeout) -> None:
     """Add a hint to ``exc`` when the daemon has no swarm peers to fetch the block from.
 
     Without peers, Kubo only says "context deadline exceeded"; the usual cause is a node that

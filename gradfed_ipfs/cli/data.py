@@ -11,7 +11,14 @@ from multiformats import CID
 
 from .._types import FloatArray
 from ..cid import DAG_CBOR, RAW, parse_cid
-from ..errors import BlockNotFound, BlockTooLarge, DecodeError, DimensionMismatch, MalformedArrow
+from ..errors import (
+    BlockNotFound,
+    BlockTimeout,
+    BlockTooLarge,
+    DecodeError,
+    DimensionMismatch,
+    MalformedArrow,
+)
 from ..formats.announcement import Announcement
 from ..formats.arrow import decode_gradient, store_layer_as_arrow
 from ..kubo.pubsub import KuboPubsub, session_topic
@@ -64,7 +71,7 @@ async def fetch_any(
         with progress_bar(f"fetching {str(cid)[:16]}…", enabled=show_progress) as progress:
             values = await fetch_gradient(store, cid, timeout=timeout, progress=progress)
         return values, "dense (chunked)"
-    except BlockNotFound as exc:
+    except (BlockNotFound, BlockTimeout) as exc:
         await explain_missing_block(store.rpc, exc)
         raise
 

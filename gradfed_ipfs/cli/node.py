@@ -25,7 +25,7 @@ from rich.table import Table
 
 from ..errors import KuboStartError
 from ..kubo.binary import find_kubo_binary
-from ..kubo.daemon import LOOPBACK_CONFIG
+from ..kubo.daemon import LOOPBACK_CONFIG, WAN_TUNING
 from ..node import Node
 from .common import UsageError, api_of, console, default_node_dir, err_console, run
 from .managed import (
@@ -69,8 +69,11 @@ def _log_tail(node_dir: Path, lines: int = 20) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def node_start(node_dir: Path, timeout: float) -> int:
-    """Start the managed daemon (initialising its repo once); print its API URL."""
+def node_start(node_dir: Path, timeout: float, *, wan: bool = False) -> int:
+    """Start the managed daemon (initialising its repo once); print its API URL.
+
+    ``wan`` applies :data:`~gradfed_ipfs.kubo.daemon.WAN_TUNING` (wide-area links).
+    """
     pid = read_pid(node_dir)
     if pid is not None and is_kubo_daemon(pid):
         console.print(f"node already running: pid {pid}, api {api_url(node_dir)}")
@@ -82,7 +85,7 @@ def node_start(node_dir: Path, timeout: float) -> int:
     if not (repo / "config").exists():
         with err_console.status("initialising the Kubo repo…"):
             _ipfs(binary, repo, "init", "--profile=test")
-    for key, value in LOOPBACK_CONFIG:
+    for key, value in [*LOOPBACK_CONFIG, *(WAN_TUNING.config() if wan else [])]:
         _ipfs(binary, repo, "config", "--json", key, value)
     with contextlib.suppress(FileNotFoundError):
         (repo / "api").unlink()  # a stale file from a killed daemon would point at a dead port
@@ -201,7 +204,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.target:
         raise UsageError(f"node {args.action} takes no target")
     if args.action == "start":
-        return node_start(node_dir, args.start_timeout)
+        return node_start(node_dir, args.start_timeout, wan=args.wan)
     if args.action == "stop":
         return node_stop(node_dir)
     return node_status(node_dir)
@@ -229,5 +232,11 @@ def add_node_parser(commands: Any) -> None:
         type=float,
         default=60.0,
         help="seconds to wait for the daemon's API on start (default 60)",
+    )
+    node.add_argument(
+        "--wan",
+        action="store_true",
+        help="for start: tune Kubo for wide-area links (an 8 MiB bitswap window, connection "
+        "manager marks 64/192); see benchmarks/bench_wan.py",
     )
     node.set_defaults(handler=_dispatch)

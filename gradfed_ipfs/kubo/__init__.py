@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 from .binary import KUBO_VERSION, default_kubo_path, find_kubo_binary
-from .daemon import LOOPBACK_CONFIG, KuboDaemon, KuboSwarm, live_daemon_pids, multiaddr_to_url
+from .daemon import (
+    LOOPBACK_CONFIG,
+    WAN_TUNING,
+    KuboDaemon,
+    KuboSwarm,
+    KuboTuning,
+    live_daemon_pids,
+    multiaddr_to_url,
+)
 from .pubsub import KuboPubsub, MemoryPubsub, MemoryPubsubBus, PubsubTransport
 
 __all__ = [
     "KUBO_VERSION",
     "LOOPBACK_CONFIG",
+    "WAN_TUNING",
     "KuboDaemon",
     "KuboPubsub",
     "KuboSwarm",
+    "KuboTuning",
     "MemoryPubsub",
     "MemoryPubsubBus",
     "PubsubTransport",

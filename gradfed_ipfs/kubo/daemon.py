@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -21,6 +22,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self
@@ -29,7 +31,15 @@ from ..errors import KuboRpcError, KuboStartError
 from .binary import find_kubo_binary
 from .rpc import rpc_call_sync
 
-__all__ = ["LOOPBACK_CONFIG", "KuboDaemon", "KuboSwarm", "live_daemon_pids", "multiaddr_to_url"]
+__all__ = [
+    "LOOPBACK_CONFIG",
+    "WAN_TUNING",
+    "KuboDaemon",
+    "KuboSwarm",
+    "KuboTuning",
+    "live_daemon_pids",
+    "multiaddr_to_url",
+]
 
 logger = logging.getLogger("gradfed_ipfs.kubo")
 
@@ -47,6 +57,60 @@ LOOPBACK_CONFIG: Final[list[tuple[str, str]]] = [
     ("Pubsub.Enabled", "true"),
     ("Swarm.DisableNatPortMap", "true"),
 ]
+
+
+@dataclass(frozen=True)
+class KuboTuning:
+    """Kubo settings for wide-area links, measured with ``benchmarks/bench_wan.py``.
+
+    Apply with ``KuboDaemon(tuning=WAN_TUNING)`` or ``KuboSwarm(n, tuning=WAN_TUNING)``; for a
+    daemon configured elsewhere (docker-compose), :meth:`config` gives the ``ipfs config
+    --json`` entries.
+
+    Attributes
+    ----------
+    outstanding_bytes_per_peer
+        Bitswap's ``Internal.Bitswap.MaxOutstandingBytesPerPeer``: bytes a peer may have in
+        flight to one requester (Kubo's default 1 MiB). A fetch cannot go faster than this per
+        round trip, so it must cover the link's bandwidth-delay product: see :meth:`for_link`.
+    conn_low_water, conn_high_water, conn_grace
+        ``Swarm.ConnMgr`` water marks and grace period: above ``conn_high_water`` connections
+        Kubo trims back to ``conn_low_water``, which must stay above the peers of a round
+        (a trimmed round peer loses its pubsub mesh and bitswap session).
+    """
+
+    outstanding_bytes_per_peer: int = 8 << 20
+    conn_low_water: int = 64
+    conn_high_water: int = 192
+    conn_grace: str = "60s"
+
+    @classmethod
+    def for_link(cls, rate_bps: float, rtt_s: float, **overrides: Any) -> KuboTuning:
+        """Size the bitswap window to twice the bandwidth-delay product (at least 1 MiB).
+
+        >>> KuboTuning.for_link(1e9, 0.150).outstanding_bytes_per_peer  # 1 Gbit/s, 150 ms
+        37500000
+        """
+        window = max(1 << 20, int(2 * rate_bps / 8 * rtt_s))
+        return cls(outstanding_bytes_per_peer=window, **overrides)
+
+    def config(self) -> list[tuple[str, str]]:
+        """Return the ``(key, JSON value)`` config entries of this tuning."""
+        conn = {
+            "Type": "basic",
+            "LowWater": self.conn_low_water,
+            "HighWater": self.conn_high_water,
+            "GracePeriod": self.conn_grace,
+        }
+        return [
+            ("Internal.Bitswap.MaxOutstandingBytesPerPeer", str(self.outstanding_bytes_per_peer)),
+            ("Swarm.ConnMgr", json.dumps(conn, separators=(",", ":"))),
+        ]
+
+
+WAN_TUNING: Final = KuboTuning()
+"""The project's wide-area tuning: an 8 MiB bitswap window (2 x the BDP of 100 Mbit/s at
+300 ms RTT) and connection-manager marks that keep up to 64 round peers connected."""
 
 _live: dict[int, KuboDaemon] = {}
 _live_lock = threading.Lock()
@@ -110,6 +174,9 @@ class KuboDaemon(_StartStop):
         Seconds to wait for the daemon to answer ``/api/v0/id``.
     extra_config
         Additional ``(key, JSON value)`` config entries applied before starting.
+    tuning
+        Wide-area settings (e.g. :data:`WAN_TUNING`) applied before ``extra_config``; ``None``
+        keeps Kubo's defaults.
     """
 
     def __init__(
@@ -119,6 +186,7 @@ class KuboDaemon(_StartStop):
         binary: str | Path | None = None,
         start_timeout: float = 60.0,
         extra_config: list[tuple[str, str]] | None = None,
+        tuning: KuboTuning | None = None,
     ) -> None:
         self._temporary = repo is None
         self.repo = (
@@ -126,7 +194,7 @@ class KuboDaemon(_StartStop):
         )
         self.binary = Path(binary) if binary is not None else find_kubo_binary()
         self.start_timeout = start_timeout
-        self.extra_config = list(extra_config or [])
+        self.extra_config = [*(tuning.config() if tuning else []), *(extra_config or [])]
         self._process: subprocess.Popen[bytes] | None = None
         self._log_file: Any = None
         self.api_url: str = ""
@@ -335,18 +403,23 @@ class KuboSwarm(_StartStop):
         Number of daemons (≥ 1).
     binary
         Kubo binary for all of them (found or built when ``None``).
+    tuning
+        Wide-area settings for every daemon (see :class:`KuboTuning`).
     """
 
-    def __init__(self, n: int, *, binary: str | Path | None = None) -> None:
+    def __init__(
+        self, n: int, *, binary: str | Path | None = None, tuning: KuboTuning | None = None
+    ) -> None:
         if n < 1:
             raise ValueError(f"a swarm needs at least one daemon, got {n}")
         self.n = n
         self.binary = Path(binary) if binary is not None else find_kubo_binary()
+        self.tuning = tuning
         self.daemons: list[KuboDaemon] = []
 
     def start(self) -> Self:
         """Start every daemon and connect each pair; stops them all if any fails."""
-        self.daemons = [KuboDaemon(binary=self.binary) for _ in range(self.n)]
+        self.daemons = [KuboDaemon(binary=self.binary, tuning=self.tuning) for _ in range(self.n)]
         try:
             with ThreadPoolExecutor(max_workers=min(self.n, 8)) as pool:
                 list(pool.map(KuboDaemon.start, self.daemons))

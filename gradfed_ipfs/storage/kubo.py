@@ -27,6 +27,7 @@ from ..errors import (
     BlockCorrupt,
     BlockNotFound,
     BlockStoreError,
+    BlockTimeout,
     BlockTooLarge,
     GradfedError,
     StoreRequestError,
@@ -42,7 +43,9 @@ __all__ = ["STORE_ERRORS", "KuboBlockStore", "encode_block_put", "rpc_context"]
 
 _CODEC_PARAM: Final = {RAW: "raw", DAG_CBOR: "dag-cbor"}
 # Markers in Kubo's error messages that mean "this block is not here" rather than a failure.
-_NOT_FOUND_MARKERS: Final = ("not found", "could not find", "context deadline exceeded")
+_NOT_FOUND_MARKERS: Final = ("not found", "could not find")
+# Kubo's answer when a block did not arrive within `timeout=`: slow or missing, it cannot tell.
+_TIMEOUT_MARKERS: Final = ("context deadline exceeded",)
 # With Datastore.HashOnRead, Kubo itself detects a corrupted block on disk and says so.
 _CORRUPT_MARKERS: Final = ("different hash than requested",)
 
@@ -54,6 +57,8 @@ def _refused(message: str) -> GradfedError:
         return BlockCorrupt(f"daemon reports a corrupted block: {message}")
     if any(marker in lowered for marker in _NOT_FOUND_MARKERS):
         return BlockNotFound(f"block not found: {message}")
+    if any(marker in lowered for marker in _TIMEOUT_MARKERS):
+        return BlockTimeout(f"{message} (still on its way, or nowhere: Kubo cannot tell)")
     return StoreRequestError(message)
 
 
@@ -170,8 +175,9 @@ class KuboBlockStore(AsyncClosing):
 
         Raises
         ------
-        BlockNotFound
-            If neither this daemon nor its peers produce the block within ``timeout`` seconds.
+        BlockTimeout
+            If neither this daemon nor its peers produce the block within ``timeout`` seconds
+            (Kubo cannot tell a slow block from a missing one; never ``BlockNotFound``).
         BlockCorrupt
             If the bytes do not hash to ``cid``.
         StoreTimeout
@@ -184,11 +190,16 @@ class KuboBlockStore(AsyncClosing):
         seconds = self.timeout if isinstance(timeout, Unset) else float(timeout)
         parsed = parse_cid(cid)
         with rpc_context(self.api_url, "block/get", parsed):
-            data = await self._post(
-                "block/get",
-                {"arg": str(parsed), "timeout": f"{seconds:.3f}s"},
-                deadline=seconds + DEADLINE_GRACE,
-            )
+            try:
+                data = await self._post(
+                    "block/get",
+                    {"arg": str(parsed), "timeout": f"{seconds:.3f}s"},
+                    deadline=seconds + DEADLINE_GRACE,
+                )
+            except BlockTimeout as exc:
+                exc.args = (f"block did not arrive within {seconds:g} s; {exc.args[0]}",)
+                exc.deadline = seconds
+                raise
             return Block.from_parts(parsed, data)
 
     async def has(self, cid: CIDLike) -> bool:

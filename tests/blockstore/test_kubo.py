@@ -8,7 +8,13 @@ import time
 import httpx
 import pytest
 
-from gradfed_ipfs.errors import BlockCorrupt, BlockNotFound, BlockTooLarge, StoreUnavailable
+from gradfed_ipfs.errors import (
+    BlockCorrupt,
+    BlockNotFound,
+    BlockTimeout,
+    BlockTooLarge,
+    StoreUnavailable,
+)
 from gradfed_ipfs.kubo import KuboDaemon
 from gradfed_ipfs.storage import Block, KuboBlockStore
 
@@ -53,10 +59,10 @@ async def test_largest_block_accepted_and_larger_refused(kubo_store: KuboBlockSt
 
 
 @pytest.mark.docker
-async def test_missing_cid_raises_not_found_within_timeout(kubo_store: KuboBlockStore) -> None:
+async def test_missing_cid_raises_block_timeout_within_timeout(kubo_store: KuboBlockStore) -> None:
     missing = Block.new(os.urandom(64)).cid
     started = time.monotonic()
-    with pytest.raises(BlockNotFound) as info:
+    with pytest.raises(BlockTimeout) as info:
         await kubo_store.get(missing, timeout=1.0)
     assert time.monotonic() - started < 8.0
     assert info.value.cid == missing

@@ -10,6 +10,7 @@ import pytest
 from gradfed_ipfs.errors import (
     BlockCorrupt,
     BlockNotFound,
+    BlockTimeout,
     DimensionMismatch,
     EmptyGradients,
     InvalidGradient,
@@ -139,7 +140,7 @@ async def test_max_peers_enforced_and_resend_replaces(store: BlockStore) -> None
 async def test_missing_and_malformed_blocks(store: BlockStore) -> None:
     acc = make(timeout=1.0)
     await acc.commit_local([0.0], store)
-    with pytest.raises(BlockNotFound):
+    with pytest.raises((BlockNotFound, BlockTimeout)):  # memory knows; Kubo cannot tell
         await acc.add_peer_gradient("p", Block.new(b"never stored").cid, store)
     not_arrow = await store.put(Block.new(b"this is not an arrow file"))
     with pytest.raises(MalformedArrow):

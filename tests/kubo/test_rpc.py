@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from gradfed_ipfs.errors import (
-    BlockNotFound,
+    BlockTimeout,
     DecodeError,
     GradfedError,
     KuboRpcError,
@@ -157,7 +157,7 @@ async def test_store_family_classifies_refusals() -> None:
         return httpx.Response(500, json={"Message": "context deadline exceeded", "Type": "error"})
 
     async with rpc_with(handler, errors=STORE_ERRORS) as rpc:
-        with pytest.raises(BlockNotFound):
+        with pytest.raises(BlockTimeout):
             await rpc.post("block/get")
 
 

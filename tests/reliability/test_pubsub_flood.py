@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from gradfed_ipfs.cid import make_cid
-from gradfed_ipfs.errors import BlockNotFound
+from gradfed_ipfs.errors import BlockNotFound, BlockTimeout
 from gradfed_ipfs.federated.round.accumulator import DistributedGradientAccumulator
 from gradfed_ipfs.federated.round.gossip import GossipModelSync
 from gradfed_ipfs.formats.announcement import MAX_MESSAGE_BYTES, Announcement
@@ -147,7 +147,7 @@ async def test_pubsub_flood_every_message_dropped_and_counted(kubo_swarm3) -> No
                 await accumulator.add_peer_gradient(
                     found.peer_id, found.cid, store_a, num_samples=found.num_samples
                 )
-            except BlockNotFound:
+            except (BlockNotFound, BlockTimeout):  # Kubo cannot tell missing from slow
                 outcomes["missing_block"] += 1
             else:
                 outcomes["processed"] += 1

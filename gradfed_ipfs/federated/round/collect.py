@@ -2,9 +2,11 @@
 
 :class:`Collection` is one round in progress on one node; :class:`FutureRounds` holds
 announcements of rounds this node has not reached yet. A peer's outcome is one of: taken in
-(a contributor), *dropped* (its gradient did not arrive: timeout, not found, daemon error, or
-still in flight at the round's deadline) or *rejected* (its bytes were bad: anything a decoder or
-a check raised on them, counted by reason). A peer's data never fails the round.
+(a contributor), *slow* (its blocks were arriving but it was cut off: too slow for its announced
+size, stalled, or still in flight when the round closed; see :mod:`.liveness`), *dropped* (none
+of its blocks arrived: not found, daemon error, or nothing by the round's deadline) or
+*rejected* (its bytes were bad: anything a decoder or a check raised on them, counted by reason).
+A peer's data never fails the round.
 """
 
 from __future__ import annotations
@@ -18,14 +20,22 @@ from typing import TYPE_CHECKING
 
 from multiformats import CID
 
-from ...errors import BlockCorrupt, BlockStoreError, DecodeError, GradfedError, GradientError
+from ...errors import (
+    BlockCorrupt,
+    BlockStoreError,
+    BlockTimeout,
+    DecodeError,
+    GradfedError,
+    GradientError,
+)
 from ...formats.announcement import Announcement
 from .accumulator import PEER_DATA_ERRORS, GradientAccumulator
+from .liveness import FetchWatch, ProgressStore, verdict
 
 if TYPE_CHECKING:
     from .runner import RoundRunner
 
-__all__ = ["Collection", "FutureRounds", "classify"]
+__all__ = ["Collection", "FutureRounds", "classify", "describe"]
 
 logger = logging.getLogger("gradfed_ipfs.federated")
 
@@ -98,6 +108,14 @@ def classify(exc: BaseException) -> str:
     return "rejected"  # a foreign error from a decoder: the peer's bytes, never the round
 
 
+def describe(exc: BaseException) -> str:
+    """Return ``"<Class>: <message>"``, a sentence even when the error carries no message."""
+    text = str(exc).strip()
+    if not text:
+        text = "timed out" if isinstance(exc, TimeoutError) else "raised without a message"
+    return f"{type(exc).__name__}: {text}"
+
+
 class Collection:
     """The bookkeeping of one round in progress on one node.
 
@@ -133,6 +151,8 @@ class Collection:
         self.contributors: dict[str, CID] = {}
         self.failures: dict[str, str] = {}
         self.dropped: set[str] = set()
+        self.slow: set[str] = set()
+        self.watches: dict[str, FetchWatch] = {}
         self.rejected: dict[str, str] = {}
         self.rejections: Counter[str] = Counter()
 
@@ -142,39 +162,66 @@ class Collection:
         return len(self.contributors) >= self.runner.config.min_peers and self.expected <= settled
 
     async def collect(self, deadline: float) -> None:
-        """Take announcements and finished fetches until :meth:`enough` or the deadline.
+        """Take announcements and finished fetches until :meth:`enough`, with liveness.
 
-        Fetches still in flight then may run on until the deadline, not past it: a straggler
-        (an announced CID nobody serves) costs at most the round's deadline, whatever
-        ``fetch_timeout`` is; one still in flight at the deadline is cancelled and dropped.
+        Announcements are taken until ``deadline``. Each fetch runs under
+        :func:`~gradfed_ipfs.federated.round.liveness.verdict`: cut off when too slow for its
+        announced size, stalled, or still empty at the deadline; one whose blocks keep arriving
+        goes on past the deadline. Once :meth:`enough`, fetches still in flight may run on
+        until the deadline, not past it (a straggler costs at most the round's deadline).
         """
         gossip = self.runner.gossip
-        while not self.enough():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+        while True:
+            await self._enforce(deadline)
+            now = time.monotonic()
+            if self.enough() or (now >= deadline and not self.fetches):
                 break
             waiters: set[asyncio.Future[object]] = {*self.fetches.values()}  # type: ignore[arg-type]
-            listener = asyncio.ensure_future(gossip.next_announcement(remaining))
-            waiters.add(listener)  # type: ignore[arg-type]
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-            if not listener.done():
+            listener = None
+            if now < deadline:
+                listener = asyncio.ensure_future(gossip.next_announcement(deadline - now))
+                waiters.add(listener)  # type: ignore[arg-type]
+            wake = min([deadline, *(w.next_check(deadline) for w in self.watches.values())])
+            await asyncio.wait(
+                waiters, timeout=max(0.0, wake - now) + 0.001, return_when=asyncio.FIRST_COMPLETED
+            )
+            if listener is not None and not listener.done():
                 listener.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await listener
-            elif (found := listener.result()) is not None:
+            elif listener is not None and (found := listener.result()) is not None:
                 self.start_fetch(found)
             self._settle_done()
-        if self.fetches:  # stragglers: bounded by the round's deadline
+        while self.fetches and (now := time.monotonic()) < deadline:  # stragglers
+            wake = min([deadline, *(w.next_check(deadline) for w in self.watches.values())])
             await asyncio.wait(
-                list(self.fetches.values()), timeout=max(0.0, deadline - time.monotonic())
+                list(self.fetches.values()),
+                timeout=max(0.0, wake - now) + 0.001,
+                return_when=asyncio.FIRST_COMPLETED,
             )
             self._settle_done()
-        for peer, task in list(self.fetches.items()):
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-            del self.fetches[peer]
-            self._fail(peer, "dropped", "still fetching at the round's deadline")
+            await self._enforce(deadline)
+        for peer in list(self.fetches):
+            await self._cut_off(peer, "still fetching at the round's deadline")
+
+    async def _enforce(self, deadline: float) -> None:
+        """Cut off every fetch whose :func:`verdict` says so."""
+        self._settle_done()
+        now = time.monotonic()
+        for peer, watch in list(self.watches.items()):
+            if peer in self.fetches and (why := verdict(watch, now, deadline)) is not None:
+                await self._cut_off(peer, why)
+
+    async def _cut_off(self, peer: str, why: str) -> None:
+        """Cancel a fetch in flight: ``slow`` if some of its blocks arrived, else ``dropped``."""
+        task = self.fetches.pop(peer)
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        received = self.watches[peer].progress.received
+        if received and "bytes" not in why:
+            why = f"{why} after {received} of ~{self.watches[peer].nbytes} bytes"
+        self._fail(peer, "slow" if received else "dropped", why)
 
     def start_fetch(self, found: Announcement) -> None:
         """Start fetching an announced gradient, unless the announcement is unusable."""
@@ -197,12 +244,15 @@ class Collection:
             )
             return
 
+        nbytes = 4 * found.length
+        progress = ProgressStore(self.runner.store)
+        self.watches[found.peer_id] = FetchWatch(
+            progress, nbytes, cfg.fetch_deadline(nbytes), cfg.stall_timeout
+        )
+
         async def fetch() -> None:  # the coroutine is created only once the task runs
-            await asyncio.wait_for(
-                self.accumulator.add(
-                    found.peer_id, found.cid, self.runner.store, num_samples=found.num_samples
-                ),
-                cfg.fetch_timeout,
+            await self.accumulator.add(
+                found.peer_id, found.cid, progress, num_samples=found.num_samples
             )
 
         self.fetches[found.peer_id] = asyncio.create_task(fetch(), name=f"fetch-{found.peer_id}")
@@ -226,12 +276,23 @@ class Collection:
             raise exc  # KeyboardInterrupt, SystemExit: not the peer's doing
         if not isinstance(exc, (GradfedError, TimeoutError, *PEER_DATA_ERRORS)):
             logger.warning("peer %s: unexpected %r while fetching", peer, exc, exc_info=exc)
-        self._fail(peer, classify(exc), f"{type(exc).__name__}: {exc}", type(exc).__name__)
+        if isinstance(exc, BlockTimeout) and exc.peer is None:
+            exc.peer = peer
+        kind = classify(exc)
+        if (
+            kind == "dropped"
+            and isinstance(exc, TimeoutError)
+            and self.watches[peer].progress.received
+        ):
+            kind = "slow"  # its blocks were arriving: slow, not missing
+        self._fail(peer, kind, describe(exc), type(exc).__name__)
 
     def _fail(self, peer: str, kind: str, why: str, reason: str = "announced_length") -> None:
         self.failures[peer] = why
         if kind == "dropped":
             self.dropped.add(peer)
+        elif kind == "slow":
+            self.slow.add(peer)
         else:
             self.rejected[peer] = why
             self.rejections[reason] += 1

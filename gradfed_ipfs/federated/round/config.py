@@ -116,10 +116,21 @@ class RoundConfig:
         Peer contributions (besides the local one) a round needs; a round that has fewer by
         its deadline raises :class:`~gradfed_ipfs.errors.InsufficientPeers`.
     collect_timeout
-        The round's deadline, in seconds after the commit: announcements are taken until then,
-        and no fetch outlives it (a straggler still in flight is cut off and reported dropped).
+        The round's deadline, in seconds after the commit: announcements are taken until then.
+        A fetch that has received nothing by then is cut off (``dropped``); one whose blocks
+        are arriving goes on within its own bounds below (slow is not missing), and once
+        ``min_peers`` and every expected peer are in, no fetch outlives the deadline.
     fetch_timeout
-        Seconds one peer's whole gradient may take to arrive; then the peer is dropped.
+        Fixed part of a peer's fetch deadline (latency, connection set-up), in seconds; see
+        :meth:`fetch_deadline`. A peer over its deadline is reported ``slow`` if some of its
+        blocks arrived, ``dropped`` if none did.
+    min_throughput
+        Slowest per-peer transfer rate a round waits for, in bytes/s (default 100 kB/s, about
+        the 2 %-loss WAN link measured in ``benchmarks/bench_wan.py``); it scales each peer's
+        fetch deadline with the announced size.
+    stall_timeout
+        Seconds without any block arriving after which a fetch is cut off (stalled), whatever
+        its deadline.
     subscriber_timeout
         Seconds to wait until pubsub shows ``min_peers`` subscribers before announcing.
     republish_interval
@@ -149,6 +160,8 @@ class RoundConfig:
     min_peers: int = 1
     collect_timeout: float = 60.0
     fetch_timeout: float = 60.0
+    min_throughput: float = 100_000.0
+    stall_timeout: float = 30.0
     subscriber_timeout: float = 10.0
     republish_interval: float = 1.0
     max_republish: int = 120
@@ -164,12 +177,26 @@ class RoundConfig:
             raise ConfigError("min_peers must be >= 0, max_peers and max_republish >= 1")
         if self.min_peers > self.max_peers:
             raise ConfigError(f"min_peers {self.min_peers} > max_peers {self.max_peers}")
-        for name in ("collect_timeout", "fetch_timeout", "republish_interval"):
+        for name in (
+            "collect_timeout",
+            "fetch_timeout",
+            "stall_timeout",
+            "republish_interval",
+            "min_throughput",
+        ):
             if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0 seconds")
+                raise ConfigError(f"{name} must be > 0")
         if self.streaming and self.dp is not None:
             raise ConfigError("DP rounds clip each contribution: they cannot be streaming")
         self.accumulator_config()  # validates the shared settings once, here
+
+    def fetch_deadline(self, nbytes: int) -> float:
+        """Seconds a gradient of ``nbytes`` may take: ``fetch_timeout + nbytes / min_throughput``.
+
+        >>> RoundConfig(fetch_timeout=10.0, min_throughput=1e6).fetch_deadline(40_000_000)
+        50.0
+        """
+        return self.fetch_timeout + max(0, nbytes) / self.min_throughput
 
     def accumulator_config(self) -> AccumulatorConfig:
         """Return the settings of this round's accumulator (the one place they are built)."""

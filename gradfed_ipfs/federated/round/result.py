@@ -37,8 +37,11 @@ class RoundResult:
     absent
         Expected peers that never announced a contribution, sorted.
     dropped
-        Peers that announced (SecAgg: shared keys) but whose contribution never arrived or was
-        cut off by the deadline, sorted.
+        Peers that announced (SecAgg: shared keys) but whose contribution never arrived (no
+        block of it by the deadline, not found, a daemon error), sorted.
+    slow
+        Peers cut off while their blocks were arriving (too slow for the announced size,
+        stalled, or still in flight when the round closed), sorted: alive, but excluded.
     rejected
         Peer ID → why its contribution was refused (corrupt, undecodable, wrong length,
         non-finite: its bytes were bad).
@@ -66,6 +69,7 @@ class RoundResult:
     expected: list[str] = field(default_factory=list)
     absent: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
+    slow: list[str] = field(default_factory=list)
     rejected: dict[str, str] = field(default_factory=dict)
     rejections: dict[str, int] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
@@ -77,8 +81,8 @@ class RoundResult:
 
     @property
     def missing(self) -> list[str]:
-        """Peers without a contribution in the aggregate: absent or dropped, sorted."""
-        return sorted(set(self.absent) | set(self.dropped))
+        """Peers without a contribution in the aggregate: absent, dropped or slow, sorted."""
+        return sorted(set(self.absent) | set(self.dropped) | set(self.slow))
 
     @property
     def stats(self) -> RoundStats:
@@ -90,6 +94,6 @@ class RoundResult:
             duration_ms=self.duration_ms,
             epsilon_spent=self.epsilon,
             delta_spent=self.delta,
-            dropped_clients=list(self.dropped),
+            dropped_clients=sorted({*self.dropped, *self.slow}),
             rejected_contributions=len(self.rejected),
         )

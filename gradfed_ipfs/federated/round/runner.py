@@ -11,10 +11,12 @@ A round on one node, configured by one :class:`~gradfed_ipfs.federated.round.con
    a peer's bytes make a decoder raise rejects that peer, never the round
    (:mod:`gradfed_ipfs.federated.round.collect`);
 4. stop when ``min_peers`` peer gradients and every expected peer are in, or at the round's
-   deadline (``collect_timeout`` after the commit); fetches still in flight run on until the
-   deadline and no further, so a peer that announces but never serves its blocks costs at most
-   the deadline; a round with fewer than ``min_peers`` by then raises
-   :class:`~gradfed_ipfs.errors.InsufficientPeers`;
+   deadline (``collect_timeout`` after the commit); a peer that announces but never serves its
+   blocks costs at most the deadline, while a fetch whose blocks keep arriving goes on past it,
+   within a deadline scaled by its announced size (``RoundConfig.fetch_deadline``) and unless
+   it stalls (``stall_timeout``); such peers cut off are reported ``slow``, not ``dropped``
+   (:mod:`gradfed_ipfs.federated.round.liveness`); a round with fewer than ``min_peers`` by
+   then raises :class:`~gradfed_ipfs.errors.InsufficientPeers`;
 5. aggregate (holding or, with ``streaming``, streaming accumulator) and close the round.
 
 Options, the way Flower wraps a strategy: ``dp`` turns the aggregate into client-level
@@ -204,7 +206,7 @@ class RoundRunner:
                     round_id,
                     cfg.min_peers,
                     len(state.contributors),
-                    sorted({*absent, *state.dropped}),
+                    sorted({*absent, *state.dropped, *state.slow}),
                     state.failures,
                 )
             aggregate: FloatArray
@@ -233,6 +235,7 @@ class RoundRunner:
             expected=sorted(expected),
             absent=absent,
             dropped=sorted(state.dropped),
+            slow=sorted(state.slow),
             rejected=state.rejected,
             rejections=dict(state.rejections),
             failures=state.failures,
