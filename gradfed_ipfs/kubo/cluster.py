@@ -339,13 +339,24 @@ class ClusterSwarm:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    @staticmethod
+    def _metric_peers(peer: ClusterPeer) -> set[str]:
+        metrics = peer.rest("monitor/metrics/freespace")
+        if not isinstance(metrics, list):
+            return set()
+        return {str(m.get("peer")) for m in metrics if isinstance(m, dict) and m.get("valid")}
+
     def _wait_joined(self, timeout: float) -> None:
         want = {peer.peer_id for peer in self.peers}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             # Status and pin RPCs go peer to peer, so every peer must see every other one.
             views = [peer.rest("id") for peer in self.peers]
-            if all(want <= {v.get("id"), *v.get("cluster_peers", [])} for v in views):
+            # Allocation needs every peer's free-space metric; until each peer has them from
+            # all peers, a pin with replication > 1 is refused as "not enough peers".
+            if all(want <= {v.get("id"), *v.get("cluster_peers", [])} for v in views) and all(
+                want <= self._metric_peers(peer) for peer in self.peers
+            ):
                 return
             time.sleep(0.25)  # polling the cluster's membership, against the deadline above
         raise KuboStartError(f"cluster peers did not all join within {timeout}s")

@@ -73,8 +73,10 @@ class BlockStore(Protocol):
     async def get(self, cid: CIDLike, *, timeout: float | Unset = UNSET) -> Block:
         """Return the verified block for ``cid``.
 
-        Raises ``BlockNotFound`` if it is not found within ``timeout`` seconds (the store's
-        default when not given) and ``BlockCorrupt`` if the bytes do not match the CID.
+        Raises ``BlockNotFound`` if no one has it (a local-only store, or Kubo's answer that it
+        is not there), ``BlockTimeout`` if it did not arrive within ``timeout`` seconds (the
+        store's default when not given; slow is not missing), and ``BlockCorrupt`` if the bytes
+        do not match the CID.
         """
         ...
 
