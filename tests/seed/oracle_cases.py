@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-import gradfed_ipfs as api
+import gradfed_ipfs
 from gradfed_ipfs import errors
+from gradfed_ipfs import seed as api
 from tests.seed.crate_oracle import Case, Err, Tol, attempt
 
 try:  # the Rust float Display helper, once it exists
@@ -28,7 +29,7 @@ except ImportError:  # pragma: no cover - before the seed package
 
 
 F32_EPS = float(np.finfo(np.float32).eps)
-MODEL_CID = str(api.make_cid(b"model"))
+MODEL_CID = str(gradfed_ipfs.make_cid(b"model"))
 
 
 def f32(x: float) -> np.float32:
@@ -295,7 +296,7 @@ def quantize_cases(g: Gen) -> Iterator[Case]:
             "dense_memory",
             "dense_memory",
             {"values": values, "shape": [values.size]},
-            lambda _, v=values: api.DenseGradient(v, [v.size]).memory_size(),
+            lambda _, v=values: gradfed_ipfs.DenseGradient(v, [v.size]).memory_size(),
         )
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from gradfed_ipfs.pubsub import MemoryPubsub, MemoryPubsubBus
+from gradfed_ipfs import AccountingMode, MemoryPubsub, MemoryPubsubBus
 from tests.seed.crate_oracle import Case, Ok, Tol, attempt
 from tests.seed.oracle_cases import MODEL_CID, Gen, api, f32, f64, sum_tol, vec
 
@@ -264,7 +264,7 @@ def _run_dp(args: dict[str, Any]) -> list[Any]:
         float(args["delta"]),
         float(args["sensitivity"]),
         mech,
-        accounting=api.AccountingMode.LEGACY,
+        accounting=AccountingMode.LEGACY,
         rng=0,
     )
     out: list[Any] = []
