@@ -309,10 +309,11 @@ def secure_aggregation_cases(g: Gen) -> Iterator[Case]:
             }
 
         deliberate = None
-        if participants < minimum:
+        if participants < minimum or count < 2:
             deliberate = (
-                "SecureAggregation raises SecureAggregationError, a FederatedError "
-                "(errors module tree), where the seed raised InvalidGradient"
+                "SecureAggregation.aggregate_secure docstring: SecureAggregationError, a "
+                "FederatedError, where the seed raised InvalidGradient; and two gradients at "
+                "least (the seed returned a single one in the clear)"
             )
         yield Case(
             "secure_aggregation",
@@ -778,11 +779,20 @@ def graph_cases(g: Gen) -> Iterator[Case]:
         expected = shape if i % 3 else ([] if i % 2 else [*shape[::-1], 1])
         data = api.ComputationGraphStore.encode_gradient_arrow(values, shape)
         yield Case(
+            "arrow_crate_reads_ours",
+            "arrow_load",
+            {"bytes": data},
+            lambda _, v=values: v,
+            label="the crate's standalone loader reads our graph gradient block",
+        )
+        yield Case(
             "graph_crate_reads_ours",
             "graph_load_arrow",
             {"bytes": data, "expected_shape": expected},
             lambda _, d=data, e=expected: api.ComputationGraphStore.load_gradient_from_arrow(d, e),
             label="issue 12: the crate reads our graph gradient block",
+            deliberate="provenance.graph module docstring: our graph gradient block is our one "
+            "block format ('value' column), which the crate's graph loader cannot read",
         )
 
         def ours(raw: Any, v: np.ndarray = values, s: list[int] = shape) -> Any:

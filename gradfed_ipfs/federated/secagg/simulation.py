@@ -161,11 +161,25 @@ class SecureAggregation:
         -------
         FloatArray
             The mean, float32, exact to the fixed-point resolution.
+
+        Raises
+        ------
+        SecureAggregationError
+            ``"Not enough participants: need N, have M"`` (the seed's text; the seed raised
+            ``InvalidGradient``), or fewer than two gradients: masks cannot hide a single input,
+            where the seed returned it in the clear.
+        FederatedDimensionMismatch
+            If the gradients differ in length.
         """
         need = self.min_participants
         if self._count < need or len(gradients) < need:
             have = min(self._count, len(gradients))
             raise SecureAggregationError(f"Not enough participants: need {need}, have {have}")
+        if len(gradients) < 2:
+            raise SecureAggregationError(
+                f"Secure aggregation needs at least 2 gradients, got {len(gradients)}: "
+                "masking cannot hide a single input"
+            )
         vectors = [np.asarray(g, dtype=np.float32).reshape(-1) for g in gradients]
         for v in vectors[1:]:
             if v.shape != vectors[0].shape:
