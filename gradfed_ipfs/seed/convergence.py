@@ -11,7 +11,8 @@ Two independent detectors share one object, as in the seed:
   kept for reporting (:meth:`~ConvergenceDetector.smoothed_loss`) and, as in the seed, does not
   take part in the decision. This mode computes in float32 like the seed (losses, EMA, window
   mean and the threshold test), so a threshold that a float64 mean would just pass can fail:
-  with threshold 0.1, losses ``0.06, 0.0, 0.14`` have a float32 window mean of 0.10000001.
+  with threshold 0.1, the float32 losses ``0.06, 0.0, 0.14`` change by exactly ``float32(0.1)``
+  on average, not below the threshold, while a float64 mean of the same values is just below.
 
 :meth:`ConvergenceDetector.converged` answers for whichever mode has been fed; ``RoundStats``
 uses it so that ``converged`` reflects the detector (the seed always reported ``False``).
