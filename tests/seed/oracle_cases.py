@@ -18,15 +18,8 @@ import numpy as np
 import gradfed_ipfs
 from gradfed_ipfs import errors
 from gradfed_ipfs import seed as api
+from gradfed_ipfs._fmt import rust_display
 from tests.seed.crate_oracle import Case, Err, Tol, attempt
-
-try:  # the Rust float Display helper, once it exists
-    from gradfed_ipfs._fmt import rust_display as _rust_display
-except ImportError:  # pragma: no cover - before the seed package
-
-    def _rust_display(value: float, bits: int = 64) -> str:
-        return str(value)
-
 
 F32_EPS = float(np.finfo(np.float32).eps)
 MODEL_CID = str(gradfed_ipfs.make_cid(b"model"))
@@ -146,7 +139,7 @@ def fmt_cases(g: Gen) -> Iterator[Case]:
             "fmt_f32",
             "fmt_f32",
             {"values": vec([value])},
-            lambda _, v=value: [_rust_display(float(v), 32)],
+            lambda _, v=value: [rust_display(float(v), 32)],
         )
     raw = g.rng.integers(0, 2**64, 80, dtype=np.uint64)
     doubles = np.concatenate(
@@ -181,7 +174,7 @@ def fmt_cases(g: Gen) -> Iterator[Case]:
             "fmt_f64",
             "fmt_f64",
             {"values": np.array([value], dtype=np.float64)},
-            lambda _, v=value: [_rust_display(float(v), 64)],
+            lambda _, v=value: [rust_display(float(v), 64)],
         )
 
 
