@@ -5,10 +5,12 @@ about a thousand deterministic check cases (``oracle_cases.py``, ``oracle_scenar
 answer the same ones. Every check must agree, except the documented deliberate differences,
 which must still disagree (so their list stays true).
 
-The first build takes about 4 minutes on two cores (cargo caches the crate under ``~/.cargo``
-and the build under ``~/.cache/gradfed-ipfs/seed-oracle``); later runs take a few seconds. The
-tests skip, saying why, where cargo is missing or the build fails (e.g. no access to
-crates.io), and when ``GRADFED_SEED_ORACLE=skip``.
+The oracle is built by ``scripts/build-seed-oracle`` (called from here; a no-op once built). The
+first build takes about 3.5 minutes on two idle cores, longer on a loaded machine; cargo caches
+the crate under ``~/.cargo`` and the build under ``~/.cache/gradfed-ipfs/seed-oracle``. The tests
+skip, saying why, where cargo is missing, the build fails (e.g. no access to crates.io) or takes
+over ``GRADFED_SEED_ORACLE_BUILD_TIMEOUT`` seconds (15 minutes), and when
+``GRADFED_SEED_ORACLE=skip``.
 """
 
 from __future__ import annotations
