@@ -312,8 +312,8 @@ def secure_aggregation_cases(g: Gen) -> Iterator[Case]:
         if participants < minimum or count < 2:
             deliberate = (
                 "SecureAggregation.aggregate_secure docstring: SecureAggregationError, a "
-                "FederatedError, where the seed raised InvalidGradient; and two gradients at "
-                "least (the seed returned a single one in the clear)"
+                "FederatedError, where the seed raised InvalidGradient; a single gradient is "
+                "refused (threshold below 2; the seed returned it in the clear)"
             )
         yield Case(
             "secure_aggregation",

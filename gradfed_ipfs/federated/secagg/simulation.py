@@ -166,8 +166,8 @@ class SecureAggregation:
         ------
         SecureAggregationError
             ``"Not enough participants: need N, have M"`` (the seed's text; the seed raised
-            ``InvalidGradient``), or fewer than two gradients: masks cannot hide a single input,
-            where the seed returned it in the clear.
+            ``InvalidGradient``); or a threshold below 2, as for a single gradient, which masks
+            cannot hide (the seed returned it in the clear).
         FederatedDimensionMismatch
             If the gradients differ in length.
         """
@@ -175,11 +175,6 @@ class SecureAggregation:
         if self._count < need or len(gradients) < need:
             have = min(self._count, len(gradients))
             raise SecureAggregationError(f"Not enough participants: need {need}, have {have}")
-        if len(gradients) < 2:
-            raise SecureAggregationError(
-                f"Secure aggregation needs at least 2 gradients, got {len(gradients)}: "
-                "masking cannot hide a single input"
-            )
         vectors = [np.asarray(g, dtype=np.float32).reshape(-1) for g in gradients]
         for v in vectors[1:]:
             if v.shape != vectors[0].shape:
