@@ -76,6 +76,12 @@ and ``DecodeError`` subclass ``ValueError``, so generic handlers still work.
 Store errors carry context as attributes (``api_url``, ``endpoint``, ``cid``), set by the one
 boundary that talks to Kubo, so a message always names the CID and the daemon.
 
+The seed's variants (``GradientError``, ``FederatedError``, ``CoordinationError``,
+``ArrowBlockError`` families) keep the crate's ``Display`` text, floats printed the Rust way
+(``NaN``, ``10``, ``1.3333334``; see :mod:`gradfed_ipfs._fmt`). Some add detail after it,
+separated by ``": "`` (the lengths behind a ``DimensionMismatch``, the offsets behind a
+``TruncatedData``); ``tests/seed/test_crate_oracle.py`` holds them to that.
+
 Size: over 500 lines because every error has its one home here, under the tree above.
 """
 
@@ -83,6 +89,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any, ClassVar
+
+from ._fmt import rust_display
 
 __all__ = [
     "ArrowBlockError",
@@ -222,11 +230,11 @@ class ChecksumFailed(GradientError, ValueError):
 
 
 class InvalidCompressionRatio(GradientError, ValueError):
-    """A compression ratio (k/n or keep ratio) outside ``(0, 1]``."""
+    """A compression ratio (k/n or keep ratio) outside ``(0, 1]``; the seed holds it as ``f32``."""
 
     def __init__(self, ratio: float) -> None:
         self.ratio = ratio
-        super().__init__(f"Invalid compression ratio: {ratio}")
+        super().__init__(f"Invalid compression ratio: {rust_display(ratio, 32)}")
 
 
 class EmptyGradientSet(GradientError, EmptyError):
@@ -252,12 +260,12 @@ class IncompatibleDtype(GradientError, TypeError):
 
 
 class OutlierDetected(GradientError, ValueError):
-    """A value's z-score exceeds the threshold (the first such index is reported)."""
+    """A value's z-score exceeds the threshold (the first such index and its ``f32`` value)."""
 
     def __init__(self, index: int, value: float) -> None:
         self.index = index
         self.value = value
-        super().__init__(f"Outlier detected at index {index}: value {value}")
+        super().__init__(f"Outlier detected at index {index}: value {rust_display(value, 32)}")
 
 
 class InvalidGradient(GradientError, ValueError):
@@ -482,7 +490,7 @@ class FederatedError(GradfedError):
 class NoContributions(FederatedError, EmptyError):
     """A round has no contributions to aggregate."""
 
-    def __init__(self, message: str = "No contributions received") -> None:
+    def __init__(self, message: str = "No contributions available to aggregate") -> None:
         super().__init__(message)
 
 
@@ -494,7 +502,9 @@ class FederatedDimensionMismatch(FederatedError, ShapeMismatch):
 
     def __init__(self, expected: int, actual: int) -> None:
         ShapeMismatch.__init__(self, [expected], [actual])
-        self.args = (f"Dimension mismatch: expected {expected}, got {actual}",)
+        self.args = (
+            f"Dimension mismatch between client gradients: expected {expected}, got {actual}",
+        )
 
 
 class ClientNotFound(FederatedError, KeyError):

@@ -76,7 +76,7 @@ def test_every_lengths_differ_class_is_a_shape_mismatch(cls: type[Exception]) ->
 def test_shape_mismatches_keep_their_family_and_message() -> None:
     fed = FederatedDimensionMismatch(3, 4)
     assert (fed.expected, fed.actual, fed.exit_code) == ([3], [4], 7)
-    assert str(fed) == "Dimension mismatch: expected 3, got 4"
+    assert str(fed) == "Dimension mismatch between client gradients: expected 3, got 4"
     garw = ArrowBlockShapeMismatch("Shape mismatch: shape [2] holds 2 values, got 3")
     assert garw.exit_code == 4
     assert str(garw) == "Shape mismatch: shape [2] holds 2 values, got 3"

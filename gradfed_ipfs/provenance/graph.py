@@ -11,6 +11,13 @@ producer's ``output_cid`` is one of the consumer's ``input_cids``. Fixes over th
   bytes in a block store as a **raw** block (the seed labelled them dag-cbor and threw them
   away), so the recorded CID resolves. An encoding over 1 MiB becomes a chunked DAG
   (:func:`gradfed_ipfs.storage.dag.put_gradient`) whose manifest CID is recorded instead.
+- Deliberate difference: the stored block is our one gradient block format (a Float32 ``value``
+  column, shape in the schema metadata), the one every other block uses, not the seed's graph
+  layout (a ``gradient`` column, shape in field metadata). The crate's standalone
+  ``load_gradient_from_arrow`` reads it; the crate's ``ComputationGraphStore::
+  load_gradient_from_arrow`` does not (it wants the ``gradient`` column), but no crate peer
+  could fetch a graph gradient anyway, since the crate never stored the bytes it hashed. Our
+  :meth:`ComputationGraphStore.load_gradient_from_arrow` reads both layouts.
 - The graph is content addressed. :meth:`ComputationGraphStore.save_to_store` writes each node
   as a dag-cbor block, in topological order, whose ``inputs``, ``output`` and ``gradient`` are
   CID links and whose ``parents`` link the node blocks of its producers; a root block maps node
@@ -167,10 +174,12 @@ class ComputationGraphStore:
     def provenance_chain(self, output_cid: str) -> list[ComputationNode]:
         """Return the nodes ``output_cid`` derives from, root first, its producer last.
 
-        A depth-first walk backwards through inputs from the (first) producer of
-        ``output_cid``, each node visited once, reversed. Linear chains come out earliest to
-        latest. An unknown CID gives ``[]``. Iterative, so deep graphs do not hit Python's
-        recursion limit.
+        The seed's walk: depth first and backwards through inputs from the (first) producer of
+        ``output_cid``, each node visited once, the visit order reversed. A node's inputs are
+        pushed in order, so its *last* input is explored first; on a diamond ``A→B``, ``A→C``,
+        ``D(b, c)`` the chain is ``[B, A, C, D]``. Linear chains come out earliest to latest.
+        An unknown CID gives ``[]``. Iterative, so deep graphs do not hit Python's recursion
+        limit.
         """
         producers: dict[str, ComputationNode] = {}
         for candidate in self._nodes.values():
@@ -188,7 +197,7 @@ class ComputationGraphStore:
                 continue
             seen.add(node.id)
             visited.append(node)
-            for cid in reversed(node.input_cids):
+            for cid in node.input_cids:
                 producer = producers.get(cid)
                 if producer is not None and producer.id not in seen:
                     stack.append(producer)
@@ -249,7 +258,11 @@ class ComputationGraphStore:
 
     @staticmethod
     def encode_gradient_arrow(gradient_data: GradientLike, shape: Sequence[int]) -> bytes:
-        """Return the Arrow IPC bytes :meth:`store_gradient_as_arrow` would store."""
+        """Return the Arrow IPC bytes :meth:`store_gradient_as_arrow` would store.
+
+        Our gradient block (``value`` column), not the seed's ``gradient``-column layout; see
+        the module docstring for why the crate's graph loader cannot read it.
+        """
         values = np.asarray(gradient_data, dtype=np.float32).reshape(-1)
         return encode_gradient(values, shape=tuple(int(d) for d in shape))
 

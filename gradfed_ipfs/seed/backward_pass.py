@@ -49,9 +49,9 @@ from ..storage.base import Block, BlockStore
 from ..tensor.aggregation import (
     AggregationMethod,
     Contribution,
+    GradientAggregator,
     as_float32_vector,
 )
-from ..tensor.aggregation import mean as _mean
 from ..tensor.robust import clip_gradient_norm
 
 BackwardPassConfig = AccumulatorConfig
@@ -79,6 +79,8 @@ Clock: TypeAlias = Callable[[], float]
 def federated_average(gradients: Sequence[GradientLike]) -> FloatArray:
     """Unweighted element-wise mean of the gradients (the seed's ``federated_average``).
 
+    Computed as the seed does, ``Σ g/n`` in float32 in list order (bit for bit the crate's).
+
     Raises
     ------
     EmptyGradients
@@ -88,11 +90,8 @@ def federated_average(gradients: Sequence[GradientLike]) -> FloatArray:
     """
     if len(gradients) == 0:
         raise EmptyGradients()
-    vectors = [as_float32_vector(g) for g in gradients]
-    if len(vectors) == 1:
-        return vectors[0].copy()
     try:
-        return _mean(vectors)
+        return GradientAggregator.average(gradients)
     except ShapeMismatch as exc:
         raise DimensionMismatch(exc.expected, exc.actual) from None
 
@@ -433,6 +432,10 @@ class StepCoordinator:
         contributions = _contributions(gradient_data)
         if not contributions:
             raise EmptyGradients()
+        lengths = [c.values.size for c in contributions.values()]  # given order, as the seed
+        for length in lengths:
+            if length != lengths[0]:
+                raise DimensionMismatch([lengths[0]], [length])
         if len(contributions) > self.config.max_peers:
             raise InvalidGradient(
                 f"{len(contributions)} contributions exceed max_peers {self.config.max_peers}"

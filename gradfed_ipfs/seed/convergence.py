@@ -9,7 +9,10 @@ Two independent detectors share one object, as in the seed:
   consecutive losses in the window is the "gradient norm"; once it stays below ``threshold`` for
   ``patience`` consecutive updates, training has converged. The exponential moving average is
   kept for reporting (:meth:`~ConvergenceDetector.smoothed_loss`) and, as in the seed, does not
-  take part in the decision.
+  take part in the decision. This mode computes in float32 like the seed (losses, EMA, window
+  mean and the threshold test), so a threshold that a float64 mean would just pass can fail:
+  with threshold 0.1, the float32 losses ``0.06, 0.0, 0.14`` change by exactly ``float32(0.1)``
+  on average, not below the threshold, while a float64 mean of the same values is just below.
 
 :meth:`ConvergenceDetector.converged` answers for whichever mode has been fed; ``RoundStats``
 uses it so that ``converged`` reflects the detector (the seed always reported ``False``).
@@ -22,12 +25,14 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import ConfigError, InvalidGradient
 
 __all__ = ["ConvergenceConfig", "ConvergenceDetector"]
 
 # The seed's "gradient norm" before two losses exist is f32::MAX.
-_F32_MAX = 3.4028234663852886e38
+_F32_MAX = np.finfo(np.float32).max
 
 
 @dataclass(frozen=True)
@@ -80,8 +85,8 @@ class ConvergenceDetector:
         self.threshold = float(threshold)
         self._config: ConvergenceConfig | None = None
         self._history: deque[float] = deque(maxlen=window_size)
-        self._ema: float | None = None
-        self._window: deque[float] = deque()
+        self._ema: np.float32 | None = None
+        self._window: deque[np.float32] = deque()
         self._plateau = 0
 
     @classmethod
@@ -164,26 +169,34 @@ class ConvergenceDetector:
         if not math.isfinite(loss):
             raise InvalidGradient(f"loss must be finite, got {loss}")
         config = self._effective_config()
-        loss = float(loss)
-        s = config.smoothing
-        self._ema = loss if self._ema is None else s * self._ema + (1.0 - s) * loss
+        with np.errstate(over="ignore"):
+            value = np.float32(loss)
+            s = np.float32(config.smoothing)
+            self._ema = value if self._ema is None else s * self._ema + (np.float32(1) - s) * value
         if len(self._window) >= config.window_size:
             self._window.popleft()
-        self._window.append(loss)
-        self._plateau = self._plateau + 1 if self.gradient_norm() < config.threshold else 0
+        self._window.append(value)
+        plateau = self._window_norm() < np.float32(config.threshold)
+        self._plateau = self._plateau + 1 if plateau else 0
         return self._plateau >= config.patience
 
     def smoothed_loss(self) -> float:
-        """Return the EMA of the losses fed to :meth:`update` (NaN before the first)."""
-        return math.nan if self._ema is None else self._ema
+        """Return the float32 EMA of the losses fed to :meth:`update` (NaN before the first)."""
+        return math.nan if self._ema is None else float(self._ema)
 
     def gradient_norm(self) -> float:
-        """Return the mean |Δloss| over consecutive window entries (f32 max if < 2 losses)."""
+        """Return the mean |Δloss| over the window, in float32 (f32 max if < 2 losses)."""
+        return float(self._window_norm())
+
+    def _window_norm(self) -> np.float32:
+        # The seed: float32 |b - a| summed in order, divided by the count as float32.
         if len(self._window) < 2:
             return _F32_MAX
-        values = list(self._window)
-        diffs = [abs(b - a) for a, b in itertools.pairwise(values)]
-        return math.fsum(diffs) / len(diffs)
+        total = np.float32(0.0)
+        with np.errstate(over="ignore", invalid="ignore"):
+            for a, b in itertools.pairwise(self._window):
+                total = total + abs(b - a)
+            return np.float32(total / np.float32(len(self._window) - 1))
 
     def plateau_rounds(self) -> int:
         """Return the number of consecutive plateau updates so far."""

@@ -314,10 +314,11 @@ class GradientArrowBlock:
         first = blocks[0]
         for block in blocks[1:]:
             if block.shape != first.shape or block.values.size != first.values.size:
-                raise ArrowBlockShapeMismatch(
-                    f"Shape mismatch: expected {first.shape} ({first.values.size} values), "
-                    f"got {block.shape} ({block.values.size} values)"
-                )
+                message = f"Shape mismatch: expected {first.shape}, got {block.shape}"
+                if block.shape == first.shape:
+                    message += f": {block.values.size} values, the first block has "
+                    message += f"{first.values.size}"
+                raise ArrowBlockShapeMismatch(message)
         total = sum(b.num_samples for b in blocks)
         weights = (
             [1.0 / len(blocks)] * len(blocks)

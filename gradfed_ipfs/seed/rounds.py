@@ -256,7 +256,7 @@ class FederatedRound(JsonRecord):
         return (result.total / np.float32(len(result.survivors))).astype(np.float32)
 
     def missing_clients(self) -> list[str]:
-        """Return the expected clients that have not contributed, sorted."""
+        """Return the expected clients that have not contributed, sorted (the seed: in order)."""
         self._require_started()
         return sorted(set(self.expected_clients) - set(self.contributions))
 

@@ -396,7 +396,9 @@ class GradientAggregator:
 
     @staticmethod
     def average(gradients: Sequence[GradientLike]) -> FloatArray:
-        """Return the element-wise mean.
+        """Return the element-wise mean as the seed computes it: ``Σ g/n`` in float32, list order.
+
+        Bit for bit the crate's result; :func:`mean` (float64 accumulation) is the native one.
 
         Raises
         ------
@@ -405,20 +407,45 @@ class GradientAggregator:
         ShapeMismatch
             If a length differs from the first's.
         """
-        return mean([as_float32_vector(g) for g in gradients])
+        vectors = [as_float32_vector(g) for g in gradients]
+        result = np.zeros(check_same_length(vectors), dtype=np.float32)
+        count = np.float32(len(vectors))
+        for vector in vectors:
+            result += vector / count
+        return result
 
     @staticmethod
     def weighted_average(gradients: Sequence[GradientLike], weights: Sequence[float]) -> FloatArray:
-        """Return ``Σ_g g·(w_g / Σw)``; negative weights are accepted.
+        """Return ``Σ_g g·(w_g / Σw)`` as the seed computes it, in float32 and list order.
+
+        The weight sum is a float32 sum in list order, so weights such as ``[0.1, 0.2, -0.3]``
+        or ``[1e8, 1, -1e8]`` sum to zero and are refused, as in the crate. Negative weights are
+        accepted. Fix over the seed: a NaN or infinite weight is refused (the crate returned NaN).
 
         Raises
         ------
         EmptyGradientSet, ShapeMismatch
             As :meth:`average`.
         InvalidGradient
-            ``"Gradient count X != weight count Y"`` or ``"Sum of weights is zero"``.
+            ``"Gradient count X != weight count Y"``, ``"Sum of weights is zero"``, or a weight
+            that is not finite.
         """
-        return weighted_mean([as_float32_vector(g) for g in gradients], weights)
+        vectors = [as_float32_vector(g) for g in gradients]
+        if not vectors:
+            raise EmptyGradientSet()
+        if len(vectors) != len(weights):
+            raise InvalidGradient(f"Gradient count {len(vectors)} != weight count {len(weights)}")
+        length = check_same_length(vectors)
+        w = np.asarray(weights, dtype=np.float32).reshape(-1)
+        if not np.all(np.isfinite(w)):
+            raise InvalidGradient(f"weights must be finite, got {list(weights)}")
+        total = np.float32(np.add.accumulate(w)[-1])  # float32, in order, as Rust's sum()
+        if total == 0:
+            raise InvalidGradient("Sum of weights is zero")
+        result = np.zeros(length, dtype=np.float32)
+        for vector, weight in zip(vectors, w, strict=True):
+            result += vector * (weight / total)
+        return result
 
     @staticmethod
     def apply_momentum(

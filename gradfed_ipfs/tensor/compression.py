@@ -7,7 +7,6 @@ on, as hivemind's ``compression`` package layers its codecs over plain functions
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Final
 
@@ -101,11 +100,14 @@ class GradientCompressor:
         Raises
         ------
         InvalidCompressionRatio
-            With ratio ``k/len`` if ``k == 0`` or ``k > len``.
+            With the seed's ratio ``k/len`` in float32 if ``k == 0`` or ``k > len`` (NaN for
+            ``top_k([], 0)``, inf for ``k > 0`` of nothing).
         """
         flat = _flat(values)
         if k <= 0 or k > flat.size:
-            raise InvalidCompressionRatio(k / flat.size if flat.size else math.inf)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratio = np.float32(k) / np.float32(flat.size)
+            raise InvalidCompressionRatio(float(ratio))
         indices = top_k_indices(flat, k)
         return SparseGradient(indices, flat[indices], _dims(flat, shape))
 

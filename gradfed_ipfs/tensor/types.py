@@ -39,7 +39,7 @@ __all__ = [
     "unpack_int4",
 ]
 
-_DEGENERATE_RANGE: Final = 1e-8
+_DEGENERATE_RANGE: Final = np.float32(1e-8)
 _QUANT_BLOCK: Final = 1 << 16
 
 
@@ -164,11 +164,10 @@ class SparseGradient(LayerGradient):
         return math.prod(self.shape)
 
     def sparsity_ratio(self) -> float:
-        """Return ``1 - nnz/total`` as float32 precision (NaN when total is 0)."""
-        total = self.total_elements()
-        if total == 0:
-            return math.nan
-        return float(np.float32(1.0) - np.float32(self.nnz()) / np.float32(total))
+        """Return ``1 - nnz/total`` in float32 (total 0: NaN without entries, else -inf)."""
+        nnz, total = np.float32(self.nnz()), np.float32(self.total_elements())
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return float(np.float32(1.0) - nnz / total)
 
     def to_dense(self) -> FloatArray:
         """Scatter into zeros: later duplicates win; out-of-range or surplus entries are dropped."""
@@ -248,7 +247,8 @@ def quantize_values(
 ) -> tuple[NDArray[np.int8], np.float32, np.float32]:
     """Affine min/max quantization to signed ``bits``-bit integers (the seed's formula).
 
-    ``levels = 2**bits - 1``; ``scale = (max - min)/levels`` (1.0 when ``|max - min| < 1e-8``);
+    ``levels = 2**bits - 1``; ``scale = (max - min)/levels``, or 1.0 when ``|max - min|`` is below
+    ``float32(1e-8)`` (compared in float32, as the seed);
     ``q = clamp(round_half_away((v - min)/scale - 2**(bits-1)), -2**(bits-1), 2**(bits-1)-1)``,
     computed in float32. Dequantizing gives ``(q + 2**(bits-1))·scale + min``, within
     ``scale/2`` of ``v`` (plus float32 rounding, ~1e-7·max|v|).
@@ -268,7 +268,8 @@ def quantize_values(
     Raises
     ------
     InvalidGradient
-        If ``bits`` is not 4 or 8, or a value is NaN or infinite.
+        If ``bits`` is not 4 or 8, a value is NaN or infinite, or ``max - min`` overflows
+        float32 (the seed went on with an infinite scale and returned NaN on dequantizing).
     """
     if bits not in (4, 8):
         raise InvalidGradient(f"quantization bits must be 4 or 8, got {bits}")
@@ -280,8 +281,12 @@ def quantize_values(
         raise InvalidGradient("cannot quantize non-finite values")
     levels = np.float32(2**bits - 1)
     offset = np.float32(2 ** (bits - 1))
-    span = np.float32(hi - lo)
-    scale = np.float32(1.0) if abs(float(span)) < _DEGENERATE_RANGE else span / levels
+    with np.errstate(over="ignore"):
+        span = np.float32(hi - lo)
+    if not np.isfinite(span):
+        raise InvalidGradient(f"cannot quantize: the range {lo}..{hi} overflows float32")
+    # The seed compares in float32: float32(1e-8) itself is not degenerate.
+    scale = np.float32(1.0) if abs(span) < _DEGENERATE_RANGE else span / levels
     return _quantize_into(flat, lo, np.float32(scale), offset), np.float32(scale), lo
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._fmt import rust_display
 from .._types import FloatArray, GradientLike
 from ..errors import ConfigError, InvalidGradient, OutlierDetected, ShapeMismatch
 from .robust import clip_to_norm, coordinate_median, l2_norm, stack_gradients
@@ -49,6 +50,11 @@ def _vector(values: GradientLike) -> FloatArray:
     return np.asarray(values, dtype=np.float32).reshape(-1)
 
 
+def _ordered_sum(values: FloatArray) -> np.float32:
+    """Return the float32 sum in index order, as Rust's ``iter().sum()`` (NumPy's is pairwise)."""
+    return np.float32(np.add.accumulate(values, dtype=np.float32)[-1])
+
+
 class GradientVerifier:
     """The seed's stateless checks on one gradient vector (seed-api §4.7)."""
 
@@ -69,9 +75,11 @@ class GradientVerifier:
     def detect_outliers(gradient: GradientLike, std_threshold: float) -> None:
         """Flag the first value whose population z-score is strictly above ``std_threshold``.
 
-        ``z = |v - mean| / std`` with ``std`` over n (not n - 1). An empty or constant gradient
-        passes (its z-scores are NaN). This looks *within* one vector; compare peers with
-        :func:`cross_peer_check`.
+        ``z = |v - mean| / std`` with ``std`` over n (not n - 1), computed as the seed does: in
+        float32, sums in index order. So ``[0, 0, 0, 0, 0.1]`` has z = 2 exactly at index 4 and
+        passes a threshold of 2, and the float32 squares of ``[0, 0, 0, 0, 1e20]`` overflow to
+        an infinite std that flags nothing. An empty or constant gradient passes (its z-scores
+        are NaN). This looks *within* one vector; compare peers with :func:`cross_peer_check`.
 
         Raises
         ------
@@ -81,12 +89,13 @@ class GradientVerifier:
         values = _vector(gradient)
         if values.size == 0:
             return
-        wide = values.astype(np.float64)
-        center = wide.mean()
-        spread = wide.std()
-        with np.errstate(divide="ignore", invalid="ignore"):
-            z = np.abs(wide - center) / spread
-        hits = np.flatnonzero(z > std_threshold)
+        count = np.float32(values.size)
+        with np.errstate(all="ignore"):
+            mean = _ordered_sum(values) / count
+            deviation = np.abs(values - mean)
+            std = np.sqrt(_ordered_sum(deviation * deviation) / count)
+            z = deviation / std
+        hits = np.flatnonzero(z > np.float32(std_threshold))
         if hits.size:
             index = int(hits[0])
             raise OutlierDetected(index, float(values[index]))
@@ -98,13 +107,14 @@ class GradientVerifier:
         Raises
         ------
         InvalidGradient
-            ``"Non-finite value at index {i}: {v}"`` for the first one.
+            ``"Non-finite value at index {i}: {v}"`` for the first one (``NaN``, ``inf``).
         """
         values = _vector(gradient)
         bad = np.flatnonzero(~np.isfinite(values))
         if bad.size:
             index = int(bad[0])
-            raise InvalidGradient(f"Non-finite value at index {index}: {values[index]}")
+            value = rust_display(float(values[index]), 32)
+            raise InvalidGradient(f"Non-finite value at index {index}: {value}")
 
     @staticmethod
     def l2_norm(gradient: GradientLike) -> float:

@@ -23,7 +23,7 @@ def test_gradient_verification() -> None:
         V.verify_shape(gradient, [5])
     assert (info.value.expected, info.value.actual) == ([5], [4])
     V.verify_finite(gradient)
-    with pytest.raises(InvalidGradient, match="Non-finite value at index 1: nan"):
+    with pytest.raises(InvalidGradient, match="Non-finite value at index 1: NaN"):
         V.verify_finite([1.0, float("nan"), float("inf")])
 
 

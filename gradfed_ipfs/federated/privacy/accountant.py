@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
+from ..._fmt import rust_display
 from ...errors import ConfigError, InvalidGradient, PrivacyBudgetExhausted
 
 if TYPE_CHECKING:
@@ -342,18 +343,30 @@ class PrivacyBudget:
     def consume(self, epsilon_used: float) -> None:
         """Charge ``epsilon_used`` to the pure-ε ledger (seed semantics).
 
+        Two deliberate differences from the crate: the budget compares with a relative tolerance,
+        so charging exactly the remainder is allowed even after float subtraction drift (the
+        crate refused, say, the fourth of four charges of ε/4 for ε = 0.7); and a refused charge
+        raises :class:`PrivacyBudgetExhausted`, a ``FederatedError`` naming the real condition,
+        where the crate raised ``InvalidGradient``. The message is the crate's.
+
         Parameters
         ----------
         epsilon_used
             ε to charge (>= 0); exactly the remainder is allowed.
+
+        Raises
+        ------
+        PrivacyBudgetExhausted
+            ``"Insufficient privacy budget: need X, have Y"`` if the charge does not fit.
+        InvalidGradient
+            If ``epsilon_used`` is negative or not finite.
         """
         if not (math.isfinite(epsilon_used) and epsilon_used >= 0):
             raise InvalidGradient(f"epsilon_used must be finite and >= 0, got {epsilon_used}")
         remaining = self.remaining_epsilon
         if not self.within_budget(self.spent_epsilon + epsilon_used):
-            raise PrivacyBudgetExhausted(
-                f"Insufficient privacy budget: need {epsilon_used}, have {remaining}"
-            )
+            need, have = rust_display(epsilon_used), rust_display(remaining)
+            raise PrivacyBudgetExhausted(f"Insufficient privacy budget: need {need}, have {have}")
         self._ledger += epsilon_used
 
     def epsilon_after(self, event: dp_accounting.DpEvent, count: int = 1) -> float:

@@ -395,6 +395,15 @@ class DistributedGradientAccumulator(AccumulatorBase):
             self.peer_samples[peer_id] = samples
         logger.debug("session %s: added %s from %s", self._session_id, parsed, peer_id)
 
+    @property
+    def peer_count(self) -> int:
+        """Number of peer gradients held, ``len(peer_gradients)`` as the seed (local excluded)."""
+        return len(self.peer_gradients)
+
+    def is_ready(self, min_peers: int) -> bool:
+        """Return whether at least ``min_peers`` peer gradients are held (local not counted)."""
+        return len(self.peer_gradients) >= min_peers
+
     def contributions(self) -> dict[str, Contribution]:
         """Return every held gradient keyed by peer ID (local under ``local_peer_id``)."""
         result = {self.local_peer_id: Contribution(self.local_gradient, self.local_samples)}

@@ -357,7 +357,10 @@ class GossipModelSync:
         return [ModelUpdate(a.peer_id, str(a.cid), a.round, a.timestamp_ms) for a in announcements]
 
     def verify_update(self, update: ModelUpdate) -> bool:
-        """Return whether an update is well formed: a peer ID, a CID that parses, a round ≥ 0."""
+        """Return whether an update is well formed: a peer ID, a CID that parses, a round ≥ 0.
+
+        Stricter than the seed, which also accepted any string of 4+ characters as a CID.
+        """
         if not update.peer_id.strip() or update.round_id < 0:
             return False
         try:

@@ -161,6 +161,15 @@ class SecureAggregation:
         -------
         FloatArray
             The mean, float32, exact to the fixed-point resolution.
+
+        Raises
+        ------
+        SecureAggregationError
+            ``"Not enough participants: need N, have M"`` (the seed's text; the seed raised
+            ``InvalidGradient``); or a threshold below 2, as for a single gradient, which masks
+            cannot hide (the seed returned it in the clear).
+        FederatedDimensionMismatch
+            If the gradients differ in length.
         """
         need = self.min_participants
         if self._count < need or len(gradients) < need:
