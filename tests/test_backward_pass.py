@@ -24,15 +24,7 @@ from gradfed_ipfs.seed.backward_pass import (
 )
 from gradfed_ipfs.storage.memory import MemoryBlockStore
 from gradfed_ipfs.tensor.aggregation import Contribution
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 50.0
-
-    def __call__(self) -> float:
-        return self.now
-
+from tests.helpers import FakeClock
 
 # ----------------------------------------------------------------------- seed §11 cases
 

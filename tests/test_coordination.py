@@ -29,17 +29,7 @@ from gradfed_ipfs.seed.coordination import (
 )
 from gradfed_ipfs.seed.garw import fnv1a_64
 from gradfed_ipfs.storage.memory import MemoryBlockStore
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from tests.helpers import FakeClock
 
 
 def contribution(pass_id: BackwardPassId, peer: str, cid: str = "grad-x", n: int = 10):

@@ -23,6 +23,7 @@ from gradfed_ipfs.storage import Block, MemoryBlockStore
 from gradfed_ipfs.storage.base import UNSET
 from gradfed_ipfs.storage.dag import fetch_manifest, put_gradient, values_per_chunk
 from tests.federated.test_runner import nodes
+from tests.helpers import FakeClock as Clock
 
 CHUNK = 65_536
 N = 8 * values_per_chunk(CHUNK)  # eight chunks per gradient
@@ -159,14 +160,6 @@ def test_fetch_deadline_grows_with_the_announced_size() -> None:
         RoundConfig(min_throughput=0.0)
     with pytest.raises(ConfigError, match="stall_timeout"):
         RoundConfig(stall_timeout=-1.0)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def watch(clock: Clock, *, received: int, last: float) -> FetchWatch:

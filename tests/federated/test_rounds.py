@@ -26,6 +26,7 @@ from gradfed_ipfs.seed.rounds import (
     RoundStats,
 )
 from gradfed_ipfs.seed.sync import ModelSyncProtocol
+from tests.helpers import FakeClock
 
 MODEL = "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"
 
@@ -33,14 +34,6 @@ MODEL = "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"
 def state(info: ClientInfo) -> ClientState:
     # A call defeats mypy's narrowing of ``info.state`` across the transitions.
     return info.state
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 # ---------------------------------------------------------------- clients
