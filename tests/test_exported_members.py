@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import gradfed_ipfs
 
 
@@ -16,3 +18,20 @@ def test_exports_point_at_the_top_package() -> None:
         member = getattr(gradfed_ipfs, name)
         if hasattr(member, "__module__") and callable(member):
             assert member.__module__ == "gradfed_ipfs", name
+
+
+def test_every_export_is_documented_in_the_guide() -> None:
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guide.md").read_text()
+    missing = [name for name in gradfed_ipfs.__all__ if f"`{name}`" not in guide]
+    assert not missing, f"not in docs/guide.md: {missing}"
+
+
+def test_the_top_package_exports_no_seed_alias() -> None:
+    import gradfed_ipfs.seed as seed
+
+    aliases = {"LegacyBackwardPassCoordinator", "GradientPrivacyBudget", "BackwardPassConfig"}
+    assert aliases <= set(seed.__all__)
+    assert not aliases & set(gradfed_ipfs.__all__)
+    for name in gradfed_ipfs.__all__:
+        module = getattr(getattr(gradfed_ipfs, name), "__module__", "") or ""
+        assert not module.startswith("gradfed_ipfs.seed"), name
