@@ -36,7 +36,11 @@ CLI exits with. The tree::
     │   ├── ClientNotFound             a contribution from a client not in the round
     │   ├── NotStarted                 operating on a round that was not started
     │   ├── PrivacyBudgetExhausted     a DP operation would exceed the (ε, δ) budget
-    │   └── SecureAggregationError     the masked-sum protocol cannot proceed
+    │   ├── SecureAggregationError     the masked-sum protocol cannot proceed
+    │   ├── QuorumNotReached           an agreed round has fewer than min_peers by its deadline
+    │   ├── RoundMismatch              peers announced a different result CID for a round
+    │   ├── GenesisMismatch            a model or record of another session's genesis
+    │   └── RoundVerificationFailed    an agreed round record does not re-verify
     ├── CoordinationError              the seed's ``CoordinationError`` (§8.4); exit 8
     │   ├── PassNotFound               unknown backward pass id
     │   └── PassAlreadyTerminal        the pass is Complete or Failed
@@ -82,6 +86,7 @@ __all__ = [
     "EmptyInput",
     "FederatedDimensionMismatch",
     "FederatedError",
+    "GenesisMismatch",
     "GradfedError",
     "GradientError",
     "GraphIoError",
@@ -108,6 +113,9 @@ __all__ = [
     "PubsubError",
     "PubsubRequestError",
     "PubsubUnavailable",
+    "QuorumNotReached",
+    "RoundMismatch",
+    "RoundVerificationFailed",
     "SecureAggregationError",
     "ShapeMismatch",
     "StoreRequestError",
@@ -379,6 +387,42 @@ class PrivacyBudgetExhausted(FederatedError, ValueError):
 
 class SecureAggregationError(FederatedError):
     """The secure-aggregation protocol cannot proceed (too few participants, bad shares...)."""
+
+
+class QuorumNotReached(FederatedError):
+    """An agreed round found no roster of at least ``need`` contributions by its deadline."""
+
+    def __init__(self, round_number: int, have: int, need: int) -> None:
+        self.round = round_number
+        self.have = have
+        self.need = need
+        super().__init__(
+            f"round {round_number}: no roster with >= {need} contributions before the deadline "
+            f"(this peer saw {have})"
+        )
+
+
+class RoundMismatch(FederatedError):
+    """Peers announced a different result for the same round: call ``resync()``.
+
+    ``theirs`` maps each disagreeing peer to the round-record CID it announced.
+    """
+
+    def __init__(self, round_number: int, ours: str, theirs: dict[str, str]) -> None:
+        self.round = round_number
+        self.ours = ours
+        self.theirs = dict(theirs)
+        super().__init__(
+            f"round {round_number}: our record {ours} differs from {sorted(theirs)}'s; resync"
+        )
+
+
+class GenesisMismatch(FederatedError, ValueError):
+    """A model, record or peer belongs to a session with another genesis model CID."""
+
+
+class RoundVerificationFailed(FederatedError):
+    """An agreed round record, its roster or its result does not re-verify."""
 
 
 # --------------------------------------------------------------------------- coordination (§8)

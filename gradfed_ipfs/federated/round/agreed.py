@@ -1,0 +1,660 @@
+"""``AgreedSession``: rounds whose contributions and result are content-addressed and agreed.
+
+Pubsub is lossy, so nothing here needs every message to arrive; lost messages cost time,
+never consistency (DESIGN §7, issue 13). A session is named by ``(session, genesis)``: the
+genesis is the CID of the initial model, committed once; the topic is
+``gradfed/v1/<session>/agreed/<genesis>``. Round ``r`` starts from model CID ``M_r``:
+
+1. **contribute**: commit the local gradient, announce ``contrib{cid, weight, base=M_r}``;
+   every message this peer owes is re-announced every ``announce_interval`` until its phase
+   ends (its latest ``done`` forever: that is its head, for late joiners);
+2. **roster**: the coordinator (rank 0 of :func:`coordinator_ranking`) publishes, as soon as
+   every member's contribution is fetched and verified (or at ``collect_timeout`` with at least
+   ``min_peers``), the dag-cbor :class:`~gradfed_ipfs.formats.roster.Roster` of what it holds;
+   rank ``k`` does the same ``k · takeover_timeout`` later if no roster has been seen;
+3. **aggregate**: every peer aggregates exactly the roster, in roster order, with
+   :func:`~gradfed_ipfs.tensor.deterministic.deterministic_update` (the rule
+   ``M_{r+1} = float32(M_r + learning_rate · Σ (w_i/W) g_i)``), fetching by CID any listed
+   contribution it lacks, so every honest peer gets the same bytes and the same CID;
+4. **done**: it commits the model and an :class:`~gradfed_ipfs.formats.roster.AgreedRecord`
+   (``prev``, roster and result CIDs; byte-identical on every peer), announces
+   ``done{result, record}``, and waits up to ``done_timeout`` for the other roster peers'
+   ``done``: a different record raises :class:`~gradfed_ipfs.errors.RoundMismatch`; the cure is
+   :meth:`AgreedSession.resync` (also how a restarted or late peer catches up).
+
+A peer that misses the roster message learns the roster from another peer's ``done`` record.
+No roster with ``min_peers`` contributions by ``round_timeout`` raises
+:class:`~gradfed_ipfs.errors.QuorumNotReached`. The coordinator is trusted to list only
+contributions that were announced (peers do check that it lists members' verified blocks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+from multiformats import CID
+
+from ..._types import CIDLike, FloatArray, GradientLike
+from ...cid import parse_cid
+from ...errors import (
+    BlockCorrupt,
+    BlockNotFound,
+    BlockStoreError,
+    DecodeError,
+    GenesisMismatch,
+    GradientError,
+    InvalidGradient,
+    PubsubError,
+    QuorumNotReached,
+    RoundMismatch,
+)
+from ...formats.pubsub import PubsubMessage, session_topic
+from ...formats.roster import AgreedMessage, AgreedRecord, MessageKind, Roster
+from ...kubo.pubsub import PubsubTransport
+from ...storage.base import BlockStore
+from ...storage.dag import fetch_gradient, put_gradient
+from ...tensor.deterministic import deterministic_update
+from .agreed_history import load_chain, load_record, load_roster
+from .coordinator import Head, RoundBoard, coordinator_ranking
+
+__all__ = ["AgreedConfig", "AgreedRoundResult", "AgreedSession", "ResyncResult", "agreed_topic"]
+
+logger = logging.getLogger("gradfed_ipfs.federated.agreed")
+
+_TICK: Final = 0.05
+"""Longest wait between checks of the clock-driven steps (seconds)."""
+
+
+def agreed_topic(session: str, genesis: CIDLike) -> str:
+    """Return the pubsub topic of an agreed session: ``gradfed/v1/<session>/agreed/<genesis>``."""
+    return session_topic(f"{session}/agreed/{parse_cid(genesis)}")
+
+
+@dataclass(frozen=True)
+class AgreedConfig:
+    """Settings of an agreed session (times in seconds).
+
+    Attributes
+    ----------
+    members
+        Peer IDs of the session's peers, this one included: the roster's ``expected``.
+    min_peers
+        Least number of contributions (this peer's included) a roster must list; default all.
+    learning_rate
+        Factor of the update rule ``M_{r+1} = M_r + learning_rate · weighted mean``.
+    collect_timeout
+        After the round starts, the coordinator closes the roster with what it has.
+    takeover_timeout
+        Delay per coordinator rank before the next one publishes a roster itself.
+    round_timeout
+        No adopted roster by then raises ``QuorumNotReached``.
+    done_timeout
+        How long to wait for the other roster peers' ``done`` after finishing.
+    announce_interval
+        Period of re-announcement.
+    fetch_timeout
+        Bound on fetching one contribution or record.
+    """
+
+    members: tuple[str, ...]
+    min_peers: int | None = None
+    learning_rate: float = 1.0
+    collect_timeout: float = 10.0
+    takeover_timeout: float = 5.0
+    round_timeout: float = 60.0
+    done_timeout: float = 5.0
+    announce_interval: float = 0.25
+    fetch_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not self.members or len(set(self.members)) != len(self.members):
+            raise InvalidGradient("members must be a non-empty list of distinct peer IDs")
+        if self.min_peers is not None and not 1 <= self.min_peers <= len(self.members):
+            raise InvalidGradient(f"min_peers must be in [1, {len(self.members)}]")
+        if not np.isfinite(self.learning_rate):
+            raise InvalidGradient("learning_rate must be finite")
+        for name in ("collect_timeout", "takeover_timeout", "round_timeout", "done_timeout",
+                     "announce_interval", "fetch_timeout"):  # fmt: skip
+            if not getattr(self, name) > 0:
+                raise InvalidGradient(f"{name} must be > 0 seconds")
+
+    @property
+    def quorum(self) -> int:
+        """The effective ``min_peers``."""
+        return len(self.members) if self.min_peers is None else self.min_peers
+
+
+@dataclass(frozen=True)
+class AgreedRoundResult:
+    """The outcome of one agreed round on this peer.
+
+    Attributes
+    ----------
+    round
+        Round number.
+    base, model
+        Model CIDs before and after the round.
+    record, roster_cid
+        The round record's and the roster's CIDs.
+    roster
+        The agreed roster (its ``entries`` are the participants, in aggregation order).
+    included
+        Whether this peer's contribution is in the roster.
+    absent
+        Members that are not in the roster (typed "expected and absent").
+    confirmed
+        Peers whose ``done`` named the same record.
+    unconfirmed
+        Roster peers whose ``done`` had not arrived within ``done_timeout``.
+    matched
+        Whether every other roster peer confirmed the same record.
+    rejected
+        Peer → reason, for contributions or rosters refused this round.
+    seconds
+        Wall time of the round.
+    """
+
+    round: int
+    base: CID
+    model: CID
+    record: CID
+    roster_cid: CID
+    roster: Roster
+    included: bool
+    absent: tuple[str, ...]
+    confirmed: tuple[str, ...]
+    unconfirmed: tuple[str, ...]
+    matched: bool
+    rejected: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class ResyncResult:
+    """What :meth:`AgreedSession.resync` did: the adopted head and the records it followed."""
+
+    changed: bool
+    round: int
+    model: CID
+    head: CID | None
+    records: tuple[CID, ...] = ()
+
+
+class AgreedSession:
+    """One peer of an agreed session (see the module docstring).
+
+    Parameters
+    ----------
+    store
+        This peer's block store (its daemon; peers' blocks arrive through it).
+    pubsub
+        This peer's pubsub transport.
+    session
+        Session name.
+    genesis
+        CID of the session's initial model (see :meth:`commit_genesis`).
+    config
+        Members and timing.
+    """
+
+    def __init__(
+        self,
+        store: BlockStore,
+        pubsub: PubsubTransport,
+        session: str,
+        genesis: CIDLike,
+        config: AgreedConfig,
+    ) -> None:
+        self.store = store
+        self.pubsub = pubsub
+        self.session = session
+        self.genesis = parse_cid(genesis)
+        self.config = config
+        self.topic = agreed_topic(session, self.genesis)
+        self.peer_id = ""
+        self.round = 0
+        self.model_cid = self.genesis
+        self.model: FloatArray = np.zeros(0, np.float32)
+        self.head: CID | None = None
+        self.history: dict[bytes, int] = {}  # record CID -> round, of records this peer followed
+        self._board: RoundBoard | None = None
+        self._outbox: dict[str, bytes] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._fetches: dict[bytes, asyncio.Task[FloatArray]] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @staticmethod
+    async def commit_genesis(store: BlockStore, model: GradientLike) -> CID:
+        """Commit (and pin) the initial model; its CID names the session."""
+        return await put_gradient(store, np.asarray(model, np.float32).reshape(-1))
+
+    async def start(self, model: GradientLike | None = None) -> None:
+        """Subscribe and start announcing; begin at the genesis model.
+
+        Parameters
+        ----------
+        model
+            This peer's initial model; it must hash to the genesis CID. When ``None`` the
+            genesis model is fetched by CID.
+
+        Raises
+        ------
+        GenesisMismatch
+            If ``model`` is not the session's genesis model, or this peer is not a member.
+        """
+        if model is not None:
+            cid = await self.commit_genesis(self.store, model)
+            if bytes(cid) != bytes(self.genesis):
+                raise GenesisMismatch(
+                    f"this peer's initial model is {cid}, session {self.session!r} starts from "
+                    f"{self.genesis}: refusing to join"
+                )
+        self.model = np.array(
+            await fetch_gradient(self.store, self.genesis, timeout=self.config.fetch_timeout),
+            dtype=np.float32,
+        ).reshape(-1)
+        self.peer_id = await self.pubsub.local_peer_id()
+        if self.peer_id not in self.config.members:
+            raise GenesisMismatch(f"peer {self.peer_id} is not a member of {self.session!r}")
+        self._board = RoundBoard(self.session, self.genesis, self.peer_id, self.config.members)
+        messages = self.pubsub.subscribe(self.topic)
+        self._tasks = [
+            asyncio.create_task(self._listen(messages)),
+            asyncio.create_task(self._announce()),
+        ]
+
+    async def aclose(self) -> None:
+        """Stop announcing and listening (the store and transport stay open)."""
+        for task in [*self._tasks, *self._fetches.values()]:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._fetches.values(), return_exceptions=True)
+        self._tasks = []
+        self._fetches = {}
+
+    @property
+    def board(self) -> RoundBoard:
+        """What this peer has heard (after :meth:`start`)."""
+        if self._board is None:
+            raise RuntimeError("AgreedSession.start() has not been called")
+        return self._board
+
+    async def _listen(self, messages: AsyncIterator[PubsubMessage]) -> None:
+        async for message in messages:
+            self.board.accept(message)
+
+    async def _announce(self) -> None:
+        while True:
+            for data in list(self._outbox.values()):
+                with contextlib.suppress(PubsubError):
+                    await self.pubsub.publish(self.topic, data)
+            await asyncio.sleep(self.config.announce_interval)  # the re-announcement period
+
+    async def _post(self, key: str, message: AgreedMessage) -> None:
+        """Announce now and keep re-announcing under ``key`` until replaced or withdrawn."""
+        data = self._outbox[key] = message.encode()
+        with contextlib.suppress(PubsubError):
+            await self.pubsub.publish(self.topic, data)
+
+    def _message(
+        self,
+        kind: MessageKind,
+        round_number: int,
+        cid: CID,
+        *,
+        base: CID | None = None,
+        weight: int | None = None,
+        record: CID | None = None,
+    ) -> AgreedMessage:
+        return AgreedMessage(
+            kind, self.session, self.genesis, round_number, self.peer_id, cid, base, weight, record
+        )
+
+    # ------------------------------------------------------------------ fetching
+
+    def _fetch(self, cid: CID) -> asyncio.Task[FloatArray]:
+        key = bytes(cid)
+        task = self._fetches.get(key)
+        if task is None or (task.done() and not task.cancelled() and _transient(task)):
+            task = asyncio.create_task(self._fetch_checked(cid))
+            task.add_done_callback(lambda _: self._board.poke() if self._board else None)
+            self._fetches[key] = task
+        return task
+
+    async def _fetch_checked(self, cid: CID) -> FloatArray:
+        values = await fetch_gradient(
+            self.store, cid, timeout=self.config.fetch_timeout, expected_length=self.model.size
+        )
+        flat = np.asarray(values, np.float32).reshape(-1)
+        if not np.isfinite(flat).all():
+            raise InvalidGradient(f"contribution {cid} has non-finite values")
+        return flat
+
+    def _forget_fetches(self, keep: Iterable[CID]) -> None:
+        kept = {bytes(c) for c in keep}
+        for key in [k for k in self._fetches if k not in kept]:
+            self._fetches.pop(key).cancel()
+
+    # ------------------------------------------------------------------ the round
+
+    async def run_round(self, gradient: GradientLike, *, weight: int = 1) -> AgreedRoundResult:
+        """Contribute ``gradient`` (computed on :attr:`model`) to round :attr:`round`.
+
+        Raises
+        ------
+        QuorumNotReached
+            If no roster with ``min_peers`` contributions was adopted by ``round_timeout``.
+        RoundMismatch
+            If another roster peer announced a different record (this peer has advanced to its
+            own result; call :meth:`resync`).
+        """
+        board, config, r = self.board, self.config, self.round
+        if int(weight) < 1:
+            raise InvalidGradient(f"weight must be a positive integer, got {weight}")
+        started = time.monotonic()
+        board.advance(r)
+        contribution = await put_gradient(self.store, np.asarray(gradient, np.float32).reshape(-1))
+        own = (contribution, int(weight))
+        await self._post(
+            "contrib",
+            self._message("contrib", r, contribution, base=self.model_cid, weight=int(weight)),
+        )
+        self._fetch(contribution)
+        ranking = coordinator_ranking(self.session, self.genesis, r, config.members)
+        rank = ranking.index(self.peer_id)
+        close_at = started + config.collect_timeout + rank * config.takeover_timeout
+        deadline = started + config.round_timeout
+        rejected: dict[str, str] = {}
+        tried: set[bytes] = set()
+        while True:
+            event = board.changed
+            state = board.state(r)
+            for peer, c in state.contributions.items():
+                if bytes(c.base) == bytes(self.model_cid) and peer not in rejected:
+                    self._fetch(c.cid)
+            adopted = await self._try_rosters(r, ranking, rejected, tried)
+            if adopted is not None:
+                break
+            if not state.rosters or all(bytes(c) in tried for c in state.rosters.values()):
+                ready = self._ready(r, own, rejected)
+                complete = set(ready) == set(config.members)
+                if (rank == 0 and complete) or (
+                    time.monotonic() >= close_at and len(ready) >= config.quorum
+                ):
+                    await self._publish_roster(r, ready)
+                    continue
+            if time.monotonic() >= deadline:
+                raise QuorumNotReached(r, len(self._ready(r, own, rejected)), config.quorum)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), _TICK)
+        roster_cid, roster, model = adopted
+        return await self._finish(r, roster_cid, roster, model, rejected, started)
+
+    def _ready(
+        self, r: int, own: tuple[CID, int], rejected: dict[str, str]
+    ) -> dict[str, tuple[CID, int]]:
+        """Contributions on this round's base whose blocks are fetched and verified."""
+        entries = {self.peer_id: own}
+        for peer, c in self.board.state(r).contributions.items():
+            if bytes(c.base) == bytes(self.model_cid):
+                entries[peer] = (c.cid, c.weight)
+        ready = {}
+        for peer, (cid, weight) in entries.items():
+            task = self._fetches.get(bytes(cid))
+            if task is None or not task.done() or task.cancelled():
+                continue
+            if task.exception() is None:
+                ready[peer] = (cid, weight)
+            elif not _transient(task):
+                rejected[peer] = f"contribution {cid}: {task.exception()}"
+        return ready
+
+    async def _publish_roster(self, r: int, ready: dict[str, tuple[CID, int]]) -> None:
+        roster = Roster.new(
+            self.session, self.genesis, r, self.model_cid, self.peer_id, self.config.members, ready
+        )
+        cid = await self.store.put(roster.to_block())
+        self.board.state(r).rosters.setdefault(self.peer_id, cid)
+        await self._post("roster", self._message("roster", r, cid))
+        logger.info(
+            "round %d: %s published roster %s (%d entries)", r, self.peer_id, cid, len(ready)
+        )
+
+    async def _try_rosters(
+        self, r: int, ranking: list[str], rejected: dict[str, str], tried: set[bytes]
+    ) -> tuple[CID, Roster, FloatArray] | None:
+        """Adopt the best-ranked valid roster heard (directly or through a ``done`` record)."""
+        state = self.board.state(r)
+        candidates = [(ranking.index(p), c) for p, c in state.rosters.items() if p in ranking]
+        if not candidates:
+            for peer, head in list(state.done.items()):
+                if bytes(head.record) in tried:
+                    continue
+                tried.add(bytes(head.record))
+                try:
+                    record = await load_record(
+                        self.store, head.record, timeout=self.config.fetch_timeout
+                    )
+                except (BlockStoreError, DecodeError) as exc:
+                    rejected[peer] = f"record {head.record}: {exc}"
+                    continue
+                if record.round == r and bytes(record.base) == bytes(self.model_cid):
+                    state.rosters.setdefault(peer, record.roster)
+            candidates = [(ranking.index(p), c) for p, c in state.rosters.items() if p in ranking]
+        for _, cid in sorted(candidates, key=lambda item: item[0]):
+            if bytes(cid) in tried:
+                continue
+            adopted = await self._adopt(r, cid, rejected, tried)
+            if adopted is not None:
+                return cid, *adopted
+        return None
+
+    async def _adopt(
+        self, r: int, cid: CID, rejected: dict[str, str], tried: set[bytes]
+    ) -> tuple[Roster, FloatArray] | None:
+        """Validate a roster and aggregate it; ``None`` while its blocks are still coming."""
+        try:
+            roster = await load_roster(self.store, cid, timeout=self.config.fetch_timeout)
+        except (BlockNotFound, BlockStoreError) as exc:
+            logger.debug("round %d: roster %s not fetched yet: %s", r, cid, exc)
+            return None
+        except DecodeError as exc:
+            tried.add(bytes(cid))
+            rejected[f"roster {cid}"] = str(exc)
+            return None
+        problem = self._roster_problem(r, roster)
+        if problem:
+            tried.add(bytes(cid))
+            rejected[roster.coordinator] = f"roster {cid}: {problem}"
+            return None
+        tasks = [self._fetch(entry.contribution) for entry in roster.entries]
+        if not all(task.done() for task in tasks):
+            return None
+        gradients = []
+        for entry, task in zip(roster.entries, tasks, strict=True):
+            if task.cancelled() or task.exception() is not None:
+                if task.cancelled() or _transient(task):
+                    self._fetch(entry.contribution)  # retry until the round deadline
+                    return None
+                tried.add(bytes(cid))
+                rejected[roster.coordinator] = f"roster {cid} lists a bad {entry.contribution}"
+                return None
+            gradients.append(task.result())
+        model = deterministic_update(
+            self.model, gradients, [e.weight for e in roster.entries], self.config.learning_rate
+        )
+        return roster, model
+
+    def _roster_problem(self, r: int, roster: Roster) -> str:
+        if roster.session != self.session or bytes(roster.genesis) != bytes(self.genesis):
+            return "another session"
+        if roster.round != r or bytes(roster.base) != bytes(self.model_cid):
+            return f"round {roster.round} on {roster.base}, not round {r} on {self.model_cid}"
+        if roster.coordinator not in self.config.members or not set(roster.peers) <= set(
+            self.config.members
+        ):
+            return "lists a non-member"
+        if len(roster.entries) < self.config.quorum:
+            return f"{len(roster.entries)} entries < min_peers {self.config.quorum}"
+        return ""
+
+    async def _finish(
+        self,
+        r: int,
+        roster_cid: CID,
+        roster: Roster,
+        model: FloatArray,
+        rejected: dict[str, str],
+        started: float,
+    ) -> AgreedRoundResult:
+        base = self.model_cid
+        with contextlib.suppress(BlockStoreError):
+            await self.store.pin(roster_cid)
+        result = await put_gradient(self.store, model)
+        record = AgreedRecord(
+            self.session, self.genesis, r, self.head, base, roster_cid, result,
+            float(self.config.learning_rate),
+        )  # fmt: skip
+        record_cid = await self.store.put(record.to_block())
+        self.round, self.model, self.model_cid, self.head = r + 1, model, result, record_cid
+        self.history[bytes(record_cid)] = r
+        self._outbox.pop("contrib", None)
+        self._outbox.pop("roster", None)
+        await self._post("done", self._message("done", r, result, record=record_cid))
+        self._forget_fetches(())
+        others = [p for p in roster.peers if p != self.peer_id]
+        confirmed, theirs = await self._await_done(r, record_cid, others)
+        if theirs:
+            raise RoundMismatch(r, str(record_cid), theirs)
+        unconfirmed = tuple(p for p in others if p not in confirmed)
+        return AgreedRoundResult(
+            round=r,
+            base=base,
+            model=result,
+            record=record_cid,
+            roster_cid=roster_cid,
+            roster=roster,
+            included=self.peer_id in roster.peers,
+            absent=tuple(p for p in self.config.members if p not in roster.peers),
+            confirmed=tuple(sorted(confirmed)),
+            unconfirmed=unconfirmed,
+            matched=not unconfirmed,
+            rejected=rejected,
+            seconds=time.monotonic() - started,
+        )
+
+    async def _await_done(
+        self, r: int, record: CID, others: list[str]
+    ) -> tuple[set[str], dict[str, str]]:
+        deadline = time.monotonic() + self.config.done_timeout
+        board = self.board
+        while True:
+            event = board.changed
+            done = board.state(r).done
+            confirmed = {p for p, h in done.items() if bytes(h.record) == bytes(record)}
+            theirs = {p: str(h.record) for p, h in done.items() if bytes(h.record) != bytes(record)}
+            if theirs or all(p in done for p in others) or time.monotonic() >= deadline:
+                return confirmed, theirs
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), _TICK)
+
+    # ------------------------------------------------------------------ catching up
+
+    async def resync(self, *, timeout: float = 10.0, grace: float | None = None) -> ResyncResult:
+        """Adopt the latest agreed head the other members announce, by CID.
+
+        Waits until every other member's head is heard, or one is heard and ``grace`` seconds
+        (default two announce intervals) have passed, or ``timeout``. The best head has the
+        highest round, then the most peers behind it, then the smallest record CID. Its chain
+        is walked back to a record this peer already followed (or the genesis) and checked
+        (links, rounds, genesis); then the head's model is fetched and adopted.
+
+        Raises
+        ------
+        GenesisMismatch, RoundVerificationFailed
+            If the chain is not a valid chain of this session.
+        """
+        board = self.board
+        grace = 2 * self.config.announce_interval if grace is None else grace
+        started = time.monotonic()
+        first_heard: float | None = None
+        others = [p for p in self.config.members if p != self.peer_id]
+        while True:
+            event = board.changed
+            heads = dict(board.heads)
+            now = time.monotonic()
+            if heads and first_heard is None:
+                first_heard = now
+            if (
+                all(p in heads for p in others)
+                or (first_heard is not None and now - first_heard >= grace)
+                or now - started >= timeout
+            ):
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), _TICK)
+        if self.head is not None:
+            heads[self.peer_id] = Head(self.round - 1, self.model_cid, self.head)
+        best = _best_head(heads.values())
+        if best is None or bytes(best.record) == bytes(self.head or b""):
+            return ResyncResult(False, self.round, self.model_cid, self.head)
+        chain = await load_chain(
+            self.store, best.record, session=self.session, genesis=self.genesis,
+            stop_at=set(self.history),
+        )  # fmt: skip
+        first = chain[0][1]
+        if first.prev is not None and bytes(first.prev) not in self.history:
+            raise GenesisMismatch(f"head {best.record} does not extend this peer's history")
+        model = await fetch_gradient(
+            self.store,
+            best.result,
+            timeout=self.config.fetch_timeout,
+            expected_length=self.model.size,
+        )
+        self.model = np.array(model, np.float32).reshape(-1)
+        self.model_cid, self.head, self.round = best.result, best.record, best.round + 1
+        for cid, record in chain:
+            self.history[bytes(cid)] = record.round
+        self.board.advance(self.round)
+        await self._post("done", self._message("done", best.round, best.result, record=best.record))
+        logger.info("%s resynced to round %d (%s)", self.peer_id, self.round, best.record)
+        return ResyncResult(True, self.round, self.model_cid, self.head, tuple(c for c, _ in chain))
+
+    async def linger(self, *, timeout: float) -> set[str]:
+        """Keep announcing the head until every member has announced the same round's ``done``.
+
+        Returns the members that did within ``timeout`` seconds (this peer included).
+        """
+        deadline = time.monotonic() + timeout
+        board = self.board
+        while True:
+            event = board.changed
+            done = {p for p, h in board.heads.items() if h.round >= self.round - 1}
+            done.add(self.peer_id)
+            if done >= set(self.config.members) or time.monotonic() >= deadline:
+                return done
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), _TICK)
+
+
+def _transient(task: asyncio.Task[FloatArray]) -> bool:
+    """Whether a finished fetch failed in a way worth retrying (not a hostile block)."""
+    exc = task.exception()
+    return exc is not None and not isinstance(exc, BlockCorrupt | DecodeError | GradientError)
+
+
+def _best_head(heads: Iterable[Head]) -> Head | None:
+    """Pick the highest round, then the record most peers announce, then the smallest CID."""
+    pool = list(heads)
+    if not pool:
+        return None
+    votes = Counter(bytes(h.record) for h in pool)
+    return min(pool, key=lambda h: (-h.round, -votes[bytes(h.record)], bytes(h.record)))
