@@ -30,11 +30,13 @@ from typing import Any, Final, Literal
 from multiformats import CID
 
 from ..block import Block
-from ..cid import DAG_CBOR, RAW, parse_cid
+from ..cid import DAG_CBOR, RAW, make_cid, parse_cid
 from ..errors import DecodeError, MalformedAnnouncement, MalformedManifest
+from .pubsub import decode_multibase, encode_multibase
 from .records import decode_record, encode_record, require
 
 __all__ = [
+    "MAX_INLINE_BYTES",
     "MAX_MESSAGE_BYTES",
     "MAX_PEER_ID_CHARS",
     "MAX_ROSTER_ENTRIES",
@@ -52,8 +54,10 @@ MAX_PEER_ID_CHARS: Final = 128
 """Longest peer ID accepted (Kubo's are 52 characters)."""
 MAX_WEIGHT: Final = 1 << 40
 """Largest contribution weight (sample count) accepted."""
-MAX_MESSAGE_BYTES: Final = 4096
+MAX_MESSAGE_BYTES: Final = 8192
 """Largest agreed-round pubsub message accepted, in bytes."""
+MAX_INLINE_BYTES: Final = 3072
+"""Largest roster block carried inside its ``roster`` message (larger ones are fetched)."""
 MAX_RECORD_BYTES: Final = 256 * 1024
 """Largest roster or round record block decoded, in bytes."""
 MAX_TEXT_CHARS: Final = 256
@@ -320,6 +324,9 @@ class AgreedMessage:
         ``contrib``: the contribution's weight (samples); else ``None``.
     record
         ``done``: the round record CID (the sender's head); else ``None``.
+    inline
+        ``roster``: the roster block's bytes when at most :data:`MAX_INLINE_BYTES` (saves a
+        fetch; receivers check them against ``cid``); else ``None``.
     """
 
     kind: MessageKind
@@ -331,6 +338,7 @@ class AgreedMessage:
     base: CID | None = None
     weight: int | None = None
     record: CID | None = None
+    inline: bytes | None = None
 
     def encode(self) -> bytes:
         """Return the compact JSON bytes."""
@@ -347,6 +355,8 @@ class AgreedMessage:
             value = getattr(self, key)
             if value is not None:
                 body[key] = value if isinstance(value, int) else _cid_text(value)
+        if self.inline is not None:
+            body["inline"] = encode_multibase(self.inline)
         return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
 
     @classmethod
@@ -378,6 +388,7 @@ class AgreedMessage:
                 base=_text_cid(body["base"]) if "base" in body else None,
                 weight=body.get("weight"),
                 record=_text_cid(body["record"]) if "record" in body else None,
+                inline=_inline(body["inline"], body.get("cid")) if "inline" in body else None,
             )
         except (MalformedManifest, DecodeError) as exc:
             raise MalformedAnnouncement(f"agreed message: {exc}") from None
@@ -397,6 +408,15 @@ def _text_cid(value: object) -> CID:
     if not isinstance(value, str) or len(value) > 200:
         raise MalformedManifest("CID is not a short string")
     return _parse_text_cid(value)
+
+
+def _inline(value: object, cid: object) -> bytes:
+    if not isinstance(value, str) or len(value) > 2 * MAX_INLINE_BYTES:
+        raise MalformedManifest("inline block is not a short string")
+    data = decode_multibase(value)
+    if len(data) > MAX_INLINE_BYTES or bytes(make_cid(data, "dag-cbor")) != bytes(_text_cid(cid)):
+        raise MalformedManifest("inline block does not hash to the message's CID")
+    return data
 
 
 @functools.lru_cache(maxsize=4096)

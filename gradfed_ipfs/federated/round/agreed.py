@@ -6,8 +6,10 @@ genesis is the CID of the initial model, committed once; the topic is
 ``gradfed/v1/<session>/agreed/<genesis>``. Round ``r`` starts from model CID ``M_r``:
 
 1. **contribute**: commit the local gradient, announce ``contrib{cid, weight, base=M_r}``;
-   every message this peer owes is re-announced every ``announce_interval`` until its phase
-   ends (its latest ``done`` forever: that is its head, for late joiners);
+   every message this peer owes is re-announced until its phase ends (its latest ``done``
+   forever: that is its head, for late joiners), first after ``announce_interval``, then at
+   doubling intervals up to ``max_announce_interval`` (lost messages cost time; a flood of
+   re-publications costs every peer CPU);
 2. **roster**: the coordinator (rank 0 of :func:`coordinator_ranking`) publishes, as soon as
    every member's contribution is fetched and verified (or at ``collect_timeout`` with at least
    ``min_peers``), the dag-cbor :class:`~gradfed_ipfs.formats.roster.Roster` of what it holds;
@@ -43,6 +45,7 @@ import numpy as np
 from multiformats import CID
 
 from ..._types import CIDLike, FloatArray, GradientLike
+from ...block import Block
 from ...cid import parse_cid
 from ...errors import (
     BlockCorrupt,
@@ -57,12 +60,18 @@ from ...errors import (
     RoundMismatch,
 )
 from ...formats.pubsub import PubsubMessage, session_topic
-from ...formats.roster import AgreedMessage, AgreedRecord, MessageKind, Roster
+from ...formats.roster import (
+    MAX_INLINE_BYTES,
+    AgreedMessage,
+    AgreedRecord,
+    MessageKind,
+    Roster,
+)
 from ...kubo.pubsub import PubsubTransport
 from ...storage.base import BlockStore
 from ...storage.dag import fetch_gradient, put_gradient
 from ...tensor.deterministic import deterministic_update
-from .agreed_history import load_chain, load_record, load_roster
+from .agreed_history import load_chain, load_record, model_cid
 from .coordinator import Head, RoundBoard, coordinator_ranking
 
 __all__ = ["AgreedConfig", "AgreedRoundResult", "AgreedSession", "ResyncResult", "agreed_topic"]
@@ -99,7 +108,9 @@ class AgreedConfig:
     done_timeout
         How long to wait for the other roster peers' ``done`` after finishing.
     announce_interval
-        Period of re-announcement.
+        Delay before a message is first re-announced; it doubles after each re-announcement.
+    max_announce_interval
+        Longest delay between re-announcements of one message.
     fetch_timeout
         Bound on fetching one contribution or record.
     """
@@ -112,6 +123,7 @@ class AgreedConfig:
     round_timeout: float = 60.0
     done_timeout: float = 5.0
     announce_interval: float = 0.25
+    max_announce_interval: float = 2.0
     fetch_timeout: float = 30.0
 
     def __post_init__(self) -> None:
@@ -122,7 +134,7 @@ class AgreedConfig:
         if not np.isfinite(self.learning_rate):
             raise InvalidGradient("learning_rate must be finite")
         for name in ("collect_timeout", "takeover_timeout", "round_timeout", "done_timeout",
-                     "announce_interval", "fetch_timeout"):  # fmt: skip
+                     "announce_interval", "max_announce_interval", "fetch_timeout"):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise InvalidGradient(f"{name} must be > 0 seconds")
 
@@ -226,9 +238,11 @@ class AgreedSession:
         self.head: CID | None = None
         self.history: dict[bytes, int] = {}  # record CID -> round, of records this peer followed
         self._board: RoundBoard | None = None
-        self._outbox: dict[str, bytes] = {}
+        self._outbox: dict[str, _Outgoing] = {}
+        self._outbox_changed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._fetches: dict[bytes, asyncio.Task[FloatArray]] = {}
+        self._rosters: dict[bytes, tuple[Roster, Block]] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -274,9 +288,11 @@ class AgreedSession:
 
     async def aclose(self) -> None:
         """Stop announcing and listening (the store and transport stay open)."""
-        for task in [*self._tasks, *self._fetches.values()]:
+        tasks = [*self._tasks, *self._fetches.values()]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, *self._fetches.values(), return_exceptions=True)
+        if tasks:
+            await asyncio.wait(tasks, timeout=5.0)
         self._tasks = []
         self._fetches = {}
 
@@ -293,14 +309,24 @@ class AgreedSession:
 
     async def _announce(self) -> None:
         while True:
-            for data in list(self._outbox.values()):
-                with contextlib.suppress(PubsubError):
-                    await self.pubsub.publish(self.topic, data)
-            await asyncio.sleep(self.config.announce_interval)  # the re-announcement period
+            self._outbox_changed.clear()
+            now = time.monotonic()
+            for item in list(self._outbox.values()):
+                if item.due <= now:
+                    item.delay = min(2 * item.delay, self.config.max_announce_interval)
+                    item.due = now + item.delay
+                    with contextlib.suppress(PubsubError):
+                        await self.pubsub.publish(self.topic, item.data)
+            due = min((i.due for i in self._outbox.values()), default=now + 3600.0)
+            with contextlib.suppress(TimeoutError):  # a re-announcement timer, or a new message
+                await asyncio.wait_for(self._outbox_changed.wait(), max(0.0, due - now))
 
     async def _post(self, key: str, message: AgreedMessage) -> None:
         """Announce now and keep re-announcing under ``key`` until replaced or withdrawn."""
-        data = self._outbox[key] = message.encode()
+        data = message.encode()
+        delay = self.config.announce_interval
+        self._outbox[key] = _Outgoing(data, time.monotonic() + delay, delay)
+        self._outbox_changed.set()
         with contextlib.suppress(PubsubError):
             await self.pubsub.publish(self.topic, data)
 
@@ -313,9 +339,19 @@ class AgreedSession:
         base: CID | None = None,
         weight: int | None = None,
         record: CID | None = None,
+        inline: bytes | None = None,
     ) -> AgreedMessage:
         return AgreedMessage(
-            kind, self.session, self.genesis, round_number, self.peer_id, cid, base, weight, record
+            kind,
+            self.session,
+            self.genesis,
+            round_number,
+            self.peer_id,
+            cid,
+            base,
+            weight,
+            record,
+            inline,
         )
 
     # ------------------------------------------------------------------ fetching
@@ -356,18 +392,40 @@ class AgreedSession:
             If another roster peer announced a different record (this peer has advanced to its
             own result; call :meth:`resync`).
         """
-        board, config, r = self.board, self.config, self.round
+        board, r = self.board, self.round
         if int(weight) < 1:
             raise InvalidGradient(f"weight must be a positive integer, got {weight}")
         started = time.monotonic()
         board.advance(r)
-        contribution = await put_gradient(self.store, np.asarray(gradient, np.float32).reshape(-1))
+        self._outbox.pop("roster", None)  # the last round's, re-announced until now
+        own_values = np.array(gradient, dtype=np.float32).reshape(-1)
+        if own_values.size != self.model.size or not np.isfinite(own_values).all():
+            raise InvalidGradient(f"gradient must be {self.model.size} finite values")
+        # Announce as soon as the CID is known; the daemon serves the block once the put lands
+        # (bitswap answers wants for blocks added later), so the put overlaps the announcement.
+        contribution = await model_cid(own_values)
+        stored = asyncio.ensure_future(put_gradient(self.store, own_values))
+        try:
+            result = await self._run_round(r, own_values, contribution, int(weight), started)
+        except BaseException:
+            await asyncio.wait([stored])
+            if not stored.cancelled():
+                stored.exception()  # retrieved: the round's own error is the one raised
+            raise
+        await stored  # a failed put is this round's error
+        return result
+
+    async def _run_round(
+        self, r: int, own_values: FloatArray, contribution: CID, weight: int, started: float
+    ) -> AgreedRoundResult:
+        board, config = self.board, self.config
         own = (contribution, int(weight))
         await self._post(
             "contrib",
             self._message("contrib", r, contribution, base=self.model_cid, weight=int(weight)),
         )
-        self._fetch(contribution)
+        self._fetches[bytes(contribution)] = asyncio.ensure_future(_ready_value(own_values))
+        logger.debug("round %d: contributed after %.3fs", r, time.monotonic() - started)
         ranking = coordinator_ranking(self.session, self.genesis, r, config.members)
         rank = ranking.index(self.peer_id)
         close_at = started + config.collect_timeout + rank * config.takeover_timeout
@@ -396,6 +454,8 @@ class AgreedSession:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), _TICK)
         roster_cid, roster, model = adopted
+        self._outbox.pop("contrib", None)  # the roster settled the contributions
+        logger.debug("round %d: adopted %s after %.3fs", r, roster_cid, time.monotonic() - started)
         return await self._finish(r, roster_cid, roster, model, rejected, started)
 
     def _ready(
@@ -421,10 +481,15 @@ class AgreedSession:
         roster = Roster.new(
             self.session, self.genesis, r, self.model_cid, self.peer_id, self.config.members, ready
         )
-        cid = await self.store.put(roster.to_block())
+        block = roster.to_block()
+        cid = block.cid
+        self._rosters[bytes(cid)] = (roster, block)
         self.board.state(r).rosters.setdefault(self.peer_id, cid)
-        await self._post("roster", self._message("roster", r, cid))
-        logger.info(
+        inline = block.data if len(block.data) <= MAX_INLINE_BYTES else None
+        if inline is None:
+            await self.store.put(block)  # peers fetch it: store before announcing
+        await self._post("roster", self._message("roster", r, cid, inline=inline))
+        logger.debug(
             "round %d: %s published roster %s (%d entries)", r, self.peer_id, cid, len(ready)
         )
 
@@ -462,7 +527,7 @@ class AgreedSession:
     ) -> tuple[Roster, FloatArray] | None:
         """Validate a roster and aggregate it; ``None`` while its blocks are still coming."""
         try:
-            roster = await load_roster(self.store, cid, timeout=self.config.fetch_timeout)
+            roster = await self._load_roster(cid)
         except (BlockNotFound, BlockStoreError) as exc:
             logger.debug("round %d: roster %s not fetched yet: %s", r, cid, exc)
             return None
@@ -493,6 +558,18 @@ class AgreedSession:
         )
         return roster, model
 
+    async def _load_roster(self, cid: CID) -> Roster:
+        """Decode a roster once: from its inline message, else fetched from the store."""
+        known = self._rosters.get(bytes(cid))
+        if known is None:
+            data = self.board.inline.get(bytes(cid))
+            if data is not None:
+                block = Block.from_parts(cid, data)
+            else:
+                block = await self.store.get(cid, timeout=self.config.fetch_timeout)
+            known = self._rosters[bytes(cid)] = (Roster.from_block(block), block)
+        return known[0]
+
     def _roster_problem(self, r: int, roster: Roster) -> str:
         if roster.session != self.session or bytes(roster.genesis) != bytes(self.genesis):
             return "another session"
@@ -516,21 +593,27 @@ class AgreedSession:
         started: float,
     ) -> AgreedRoundResult:
         base = self.model_cid
-        with contextlib.suppress(BlockStoreError):
-            await self.store.pin(roster_cid)
-        result = await put_gradient(self.store, model)
+        roster_block = self._rosters[bytes(roster_cid)][1]
+        self._rosters.clear()
+        result = await model_cid(model)
         record = AgreedRecord(
             self.session, self.genesis, r, self.head, base, roster_cid, result,
             float(self.config.learning_rate),
-        )  # fmt: skip
-        record_cid = await self.store.put(record.to_block())
+        ).to_block()  # fmt: skip
+        record_cid = record.cid
+        # Announce first, store concurrently: the roster (pinned here too: the record links it
+        # and late peers fetch it), the model and the record.
+        await asyncio.gather(
+            self._post("done", self._message("done", r, result, record=record_cid)),
+            self.store.put(roster_block),
+            put_gradient(self.store, model),
+            self.store.put(record),
+        )
         self.round, self.model, self.model_cid, self.head = r + 1, model, result, record_cid
         self.history[bytes(record_cid)] = r
-        self._outbox.pop("contrib", None)
-        self._outbox.pop("roster", None)
-        await self._post("done", self._message("done", r, result, record=record_cid))
         self._forget_fetches(())
         others = [p for p in roster.peers if p != self.peer_id]
+        logger.debug("round %d: done after %.3fs", r, time.monotonic() - started)
         confirmed, theirs = await self._await_done(r, record_cid, others)
         if theirs:
             raise RoundMismatch(r, str(record_cid), theirs)
@@ -643,6 +726,19 @@ class AgreedSession:
                 return done
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), _TICK)
+
+
+async def _ready_value(values: FloatArray) -> FloatArray:
+    return values
+
+
+@dataclass
+class _Outgoing:
+    """A message this peer re-announces: its bytes, when next, and the current delay."""
+
+    data: bytes
+    due: float
+    delay: float
 
 
 def _transient(task: asyncio.Task[FloatArray]) -> bool:

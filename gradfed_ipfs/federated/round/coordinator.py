@@ -98,6 +98,7 @@ class RoundBoard:
         self.current = 0
         self.rounds: dict[int, RoundState] = {}
         self.heads: dict[str, Head] = {}
+        self.inline: dict[bytes, bytes] = {}  # roster CID -> block bytes carried in a message
         self.dropped: Counter[str] = Counter()
         self._event = asyncio.Event()
 
@@ -115,6 +116,7 @@ class RoundBoard:
         self.current = round_number
         for old in [r for r in self.rounds if r < round_number - 1]:
             del self.rounds[old]
+        self.inline.clear()
 
     def accept(self, message: PubsubMessage) -> AgreedMessage | None:
         """Check one pubsub message and record it; return it, or ``None`` if dropped."""
@@ -149,6 +151,8 @@ class RoundBoard:
                 )
         elif decoded.kind == "roster":
             state.rosters.setdefault(decoded.peer, decoded.cid)
+            if decoded.inline is not None and len(self.inline) < MAX_ROUNDS_AHEAD * 4:
+                self.inline[bytes(decoded.cid)] = decoded.inline
         else:
             state.done[decoded.peer] = Head(
                 decoded.round, decoded.cid, decoded.record or decoded.cid
