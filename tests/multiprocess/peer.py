@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loss", type=float, default=0.0)
     parser.add_argument("--collect-timeout", type=float, default=2.0)
     parser.add_argument("--round-timeout", type=float, default=30.0)
-    parser.add_argument("--linger", type=float, default=30.0)
+    parser.add_argument("--linger", type=float, default=15.0)
     parser.add_argument("--resync", action="store_true")
     args = parser.parse_args(argv)
     profile_to = os.environ.get("GRADFED_PEER_PROFILE")

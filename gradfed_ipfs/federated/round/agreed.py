@@ -36,9 +36,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
-from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from typing import Final
 
 import numpy as np
@@ -48,18 +46,15 @@ from ..._types import CIDLike, FloatArray, GradientLike
 from ...block import Block
 from ...cid import parse_cid
 from ...errors import (
-    BlockCorrupt,
     BlockNotFound,
     BlockStoreError,
     DecodeError,
     GenesisMismatch,
-    GradientError,
     InvalidGradient,
-    PubsubError,
     QuorumNotReached,
     RoundMismatch,
 )
-from ...formats.pubsub import PubsubMessage, session_topic
+from ...formats.pubsub import PubsubMessage
 from ...formats.roster import (
     MAX_INLINE_BYTES,
     AgreedMessage,
@@ -71,8 +66,12 @@ from ...kubo.pubsub import PubsubTransport
 from ...storage.base import BlockStore
 from ...storage.dag import fetch_gradient, put_gradient
 from ...tensor.deterministic import deterministic_update
-from .agreed_history import load_chain, load_record, model_cid
-from .coordinator import Head, RoundBoard, coordinator_ranking
+from .agreed_config import AgreedConfig, AgreedRoundResult, ResyncResult, agreed_topic
+from .agreed_history import load_head, load_record
+from .announcer import Reannouncer
+from .coordinator import Head, RoundBoard, best_head, coordinator_ranking, roster_problem
+from .encoded import encode_gradient
+from .fetcher import ContributionFetcher, is_transient
 
 __all__ = ["AgreedConfig", "AgreedRoundResult", "AgreedSession", "ResyncResult", "agreed_topic"]
 
@@ -80,124 +79,6 @@ logger = logging.getLogger("gradfed_ipfs.federated.agreed")
 
 _TICK: Final = 0.05
 """Longest wait between checks of the clock-driven steps (seconds)."""
-
-
-def agreed_topic(session: str, genesis: CIDLike) -> str:
-    """Return the pubsub topic of an agreed session: ``gradfed/v1/<session>/agreed/<genesis>``."""
-    return session_topic(f"{session}/agreed/{parse_cid(genesis)}")
-
-
-@dataclass(frozen=True)
-class AgreedConfig:
-    """Settings of an agreed session (times in seconds).
-
-    Attributes
-    ----------
-    members
-        Peer IDs of the session's peers, this one included: the roster's ``expected``.
-    min_peers
-        Least number of contributions (this peer's included) a roster must list; default all.
-    learning_rate
-        Factor of the update rule ``M_{r+1} = M_r + learning_rate · weighted mean``.
-    collect_timeout
-        After the round starts, the coordinator closes the roster with what it has.
-    takeover_timeout
-        Delay per coordinator rank before the next one publishes a roster itself.
-    round_timeout
-        No adopted roster by then raises ``QuorumNotReached``.
-    done_timeout
-        How long to wait for the other roster peers' ``done`` after finishing.
-    announce_interval
-        Delay before a message is first re-announced; it doubles after each re-announcement.
-    max_announce_interval
-        Longest delay between re-announcements of one message.
-    fetch_timeout
-        Bound on fetching one contribution or record.
-    """
-
-    members: tuple[str, ...]
-    min_peers: int | None = None
-    learning_rate: float = 1.0
-    collect_timeout: float = 10.0
-    takeover_timeout: float = 5.0
-    round_timeout: float = 60.0
-    done_timeout: float = 5.0
-    announce_interval: float = 0.25
-    max_announce_interval: float = 2.0
-    fetch_timeout: float = 30.0
-
-    def __post_init__(self) -> None:
-        if not self.members or len(set(self.members)) != len(self.members):
-            raise InvalidGradient("members must be a non-empty list of distinct peer IDs")
-        if self.min_peers is not None and not 1 <= self.min_peers <= len(self.members):
-            raise InvalidGradient(f"min_peers must be in [1, {len(self.members)}]")
-        if not np.isfinite(self.learning_rate):
-            raise InvalidGradient("learning_rate must be finite")
-        for name in ("collect_timeout", "takeover_timeout", "round_timeout", "done_timeout",
-                     "announce_interval", "max_announce_interval", "fetch_timeout"):  # fmt: skip
-            if not getattr(self, name) > 0:
-                raise InvalidGradient(f"{name} must be > 0 seconds")
-
-    @property
-    def quorum(self) -> int:
-        """The effective ``min_peers``."""
-        return len(self.members) if self.min_peers is None else self.min_peers
-
-
-@dataclass(frozen=True)
-class AgreedRoundResult:
-    """The outcome of one agreed round on this peer.
-
-    Attributes
-    ----------
-    round
-        Round number.
-    base, model
-        Model CIDs before and after the round.
-    record, roster_cid
-        The round record's and the roster's CIDs.
-    roster
-        The agreed roster (its ``entries`` are the participants, in aggregation order).
-    included
-        Whether this peer's contribution is in the roster.
-    absent
-        Members that are not in the roster (typed "expected and absent").
-    confirmed
-        Peers whose ``done`` named the same record.
-    unconfirmed
-        Roster peers whose ``done`` had not arrived within ``done_timeout``.
-    matched
-        Whether every other roster peer confirmed the same record.
-    rejected
-        Peer → reason, for contributions or rosters refused this round.
-    seconds
-        Wall time of the round.
-    """
-
-    round: int
-    base: CID
-    model: CID
-    record: CID
-    roster_cid: CID
-    roster: Roster
-    included: bool
-    absent: tuple[str, ...]
-    confirmed: tuple[str, ...]
-    unconfirmed: tuple[str, ...]
-    matched: bool
-    rejected: dict[str, str] = field(default_factory=dict)
-    seconds: float = 0.0
-
-
-@dataclass(frozen=True)
-class ResyncResult:
-    """What :meth:`AgreedSession.resync` did: the adopted head and the records it followed."""
-
-    changed: bool
-    round: int
-    model: CID
-    head: CID | None
-    records: tuple[CID, ...] = ()
 
 
 class AgreedSession:
@@ -238,11 +119,13 @@ class AgreedSession:
         self.head: CID | None = None
         self.history: dict[bytes, int] = {}  # record CID -> round, of records this peer followed
         self._board: RoundBoard | None = None
-        self._outbox: dict[str, _Outgoing] = {}
-        self._outbox_changed = asyncio.Event()
+        self._announcer = Reannouncer(
+            pubsub, self.topic, config.announce_interval, config.max_announce_interval
+        )
         self._tasks: list[asyncio.Task[None]] = []
-        self._fetches: dict[bytes, asyncio.Task[FloatArray]] = {}
+        self._fetcher = ContributionFetcher(store, config.fetch_timeout, self._poke)
         self._rosters: dict[bytes, tuple[Roster, Block]] = {}
+        self._pending: list[asyncio.Future[object]] = []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -283,18 +166,26 @@ class AgreedSession:
         messages = self.pubsub.subscribe(self.topic)
         self._tasks = [
             asyncio.create_task(self._listen(messages)),
-            asyncio.create_task(self._announce()),
+            asyncio.create_task(self._announcer.run()),
         ]
 
+    async def _settle(self) -> None:
+        """Wait for the blocks of finished rounds to be stored (raising a failed put)."""
+        pending, self._pending = self._pending, []
+        for future in pending:
+            await future
+
     async def aclose(self) -> None:
-        """Stop announcing and listening (the store and transport stay open)."""
-        tasks = [*self._tasks, *self._fetches.values()]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=5.0)
-        self._tasks = []
-        self._fetches = {}
+        """Store what is pending, stop announcing and listening (store and transport stay open)."""
+        try:
+            await self._settle()
+        finally:
+            tasks = [*self._tasks, *self._fetcher.clear()]
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=5.0)
+            self._tasks = []
 
     @property
     def board(self) -> RoundBoard:
@@ -307,28 +198,9 @@ class AgreedSession:
         async for message in messages:
             self.board.accept(message)
 
-    async def _announce(self) -> None:
-        while True:
-            self._outbox_changed.clear()
-            now = time.monotonic()
-            for item in list(self._outbox.values()):
-                if item.due <= now:
-                    item.delay = min(2 * item.delay, self.config.max_announce_interval)
-                    item.due = now + item.delay
-                    with contextlib.suppress(PubsubError):
-                        await self.pubsub.publish(self.topic, item.data)
-            due = min((i.due for i in self._outbox.values()), default=now + 3600.0)
-            with contextlib.suppress(TimeoutError):  # a re-announcement timer, or a new message
-                await asyncio.wait_for(self._outbox_changed.wait(), max(0.0, due - now))
-
     async def _post(self, key: str, message: AgreedMessage) -> None:
         """Announce now and keep re-announcing under ``key`` until replaced or withdrawn."""
-        data = message.encode()
-        delay = self.config.announce_interval
-        self._outbox[key] = _Outgoing(data, time.monotonic() + delay, delay)
-        self._outbox_changed.set()
-        with contextlib.suppress(PubsubError):
-            await self.pubsub.publish(self.topic, data)
+        await self._announcer.post(key, message.encode())
 
     def _message(
         self,
@@ -341,43 +213,19 @@ class AgreedSession:
         record: CID | None = None,
         inline: bytes | None = None,
     ) -> AgreedMessage:
+        session, genesis, peer = self.session, self.genesis, self.peer_id
         return AgreedMessage(
-            kind,
-            self.session,
-            self.genesis,
-            round_number,
-            self.peer_id,
-            cid,
-            base,
-            weight,
-            record,
-            inline,
+            kind, session, genesis, round_number, peer, cid, base, weight, record, inline
         )
 
     # ------------------------------------------------------------------ fetching
 
+    def _poke(self) -> None:
+        if self._board is not None:
+            self._board.poke()
+
     def _fetch(self, cid: CID) -> asyncio.Task[FloatArray]:
-        key = bytes(cid)
-        task = self._fetches.get(key)
-        if task is None or (task.done() and not task.cancelled() and _transient(task)):
-            task = asyncio.create_task(self._fetch_checked(cid))
-            task.add_done_callback(lambda _: self._board.poke() if self._board else None)
-            self._fetches[key] = task
-        return task
-
-    async def _fetch_checked(self, cid: CID) -> FloatArray:
-        values = await fetch_gradient(
-            self.store, cid, timeout=self.config.fetch_timeout, expected_length=self.model.size
-        )
-        flat = np.asarray(values, np.float32).reshape(-1)
-        if not np.isfinite(flat).all():
-            raise InvalidGradient(f"contribution {cid} has non-finite values")
-        return flat
-
-    def _forget_fetches(self, keep: Iterable[CID]) -> None:
-        kept = {bytes(c) for c in keep}
-        for key in [k for k in self._fetches if k not in kept]:
-            self._fetches.pop(key).cancel()
+        return self._fetcher.fetch(cid, self.model.size)
 
     # ------------------------------------------------------------------ the round
 
@@ -397,14 +245,16 @@ class AgreedSession:
             raise InvalidGradient(f"weight must be a positive integer, got {weight}")
         started = time.monotonic()
         board.advance(r)
-        self._outbox.pop("roster", None)  # the last round's, re-announced until now
+        self._announcer.withdraw("roster")  # the last round's, re-announced until now
         own_values = np.array(gradient, dtype=np.float32).reshape(-1)
         if own_values.size != self.model.size or not np.isfinite(own_values).all():
             raise InvalidGradient(f"gradient must be {self.model.size} finite values")
         # Announce as soon as the CID is known; the daemon serves the block once the put lands
         # (bitswap answers wants for blocks added later), so the put overlaps the announcement.
-        contribution = await model_cid(own_values)
-        stored = asyncio.ensure_future(put_gradient(self.store, own_values))
+        await self._settle()
+        encoded = await encode_gradient(own_values)
+        contribution = encoded.cid
+        stored = asyncio.ensure_future(encoded.store(self.store))
         try:
             result = await self._run_round(r, own_values, contribution, int(weight), started)
         except BaseException:
@@ -424,7 +274,7 @@ class AgreedSession:
             "contrib",
             self._message("contrib", r, contribution, base=self.model_cid, weight=int(weight)),
         )
-        self._fetches[bytes(contribution)] = asyncio.ensure_future(_ready_value(own_values))
+        self._fetcher.known(contribution, own_values)
         logger.debug("round %d: contributed after %.3fs", r, time.monotonic() - started)
         ranking = coordinator_ranking(self.session, self.genesis, r, config.members)
         rank = ranking.index(self.peer_id)
@@ -441,6 +291,16 @@ class AgreedSession:
             adopted = await self._try_rosters(r, ranking, rejected, tried)
             if adopted is not None:
                 break
+            if config.quorum == len(config.members) and not state.rosters:
+                # min_peers = all: the only roster any coordinator may publish is the complete
+                # one, so a peer holding every member's contribution derives it without waiting.
+                ready = self._ready(r, own, rejected)
+                if set(ready) == set(config.members):
+                    if rank == 0:
+                        await self._publish_roster(r, ready)
+                    else:
+                        self._derive_roster(r, ranking[0], ready)
+                    continue
             if not state.rosters or all(bytes(c) in tried for c in state.rosters.values()):
                 ready = self._ready(r, own, rejected)
                 complete = set(ready) == set(config.members)
@@ -454,7 +314,7 @@ class AgreedSession:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), _TICK)
         roster_cid, roster, model = adopted
-        self._outbox.pop("contrib", None)  # the roster settled the contributions
+        self._announcer.withdraw("contrib")  # the roster settled the contributions
         logger.debug("round %d: adopted %s after %.3fs", r, roster_cid, time.monotonic() - started)
         return await self._finish(r, roster_cid, roster, model, rejected, started)
 
@@ -468,23 +328,29 @@ class AgreedSession:
                 entries[peer] = (c.cid, c.weight)
         ready = {}
         for peer, (cid, weight) in entries.items():
-            task = self._fetches.get(bytes(cid))
+            task = self._fetcher.get(cid)
             if task is None or not task.done() or task.cancelled():
                 continue
             if task.exception() is None:
                 ready[peer] = (cid, weight)
-            elif not _transient(task):
+            elif not is_transient(task):
                 rejected[peer] = f"contribution {cid}: {task.exception()}"
         return ready
 
-    async def _publish_roster(self, r: int, ready: dict[str, tuple[CID, int]]) -> None:
+    def _derive_roster(self, r: int, coordinator: str, ready: dict[str, tuple[CID, int]]) -> CID:
+        """Build (and cache) the roster ``coordinator`` would publish from ``ready``."""
+        members = self.config.members
         roster = Roster.new(
-            self.session, self.genesis, r, self.model_cid, self.peer_id, self.config.members, ready
+            self.session, self.genesis, r, self.model_cid, coordinator, members, ready
         )
         block = roster.to_block()
-        cid = block.cid
-        self._rosters[bytes(cid)] = (roster, block)
-        self.board.state(r).rosters.setdefault(self.peer_id, cid)
+        self._rosters[bytes(block.cid)] = (roster, block)
+        self.board.state(r).rosters.setdefault(coordinator, block.cid)
+        return block.cid
+
+    async def _publish_roster(self, r: int, ready: dict[str, tuple[CID, int]]) -> None:
+        cid = self._derive_roster(r, self.peer_id, ready)
+        block = self._rosters[bytes(cid)][1]
         inline = block.data if len(block.data) <= MAX_INLINE_BYTES else None
         if inline is None:
             await self.store.put(block)  # peers fetch it: store before announcing
@@ -535,7 +401,7 @@ class AgreedSession:
             tried.add(bytes(cid))
             rejected[f"roster {cid}"] = str(exc)
             return None
-        problem = self._roster_problem(r, roster)
+        problem = roster_problem(roster, self.session, self.genesis, r, self.model_cid, self.config)
         if problem:
             tried.add(bytes(cid))
             rejected[roster.coordinator] = f"roster {cid}: {problem}"
@@ -546,7 +412,7 @@ class AgreedSession:
         gradients = []
         for entry, task in zip(roster.entries, tasks, strict=True):
             if task.cancelled() or task.exception() is not None:
-                if task.cancelled() or _transient(task):
+                if is_transient(task):
                     self._fetch(entry.contribution)  # retry until the round deadline
                     return None
                 tried.add(bytes(cid))
@@ -570,19 +436,6 @@ class AgreedSession:
             known = self._rosters[bytes(cid)] = (Roster.from_block(block), block)
         return known[0]
 
-    def _roster_problem(self, r: int, roster: Roster) -> str:
-        if roster.session != self.session or bytes(roster.genesis) != bytes(self.genesis):
-            return "another session"
-        if roster.round != r or bytes(roster.base) != bytes(self.model_cid):
-            return f"round {roster.round} on {roster.base}, not round {r} on {self.model_cid}"
-        if roster.coordinator not in self.config.members or not set(roster.peers) <= set(
-            self.config.members
-        ):
-            return "lists a non-member"
-        if len(roster.entries) < self.config.quorum:
-            return f"{len(roster.entries)} entries < min_peers {self.config.quorum}"
-        return ""
-
     async def _finish(
         self,
         r: int,
@@ -595,23 +448,26 @@ class AgreedSession:
         base = self.model_cid
         roster_block = self._rosters[bytes(roster_cid)][1]
         self._rosters.clear()
-        result = await model_cid(model)
+        encoded = await encode_gradient(model)
+        result = encoded.cid
         record = AgreedRecord(
             self.session, self.genesis, r, self.head, base, roster_cid, result,
             float(self.config.learning_rate),
         ).to_block()  # fmt: skip
         record_cid = record.cid
-        # Announce first, store concurrently: the roster (pinned here too: the record links it
-        # and late peers fetch it), the model and the record.
-        await asyncio.gather(
-            self._post("done", self._message("done", r, result, record=record_cid)),
-            self.store.put(roster_block),
-            put_gradient(self.store, model),
-            self.store.put(record),
+        await self._post("done", self._message("done", r, result, record=record_cid))
+        # Stored off the critical path (settled before the next round, resync or close): the
+        # roster (pinned here too: the record links it), the model and the record.
+        self._pending.append(
+            asyncio.ensure_future(
+                asyncio.gather(
+                    self.store.put(roster_block), encoded.store(self.store), self.store.put(record)
+                )
+            )
         )
         self.round, self.model, self.model_cid, self.head = r + 1, model, result, record_cid
         self.history[bytes(record_cid)] = r
-        self._forget_fetches(())
+        self._fetcher.clear()
         others = [p for p in roster.peers if p != self.peer_id]
         logger.debug("round %d: done after %.3fs", r, time.monotonic() - started)
         confirmed, theirs = await self._await_done(r, record_cid, others)
@@ -637,17 +493,16 @@ class AgreedSession:
     async def _await_done(
         self, r: int, record: CID, others: list[str]
     ) -> tuple[set[str], dict[str, str]]:
-        deadline = time.monotonic() + self.config.done_timeout
-        board = self.board
-        while True:
-            event = board.changed
-            done = board.state(r).done
-            confirmed = {p for p, h in done.items() if bytes(h.record) == bytes(record)}
-            theirs = {p: str(h.record) for p, h in done.items() if bytes(h.record) != bytes(record)}
-            if theirs or all(p in done for p in others) or time.monotonic() >= deadline:
-                return confirmed, theirs
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), _TICK)
+        done = self.board.state(r).done
+
+        def settled() -> bool:
+            differ = any(bytes(h.record) != bytes(record) for h in done.values())
+            return differ or all(p in done for p in others)
+
+        await self.board.wait_until(settled, self.config.done_timeout)
+        confirmed = {p for p, h in done.items() if bytes(h.record) == bytes(record)}
+        theirs = {p: str(h.record) for p, h in done.items() if bytes(h.record) != bytes(record)}
+        return confirmed, theirs
 
     # ------------------------------------------------------------------ catching up
 
@@ -665,45 +520,21 @@ class AgreedSession:
         GenesisMismatch, RoundVerificationFailed
             If the chain is not a valid chain of this session.
         """
-        board = self.board
+        await self._settle()
         grace = 2 * self.config.announce_interval if grace is None else grace
-        started = time.monotonic()
-        first_heard: float | None = None
         others = [p for p in self.config.members if p != self.peer_id]
-        while True:
-            event = board.changed
-            heads = dict(board.heads)
-            now = time.monotonic()
-            if heads and first_heard is None:
-                first_heard = now
-            if (
-                all(p in heads for p in others)
-                or (first_heard is not None and now - first_heard >= grace)
-                or now - started >= timeout
-            ):
-                break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), _TICK)
+        heads = await self.board.gather_heads(others, grace=grace, timeout=timeout)
         if self.head is not None:
             heads[self.peer_id] = Head(self.round - 1, self.model_cid, self.head)
-        best = _best_head(heads.values())
+        best = best_head(heads.values())
         if best is None or bytes(best.record) == bytes(self.head or b""):
             return ResyncResult(False, self.round, self.model_cid, self.head)
-        chain = await load_chain(
+        chain, model = await load_head(
             self.store, best.record, session=self.session, genesis=self.genesis,
-            stop_at=set(self.history),
+            history=self.history, length=self.model.size, timeout=self.config.fetch_timeout,
         )  # fmt: skip
-        first = chain[0][1]
-        if first.prev is not None and bytes(first.prev) not in self.history:
-            raise GenesisMismatch(f"head {best.record} does not extend this peer's history")
-        model = await fetch_gradient(
-            self.store,
-            best.result,
-            timeout=self.config.fetch_timeout,
-            expected_length=self.model.size,
-        )
         self.model = np.array(model, np.float32).reshape(-1)
-        self.model_cid, self.head, self.round = best.result, best.record, best.round + 1
+        self.model_cid, self.head, self.round = chain[-1][1].result, best.record, best.round + 1
         for cid, record in chain:
             self.history[bytes(cid)] = record.round
         self.board.advance(self.round)
@@ -711,46 +542,23 @@ class AgreedSession:
         logger.info("%s resynced to round %d (%s)", self.peer_id, self.round, best.record)
         return ResyncResult(True, self.round, self.model_cid, self.head, tuple(c for c, _ in chain))
 
-    async def linger(self, *, timeout: float) -> set[str]:
-        """Keep announcing the head until every member has announced the same round's ``done``.
+    async def linger(self, *, timeout: float, grace: float | None = None) -> set[str]:
+        """Announce the head until every member has announced the same round's, then ``grace`` s.
 
-        Returns the members that did within ``timeout`` seconds (this peer included).
+        The others may not have heard this peer's head yet: it is re-announced from the first
+        interval again and for ``grace`` seconds more (default ``max_announce_interval`` +
+        ``announce_interval``). Returns the members heard within ``timeout`` (this one included).
         """
-        deadline = time.monotonic() + timeout
-        board = self.board
-        while True:
-            event = board.changed
-            done = {p for p, h in board.heads.items() if h.round >= self.round - 1}
-            done.add(self.peer_id)
-            if done >= set(self.config.members) or time.monotonic() >= deadline:
-                return done
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), _TICK)
+        await self._settle()
+        members, last = set(self.config.members), self.round - 1
+        if self.head is not None:
+            await self._post("done", self._message("done", last, self.model_cid, record=self.head))
 
+        def finished() -> set[str]:
+            heads = self.board.heads
+            return {p for p, h in heads.items() if h.round >= last} | {self.peer_id}
 
-async def _ready_value(values: FloatArray) -> FloatArray:
-    return values
-
-
-@dataclass
-class _Outgoing:
-    """A message this peer re-announces: its bytes, when next, and the current delay."""
-
-    data: bytes
-    due: float
-    delay: float
-
-
-def _transient(task: asyncio.Task[FloatArray]) -> bool:
-    """Whether a finished fetch failed in a way worth retrying (not a hostile block)."""
-    exc = task.exception()
-    return exc is not None and not isinstance(exc, BlockCorrupt | DecodeError | GradientError)
-
-
-def _best_head(heads: Iterable[Head]) -> Head | None:
-    """Pick the highest round, then the record most peers announce, then the smallest CID."""
-    pool = list(heads)
-    if not pool:
-        return None
-    votes = Counter(bytes(h.record) for h in pool)
-    return min(pool, key=lambda h: (-h.round, -votes[bytes(h.record)], bytes(h.record)))
+        if await self.board.wait_until(lambda: finished() >= members, timeout):
+            extra = self.config.max_announce_interval + self.config.announce_interval
+            await asyncio.sleep(extra if grace is None else grace)  # keep announcing our head
+        return finished()

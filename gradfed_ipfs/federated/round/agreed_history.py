@@ -20,13 +20,14 @@ from ...cid import parse_cid
 from ...errors import BlockStoreError, DecodeError, GenesisMismatch, RoundVerificationFailed
 from ...formats.roster import AgreedRecord, Roster
 from ...storage.base import BlockStore
-from ...storage.dag import fetch_gradient, put_gradient
-from ...storage.memory import MemoryBlockStore
+from ...storage.dag import fetch_gradient
 from ...tensor.deterministic import deterministic_update
+from .encoded import encode_gradient
 
 __all__ = [
     "MAX_CHAIN_ROUNDS",
     "load_chain",
+    "load_head",
     "load_record",
     "load_roster",
     "model_cid",
@@ -55,9 +56,7 @@ async def load_roster(store: BlockStore, cid: CIDLike, *, timeout: float | None 
 
 async def model_cid(model: FloatArray) -> CID:
     """Return the CID ``put_gradient`` gives a model, computed without a daemon."""
-    return await put_gradient(
-        MemoryBlockStore(), np.ascontiguousarray(model, np.float32).reshape(-1)
-    )
+    return (await encode_gradient(model)).cid
 
 
 async def load_chain(
@@ -109,6 +108,35 @@ async def load_chain(
         raise RoundVerificationFailed(f"the first record of {start} does not start at the genesis")
     chain.reverse()
     return chain
+
+
+async def load_head(
+    store: BlockStore,
+    head: CID,
+    *,
+    session: str,
+    genesis: CID,
+    history: Collection[bytes],
+    length: int,
+    timeout: float,
+) -> tuple[list[tuple[CID, AgreedRecord]], FloatArray]:
+    """Load the records from ``head`` back to one in ``history`` (or the genesis), and its model.
+
+    Raises
+    ------
+    GenesisMismatch
+        If the chain does not extend ``history`` (nor start at the genesis).
+    RoundVerificationFailed
+        See :func:`load_chain`.
+    """
+    chain = await load_chain(store, head, session=session, genesis=genesis, stop_at=history)
+    first = chain[0][1]
+    if first.prev is not None and bytes(first.prev) not in history:
+        raise GenesisMismatch(f"head {head} does not extend this peer's history")
+    model = await fetch_gradient(
+        store, chain[-1][1].result, timeout=timeout, expected_length=length
+    )
+    return chain, np.array(model, np.float32).reshape(-1)
 
 
 async def recompute_round(store: BlockStore, record: AgreedRecord) -> tuple[Roster, FloatArray]:

@@ -12,8 +12,11 @@ Waiters use :meth:`RoundBoard.changed` (grab the event, check, then wait) so no 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -21,9 +24,12 @@ from multiformats import CID
 
 from ...errors import DecodeError
 from ...formats.pubsub import PubsubMessage
-from ...formats.roster import AgreedMessage
+from ...formats.roster import AgreedMessage, Roster
+from .agreed_config import AgreedConfig
 
 __all__ = [
+    "best_head",
+    "roster_problem",
     "MAX_ROUNDS_AHEAD",
     "Contribution",
     "Head",
@@ -168,6 +174,64 @@ class RoundBoard:
         self._event.set()
         self._event = asyncio.Event()
 
+    async def wait_until(self, ready: Callable[[], bool], timeout: float) -> bool:
+        """Check ``ready()`` at every change (and every 50 ms) until true or ``timeout`` s pass."""
+        deadline = time.monotonic() + timeout
+        while True:
+            event = self._event  # grabbed before the check, so no change is missed
+            if ready():
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), min(0.05, left))
+
+    async def gather_heads(
+        self, others: list[str], *, grace: float, timeout: float
+    ) -> dict[str, Head]:
+        """Wait for every peer's head, or ``grace`` s after the first one, or ``timeout`` s."""
+        first: list[float] = []
+
+        def heard_enough() -> bool:
+            if self.heads and not first:
+                first.append(time.monotonic())
+            everyone = all(p in self.heads for p in others)
+            return everyone or bool(first and time.monotonic() - first[0] >= grace)
+
+        await self.wait_until(heard_enough, timeout)
+        return dict(self.heads)
+
     def poke(self) -> None:
         """Wake every waiter (after a local change, e.g. a finished fetch)."""
         self._notify()
+
+
+def best_head(heads: Iterable[Head]) -> Head | None:
+    """Pick the highest round, then the record most peers announce, then the smallest CID."""
+    pool = list(heads)
+    if not pool:
+        return None
+    votes = Counter(bytes(h.record) for h in pool)
+    return min(pool, key=lambda h: (-h.round, -votes[bytes(h.record)], bytes(h.record)))
+
+
+def roster_problem(
+    roster: Roster,
+    session: str,
+    genesis: CID,
+    round_number: int,
+    base: CID,
+    config: AgreedConfig,
+) -> str:
+    """Return why ``roster`` cannot be this round's (``""`` when it can)."""
+    if roster.session != session or bytes(roster.genesis) != bytes(genesis):
+        return "another session"
+    if roster.round != round_number or bytes(roster.base) != bytes(base):
+        return f"round {roster.round} on {roster.base}, not round {round_number} on {base}"
+    members = set(config.members)
+    if roster.coordinator not in members or not set(roster.peers) <= members:
+        return "lists a non-member"
+    if len(roster.entries) < config.quorum:
+        return f"{len(roster.entries)} entries < min_peers {config.quorum}"
+    return ""
