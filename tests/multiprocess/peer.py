@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -36,7 +37,7 @@ def delta(index: int, round_number: int, dim: int) -> np.ndarray:
 
 
 def emit(event: str, **fields: Any) -> None:
-    print(json.dumps({"event": event, **fields}), flush=True)
+    print(json.dumps({"event": event, "time": round(time.time(), 3), **fields}), flush=True)
 
 
 def dump_tasks() -> None:

@@ -20,8 +20,9 @@ genesis is the CID of the initial model, committed once; the topic is
    contribution it lacks, so every honest peer gets the same bytes and the same CID;
 4. **done**: it commits the model and an :class:`~gradfed_ipfs.formats.roster.AgreedRecord`
    (``prev``, roster and result CIDs; byte-identical on every peer), announces
-   ``done{result, record}``, and waits up to ``done_timeout`` for the other roster peers'
-   ``done``: a different record raises :class:`~gradfed_ipfs.errors.RoundMismatch`; the cure is
+   ``done{result, record}``; the other peers' ``done`` are checked (waiting up to
+   ``done_timeout``, by default not at all, then again when the next round starts): a
+   different record raises :class:`~gradfed_ipfs.errors.RoundMismatch`; the cure is
    :meth:`AgreedSession.resync` (also how a restarted or late peer catches up).
 
 A peer that misses the roster message learns the roster from another peer's ``done`` record.
@@ -169,11 +170,10 @@ class AgreedSession:
             asyncio.create_task(self._announcer.run()),
         ]
 
-    async def _settle(self) -> None:
-        """Wait for the blocks of finished rounds to be stored (raising a failed put)."""
-        pending, self._pending = self._pending, []
-        for future in pending:
-            await future
+    async def _settle(self, *, keep: int = 0) -> None:
+        """Wait until at most ``keep`` rounds' blocks are still being stored (raising a failure)."""
+        while len(self._pending) > keep or (self._pending and self._pending[0].done()):
+            await self._pending.pop(0)
 
     async def aclose(self) -> None:
         """Store what is pending, stop announcing and listening (store and transport stay open)."""
@@ -251,7 +251,8 @@ class AgreedSession:
             raise InvalidGradient(f"gradient must be {self.model.size} finite values")
         # Announce as soon as the CID is known; the daemon serves the block once the put lands
         # (bitswap answers wants for blocks added later), so the put overlaps the announcement.
-        await self._settle()
+        self._check_done(r - 1)
+        await self._settle(keep=1)  # the last round's blocks may still be on their way
         encoded = await encode_gradient(own_values)
         contribution = encoded.cid
         stored = asyncio.ensure_future(encoded.store(self.store))
@@ -471,8 +472,8 @@ class AgreedSession:
         others = [p for p in roster.peers if p != self.peer_id]
         logger.debug("round %d: done after %.3fs", r, time.monotonic() - started)
         confirmed, theirs = await self._await_done(r, record_cid, others)
-        if theirs:
-            raise RoundMismatch(r, str(record_cid), theirs)
+        self._check_done(r)
+        rejected.update({p: f"announced record {cid}" for p, cid in theirs.items()})
         unconfirmed = tuple(p for p in others if p not in confirmed)
         return AgreedRoundResult(
             round=r,
@@ -490,16 +491,33 @@ class AgreedSession:
             seconds=time.monotonic() - started,
         )
 
+    def _check_done(self, r: int) -> None:
+        """Raise ``RoundMismatch`` if round ``r``'s ``done`` messages outvote this peer's record.
+
+        Peers that announced another record while this one's wins (most votes, then smallest
+        CID, as :meth:`resync` chooses) are the ones that must resync; they are not an error here.
+        """
+        if self.head is None or r < 0:
+            return
+        done = self.board.state(r).done
+        theirs = {p: h for p, h in done.items() if bytes(h.record) != bytes(self.head)}
+        if theirs:
+            mine = Head(r, self.model_cid, self.head)
+            best = best_head([*done.values(), mine])
+            if best is not None and bytes(best.record) != bytes(self.head):
+                raise RoundMismatch(
+                    r, str(self.head), {p: str(h.record) for p, h in theirs.items()}
+                )
+
     async def _await_done(
         self, r: int, record: CID, others: list[str]
     ) -> tuple[set[str], dict[str, str]]:
         done = self.board.state(r).done
 
-        def settled() -> bool:
-            differ = any(bytes(h.record) != bytes(record) for h in done.values())
-            return differ or all(p in done for p in others)
-
-        await self.board.wait_until(settled, self.config.done_timeout)
+        if self.config.done_timeout > 0:
+            await self.board.wait_until(
+                lambda: all(p in done for p in others), self.config.done_timeout
+            )
         confirmed = {p for p, h in done.items() if bytes(h.record) == bytes(record)}
         theirs = {p: str(h.record) for p, h in done.items() if bytes(h.record) != bytes(record)}
         return confirmed, theirs
