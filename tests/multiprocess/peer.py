@@ -59,7 +59,6 @@ async def run(args: argparse.Namespace) -> int:
         collect_timeout=args.collect_timeout,
         takeover_timeout=args.collect_timeout / 2,
         round_timeout=args.round_timeout,
-        done_timeout=1.0,
         announce_interval=0.2,
         fetch_timeout=10.0,
     )
