@@ -47,18 +47,20 @@ from numpy.typing import NDArray
 
 from gradfed_ipfs.errors import GradfedError, InvalidGradient
 from gradfed_ipfs.federated.privacy.mechanisms import DifferentialPrivacy
-from gradfed_ipfs.federated.round.accumulator import DistributedGradientAccumulator
-from gradfed_ipfs.federated.round.gossip import GossipModelSync
-from gradfed_ipfs.federated.round.runner import GradientAccumulator, RoundConfig, RoundRunner
+from gradfed_ipfs.federated.round import (
+    GossipModelSync,
+    GradientAccumulator,
+    RoundConfig,
+    RoundRunner,
+)
 from gradfed_ipfs.federated.secagg.protocol import SecAggClient, SecAggServer
 from gradfed_ipfs.formats.announcement import Announcement
 from gradfed_ipfs.kubo.pubsub import KuboPubsub
-from gradfed_ipfs.provenance.round_record import ContributionRef, commit_round
-from gradfed_ipfs.seed.backward_pass import BackwardPassConfig
+from gradfed_ipfs.provenance.round_record import ContributionRef, commit_round, verify_history
 from gradfed_ipfs.storage import Block, KuboBlockStore
 from gradfed_ipfs.storage.dag import fetch_gradient, put_gradient
 from gradfed_ipfs.tensor.aggregation import AggregationStrategy
-from gradfed_ipfs.tensor.compression import Codec, ErrorFeedback
+from gradfed_ipfs.tensor.codecs import Codec, ErrorFeedback
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from codec_accumulator import CodecAccumulator
@@ -78,6 +80,7 @@ from digits_model import (
 )
 
 BYZANTINE_SCALE = -10.0
+DEFAULT_PLOT = Path(__file__).resolve().parents[1] / "docs" / "img" / "federated_digits.png"
 N_PARAMS = N_FEATURES * N_CLASSES
 
 
@@ -124,6 +127,8 @@ class Result:
     bytes_committed: int = 0
     seconds: float = 0.0
     consistent: bool = True
+    verified: list[bool] = field(default_factory=list)
+    verified_on: str = ""
 
     @property
     def final_accuracy(self) -> float:
@@ -182,14 +187,14 @@ def make_peer(
         fetch_timeout=options.timeout,
         subscriber_timeout=options.timeout,
         republish_interval=0.5,
+        aggregation=strategy,
     )
-    feedback = ErrorFeedback(codec) if codec is not None else None
+    factory: Callable[[], GradientAccumulator] | None = None
+    if codec is not None:
+        feedback = ErrorFeedback(codec)
 
-    def accumulator() -> GradientAccumulator:
-        if feedback is not None:
+        def factory() -> GradientAccumulator:
             return CodecAccumulator(node.peer_id, feedback, strategy, options.timeout)
-        config = BackwardPassConfig(aggregation=strategy, timeout=options.timeout)
-        return DistributedGradientAccumulator(options.session, config, local_peer_id=node.peer_id)
 
     dp = None
     if options.dp_noise is not None:
@@ -200,7 +205,7 @@ def make_peer(
             noise_multiplier=options.dp_noise,
             rng=np.random.default_rng([options.seed, index]),
         )
-    runner = RoundRunner(store, gossip, config, accumulator_factory=accumulator)
+    runner = RoundRunner(store, gossip, config, accumulator_factory=factory)
     byzantine = index >= options.peers - options.byzantine
     return Peer(index, node, rows, store, pubsub, gossip, runner, byzantine, dp)
 
@@ -292,7 +297,7 @@ async def plain_round(
     views: dict[str, dict[str, str]] = {}
     nbytes = 0
     for peer, result in zip(peers, results, strict=True):
-        if result.stats.missing_clients or result.failures:
+        if result.missing or result.failures:
             raise TimeoutError(f"peer {peer.index} excluded peers: {result.failures}")
         aggregates[peer.peer_id] = np.asarray(result.aggregate, dtype=np.float32)
         views[peer.peer_id] = {
@@ -419,8 +424,14 @@ async def _run(options: Options, nodes: Sequence[Node], log: Callable[[str], Non
                 f"(centralized {centralized[round_id]:.4f}){eps}"
                 + (f"  record {record}" if record else "")
             )
+        if result.record_cids:  # while the daemons run: re-check the chain from another one
+            checker = peers[-1]
+            verdicts = await verify_history(result.record_cids[-1], checker.store)
+            result.verified = [v.ok for v in verdicts]
+            result.verified_on = checker.node.api_url
     finally:
         for p in peers:
+            await p.runner.aclose()  # its last announcement's re-publisher, before pubsub closes
             await p.gossip.aclose()
             await p.pubsub.aclose()
             await p.store.aclose()
@@ -471,17 +482,30 @@ async def record_round(
     return min(records)
 
 
-def run(options: Options, log: Callable[[str], None] = print) -> Result:
-    """Start ``options.peers`` loopback Kubo daemons, train, and stop them."""
+def run(options: Options, log: Callable[[str], None] = print, *, keep: bool = False) -> Result:
+    """Start ``options.peers`` loopback Kubo daemons, train, and stop them.
+
+    With ``keep``, the daemons stay up until the user presses Enter, and the command that
+    re-verifies the last round record through one of them is printed.
+    """
     from gradfed_ipfs.kubo import KuboSwarm
 
     with KuboSwarm(options.peers) as swarm:
-        return asyncio.run(run_federated(options, list(swarm), log))
+        result = asyncio.run(run_federated(options, list(swarm), log))
+        if keep and result.record_cids:
+            api = next(iter(swarm)).api_url
+            print(
+                f"the daemons keep running; in another shell:\n"
+                f"  gradfed-ipfs --api {api} history {result.record_cids[-1]}"
+            )
+            input("press Enter to stop them ")
+        return result
 
 
 def plot(result: Result, path: str | Path) -> Path:
     """Write a PNG of test accuracy against rounds, with the centralized reference line."""
     title = f"digits, softmax regression, {result.options.peers} peers over Kubo"
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     return plot_curves(
         result.accuracy, result.centralized, describe(result.options), title, Path(path)
     )
@@ -519,7 +543,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--alpha", type=float, default=d.alpha, help="Dirichlet α of the label split (non-IID)")
     add("--peers", type=int, default=d.peers, help="peers, one Kubo daemon each")
     add("--seed", type=int, default=d.seed, help="seed of the data split")
-    add("--plot", default="federated_digits.png", help="PNG path ('' for none)")
+    add("--plot", "--out", default=str(DEFAULT_PLOT), help="PNG path ('' for none)")
+    add("--keep", action="store_true", help="keep the daemons up until Enter (to run history)")
     return parser
 
 
@@ -542,7 +567,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
     )
     try:
-        result = run(options)
+        result = run(options, keep=args.keep)
     except GradfedError as exc:
         print(f"error ({type(exc).__name__}): {exc}", file=sys.stderr)
         return exc.exit_code
@@ -560,13 +585,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if result.epsilon is not None:
         print(f"privacy: ε = {result.epsilon:.3f} at δ = {options.dp_delta:g} per peer (RDP)")
     if result.record_cids:
+        print(f"last round record: {result.record_cids[-1]}")
         print(
-            f"last round record: {result.record_cids[-1]} "
-            f"(gradfed-ipfs history {result.record_cids[-1]})"
+            f"history re-verified through {result.verified_on}: "
+            f"{sum(result.verified)}/{len(result.verified)} rounds recomputed bit for bit"
+            + ("" if args.keep else " (the daemons stop now; --keep to run history yourself)")
         )
     if args.plot:
         print(f"plot: {plot(result, args.plot)}")
-    return 0 if result.consistent and math.isfinite(result.final_accuracy) else 1
+    verified = all(result.verified)
+    return 0 if result.consistent and verified and math.isfinite(result.final_accuracy) else 1
 
 
 if __name__ == "__main__":

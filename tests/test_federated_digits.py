@@ -15,7 +15,7 @@ from gradfed_ipfs.kubo import KuboDaemon, KuboSwarm
 from gradfed_ipfs.provenance.round_record import verify_history
 from gradfed_ipfs.storage import KuboBlockStore
 from gradfed_ipfs.tensor.aggregation import Krum, MultiKrum, TrimmedMean
-from gradfed_ipfs.tensor.compression import TopKInt8
+from gradfed_ipfs.tensor.codecs import TopKInt8
 
 pytest.importorskip("sklearn")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -61,6 +61,7 @@ def test_round_records_verify_from_another_daemon(
             return [v.ok for v in await verify_history(fedavg.record_cids[-1], store)]
 
     assert asyncio.run(check()) == [True] * ROUNDS
+    assert fedavg.verified == [True] * ROUNDS  # the example checked it before its daemons stopped
 
 
 @pytest.mark.kubo
