@@ -47,6 +47,10 @@ CLI exits with. The tree::
     │   ├── NotStarted                 operating on a round that was not started
     │   ├── PrivacyBudgetExhausted     a DP operation would exceed the (ε, δ) budget
     │   ├── InsufficientPeers          a round's deadline passed with fewer than min_peers in
+    │   │   └── QuorumNotReached       an agreed round adopted no roster of min_peers in time
+    │   ├── RoundMismatch              peers announced a different result CID for a round
+    │   ├── GenesisMismatch            a model or record of another session's genesis
+    │   ├── RoundVerificationFailed    an agreed round record does not re-verify
     │   └── SecureAggregationError     the masked-sum protocol cannot proceed
     │       ├── SecAggPeerRejected     one party's SecAgg message is unusable (names the party)
     │       └── UnmaskRefused          an honest client refuses an unmasking request
@@ -114,6 +118,7 @@ __all__ = [
     "EmptyInput",
     "FederatedDimensionMismatch",
     "FederatedError",
+    "GenesisMismatch",
     "GradfedError",
     "GradientError",
     "GraphIoError",
@@ -144,7 +149,10 @@ __all__ = [
     "PubsubResponseTooLarge",
     "PubsubTimeout",
     "PubsubUnavailable",
+    "QuorumNotReached",
     "ResponseTooLarge",
+    "RoundMismatch",
+    "RoundVerificationFailed",
     "RpcTimeout",
     "SecAggPeerRejected",
     "SecureAggregationError",
@@ -561,6 +569,46 @@ class InsufficientPeers(FederatedError):
             f"round {round_id}: {got} of min_peers={needed} peer contributions by the deadline"
             + (f"; absent: {', '.join(self.absent)}" if self.absent else "")
         )
+
+
+class QuorumNotReached(InsufficientPeers):
+    """An agreed round adopted no roster of at least ``need`` contributions by its deadline.
+
+    ``have`` counts the verified contributions (this peer's included) it held then.
+    """
+
+    def __init__(self, round_number: int, have: int, need: int) -> None:
+        super().__init__(round_number, need, have)
+        self.round = round_number
+        self.have = have
+        self.need = need
+        self.args = (
+            f"round {round_number}: no roster with >= {need} contributions before the deadline "
+            f"(this peer saw {have})",
+        )
+
+
+class RoundMismatch(FederatedError):
+    """Peers announced a different result for the same round: call ``resync()``.
+
+    ``theirs`` maps each disagreeing peer to the round-record CID it announced.
+    """
+
+    def __init__(self, round_number: int, ours: str, theirs: dict[str, str]) -> None:
+        self.round = round_number
+        self.ours = ours
+        self.theirs = dict(theirs)
+        super().__init__(
+            f"round {round_number}: our record {ours} differs from {sorted(theirs)}'s; resync"
+        )
+
+
+class GenesisMismatch(FederatedError, ValueError):
+    """A model, record or peer belongs to a session with another genesis model CID."""
+
+
+class RoundVerificationFailed(FederatedError):
+    """An agreed round record, its roster or its result does not re-verify."""
 
 
 class SecureAggregationError(FederatedError):

@@ -1,0 +1,435 @@
+"""``AgreedSession``: rounds whose contributions and result are content-addressed and agreed.
+
+Pubsub is lossy, so nothing here needs every message to arrive; lost messages cost time,
+never consistency (DESIGN §7, issue 13). A session is named by ``(session, genesis)``: the
+genesis is the CID of the initial model, committed once; the topic is
+``gradfed/v1/<session>/agreed/<genesis>``. Round ``r`` starts from model CID ``M_r``:
+
+1. **contribute**: commit the local gradient, announce ``contrib{cid, weight, base=M_r}``;
+   every message this peer owes is re-announced until its phase ends (its latest ``done``
+   forever: that is its head, for late joiners), first after ``announce_interval``, then at
+   doubling intervals up to ``max_announce_interval`` (lost messages cost time; a flood of
+   re-publications costs every peer CPU);
+2. **roster**: the coordinator (rank 0 of :func:`coordinator_ranking`) publishes, as soon as
+   every member's contribution is fetched and verified (or at ``collect_timeout`` with at least
+   ``min_peers``), the dag-cbor :class:`~gradfed_ipfs.formats.roster.Roster` of what it holds;
+   rank ``k`` does the same ``k · takeover_timeout`` later if no roster has been seen;
+3. **aggregate**: every peer aggregates exactly the roster, in roster order, with
+   :func:`~gradfed_ipfs.tensor.deterministic.deterministic_update` (the rule
+   ``M_{r+1} = float32(M_r + learning_rate · Σ (w_i/W) g_i)``), fetching by CID any listed
+   contribution it lacks, so every honest peer gets the same bytes and the same CID;
+4. **done**: it commits the model and an :class:`~gradfed_ipfs.formats.roster.AgreedRecord`
+   (``prev``, roster and result CIDs; byte-identical on every peer), announces
+   ``done{result, record}``; the other peers' ``done`` are checked (waiting up to
+   ``done_timeout``, by default not at all, then again when the next round starts): a
+   different record raises :class:`~gradfed_ipfs.errors.RoundMismatch`; the cure is
+   :meth:`AgreedSession.resync` (also how a restarted or late peer catches up).
+
+A peer that misses the roster message learns the roster from another peer's ``done`` record.
+No roster with ``min_peers`` contributions by ``round_timeout`` raises
+:class:`~gradfed_ipfs.errors.QuorumNotReached`. The coordinator is trusted to list only
+contributions that were announced (peers do check that it lists members' verified blocks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Final
+
+import numpy as np
+from multiformats import CID
+
+from ..._types import CIDLike, FloatArray, GradientLike
+from ...block import Block
+from ...cid import parse_cid
+from ...errors import (
+    GenesisMismatch,
+    InvalidGradient,
+    QuorumNotReached,
+    RoundMismatch,
+)
+from ...formats.roster import (
+    AgreedRecord,
+    Roster,
+)
+from ...kubo.pubsub import PubsubTransport
+from ...storage.base import BlockStore
+from ...storage.dag import fetch_gradient, put_gradient
+from .agreed_config import AgreedConfig, AgreedRoundResult, ResyncResult, agreed_topic
+from .agreed_history import load_head
+from .agreed_roster import RosterPhase
+from .announcer import Reannouncer
+from .coordinator import Head, RoundBoard, best_head, coordinator_ranking
+from .encoded import encode_gradient
+from .fetcher import ContributionFetcher
+from .retention import Retention, RetentionPolicy, pin_alone
+
+__all__ = ["AgreedConfig", "AgreedRoundResult", "AgreedSession", "ResyncResult", "agreed_topic"]
+
+logger = logging.getLogger("gradfed_ipfs.federated.agreed")
+
+_TICK: Final = 0.05
+"""Longest wait between checks of the clock-driven steps (seconds)."""
+
+
+class AgreedSession(RosterPhase):
+    """One peer of an agreed session (see the module docstring).
+
+    Parameters
+    ----------
+    store
+        This peer's block store (its daemon; peers' blocks arrive through it).
+    pubsub
+        This peer's pubsub transport.
+    session
+        Session name.
+    genesis
+        CID of the session's initial model (see :meth:`commit_genesis`).
+    config
+        Members and timing.
+    retention
+        Unpin this peer's contributions and models after ``keep_rounds`` rounds and run the
+        store's garbage collection every ``gc_every`` rounds, between rounds; ``None`` keeps all.
+    """
+
+    def __init__(
+        self,
+        store: BlockStore,
+        pubsub: PubsubTransport,
+        session: str,
+        genesis: CIDLike,
+        config: AgreedConfig,
+        *,
+        retention: RetentionPolicy | None = None,
+    ) -> None:
+        self.store = store
+        self.pubsub = pubsub
+        self.session = session
+        self.genesis = parse_cid(genesis)
+        self.config = config
+        self.topic = agreed_topic(session, self.genesis)
+        self.peer_id = ""
+        self.round = 0
+        self.model_cid = self.genesis
+        self.model: FloatArray = np.zeros(0, np.float32)
+        self.head: CID | None = None
+        self.history: dict[bytes, int] = {}  # record CID -> round, of records this peer followed
+        self._board: RoundBoard | None = None
+        self._announcer = Reannouncer(
+            pubsub, self.topic, config.announce_interval, config.max_announce_interval
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+        self._fetcher = ContributionFetcher(store, config.fetch_timeout, self._poke)
+        self._rosters: dict[bytes, tuple[Roster, Block]] = {}
+        self._pending: list[asyncio.Future[object]] = []
+        self.retention = Retention(retention) if retention is not None else None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @staticmethod
+    async def commit_genesis(store: BlockStore, model: GradientLike) -> CID:
+        """Commit (and pin) the initial model; its CID names the session."""
+        return await put_gradient(store, np.asarray(model, np.float32).reshape(-1))
+
+    async def start(self, model: GradientLike | None = None) -> None:
+        """Subscribe and start announcing; begin at the genesis model.
+
+        Parameters
+        ----------
+        model
+            This peer's initial model; it must hash to the genesis CID. When ``None`` the
+            genesis model is fetched by CID.
+
+        Raises
+        ------
+        GenesisMismatch
+            If ``model`` is not the session's genesis model, or this peer is not a member.
+        """
+        if model is not None:
+            cid = await self.commit_genesis(self.store, model)
+            if bytes(cid) != bytes(self.genesis):
+                raise GenesisMismatch(
+                    f"this peer's initial model is {cid}, session {self.session!r} starts from "
+                    f"{self.genesis}: refusing to join"
+                )
+        self.model = np.array(
+            await fetch_gradient(self.store, self.genesis, timeout=self.config.fetch_timeout),
+            dtype=np.float32,
+        ).reshape(-1)
+        self.peer_id = await self.pubsub.local_peer_id()
+        if self.peer_id not in self.config.members:
+            raise GenesisMismatch(f"peer {self.peer_id} is not a member of {self.session!r}")
+        self._board = RoundBoard(self.session, self.genesis, self.peer_id, self.config.members)
+        messages = self.pubsub.subscribe(self.topic)
+        self._tasks = [
+            asyncio.create_task(self._listen(messages)),
+            asyncio.create_task(self._announcer.run()),
+        ]
+
+    async def _settle(self, *, keep: int = 0) -> None:
+        """Wait until at most ``keep`` rounds' blocks are still being stored (raising a failure)."""
+        while len(self._pending) > keep or (self._pending and self._pending[0].done()):
+            await self._pending.pop(0)
+
+    async def aclose(self) -> None:
+        """Store what is pending, stop announcing and listening (store and transport stay open)."""
+        try:
+            await self._settle()
+        finally:
+            tasks = [*self._tasks, *self._fetcher.clear()]
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=5.0)
+            self._tasks = []
+
+    # ------------------------------------------------------------------ the round
+
+    async def run_round(self, gradient: GradientLike, *, weight: int = 1) -> AgreedRoundResult:
+        """Contribute ``gradient`` (computed on :attr:`model`) to round :attr:`round`.
+
+        Raises
+        ------
+        QuorumNotReached
+            If no roster with ``min_peers`` contributions was adopted by ``round_timeout``.
+        RoundMismatch
+            If another roster peer announced a different record (this peer has advanced to its
+            own result; call :meth:`resync`).
+        """
+        board, r = self.board, self.round
+        if int(weight) < 1:
+            raise InvalidGradient(f"weight must be a positive integer, got {weight}")
+        started = time.monotonic()
+        board.advance(r)
+        self._announcer.withdraw("roster")  # the last round's, re-announced until now
+        own_values = np.array(gradient, dtype=np.float32).reshape(-1)
+        if own_values.size != self.model.size or not np.isfinite(own_values).all():
+            raise InvalidGradient(f"gradient must be {self.model.size} finite values")
+        # Announce as soon as the CID is known; the daemon serves the block once the put lands
+        # (bitswap answers wants for blocks added later), so the put overlaps the announcement.
+        self._check_done(r - 1)
+        if self.retention is not None and self.retention.due(r):
+            await self._settle()  # quiescent: nothing half-stored, no fetch in flight
+            await self.retention.collect(self.store, r)
+        await self._settle(keep=1)  # the last round's blocks may still be on their way
+        encoded = await encode_gradient(own_values)
+        contribution = encoded.cid
+        stored = asyncio.ensure_future(encoded.store(self.store))
+        try:
+            result = await self._run_round(r, own_values, contribution, int(weight), started)
+        except BaseException:
+            await asyncio.wait([stored])
+            if not stored.cancelled():
+                stored.exception()  # retrieved: the round's own error is the one raised
+            raise
+        await stored  # a failed put is this round's error
+        if self.retention is not None:
+            self.retention.pinned_in(r, contribution, result.model)
+        return result
+
+    async def _run_round(
+        self, r: int, own_values: FloatArray, contribution: CID, weight: int, started: float
+    ) -> AgreedRoundResult:
+        board, config = self.board, self.config
+        own = (contribution, int(weight))
+        await self._post(
+            "contrib",
+            self._message("contrib", r, contribution, base=self.model_cid, weight=int(weight)),
+        )
+        self._fetcher.known(contribution, own_values)
+        logger.debug("round %d: contributed after %.3fs", r, time.monotonic() - started)
+        ranking = coordinator_ranking(self.session, self.genesis, r, config.members)
+        rank = ranking.index(self.peer_id)
+        close_at = started + config.collect_timeout + rank * config.takeover_timeout
+        deadline = started + config.round_timeout
+        rejected: dict[str, str] = {}
+        tried: set[bytes] = set()
+        while True:
+            event = board.changed
+            state = board.state(r)
+            for peer, c in state.contributions.items():
+                if bytes(c.base) == bytes(self.model_cid) and peer not in rejected:
+                    self._fetch(c.cid)
+            adopted = await self._try_rosters(r, ranking, rejected, tried)
+            if adopted is not None:
+                break
+            if config.quorum == len(config.members) and not state.rosters:
+                # min_peers = all: the only roster any coordinator may publish is the complete
+                # one, so a peer holding every member's contribution derives it without waiting.
+                ready = self._ready(r, own, rejected)
+                if set(ready) == set(config.members):
+                    if rank == 0:
+                        await self._publish_roster(r, ready)
+                    else:
+                        self._derive_roster(r, ranking[0], ready)
+                    continue
+            if not state.rosters or all(bytes(c) in tried for c in state.rosters.values()):
+                ready = self._ready(r, own, rejected)
+                complete = set(ready) == set(config.members)
+                if (rank == 0 and complete) or (
+                    time.monotonic() >= close_at and len(ready) >= config.quorum
+                ):
+                    await self._publish_roster(r, ready)
+                    continue
+            if time.monotonic() >= deadline:
+                raise QuorumNotReached(r, len(self._ready(r, own, rejected)), config.quorum)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), _TICK)
+        roster_cid, roster, model = adopted
+        self._announcer.withdraw("contrib")  # the roster settled the contributions
+        logger.debug("round %d: adopted %s after %.3fs", r, roster_cid, time.monotonic() - started)
+        return await self._finish(r, roster_cid, roster, model, rejected, started)
+
+    async def _finish(
+        self,
+        r: int,
+        roster_cid: CID,
+        roster: Roster,
+        model: FloatArray,
+        rejected: dict[str, str],
+        started: float,
+    ) -> AgreedRoundResult:
+        base = self.model_cid
+        roster_block = self._rosters[bytes(roster_cid)][1]
+        self._rosters.clear()
+        encoded = await encode_gradient(model)
+        result = encoded.cid
+        record = AgreedRecord(
+            self.session, self.genesis, r, self.head, base, roster_cid, result,
+            float(self.config.learning_rate),
+        ).to_block()  # fmt: skip
+        record_cid = record.cid
+        await self._post("done", self._message("done", r, result, record=record_cid))
+        # Stored off the critical path (settled before the next round, resync or close): the
+        # roster (pinned here too: the record links it), the model and the record.
+        self._pending.append(
+            asyncio.ensure_future(
+                asyncio.gather(
+                    self._keep(roster_block), encoded.store(self.store), self._keep(record)
+                )
+            )
+        )
+        self.round, self.model, self.model_cid, self.head = r + 1, model, result, record_cid
+        self.history[bytes(record_cid)] = r
+        self._fetcher.clear()
+        others = [p for p in roster.peers if p != self.peer_id]
+        logger.debug("round %d: done after %.3fs", r, time.monotonic() - started)
+        confirmed, theirs = await self._await_done(r, record_cid, others)
+        self._check_done(r)
+        rejected.update({p: f"announced record {cid}" for p, cid in theirs.items()})
+        unconfirmed = tuple(p for p in others if p not in confirmed)
+        return AgreedRoundResult(
+            round=r,
+            base=base,
+            model=result,
+            record=record_cid,
+            roster_cid=roster_cid,
+            roster=roster,
+            included=self.peer_id in roster.peers,
+            absent=tuple(p for p in self.config.members if p not in roster.peers),
+            confirmed=tuple(sorted(confirmed)),
+            unconfirmed=unconfirmed,
+            matched=not unconfirmed,
+            rejected=rejected,
+            seconds=time.monotonic() - started,
+        )
+
+    async def _keep(self, block: Block) -> None:
+        """Pin a roster or record: alone under a retention policy, else recursively."""
+        if self.retention is not None:
+            await pin_alone(self.store, block)
+        else:
+            await self.store.put(block)
+
+    def _check_done(self, r: int) -> None:
+        """Raise ``RoundMismatch`` if round ``r``'s ``done`` messages outvote this peer's record.
+
+        Peers that announced another record while this one's wins (most votes, then smallest
+        CID, as :meth:`resync` chooses) are the ones that must resync; they are not an error here.
+        """
+        if self.head is None or r < 0:
+            return
+        done = self.board.state(r).done
+        theirs = {p: h for p, h in done.items() if bytes(h.record) != bytes(self.head)}
+        if theirs:
+            mine = Head(r, self.model_cid, self.head)
+            best = best_head([*done.values(), mine])
+            if best is not None and bytes(best.record) != bytes(self.head):
+                raise RoundMismatch(
+                    r, str(self.head), {p: str(h.record) for p, h in theirs.items()}
+                )
+
+    async def _await_done(
+        self, r: int, record: CID, others: list[str]
+    ) -> tuple[set[str], dict[str, str]]:
+        done = self.board.state(r).done
+
+        if self.config.done_timeout > 0:
+            await self.board.wait_until(
+                lambda: all(p in done for p in others), self.config.done_timeout
+            )
+        confirmed = {p for p, h in done.items() if bytes(h.record) == bytes(record)}
+        theirs = {p: str(h.record) for p, h in done.items() if bytes(h.record) != bytes(record)}
+        return confirmed, theirs
+
+    # ------------------------------------------------------------------ catching up
+
+    async def resync(self, *, timeout: float = 10.0, grace: float | None = None) -> ResyncResult:
+        """Adopt the latest agreed head the other members announce, by CID.
+
+        Waits until every other member's head is heard, or one is heard and ``grace`` seconds
+        (default two announce intervals) have passed, or ``timeout``. The best head has the
+        highest round, then the most peers behind it, then the smallest record CID. Its chain
+        is walked back to a record this peer already followed (or the genesis) and checked
+        (links, rounds, genesis); then the head's model is fetched and adopted.
+
+        Raises
+        ------
+        GenesisMismatch, RoundVerificationFailed
+            If the chain is not a valid chain of this session.
+        """
+        await self._settle()
+        grace = 2 * self.config.announce_interval if grace is None else grace
+        others = [p for p in self.config.members if p != self.peer_id]
+        heads = await self.board.gather_heads(others, grace=grace, timeout=timeout)
+        if self.head is not None:
+            heads[self.peer_id] = Head(self.round - 1, self.model_cid, self.head)
+        best = best_head(heads.values())
+        if best is None or bytes(best.record) == bytes(self.head or b""):
+            return ResyncResult(False, self.round, self.model_cid, self.head)
+        chain, model = await load_head(
+            self.store, best.record, session=self.session, genesis=self.genesis,
+            history=self.history, length=self.model.size, timeout=self.config.fetch_timeout,
+        )  # fmt: skip
+        self.model = np.array(model, np.float32).reshape(-1)
+        self.model_cid, self.head, self.round = chain[-1][1].result, best.record, best.round + 1
+        for cid, record in chain:
+            self.history[bytes(cid)] = record.round
+        self.board.advance(self.round)
+        await self._post("done", self._message("done", best.round, best.result, record=best.record))
+        logger.info("%s resynced to round %d (%s)", self.peer_id, self.round, best.record)
+        return ResyncResult(True, self.round, self.model_cid, self.head, tuple(c for c, _ in chain))
+
+    async def linger(self, *, timeout: float, grace: float | None = None) -> set[str]:
+        """Announce the head until every member has announced the same round's, then ``grace`` s.
+
+        The others may not have heard this peer's head yet: it is re-announced from the first
+        interval again and for ``grace`` seconds more (default ``max_announce_interval`` +
+        ``announce_interval``). Returns the members heard within ``timeout`` (this one included).
+        """
+        await self._settle()
+        members, last = set(self.config.members), self.round - 1
+        if self.head is not None:
+            await self._post("done", self._message("done", last, self.model_cid, record=self.head))
+
+        def finished() -> set[str]:
+            heads = self.board.heads
+            return {p for p, h in heads.items() if h.round >= last} | {self.peer_id}
+
+        if await self.board.wait_until(lambda: finished() >= members, timeout):
+            extra = self.config.max_announce_interval + self.config.announce_interval
+            await asyncio.sleep(extra if grace is None else grace)  # keep announcing our head
+        return finished()

@@ -1,0 +1,224 @@
+"""Agreed-round history: load the record chain and re-verify rounds from CIDs alone.
+
+A third party holding only the last round record's CID can walk ``prev`` links back to the
+session's first round, check that each round starts from the previous one's result (the first
+from the genesis model), and re-aggregate each roster with
+:func:`~gradfed_ipfs.tensor.deterministic.deterministic_update`: the result must hash to the
+recorded model CID, bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Final
+
+import numpy as np
+from multiformats import CID
+
+from ..._types import CIDLike, FloatArray
+from ...cid import parse_cid
+from ...errors import BlockStoreError, DecodeError, GenesisMismatch, RoundVerificationFailed
+from ...formats.roster import AgreedRecord, Roster
+from ...storage.base import BlockStore
+from ...storage.dag import fetch_gradient
+from ...tensor.deterministic import deterministic_update
+from .encoded import encode_gradient
+
+__all__ = [
+    "MAX_CHAIN_ROUNDS",
+    "load_chain",
+    "load_head",
+    "load_record",
+    "load_roster",
+    "model_cid",
+    "recompute_round",
+    "verify_agreed_history",
+    "verify_agreed_round",
+]
+
+MAX_CHAIN_ROUNDS: Final = 100_000
+"""Most records one chain walk follows."""
+
+
+async def load_record(
+    store: BlockStore, cid: CIDLike, *, timeout: float | None = None
+) -> AgreedRecord:
+    """Fetch and decode a round record (``MalformedManifest`` if it is not one)."""
+    block = await (store.get(cid) if timeout is None else store.get(cid, timeout=timeout))
+    return AgreedRecord.from_block(block)
+
+
+async def load_roster(store: BlockStore, cid: CIDLike, *, timeout: float | None = None) -> Roster:
+    """Fetch and decode a roster (``MalformedManifest`` if it is not one)."""
+    block = await (store.get(cid) if timeout is None else store.get(cid, timeout=timeout))
+    return Roster.from_block(block)
+
+
+async def model_cid(model: FloatArray) -> CID:
+    """Return the CID ``put_gradient`` gives a model, computed without a daemon."""
+    return (await encode_gradient(model)).cid
+
+
+async def load_chain(
+    store: BlockStore,
+    head: CIDLike,
+    *,
+    session: str,
+    genesis: CID,
+    stop_at: Collection[bytes] = (),
+    max_rounds: int = MAX_CHAIN_ROUNDS,
+) -> list[tuple[CID, AgreedRecord]]:
+    """Walk ``prev`` links from ``head`` and return ``(cid, record)`` pairs, oldest first.
+
+    The walk stops after a record whose ``prev`` is in ``stop_at`` (CID bytes) or is ``None``.
+
+    Raises
+    ------
+    GenesisMismatch
+        If a record names another session or genesis.
+    RoundVerificationFailed
+        If rounds do not count down by one, a record's base is not its predecessor's result,
+        the first round does not start from the genesis, or the chain is longer than
+        ``max_rounds``.
+    """
+    chain: list[tuple[CID, AgreedRecord]] = []
+    start = parse_cid(head)
+    cid: CID | None = start
+    while cid is not None:
+        if len(chain) >= max_rounds:
+            raise RoundVerificationFailed(f"chain from {start} is longer than {max_rounds} rounds")
+        record = await load_record(store, cid)
+        if record.session != session or bytes(record.genesis) != bytes(genesis):
+            raise GenesisMismatch(
+                f"record {cid} belongs to {record.session}/{record.genesis}, "
+                f"not {session}/{genesis}"
+            )
+        if chain:
+            later = chain[-1][1]
+            if record.round != later.round - 1 or bytes(record.result) != bytes(later.base):
+                raise RoundVerificationFailed(
+                    f"record {chain[-1][0]} (round {later.round}) does not follow {cid}"
+                )
+        chain.append((cid, record))
+        if record.prev is None or bytes(record.prev) in stop_at:
+            break
+        cid = record.prev
+    oldest = chain[-1][1]
+    if oldest.prev is None and (oldest.round != 0 or bytes(oldest.base) != bytes(genesis)):
+        raise RoundVerificationFailed(f"the first record of {start} does not start at the genesis")
+    chain.reverse()
+    return chain
+
+
+async def load_head(
+    store: BlockStore,
+    head: CID,
+    *,
+    session: str,
+    genesis: CID,
+    history: Collection[bytes],
+    length: int,
+    timeout: float,
+) -> tuple[list[tuple[CID, AgreedRecord]], FloatArray]:
+    """Load the records from ``head`` back to one in ``history`` (or the genesis), and its model.
+
+    Raises
+    ------
+    GenesisMismatch
+        If the chain does not extend ``history`` (nor start at the genesis).
+    RoundVerificationFailed
+        See :func:`load_chain`.
+    """
+    chain = await load_chain(store, head, session=session, genesis=genesis, stop_at=history)
+    first = chain[0][1]
+    if first.prev is not None and bytes(first.prev) not in history:
+        raise GenesisMismatch(f"head {head} does not extend this peer's history")
+    model = await fetch_gradient(
+        store, chain[-1][1].result, timeout=timeout, expected_length=length
+    )
+    return chain, np.array(model, np.float32).reshape(-1)
+
+
+async def recompute_round(store: BlockStore, record: AgreedRecord) -> tuple[Roster, FloatArray]:
+    """Re-aggregate a record's roster on its base model; return the roster and the new model.
+
+    Raises
+    ------
+    RoundVerificationFailed
+        If the roster does not belong to the record or a block cannot be fetched or decoded.
+    """
+    try:
+        roster = await load_roster(store, record.roster)
+        if (
+            roster.round != record.round
+            or roster.session != record.session
+            or bytes(roster.base) != bytes(record.base)
+            or bytes(roster.genesis) != bytes(record.genesis)
+        ):
+            raise RoundVerificationFailed(f"roster {record.roster} is not round {record.round}'s")
+        model = await fetch_gradient(store, record.base)
+        gradients = [
+            await fetch_gradient(store, entry.contribution, expected_length=model.size)
+            for entry in roster.entries
+        ]
+    except (BlockStoreError, DecodeError) as exc:
+        raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
+    weights = [entry.weight for entry in roster.entries]
+    return roster, deterministic_update(model, gradients, weights, record.learning_rate)
+
+
+async def verify_agreed_round(store: BlockStore, record_cid: CIDLike) -> AgreedRecord:
+    """Re-aggregate one round from its record CID and check the result CID.
+
+    Raises
+    ------
+    RoundVerificationFailed
+        If anything is missing, malformed, or the recomputed model hashes to another CID.
+    """
+    cid = parse_cid(record_cid)
+    try:
+        record = await load_record(store, cid)
+    except (BlockStoreError, DecodeError) as exc:
+        raise RoundVerificationFailed(f"record {cid}: {exc}") from exc
+    _, model = await recompute_round(store, record)
+    recomputed = await model_cid(model)
+    if bytes(recomputed) != bytes(record.result):
+        raise RoundVerificationFailed(
+            f"round {record.round}: roster re-aggregates to {recomputed}, "
+            f"record says {record.result}"
+        )
+    return record
+
+
+async def verify_agreed_history(
+    store: BlockStore,
+    head: CIDLike,
+    *,
+    session: str,
+    genesis: CIDLike,
+    recompute: bool = True,
+    max_rounds: int = MAX_CHAIN_ROUNDS,
+) -> list[AgreedRecord]:
+    """Verify the whole chain ending at ``head``: links, genesis, and (by default) every result.
+
+    Returns
+    -------
+    list of AgreedRecord
+        The verified records, oldest first.
+
+    Raises
+    ------
+    RoundVerificationFailed, GenesisMismatch
+        See :func:`load_chain` and :func:`verify_agreed_round`.
+    """
+    start = parse_cid(head)
+    try:
+        chain = await load_chain(
+            store, start, session=session, genesis=parse_cid(genesis), max_rounds=max_rounds
+        )
+    except (BlockStoreError, DecodeError) as exc:
+        raise RoundVerificationFailed(f"chain from {start}: {exc}") from exc
+    if recompute:
+        for cid, _ in chain:
+            await verify_agreed_round(store, cid)
+    return [record for _, record in chain]

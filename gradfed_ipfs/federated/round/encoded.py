@@ -1,0 +1,60 @@
+"""A gradient or model encoded once: its CID known before any I/O, its blocks stored later.
+
+:func:`encode_gradient` runs :func:`~gradfed_ipfs.storage.dag.put_gradient` against a
+collecting stand-in store, so the CID is exactly what ``put_gradient`` gives (raw block or
+chunked DAG) and each block is encoded and hashed once; :meth:`EncodedGradient.store` then
+writes the same blocks to a real store (chunks unpinned, the root pinned: recursive).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import cast
+
+import numpy as np
+from multiformats import CID
+
+from ..._types import CIDLike, GradientLike
+from ...block import Block
+from ...storage.base import UNSET, BlockStore, Unset
+from ...storage.dag import put_gradient
+
+__all__ = ["EncodedGradient", "encode_gradient"]
+
+
+class _Collector:
+    """Receives ``put`` calls only, keeping the blocks and whether each was to be pinned."""
+
+    def __init__(self) -> None:
+        self.blocks: list[tuple[Block, bool]] = []
+
+    async def put(self, block: Block, *, pin: bool = True) -> CID:
+        self.blocks.append((block, pin))
+        return block.cid
+
+    async def get(self, cid: CIDLike, *, timeout: float | Unset = UNSET) -> Block:
+        raise NotImplementedError  # pragma: no cover - put_gradient only puts
+
+
+@dataclass(frozen=True)
+class EncodedGradient:
+    """A gradient's CID and its blocks (the root last)."""
+
+    cid: CID
+    blocks: tuple[tuple[Block, bool], ...]
+
+    async def store(self, store: BlockStore) -> CID:
+        """Put every block into ``store`` (chunks concurrently, then the root); return the CID."""
+        *chunks, (root, pin) = self.blocks
+        await asyncio.gather(*(store.put(block, pin=p) for block, p in chunks))
+        await store.put(root, pin=pin)
+        return self.cid
+
+
+async def encode_gradient(values: GradientLike) -> EncodedGradient:
+    """Encode a flat float32 gradient exactly as ``put_gradient`` stores it; no I/O."""
+    collector = _Collector()
+    flat = np.asarray(values, dtype=np.float32).reshape(-1)
+    cid = await put_gradient(cast(BlockStore, collector), flat)
+    return EncodedGradient(cid, tuple(collector.blocks))

@@ -1,0 +1,80 @@
+"""Contribution fetches of an agreed round: started once per CID, verified, retried if transient."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import numpy as np
+from multiformats import CID
+
+from ..._types import FloatArray
+from ...errors import BlockCorrupt, DecodeError, GradientError, InvalidGradient
+from ...storage.base import BlockStore
+from ...storage.dag import fetch_gradient
+
+__all__ = ["ContributionFetcher", "is_transient"]
+
+
+def is_transient(task: asyncio.Task[FloatArray]) -> bool:
+    """Whether a finished fetch failed in a way worth retrying (not a hostile block)."""
+    if task.cancelled():
+        return True
+    exc = task.exception()
+    return exc is not None and not isinstance(exc, BlockCorrupt | DecodeError | GradientError)
+
+
+async def _value(values: FloatArray) -> FloatArray:
+    return values
+
+
+class ContributionFetcher:
+    """One fetch task per contribution CID; each result is ``length`` finite float32 values.
+
+    Parameters
+    ----------
+    store
+        Where blocks come from.
+    timeout
+        Seconds one contribution may take.
+    on_done
+        Called whenever a fetch finishes (wakes the round's waiters).
+    """
+
+    def __init__(self, store: BlockStore, timeout: float, on_done: Callable[[], None]) -> None:
+        self.store = store
+        self.timeout = timeout
+        self.on_done = on_done
+        self.tasks: dict[bytes, asyncio.Task[FloatArray]] = {}
+
+    def known(self, cid: CID, values: FloatArray) -> None:
+        """Record values already at hand (this peer's own contribution)."""
+        self.tasks[bytes(cid)] = asyncio.ensure_future(_value(values))
+
+    def fetch(self, cid: CID, length: int) -> asyncio.Task[FloatArray]:
+        """Return the fetch of ``cid``, starting it (again, after a transient failure) if needed."""
+        task = self.tasks.get(bytes(cid))
+        if task is None or (task.done() and is_transient(task)):
+            task = asyncio.create_task(self._fetch(cid, length))
+            task.add_done_callback(lambda _: self.on_done())
+            self.tasks[bytes(cid)] = task
+        return task
+
+    def get(self, cid: CID) -> asyncio.Task[FloatArray] | None:
+        """Return the fetch of ``cid`` if one was started."""
+        return self.tasks.get(bytes(cid))
+
+    async def _fetch(self, cid: CID, length: int) -> FloatArray:
+        values = await fetch_gradient(self.store, cid, timeout=self.timeout, expected_length=length)
+        flat = np.asarray(values, np.float32).reshape(-1)
+        if not np.isfinite(flat).all():
+            raise InvalidGradient(f"contribution {cid} has non-finite values")
+        return flat
+
+    def clear(self) -> list[asyncio.Task[FloatArray]]:
+        """Cancel and forget every fetch; return the tasks (to await)."""
+        tasks = list(self.tasks.values())
+        for task in tasks:
+            task.cancel()
+        self.tasks = {}
+        return tasks

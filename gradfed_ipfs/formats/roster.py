@@ -1,0 +1,431 @@
+"""Agreed-round wire forms, without I/O: rosters, round records and the pubsub messages.
+
+Two dag-cbor records (keys sorted canonically, CIDs as tag-42 links):
+
+``gradfed.roster`` v1
+    ``{session, genesis, round, base, coordinator, expected: [peer...],
+    entries: [[peer, contribution, weight]...]}``, entries sorted by peer ID, one per peer.
+    ``base`` is the model CID the round starts from; every peer aggregates exactly ``entries``.
+``gradfed.agreed-round`` v1
+    ``{session, genesis, round, prev, base, roster, result, learning_rate}``: ``prev`` links the
+    previous round's record (``None`` for round 0), ``result`` is the new model CID.
+
+And one small JSON pubsub message, :class:`AgreedMessage`, of three kinds: ``contrib`` (a
+peer's contribution CID and weight for a round on a base model), ``roster`` (a coordinator's
+roster CID) and ``done`` (a peer's result model CID and round record CID: its head).
+
+Every decoder checks sizes, types, counts and order before building anything, and raises
+:class:`~gradfed_ipfs.errors.MalformedManifest` (records) or
+:class:`~gradfed_ipfs.errors.MalformedAnnouncement` (messages).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from multiformats import CID
+
+from ..block import Block
+from ..cid import DAG_CBOR, RAW, make_cid, parse_cid
+from ..errors import DecodeError, MalformedAnnouncement, MalformedManifest
+from .pubsub import decode_multibase, encode_multibase
+from .records import decode_record, encode_record, require
+
+__all__ = [
+    "MAX_INLINE_BYTES",
+    "MAX_MESSAGE_BYTES",
+    "MAX_PEER_ID_CHARS",
+    "MAX_ROSTER_ENTRIES",
+    "MAX_WEIGHT",
+    "AgreedMessage",
+    "AgreedRecord",
+    "MessageKind",
+    "Roster",
+    "RosterEntry",
+]
+
+MAX_ROSTER_ENTRIES: Final = 1024
+"""Most entries (and expected peers) a roster may list."""
+MAX_PEER_ID_CHARS: Final = 128
+"""Longest peer ID accepted (Kubo's are 52 characters)."""
+MAX_WEIGHT: Final = 1 << 40
+"""Largest contribution weight (sample count) accepted."""
+MAX_MESSAGE_BYTES: Final = 8192
+"""Largest agreed-round pubsub message accepted, in bytes."""
+MAX_INLINE_BYTES: Final = 3072
+"""Largest roster block carried inside its ``roster`` message (larger ones are fetched)."""
+MAX_RECORD_BYTES: Final = 256 * 1024
+"""Largest roster or round record block decoded, in bytes."""
+MAX_TEXT_CHARS: Final = 256
+"""Longest session ID accepted."""
+
+MessageKind = Literal["contrib", "roster", "done"]
+_KINDS: Final = ("contrib", "roster", "done")
+_ROSTER: Final = "gradfed.roster"
+_RECORD: Final = "gradfed.agreed-round"
+
+
+def _peer(value: object, where: str) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_PEER_ID_CHARS:
+        raise MalformedManifest(f"{where}: peer ID is not a short string")
+    return value
+
+
+def _content_cid(value: object, where: str) -> CID:
+    """Check a link to a gradient or model: a raw block or a dag-cbor manifest."""
+    if not isinstance(value, CID) or value.codec.code not in (RAW, DAG_CBOR):
+        raise MalformedManifest(f"{where}: not a raw or dag-cbor CID link")
+    return parse_cid(value)
+
+
+def _record_cid(value: object, where: str) -> CID:
+    if not isinstance(value, CID) or value.codec.code != DAG_CBOR:
+        raise MalformedManifest(f"{where}: not a dag-cbor CID link")
+    return parse_cid(value)
+
+
+def _round(value: object, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << 53:
+        raise MalformedManifest(f"{where}: round is not a non-negative integer")
+    return value
+
+
+def _session(value: object, where: str) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_TEXT_CHARS:
+        raise MalformedManifest(f"{where}: session is not a short string")
+    return value
+
+
+def _checked_block(block: Block, where: str) -> None:
+    if len(block.data) > MAX_RECORD_BYTES:
+        raise MalformedManifest(f"{where} {block.cid}: {len(block.data)} bytes is too large")
+
+
+@dataclass(frozen=True, slots=True)
+class RosterEntry:
+    """One roster line: a peer, its contribution's CID and its integer weight (samples)."""
+
+    peer: str
+    contribution: CID
+    weight: int
+
+
+@dataclass(frozen=True)
+class Roster:
+    """The agreed set of contributions of one round, in aggregation order (sorted by peer).
+
+    Attributes
+    ----------
+    session, genesis
+        The session's name and genesis model CID (its identity).
+    round
+        Round number.
+    base
+        Model CID the round starts from.
+    coordinator
+        Peer that published the roster.
+    expected
+        Peers expected in the round (sorted); those without an entry are absent.
+    entries
+        Contributions, sorted by peer, one per peer.
+    """
+
+    session: str
+    genesis: CID
+    round: int
+    base: CID
+    coordinator: str
+    expected: tuple[str, ...]
+    entries: tuple[RosterEntry, ...]
+
+    @classmethod
+    def new(
+        cls,
+        session: str,
+        genesis: CID,
+        round_number: int,
+        base: CID,
+        coordinator: str,
+        expected: tuple[str, ...] | list[str],
+        entries: dict[str, tuple[CID, int]],
+    ) -> Roster:
+        """Build a roster, sorting ``entries`` (peer → (CID, weight)) and ``expected``."""
+        lines = tuple(RosterEntry(p, entries[p][0], entries[p][1]) for p in sorted(entries))
+        return cls(
+            session, genesis, round_number, base, coordinator, tuple(sorted(expected)), lines
+        )
+
+    @property
+    def peers(self) -> tuple[str, ...]:
+        """The peers with an entry, in roster order."""
+        return tuple(entry.peer for entry in self.entries)
+
+    @property
+    def absent(self) -> tuple[str, ...]:
+        """Expected peers without an entry, sorted."""
+        listed = set(self.peers)
+        return tuple(p for p in self.expected if p not in listed)
+
+    def to_block(self) -> Block:
+        """Encode as a dag-cbor block."""
+        return encode_record(
+            {
+                "type": _ROSTER,
+                "version": 1,
+                "session": self.session,
+                "genesis": self.genesis,
+                "round": self.round,
+                "base": self.base,
+                "coordinator": self.coordinator,
+                "expected": list(self.expected),
+                "entries": [[e.peer, e.contribution, e.weight] for e in self.entries],
+            }
+        )
+
+    @classmethod
+    def from_block(cls, block: Block) -> Roster:
+        """Decode and check a roster block.
+
+        Raises
+        ------
+        MalformedManifest
+            If it is too large, not a v1 roster, or any field is out of shape: entries not
+            strictly sorted by peer, a weight outside ``[1, MAX_WEIGHT]``, too many entries.
+        """
+        where = f"roster {block.cid}"
+        _checked_block(block, where)
+        record = decode_record(block, _ROSTER)
+        expected = require(record, "expected", list, where)
+        entries = require(record, "entries", list, where)
+        if len(entries) > MAX_ROSTER_ENTRIES or len(expected) > MAX_ROSTER_ENTRIES:
+            raise MalformedManifest(f"{where}: more than {MAX_ROSTER_ENTRIES} entries")
+        peers = tuple(_peer(p, where) for p in expected)
+        if list(peers) != sorted(set(peers)):
+            raise MalformedManifest(f"{where}: expected peers are not sorted and unique")
+        lines = []
+        for item in entries:
+            if not isinstance(item, list) or len(item) != 3:
+                raise MalformedManifest(f"{where}: an entry is not [peer, cid, weight]")
+            weight = item[2]
+            if not isinstance(weight, int) or isinstance(weight, bool):
+                raise MalformedManifest(f"{where}: weight is not an integer")
+            if not 1 <= weight <= MAX_WEIGHT:
+                raise MalformedManifest(f"{where}: weight {weight} out of range")
+            lines.append(RosterEntry(_peer(item[0], where), _content_cid(item[1], where), weight))
+        names = [line.peer for line in lines]
+        if names != sorted(set(names)):
+            raise MalformedManifest(f"{where}: entries are not sorted by unique peer")
+        return cls(
+            session=_session(record.get("session"), where),
+            genesis=_content_cid(record.get("genesis"), where),
+            round=_round(record.get("round"), where),
+            base=_content_cid(record.get("base"), where),
+            coordinator=_peer(record.get("coordinator"), where),
+            expected=peers,
+            entries=tuple(lines),
+        )
+
+
+@dataclass(frozen=True)
+class AgreedRecord:
+    """The record of one agreed round; peers that agree write byte-identical records.
+
+    Attributes
+    ----------
+    session, genesis, round
+        As in :class:`Roster`.
+    prev
+        The previous round's record CID, ``None`` for the first round.
+    base
+        Model CID the round started from.
+    roster
+        The roster's CID.
+    result
+        The new model's CID: ``float32(base + learning_rate · weighted mean of the roster)``.
+    learning_rate
+        The factor of the update rule.
+    """
+
+    session: str
+    genesis: CID
+    round: int
+    prev: CID | None
+    base: CID
+    roster: CID
+    result: CID
+    learning_rate: float
+
+    def to_block(self) -> Block:
+        """Encode as a dag-cbor block."""
+        return encode_record(
+            {
+                "type": _RECORD,
+                "version": 1,
+                "session": self.session,
+                "genesis": self.genesis,
+                "round": self.round,
+                "prev": self.prev,
+                "base": self.base,
+                "roster": self.roster,
+                "result": self.result,
+                "learning_rate": float(self.learning_rate),
+            }
+        )
+
+    @classmethod
+    def from_block(cls, block: Block) -> AgreedRecord:
+        """Decode and check a round record block.
+
+        Raises
+        ------
+        MalformedManifest
+            If it is too large, not a v1 agreed-round record, or a field is out of shape.
+        """
+        where = f"round record {block.cid}"
+        _checked_block(block, where)
+        record = decode_record(block, _RECORD)
+        prev = record.get("prev")
+        rate = record.get("learning_rate")
+        if not isinstance(rate, float) or not math.isfinite(rate):
+            raise MalformedManifest(f"{where}: learning_rate is not a finite float")
+        return cls(
+            session=_session(record.get("session"), where),
+            genesis=_content_cid(record.get("genesis"), where),
+            round=_round(record.get("round"), where),
+            prev=None if prev is None else _record_cid(prev, where),
+            base=_content_cid(record.get("base"), where),
+            roster=_record_cid(record.get("roster"), where),
+            result=_content_cid(record.get("result"), where),
+            learning_rate=rate,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AgreedMessage:
+    """One agreed-round pubsub message (JSON on the wire).
+
+    Attributes
+    ----------
+    kind
+        ``contrib``, ``roster`` or ``done``.
+    session, genesis, round
+        Which session and round it is about.
+    peer
+        The sender (receivers require it to equal the authenticated pubsub ``from``).
+    cid
+        ``contrib``: the contribution; ``roster``: the roster; ``done``: the result model.
+    base
+        ``contrib``: the model the contribution was computed on; else ``None``.
+    weight
+        ``contrib``: the contribution's weight (samples); else ``None``.
+    record
+        ``done``: the round record CID (the sender's head); else ``None``.
+    inline
+        ``roster``: the roster block's bytes when at most :data:`MAX_INLINE_BYTES` (saves a
+        fetch; receivers check them against ``cid``); else ``None``.
+    """
+
+    kind: MessageKind
+    session: str
+    genesis: CID
+    round: int
+    peer: str
+    cid: CID
+    base: CID | None = None
+    weight: int | None = None
+    record: CID | None = None
+    inline: bytes | None = None
+
+    def encode(self) -> bytes:
+        """Return the compact JSON bytes."""
+        body: dict[str, Any] = {
+            "v": 1,
+            "kind": self.kind,
+            "session": self.session,
+            "genesis": _cid_text(self.genesis),
+            "round": self.round,
+            "peer": self.peer,
+            "cid": _cid_text(self.cid),
+        }
+        for key in ("base", "weight", "record"):
+            value = getattr(self, key)
+            if value is not None:
+                body[key] = value if isinstance(value, int) else _cid_text(value)
+        if self.inline is not None:
+            body["inline"] = encode_multibase(self.inline)
+        return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> AgreedMessage:
+        """Parse and check a message.
+
+        Raises
+        ------
+        MalformedAnnouncement
+            If it is too large, not JSON, or a field is missing or out of shape for its kind.
+        """
+        if len(data) > MAX_MESSAGE_BYTES:
+            raise MalformedAnnouncement(f"agreed message of {len(data)} bytes is too large")
+        try:
+            body = json.loads(data)
+        except (ValueError, RecursionError) as exc:
+            raise MalformedAnnouncement(f"agreed message is not JSON: {exc}") from None
+        if not isinstance(body, dict) or body.get("v") != 1 or body.get("kind") not in _KINDS:
+            raise MalformedAnnouncement("not a v1 agreed-round message")
+        kind = body["kind"]
+        try:
+            message = cls(
+                kind=kind,
+                session=_session(body.get("session"), "message"),
+                genesis=_text_cid(body.get("genesis")),
+                round=_round(body.get("round"), "message"),
+                peer=_peer(body.get("peer"), "message"),
+                cid=_text_cid(body.get("cid")),
+                base=_text_cid(body["base"]) if "base" in body else None,
+                weight=body.get("weight"),
+                record=_text_cid(body["record"]) if "record" in body else None,
+                inline=_inline(body["inline"], body.get("cid")) if "inline" in body else None,
+            )
+        except (MalformedManifest, DecodeError) as exc:
+            raise MalformedAnnouncement(f"agreed message: {exc}") from None
+        if (message.base is not None, message.weight is not None) != ((kind == "contrib",) * 2) or (
+            message.record is not None
+        ) != (kind == "done"):
+            raise MalformedAnnouncement(f"agreed {kind} message has the wrong fields")
+        weight = message.weight
+        if weight is not None and (
+            not isinstance(weight, int) or isinstance(weight, bool) or not 1 <= weight <= MAX_WEIGHT
+        ):
+            raise MalformedAnnouncement(f"agreed message weight {weight!r} out of range")
+        return message
+
+
+def _text_cid(value: object) -> CID:
+    if not isinstance(value, str) or len(value) > 200:
+        raise MalformedManifest("CID is not a short string")
+    return _parse_text_cid(value)
+
+
+def _inline(value: object, cid: object) -> bytes:
+    if not isinstance(value, str) or len(value) > 2 * MAX_INLINE_BYTES:
+        raise MalformedManifest("inline block is not a short string")
+    data = decode_multibase(value)
+    if len(data) > MAX_INLINE_BYTES or bytes(make_cid(data, "dag-cbor")) != bytes(_text_cid(cid)):
+        raise MalformedManifest("inline block does not hash to the message's CID")
+    return data
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_text_cid(text: str) -> CID:
+    # multiformats validates every call at run time (~ms per CID); messages are re-announced,
+    # so the same few CIDs are parsed over and over.
+    return parse_cid(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cid_text(cid: CID) -> str:
+    return str(cid)

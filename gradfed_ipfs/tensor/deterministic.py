@@ -1,0 +1,96 @@
+"""Bit-reproducible model update for agreed rounds: fixed order, fixed precision.
+
+Every honest peer of an agreed round must turn the same roster into the same bytes, on any
+machine. :func:`deterministic_update` therefore uses only IEEE-754 operations that NumPy
+rounds correctly one at a time (float32 → float64 widening, float64 multiply and add, one
+float64 → float32 rounding at the end), in roster order, block by block on one thread::
+
+    model' = float32( float64(model) + lr · Σ_i (w_i / W) · float64(g_i) ),   W = Σ_i w_i
+
+The sum runs in roster order; ``w_i / W`` and ``lr · acc`` are float64. No BLAS (whose
+kernels pick FMA or not by CPU) and no thread-dependent reduction order is involved.
+
+Cost against :func:`~gradfed_ipfs.tensor.kernels.weighted_sum` (multi-threaded BLAS saxpy,
+float32, plus the model add): each input is read once either way, but the float64 widening
+doubles the arithmetic traffic per value and the loop runs on one core. Measured at d = 1M on
+the shared 2-core VM (best of 7): 14.5 ms vs 2.3 ms for N = 3 peers (6.4×), 31 ms vs 10.9 ms
+for N = 8 (2.8×), about 4 ms per peer; a round's transfers (seconds at d = 1M) dominate it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+import numpy as np
+
+from .._types import FloatArray
+from ..errors import EmptyGradientSet, InvalidGradient, ShapeMismatch
+
+__all__ = ["DETERMINISTIC_BLOCK", "deterministic_update"]
+
+DETERMINISTIC_BLOCK: Final = 1 << 16
+"""Values per block (512 KiB of float64 accumulator): small enough to stay in cache."""
+
+
+def deterministic_update(
+    model: FloatArray,
+    gradients: Sequence[FloatArray],
+    weights: Sequence[int],
+    learning_rate: float,
+) -> FloatArray:
+    """Return ``float32(model + lr · Σ (w_i/W) g_i)``, bit-identical on every machine.
+
+    Parameters
+    ----------
+    model
+        The current model, float32, d values (any shape; flattened row-major).
+    gradients
+        N ≥ 1 float32 contributions of d values each, in roster order.
+    weights
+        N positive integer weights (sample counts), in the same order.
+    learning_rate
+        Factor applied to the weighted mean (a Python float, used in float64).
+
+    Returns
+    -------
+    FloatArray
+        The new model, float32, shape ``(d,)``.
+
+    Raises
+    ------
+    EmptyGradientSet
+        If there is no contribution.
+    ShapeMismatch
+        If a contribution's length differs from the model's.
+    InvalidGradient
+        If the weights do not match or are not positive, or ``learning_rate`` is not finite.
+    """
+    if not gradients:
+        raise EmptyGradientSet()
+    if len(weights) != len(gradients) or any(int(w) <= 0 for w in weights):
+        raise InvalidGradient(f"need {len(gradients)} positive weights, got {list(weights)}")
+    if not np.isfinite(learning_rate):
+        raise InvalidGradient(f"learning_rate must be finite, got {learning_rate}")
+    base = np.ascontiguousarray(model, dtype=np.float32).reshape(-1)
+    rows = [np.ascontiguousarray(g, dtype=np.float32).reshape(-1) for g in gradients]
+    for row in rows:
+        if row.size != base.size:
+            raise ShapeMismatch([base.size], [row.size])
+    total = sum(int(w) for w in weights)
+    coefficients = [int(w) / total for w in weights]  # float64, exactly rounded
+    lr = float(learning_rate)
+    out = np.empty(base.size, dtype=np.float32)
+    acc = np.empty(min(DETERMINISTIC_BLOCK, base.size), dtype=np.float64)
+    tmp = np.empty_like(acc)
+    for start in range(0, base.size, DETERMINISTIC_BLOCK):
+        stop = min(start + DETERMINISTIC_BLOCK, base.size)
+        a, t = acc[: stop - start], tmp[: stop - start]
+        a.fill(0.0)
+        for coefficient, row in zip(coefficients, rows, strict=True):
+            np.multiply(row[start:stop], coefficient, out=t, dtype=np.float64)
+            np.add(a, t, out=a)
+        np.multiply(a, lr, out=a)
+        np.add(a, base[start:stop], out=a, dtype=np.float64)
+        out[start:stop] = a  # one round-to-nearest-even float64 -> float32 per value
+    return out

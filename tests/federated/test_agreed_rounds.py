@@ -1,0 +1,239 @@
+"""Agreed rounds in one process: MemoryPubsubBus peers sharing one MemoryBlockStore."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+import numpy as np
+import pytest
+
+from gradfed_ipfs.errors import GenesisMismatch, QuorumNotReached, RoundMismatch
+from gradfed_ipfs.federated.round.agreed import AgreedConfig, AgreedRoundResult, AgreedSession
+from gradfed_ipfs.federated.round.agreed_history import verify_agreed_history
+from gradfed_ipfs.formats import PubsubMessage
+from gradfed_ipfs.kubo import MemoryPubsubBus, PubsubTransport
+from gradfed_ipfs.storage import MemoryBlockStore, fetch_gradient
+from tests.multiprocess.lossy import LossyPubsub
+
+PEERS = ("peer-a", "peer-b", "peer-c")
+D = 1000
+FAST = {
+    "collect_timeout": 1.0,
+    "takeover_timeout": 0.5,
+    "round_timeout": 8.0,
+    "done_timeout": 1.0,
+    "announce_interval": 0.02,
+    "fetch_timeout": 2.0,
+}
+
+
+def initial_model(seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(D).astype(np.float32)
+
+
+def delta(peer: int, round_number: int) -> np.ndarray:
+    rng = np.random.default_rng([peer, round_number])
+    return (0.01 * rng.standard_normal(D)).astype(np.float32)
+
+
+async def make_sessions(
+    store: MemoryBlockStore,
+    transports: Sequence[PubsubTransport],
+    genesis: object,
+    **settings: object,
+) -> list[AgreedSession]:
+    config = AgreedConfig(members=PEERS, **{**FAST, **settings})  # type: ignore[arg-type]
+    sessions = [AgreedSession(store, t, "s1", genesis, config) for t in transports]  # type: ignore[arg-type]
+    for session in sessions:
+        await session.start(initial_model())
+    return sessions
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[MemoryBlockStore]:
+    async with MemoryBlockStore() as s:
+        yield s
+
+
+async def run_all(
+    sessions: Sequence[AgreedSession], indices: Sequence[int]
+) -> list[AgreedRoundResult]:
+    return list(
+        await asyncio.gather(
+            *(
+                s.run_round(delta(i, s.round), weight=1 + i)
+                for s, i in zip(sessions, indices, strict=True)
+            )
+        )
+    )
+
+
+async def close(sessions: Sequence[AgreedSession]) -> None:
+    for session in sessions:
+        await session.aclose()
+
+
+async def test_three_peers_with_lossy_peer_agree_every_round(store: MemoryBlockStore) -> None:
+    bus = MemoryPubsubBus()
+    genesis = await AgreedSession.commit_genesis(store, initial_model())
+    lossy = LossyPubsub(bus.endpoint(PEERS[2]), loss=0.2, seed=7)
+    transports = [bus.endpoint(PEERS[0]), bus.endpoint(PEERS[1]), lossy]
+    sessions = await make_sessions(store, transports, genesis)
+    reference = initial_model().astype(np.float64)
+    try:
+        for r in range(8):
+            results = await run_all(sessions, [0, 1, 2])
+            assert len({str(res.model) for res in results}) == 1, r
+            assert len({str(res.record) for res in results}) == 1, r
+            for res in results:
+                assert res.roster.peers == tuple(sorted(PEERS))
+                assert res.absent == ()
+                assert res.included
+            weights = np.array([1.0, 2.0, 3.0]) / 6.0
+            step = sum(w * delta(i, r).astype(np.float64) for i, w in enumerate(weights))
+            reference = (reference + step).astype(np.float32).astype(np.float64)
+        assert lossy.dropped > 0
+        model = await fetch_gradient(store, sessions[0].model_cid)
+        np.testing.assert_allclose(model, reference, rtol=0, atol=1e-6)
+        records = await verify_agreed_history(
+            store, sessions[0].head, session="s1", genesis=genesis
+        )  # type: ignore[arg-type]
+        assert [rec.round for rec in records] == list(range(8))
+    finally:
+        await close(sessions)
+
+
+async def test_model_update_rule_is_exact(store: MemoryBlockStore) -> None:
+    bus = MemoryPubsubBus()
+    genesis = await AgreedSession.commit_genesis(store, initial_model())
+    sessions = await make_sessions(
+        store, [bus.endpoint(p) for p in PEERS], genesis, learning_rate=0.5
+    )
+    try:
+        await run_all(sessions, [0, 1, 2])
+        acc = sum((w / 6) * delta(i, 0).astype(np.float64) for i, w in enumerate([1, 2, 3]))
+        expected = (initial_model().astype(np.float64) + 0.5 * acc).astype(np.float32)
+        np.testing.assert_array_equal(sessions[1].model, expected)
+    finally:
+        await close(sessions)
+
+
+async def test_peer_from_another_model_is_refused(store: MemoryBlockStore) -> None:
+    bus = MemoryPubsubBus()
+    genesis = await AgreedSession.commit_genesis(store, initial_model())
+    session = AgreedSession(store, bus.endpoint(PEERS[0]), "s1", genesis, AgreedConfig(PEERS))
+    with pytest.raises(GenesisMismatch, match="refusing to join"):
+        await session.start(initial_model(seed=1))
+
+
+async def test_min_peers_is_a_real_minimum(store: MemoryBlockStore) -> None:
+    bus = MemoryPubsubBus()
+    genesis = await AgreedSession.commit_genesis(store, initial_model())
+    sessions = await make_sessions(
+        store, [bus.endpoint(p) for p in PEERS[:2]], genesis, round_timeout=1.5
+    )
+    try:
+        outcomes = await asyncio.gather(
+            *(s.run_round(delta(0, 0)) for s in sessions), return_exceptions=True
+        )
+        for outcome in outcomes:
+            assert isinstance(outcome, QuorumNotReached)
+            assert (outcome.have, outcome.need) == (2, 3)
+        assert all(s.round == 0 for s in sessions)
+    finally:
+        await close(sessions)
+
+
+async def test_absent_peer_is_named_and_late_peer_resyncs_then_contributes(
+    store: MemoryBlockStore,
+) -> None:
+    bus = MemoryPubsubBus()
+    genesis = await AgreedSession.commit_genesis(store, initial_model())
+    transports = [bus.endpoint(p) for p in PEERS]
+    sessions = await make_sessions(store, transports[:2], genesis, min_peers=2)
+    late: list[AgreedSession] = []
+    try:
+        for _ in range(3):
+            results = await run_all(sessions, [0, 1])
+            assert results[0].absent == (PEERS[2],)
+            assert results[0].roster.peers == PEERS[:2]
+            assert results[0].model == results[1].model
+        late = await make_sessions(store, transports[2:], genesis, min_peers=2)
+        synced = await late[0].resync(timeout=5.0)
+        assert synced.changed
+        assert (synced.round, synced.model) == (3, sessions[0].model_cid)
+        assert len(synced.records) == 3
+        np.testing.assert_array_equal(late[0].model, sessions[0].model)
+        results = await run_all([*sessions, *late], [0, 1, 2])
+        assert len({str(res.model) for res in results}) == 1
+        assert all(res.roster.peers == PEERS for res in results)
+    finally:
+        await close([*sessions, *late])
+
+
+async def test_diverging_peer_raises_and_resync_repairs_it(store: MemoryBlockStore) -> None:
+    bus = MemoryPubsubBus()
+    genesis = await AgreedSession.commit_genesis(store, initial_model())
+    honest = await make_sessions(store, [bus.endpoint(p) for p in PEERS[:2]], genesis)
+    # A peer with another learning rate computes another model from the same roster.
+    odd = await make_sessions(store, [bus.endpoint(PEERS[2])], genesis, learning_rate=0.5)
+    sessions = [*honest, *odd]
+    try:
+        outcomes = await asyncio.gather(
+            *(s.run_round(delta(i, 0), weight=1 + i) for i, s in enumerate(sessions)),
+            return_exceptions=True,
+        )
+        # The honest majority's record wins: only the odd peer is told to resync.
+        assert isinstance(outcomes[2], RoundMismatch), outcomes
+        assert outcomes[2].theirs.keys() == set(PEERS[:2])
+        for outcome in outcomes[:2]:
+            assert isinstance(outcome, AgreedRoundResult)
+            assert "announced record" in outcome.rejected[PEERS[2]]
+            assert not outcome.matched
+        synced = await odd[0].resync(timeout=5.0)
+        assert synced.changed
+        assert odd[0].model_cid == honest[0].model_cid
+        assert odd[0].head == honest[0].head
+        assert not (await honest[0].resync(timeout=1.0)).changed
+    finally:
+        await close(sessions)
+
+
+class HoldDone(LossyPubsub):
+    """Drops incoming ``done`` messages while ``hold`` is set (nothing else)."""
+
+    def __init__(self, inner: PubsubTransport) -> None:
+        super().__init__(inner, loss=0.0, seed=0)
+        self.hold = True
+
+    async def _lossy(self, messages: AsyncIterator[PubsubMessage]) -> AsyncIterator[PubsubMessage]:
+        async for message in messages:
+            if not (self.hold and b'"kind":"done"' in message.data):
+                yield message
+
+
+async def test_without_done_wait_a_divergence_is_caught_when_the_next_round_starts(
+    store: MemoryBlockStore,
+) -> None:
+    bus = MemoryPubsubBus()
+    genesis = await AgreedSession.commit_genesis(store, initial_model())
+    settings = {"done_timeout": 0.0, "min_peers": 2}
+    honest = await make_sessions(store, [bus.endpoint(p) for p in PEERS[:2]], genesis, **settings)
+    held = HoldDone(bus.endpoint(PEERS[2]))
+    odd = await make_sessions(store, [held], genesis, learning_rate=0.5, **settings)
+    sessions = [*honest, *odd]
+    try:
+        first = await run_all(sessions, [0, 1, 2])  # the odd peer hears no done: no error yet
+        assert first[0].model == first[1].model != first[2].model
+        assert not first[2].matched
+        held.hold = False  # the re-announced done messages now arrive
+        assert await odd[0].board.wait_until(lambda: len(odd[0].board.state(0).done) == 2, 5.0)
+        with pytest.raises(RoundMismatch) as caught:
+            await odd[0].run_round(delta(2, 1))
+        assert caught.value.round == 0
+        await odd[0].resync(timeout=5.0)
+        assert odd[0].head == honest[0].head
+        np.testing.assert_array_equal(odd[0].model, honest[0].model)
+    finally:
+        await close(sessions)

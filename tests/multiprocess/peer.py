@@ -1,0 +1,151 @@
+"""One agreed-round peer as its own OS process, beside its own Kubo daemon.
+
+Run from the repository root: ``python -m tests.multiprocess.peer --api URL --index I ...``.
+Prints one JSON object per line on stdout (``start``, ``resync``, ``round``, ``error``,
+``final``) and exits 0 after ``--rounds`` rounds (lingering until every member has finished).
+Deltas are seeded by (peer index, round), so the expected models are reproducible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from gradfed_ipfs.errors import QuorumNotReached, RoundMismatch
+from gradfed_ipfs.federated.round.agreed import AgreedConfig, AgreedSession
+from gradfed_ipfs.kubo import KuboPubsub, PubsubTransport
+from gradfed_ipfs.storage import KuboBlockStore
+from tests.multiprocess.lossy import LossyPubsub
+
+
+def initial_model(dim: int) -> np.ndarray:
+    return np.random.default_rng(0).standard_normal(dim).astype(np.float32)
+
+
+def delta(index: int, round_number: int, dim: int) -> np.ndarray:
+    rng = np.random.default_rng([index, round_number])
+    return (0.01 * rng.standard_normal(dim)).astype(np.float32)
+
+
+def emit(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, "time": round(time.time(), 3), **fields}), flush=True)
+
+
+def dump_tasks() -> None:
+    """SIGUSR1: print every asyncio task's stack to stderr (diagnosing a stuck peer)."""
+    for task in asyncio.all_tasks():
+        task.print_stack(file=sys.stderr)
+    sys.stderr.flush()
+
+
+async def run(args: argparse.Namespace) -> int:
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, dump_tasks)
+    store = KuboBlockStore(args.api, timeout=10.0)
+    pubsub: PubsubTransport = KuboPubsub(args.api)
+    if args.loss > 0:
+        pubsub = LossyPubsub(pubsub, args.loss, seed=args.index + 100)
+    config = AgreedConfig(
+        members=tuple(args.members.split(",")),
+        min_peers=args.min_peers,
+        collect_timeout=args.collect_timeout,
+        takeover_timeout=args.collect_timeout / 2,
+        round_timeout=args.round_timeout,
+        announce_interval=0.2,
+        fetch_timeout=10.0,
+    )
+    session = AgreedSession(store, pubsub, args.session, args.genesis, config)
+    try:
+        await session.start(initial_model(args.dim))
+        emit("start", peer=session.peer_id)
+        if args.resync:
+            synced = await session.resync(timeout=20.0)
+            emit("resync", changed=synced.changed, round=synced.round, model=str(synced.model))
+        while session.round < args.rounds:
+            r = session.round
+            if args.all_from is not None and r >= args.all_from:
+                session.config = dataclasses.replace(session.config, min_peers=None)
+            try:
+                result = await session.run_round(
+                    delta(args.index, r, args.dim), weight=1 + args.index
+                )
+            except (QuorumNotReached, RoundMismatch) as exc:
+                emit("error", round=r, kind=type(exc).__name__, message=str(exc))
+                if isinstance(exc, RoundMismatch):
+                    await session.resync(timeout=5.0)
+                continue
+            emit(
+                "round",
+                round=r,
+                model=str(result.model),
+                record=str(result.record),
+                roster=list(result.roster.peers),
+                absent=list(result.absent),
+                included=result.included,
+                matched=result.matched,
+                seconds=round(result.seconds, 3),
+            )
+        finished = await session.linger(timeout=args.linger)
+        emit(
+            "final",
+            model=str(session.model_cid),
+            head=str(session.head),
+            lingered=sorted(finished),
+            dropped=dict(session.board.dropped),
+            lost=getattr(pubsub, "dropped", 0),
+        )
+    finally:
+        await session.aclose()
+        await pubsub.aclose()
+        await store.aclose()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    if os.environ.get("GRADFED_PEER_DEBUG"):
+        logging.basicConfig(
+            level=logging.DEBUG, format="%(relativeCreated)7.0f %(name)s %(message)s"
+        )
+        logging.getLogger("gradfed_ipfs.storage").setLevel(logging.INFO)
+        logging.getLogger("httpx").setLevel(logging.INFO)
+        logging.getLogger("httpcore").setLevel(logging.INFO)
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--api", required=True)
+    parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--members", required=True, help="comma-separated peer IDs")
+    parser.add_argument("--session", required=True)
+    parser.add_argument("--genesis", required=True)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--dim", type=int, default=10_000)
+    parser.add_argument("--min-peers", type=int, default=None)
+    parser.add_argument("--loss", type=float, default=0.0)
+    parser.add_argument("--collect-timeout", type=float, default=2.0)
+    parser.add_argument("--round-timeout", type=float, default=30.0)
+    parser.add_argument("--linger", type=float, default=15.0)
+    parser.add_argument("--resync", action="store_true")
+    parser.add_argument(
+        "--all-from", type=int, default=None, help="from this round on, min_peers = all members"
+    )
+    args = parser.parse_args(argv)
+    profile_to = os.environ.get("GRADFED_PEER_PROFILE")
+    if profile_to:  # a diagnosis aid: where a peer process spends its CPU
+        import cProfile
+
+        with cProfile.Profile() as profiler:
+            code = asyncio.run(run(args))
+        profiler.dump_stats(f"{profile_to}.{args.index}")
+        return code
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""Agreed rounds across real processes: each peer is an OS process beside its own Kubo daemon.
+
+The three daemons are the session's ``kubo_swarm3``; every test uses its own session name, and
+every peer process it starts is stopped (by PID) before it returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gradfed_ipfs.federated.round.agreed_history import model_cid, verify_agreed_history
+from gradfed_ipfs.storage import KuboBlockStore
+from tests.conftest import KuboNode
+from tests.multiprocess.peer import initial_model
+from tests.polling import poll_until
+
+pytestmark = pytest.mark.kubo
+
+ROOT = Path(__file__).resolve().parents[2]
+DIM = 10_000
+ROUNDS = 20
+# Fault runs: min_peers = 2 of 3 until round ``--all-from``, then all three: the rounds without
+# the missing peer close at the collect timeout, and from then on the others wait for it (a
+# peer process takes seconds to start on a loaded machine), so it surely contributes again.
+KILL_RUN = ["--min-peers", "2", "--collect-timeout", "1.0", "--rounds", "12", "--all-from", "10"]
+LATE_RUN = ["--min-peers", "2", "--collect-timeout", "1.0", "--rounds", "10", "--all-from", "5"]
+
+
+class PeerProcess:
+    """A running ``tests.multiprocess.peer``; its JSON lines collected by a reader thread."""
+
+    def __init__(self, args: list[str], log: Path) -> None:
+        self.log = log.open("w")
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.multiprocess.peer", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+        )
+        self.events: list[dict[str, Any]] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.strip():
+                self.events.append(json.loads(line))
+
+    def of(self, event: str) -> list[dict[str, Any]]:
+        return [e for e in list(self.events) if e["event"] == event]
+
+    def rounds(self) -> dict[int, dict[str, Any]]:
+        return {e["round"]: e for e in self.of("round")}
+
+    def final(self) -> dict[str, Any] | None:
+        finals = self.of("final")
+        return finals[0] if finals else None
+
+    def kill(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._reader.join(timeout=10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.log.close()
+
+
+@pytest.fixture
+def spawn(
+    kubo_swarm3: list[KuboNode], tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Any]:
+    members = ",".join(node.peer_id for node in kubo_swarm3)
+    session = f"mp-{request.node.name}-{os.getpid()}"
+    genesis = str(asyncio.run(model_cid(initial_model(DIM))))
+    started: list[PeerProcess] = []
+
+    def start(index: int, *extra: str) -> PeerProcess:
+        args = [
+            "--api", kubo_swarm3[index].api_url, "--index", str(index), "--members", members,
+            "--session", session, "--genesis", genesis, "--rounds", str(ROUNDS),
+            "--dim", str(DIM), *extra,
+        ]  # fmt: skip
+        peer = PeerProcess(args, tmp_path / f"peer{index}-{len(started)}.log")
+        started.append(peer)
+        return peer
+
+    start.session = session  # type: ignore[attr-defined]
+    start.genesis = genesis  # type: ignore[attr-defined]
+    try:
+        yield start
+    finally:
+        for peer in started:
+            peer.stop()
+
+
+def wait_final(peers: list[PeerProcess], timeout: float) -> None:
+    def finished() -> bool:
+        for peer in peers:
+            if peer.proc.poll() not in (None, 0):
+                logs = peer.log.name
+                raise AssertionError(
+                    f"peer exited {peer.proc.returncode}: {Path(logs).read_text()}"
+                )
+        return all(peer.final() is not None for peer in peers)
+
+    try:
+        poll_until(finished, timeout=timeout, what="every peer's final model")
+    except TimeoutError as exc:
+        progress = [[(e["event"], e.get("round"), e.get("seconds")) for e in p.events]
+                    for p in peers]  # fmt: skip
+        raise AssertionError(f"{exc}; peers' events: {progress}") from None
+
+
+def verify_history(node: KuboNode, head: str, session: str, genesis: str) -> int:
+    async def check() -> int:
+        async with KuboBlockStore(node.api_url, timeout=10.0) as store:
+            records = await verify_agreed_history(store, head, session=session, genesis=genesis)
+            return len(records)
+
+    return asyncio.run(check())
+
+
+@pytest.mark.parametrize("loss", [0.0, 0.2])
+def test_three_processes_end_identical(
+    spawn: Any, kubo_swarm3: list[KuboNode], loss: float
+) -> None:
+    lossy = ["--loss", str(loss)] if loss else []
+    peers = [spawn(0), spawn(1), spawn(2, *lossy)]
+    wait_final(peers, timeout=55)
+    print([[e["seconds"] for e in p.of("round")] for p in peers])
+    print([p.final() for p in peers])
+    finals = {peer.final()["model"] for peer in peers}  # type: ignore[index]
+    assert len(finals) == 1
+    everyone = sorted(node.peer_id for node in kubo_swarm3)
+    for peer in peers:
+        rounds = peer.rounds()
+        assert sorted(rounds) == list(range(ROUNDS))
+        assert all(rounds[r]["roster"] == everyone for r in rounds)
+    for r in range(ROUNDS):
+        assert len({peer.rounds()[r]["record"] for peer in peers}) == 1
+    if loss:
+        assert peers[2].final()["lost"] > 0  # type: ignore[index]
+    head = peers[0].final()["head"]  # type: ignore[index]
+    assert verify_history(kubo_swarm3[1], head, spawn.session, spawn.genesis) == ROUNDS
+
+
+def test_killed_peer_is_absent_then_resyncs(spawn: Any, kubo_swarm3: list[KuboNode]) -> None:
+    fast = KILL_RUN
+    peers = [spawn(0, *fast), spawn(1, *fast)]
+    victim = spawn(2, *fast)
+    poll_until(lambda: len(victim.rounds()) >= 5, timeout=30, what="five rounds")
+    victim.kill()
+    gone, killed_at = kubo_swarm3[2].peer_id, len(peers[0].rounds())
+
+    def closed_without_victim() -> list[dict[str, Any]]:
+        rounds = peers[0].of("round")
+        return [e for e in rounds if e["round"] > killed_at and e["absent"] == [gone]]
+
+    poll_until(
+        lambda: bool(closed_without_victim()),
+        timeout=30,
+        what="a round closed without the killed peer",
+    )
+    restarted = spawn(2, *fast, "--resync")
+    wait_final([*peers, restarted], timeout=55)
+    assert closed_without_victim()
+    resync = restarted.of("resync")[0]
+    assert resync["changed"]
+    assert resync["round"] > 5
+    assert len({p.final()["model"] for p in [*peers, restarted]}) == 1  # type: ignore[index]
+    later = [e for e in restarted.of("round") if e["included"]]
+    assert later, "the restarted peer never contributed again"
+
+
+def test_late_peer_catches_up_then_contributes(spawn: Any, kubo_swarm3: list[KuboNode]) -> None:
+    fast = LATE_RUN
+    peers = [spawn(0, *fast), spawn(1, *fast)]
+    poll_until(lambda: len(peers[0].rounds()) >= 5, timeout=30, what="five rounds")
+    late = spawn(2, *fast, "--resync")
+    wait_final([*peers, late], timeout=55)
+    assert late.of("resync")[0]["round"] == 5
+    assert min(late.rounds()) == 5
+    assert len({p.final()["model"] for p in [*peers, late]}) == 1  # type: ignore[index]
+    newcomer = kubo_swarm3[2].peer_id
+    assert any(newcomer in e["roster"] for e in peers[0].of("round"))
+    assert all(newcomer not in peers[0].rounds()[r]["roster"] for r in range(5))
