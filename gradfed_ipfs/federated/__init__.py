@@ -12,20 +12,32 @@ from .privacy import (
 )
 from .round import (
     AccumulatorConfig,
+    AgreedConfig,
+    AgreedRoundResult,
+    AgreedSession,
     DistributedGradientAccumulator,
     GossipModelSync,
     GradientAccumulator,
     ModelUpdate,
+    ResyncResult,
+    RetentionPolicy,
     RoundConfig,
     RoundResult,
     RoundRunner,
     RoundStats,
     SecureOptions,
     StreamingAccumulator,
+    verify_agreed_history,
 )
 from .secagg import SecAggClient, SecAggServer, SecureAggregation
 
 __all__ = [
+    "AgreedConfig",
+    "AgreedRoundResult",
+    "AgreedSession",
+    "ResyncResult",
+    "RetentionPolicy",
+    "verify_agreed_history",
     "AccountingMode",
     "AccumulatorConfig",
     "Calibration",

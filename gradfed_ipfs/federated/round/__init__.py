@@ -8,14 +8,23 @@ protocol (holding: ``DistributedGradientAccumulator``; streaming: ``StreamingAcc
 from __future__ import annotations
 
 from .accumulator import DistributedGradientAccumulator, GradientAccumulator
+from .agreed import AgreedConfig, AgreedRoundResult, AgreedSession, ResyncResult
+from .agreed_history import verify_agreed_history
 from .config import DEFAULT_MAX_WEIGHT, AccumulatorConfig, RoundConfig, SecureOptions
 from .gossip import GossipModelSync
 from .result import RoundResult
+from .retention import RetentionPolicy
 from .runner import RoundRunner
 from .stats import ModelUpdate, RoundStats
 from .streaming import StreamingAccumulator
 
 __all__ = [
+    "AgreedConfig",
+    "AgreedRoundResult",
+    "AgreedSession",
+    "ResyncResult",
+    "RetentionPolicy",
+    "verify_agreed_history",
     "DEFAULT_MAX_WEIGHT",
     "AccumulatorConfig",
     "DistributedGradientAccumulator",
