@@ -126,6 +126,8 @@ class AgreedSession:
         self._fetcher = ContributionFetcher(store, config.fetch_timeout, self._poke)
         self._rosters: dict[bytes, tuple[Roster, Block]] = {}
         self._pending: list[asyncio.Future[object]] = []
+        self.rule_state: FloatArray | None = None  # state of config.rule after the last round
+        self._adopted_state: FloatArray | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -419,9 +421,13 @@ class AgreedSession:
                 rejected[roster.coordinator] = f"roster {cid} lists a bad {entry.contribution}"
                 return None
             gradients.append(task.result())
-        model = deterministic_update(
-            self.model, gradients, [e.weight for e in roster.entries], self.config.learning_rate
-        )
+        rule, lr = self.config.rule, self.config.learning_rate
+        if rule is not None:
+            model, self._adopted_state = rule.apply(
+                self.model, roster, gradients, lr, self.rule_state
+            )
+            return roster, np.ascontiguousarray(model, np.float32).reshape(-1)
+        model = deterministic_update(self.model, gradients, [e.weight for e in roster.entries], lr)
         return roster, model
 
     async def _load_roster(self, cid: CID) -> Roster:
@@ -450,9 +456,13 @@ class AgreedSession:
         self._rosters.clear()
         encoded = await encode_gradient(model)
         result = encoded.cid
+        rule, state, stores = self.config.rule, None, [encoded]
+        if rule is not None and self._adopted_state is not None:
+            stores.append(await encode_gradient(self._adopted_state))
+            state = stores[-1].cid
         record = AgreedRecord(
             self.session, self.genesis, r, self.head, base, roster_cid, result,
-            float(self.config.learning_rate),
+            float(self.config.learning_rate), None if rule is None else rule.label(r), state,
         ).to_block()  # fmt: skip
         record_cid = record.cid
         await self._post("done", self._message("done", r, result, record=record_cid))
@@ -461,11 +471,14 @@ class AgreedSession:
         self._pending.append(
             asyncio.ensure_future(
                 asyncio.gather(
-                    self.store.put(roster_block), encoded.store(self.store), self.store.put(record)
+                    self.store.put(roster_block),
+                    *(e.store(self.store) for e in stores),
+                    self.store.put(record),
                 )
             )
         )
         self.round, self.model, self.model_cid, self.head = r + 1, model, result, record_cid
+        self.rule_state, self._adopted_state = self._adopted_state, None
         self.history[bytes(record_cid)] = r
         self._fetcher.clear()
         others = [p for p in roster.peers if p != self.peer_id]
@@ -533,6 +546,12 @@ class AgreedSession:
             self.store, best.record, session=self.session, genesis=self.genesis,
             history=self.history, length=self.model.size, timeout=self.config.fetch_timeout,
         )  # fmt: skip
+        state = chain[-1][1].state
+        self.rule_state = (
+            None
+            if state is None
+            else await fetch_gradient(self.store, state, timeout=self.config.fetch_timeout)
+        )  # the custom rule resumes from the head's state (it checks the length)
         self.model = np.array(model, np.float32).reshape(-1)
         self.model_cid, self.head, self.round = chain[-1][1].result, best.record, best.round + 1
         for cid, record in chain:
