@@ -16,7 +16,7 @@ from gradfed_ipfs.tensor.fedopt import fedprox_gradient
 from gradfed_ipfs.training import Client, ConfigValue, FederationConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-from digits_model import (  # noqa: E402
+from digits_model import (
     N_CLASSES,
     N_FEATURES,
     DigitsData,
