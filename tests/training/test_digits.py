@@ -1,0 +1,171 @@
+"""The digits task through the training API: 3 peers in one process, and as 3 OS processes.
+
+Agreed rounds are bit-reproducible, so when every round's roster holds all three peers the
+processes end on the very model CID the in-process run ends on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+import pytest
+
+from gradfed_ipfs.training import History, VectorAdapter, run_simulation
+from tests.conftest import KuboNode
+from tests.polling import poll_until
+from tests.training import digits_task as task
+from tests.training.strategies import make_strategy
+
+pytest.importorskip("sklearn")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def simulate(strategy: str = "fedavg", **settings: object) -> list[History]:
+    data = task.data()
+    return asyncio.run(
+        run_simulation(
+            [task.make_client(data, i) for i in range(task.PEERS)],
+            adapter=VectorAdapter(),
+            initial_model=task.initial_model(),
+            config=task.federation(data, **settings),
+            strategy=lambda: make_strategy(strategy),
+            session=f"digits-{strategy}",
+        )
+    )
+
+
+@pytest.fixture(scope="module")
+def in_process() -> list[History]:
+    return simulate()
+
+
+def final_accuracy(history: History) -> float:
+    return history.metrics_centralized()["accuracy"][-1][1]
+
+
+def test_three_peers_in_one_process_agree_and_learn(in_process: list[History]) -> None:
+    assert len({h.entries[-1].model for h in in_process}) == 1
+    history = in_process[0]
+    assert len(history.entries) == task.ROUNDS + 1  # and the final evaluation round
+    assert all(e.results == 3 and e.failures == 0 for e in history.entries[:-1])
+    assert history.entries[-1].results == 0  # evaluation only
+    assert final_accuracy(history) >= 0.9
+    losses = [loss for _, loss in history.losses_distributed()]
+    assert len(losses) == task.ROUNDS
+    assert losses[-1] < losses[0] / 2
+    # the federated evaluation covers every training sample, weighted by sample count
+    assert history.entries[-1].eval_samples == sum(len(p) for p in task.data().parts)
+    fit = history.metrics_distributed_fit()["accuracy"]
+    assert [r for r, _ in fit] == list(range(1, task.ROUNDS + 1))
+
+
+def test_in_process_matches_a_plain_fedavg_loop(in_process: list[History]) -> None:
+    data = task.data()
+    clients = [task.make_client(data, i) for i in range(task.PEERS)]
+    w = task.initial_model()
+    for r in range(task.ROUNDS):
+        config = {"server_round": r + 1, "local_steps": task.STEPS, "lr": task.LR}
+        outs = [c.train(w.copy(), config) for c in clients]
+        n = sum(o[1] for o in outs)
+        w = (w + sum(o[1] / n * (o[0] - w) for o in outs)).astype(np.float32)
+    plain = task.held_out_evaluate(data)(w, task.ROUNDS)[1]["accuracy"]
+    assert abs(plain - final_accuracy(in_process[0])) <= 0.01
+
+
+def test_history_saves_reloads_and_plots(in_process: list[History], tmp_path: Path) -> None:
+    history = in_process[0]
+    path = history.save(tmp_path / "history.json")
+    again = History.load(path)
+    assert again == history
+    assert again.losses_distributed() == history.losses_distributed()
+    assert "round 3: received 3 results and 0 failures" in again.report()
+    pytest.importorskip("matplotlib")
+    assert history.plot(tmp_path / "history.png").stat().st_size > 1000
+
+
+def test_fraction_samples_two_of_three_and_the_others_follow() -> None:
+    histories = simulate("fedavg", rounds=4, fraction=0.5)  # ceil(1.5) = 2 trainers per round
+    assert len({h.entries[-1].model for h in histories}) == 1
+    entries = histories[0].entries
+    assert all(len(e.sampled) == 2 and e.results == 2 for e in entries[:-1])
+    assert all(len(e.roster) == 3 for e in entries)  # every peer still evaluates and follows
+    assert len({tuple(e.sampled) for e in entries[:-1]}) > 1  # the sample changes
+
+
+@pytest.mark.parametrize("strategy", ["fedprox", "fedavgm", "fedadam", "qfedavg", "median"])
+def test_strategies_learn_the_task(strategy: str) -> None:
+    histories = simulate(strategy, rounds=5)
+    assert len({h.entries[-1].model for h in histories}) == 1
+    assert final_accuracy(histories[0]) >= 0.8
+    assert histories[0].strategy.startswith(make_strategy(strategy).name)
+
+
+# --------------------------------------------------------------------------- OS processes
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Callable[[list[str], Path], subprocess.Popen[str]]]:
+    started: list[tuple[subprocess.Popen[str], IO[str]]] = []
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def start(args: list[str], log_path: Path) -> subprocess.Popen[str]:
+        log = log_path.open("w")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.training.digits_peer", *args],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        started.append((proc, log))
+        return proc
+
+    try:
+        yield start
+    finally:
+        for proc, log in started:  # every peer process this test started, by PID
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+            log.close()
+
+
+@pytest.mark.kubo
+def test_three_peer_processes_with_own_daemons_match_the_in_process_run(
+    kubo_swarm3: list[KuboNode],
+    spawn: Callable[[list[str], Path], subprocess.Popen[str]],
+    tmp_path: Path,
+    in_process: list[History],
+) -> None:
+    members = ",".join(node.peer_id for node in kubo_swarm3)
+    session = f"digits-mp-{os.getpid()}"
+    procs = []
+    for i, node in enumerate(kubo_swarm3):
+        args = [
+            "--api", node.api_url, "--index", str(i), "--members", members,
+            "--session", session, "--history", str(tmp_path / f"h{i}.json"),
+        ]  # fmt: skip
+        procs.append(spawn(args, tmp_path / f"peer{i}.log"))
+
+    def finished() -> bool:
+        for i, proc in enumerate(procs):
+            if proc.poll() not in (None, 0):
+                raise AssertionError((tmp_path / f"peer{i}.log").read_text())
+        return all(proc.poll() == 0 for proc in procs)
+
+    poll_until(finished, timeout=240.0, what="three training peers")
+    histories = [History.load(tmp_path / f"h{i}.json") for i in range(3)]
+    assert len({h.entries[-1].record for h in histories}) == 1
+    finals = [json.loads(line) for line in (tmp_path / "peer0.log").read_text().splitlines()
+              if line.startswith('{"event": "final"')]  # fmt: skip
+    assert finals[0]["model"] == histories[0].entries[-1].model
+    reference = final_accuracy(in_process[0])
+    assert abs(final_accuracy(histories[0]) - reference) <= 0.01
+    if all(len(e.roster) == 3 for e in histories[0].entries):
+        assert histories[0].entries[-1].model == in_process[0].entries[-1].model
