@@ -11,7 +11,16 @@ from __future__ import annotations
 
 from .history import History, RoundEntry
 from .metrics import RoundSummary, VectorLayout
-from .peer import Client, EvaluateFn, FederationConfig, ModelAdapter, Peer, TrainFn, VectorAdapter
+from .peer import (
+    Client,
+    EvaluateFn,
+    FederationConfig,
+    LocalDP,
+    ModelAdapter,
+    Peer,
+    TrainFn,
+    VectorAdapter,
+)
 from .rule import TrainingRule
 from .sampling import round_seed, sample_peers
 from .simulation import run_simulation
@@ -43,6 +52,7 @@ __all__ = [
     "FederationConfig",
     "FitResult",
     "History",
+    "LocalDP",
     "ModelAdapter",
     "Peer",
     "QFedAvg",

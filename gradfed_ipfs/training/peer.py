@@ -24,6 +24,7 @@ import numpy as np
 
 from .._types import FloatArray
 from ..errors import InvalidGradient, QuorumNotReached, RoundMismatch
+from ..federated.privacy.mechanisms import DifferentialPrivacy
 from ..federated.round.agreed import AgreedConfig, AgreedSession
 from ..kubo.pubsub import PubsubTransport
 from ..storage.base import BlockStore
@@ -36,6 +37,7 @@ __all__ = [
     "Client",
     "EvaluateFn",
     "FederationConfig",
+    "LocalDP",
     "ModelAdapter",
     "Peer",
     "TrainFn",
@@ -94,6 +96,21 @@ class Client(Generic[M]):
     train: TrainFn[M]
     evaluate: EvaluateFn[M] | None = None
     returns: Literal["model", "update"] = "model"
+
+
+@dataclass(frozen=True)
+class LocalDP:
+    """Differential privacy of this peer's updates, applied before they leave it.
+
+    Each update is clipped to L2 norm ``clip_norm`` and noised by ``mechanism`` (std
+    ``z · clip_norm``), which charges its own (ε, δ) budget: this protects the peer's whole
+    contribution (user-level local DP) without trusting any aggregator, at the price of N
+    peers' independent noise in the mean. A peer whose budget is spent stops training (its
+    rounds count as failures) and only evaluates and follows.
+    """
+
+    mechanism: DifferentialPrivacy
+    clip_norm: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -166,6 +183,8 @@ class Peer(Generic[M]):
         Session name.
     log
         Called with each round's report line (e.g. ``print``); default: logging at INFO.
+    privacy
+        Optional :class:`LocalDP` of this peer's updates (ε spent goes in the History).
     """
 
     def __init__(
@@ -181,7 +200,9 @@ class Peer(Generic[M]):
         strategy: Strategy | None = None,
         session: str = "train",
         log: Callable[[str], None] | None = None,
+        privacy: LocalDP | None = None,
     ) -> None:
+        self.privacy = privacy
         self.strategy = strategy if strategy is not None else FedAvg()
         if isinstance(self.strategy, QFedAvg) and client.evaluate is None:
             raise InvalidGradient("QFedAvg needs clients with evaluate (their loss)")
@@ -319,6 +340,7 @@ class Peer(Generic[M]):
             fit_samples=summary.fit_samples, fit_metrics=summary.fit_metrics,
             eval_samples=summary.eval_samples, eval_loss=summary.eval_loss,
             eval_metrics=summary.eval_metrics, timings=timings,
+            epsilon=None if self.privacy is None else self.privacy.mechanism.spent()[0],
         )  # fmt: skip
         if self.config.evaluate_fn is not None and r < self.config.rounds:
             t = time.monotonic()
@@ -339,7 +361,10 @@ class Peer(Generic[M]):
         samples = _checked(n)
         if samples < 1:
             raise InvalidGradient("train reported no samples")
-        return update.astype(np.float32), samples, dict(metrics)
+        update = update.astype(np.float32)
+        if self.privacy is not None:  # PrivacyBudgetExhausted: this round is a failure
+            self.privacy.mechanism.apply_dp_sgd(update, self.privacy.clip_norm)
+        return update, samples, dict(metrics)
 
 
 def _checked(n: object) -> int:

@@ -17,7 +17,7 @@ from ..federated.round.agreed import AgreedConfig
 from ..kubo.pubsub import MemoryPubsubBus
 from ..storage.memory import MemoryBlockStore
 from .history import History
-from .peer import Client, FederationConfig, ModelAdapter, Peer
+from .peer import Client, FederationConfig, LocalDP, ModelAdapter, Peer
 from .strategy import Strategy
 
 __all__ = ["SIMULATION_TIMING", "run_simulation"]
@@ -46,11 +46,12 @@ async def run_simulation(
     session: str = "simulation",
     log: Callable[[str], None] | None = None,
     timing: Mapping[str, Any] | None = None,
+    privacy: Callable[[int], LocalDP | None] | None = None,
 ) -> list[History]:
     """Run one peer per client (``peer-0``, ``peer-1``, ...); return their histories.
 
     ``strategy`` may be a factory (one instance per peer, as separate processes would have);
-    ``log`` receives peer 0's report lines.
+    ``log`` receives peer 0's report lines; ``privacy(i)`` gives peer ``i``'s :class:`LocalDP`.
     """
     bus = MemoryPubsubBus()
     members = tuple(f"peer-{i}" for i in range(len(clients)))
@@ -68,6 +69,7 @@ async def run_simulation(
                 strategy=strategy() if callable(strategy) else strategy,
                 session=session,
                 log=log if i == 0 else (lambda _line: None),
+                privacy=None if privacy is None else privacy(i),
             )
             for i, (peer_id, client) in enumerate(zip(members, clients, strict=True))
         ]

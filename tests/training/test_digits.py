@@ -169,3 +169,33 @@ def test_three_peer_processes_with_own_daemons_match_the_in_process_run(
     assert abs(final_accuracy(histories[0]) - reference) <= 0.01
     if all(len(e.roster) == 3 for e in histories[0].entries):
         assert histories[0].entries[-1].model == in_process[0].entries[-1].model
+
+
+def test_local_dp_reports_epsilon_and_a_spent_budget_stops_training() -> None:
+    from gradfed_ipfs.federated.privacy.mechanisms import DifferentialPrivacy
+    from gradfed_ipfs.training import LocalDP
+
+    data = task.data()
+
+    def privacy(i: int) -> LocalDP:
+        dp = DifferentialPrivacy(4.5, 1e-5, 1.0, noise_multiplier=2.0, rng=i)
+        return LocalDP(dp, clip_norm=5.0)
+
+    histories = asyncio.run(
+        run_simulation(
+            [task.make_client(data, i) for i in range(task.PEERS)],
+            adapter=VectorAdapter(),
+            initial_model=task.initial_model(),
+            config=task.federation(data, rounds=6),
+            privacy=privacy,
+            session="digits-dp",
+        )
+    )
+    assert len({h.entries[-1].model for h in histories}) == 1
+    entries = histories[0].entries[:-1]
+    spent = [e.epsilon for e in entries]
+    # z = 2 spends ε = 2.17, 3.19, 4.01 (δ = 1e-5); a fourth release (4.73) exceeds 4.5, so
+    # later rounds report failures (the peers still evaluate and follow), not errors
+    assert spent == pytest.approx([2.17, 3.19, 4.01, 4.01, 4.01, 4.01], abs=0.01)
+    assert [e.results for e in entries] == [3, 3, 3, 0, 0, 0]
+    assert [e.failures for e in entries] == [0, 0, 0, 3, 3, 3]
