@@ -19,7 +19,7 @@ from gradfed_ipfs.formats.arrow import load_gradient_from_arrow, store_layer_as_
 from gradfed_ipfs.storage import Block
 from gradfed_ipfs.storage.base import BlockStore
 from gradfed_ipfs.tensor.aggregation import AggregationStrategy, Contribution, as_float32_vector
-from gradfed_ipfs.tensor.compression import ErrorFeedback
+from gradfed_ipfs.tensor.codecs import ErrorFeedback
 
 
 class CodecAccumulator:

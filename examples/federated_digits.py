@@ -60,7 +60,7 @@ from gradfed_ipfs.provenance.round_record import ContributionRef, commit_round
 from gradfed_ipfs.storage import Block, KuboBlockStore
 from gradfed_ipfs.storage.dag import fetch_gradient, put_gradient
 from gradfed_ipfs.tensor.aggregation import AggregationStrategy
-from gradfed_ipfs.tensor.compression import Codec, ErrorFeedback
+from gradfed_ipfs.tensor.codecs import Codec, ErrorFeedback
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from codec_accumulator import CodecAccumulator

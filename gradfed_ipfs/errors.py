@@ -5,22 +5,28 @@ Every error the library raises on purpose derives from :class:`GradfedError`, so
 CLI exits with. The tree::
 
     GradfedError                       root; exit_code 1
+    ├── ConfigError                    a bad setting (config field, constructor argument); exit 11
     ├── GradientError                  the seed's ``GradientError`` enum (seed-api §3); exit 3
-    │   ├── ShapeMismatch              lengths or shapes of gradients disagree
+    │   ├── ShapeMismatch              lengths or shapes disagree: the ONE "lengths differ" base
     │   │   └── DimensionMismatch      the backward-pass spelling of the same condition
     │   ├── ChecksumFailed             a GradientDelta's checksum does not match its content
     │   ├── InvalidCompressionRatio    k / keep-ratio outside (0, 1]
-    │   ├── EmptyGradientSet           an aggregation was given no gradients
+    │   ├── EmptyGradientSet           an aggregation was given no gradients (also EmptyError)
     │   │   └── EmptyGradients         the backward-pass spelling of the same condition
     │   ├── IncompatibleDtype          a tensor of an unsupported dtype
     │   ├── OutlierDetected            a z-score above the threshold
-    │   ├── InvalidGradient            catch-all: NaN/Inf, bad sizes, bad parameters
+    │   ├── InvalidGradient            catch-all for gradient values: NaN/Inf, bad sizes
     │   ├── NodeNotFound               a backward-pass step id is unknown
     │   └── PeerNotFound               a peer is not registered in a step
     ├── DecodeError                    untrusted bytes that do not decode; exit 4
     │   ├── MalformedArrow             not a gradient Arrow IPC file
     │   ├── MalformedManifest          not a chunk manifest / IPLD record we understand
-    │   └── MalformedAnnouncement      a pubsub announcement that does not parse
+    │   ├── MalformedAnnouncement      a pubsub announcement that does not parse
+    │   └── ArrowBlockError            the seed's GARW block errors (§8.6)
+    │       ├── EmptyInput             zero bytes / no blocks (also EmptyError)
+    │       ├── ArrowBlockShapeMismatch shape and values disagree (also ShapeMismatch)
+    │       ├── InvalidMagic           the first four bytes are not ``GARW``
+    │       └── TruncatedData          fewer bytes than the header promises
     ├── BlockStoreError                storage failures; exit 5
     │   ├── BlockNotFound              no block with that CID (within the timeout)
     │   ├── BlockCorrupt               bytes whose hash is not their CID
@@ -34,8 +40,8 @@ CLI exits with. The tree::
     │   ├── KuboStartError             a daemon failed to start (message has its log tail)
     │   └── KuboRpcError               a control-plane RPC call (id, swarm/*) failed
     ├── FederatedError                 the seed's ``FederatedError`` (seed-api §6.1); exit 7
-    │   ├── NoContributions            a round has nothing to aggregate
-    │   ├── FederatedDimensionMismatch contributions of different lengths
+    │   ├── NoContributions            a round has nothing to aggregate (also EmptyError)
+    │   ├── FederatedDimensionMismatch contributions of different lengths (also ShapeMismatch)
     │   ├── ClientNotFound             a contribution from a client not in the round
     │   ├── NotStarted                 operating on a round that was not started
     │   ├── PrivacyBudgetExhausted     a DP operation would exceed the (ε, δ) budget
@@ -50,27 +56,30 @@ CLI exits with. The tree::
     ├── CoordinationError              the seed's ``CoordinationError`` (§8.4); exit 8
     │   ├── PassNotFound               unknown backward pass id
     │   └── PassAlreadyTerminal        the pass is Complete or Failed
-    ├── ArrowBlockError                the seed's GARW block errors (§8.6); exit 4
-    │   ├── EmptyInput                 zero bytes
-    │   ├── ArrowBlockShapeMismatch    declared shape disagrees with the values
-    │   ├── InvalidMagic               the first four bytes are not ``GARW``
-    │   └── TruncatedData              fewer bytes than the header promises
     ├── ComputationGraphError          the seed's ``ComputationGraphError`` (§7.2); exit 9
     │   ├── GraphNodeNotFound          no node with that id
     │   ├── CircularDependency         the graph has a cycle
     │   ├── GraphSerializationError    a node or graph does not (de)serialize
     │   └── GraphIoError               reading or writing a graph/checkpoint failed
-    └── PubsubError                    IPFS pubsub (announcements); exit 10
-        ├── PubsubUnavailable          the daemon's pubsub API cannot be reached
-        │   └── PubsubTimeout          an answer not complete within the call's deadline
-        └── PubsubRequestError         the daemon refused a pubsub call (e.g. pubsub disabled)
-            └── PubsubResponseTooLarge an answer over its endpoint's size cap
+    ├── PubsubError                    IPFS pubsub (announcements); exit 10
+    │   ├── PubsubUnavailable          the daemon's pubsub API cannot be reached
+    │   │   └── PubsubTimeout          an answer not complete within the call's deadline
+    │   └── PubsubRequestError         the daemon refused a pubsub call (e.g. pubsub disabled)
+    │       └── PubsubResponseTooLarge an answer over its endpoint's size cap
+    └── EmptyError                     mixin: "there is nothing" (exit code from the other base)
+        (EmptyGradientSet, EmptyGradients, EmptyInput, NoContributions)
 
-Two mixins cut across the families: every ``*Timeout`` is an :class:`RpcTimeout` (and a
-``TimeoutError``), every ``*ResponseTooLarge`` a :class:`ResponseTooLarge`.
+Mixins cut across the families: every ``*Timeout`` is an :class:`RpcTimeout` (and a
+``TimeoutError``), every ``*ResponseTooLarge`` a :class:`ResponseTooLarge`. A class that names
+two bases (``FederatedDimensionMismatch(FederatedError, ShapeMismatch)``) takes its exit code
+from the first, its family; ``except ShapeMismatch`` catches every "lengths differ" and
+``except EmptyError`` every "nothing there". ``ConfigError``, ``ShapeMismatch``, ``EmptyError``
+and ``DecodeError`` subclass ``ValueError``, so generic handlers still work.
 
 Store errors carry context as attributes (``api_url``, ``endpoint``, ``cid``), set by the one
 boundary that talks to Kubo, so a message always names the CID and the daemon.
+
+Size: over 500 lines because every error has its one home here, under the tree above.
 """
 
 from __future__ import annotations
@@ -89,9 +98,11 @@ __all__ = [
     "CircularDependency",
     "ClientNotFound",
     "ComputationGraphError",
+    "ConfigError",
     "CoordinationError",
     "DecodeError",
     "DimensionMismatch",
+    "EmptyError",
     "EmptyGradientSet",
     "EmptyGradients",
     "EmptyInput",
@@ -157,6 +168,23 @@ class GradfedError(Exception):
             raise TypeError(f"{cls.__name__} needs a non-zero integer exit_code")
 
 
+# --------------------------------------------------------------------------- settings and mixins
+
+
+class ConfigError(GradfedError, ValueError):
+    """A setting is invalid (``min_peers must be >= 0``); raised where it is given."""
+
+    exit_code: ClassVar[int] = 11
+
+    def __init__(self, message: str) -> None:
+        self.reason = message
+        super().__init__(f"Invalid setting: {message}")
+
+
+class EmptyError(GradfedError, ValueError):
+    """Mixin base of every "there is nothing" error; each subclass's family sets the exit code."""
+
+
 # --------------------------------------------------------------------------- gradient (seed §3)
 
 
@@ -207,7 +235,7 @@ class InvalidCompressionRatio(GradientError, ValueError):
         super().__init__(f"Invalid compression ratio: {ratio}")
 
 
-class EmptyGradientSet(GradientError, ValueError):
+class EmptyGradientSet(GradientError, EmptyError):
     """An aggregation was given no gradients."""
 
     def __init__(self, message: str = "Empty gradient set") -> None:
@@ -425,20 +453,22 @@ class FederatedError(GradfedError):
     exit_code: ClassVar[int] = 7
 
 
-class NoContributions(FederatedError, ValueError):
+class NoContributions(FederatedError, EmptyError):
     """A round has no contributions to aggregate."""
 
     def __init__(self, message: str = "No contributions received") -> None:
         super().__init__(message)
 
 
-class FederatedDimensionMismatch(FederatedError, ValueError):
-    """Contributions of different lengths (the seed's ``FederatedError::DimensionMismatch``)."""
+class FederatedDimensionMismatch(FederatedError, ShapeMismatch):
+    """Contributions of different lengths (the seed's ``FederatedError::DimensionMismatch``).
+
+    ``expected`` and ``actual`` are ``[length]`` as for every :class:`ShapeMismatch`.
+    """
 
     def __init__(self, expected: int, actual: int) -> None:
-        self.expected = expected
-        self.actual = actual
-        super().__init__(f"Dimension mismatch: expected {expected}, got {actual}")
+        ShapeMismatch.__init__(self, [expected], [actual])
+        self.args = (f"Dimension mismatch: expected {expected}, got {actual}",)
 
 
 class ClientNotFound(FederatedError, KeyError):
@@ -585,18 +615,30 @@ class PassAlreadyTerminal(CoordinationError):
         super().__init__(f"Pass already in terminal state: {pass_id}")
 
 
-class ArrowBlockError(GradfedError, ValueError):
+class ArrowBlockError(DecodeError):
     """An error decoding the seed's ``GARW`` gradient block (§8.6)."""
 
-    exit_code: ClassVar[int] = 4
+
+class EmptyInput(ArrowBlockError, EmptyError):
+    """Zero input bytes, or no blocks."""
 
 
-class EmptyInput(ArrowBlockError):
-    """Zero input bytes."""
+class ArrowBlockShapeMismatch(ArrowBlockError, ShapeMismatch):
+    """The declared shape's element count differs from the number of values.
 
+    Parameters
+    ----------
+    message
+        The seed's message (``"Shape mismatch: ..."``).
+    expected, actual
+        The shapes compared, when known (else empty).
+    """
 
-class ArrowBlockShapeMismatch(ArrowBlockError):
-    """The declared shape's element count differs from the number of values."""
+    def __init__(
+        self, message: str, expected: Sequence[int] = (), actual: Sequence[int] = ()
+    ) -> None:
+        ShapeMismatch.__init__(self, expected, actual)
+        self.args = (message,)
 
 
 class InvalidMagic(ArrowBlockError):

@@ -15,7 +15,7 @@ from gradfed_ipfs.provenance.round_record import ContributionRef, RoundRecord, c
 from gradfed_ipfs.storage import KuboBlockStore
 from gradfed_ipfs.storage.dag import put_gradient
 from gradfed_ipfs.tensor.aggregation import Median
-from gradfed_ipfs.tensor.compression import TopKInt8
+from gradfed_ipfs.tensor.codecs import TopKInt8
 from tests.conftest import KuboNode
 from tests.polling import apoll_until
 

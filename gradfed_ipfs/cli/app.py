@@ -6,7 +6,8 @@ errors end with a one-line message and the error family's exit code, never a tra
 (``--debug`` shows it). Exit codes: 0 success; 1 a failed check (``verify-round``, ``history``,
 ``node status`` of a stopped node; an unverifiable DP round included) or a usage mistake; 2 bad
 arguments (argparse, or a CID that is not a round record); otherwise the ``exit_code`` of the
-error's family (3 gradient, 4 decode, 5 block store, 6 Kubo, 7 federated, 10 pubsub; see
+error's family (3 gradient, 4 decode, 5 block store, 6 Kubo, 7 federated, 8 coordination,
+9 computation graph, 10 pubsub, 11 a bad setting; see
 :mod:`gradfed_ipfs.errors`); 130 interrupted. Non-finite gradients are never written (exit 4),
 and a decode that runs out of memory or recursion also ends with one line and exit 4.
 

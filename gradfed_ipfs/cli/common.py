@@ -39,7 +39,7 @@ from ..tensor.aggregation import (
     Sum,
     TrimmedMean,
 )
-from ..tensor.compression import Codec, Int4, Int8, TopK, TopKInt8
+from ..tensor.codecs import Codec, Int4, Int8, TopK, TopKInt8
 from .managed import running_node_api
 
 __all__ = [

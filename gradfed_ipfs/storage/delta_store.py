@@ -34,7 +34,7 @@ from .._types import CIDLike
 from ..cid import DAG_CBOR, RAW, parse_cid
 from ..errors import MalformedManifest
 from ..formats import arrow as _arrow
-from ..tensor.types import GradientDelta
+from ..tensor.delta import GradientDelta
 from .base import Block, BlockStore
 
 __all__ = ["DELTA_RECORD_TYPE", "DELTA_RECORD_VERSION", "load_delta", "store_delta"]

@@ -1,7 +1,10 @@
 """Gradient tensors: types, compression, aggregation and verification (pure NumPy, no I/O).
 
-``delta_store`` (storing a :class:`GradientDelta` as IPLD through a block store) is the one
-module here that does I/O; import it explicitly from :mod:`gradfed_ipfs.storage.delta_store`.
+Modules: ``types`` (layer gradients), ``metadata`` (dtype, tensor metadata), ``delta``
+(``GradientDelta``), ``compression`` (the seed's ``GradientCompressor``), ``codecs`` (``Codec``
+registry, error feedback), ``aggregation``, ``robust`` (rules; the one clip and norm),
+``bulyan``, ``fedopt`` (server optimizers), ``regional``, ``kernels``, ``verification``,
+``adaptive``. Storing a delta is :mod:`gradfed_ipfs.storage.delta_store`.
 """
 
 from __future__ import annotations
@@ -27,12 +30,11 @@ from .aggregation import (
     weighted_mean,
 )
 from .bulyan import Bulyan, bulyan
-from .compression import (
+from .codecs import (
     CODECS,
     Codec,
     Dense,
     ErrorFeedback,
-    GradientCompressor,
     Int4,
     Int8,
     QuantizedCodec,
@@ -41,6 +43,8 @@ from .compression import (
     TopK,
     TopKInt8,
 )
+from .compression import GradientCompressor
+from .delta import GradientDelta
 from .fedopt import (
     FedAdagrad,
     FedAdam,
@@ -66,7 +70,6 @@ from .robust import (
 )
 from .types import (
     DenseGradient,
-    GradientDelta,
     LayerGradient,
     QuantizedGradient,
     SparseGradient,

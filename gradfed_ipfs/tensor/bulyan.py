@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._types import FloatArray
-from ..errors import EmptyGradientSet, InvalidGradient
+from ..errors import ConfigError, EmptyGradientSet, InvalidGradient
 from .aggregation import AggregationStrategy, Contribution
 from .robust import krum_scores, stack_gradients
 
@@ -76,7 +76,7 @@ class Bulyan(AggregationStrategy):
 
     def __post_init__(self) -> None:
         if self.f < 0:
-            raise InvalidGradient(f"f must be >= 0, got {self.f}")
+            raise ConfigError(f"f must be >= 0, got {self.f}")
 
     def aggregate(self, contributions: Mapping[str, Contribution]) -> FloatArray:
         """Return the Bulyan aggregate (sample counts are not used)."""

@@ -35,7 +35,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .._types import FloatArray, GradientLike
-from ..errors import InvalidGradient, ShapeMismatch
+from ..errors import ConfigError, InvalidGradient, ShapeMismatch
 
 __all__ = [
     "FedAdagrad",
@@ -167,13 +167,13 @@ class ServerOptimizer(ABC):
 def _check_positive(**values: float) -> None:
     for key, value in values.items():
         if not (math.isfinite(value) and value > 0):
-            raise InvalidGradient(f"{key} must be finite and > 0, got {value}")
+            raise ConfigError(f"{key} must be finite and > 0, got {value}")
 
 
 def _check_unit(**values: float) -> None:
     for key, value in values.items():
         if not (0.0 <= value < 1.0):
-            raise InvalidGradient(f"{key} must be in [0, 1), got {value}")
+            raise ConfigError(f"{key} must be in [0, 1), got {value}")
 
 
 @dataclass(frozen=True)

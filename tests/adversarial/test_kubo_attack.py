@@ -32,7 +32,10 @@ async def test_nested_shape_block_rejects_the_attacker_not_the_round(kubo_swarm3
         for n, t in zip(kubo_swarm3, transports, strict=True)
     ]
     attacker, attacker_id = gossips[2], kubo_swarm3[2].peer_id
-    config = RoundConfig(min_peers=2, collect_timeout=8.0, fetch_timeout=5.0)
+    # min_peers counts the other peers' contributions: the one other honest peer. Every node is
+    # expected, so the round also waits for the attacker's block to be fetched and rejected.
+    config = RoundConfig(min_peers=1, collect_timeout=8.0, fetch_timeout=5.0)
+    everyone = [n.peer_id for n in kubo_swarm3]
     closed = asyncio.Event()
     try:
         block = nested_shape_block(2000, count=D)
@@ -49,8 +52,12 @@ async def test_nested_shape_block_rejects_the_attacker_not_the_round(kubo_swarm3
         grads = [np.full(D, v, dtype=np.float32) for v in (1.0, 2.0)]
         results = await asyncio.gather(
             *(
-                RoundRunner(store, gossip, config).run_round(0, grad, num_samples=1)
-                for store, gossip, grad in zip(stores[:2], gossips[:2], grads, strict=True)
+                RoundRunner(store, gossip, config).run_round(
+                    0, grad, num_samples=1, expected_peers=[p for p in everyone if p != me]
+                )
+                for store, gossip, grad, me in zip(
+                    stores[:2], gossips[:2], grads, everyone[:2], strict=True
+                )
             )
         )
         closed.set()

@@ -9,7 +9,7 @@ import dp_accounting
 import numpy as np
 import pytest
 
-from gradfed_ipfs.errors import InvalidGradient, PrivacyBudgetExhausted
+from gradfed_ipfs.errors import ConfigError, InvalidGradient, PrivacyBudgetExhausted
 from gradfed_ipfs.federated.privacy.mechanisms import AccountingMode, DifferentialPrivacy
 from gradfed_ipfs.federated.round import RoundConfig, RoundRunner
 from gradfed_ipfs.federated.round.gossip import GossipModelSync
@@ -182,7 +182,7 @@ async def test_dp_round_needs_rdp_accounting_and_a_holding_accumulator() -> None
     runner = RoundRunner(store, gossip, replace(FAST, dp=dp), accumulator_factory=streaming)
     with pytest.raises(InvalidGradient, match="StreamingAccumulator"):
         await runner.run_round(0, grad)
-    with pytest.raises(InvalidGradient, match="cannot be streaming"):
+    with pytest.raises(ConfigError, match="cannot be streaming"):
         replace(FAST, dp=dp, streaming=True)
     assert store.blocks == {}
     await gossip.aclose()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gradfed_ipfs.cid import make_cid, parse_cid
-from gradfed_ipfs.errors import InsufficientPeers, InvalidGradient
+from gradfed_ipfs.errors import ConfigError, InsufficientPeers
 from gradfed_ipfs.federated.round import RoundConfig, RoundRunner
 from gradfed_ipfs.federated.round.gossip import GossipModelSync
 from gradfed_ipfs.kubo.pubsub import KuboPubsub, MemoryPubsubBus
@@ -154,9 +154,9 @@ async def test_corrupt_and_mislabelled_gradients_are_rejected_with_streaming() -
 
 
 def test_round_config_is_validated() -> None:
-    with pytest.raises(InvalidGradient):
+    with pytest.raises(ConfigError):
         RoundConfig(fetch_timeout=0)
-    with pytest.raises(InvalidGradient):
+    with pytest.raises(ConfigError):
         RoundConfig(max_peers=0)
 
 

@@ -19,7 +19,8 @@ from gradfed_ipfs.formats.arrow import (
     store_gradient_as_arrow,
     store_layer_as_arrow,
 )
-from gradfed_ipfs.tensor.compression import CODECS, GradientCompressor
+from gradfed_ipfs.tensor.codecs import CODECS
+from gradfed_ipfs.tensor.compression import GradientCompressor
 from gradfed_ipfs.tensor.types import (
     DenseGradient,
     LayerGradient,

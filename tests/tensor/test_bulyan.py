@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradfed_ipfs.errors import EmptyGradientSet, InvalidGradient
+from gradfed_ipfs.errors import ConfigError, EmptyGradientSet, InvalidGradient
 from gradfed_ipfs.tensor import Bulyan, Contribution, bulyan
 
 
@@ -30,5 +30,5 @@ def test_bulyan_strategy_matches_the_function_and_checks_n() -> None:
         Bulyan(f=2).aggregate(peers)
     with pytest.raises(EmptyGradientSet):
         bulyan([], f=0)
-    with pytest.raises(InvalidGradient):
+    with pytest.raises(ConfigError):
         Bulyan(f=-1)

@@ -41,6 +41,7 @@ from multiformats import CID
 from ..._types import CIDLike, FloatArray, GradientLike
 from ...cid import parse_cid
 from ...errors import (
+    ConfigError,
     DecodeError,
     DimensionMismatch,
     EmptyGradients,
@@ -176,7 +177,7 @@ class AccumulatorBase:
     ) -> None:
         values_per_chunk(chunk_bytes)  # validates the size
         if concurrency < 1:
-            raise InvalidGradient(f"concurrency must be >= 1, got {concurrency}")
+            raise ConfigError(f"concurrency must be >= 1, got {concurrency}")
         self._session_id = session_id
         self.config = config if config is not None else AccumulatorConfig()
         self.local_peer_id = local_peer_id

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...errors import InvalidGradient
+from ...errors import ConfigError
 from ...tensor.aggregation import AggregationStrategy, FedAvg
 from ..privacy.mechanisms import DifferentialPrivacy
 
@@ -58,17 +58,15 @@ class AccumulatorConfig:
 
     def __post_init__(self) -> None:
         if self.max_peers < 1:
-            raise InvalidGradient(f"max_peers must be >= 1, got {self.max_peers}")
+            raise ConfigError(f"max_peers must be >= 1, got {self.max_peers}")
         if not self.timeout > 0:
-            raise InvalidGradient(f"timeout must be > 0 seconds, got {self.timeout}")
+            raise ConfigError(f"timeout must be > 0 seconds, got {self.timeout}")
         if self.gradient_clipping is not None and not self.gradient_clipping >= 0:
-            raise InvalidGradient(f"gradient_clipping must be >= 0, got {self.gradient_clipping}")
+            raise ConfigError(f"gradient_clipping must be >= 0, got {self.gradient_clipping}")
         if self.max_weight is not None and self.max_weight < 1:
-            raise InvalidGradient(f"max_weight must be >= 1, got {self.max_weight}")
+            raise ConfigError(f"max_weight must be >= 1, got {self.max_weight}")
         if not isinstance(self.aggregation, AggregationStrategy):
-            raise InvalidGradient(
-                f"aggregation must be an AggregationMethod, got {self.aggregation!r}"
-            )
+            raise ConfigError(f"aggregation must be an AggregationMethod, got {self.aggregation!r}")
 
 
 @dataclass(frozen=True)
@@ -163,14 +161,14 @@ class RoundConfig:
 
     def __post_init__(self) -> None:
         if self.min_peers < 0 or self.max_peers < 1 or self.max_republish < 1:
-            raise InvalidGradient("min_peers must be >= 0, max_peers and max_republish >= 1")
+            raise ConfigError("min_peers must be >= 0, max_peers and max_republish >= 1")
         if self.min_peers > self.max_peers:
-            raise InvalidGradient(f"min_peers {self.min_peers} > max_peers {self.max_peers}")
+            raise ConfigError(f"min_peers {self.min_peers} > max_peers {self.max_peers}")
         for name in ("collect_timeout", "fetch_timeout", "republish_interval"):
             if not getattr(self, name) > 0:
-                raise InvalidGradient(f"{name} must be > 0 seconds")
+                raise ConfigError(f"{name} must be > 0 seconds")
         if self.streaming and self.dp is not None:
-            raise InvalidGradient("DP rounds clip each contribution: they cannot be streaming")
+            raise ConfigError("DP rounds clip each contribution: they cannot be streaming")
         self.accumulator_config()  # validates the shared settings once, here
 
     def accumulator_config(self) -> AccumulatorConfig:

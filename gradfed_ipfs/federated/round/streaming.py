@@ -37,7 +37,7 @@ from multiformats import CID
 
 from ..._types import CIDLike, FloatArray, GradientLike
 from ...cid import DAG_CBOR, RAW, parse_cid
-from ...errors import DecodeError, DimensionMismatch, EmptyGradients, InvalidGradient
+from ...errors import ConfigError, DecodeError, DimensionMismatch, EmptyGradients, InvalidGradient
 from ...storage.base import BlockStore
 from ...storage.dag import (
     DEFAULT_CHUNK_BYTES,
@@ -84,7 +84,7 @@ class StreamingAccumulator(AccumulatorBase):
 
     Raises
     ------
-    InvalidGradient
+    ConfigError
         If the rule is not linear, or ``WeightedMean`` weights are positional.
     """
 
@@ -111,12 +111,12 @@ class StreamingAccumulator(AccumulatorBase):
         )
         strategy = self.config.aggregation
         if not isinstance(strategy, Sum | Mean | FedAvg | WeightedMean):
-            raise InvalidGradient(
+            raise ConfigError(
                 "streaming aggregation supports Sum, Mean, FedAvg and WeightedMean, "
                 f"not {strategy!r}"
             )
         if isinstance(strategy, WeightedMean) and not isinstance(strategy.weights, Mapping):
-            raise InvalidGradient("streaming WeightedMean needs weights as a peer ID → weight map")
+            raise ConfigError("streaming WeightedMean needs weights as a peer ID → weight map")
         self.accumulate_dtype = np.dtype(accumulate_dtype)
         self.total: np.ndarray | None = None
         """The running weighted sum ``Σ wᵢ·gᵢ`` (length d), allocated by the first gradient."""

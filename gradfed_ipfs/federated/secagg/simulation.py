@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..._types import FloatArray, GradientLike
-from ...errors import FederatedDimensionMismatch, InvalidGradient, SecureAggregationError
+from ...errors import ConfigError, FederatedDimensionMismatch, SecureAggregationError
 from .fixed_point import RingArray
 from .protocol import RandBytes, SecAggClient, SecAggServer
 
@@ -124,7 +124,7 @@ class SecureAggregation:
         randbytes: RandBytes = os.urandom,
     ) -> None:
         if min_participants < 1:
-            raise InvalidGradient(f"min_participants must be >= 1, got {min_participants}")
+            raise ConfigError(f"min_participants must be >= 1, got {min_participants}")
         self.min_participants = min_participants
         self.threshold = threshold
         self.clip_range = clip_range
