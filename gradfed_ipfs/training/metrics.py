@@ -23,7 +23,7 @@ from typing import Final
 import numpy as np
 
 from .._types import FloatArray
-from ..errors import InvalidGradient, ShapeMismatch
+from ..errors import ConfigError, InvalidGradient, ShapeMismatch
 
 __all__ = ["FIXED_SLOTS", "MAX_SAMPLES", "PeerTail", "RoundSummary", "VectorLayout"]
 
@@ -76,10 +76,10 @@ class VectorLayout:
 
     def __post_init__(self) -> None:
         if self.params < 1:
-            raise InvalidGradient(f"a model needs at least one parameter, got {self.params}")
+            raise ConfigError(f"a model needs at least one parameter, got {self.params}")
         for names in (self.fit_metrics, self.eval_metrics):
             if len(set(names)) != len(names):
-                raise InvalidGradient(f"metric names must be distinct: {names}")
+                raise ConfigError(f"metric names must be distinct: {names}")
 
     @property
     def tail(self) -> int:

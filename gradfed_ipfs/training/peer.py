@@ -23,7 +23,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 import numpy as np
 
 from .._types import FloatArray
-from ..errors import InvalidGradient, QuorumNotReached, RoundMismatch
+from ..errors import ConfigError, InvalidGradient, QuorumNotReached, RoundMismatch
 from ..federated.privacy.mechanisms import DifferentialPrivacy
 from ..federated.round.agreed import AgreedConfig, AgreedSession
 from ..kubo.pubsub import PubsubTransport
@@ -154,9 +154,9 @@ class FederationConfig(Generic[M]):
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
-            raise InvalidGradient(f"rounds must be >= 1, got {self.rounds}")
+            raise ConfigError(f"rounds must be >= 1, got {self.rounds}")
         if not math.isfinite(self.learning_rate):
-            raise InvalidGradient("learning_rate must be finite")
+            raise ConfigError("learning_rate must be finite")
 
 
 class Peer(Generic[M]):
@@ -205,7 +205,7 @@ class Peer(Generic[M]):
         self.privacy = privacy
         self.strategy = strategy if strategy is not None else FedAvg()
         if isinstance(self.strategy, QFedAvg) and client.evaluate is None:
-            raise InvalidGradient("QFedAvg needs clients with evaluate (their loss)")
+            raise ConfigError("QFedAvg needs clients with evaluate (their loss)")
         self.client, self.adapter, self.config = client, adapter, config
         self.store, self.pubsub, self.session_name = store, pubsub, session
         initial = np.array(adapter.to_vector(initial_model), np.float32).reshape(-1)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from multiformats import CID
 
-from ..errors import InvalidGradient
+from ..errors import ConfigError
 
 __all__ = ["round_seed", "sample_peers", "sample_size"]
 
@@ -31,13 +31,13 @@ def sample_size(members: int, fraction: float, min_fit: int) -> int:
 
     Raises
     ------
-    InvalidGradient
+    ConfigError
         If ``fraction`` is not in (0, 1] or ``min_fit < 1``.
     """
     if not (0.0 < fraction <= 1.0):
-        raise InvalidGradient(f"fraction must be in (0, 1], got {fraction}")
+        raise ConfigError(f"fraction must be in (0, 1], got {fraction}")
     if min_fit < 1:
-        raise InvalidGradient(f"min_fit must be >= 1, got {min_fit}")
+        raise ConfigError(f"min_fit must be >= 1, got {min_fit}")
     return min(members, max(min_fit, math.ceil(fraction * members - 1e-9)))
 
 

@@ -27,7 +27,7 @@ from typing import ClassVar, TypeAlias
 import numpy as np
 
 from .._types import FloatArray
-from ..errors import InvalidGradient
+from ..errors import ConfigError, InvalidGradient
 from ..tensor import fedopt
 from ..tensor.aggregation import AggregationStrategy, Contribution
 from ..tensor.deterministic import deterministic_update
@@ -128,7 +128,7 @@ class FedProx(FedAvg):
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.proximal_mu) and self.proximal_mu >= 0):
-            raise InvalidGradient(f"proximal_mu must be finite and >= 0, got {self.proximal_mu}")
+            raise ConfigError(f"proximal_mu must be finite and >= 0, got {self.proximal_mu}")
 
     def fit_config(self, server_round: int) -> dict[str, ConfigValue]:
         """Return ``{"proximal_mu": μ}``."""
@@ -263,9 +263,9 @@ class QFedAvg(Strategy):
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.client_learning_rate) and self.client_learning_rate > 0):
-            raise InvalidGradient("client_learning_rate must be finite and > 0")
+            raise ConfigError("client_learning_rate must be finite and > 0")
         if not (math.isfinite(self.q) and self.q >= 0):
-            raise InvalidGradient(f"q must be finite and >= 0, got {self.q}")
+            raise ConfigError(f"q must be finite and >= 0, got {self.q}")
 
     def aggregate(
         self,

@@ -199,3 +199,29 @@ def test_local_dp_reports_epsilon_and_a_spent_budget_stops_training() -> None:
     assert spent == pytest.approx([2.17, 3.19, 4.01, 4.01, 4.01, 4.01], abs=0.01)
     assert [e.results for e in entries] == [3, 3, 3, 0, 0, 0]
     assert [e.failures for e in entries] == [0, 0, 0, 3, 3, 3]
+
+
+def test_a_failing_client_is_a_reported_failure_not_a_failed_round() -> None:
+    from gradfed_ipfs.training import Client
+
+    data = task.data()
+    clients = [task.make_client(data, i) for i in range(task.PEERS)]
+
+    def broken(model: np.ndarray, config: object) -> tuple[np.ndarray, int, dict[str, float]]:
+        raise RuntimeError("out of memory")
+
+    clients[2] = Client(train=broken, evaluate=clients[2].evaluate)
+    lines: list[str] = []
+    histories = asyncio.run(
+        run_simulation(
+            clients,
+            adapter=VectorAdapter(),
+            initial_model=task.initial_model(),
+            config=task.federation(data, rounds=2),
+            session="digits-broken",
+            log=lines.append,
+        )
+    )
+    assert len({h.entries[-1].model for h in histories}) == 1
+    assert lines[0].startswith("round 1: received 2 results and 1 failures")
+    assert histories[0].entries[0].eval_samples == sum(len(p) for p in data.parts)

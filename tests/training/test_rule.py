@@ -181,3 +181,19 @@ async def test_optimizer_state_rides_in_the_record_and_a_late_peer_resumes_it(
     finally:
         for s in sessions:
             await s.aclose()
+
+
+def test_settings_are_config_errors() -> None:
+    from gradfed_ipfs.errors import ConfigError
+    from gradfed_ipfs.training import FederationConfig, QFedAvg
+
+    with pytest.raises(ConfigError):
+        sample_size(3, 0.0, 1)
+    with pytest.raises(ConfigError):
+        sample_size(3, 0.5, 0)
+    with pytest.raises(ConfigError):
+        FederationConfig(rounds=0)
+    with pytest.raises(ConfigError):
+        VectorLayout(2, fit_metrics=("a", "a"))
+    with pytest.raises(ConfigError):
+        QFedAvg(q=-1.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradfed_ipfs.errors import InvalidGradient
+from gradfed_ipfs.errors import ConfigError, InvalidGradient
 from gradfed_ipfs.tensor import Bulyan, Krum, Median, MultiKrum, TrimmedMean
 from gradfed_ipfs.tensor.fedopt import OptimizerState, fedprox_gradient
 from gradfed_ipfs.training import (
@@ -59,7 +59,7 @@ def test_fedprox_sends_mu_and_its_client_term_is_mu_times_drift() -> None:
     np.testing.assert_array_equal(fedprox_gradient(f32(1), f32(2), f32(1), 0.5), f32(1.5))
     new, _ = step(strategy, f32(0), fits(([1], 1, None), ([3], 1, None)))
     np.testing.assert_array_equal(new, f32(2))
-    with pytest.raises(InvalidGradient):
+    with pytest.raises(ConfigError):
         FedProx(proximal_mu=-1.0)
 
 
