@@ -225,3 +225,50 @@ def test_a_failing_client_is_a_reported_failure_not_a_failed_round() -> None:
     assert len({h.entries[-1].model for h in histories}) == 1
     assert lines[0].startswith("round 1: received 2 results and 1 failures")
     assert histories[0].entries[0].eval_samples == sum(len(p) for p in data.parts)
+
+
+def test_a_late_peer_resumes_with_the_optimizer_state_and_agrees() -> None:
+    from gradfed_ipfs.federated.round.agreed import AgreedConfig
+    from gradfed_ipfs.kubo import MemoryPubsubBus
+    from gradfed_ipfs.storage import MemoryBlockStore
+    from gradfed_ipfs.training import FedAdam, Peer
+
+    data = task.data()
+    members = ("peer-0", "peer-1", "peer-2")
+    agreed = AgreedConfig(
+        members=members, collect_timeout=0.5, takeover_timeout=0.3, round_timeout=30.0,
+        done_timeout=1.0, announce_interval=0.05, max_announce_interval=0.5, fetch_timeout=5.0,
+    )  # fmt: skip
+
+    async def scenario() -> tuple[History, History]:
+        async with MemoryBlockStore() as store:
+            bus = MemoryPubsubBus()
+            peers = [
+                Peer(
+                    store=store,
+                    pubsub=bus.endpoint(members[i]),
+                    client=task.make_client(data, i),
+                    adapter=VectorAdapter(),
+                    initial_model=task.initial_model(),
+                    config=task.federation(data, rounds=6, min_available=2),
+                    agreed=agreed,
+                    strategy=FedAdam(eta=0.05),
+                    session="resume",
+                )
+                for i in range(3)
+            ]
+            early = [asyncio.create_task(p.run()) for p in peers[:2]]
+            deadline = asyncio.get_running_loop().time() + 60.0
+            while peers[0].session is None or peers[0].session.round < 2:
+                assert asyncio.get_running_loop().time() < deadline, "peers 0, 1 stuck"
+                await asyncio.sleep(0.05)  # polling the other peers' progress, with a deadline
+            late = await peers[2].run(resume=True, resync_timeout=5.0)
+            first, _ = await asyncio.gather(*early)
+            return first, late
+
+    first, late = asyncio.run(scenario())
+    assert late.entries[0].round >= 2  # it resumed, it did not replay rounds 0 and 1
+    records = {e.round: e.record for e in first.entries}
+    assert all(records[e.round] == e.record for e in late.entries)  # same FedAdam state
+    assert late.entries[-1].model == first.entries[-1].model
+    assert any(len(e.roster) == 3 for e in late.entries)
