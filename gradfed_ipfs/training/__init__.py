@@ -12,6 +12,7 @@ from __future__ import annotations
 from .history import History, RoundEntry
 from .metrics import RoundSummary, VectorLayout
 from .peer import (
+    ArraysAdapter,
     Client,
     EvaluateFn,
     FederationConfig,
@@ -40,6 +41,7 @@ from .strategy import (
 )
 
 __all__ = [
+    "ArraysAdapter",
     "Client",
     "ConfigValue",
     "EvaluateFn",

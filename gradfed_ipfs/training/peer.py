@@ -23,6 +23,8 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 import numpy as np
 
 from .._types import FloatArray
+from ..adapters.layout import Layout
+from ..adapters.numpy import flatten, unflatten_list
 from ..errors import ConfigError, InvalidGradient, QuorumNotReached, RoundMismatch
 from ..federated.privacy.mechanisms import DifferentialPrivacy
 from ..federated.round.agreed import AgreedConfig, AgreedSession
@@ -34,6 +36,7 @@ from .rule import TrainingRule
 from .strategy import ConfigValue, FedAvg, QFedAvg, Strategy
 
 __all__ = [
+    "ArraysAdapter",
     "Client",
     "EvaluateFn",
     "FederationConfig",
@@ -77,6 +80,33 @@ class VectorAdapter:
     def from_vector(self, vector: FloatArray) -> FloatArray:
         """Return ``vector``."""
         return vector
+
+
+class ArraysAdapter:
+    """The model is a list of NumPy arrays (Flower's ``NDArrays``).
+
+    Flattened by :mod:`gradfed_ipfs.adapters.numpy`; integer arrays ride in the layout, never
+    averaged.
+
+    Parameters
+    ----------
+    example
+        A model of the right shapes and dtypes (e.g. the initial one): it fixes the layout.
+    """
+
+    def __init__(self, example: list[Any]) -> None:
+        self.layout: Layout = flatten(example)[1]
+
+    def to_vector(self, model: list[Any]) -> FloatArray:
+        """Return the float arrays as one float32 vector (layout checked)."""
+        vector, layout = flatten(model)
+        if layout != self.layout:
+            raise ConfigError("the model's arrays do not match the adapter's layout")
+        return vector
+
+    def from_vector(self, vector: FloatArray) -> list[Any]:
+        """Return the arrays (float32 ones are views of ``vector``)."""
+        return unflatten_list(vector, self.layout)
 
 
 @dataclass(frozen=True)

@@ -272,3 +272,45 @@ def test_a_late_peer_resumes_with_the_optimizer_state_and_agrees() -> None:
     assert all(records[e.round] == e.record for e in late.entries)  # same FedAdam state
     assert late.entries[-1].model == first.entries[-1].model
     assert any(len(e.roster) == 3 for e in late.entries)
+
+
+def test_a_list_of_arrays_model_through_the_numpy_adapter() -> None:
+    from gradfed_ipfs.training import ArraysAdapter, Client, FederationConfig
+
+    # y = x @ w + b on eight points per peer; the model is [w (2, 1) float32, b (1,) float32]
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((8, 2)) for _ in range(3)]
+
+    def client(x: np.ndarray) -> Client[list[np.ndarray]]:
+        y = x @ np.array([[2.0], [-1.0]]) + 0.5
+
+        def mse(model: list[np.ndarray]) -> float:
+            return float(((x @ model[0] + model[1] - y) ** 2).mean())
+
+        def train(model: list[np.ndarray], config: object) -> tuple[list[np.ndarray], int, dict]:
+            w, b = (m.astype(np.float64) for m in model)
+            for _ in range(20):
+                err = x @ w + b - y
+                w, b = w - 0.1 * x.T @ err / len(x), b - 0.1 * err.mean(axis=0)
+            return [w.astype(np.float32), b.astype(np.float32)], len(x), {}
+
+        def evaluate(model: list[np.ndarray], config: object) -> tuple[float, int, dict]:
+            assert model[0].shape == (2, 1)
+            assert model[1].shape == (1,)
+            return mse(model), len(x), {}
+
+        return Client(train=train, evaluate=evaluate)
+
+    initial = [np.zeros((2, 1), np.float32), np.zeros(1, np.float32)]
+    histories = asyncio.run(
+        run_simulation(
+            [client(x) for x in xs],
+            adapter=ArraysAdapter(initial),
+            initial_model=initial,
+            config=FederationConfig(rounds=15),
+            session="arrays",
+        )
+    )
+    assert len({h.entries[-1].model for h in histories}) == 1
+    losses = histories[0].losses_distributed()
+    assert losses[-1][1] < 1e-3 * histories[0].entries[0].eval_loss  # type: ignore[operator]
