@@ -46,7 +46,7 @@ CLI exits with. The tree::
     │   ├── NotStarted                 operating on a round that was not started
     │   ├── PrivacyBudgetExhausted     a DP operation would exceed the (ε, δ) budget
     │   ├── InsufficientPeers          a round's deadline passed with fewer than min_peers in
-    │   ├── QuorumNotReached           an agreed round has fewer than min_peers by its deadline
+    │   │   └── QuorumNotReached       an agreed round adopted no roster of min_peers in time
     │   ├── RoundMismatch              peers announced a different result CID for a round
     │   ├── GenesisMismatch            a model or record of another session's genesis
     │   ├── RoundVerificationFailed    an agreed round record does not re-verify
@@ -527,40 +527,20 @@ class InsufficientPeers(FederatedError):
         )
 
 
-class SecureAggregationError(FederatedError):
-    """The secure-aggregation protocol cannot proceed (too few participants, bad shares...)."""
+class QuorumNotReached(InsufficientPeers):
+    """An agreed round adopted no roster of at least ``need`` contributions by its deadline.
 
-
-class SecAggPeerRejected(SecureAggregationError):
-    """One party's SecAgg message is malformed, undecryptable or misaddressed; ``peer`` names it.
-
-    The round goes on without that party where the protocol allows.
+    ``have`` counts the verified contributions (this peer's included) it held then.
     """
-
-    def __init__(self, peer: str, reason: str) -> None:
-        self.peer = peer
-        self.reason = reason
-        super().__init__(f"SecAgg message from {peer} rejected: {reason}")
-
-
-class UnmaskRefused(SecureAggregationError):
-    """An honest client refuses to unmask (both secrets of one peer, or inconsistent views).
-
-    The request asked for the self-mask share and the mask-key share of the same peer, or the
-    server showed different survivor sets to different clients.
-    """
-
-
-class QuorumNotReached(FederatedError):
-    """An agreed round found no roster of at least ``need`` contributions by its deadline."""
 
     def __init__(self, round_number: int, have: int, need: int) -> None:
+        super().__init__(round_number, need, have)
         self.round = round_number
         self.have = have
         self.need = need
-        super().__init__(
+        self.args = (
             f"round {round_number}: no roster with >= {need} contributions before the deadline "
-            f"(this peer saw {have})"
+            f"(this peer saw {have})",
         )
 
 
@@ -585,6 +565,30 @@ class GenesisMismatch(FederatedError, ValueError):
 
 class RoundVerificationFailed(FederatedError):
     """An agreed round record, its roster or its result does not re-verify."""
+
+
+class SecureAggregationError(FederatedError):
+    """The secure-aggregation protocol cannot proceed (too few participants, bad shares...)."""
+
+
+class SecAggPeerRejected(SecureAggregationError):
+    """One party's SecAgg message is malformed, undecryptable or misaddressed; ``peer`` names it.
+
+    The round goes on without that party where the protocol allows.
+    """
+
+    def __init__(self, peer: str, reason: str) -> None:
+        self.peer = peer
+        self.reason = reason
+        super().__init__(f"SecAgg message from {peer} rejected: {reason}")
+
+
+class UnmaskRefused(SecureAggregationError):
+    """An honest client refuses to unmask (both secrets of one peer, or inconsistent views).
+
+    The request asked for the self-mask share and the mask-key share of the same peer, or the
+    server showed different survivor sets to different clients.
+    """
 
 
 # --------------------------------------------------------------------------- coordination (§8)

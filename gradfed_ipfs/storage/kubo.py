@@ -215,13 +215,17 @@ class KuboBlockStore(AsyncClosing):
                 await self._post("pin/rm", {"arg": str(parsed)})
             await self._post("block/rm", {"arg": str(parsed)}, streamed=True)
 
-    async def pin(self, cid: CIDLike) -> None:
-        """``pin/add`` (recursive: a dag-cbor root pins every block it links)."""
+    async def pin(self, cid: CIDLike, *, recursive: bool = True) -> None:
+        """``pin/add``: recursive by default (a dag-cbor root pins every block it links)."""
         parsed = parse_cid(cid)
         with rpc_context(self.api_url, "pin/add", parsed):
             await self._post(
                 "pin/add",
-                {"arg": str(parsed), "recursive": "true", "timeout": f"{self.timeout:.3f}s"},
+                {
+                    "arg": str(parsed),
+                    "recursive": "true" if recursive else "false",
+                    "timeout": f"{self.timeout:.3f}s",
+                },
             )
 
     async def unpin(self, cid: CIDLike) -> None:
@@ -251,6 +255,16 @@ class KuboBlockStore(AsyncClosing):
         with rpc_context(self.api_url, "refs/local"):
             data = await self._post("refs/local", {})
             return [parse_cid(item["Ref"]) for item in iter_ndjson(data) if item.get("Ref")]
+
+    async def gc(self) -> int:
+        """``repo/gc``: remove every unpinned block from the repo; return how many went.
+
+        Callers must not run it while one of their own multi-block writes is unpinned halfway
+        (``put_gradient`` stores chunks before the pinned manifest).
+        """
+        with rpc_context(self.api_url, "repo/gc"):
+            data = await self._post("repo/gc", {}, streamed=True, deadline=600.0)
+            return sum(1 for item in iter_ndjson(data) if item.get("Key"))
 
     async def peer_id(self) -> str:
         """Return the daemon's peer ID (``id``)."""
