@@ -248,6 +248,11 @@ class AgreedRecord:
         The new model's CID: ``float32(base + learning_rate · weighted mean of the roster)``.
     learning_rate
         The factor of the update rule.
+    rule
+        Label of a custom update rule (a server optimizer, a robust rule), ``None`` for the
+        default weighted mean; only written when set, so default records keep their bytes.
+    state
+        CID of the custom rule's state after this round (a gradient block or DAG), or ``None``.
     """
 
     session: str
@@ -258,6 +263,8 @@ class AgreedRecord:
     roster: CID
     result: CID
     learning_rate: float
+    rule: str | None = None
+    state: CID | None = None
 
     def to_block(self) -> Block:
         """Encode as a dag-cbor block."""
@@ -273,6 +280,8 @@ class AgreedRecord:
                 "roster": self.roster,
                 "result": self.result,
                 "learning_rate": float(self.learning_rate),
+                **({} if self.rule is None else {"rule": self.rule}),
+                **({} if self.state is None else {"state": self.state}),
             }
         )
 
@@ -292,6 +301,9 @@ class AgreedRecord:
         rate = record.get("learning_rate")
         if not isinstance(rate, float) or not math.isfinite(rate):
             raise MalformedManifest(f"{where}: learning_rate is not a finite float")
+        rule, state = record.get("rule"), record.get("state")
+        if rule is not None and (not isinstance(rule, str) or not 0 < len(rule) <= MAX_TEXT_CHARS):
+            raise MalformedManifest(f"{where}: rule is not a label of 1..{MAX_TEXT_CHARS} chars")
         return cls(
             session=_session(record.get("session"), where),
             genesis=_content_cid(record.get("genesis"), where),
@@ -301,6 +313,8 @@ class AgreedRecord:
             roster=_record_cid(record.get("roster"), where),
             result=_content_cid(record.get("result"), where),
             learning_rate=rate,
+            rule=rule,
+            state=None if state is None else _content_cid(state, where),
         )
 
 

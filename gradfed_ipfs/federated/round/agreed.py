@@ -126,6 +126,8 @@ class AgreedSession(RosterPhase):
         self._rosters: dict[bytes, tuple[Roster, Block]] = {}
         self._pending: list[asyncio.Future[object]] = []
         self.retention = Retention(retention) if retention is not None else None
+        self.rule_state: FloatArray | None = None  # state of config.rule after the last round
+        self._adopted_state: FloatArray | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -297,9 +299,13 @@ class AgreedSession(RosterPhase):
         self._rosters.clear()
         encoded = await encode_gradient(model)
         result = encoded.cid
+        rule, state, stores = self.config.rule, None, [encoded]
+        if rule is not None and self._adopted_state is not None:
+            stores.append(await encode_gradient(self._adopted_state))
+            state = stores[-1].cid
         record = AgreedRecord(
             self.session, self.genesis, r, self.head, base, roster_cid, result,
-            float(self.config.learning_rate),
+            float(self.config.learning_rate), None if rule is None else rule.label(r), state,
         ).to_block()  # fmt: skip
         record_cid = record.cid
         await self._post("done", self._message("done", r, result, record=record_cid))
@@ -308,11 +314,14 @@ class AgreedSession(RosterPhase):
         self._pending.append(
             asyncio.ensure_future(
                 asyncio.gather(
-                    self._keep(roster_block), encoded.store(self.store), self._keep(record)
+                    self._keep(roster_block),
+                    *(e.store(self.store) for e in stores),
+                    self._keep(record),
                 )
             )
         )
         self.round, self.model, self.model_cid, self.head = r + 1, model, result, record_cid
+        self.rule_state, self._adopted_state = self._adopted_state, None
         self.history[bytes(record_cid)] = r
         self._fetcher.clear()
         others = [p for p in roster.peers if p != self.peer_id]
@@ -404,6 +413,12 @@ class AgreedSession(RosterPhase):
             self.store, best.record, session=self.session, genesis=self.genesis,
             history=self.history, length=self.model.size, timeout=self.config.fetch_timeout,
         )  # fmt: skip
+        state = chain[-1][1].state
+        self.rule_state = (
+            None
+            if state is None
+            else await fetch_gradient(self.store, state, timeout=self.config.fetch_timeout)
+        )  # the custom rule resumes from the head's state (it checks the length)
         self.model = np.array(model, np.float32).reshape(-1)
         self.model_cid, self.head, self.round = chain[-1][1].result, best.record, best.round + 1
         for cid, record in chain:

@@ -2,18 +2,48 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 from multiformats import CID
 
-from ..._types import CIDLike
+from ..._types import CIDLike, FloatArray
 from ...cid import parse_cid
 from ...errors import InvalidGradient
 from ...formats.pubsub import session_topic
 from ...formats.roster import Roster
 
-__all__ = ["AgreedConfig", "AgreedRoundResult", "ResyncResult", "agreed_topic"]
+__all__ = ["AgreedConfig", "AgreedRoundResult", "ResyncResult", "UpdateRule", "agreed_topic"]
+
+
+class UpdateRule(Protocol):
+    """A replacement for the default rule ``M + lr · Σ (w_i/W) g_i`` (e.g. a server optimizer).
+
+    It must be a deterministic function of its arguments (bit-identical on every peer): its
+    state after each round is stored as a gradient block whose CID the round record names, so
+    every peer applies the same update and a resynced peer resumes from the record.
+    """
+
+    def label(self, round_number: int) -> str:
+        """Return the text recorded as the round record's ``rule`` (1..256 characters)."""
+        ...
+
+    def apply(
+        self,
+        model: FloatArray,
+        roster: Roster,
+        gradients: Sequence[FloatArray],
+        learning_rate: float,
+        state: FloatArray | None,
+    ) -> tuple[FloatArray, FloatArray | None]:
+        """Return the new float32 model ``(d,)`` and state (``None``: none) from the roster.
+
+        ``gradients`` are the roster entries' blocks in roster order; ``state`` is the previous
+        round's (``None`` at the first round). Raising fails the round on every peer alike.
+        """
+        ...
 
 
 def agreed_topic(session: str, genesis: CIDLike) -> str:
@@ -50,6 +80,8 @@ class AgreedConfig:
         Longest delay between re-announcements of one message.
     fetch_timeout
         Bound on fetching one contribution or record.
+    rule
+        A custom :class:`UpdateRule`; ``None`` for the deterministic weighted mean.
     """
 
     members: tuple[str, ...]
@@ -62,6 +94,7 @@ class AgreedConfig:
     announce_interval: float = 0.25
     max_announce_interval: float = 1.0
     fetch_timeout: float = 30.0
+    rule: UpdateRule | None = None
 
     def __post_init__(self) -> None:
         if not self.members or len(set(self.members)) != len(self.members):

@@ -22,6 +22,7 @@ from ...formats.roster import AgreedRecord, Roster
 from ...storage.base import BlockStore
 from ...storage.dag import fetch_gradient
 from ...tensor.deterministic import deterministic_update
+from .agreed_config import UpdateRule
 from .encoded import encode_gradient
 
 __all__ = [
@@ -139,14 +140,22 @@ async def load_head(
     return chain, np.array(model, np.float32).reshape(-1)
 
 
-async def recompute_round(store: BlockStore, record: AgreedRecord) -> tuple[Roster, FloatArray]:
+async def recompute_round(
+    store: BlockStore, record: AgreedRecord, rule: UpdateRule | None = None
+) -> tuple[Roster, FloatArray]:
     """Re-aggregate a record's roster on its base model; return the roster and the new model.
+
+    A record written with a custom update rule (``record.rule``) needs that ``rule``; it is
+    applied from the previous record's state, and its new state must hash to ``record.state``.
 
     Raises
     ------
     RoundVerificationFailed
-        If the roster does not belong to the record or a block cannot be fetched or decoded.
+        If the roster does not belong to the record, a block cannot be fetched or decoded, or
+        the record names a rule and none is given.
     """
+    if record.rule is not None and rule is None:
+        raise RoundVerificationFailed(f"round {record.round} used rule {record.rule!r}: pass it")
     try:
         roster = await load_roster(store, record.roster)
         if (
@@ -163,12 +172,28 @@ async def recompute_round(store: BlockStore, record: AgreedRecord) -> tuple[Rost
         ]
     except (BlockStoreError, DecodeError) as exc:
         raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
+    if rule is not None and record.rule is not None:
+        try:
+            prev = None if record.prev is None else await load_record(store, record.prev)
+            state = None
+            if prev is not None and prev.state is not None:
+                state = await fetch_gradient(store, prev.state)
+        except (BlockStoreError, DecodeError) as exc:
+            raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
+        new, new_state = rule.apply(model, roster, gradients, record.learning_rate, state)
+        if (None if new_state is None else bytes(await model_cid(new_state))) != (
+            None if record.state is None else bytes(record.state)
+        ):
+            raise RoundVerificationFailed(f"round {record.round}: the rule state does not match")
+        return roster, np.ascontiguousarray(new, np.float32).reshape(-1)
     weights = [entry.weight for entry in roster.entries]
     return roster, deterministic_update(model, gradients, weights, record.learning_rate)
 
 
-async def verify_agreed_round(store: BlockStore, record_cid: CIDLike) -> AgreedRecord:
-    """Re-aggregate one round from its record CID and check the result CID.
+async def verify_agreed_round(
+    store: BlockStore, record_cid: CIDLike, rule: UpdateRule | None = None
+) -> AgreedRecord:
+    """Re-aggregate one round from its record CID and check the result (and rule state) CIDs.
 
     Raises
     ------
@@ -180,7 +205,7 @@ async def verify_agreed_round(store: BlockStore, record_cid: CIDLike) -> AgreedR
         record = await load_record(store, cid)
     except (BlockStoreError, DecodeError) as exc:
         raise RoundVerificationFailed(f"record {cid}: {exc}") from exc
-    _, model = await recompute_round(store, record)
+    _, model = await recompute_round(store, record, rule)
     recomputed = await model_cid(model)
     if bytes(recomputed) != bytes(record.result):
         raise RoundVerificationFailed(
@@ -198,6 +223,7 @@ async def verify_agreed_history(
     genesis: CIDLike,
     recompute: bool = True,
     max_rounds: int = MAX_CHAIN_ROUNDS,
+    rule: UpdateRule | None = None,
 ) -> list[AgreedRecord]:
     """Verify the whole chain ending at ``head``: links, genesis, and (by default) every result.
 
@@ -220,5 +246,5 @@ async def verify_agreed_history(
         raise RoundVerificationFailed(f"chain from {start}: {exc}") from exc
     if recompute:
         for cid, _ in chain:
-            await verify_agreed_round(store, cid)
+            await verify_agreed_round(store, cid, rule)
     return [record for _, record in chain]

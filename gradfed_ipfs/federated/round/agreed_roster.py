@@ -11,6 +11,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 
+import numpy as np
 from multiformats import CID
 
 from ..._types import FloatArray
@@ -45,6 +46,8 @@ class RosterPhase:
     _announcer: Reannouncer
     _fetcher: ContributionFetcher
     _rosters: dict[bytes, tuple[Roster, Block]]
+    rule_state: FloatArray | None
+    _adopted_state: FloatArray | None
 
     @property
     def board(self) -> RoundBoard:
@@ -187,9 +190,13 @@ class RosterPhase:
                 rejected[roster.coordinator] = f"roster {cid} lists a bad {entry.contribution}"
                 return None
             gradients.append(task.result())
-        model = deterministic_update(
-            self.model, gradients, [e.weight for e in roster.entries], self.config.learning_rate
-        )
+        rule, lr = self.config.rule, self.config.learning_rate
+        if rule is not None:
+            model, self._adopted_state = rule.apply(
+                self.model, roster, gradients, lr, self.rule_state
+            )
+            return roster, np.ascontiguousarray(model, np.float32).reshape(-1)
+        model = deterministic_update(self.model, gradients, [e.weight for e in roster.entries], lr)
         return roster, model
 
     async def _load_roster(self, cid: CID) -> Roster:

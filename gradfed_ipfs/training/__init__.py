@@ -1,0 +1,73 @@
+"""High-level federated training over agreed rounds (Flower's apps and strategies, serverless).
+
+A :class:`Peer` is given a :class:`Client` (local ``train`` and optional ``evaluate``), a
+:class:`ModelAdapter`, the session's initial model, a :class:`Strategy` and a
+:class:`FederationConfig`; :meth:`Peer.run` trains every round over the consistent-rounds
+protocol and returns a :class:`History`. :func:`run_simulation` runs N peers in one process.
+See ``docs/flower.md`` for the mapping from Flower's concepts.
+"""
+
+from __future__ import annotations
+
+from .history import History, RoundEntry
+from .metrics import RoundSummary, VectorLayout
+from .peer import (
+    ArraysAdapter,
+    Client,
+    EvaluateFn,
+    FederationConfig,
+    LocalDP,
+    ModelAdapter,
+    Peer,
+    TrainFn,
+    VectorAdapter,
+)
+from .rule import TrainingRule
+from .sampling import round_seed, sample_peers
+from .simulation import run_simulation
+from .strategy import (
+    ConfigValue,
+    FedAdagrad,
+    FedAdam,
+    FedAvg,
+    FedAvgM,
+    FedProx,
+    FedYogi,
+    FitResult,
+    QFedAvg,
+    Robust,
+    ServerOptStrategy,
+    Strategy,
+)
+
+__all__ = [
+    "ArraysAdapter",
+    "Client",
+    "ConfigValue",
+    "EvaluateFn",
+    "FedAdagrad",
+    "FedAdam",
+    "FedAvg",
+    "FedAvgM",
+    "FedProx",
+    "FedYogi",
+    "FederationConfig",
+    "FitResult",
+    "History",
+    "LocalDP",
+    "ModelAdapter",
+    "Peer",
+    "QFedAvg",
+    "Robust",
+    "RoundEntry",
+    "RoundSummary",
+    "ServerOptStrategy",
+    "Strategy",
+    "TrainFn",
+    "TrainingRule",
+    "VectorAdapter",
+    "VectorLayout",
+    "round_seed",
+    "run_simulation",
+    "sample_peers",
+]

@@ -1,0 +1,404 @@
+"""``Peer``: Flower's ClientApp and ServerApp in one object, with no central server.
+
+Every peer runs the same loop over an
+:class:`~gradfed_ipfs.federated.round.agreed.AgreedSession`: for agreed round ``r`` it
+evaluates the global model (if it has ``evaluate``), trains it if the round's deterministic
+sample names it, contributes ``[update | metrics]`` and adopts the agreed result, whose CID
+every peer shares. The strategy, sampling and metric summary run inside the agreed update rule
+(:class:`~gradfed_ipfs.training.rule.TrainingRule`), so the model, its optimizer state and the
+round's aggregated metrics are all content-addressed. After the last training round one more
+round evaluates the final model (nobody trains).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Generic, Literal, Protocol, TypeVar
+
+import numpy as np
+
+from .._types import FloatArray
+from ..adapters.layout import Layout
+from ..adapters.numpy import flatten, unflatten_list
+from ..errors import ConfigError, InvalidGradient, QuorumNotReached, RoundMismatch
+from ..federated.privacy.mechanisms import DifferentialPrivacy
+from ..federated.round.agreed import AgreedConfig, AgreedSession
+from ..kubo.pubsub import PubsubTransport
+from ..storage.base import BlockStore
+from .history import History, RoundEntry, report_line
+from .metrics import MAX_SAMPLES, VectorLayout
+from .rule import TrainingRule
+from .strategy import ConfigValue, FedAvg, QFedAvg, Strategy
+
+__all__ = [
+    "ArraysAdapter",
+    "Client",
+    "EvaluateFn",
+    "FederationConfig",
+    "LocalDP",
+    "ModelAdapter",
+    "Peer",
+    "TrainFn",
+    "VectorAdapter",
+]
+
+logger = logging.getLogger("gradfed_ipfs.training")
+
+M = TypeVar("M")
+
+Config = dict[str, ConfigValue]
+TrainFn = Callable[[M, Config], tuple[Any, int, Mapping[str, float]]]
+"""``train(model, config) -> (new model or update, num_samples, metrics)``."""
+EvaluateFn = Callable[[M, Config], tuple[float, int, Mapping[str, float]]]
+"""``evaluate(model, config) -> (loss, num_samples, metrics)``."""
+
+
+class ModelAdapter(Protocol[M]):
+    """Converts a model to one flat float32 vector and back (same layout every time)."""
+
+    def to_vector(self, model: M) -> FloatArray:
+        """Return the model's parameters as a flat float32 vector ``(d,)``."""
+        ...
+
+    def from_vector(self, vector: FloatArray) -> M:
+        """Return a model holding ``vector``'s parameters (the vector is the caller's copy)."""
+        ...
+
+
+class VectorAdapter:
+    """The model *is* a flat float32 vector."""
+
+    def to_vector(self, model: FloatArray) -> FloatArray:
+        """Return ``model`` as a flat float32 vector."""
+        return np.asarray(model, np.float32).reshape(-1)
+
+    def from_vector(self, vector: FloatArray) -> FloatArray:
+        """Return ``vector``."""
+        return vector
+
+
+class ArraysAdapter:
+    """The model is a list of NumPy arrays (Flower's ``NDArrays``).
+
+    Flattened by :mod:`gradfed_ipfs.adapters.numpy`; integer arrays ride in the layout, never
+    averaged.
+
+    Parameters
+    ----------
+    example
+        A model of the right shapes and dtypes (e.g. the initial one): it fixes the layout.
+    """
+
+    def __init__(self, example: list[Any]) -> None:
+        self.layout: Layout = flatten(example)[1]
+
+    def to_vector(self, model: list[Any]) -> FloatArray:
+        """Return the float arrays as one float32 vector (layout checked)."""
+        vector, layout = flatten(model)
+        if layout != self.layout:
+            raise ConfigError("the model's arrays do not match the adapter's layout")
+        return vector
+
+    def from_vector(self, vector: FloatArray) -> list[Any]:
+        """Return the arrays (float32 ones are views of ``vector``)."""
+        return unflatten_list(vector, self.layout)
+
+
+@dataclass(frozen=True)
+class Client(Generic[M]):
+    """A peer's local work (Flower's ClientApp).
+
+    Attributes
+    ----------
+    train
+        Trains a copy of the global model on local data; see :data:`TrainFn`.
+    evaluate
+        Optional; evaluates the global model on local data (federated evaluation).
+    returns
+        Whether ``train`` returns the new ``"model"`` or the ``"update"`` (new - global).
+    """
+
+    train: TrainFn[M]
+    evaluate: EvaluateFn[M] | None = None
+    returns: Literal["model", "update"] = "model"
+
+
+@dataclass(frozen=True)
+class LocalDP:
+    """Differential privacy of this peer's updates, applied before they leave it.
+
+    Each update is clipped to L2 norm ``clip_norm`` and noised by ``mechanism`` (std
+    ``z · clip_norm``), which charges its own (ε, δ) budget: this protects the peer's whole
+    contribution (user-level local DP) without trusting any aggregator, at the price of N
+    peers' independent noise in the mean. A peer whose budget is spent stops training (its
+    rounds count as failures) and only evaluates and follows.
+    """
+
+    mechanism: DifferentialPrivacy
+    clip_norm: float = 1.0
+
+
+@dataclass(frozen=True)
+class FederationConfig(Generic[M]):
+    """What every peer of a training session must agree on (and local evaluation).
+
+    Attributes
+    ----------
+    rounds
+        Server rounds to train (Flower's ``num_rounds``).
+    fraction
+        Fraction of members sampled to train per round (Flower's ``fraction_fit``).
+    min_fit
+        Least members sampled per round (``min_fit_clients``).
+    min_available
+        Least contributions a round needs (``min_available_clients``); default all members.
+    learning_rate
+        Server learning rate applied to the strategy's update (1.0: FedAvg as is).
+    fit_metrics, eval_metrics
+        Names of the client metrics aggregated (sample-weighted) into each round's summary.
+    on_fit_config
+        ``server_round -> dict`` sent to clients (``on_fit_config_fn``); same function on
+        every peer. The strategy's entries (e.g. ``proximal_mu``) are added.
+    evaluate_fn
+        ``(model, server_round) -> (loss, metrics)`` run by this peer on each new global model
+        (Flower's centralized ``evaluate_fn``; here each peer can run its own).
+    final_evaluation
+        Run one more round after the last that only evaluates the final model.
+    """
+
+    rounds: int
+    fraction: float = 1.0
+    min_fit: int = 1
+    min_available: int | None = None
+    learning_rate: float = 1.0
+    fit_metrics: tuple[str, ...] = ()
+    eval_metrics: tuple[str, ...] = ()
+    on_fit_config: Callable[[int], Mapping[str, ConfigValue]] | None = None
+    evaluate_fn: Callable[[M, int], tuple[float, Mapping[str, float]]] | None = None
+    final_evaluation: bool = True
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise ConfigError(f"rounds must be >= 1, got {self.rounds}")
+        if not math.isfinite(self.learning_rate):
+            raise ConfigError("learning_rate must be finite")
+
+
+class Peer(Generic[M]):
+    """One member of a training session (see the module docstring).
+
+    Parameters
+    ----------
+    store, pubsub
+        This peer's block store and pubsub transport (its Kubo daemon, or the memory bus).
+    client
+        Local training and evaluation.
+    adapter
+        Model ⇄ flat float32 vector.
+    initial_model
+        The session's initial model: identical on every peer (its CID names the session).
+    strategy
+        Aggregation strategy (default :class:`FedAvg`).
+    config
+        Rounds, sampling, metrics, configs, evaluation.
+    agreed
+        The agreed session's members and timing (its ``rule``, ``min_peers`` and
+        ``learning_rate`` are set from ``config``).
+    session
+        Session name.
+    log
+        Called with each round's report line (e.g. ``print``); default: logging at INFO.
+    privacy
+        Optional :class:`LocalDP` of this peer's updates (ε spent goes in the History).
+    """
+
+    def __init__(
+        self,
+        *,
+        store: BlockStore,
+        pubsub: PubsubTransport,
+        client: Client[M],
+        adapter: ModelAdapter[M],
+        initial_model: M,
+        config: FederationConfig[M],
+        agreed: AgreedConfig,
+        strategy: Strategy | None = None,
+        session: str = "train",
+        log: Callable[[str], None] | None = None,
+        privacy: LocalDP | None = None,
+    ) -> None:
+        self.privacy = privacy
+        self.strategy = strategy if strategy is not None else FedAvg()
+        if isinstance(self.strategy, QFedAvg) and client.evaluate is None:
+            raise ConfigError("QFedAvg needs clients with evaluate (their loss)")
+        self.client, self.adapter, self.config = client, adapter, config
+        self.store, self.pubsub, self.session_name = store, pubsub, session
+        initial = np.array(adapter.to_vector(initial_model), np.float32).reshape(-1)
+        self.layout = VectorLayout(initial.size, config.fit_metrics, config.eval_metrics)
+        self._genesis_vector = self.layout.genesis(initial)
+        user_config = config.on_fit_config
+        strategy_ = self.strategy
+
+        def round_config(server_round: int) -> dict[str, ConfigValue]:
+            extra = {} if user_config is None else dict(user_config(server_round))
+            return {**strategy_.fit_config(server_round), **extra}
+
+        self.rule = TrainingRule(
+            self.strategy,
+            self.layout,
+            agreed.members,
+            fraction=config.fraction,
+            min_fit=config.min_fit,
+            fit_rounds=config.rounds,
+            config=round_config,
+        )
+        min_peers = config.min_available if config.min_available is not None else agreed.min_peers
+        self.agreed = replace(
+            agreed, rule=self.rule, min_peers=min_peers, learning_rate=config.learning_rate
+        )
+        self.log = log
+        self.session: AgreedSession | None = None
+
+    @property
+    def model_vector(self) -> FloatArray:
+        """The current global parameters (after :meth:`run`), float32 ``(d,)``."""
+        if self.session is None:
+            return self.layout.split(self._genesis_vector)[0].copy()
+        return self.layout.split(self.session.model)[0].copy()
+
+    @property
+    def model(self) -> M:
+        """The current global model."""
+        return self.adapter.from_vector(self.model_vector)
+
+    async def run(self, *, resume: bool = False, resync_timeout: float = 10.0) -> History:
+        """Run every round (and the final evaluation); return this peer's :class:`History`.
+
+        With ``resume`` the peer first adopts the latest head its members announce (a restarted
+        peer catches up, optimizer state included). A round that fails with
+        :class:`~gradfed_ipfs.errors.RoundMismatch` or ``QuorumNotReached`` is resynced and
+        retried, up to 3 times in a row.
+        """
+        started = time.monotonic()
+        genesis = await AgreedSession.commit_genesis(self.store, self._genesis_vector)
+        session = self.session = AgreedSession(
+            self.store, self.pubsub, self.session_name, genesis, self.agreed
+        )
+        await session.start(self._genesis_vector)
+        history = History(
+            self.session_name, str(genesis), session.peer_id, self.rule.label(0), self.config.rounds
+        )
+        try:
+            if resume:
+                await session.resync(timeout=resync_timeout)
+            if self.config.evaluate_fn is not None and session.round == 0:
+                loss, metrics = self.config.evaluate_fn(self.model, 0)
+                history.initial_local_loss, history.initial_local_metrics = loss, dict(metrics)
+            total = self.config.rounds + (1 if self.config.final_evaluation else 0)
+            failures = 0
+            while session.round < total:
+                try:
+                    entry = await self._round(session)
+                except (RoundMismatch, QuorumNotReached) as exc:
+                    failures += 1
+                    if failures > 3:
+                        raise
+                    logger.warning("%s: %s; resyncing", session.peer_id, exc)
+                    await session.resync(timeout=resync_timeout)
+                    continue
+                failures = 0
+                history.entries.append(entry)
+                line = report_line(entry, self.config.rounds)
+                (self.log or logger.info)(line)
+        finally:
+            await session.aclose()
+        history.seconds = time.monotonic() - started
+        return history
+
+    async def _round(self, session: AgreedSession) -> RoundEntry:
+        r, base = session.round, session.model_cid
+        params = self.layout.split(session.model)[0]
+        config = self.rule.config(r)
+        config_block = self.rule.config_block(r)
+        await self.store.put(config_block)
+        sampled = self.rule.sampled(session.session, session.genesis, r, base)
+        timings: dict[str, float] = {}
+        eval_samples, eval_loss, eval_metrics = 0, 0.0, dict[str, float]()
+        if self.client.evaluate is not None:
+            t = time.monotonic()
+            try:
+                loss, n, metrics = await asyncio.to_thread(
+                    self.client.evaluate, self.adapter.from_vector(params.copy()), dict(config)
+                )
+                eval_samples, eval_loss, eval_metrics = _checked(n), float(loss), dict(metrics)
+            except Exception as exc:  # a failing client is this peer's failure, not the round's
+                logger.warning("round %d: evaluate failed: %s", r, exc)
+            timings["evaluate"] = time.monotonic() - t
+        update: FloatArray | None = None
+        fit_samples, fit_metrics = 0, dict[str, float]()
+        if session.peer_id in sampled:
+            t = time.monotonic()
+            try:
+                update, fit_samples, fit_metrics = await asyncio.to_thread(
+                    self._train, params, config
+                )
+            except Exception as exc:  # reported as this round's failure
+                logger.warning("round %d: train failed: %s", r, exc)
+            timings["train"] = time.monotonic() - t
+        try:
+            vector = self.layout.contribution(
+                update, fit_samples=fit_samples, fit_metrics=fit_metrics,
+                eval_samples=eval_samples, eval_loss=eval_loss, eval_metrics=eval_metrics,
+            )  # fmt: skip
+        except InvalidGradient as exc:
+            logger.warning("round %d: unusable client output: %s", r, exc)
+            vector = self.layout.contribution(None)
+        weight = fit_samples if update is not None else max(1, eval_samples)
+        result = await session.run_round(vector, weight=weight)
+        timings["round"] = result.seconds
+        summary = self.layout.summary(session.model)
+        entry = RoundEntry(
+            round=r, record=str(result.record), model=str(result.model),
+            config=str(config_block.cid), roster=list(result.roster.peers),
+            sampled=list(sampled), results=summary.results,
+            failures=max(0, len(sampled) - summary.results),
+            fit_samples=summary.fit_samples, fit_metrics=summary.fit_metrics,
+            eval_samples=summary.eval_samples, eval_loss=summary.eval_loss,
+            eval_metrics=summary.eval_metrics, timings=timings,
+            epsilon=None if self.privacy is None else self.privacy.mechanism.spent()[0],
+        )  # fmt: skip
+        if self.config.evaluate_fn is not None and r < self.config.rounds:
+            t = time.monotonic()
+            loss, metrics = self.config.evaluate_fn(self.model, r + 1)
+            entry.local_loss, entry.local_metrics = float(loss), dict(metrics)
+            timings["local_evaluate"] = time.monotonic() - t
+        return entry
+
+    def _train(
+        self, params: FloatArray, config: Config
+    ) -> tuple[FloatArray, int, dict[str, float]]:
+        """Run the client's ``train`` on a copy of ``params``; return the update."""
+        out, n, metrics = self.client.train(self.adapter.from_vector(params.copy()), dict(config))
+        vector = np.asarray(self.adapter.to_vector(out), np.float32).reshape(-1)
+        if vector.size != params.size:
+            raise InvalidGradient(f"train returned {vector.size} parameters, not {params.size}")
+        update = vector if self.client.returns == "update" else vector - params
+        samples = _checked(n)
+        if samples < 1:
+            raise InvalidGradient("train reported no samples")
+        update = update.astype(np.float32)
+        if self.privacy is not None:  # PrivacyBudgetExhausted: this round is a failure
+            self.privacy.mechanism.apply_dp_sgd(update, self.privacy.clip_norm)
+        return update, samples, dict(metrics)
+
+
+def _checked(n: object) -> int:
+    """Return a sample count as an int in ``[0, MAX_SAMPLES]``."""
+    if not isinstance(n, int | np.integer) or not 0 <= int(n) <= MAX_SAMPLES:
+        raise InvalidGradient(f"num_samples must be an integer in [0, {MAX_SAMPLES}], got {n!r}")
+    return int(n)
