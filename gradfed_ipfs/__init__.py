@@ -116,6 +116,7 @@ from .tensor import (
     TrimmedMean,
     WeightedMean,
 )
+from .training import Client, FederationConfig, History, Peer, run_simulation
 
 __version__ = "0.1.0"
 
@@ -136,6 +137,7 @@ __all__ = [
     "BlockTimeout",
     "BySize",
     "ChunkManifest",
+    "Client",
     "Codec",
     "CODECS",
     "commit_round",
@@ -153,12 +155,14 @@ __all__ = [
     "ErrorFeedback",
     "FedAvg",
     "FederatedError",
+    "FederationConfig",
     "fetch_gradient",
     "GossipModelSync",
     "GradfedError",
     "GradientCheckpoint",
     "GradientDelta",
     "GradientError",
+    "History",
     "Int4",
     "Int8",
     "InvalidGradient",
@@ -179,6 +183,7 @@ __all__ = [
     "Node",
     "NormBounded",
     "parse_cid",
+    "Peer",
     "PrivacyBudget",
     "PrivacyBudgetExhausted",
     "PubsubError",
@@ -193,6 +198,7 @@ __all__ = [
     "RoundRunner",
     "RoundStats",
     "RoundVerification",
+    "run_simulation",
     "SecureAggregationError",
     "SecureOptions",
     "session_topic",
