@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gradfed_ipfs import BlockCorrupt, DecodeError
 from gradfed_ipfs.cid import (
     DAG_CBOR,
     RAW,
@@ -19,7 +20,6 @@ from gradfed_ipfs.cid import (
     parse_cid,
     verify_cid,
 )
-from gradfed_ipfs.errors import BlockCorrupt, DecodeError
 
 
 def pycid_of(data: bytes, codec: str) -> str:

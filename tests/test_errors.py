@@ -7,7 +7,14 @@ from collections.abc import Callable
 
 import pytest
 
-from gradfed_ipfs import errors
+from gradfed_ipfs import (
+    AccumulatorConfig,
+    DifferentialPrivacy,
+    PrivacyBudget,
+    RoundConfig,
+    TrimmedMean,
+    errors,
+)
 from gradfed_ipfs.errors import (
     ArrowBlockError,
     ArrowBlockShapeMismatch,
@@ -25,11 +32,7 @@ from gradfed_ipfs.errors import (
     NoContributions,
     ShapeMismatch,
 )
-from gradfed_ipfs.federated.privacy.accountant import PrivacyBudget
-from gradfed_ipfs.federated.privacy.mechanisms import DifferentialPrivacy
-from gradfed_ipfs.federated.round import AccumulatorConfig, RoundConfig
-from gradfed_ipfs.seed.convergence import ConvergenceConfig
-from gradfed_ipfs.tensor.aggregation import TrimmedMean
+from gradfed_ipfs.seed import ConvergenceConfig
 
 FAMILY_EXIT_CODES = {
     "GradfedError": 1,

@@ -12,14 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradfed_ipfs.cli.app import main
-from gradfed_ipfs.errors import DecodeError
-from gradfed_ipfs.formats.arrow import store_gradient_as_arrow, store_layer_as_arrow
-from gradfed_ipfs.provenance.round_record import ContributionRef, RoundRecord
+from gradfed_ipfs import (
+    ContributionRef,
+    DecodeError,
+    Mean,
+    QuantizedGradient,
+    RoundRecord,
+    put_gradient,
+)
+from gradfed_ipfs.cli import main
+from gradfed_ipfs.formats import store_gradient_as_arrow, store_layer_as_arrow
 from gradfed_ipfs.storage import Block, KuboBlockStore
-from gradfed_ipfs.storage.dag import put_gradient
-from gradfed_ipfs.tensor.aggregation import Mean
-from gradfed_ipfs.tensor.types import QuantizedGradient
 from tests.conftest import KuboNode
 
 from .hostile import compressed_block, nested_shape_block

@@ -16,7 +16,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from gradfed_ipfs.cid import make_cid
+from gradfed_ipfs import (
+    Announcement,
+    ComputationGraphStore,
+    QuantizedGradient,
+    SparseGradient,
+    make_cid,
+)
 from gradfed_ipfs.errors import (
     DecodeError,
     GraphSerializationError,
@@ -25,8 +31,7 @@ from gradfed_ipfs.errors import (
     MalformedManifest,
 )
 from gradfed_ipfs.federated.secagg.blocks import decode_masked_block, encode_masked_block
-from gradfed_ipfs.formats.announcement import Announcement
-from gradfed_ipfs.formats.arrow import (
+from gradfed_ipfs.formats import (
     MAX_DECODED_ELEMENTS,
     decode_gradient,
     load_layer_from_arrow,
@@ -34,9 +39,7 @@ from gradfed_ipfs.formats.arrow import (
     store_layer_as_arrow,
 )
 from gradfed_ipfs.formats.limits import json_depth, load_json
-from gradfed_ipfs.provenance.graph import ComputationGraphStore
 from gradfed_ipfs.storage.dag import MANIFEST_FORMAT, ChunkManifest
-from gradfed_ipfs.tensor.types import QuantizedGradient, SparseGradient
 
 from .child import run_limited
 from .hostile import (

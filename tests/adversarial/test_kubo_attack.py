@@ -12,9 +12,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from gradfed_ipfs.federated.round.gossip import GossipModelSync
-from gradfed_ipfs.federated.round.runner import RoundConfig, RoundRunner
-from gradfed_ipfs.kubo.pubsub import KuboPubsub
+from gradfed_ipfs import GossipModelSync, KuboPubsub, RoundConfig, RoundRunner
 from gradfed_ipfs.storage import Block, KuboBlockStore
 
 from .hostile import nested_shape_block

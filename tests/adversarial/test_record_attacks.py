@@ -10,6 +10,7 @@ import dag_cbor
 import numpy as np
 import pytest
 
+from gradfed_ipfs import FedAvg, Mean, put_gradient
 from gradfed_ipfs.errors import MalformedManifest
 from gradfed_ipfs.provenance.round_dp import dp_privacy_claim
 from gradfed_ipfs.provenance.round_record import (
@@ -19,9 +20,7 @@ from gradfed_ipfs.provenance.round_record import (
     verify_round,
 )
 from gradfed_ipfs.storage import Block, MemoryBlockStore
-from gradfed_ipfs.storage.dag import put_gradient
-from gradfed_ipfs.tensor.aggregation import FedAvg, Mean
-from gradfed_ipfs.tensor.robust import clip_to_norm
+from gradfed_ipfs.tensor import clip_to_norm
 
 from .child import run_limited
 

@@ -13,13 +13,11 @@ import numpy as np
 import pytest
 
 from gradfed_ipfs.errors import SecAggPeerRejected, SecureAggregationError, UnmaskRefused
+from gradfed_ipfs.federated import SecAggClient, SecAggServer, SecureAggregation
 from gradfed_ipfs.federated.round import secagg as round_secagg
 from gradfed_ipfs.federated.round.secagg import SecureRoundConfig, SecureRoundResult
-from gradfed_ipfs.federated.secagg.client import SecAggClient
-from gradfed_ipfs.federated.secagg.fixed_point import FixedPoint
+from gradfed_ipfs.federated.secagg import FixedPoint
 from gradfed_ipfs.federated.secagg.messages import EncryptedShare
-from gradfed_ipfs.federated.secagg.protocol import SecAggServer
-from gradfed_ipfs.federated.secagg.simulation import SecureAggregation
 from tests.federated.test_secagg_round import AGG, inputs_for, make_peers
 from tests.federated.test_secure_aggregation import rb, tolerance
 

@@ -18,12 +18,15 @@ from typing import Any
 import numpy as np
 import pytest
 
+from gradfed_ipfs import KuboPubsub
 from gradfed_ipfs.errors import DecodeError, SecAggPeerRejected, UnmaskRefused
+from gradfed_ipfs.federated import SecAggServer
 from gradfed_ipfs.federated.round.secagg import (
     SecureRoundConfig,
     SecureRoundPeer,
     SecureRoundResult,
 )
+from gradfed_ipfs.federated.secagg import FixedPoint
 from gradfed_ipfs.federated.secagg.blocks import decode_masked_block
 from gradfed_ipfs.federated.secagg.codec import (
     answer_from_json,
@@ -32,10 +35,7 @@ from gradfed_ipfs.federated.secagg.codec import (
     unpack_masked,
 )
 from gradfed_ipfs.federated.secagg.crypto import SEALED_MAGIC
-from gradfed_ipfs.federated.secagg.fixed_point import FixedPoint
-from gradfed_ipfs.federated.secagg.protocol import SecAggServer
 from gradfed_ipfs.federated.secagg.wire import SecAggChannel
-from gradfed_ipfs.kubo.pubsub import KuboPubsub
 from gradfed_ipfs.storage import Block, KuboBlockStore
 from tests.federated.test_secure_aggregation import rb, tolerance
 

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
+from gradfed_ipfs import DistributedGradientAccumulator
 from gradfed_ipfs.errors import (
     BlockCorrupt,
     BlockNotFound,
@@ -16,9 +17,8 @@ from gradfed_ipfs.errors import (
     InvalidGradient,
     MalformedArrow,
 )
-from gradfed_ipfs.federated.round.accumulator import DistributedGradientAccumulator
-from gradfed_ipfs.formats.arrow import store_gradient_as_arrow
-from gradfed_ipfs.seed.backward_pass import AggregationMethod, BackwardPassConfig
+from gradfed_ipfs.formats import store_gradient_as_arrow
+from gradfed_ipfs.seed import AggregationMethod, BackwardPassConfig
 from gradfed_ipfs.storage import Block, BlockStore, KuboBlockStore, MemoryBlockStore
 
 

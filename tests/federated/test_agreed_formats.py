@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gradfed_ipfs.block import Block
-from gradfed_ipfs.cid import make_cid
+from gradfed_ipfs import AgreedConfig, Block, make_cid
 from gradfed_ipfs.errors import (
     EmptyGradientSet,
     InvalidGradient,
@@ -19,7 +18,6 @@ from gradfed_ipfs.errors import (
     MalformedManifest,
     ShapeMismatch,
 )
-from gradfed_ipfs.federated.round.agreed_config import AgreedConfig
 from gradfed_ipfs.federated.round.coordinator import (
     Head,
     RoundBoard,
@@ -28,7 +26,7 @@ from gradfed_ipfs.federated.round.coordinator import (
     roster_problem,
 )
 from gradfed_ipfs.federated.round.encoded import encode_gradient
-from gradfed_ipfs.formats.pubsub import PubsubMessage
+from gradfed_ipfs.formats import PubsubMessage
 from gradfed_ipfs.formats.roster import (
     MAX_MESSAGE_BYTES,
     AgreedMessage,

@@ -6,10 +6,8 @@ import httpx
 import numpy as np
 import pytest
 
-from gradfed_ipfs.errors import InvalidGradient
-from gradfed_ipfs.federated.round.agreed import AgreedConfig, AgreedSession
+from gradfed_ipfs import AgreedConfig, AgreedSession, InvalidGradient, RetentionPolicy
 from gradfed_ipfs.federated.round.agreed_history import verify_agreed_history, verify_agreed_round
-from gradfed_ipfs.federated.round.retention import RetentionPolicy
 from gradfed_ipfs.kubo import KuboPubsub, MemoryPubsubBus
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
 from tests.conftest import KuboNode

@@ -8,9 +8,8 @@ from collections.abc import AsyncIterator, Sequence
 import numpy as np
 import pytest
 
+from gradfed_ipfs import AgreedConfig, AgreedRoundResult, AgreedSession, verify_agreed_history
 from gradfed_ipfs.errors import GenesisMismatch, QuorumNotReached, RoundMismatch
-from gradfed_ipfs.federated.round.agreed import AgreedConfig, AgreedRoundResult, AgreedSession
-from gradfed_ipfs.federated.round.agreed_history import verify_agreed_history
 from gradfed_ipfs.formats import PubsubMessage
 from gradfed_ipfs.kubo import MemoryPubsubBus, PubsubTransport
 from gradfed_ipfs.storage import MemoryBlockStore, fetch_gradient

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradfed_ipfs.errors import ConfigError, InvalidGradient
-from gradfed_ipfs.seed.convergence import ConvergenceConfig, ConvergenceDetector
+from gradfed_ipfs import ConfigError, InvalidGradient
+from gradfed_ipfs.seed import ConvergenceConfig, ConvergenceDetector
 
 
 def test_config_defaults_match_seed() -> None:

@@ -9,13 +9,20 @@ import dp_accounting
 import numpy as np
 import pytest
 
-from gradfed_ipfs.errors import ConfigError, InvalidGradient, PrivacyBudgetExhausted
-from gradfed_ipfs.federated.privacy.mechanisms import AccountingMode, DifferentialPrivacy
-from gradfed_ipfs.federated.round import RoundConfig, RoundRunner
-from gradfed_ipfs.federated.round.gossip import GossipModelSync
-from gradfed_ipfs.federated.round.streaming import StreamingAccumulator
-from gradfed_ipfs.kubo.pubsub import KuboPubsub, MemoryPubsubBus
-from gradfed_ipfs.seed.backward_pass import BackwardPassConfig
+from gradfed_ipfs import (
+    AccountingMode,
+    ConfigError,
+    DifferentialPrivacy,
+    GossipModelSync,
+    InvalidGradient,
+    KuboPubsub,
+    MemoryPubsubBus,
+    PrivacyBudgetExhausted,
+    RoundConfig,
+    RoundRunner,
+    StreamingAccumulator,
+)
+from gradfed_ipfs.seed import BackwardPassConfig
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
 
 DELTA = 1e-5

@@ -6,11 +6,8 @@ import asyncio
 
 import pytest
 
-from gradfed_ipfs.cid import make_cid
-from gradfed_ipfs.errors import DecodeError, InvalidGradient
-from gradfed_ipfs.federated.round.gossip import GossipModelSync, ModelUpdate
-from gradfed_ipfs.formats.announcement import Announcement
-from gradfed_ipfs.kubo.pubsub import KuboPubsub
+from gradfed_ipfs import Announcement, DecodeError, InvalidGradient, KuboPubsub, make_cid
+from gradfed_ipfs.federated import GossipModelSync, ModelUpdate
 from tests.polling import apoll_until
 
 CID_A = str(make_cid(b"model a"))

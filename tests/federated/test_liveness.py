@@ -14,13 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gradfed_ipfs.errors import ConfigError
-from gradfed_ipfs.federated.round import RoundConfig, RoundRunner
+from gradfed_ipfs import ConfigError, MemoryPubsubBus, RoundConfig, RoundRunner
 from gradfed_ipfs.federated.round.collect import describe
 from gradfed_ipfs.federated.round.liveness import FetchWatch, ProgressStore, verdict
-from gradfed_ipfs.kubo.pubsub import MemoryPubsubBus
-from gradfed_ipfs.storage import Block, MemoryBlockStore
-from gradfed_ipfs.storage.base import UNSET
+from gradfed_ipfs.storage import UNSET, Block, MemoryBlockStore
 from gradfed_ipfs.storage.dag import fetch_manifest, put_gradient, values_per_chunk
 from tests.federated.test_runner import nodes
 from tests.helpers import FakeClock as Clock

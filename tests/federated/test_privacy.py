@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from scipy import stats  # type: ignore[import-untyped]
 
-from gradfed_ipfs.errors import ConfigError, InvalidGradient, PrivacyBudgetExhausted
+from gradfed_ipfs import ConfigError, InvalidGradient, PrivacyBudgetExhausted
 from gradfed_ipfs.federated.privacy.accountant import (
     PrivacyBudget,
     RdpPrivacyAccountant,

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import gradfed_ipfs.storage.dag as dag
-from gradfed_ipfs.cid import make_cid
+from gradfed_ipfs import FedAvg, MemoryPubsubBus, NormBounded, Sum, make_cid
 from gradfed_ipfs.errors import BlockCorrupt, InsufficientPeers, InvalidGradient
 from gradfed_ipfs.federated.round import (
     DEFAULT_MAX_WEIGHT,
@@ -25,10 +25,8 @@ from gradfed_ipfs.federated.round import (
     RoundRunner,
     StreamingAccumulator,
 )
-from gradfed_ipfs.kubo.pubsub import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore
 from gradfed_ipfs.storage.dag import fetch_manifest, put_gradient, values_per_chunk
-from gradfed_ipfs.tensor.aggregation import FedAvg, NormBounded, Sum
 from tests.federated.test_runner import HangingStore, nodes
 
 CHUNK = 65_536

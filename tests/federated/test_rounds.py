@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gradfed_ipfs import DifferentialPrivacy
 from gradfed_ipfs.errors import (
     ClientNotFound,
     FederatedDimensionMismatch,
@@ -15,17 +16,14 @@ from gradfed_ipfs.errors import (
     NoContributions,
     NotStarted,
 )
-from gradfed_ipfs.federated.privacy.mechanisms import DifferentialPrivacy
 from gradfed_ipfs.federated.secagg.simulation import run_secure_aggregation
-from gradfed_ipfs.seed.clients import ClientInfo, ClientState
-from gradfed_ipfs.seed.convergence import ConvergenceDetector
+from gradfed_ipfs.seed import ClientInfo, ClientState, ConvergenceDetector, ModelSyncProtocol
 from gradfed_ipfs.seed.rounds import (
     PLACEHOLDER_MODEL_CID,
     FederatedRound,
     ModelUpdate,
     RoundStats,
 )
-from gradfed_ipfs.seed.sync import ModelSyncProtocol
 from tests.helpers import FakeClock
 
 MODEL = "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"

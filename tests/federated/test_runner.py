@@ -9,14 +9,24 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gradfed_ipfs.cid import make_cid, parse_cid
+from gradfed_ipfs import (
+    GossipModelSync,
+    KuboPubsub,
+    MemoryPubsubBus,
+    RoundConfig,
+    RoundRunner,
+    make_cid,
+    parse_cid,
+)
 from gradfed_ipfs.errors import ConfigError, InsufficientPeers
-from gradfed_ipfs.federated.round import RoundConfig, RoundRunner
-from gradfed_ipfs.federated.round.gossip import GossipModelSync
-from gradfed_ipfs.kubo.pubsub import KuboPubsub, MemoryPubsubBus
-from gradfed_ipfs.storage import Block, KuboBlockStore, MemoryBlockStore
-from gradfed_ipfs.storage.base import UNSET
-from gradfed_ipfs.storage.dag import fetch_manifest, put_gradient
+from gradfed_ipfs.storage import (
+    UNSET,
+    Block,
+    KuboBlockStore,
+    MemoryBlockStore,
+    fetch_manifest,
+    put_gradient,
+)
 
 FAST = RoundConfig(
     min_peers=2,

@@ -13,19 +13,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradfed_ipfs.errors import PrivacyBudgetExhausted, SecureAggregationError
-from gradfed_ipfs.federated.privacy.mechanisms import DifferentialPrivacy
-from gradfed_ipfs.federated.round import (
+from gradfed_ipfs import (
+    DifferentialPrivacy,
     GossipModelSync,
+    KuboPubsub,
+    MemoryPubsubBus,
+    PrivacyBudgetExhausted,
     RoundConfig,
     RoundResult,
     RoundRunner,
+    SecureAggregationError,
     SecureOptions,
 )
 from gradfed_ipfs.federated.round.secagg import SecureRoundPeer
 from gradfed_ipfs.federated.round.secure import protocol_config
-from gradfed_ipfs.federated.secagg.fixed_point import FixedPoint
-from gradfed_ipfs.kubo.pubsub import KuboPubsub, MemoryPubsubBus
+from gradfed_ipfs.federated.secagg import FixedPoint
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
 from tests.federated.test_dp_round import DELTA, make_dp, reference_epsilon
 from tests.federated.test_secagg_round import RecordingStore

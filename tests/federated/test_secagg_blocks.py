@@ -12,7 +12,7 @@ from gradfed_ipfs.federated.secagg.blocks import (
     decode_masked_block,
     encode_masked_block,
 )
-from gradfed_ipfs.formats.arrow import encode_arrow_file, store_gradient_as_arrow
+from gradfed_ipfs.formats import encode_arrow_file, store_gradient_as_arrow
 
 
 def ring(bits: int, d: int = 1000, seed: int = 0) -> np.ndarray:

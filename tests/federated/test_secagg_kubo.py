@@ -19,12 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradfed_ipfs.errors import SecureAggregationError
+from gradfed_ipfs import SecureAggregationError
+from gradfed_ipfs.federated import SecAggClient, SecAggServer
+from gradfed_ipfs.federated.secagg import FixedPoint, RingArray
 from gradfed_ipfs.federated.secagg.blocks import decode_masked_block, encode_masked_block
 from gradfed_ipfs.federated.secagg.codec import pack_masked, unpack_masked
 from gradfed_ipfs.federated.secagg.crypto import SEALED_MAGIC
-from gradfed_ipfs.federated.secagg.fixed_point import FixedPoint, RingArray
-from gradfed_ipfs.federated.secagg.protocol import SecAggClient, SecAggServer
 from gradfed_ipfs.kubo import KuboDaemon, KuboSwarm
 from gradfed_ipfs.storage import Block, KuboBlockStore
 from tests.federated.test_secure_aggregation import byte_chi_square_p, make_inputs, rb, tolerance

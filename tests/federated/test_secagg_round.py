@@ -15,18 +15,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradfed_ipfs.cid import parse_cid
-from gradfed_ipfs.errors import BlockNotFound, SecureAggregationError
+from gradfed_ipfs import BlockNotFound, SecureAggregationError, parse_cid
 from gradfed_ipfs.federated.round.secagg import (
     SecureRoundConfig,
     SecureRoundPeer,
     SecureRoundResult,
     secagg_topic,
 )
+from gradfed_ipfs.federated.secagg import FixedPoint
 from gradfed_ipfs.federated.secagg.blocks import decode_masked_block
 from gradfed_ipfs.federated.secagg.codec import unpack_masked
 from gradfed_ipfs.federated.secagg.crypto import SEALED_MAGIC
-from gradfed_ipfs.federated.secagg.fixed_point import FixedPoint
 from gradfed_ipfs.kubo.pubsub import KuboPubsub, MemoryPubsubBus, PubsubMessage
 from gradfed_ipfs.storage import Block, KuboBlockStore, MemoryBlockStore
 from tests.federated.test_secure_aggregation import byte_chi_square_p, rb, tolerance

@@ -16,7 +16,7 @@ from gradfed_ipfs.errors import (
     SecureAggregationError,
     UnmaskRefused,
 )
-from gradfed_ipfs.federated.secagg.fixed_point import FixedPoint
+from gradfed_ipfs.federated.secagg import FixedPoint
 from gradfed_ipfs.federated.secagg.protocol import EncryptedShare, SecAggClient, SecAggServer
 from gradfed_ipfs.federated.secagg.simulation import SecureAggregation, run_secure_aggregation
 

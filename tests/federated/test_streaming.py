@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gradfed_ipfs import DistributedGradientAccumulator, Median, StreamingAccumulator
 from gradfed_ipfs.errors import (
     BlockCorrupt,
     ConfigError,
@@ -12,13 +13,10 @@ from gradfed_ipfs.errors import (
     EmptyGradients,
     InvalidGradient,
 )
-from gradfed_ipfs.federated.round.accumulator import DistributedGradientAccumulator
-from gradfed_ipfs.federated.round.streaming import StreamingAccumulator
-from gradfed_ipfs.formats.arrow import store_gradient_as_arrow
-from gradfed_ipfs.seed.backward_pass import AggregationMethod, BackwardPassConfig
+from gradfed_ipfs.formats import store_gradient_as_arrow
+from gradfed_ipfs.seed import AggregationMethod, BackwardPassConfig
 from gradfed_ipfs.storage import Block, MemoryBlockStore
 from gradfed_ipfs.storage.dag import fetch_manifest, put_gradient, values_per_chunk
-from gradfed_ipfs.tensor.aggregation import Median
 
 CHUNK = 65_536
 N = 2 * values_per_chunk(CHUNK) + 100  # three chunks per gradient

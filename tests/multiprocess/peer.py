@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from gradfed_ipfs import AgreedConfig, AgreedSession
 from gradfed_ipfs.errors import QuorumNotReached, RoundMismatch
-from gradfed_ipfs.federated.round.agreed import AgreedConfig, AgreedSession
 from gradfed_ipfs.kubo import KuboPubsub, PubsubTransport
 from gradfed_ipfs.storage import KuboBlockStore
 from tests.multiprocess.lossy import LossyPubsub

@@ -22,11 +22,9 @@ import httpx
 import numpy as np
 import pytest
 
-from gradfed_ipfs.errors import BlockCorrupt, BlockTimeout
-from gradfed_ipfs.federated.round.accumulator import DistributedGradientAccumulator
+from gradfed_ipfs import BlockCorrupt, BlockTimeout, DistributedGradientAccumulator, put_gradient
 from gradfed_ipfs.kubo import KuboDaemon
 from gradfed_ipfs.storage import Block, KuboBlockStore
-from gradfed_ipfs.storage.dag import put_gradient
 
 from .profile import CORRUPTIONS
 

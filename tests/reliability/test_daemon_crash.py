@@ -18,12 +18,10 @@ import httpx
 import numpy as np
 import pytest
 
-from gradfed_ipfs.errors import StoreUnavailable
-from gradfed_ipfs.federated.round.accumulator import DistributedGradientAccumulator
+from gradfed_ipfs import DistributedGradientAccumulator, StoreUnavailable, put_gradient
 from gradfed_ipfs.kubo import KuboDaemon
-from gradfed_ipfs.seed.backward_pass import BackwardPassConfig
+from gradfed_ipfs.seed import BackwardPassConfig
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
-from gradfed_ipfs.storage.dag import put_gradient
 from tests.polling import apoll_until
 
 from .profile import CRASH_CYCLES

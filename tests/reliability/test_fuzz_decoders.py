@@ -30,14 +30,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from multiformats import CID
 
-from gradfed_ipfs.cid import make_cid
+from gradfed_ipfs import Block, FedAvg, TrimmedMean, make_cid
 from gradfed_ipfs.errors import (
     GradfedError,
     MalformedAnnouncement,
     MalformedArrow,
     MalformedManifest,
 )
-from gradfed_ipfs.formats.announcement import MAX_MESSAGE_BYTES, Announcement
+from gradfed_ipfs.formats import MAX_MESSAGE_BYTES, Announcement, decode_record
 from gradfed_ipfs.formats.arrow import (
     META_COUNT,
     META_SHAPE,
@@ -47,13 +47,10 @@ from gradfed_ipfs.formats.arrow import (
     store_gradient_as_arrow,
     store_layer_as_arrow,
 )
-from gradfed_ipfs.formats.records import decode_record
 from gradfed_ipfs.provenance.round_record import ROUND_RECORD_TYPE, ContributionRef, RoundRecord
-from gradfed_ipfs.seed.garw import GradientArrowBlock
-from gradfed_ipfs.storage.base import Block
-from gradfed_ipfs.storage.dag import ChunkManifest, ChunkRef
-from gradfed_ipfs.tensor.aggregation import FedAvg, TrimmedMean
-from gradfed_ipfs.tensor.types import QuantizedGradient, SparseGradient, SparseQuantizedGradient
+from gradfed_ipfs.seed import GradientArrowBlock
+from gradfed_ipfs.storage import ChunkManifest, ChunkRef
+from gradfed_ipfs.tensor import QuantizedGradient, SparseGradient, SparseQuantizedGradient
 
 from .profile import FULL, FUZZ_EXAMPLES
 

@@ -16,13 +16,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gradfed_ipfs import (
+    GossipModelSync,
+    KuboPubsub,
+    RoundConfig,
+    RoundResult,
+    RoundRunner,
+    put_gradient,
+)
 from gradfed_ipfs.errors import InsufficientPeers
-from gradfed_ipfs.federated.round import RoundConfig, RoundResult, RoundRunner
-from gradfed_ipfs.federated.round.gossip import GossipModelSync
 from gradfed_ipfs.kubo import KuboDaemon, KuboSwarm
-from gradfed_ipfs.kubo.pubsub import KuboPubsub
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
-from gradfed_ipfs.storage.dag import put_gradient
 from tests.polling import apoll_until, poll_until
 
 pytestmark = pytest.mark.kubo

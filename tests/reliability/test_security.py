@@ -18,14 +18,13 @@ import pytest
 from multiformats import CID
 
 import gradfed_ipfs
+from gradfed_ipfs import put_gradient
 from gradfed_ipfs._types import CIDLike
-from gradfed_ipfs.federated.secagg.fixed_point import FixedPoint
-from gradfed_ipfs.federated.secagg.protocol import SecAggClient, SecAggServer
-from gradfed_ipfs.formats.arrow import store_gradient_as_arrow
+from gradfed_ipfs.federated import SecAggClient, SecAggServer
+from gradfed_ipfs.federated.secagg import FixedPoint
+from gradfed_ipfs.formats import store_gradient_as_arrow
 from gradfed_ipfs.kubo import KuboDaemon
-from gradfed_ipfs.storage import Block, KuboBlockStore
-from gradfed_ipfs.storage.base import UNSET, Unset
-from gradfed_ipfs.storage.dag import put_gradient
+from gradfed_ipfs.storage import UNSET, Block, KuboBlockStore, Unset
 
 PACKAGE = Path(gradfed_ipfs.__file__).parent
 

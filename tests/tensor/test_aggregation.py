@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from gradfed_ipfs.errors import EmptyGradientSet, InvalidGradient, ShapeMismatch
-from gradfed_ipfs.tensor.aggregation import (
+from gradfed_ipfs.tensor import (
     AggregationMethod,
     AggregationStrategy,
     Contribution,

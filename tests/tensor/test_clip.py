@@ -8,12 +8,11 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from gradfed_ipfs.errors import InvalidGradient
+from gradfed_ipfs import InvalidGradient
 from gradfed_ipfs.federated.privacy.mechanisms import DifferentialPrivacy, clip_l2_norm
 from gradfed_ipfs.seed import clip_gradient_norm as seed_clip_gradient_norm
-from gradfed_ipfs.tensor import robust
+from gradfed_ipfs.tensor import GradientVerifier, robust
 from gradfed_ipfs.tensor.robust import clip_gradient_norm, clip_to_norm, l2_norm
-from gradfed_ipfs.tensor.verification import GradientVerifier
 
 
 def test_l2_norm_precisions() -> None:

@@ -6,8 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from gradfed_ipfs.errors import ConfigError, InvalidCompressionRatio, ShapeMismatch
-from gradfed_ipfs.tensor.codecs import (
+from gradfed_ipfs import (
     CODECS,
     Codec,
     ErrorFeedback,
@@ -18,8 +17,9 @@ from gradfed_ipfs.tensor.codecs import (
     TopK,
     TopKInt8,
 )
+from gradfed_ipfs.errors import ConfigError, InvalidCompressionRatio, ShapeMismatch
+from gradfed_ipfs.tensor import SparseGradient, SparseQuantizedGradient
 from gradfed_ipfs.tensor.compression import GradientCompressor, top_k_indices
-from gradfed_ipfs.tensor.types import SparseGradient, SparseQuantizedGradient
 
 finite32 = st.floats(width=32, allow_nan=False, allow_infinity=False, min_value=-1e4, max_value=1e4)
 vectors = hnp.arrays(np.float32, st.integers(1, 400), elements=finite32)

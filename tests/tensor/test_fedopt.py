@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradfed_ipfs.errors import ConfigError, InvalidGradient, ShapeMismatch
+from gradfed_ipfs import ConfigError, InvalidGradient, ShapeMismatch
 from gradfed_ipfs.tensor import (
     FedAdagrad,
     FedAdam,

@@ -7,12 +7,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gradfed_ipfs.formats.arrow import load_gradient_from_arrow, store_layer_as_arrow
-from gradfed_ipfs.storage import Block, KuboBlockStore
-from gradfed_ipfs.storage.delta_store import load_delta, store_delta
-from gradfed_ipfs.tensor.aggregation import Contribution, FedAvg
-from gradfed_ipfs.tensor.codecs import Dense, TopKInt8
-from gradfed_ipfs.tensor.delta import GradientDelta
+from gradfed_ipfs import Contribution, FedAvg, GradientDelta
+from gradfed_ipfs.formats import load_gradient_from_arrow, store_layer_as_arrow
+from gradfed_ipfs.storage import Block, KuboBlockStore, load_delta, store_delta
+from gradfed_ipfs.tensor import Dense, TopKInt8
 
 pytestmark = pytest.mark.kubo
 

@@ -6,8 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from gradfed_ipfs.errors import ConfigError, EmptyGradientSet, InvalidGradient, ShapeMismatch
-from gradfed_ipfs.tensor.aggregation import (
+from gradfed_ipfs import (
     AggregationStrategy,
     Contribution,
     FedAvg,
@@ -18,6 +17,7 @@ from gradfed_ipfs.tensor.aggregation import (
     NormBounded,
     TrimmedMean,
 )
+from gradfed_ipfs.errors import ConfigError, EmptyGradientSet, InvalidGradient, ShapeMismatch
 from gradfed_ipfs.tensor.robust import (
     clip_to_norm,
     coordinate_median,

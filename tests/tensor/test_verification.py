@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from gradfed_ipfs.errors import ConfigError, InvalidGradient, OutlierDetected, ShapeMismatch
-from gradfed_ipfs.tensor.verification import GradientVerifier, cross_peer_check
+from gradfed_ipfs.tensor import GradientVerifier, cross_peer_check
 
 V = GradientVerifier
 

@@ -11,7 +11,7 @@ import argparse
 import asyncio
 import json
 
-from gradfed_ipfs.federated.round.agreed import AgreedConfig
+from gradfed_ipfs import AgreedConfig
 from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import KuboBlockStore
 from gradfed_ipfs.training import Peer, VectorAdapter

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gradfed_ipfs.tensor.fedopt import fedprox_gradient
+from gradfed_ipfs.tensor import fedprox_gradient
 from gradfed_ipfs.training import Client, ConfigValue, FederationConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))

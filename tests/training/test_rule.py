@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from multiformats import CID
 
+from gradfed_ipfs import AgreedConfig, AgreedSession
 from gradfed_ipfs.errors import RoundVerificationFailed
-from gradfed_ipfs.federated.round.agreed import AgreedConfig, AgreedSession
 from gradfed_ipfs.federated.round.agreed_history import load_record, verify_agreed_history
 from gradfed_ipfs.formats.roster import AgreedRecord, Roster
 from gradfed_ipfs.kubo import MemoryPubsubBus

@@ -5,9 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradfed_ipfs.errors import ConfigError, InvalidGradient
-from gradfed_ipfs.tensor import Bulyan, Krum, Median, MultiKrum, TrimmedMean
-from gradfed_ipfs.tensor.fedopt import OptimizerState, fedprox_gradient
+from gradfed_ipfs import ConfigError, InvalidGradient
+from gradfed_ipfs.tensor import (
+    Bulyan,
+    Krum,
+    Median,
+    MultiKrum,
+    OptimizerState,
+    TrimmedMean,
+    fedprox_gradient,
+)
 from gradfed_ipfs.training import (
     FedAdagrad,
     FedAdam,

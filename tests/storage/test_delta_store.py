@@ -7,14 +7,17 @@ import dag_cbor
 import numpy as np
 import pytest
 
-from gradfed_ipfs.cid import make_cid
+from gradfed_ipfs import (
+    Block,
+    GradientDelta,
+    MemoryBlockStore,
+    QuantizedGradient,
+    SparseGradient,
+    make_cid,
+)
 from gradfed_ipfs.errors import BlockNotFound, ChecksumFailed, MalformedArrow, MalformedManifest
-from gradfed_ipfs.storage.base import Block
-from gradfed_ipfs.storage.delta_store import load_delta, store_delta
-from gradfed_ipfs.storage.memory import MemoryBlockStore
-from gradfed_ipfs.tensor.compression import GradientCompressor
-from gradfed_ipfs.tensor.delta import GradientDelta
-from gradfed_ipfs.tensor.types import QuantizedGradient, SparseGradient
+from gradfed_ipfs.storage import load_delta, store_delta
+from gradfed_ipfs.tensor import GradientCompressor
 
 BASE = make_cid(b"model v1")
 

@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 from multiformats import CID
 
-from gradfed_ipfs.cid import make_cid
+from gradfed_ipfs import (
+    Block,
+    ComputationGraphStore,
+    ComputationNode,
+    GradientCheckpoint,
+    MemoryBlockStore,
+    make_cid,
+)
 from gradfed_ipfs.errors import (
     BlockCorrupt,
     BlockNotFound,
@@ -17,10 +24,6 @@ from gradfed_ipfs.errors import (
     GraphSerializationError,
     MalformedManifest,
 )
-from gradfed_ipfs.provenance.checkpoint import GradientCheckpoint
-from gradfed_ipfs.provenance.graph import ComputationGraphStore, ComputationNode
-from gradfed_ipfs.storage.base import Block
-from gradfed_ipfs.storage.memory import MemoryBlockStore
 
 
 def cid(label: str) -> str:

@@ -9,8 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from gradfed_ipfs import CODECS
 from gradfed_ipfs.errors import MalformedArrow
-from gradfed_ipfs.formats.arrow import (
+from gradfed_ipfs.formats import (
     decode_gradient,
     encode_arrow_file,
     load_gradient_from_arrow,
@@ -19,10 +20,9 @@ from gradfed_ipfs.formats.arrow import (
     store_gradient_as_arrow,
     store_layer_as_arrow,
 )
-from gradfed_ipfs.tensor.codecs import CODECS
-from gradfed_ipfs.tensor.compression import GradientCompressor
-from gradfed_ipfs.tensor.types import (
+from gradfed_ipfs.tensor import (
     DenseGradient,
+    GradientCompressor,
     LayerGradient,
     QuantizedGradient,
     SparseGradient,

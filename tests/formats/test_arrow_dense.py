@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from gradfed_ipfs.errors import MalformedArrow
-from gradfed_ipfs.formats.arrow import (
+from gradfed_ipfs.formats import (
     decode_gradient,
     load_gradient_from_arrow,
     store_gradient_as_arrow,

@@ -13,14 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradfed_ipfs.cli.app import main
+from gradfed_ipfs import KuboPubsub, session_topic
+from gradfed_ipfs.cli import main
 from gradfed_ipfs.cli.samples import load_samples
-from gradfed_ipfs.kubo.pubsub import KuboPubsub, session_topic
+from tests.cli.test_cli import run_cli, save
 from tests.conftest import KuboNode
 from tests.polling import apoll_until
-from tests.test_cli import run_cli, save
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOWHERE = ["--api", "http://127.0.0.1:9"]  # files are refused before any daemon is asked
 
 

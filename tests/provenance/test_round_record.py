@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from multiformats import CID
 
-from gradfed_ipfs.cid import make_cid
+from gradfed_ipfs import Block, MemoryBlockStore, fetch_gradient, make_cid, put_gradient
 from gradfed_ipfs.errors import GraphSerializationError, InvalidGradient, MalformedManifest
-from gradfed_ipfs.formats.arrow import store_gradient_as_arrow
+from gradfed_ipfs.formats import store_gradient_as_arrow
 from gradfed_ipfs.provenance.round_record import (
     ContributionRef,
     RoundRecord,
@@ -21,10 +21,7 @@ from gradfed_ipfs.provenance.round_record import (
     verify_history,
     verify_round,
 )
-from gradfed_ipfs.storage.base import Block
-from gradfed_ipfs.storage.dag import fetch_gradient, put_gradient
-from gradfed_ipfs.storage.memory import MemoryBlockStore
-from gradfed_ipfs.tensor.aggregation import AggregationMethod, AggregationStrategy, FedAvg
+from gradfed_ipfs.tensor import AggregationMethod, AggregationStrategy, FedAvg
 
 
 async def run_rounds(store: MemoryBlockStore, rounds: int = 5, strategy=None):

@@ -3,6 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gradfed_ipfs import Contribution, MemoryBlockStore
 from gradfed_ipfs.errors import (
     DimensionMismatch,
     EmptyGradients,
@@ -10,8 +11,8 @@ from gradfed_ipfs.errors import (
     NodeNotFound,
     PeerNotFound,
 )
-from gradfed_ipfs.formats.arrow import decode_gradient
-from gradfed_ipfs.seed.backward_pass import (
+from gradfed_ipfs.formats import decode_gradient
+from gradfed_ipfs.seed import (
     AggregationMethod,
     BackwardPassConfig,
     BackwardPassStats,
@@ -22,8 +23,6 @@ from gradfed_ipfs.seed.backward_pass import (
     clip_gradient_norm,
     federated_average,
 )
-from gradfed_ipfs.storage.memory import MemoryBlockStore
-from gradfed_ipfs.tensor.aggregation import Contribution
 from tests.helpers import FakeClock
 
 # ----------------------------------------------------------------------- seed §11 cases

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradfed_ipfs.cid import make_cid
+from gradfed_ipfs import MemoryBlockStore, make_cid
 from gradfed_ipfs.errors import (
     ArrowBlockError,
     ArrowBlockShapeMismatch,
@@ -19,7 +19,7 @@ from gradfed_ipfs.errors import (
     PassNotFound,
     TruncatedData,
 )
-from gradfed_ipfs.seed.coordination import (
+from gradfed_ipfs.seed import (
     BackwardPassCoordinator,
     BackwardPassId,
     CoordinationStatus,
@@ -28,7 +28,6 @@ from gradfed_ipfs.seed.coordination import (
     PassCoordinator,
 )
 from gradfed_ipfs.seed.garw import fnv1a_64
-from gradfed_ipfs.storage.memory import MemoryBlockStore
 from tests.helpers import FakeClock
 
 

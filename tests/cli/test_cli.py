@@ -8,14 +8,19 @@ import dag_cbor
 import numpy as np
 import pytest
 
-from gradfed_ipfs.cli.app import main
+from gradfed_ipfs import (
+    ContributionRef,
+    KuboPubsub,
+    Median,
+    RoundRecord,
+    TopKInt8,
+    commit_round,
+    put_gradient,
+    session_topic,
+)
+from gradfed_ipfs.cli import main
 from gradfed_ipfs.kubo import KuboDaemon
-from gradfed_ipfs.kubo.pubsub import KuboPubsub, session_topic
-from gradfed_ipfs.provenance.round_record import ContributionRef, RoundRecord, commit_round
 from gradfed_ipfs.storage import KuboBlockStore
-from gradfed_ipfs.storage.dag import put_gradient
-from gradfed_ipfs.tensor.aggregation import Median
-from gradfed_ipfs.tensor.codecs import TopKInt8
 from tests.conftest import KuboNode
 from tests.polling import apoll_until
 

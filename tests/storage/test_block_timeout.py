@@ -14,9 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gradfed_ipfs.errors import BlockNotFound, BlockTimeout
-from gradfed_ipfs.storage import Block, MemoryBlockStore
-from gradfed_ipfs.storage.base import UNSET, Unset
+from gradfed_ipfs import BlockNotFound, BlockTimeout
+from gradfed_ipfs.storage import UNSET, Block, MemoryBlockStore, Unset
 from gradfed_ipfs.storage.dag import fetch_gradient, fetch_manifest, put_gradient, values_per_chunk
 
 CHUNK = 65_536

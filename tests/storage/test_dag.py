@@ -19,7 +19,7 @@ from gradfed_ipfs.errors import (
     MalformedManifest,
     StoreUnavailable,
 )
-from gradfed_ipfs.formats.arrow import store_gradient_as_arrow
+from gradfed_ipfs.formats import store_gradient_as_arrow
 from gradfed_ipfs.storage import Block, KuboBlockStore, MemoryBlockStore
 from gradfed_ipfs.storage.dag import (
     MANIFEST_FORMAT,

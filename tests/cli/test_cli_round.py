@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.cli.test_cli import run_cli, save
 from tests.conftest import KuboNode
-from tests.test_cli import run_cli, save
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-c", "import sys; from gradfed_ipfs.cli import main; sys.exit(main())"]
 
 

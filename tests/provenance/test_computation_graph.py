@@ -8,7 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from multiformats import CID
 
-from gradfed_ipfs.cid import make_cid, parse_cid
+from gradfed_ipfs import (
+    Block,
+    ComputationGraphStore,
+    ComputationNode,
+    MemoryBlockStore,
+    make_cid,
+    parse_cid,
+)
 from gradfed_ipfs.errors import (
     BlockCorrupt,
     CircularDependency,
@@ -20,11 +27,8 @@ from gradfed_ipfs.errors import (
     MalformedManifest,
     ShapeMismatch,
 )
-from gradfed_ipfs.formats.arrow import encode_arrow_file
+from gradfed_ipfs.formats import encode_arrow_file
 from gradfed_ipfs.provenance import provenance_chain_from_store
-from gradfed_ipfs.provenance.graph import ComputationGraphStore, ComputationNode
-from gradfed_ipfs.storage.base import Block
-from gradfed_ipfs.storage.memory import MemoryBlockStore
 
 
 def cid(label: str) -> str:
