@@ -24,7 +24,7 @@ from gradfed_ipfs.tensor.aggregation import (
     MultiKrum,
     TrimmedMean,
 )
-from gradfed_ipfs.tensor.compression import Codec, Int4, Int8, TopK, TopKInt8
+from gradfed_ipfs.tensor.codecs import Codec, Int4, Int8, TopK, TopKInt8
 
 Array = NDArray[np.float64]
 N_FEATURES = 65  # 64 pixels + bias

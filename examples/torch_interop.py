@@ -25,8 +25,9 @@ from numpy.typing import NDArray
 from gradfed_ipfs.storage import Block, KuboBlockStore, MemoryBlockStore
 from gradfed_ipfs.storage.base import BlockStore
 from gradfed_ipfs.storage.delta_store import load_delta, store_delta
-from gradfed_ipfs.tensor.compression import Codec
-from gradfed_ipfs.tensor.types import DenseGradient, GradientDelta
+from gradfed_ipfs.tensor.codecs import Codec
+from gradfed_ipfs.tensor.delta import GradientDelta
+from gradfed_ipfs.tensor.types import DenseGradient
 
 __all__ = [
     "delta_from_arrays",

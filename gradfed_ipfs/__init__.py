@@ -28,7 +28,9 @@ from .errors import (
     BlockCorrupt,
     BlockNotFound,
     BlockStoreError,
+    ConfigError,
     DecodeError,
+    EmptyError,
     FederatedError,
     GradfedError,
     GradientError,
@@ -53,11 +55,12 @@ from .federated import (
     RoundResult,
     RoundRunner,
     RoundStats,
-    SecureRoundConfig,
+    SecureOptions,
     StreamingAccumulator,
 )
 from .formats import Announcement, AnnouncementFilter, session_topic
 from .kubo import KuboDaemon, KuboPubsub, KuboSwarm, MemoryPubsub, MemoryPubsubBus
+from .node import Node
 from .provenance import (
     ComputationGraphStore,
     ComputationNode,
@@ -128,6 +131,7 @@ __all__ = [
     "commit_round",
     "ComputationGraphStore",
     "ComputationNode",
+    "ConfigError",
     "Contribution",
     "ContributionRef",
     "DecodeError",
@@ -135,6 +139,7 @@ __all__ = [
     "DifferentialPrivacy",
     "DistributedGradientAccumulator",
     "DPMechanism",
+    "EmptyError",
     "ErrorFeedback",
     "FedAvg",
     "FederatedError",
@@ -161,6 +166,7 @@ __all__ = [
     "MemoryPubsub",
     "MemoryPubsubBus",
     "MultiKrum",
+    "Node",
     "NormBounded",
     "parse_cid",
     "PrivacyBudget",
@@ -177,7 +183,7 @@ __all__ = [
     "RoundStats",
     "RoundVerification",
     "SecureAggregationError",
-    "SecureRoundConfig",
+    "SecureOptions",
     "session_topic",
     "ShapeMismatch",
     "SparseGradient",

@@ -5,38 +5,50 @@ Every error the library raises on purpose derives from :class:`GradfedError`, so
 CLI exits with. The tree::
 
     GradfedError                       root; exit_code 1
+    ├── ConfigError                    a bad setting (config field, constructor argument); exit 11
     ├── GradientError                  the seed's ``GradientError`` enum (seed-api §3); exit 3
-    │   ├── ShapeMismatch              lengths or shapes of gradients disagree
+    │   ├── ShapeMismatch              lengths or shapes disagree: the ONE "lengths differ" base
     │   │   └── DimensionMismatch      the backward-pass spelling of the same condition
     │   ├── ChecksumFailed             a GradientDelta's checksum does not match its content
     │   ├── InvalidCompressionRatio    k / keep-ratio outside (0, 1]
-    │   ├── EmptyGradientSet           an aggregation was given no gradients
+    │   ├── EmptyGradientSet           an aggregation was given no gradients (also EmptyError)
     │   │   └── EmptyGradients         the backward-pass spelling of the same condition
     │   ├── IncompatibleDtype          a tensor of an unsupported dtype
     │   ├── OutlierDetected            a z-score above the threshold
-    │   ├── InvalidGradient            catch-all: NaN/Inf, bad sizes, bad parameters
+    │   ├── InvalidGradient            catch-all for gradient values: NaN/Inf, bad sizes
     │   ├── NodeNotFound               a backward-pass step id is unknown
     │   └── PeerNotFound               a peer is not registered in a step
     ├── DecodeError                    untrusted bytes that do not decode; exit 4
     │   ├── MalformedArrow             not a gradient Arrow IPC file
     │   ├── MalformedManifest          not a chunk manifest / IPLD record we understand
-    │   └── MalformedAnnouncement      a pubsub announcement that does not parse
+    │   ├── MalformedAnnouncement      a pubsub announcement that does not parse
+    │   └── ArrowBlockError            the seed's GARW block errors (§8.6)
+    │       ├── EmptyInput             zero bytes / no blocks (also EmptyError)
+    │       ├── ArrowBlockShapeMismatch shape and values disagree (also ShapeMismatch)
+    │       ├── InvalidMagic           the first four bytes are not ``GARW``
+    │       └── TruncatedData          fewer bytes than the header promises
     ├── BlockStoreError                storage failures; exit 5
     │   ├── BlockNotFound              no block with that CID (within the timeout)
     │   ├── BlockCorrupt               bytes whose hash is not their CID
     │   ├── BlockTooLarge              a block over the store's size limit, refused before sending
     │   ├── StoreUnavailable           the daemon cannot be reached (after retries)
+    │   │   └── StoreTimeout           an answer not complete within the call's deadline
     │   └── StoreRequestError          the daemon answered with an error
+    │       └── StoreResponseTooLarge  an answer over its endpoint's size cap
     ├── KuboError                      managing Kubo daemons; exit 6
     │   ├── KuboNotInstalled           no Kubo binary and it could not be built
-    │   └── KuboStartError             a daemon failed to start (message has its log tail)
+    │   ├── KuboStartError             a daemon failed to start (message has its log tail)
+    │   └── KuboRpcError               a control-plane RPC call (id, swarm/*) failed
     ├── FederatedError                 the seed's ``FederatedError`` (seed-api §6.1); exit 7
-    │   ├── NoContributions            a round has nothing to aggregate
-    │   ├── FederatedDimensionMismatch contributions of different lengths
+    │   ├── NoContributions            a round has nothing to aggregate (also EmptyError)
+    │   ├── FederatedDimensionMismatch contributions of different lengths (also ShapeMismatch)
     │   ├── ClientNotFound             a contribution from a client not in the round
     │   ├── NotStarted                 operating on a round that was not started
     │   ├── PrivacyBudgetExhausted     a DP operation would exceed the (ε, δ) budget
+    │   ├── InsufficientPeers          a round's deadline passed with fewer than min_peers in
     │   ├── SecureAggregationError     the masked-sum protocol cannot proceed
+    │   │   ├── SecAggPeerRejected     one party's SecAgg message is unusable (names the party)
+    │   │   └── UnmaskRefused          an honest client refuses an unmasking request
     │   ├── QuorumNotReached           an agreed round has fewer than min_peers by its deadline
     │   ├── RoundMismatch              peers announced a different result CID for a round
     │   ├── GenesisMismatch            a model or record of another session's genesis
@@ -44,22 +56,30 @@ CLI exits with. The tree::
     ├── CoordinationError              the seed's ``CoordinationError`` (§8.4); exit 8
     │   ├── PassNotFound               unknown backward pass id
     │   └── PassAlreadyTerminal        the pass is Complete or Failed
-    ├── ArrowBlockError                the seed's GARW block errors (§8.6); exit 4
-    │   ├── EmptyInput                 zero bytes
-    │   ├── ArrowBlockShapeMismatch    declared shape disagrees with the values
-    │   ├── InvalidMagic               the first four bytes are not ``GARW``
-    │   └── TruncatedData              fewer bytes than the header promises
     ├── ComputationGraphError          the seed's ``ComputationGraphError`` (§7.2); exit 9
     │   ├── GraphNodeNotFound          no node with that id
     │   ├── CircularDependency         the graph has a cycle
     │   ├── GraphSerializationError    a node or graph does not (de)serialize
     │   └── GraphIoError               reading or writing a graph/checkpoint failed
-    └── PubsubError                    IPFS pubsub (announcements); exit 10
-        ├── PubsubUnavailable          the daemon's pubsub API cannot be reached
-        └── PubsubRequestError         the daemon refused a pubsub call (e.g. pubsub disabled)
+    ├── PubsubError                    IPFS pubsub (announcements); exit 10
+    │   ├── PubsubUnavailable          the daemon's pubsub API cannot be reached
+    │   │   └── PubsubTimeout          an answer not complete within the call's deadline
+    │   └── PubsubRequestError         the daemon refused a pubsub call (e.g. pubsub disabled)
+    │       └── PubsubResponseTooLarge an answer over its endpoint's size cap
+    └── EmptyError                     mixin: "there is nothing" (exit code from the other base)
+        (EmptyGradientSet, EmptyGradients, EmptyInput, NoContributions)
+
+Mixins cut across the families: every ``*Timeout`` is an :class:`RpcTimeout` (and a
+``TimeoutError``), every ``*ResponseTooLarge`` a :class:`ResponseTooLarge`. A class that names
+two bases (``FederatedDimensionMismatch(FederatedError, ShapeMismatch)``) takes its exit code
+from the first, its family; ``except ShapeMismatch`` catches every "lengths differ" and
+``except EmptyError`` every "nothing there". ``ConfigError``, ``ShapeMismatch``, ``EmptyError``
+and ``DecodeError`` subclass ``ValueError``, so generic handlers still work.
 
 Store errors carry context as attributes (``api_url``, ``endpoint``, ``cid``), set by the one
 boundary that talks to Kubo, so a message always names the CID and the daemon.
+
+Size: over 500 lines because every error has its one home here, under the tree above.
 """
 
 from __future__ import annotations
@@ -78,9 +98,11 @@ __all__ = [
     "CircularDependency",
     "ClientNotFound",
     "ComputationGraphError",
+    "ConfigError",
     "CoordinationError",
     "DecodeError",
     "DimensionMismatch",
+    "EmptyError",
     "EmptyGradientSet",
     "EmptyGradients",
     "EmptyInput",
@@ -93,11 +115,13 @@ __all__ = [
     "GraphNodeNotFound",
     "GraphSerializationError",
     "IncompatibleDtype",
+    "InsufficientPeers",
     "InvalidCompressionRatio",
     "InvalidGradient",
     "InvalidMagic",
     "KuboError",
     "KuboNotInstalled",
+    "KuboRpcError",
     "KuboStartError",
     "MalformedAnnouncement",
     "MalformedArrow",
@@ -112,15 +136,23 @@ __all__ = [
     "PrivacyBudgetExhausted",
     "PubsubError",
     "PubsubRequestError",
+    "PubsubResponseTooLarge",
+    "PubsubTimeout",
     "PubsubUnavailable",
     "QuorumNotReached",
+    "ResponseTooLarge",
     "RoundMismatch",
     "RoundVerificationFailed",
+    "RpcTimeout",
+    "SecAggPeerRejected",
     "SecureAggregationError",
     "ShapeMismatch",
     "StoreRequestError",
+    "StoreResponseTooLarge",
+    "StoreTimeout",
     "StoreUnavailable",
     "TruncatedData",
+    "UnmaskRefused",
 ]
 
 
@@ -134,6 +166,23 @@ class GradfedError(Exception):
         # Every family must say how the CLI exits; inheriting one is fine, zero is not.
         if not isinstance(cls.__dict__.get("exit_code", cls.exit_code), int) or cls.exit_code == 0:
             raise TypeError(f"{cls.__name__} needs a non-zero integer exit_code")
+
+
+# --------------------------------------------------------------------------- settings and mixins
+
+
+class ConfigError(GradfedError, ValueError):
+    """A setting is invalid (``min_peers must be >= 0``); raised where it is given."""
+
+    exit_code: ClassVar[int] = 11
+
+    def __init__(self, message: str) -> None:
+        self.reason = message
+        super().__init__(f"Invalid setting: {message}")
+
+
+class EmptyError(GradfedError, ValueError):
+    """Mixin base of every "there is nothing" error; each subclass's family sets the exit code."""
 
 
 # --------------------------------------------------------------------------- gradient (seed §3)
@@ -186,7 +235,7 @@ class InvalidCompressionRatio(GradientError, ValueError):
         super().__init__(f"Invalid compression ratio: {ratio}")
 
 
-class EmptyGradientSet(GradientError, ValueError):
+class EmptyGradientSet(GradientError, EmptyError):
     """An aggregation was given no gradients."""
 
     def __init__(self, message: str = "Empty gradient set") -> None:
@@ -268,6 +317,39 @@ class MalformedAnnouncement(DecodeError):
     """A pubsub announcement that is not valid for this session (see its message)."""
 
 
+# --------------------------------------------------------------------------- RPC limits
+
+
+class RpcTimeout(TimeoutError):
+    """Mixin: an RPC answer did not complete within the call's total deadline.
+
+    Attributes
+    ----------
+    received
+        Bytes of the answer that had arrived when the deadline passed.
+    deadline
+        The call's total deadline, in seconds.
+    """
+
+    received: int = 0
+    deadline: float = 0.0
+
+
+class ResponseTooLarge(ValueError):
+    """Mixin: an RPC answer exceeded its endpoint's size cap (nothing beyond it was kept).
+
+    Attributes
+    ----------
+    rpc_endpoint
+        The endpoint whose answer was too large, e.g. ``block/get``.
+    cap
+        The endpoint's cap, in bytes.
+    """
+
+    rpc_endpoint: str = ""
+    cap: int = 0
+
+
 # --------------------------------------------------------------------------- block stores
 
 
@@ -321,6 +403,14 @@ class StoreRequestError(BlockStoreError):
     """The daemon answered a request with an error (status or an NDJSON error line)."""
 
 
+class StoreTimeout(StoreUnavailable, RpcTimeout):
+    """The daemon's answer did not complete within the call's total deadline."""
+
+
+class StoreResponseTooLarge(StoreRequestError, ResponseTooLarge):
+    """The daemon's answer exceeded the endpoint's size cap; reading stopped there."""
+
+
 # --------------------------------------------------------------------------- Kubo daemons
 
 
@@ -338,6 +428,22 @@ class KuboStartError(KuboError, RuntimeError):
     """A Kubo daemon did not become ready; the message ends with the tail of its log."""
 
 
+class KuboRpcError(KuboError):
+    """A control-plane RPC call (``id``, ``swarm/connect``, ``swarm/peers``) failed.
+
+    Parameters
+    ----------
+    message
+        What failed.
+    api_url
+        The daemon's RPC URL, when known.
+    """
+
+    def __init__(self, message: str, *, api_url: str | None = None) -> None:
+        self.api_url = api_url
+        super().__init__(message)
+
+
 # --------------------------------------------------------------------------- federated (seed §6)
 
 
@@ -347,20 +453,22 @@ class FederatedError(GradfedError):
     exit_code: ClassVar[int] = 7
 
 
-class NoContributions(FederatedError, ValueError):
+class NoContributions(FederatedError, EmptyError):
     """A round has no contributions to aggregate."""
 
     def __init__(self, message: str = "No contributions received") -> None:
         super().__init__(message)
 
 
-class FederatedDimensionMismatch(FederatedError, ValueError):
-    """Contributions of different lengths (the seed's ``FederatedError::DimensionMismatch``)."""
+class FederatedDimensionMismatch(FederatedError, ShapeMismatch):
+    """Contributions of different lengths (the seed's ``FederatedError::DimensionMismatch``).
+
+    ``expected`` and ``actual`` are ``[length]`` as for every :class:`ShapeMismatch`.
+    """
 
     def __init__(self, expected: int, actual: int) -> None:
-        self.expected = expected
-        self.actual = actual
-        super().__init__(f"Dimension mismatch: expected {expected}, got {actual}")
+        ShapeMismatch.__init__(self, [expected], [actual])
+        self.args = (f"Dimension mismatch: expected {expected}, got {actual}",)
 
 
 class ClientNotFound(FederatedError, KeyError):
@@ -383,6 +491,40 @@ class NotStarted(FederatedError, RuntimeError):
 
 class PrivacyBudgetExhausted(FederatedError, ValueError):
     """A differential-privacy step would exceed the (ε, δ) budget; nothing was changed."""
+
+
+class InsufficientPeers(FederatedError):
+    """A round's deadline passed with fewer than ``min_peers`` peer contributions in.
+
+    Attributes
+    ----------
+    round_id
+        The round.
+    needed, got
+        ``min_peers`` and the number of peer contributions taken in.
+    absent
+        Expected peers (sorted) that never announced, or whose contribution never arrived.
+    failures
+        Peer ID → why its contribution was not taken in.
+    """
+
+    def __init__(
+        self,
+        round_id: int,
+        needed: int,
+        got: int,
+        absent: Sequence[str] = (),
+        failures: dict[str, str] | None = None,
+    ) -> None:
+        self.round_id = round_id
+        self.needed = needed
+        self.got = got
+        self.absent = sorted(absent)
+        self.failures = dict(failures or {})
+        super().__init__(
+            f"round {round_id}: {got} of min_peers={needed} peer contributions by the deadline"
+            + (f"; absent: {', '.join(self.absent)}" if self.absent else "")
+        )
 
 
 class SecureAggregationError(FederatedError):
@@ -425,6 +567,26 @@ class RoundVerificationFailed(FederatedError):
     """An agreed round record, its roster or its result does not re-verify."""
 
 
+class SecAggPeerRejected(SecureAggregationError):
+    """One party's SecAgg message is malformed, undecryptable or misaddressed; ``peer`` names it.
+
+    The round goes on without that party where the protocol allows.
+    """
+
+    def __init__(self, peer: str, reason: str) -> None:
+        self.peer = peer
+        self.reason = reason
+        super().__init__(f"SecAgg message from {peer} rejected: {reason}")
+
+
+class UnmaskRefused(SecureAggregationError):
+    """An honest client refuses to unmask (both secrets of one peer, or inconsistent views).
+
+    The request asked for the self-mask share and the mask-key share of the same peer, or the
+    server showed different survivor sets to different clients.
+    """
+
+
 # --------------------------------------------------------------------------- coordination (§8)
 
 
@@ -453,18 +615,30 @@ class PassAlreadyTerminal(CoordinationError):
         super().__init__(f"Pass already in terminal state: {pass_id}")
 
 
-class ArrowBlockError(GradfedError, ValueError):
+class ArrowBlockError(DecodeError):
     """An error decoding the seed's ``GARW`` gradient block (§8.6)."""
 
-    exit_code: ClassVar[int] = 4
+
+class EmptyInput(ArrowBlockError, EmptyError):
+    """Zero input bytes, or no blocks."""
 
 
-class EmptyInput(ArrowBlockError):
-    """Zero input bytes."""
+class ArrowBlockShapeMismatch(ArrowBlockError, ShapeMismatch):
+    """The declared shape's element count differs from the number of values.
 
+    Parameters
+    ----------
+    message
+        The seed's message (``"Shape mismatch: ..."``).
+    expected, actual
+        The shapes compared, when known (else empty).
+    """
 
-class ArrowBlockShapeMismatch(ArrowBlockError):
-    """The declared shape's element count differs from the number of values."""
+    def __init__(
+        self, message: str, expected: Sequence[int] = (), actual: Sequence[int] = ()
+    ) -> None:
+        ShapeMismatch.__init__(self, expected, actual)
+        self.args = (message,)
 
 
 class InvalidMagic(ArrowBlockError):
@@ -529,3 +703,11 @@ class PubsubUnavailable(PubsubError, ConnectionError):
 
 class PubsubRequestError(PubsubError):
     """The daemon answered a pubsub call with an error (e.g. pubsub is not enabled)."""
+
+
+class PubsubTimeout(PubsubUnavailable, RpcTimeout):
+    """A pubsub call's answer did not complete within the call's total deadline."""
+
+
+class PubsubResponseTooLarge(PubsubRequestError, ResponseTooLarge):
+    """A pubsub call's answer exceeded the endpoint's size cap; reading stopped there."""

@@ -21,8 +21,8 @@ from gradfed_ipfs.errors import (
     ShapeMismatch,
 )
 from gradfed_ipfs.formats.arrow import encode_arrow_file
+from gradfed_ipfs.provenance import provenance_chain_from_store
 from gradfed_ipfs.provenance.graph import ComputationGraphStore, ComputationNode
-from gradfed_ipfs.provenance.graph_ipld import provenance_chain_from_store
 from gradfed_ipfs.storage.base import Block
 from gradfed_ipfs.storage.memory import MemoryBlockStore
 

@@ -15,7 +15,7 @@ from gradfed_ipfs.kubo import KuboDaemon, KuboSwarm
 from gradfed_ipfs.provenance.round_record import verify_history
 from gradfed_ipfs.storage import KuboBlockStore
 from gradfed_ipfs.tensor.aggregation import Krum, MultiKrum, TrimmedMean
-from gradfed_ipfs.tensor.compression import TopKInt8
+from gradfed_ipfs.tensor.codecs import TopKInt8
 
 pytest.importorskip("sklearn")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))

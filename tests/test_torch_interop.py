@@ -12,7 +12,7 @@ import pytest
 from gradfed_ipfs.errors import ChecksumFailed
 from gradfed_ipfs.storage import Block, MemoryBlockStore
 from gradfed_ipfs.storage.delta_store import load_delta, store_delta
-from gradfed_ipfs.tensor.compression import TopKInt8
+from gradfed_ipfs.tensor.codecs import TopKInt8
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from torch_interop import delta_from_arrays, grads_from_delta

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from .checkpoint import GradientCheckpoint
-from .graph import ComputationGraphStore, ComputationNode
-from .graph_ipld import load_graph, provenance_chain_from_store, save_graph
+from .graph import (
+    ComputationGraphStore,
+    ComputationNode,
+    load_graph,
+    provenance_chain_from_store,
+    save_graph,
+)
 from .round_record import (
     ContributionRef,
     RoundRecord,

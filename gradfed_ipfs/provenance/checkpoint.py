@@ -4,7 +4,7 @@
 computation graph, the step, the loss CID, opaque optimizer-state blobs keyed by parameter name,
 and a Unix timestamp. It adds model ``parameters`` (name → float32 array), which the seed left
 out, and error-feedback ``residuals`` (stream id → float32 array, e.g. from
-:meth:`~gradfed_ipfs.tensor.compression.ErrorFeedback.residual`), so that a run can resume from
+:meth:`~gradfed_ipfs.tensor.codecs.ErrorFeedback.residual`), so that a run can resume from
 the checkpoint alone. DP accountant state, where present, goes into ``optimizer_state`` as a blob.
 
 Two ways to persist it:

@@ -24,9 +24,7 @@ from __future__ import annotations
 import copy
 import json
 import math
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,9 +32,9 @@ import pyarrow as pa
 from multiformats import CID
 
 from .._types import CIDLike, FloatArray, GradientLike
-from ..cid import is_dag_cbor
+from ..cid import is_dag_cbor, parse_cid
 from ..errors import (
-    CircularDependency,
+    DecodeError,
     GraphNodeNotFound,
     GraphSerializationError,
     IncompatibleDtype,
@@ -45,90 +43,20 @@ from ..errors import (
 )
 from ..formats.arrow import decode_gradient, open_arrow_file
 from ..formats.arrow import store_gradient_as_arrow as encode_gradient
+from ..formats.limits import load_json
 from ..storage.base import Block, BlockStore
 from ..storage.dag import DEFAULT_CHUNK_BYTES, fetch_gradient, put_gradient
+from .graph_ipld import load_graph_parts, save_graph_parts
+from .graph_node import ComputationNode, parse_edges, topological_order
 
 __all__ = [
     "ComputationGraphStore",
     "ComputationNode",
+    "load_graph",
     "parse_edges",
+    "provenance_chain_from_store",
+    "save_graph",
 ]
-
-
-@dataclass
-class ComputationNode:
-    """One operation in the graph.
-
-    Attributes
-    ----------
-    id
-        Unique id (a UUID4 string from :meth:`new`).
-    op
-        The operation, e.g. ``"matmul"``.
-    input_cids
-        CIDs of the input tensors.
-    output_cid
-        CID of the output tensor, once known.
-    gradient_cid
-        CID of the gradient w.r.t. the output, once known.
-    metadata
-        Free-form string metadata.
-    """
-
-    id: str
-    op: str
-    input_cids: list[str] = field(default_factory=list)
-    output_cid: str | None = None
-    gradient_cid: str | None = None
-    metadata: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def new(cls, op: str, input_cids: Sequence[str] = ()) -> ComputationNode:
-        """Build a node with a fresh UUID4 id, no output, no gradient and no metadata."""
-        return cls(str(uuid.uuid4()), op, [str(c) for c in input_cids])
-
-    def with_meta(self, key: str, value: str) -> ComputationNode:
-        """Add a metadata entry and return ``self`` (builder)."""
-        self.metadata[key] = value
-        return self
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return the seed's JSON form (keys ``id, op, input_cids, output_cid, …``)."""
-        return {
-            "id": self.id,
-            "op": self.op,
-            "input_cids": list(self.input_cids),
-            "output_cid": self.output_cid,
-            "gradient_cid": self.gradient_cid,
-            "metadata": dict(self.metadata),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Any) -> ComputationNode:
-        """Parse :meth:`to_dict` output; ``GraphSerializationError`` if it is not one."""
-        if not isinstance(data, Mapping):
-            raise GraphSerializationError(f"node must be an object, got {type(data).__name__}")
-        try:
-            node = cls(
-                data["id"],
-                data["op"],
-                list(data["input_cids"]),
-                data.get("output_cid"),
-                data.get("gradient_cid"),
-                dict(data.get("metadata") or {}),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise GraphSerializationError(f"malformed node: {exc}") from exc
-        node._check()
-        return node
-
-    def _check(self) -> None:
-        texts = [self.id, self.op, *self.input_cids, *self.metadata, *self.metadata.values()]
-        optional = [self.output_cid, self.gradient_cid]
-        if not all(isinstance(t, str) for t in texts) or not all(
-            t is None or isinstance(t, str) for t in optional
-        ):
-            raise GraphSerializationError(f"node {self.id!r}: fields must be strings")
 
 
 class ComputationGraphStore:
@@ -230,30 +158,7 @@ class ComputationGraphStore:
         CircularDependency
             If the graph has a cycle; the message names the nodes left on or behind it.
         """
-        in_degree = dict.fromkeys(self._nodes, 0)
-        successors: dict[str, list[str]] = {n: [] for n in self._nodes}
-        for src, dst in self._edges:
-            if src in in_degree and dst in in_degree:
-                in_degree[dst] += 1
-                successors[src].append(dst)
-        queue = sorted(n for n, d in in_degree.items() if d == 0)
-        order: list[str] = []
-        head = 0
-        while head < len(queue):
-            current = queue[head]
-            head += 1
-            order.append(current)
-            freed = []
-            for nxt in successors[current]:
-                in_degree[nxt] -= 1
-                if in_degree[nxt] == 0:
-                    freed.append(nxt)
-            queue.extend(sorted(freed))
-        if len(order) != len(self._nodes):
-            stuck = sorted(n for n, d in in_degree.items() if d > 0)
-            shown = ", ".join(stuck[:10]) + (", …" if len(stuck) > 10 else "")
-            raise CircularDependency(f"computation graph has a cycle through: {shown}")
-        return order
+        return topological_order(self._nodes, self._edges)
 
     def find_consumers(self, cid: str) -> list[ComputationNode]:
         """Return every node that lists ``cid`` among its inputs (insertion order)."""
@@ -446,10 +351,7 @@ class ComputationGraphStore:
         GraphSerializationError
             If the bytes are not such a checkpoint.
         """
-        try:
-            parsed = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise GraphSerializationError(f"Checkpoint deserialization: {exc}") from exc
+        parsed = load_json(data, "Checkpoint deserialization", error=GraphSerializationError)
         return cls.from_dict(parsed)
 
     # ---------------------------------------------------------------- IPLD
@@ -474,9 +376,7 @@ class ComputationGraphStore:
         CircularDependency
             If the graph has a cycle (a Merkle DAG cannot hold one).
         """
-        from .graph_ipld import save_graph
-
-        return await save_graph(self, store, pin=pin)
+        return await save_graph_parts(self._nodes, self._edges, store, pin=pin)
 
     @classmethod
     async def load_from_store(cls, cid: CIDLike, store: BlockStore) -> ComputationGraphStore:
@@ -487,27 +387,10 @@ class ComputationGraphStore:
         MalformedManifest
             If a block is not a graph record of the expected form.
         """
-        from .graph_ipld import load_graph
-
-        return await load_graph(cid, store)
+        return cls.from_parts(*await load_graph_parts(cid, store))
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def parse_edges(data: object, nodes: Mapping[str, object]) -> list[tuple[str, str]] | None:
-    """Return ``[(from, to), …]`` if ``data`` lists pairs of known node ids, else ``None``."""
-    if not isinstance(data, list):
-        return None
-    edges = []
-    for edge in data:
-        if not isinstance(edge, list | tuple) or len(edge) != 2:
-            return None
-        src, dst = edge
-        if not (isinstance(src, str) and isinstance(dst, str) and src in nodes and dst in nodes):
-            return None
-        edges.append((src, dst))
-    return edges
 
 
 def _decode_seed_layout(data: bytes | bytearray | memoryview) -> tuple[FloatArray, list[int]]:
@@ -527,12 +410,42 @@ def _decode_seed_layout(data: bytes | bytearray | memoryview) -> tuple[FloatArra
         parts.append(column.to_numpy(zero_copy_only=False).astype(np.float32, copy=False))
     values = np.concatenate(parts) if parts else np.empty(0, np.float32)
     meta = {k.decode("utf-8", "replace"): v for k, v in (column_field.metadata or {}).items()}
-    try:
-        shape = json.loads(meta["shape"]) if "shape" in meta else [int(values.size)]
-    except ValueError as exc:
-        raise MalformedArrow(f"bad 'shape' metadata: {exc}") from exc
+    shape = (
+        load_json(meta["shape"], "'shape' metadata", error=MalformedArrow)
+        if "shape" in meta
+        else [int(values.size)]
+    )
     if not isinstance(shape, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
         raise MalformedArrow(f"bad 'shape' metadata: {shape!r:.60}")
     return values, shape
+
+
+# --------------------------------------------------------------------------- IPLD functions
+
+
+async def save_graph(graph: ComputationGraphStore, store: BlockStore, *, pin: bool = True) -> CID:
+    """Write ``graph`` as dag-cbor blocks; return the root CID (see :meth:`~.save_to_store`)."""
+    return await graph.save_to_store(store, pin=pin)
+
+
+async def load_graph(cid: CIDLike, store: BlockStore) -> ComputationGraphStore:
+    """Restore a graph from its root CID (see :meth:`~.load_from_store`)."""
+    return await ComputationGraphStore.load_from_store(cid, store)
+
+
+async def provenance_chain_from_store(
+    root_cid: CIDLike, output_cid: str, store: BlockStore
+) -> list[ComputationNode]:
+    """Load the graph persisted at ``root_cid`` and return the provenance of ``output_cid``.
+
+    See :meth:`ComputationGraphStore.provenance_chain`; ``output_cid`` is compared in canonical
+    string form.
+    """
+    graph = await load_graph(root_cid, store)
+    try:
+        canonical = str(parse_cid(output_cid))
+    except DecodeError:
+        canonical = output_cid
+    return graph.provenance_chain(canonical)

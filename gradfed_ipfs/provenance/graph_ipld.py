@@ -23,23 +23,23 @@ missing blocks.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from multiformats import CID
 
 from .._types import CIDLike
 from ..cid import parse_cid
-from ..errors import DecodeError, MalformedManifest
+from ..errors import MalformedManifest
 from ..formats.records import decode_record, encode_record, from_link, to_link
 from ..storage.base import Block, BlockStore, fetch_all
-from .graph import ComputationGraphStore, ComputationNode, parse_edges
+from .graph_node import ComputationNode, parse_edges, topological_order
 
 __all__ = [
     "GRAPH_RECORD_TYPE",
     "NODE_RECORD_TYPE",
-    "load_graph",
-    "provenance_chain_from_store",
-    "save_graph",
+    "load_graph_parts",
+    "save_graph_parts",
 ]
 
 GRAPH_RECORD_TYPE: Final = "gradfed/graph"
@@ -49,10 +49,27 @@ NODE_RECORD_TYPE: Final = "gradfed/graph-node"
 _VERSION: Final = 1
 
 
-async def save_graph(graph: ComputationGraphStore, store: BlockStore, *, pin: bool = True) -> CID:
+async def save_graph_parts(
+    nodes: Mapping[str, ComputationNode],
+    edges: Sequence[tuple[str, str]],
+    store: BlockStore,
+    *,
+    pin: bool = True,
+) -> CID:
     """Write every node and a root as dag-cbor blocks; return the root CID.
 
     Only the root is pinned (a recursive pin on Kubo covers the node blocks).
+
+    Parameters
+    ----------
+    nodes
+        Node id → node, in the order the root lists them.
+    edges
+        ``(producer id, consumer id)`` pairs, duplicates kept.
+    store
+        Where the blocks go.
+    pin
+        Pin the root.
 
     Raises
     ------
@@ -61,16 +78,13 @@ async def save_graph(graph: ComputationGraphStore, store: BlockStore, *, pin: bo
     BlockTooLarge
         If the root (one link per node) exceeds 2 MiB, around 20,000 nodes.
     """
-    order = graph.topological_order()
-    edges = graph.edges
+    order = topological_order(nodes, edges)
     producers: dict[str, set[str]] = {nid: set() for nid in order}
     for src, dst in edges:
         producers[dst].add(src)
     node_cids: dict[str, CID] = {}
     for nid in order:
-        node = graph.get_node(nid)
-        if node is None:  # pragma: no cover - topological_order only returns known ids
-            continue
+        node = nodes[nid]
         record: dict[str, Any] = {
             "type": NODE_RECORD_TYPE,
             "version": _VERSION,
@@ -86,14 +100,16 @@ async def save_graph(graph: ComputationGraphStore, store: BlockStore, *, pin: bo
     root: dict[str, Any] = {
         "type": GRAPH_RECORD_TYPE,
         "version": _VERSION,
-        "nodes": {node.id: node_cids[node.id] for node in graph.nodes()},
+        "nodes": {nid: node_cids[nid] for nid in nodes},
         "edges": [[a, b] for a, b in edges],
     }
     return await store.put(encode_record(root), pin=pin)
 
 
-async def load_graph(cid: CIDLike, store: BlockStore) -> ComputationGraphStore:
-    """Restore a graph from its root CID (see :func:`save_graph`).
+async def load_graph_parts(
+    cid: CIDLike, store: BlockStore
+) -> tuple[dict[str, ComputationNode], list[tuple[str, str]]]:
+    """Restore a graph's nodes and edges from its root CID (see :func:`save_graph_parts`).
 
     Every block is verified against its CID by the store, and each node's ``parents`` links
     must agree with the root's edges.
@@ -132,23 +148,7 @@ async def load_graph(cid: CIDLike, store: BlockStore) -> ComputationGraphStore:
     for nid, links in parents.items():
         if links != expected[nid]:
             raise MalformedManifest(f"node {nid!r}: parent links disagree with the root edges")
-    return ComputationGraphStore.from_parts(nodes, edges)
-
-
-async def provenance_chain_from_store(
-    root_cid: CIDLike, output_cid: str, store: BlockStore
-) -> list[ComputationNode]:
-    """Load the graph persisted at ``root_cid`` and return the provenance of ``output_cid``.
-
-    See :meth:`ComputationGraphStore.provenance_chain`; ``output_cid`` is compared in canonical
-    string form.
-    """
-    graph = await load_graph(root_cid, store)
-    try:
-        canonical = str(parse_cid(output_cid))
-    except DecodeError:
-        canonical = output_cid
-    return graph.provenance_chain(canonical)
+    return nodes, edges
 
 
 def _decode_node(block: Block) -> tuple[ComputationNode, set[bytes]]:

@@ -17,6 +17,9 @@ applies the result with plain SGD. Fixes over the seed:
   order); pass a mapping ``{peer_id: weight}`` to be explicit. A peer may appear only once.
 
 The step coordinator is a plain single-threaded data structure, as in the seed.
+
+Size: over 500 lines because it mirrors the crate's ``backward_pass`` module name for name (the
+legacy API's one home, seed-api §5); much of its length is docstrings.
 """
 
 from __future__ import annotations

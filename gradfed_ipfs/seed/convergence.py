@@ -22,7 +22,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from ..errors import InvalidGradient
+from ..errors import ConfigError, InvalidGradient
 
 __all__ = ["ConvergenceConfig", "ConvergenceDetector"]
 
@@ -53,13 +53,13 @@ class ConvergenceConfig:
 
     def __post_init__(self) -> None:
         if self.window_size < 1:
-            raise InvalidGradient(f"window_size must be >= 1, got {self.window_size}")
+            raise ConfigError(f"window_size must be >= 1, got {self.window_size}")
         if self.patience < 1:
-            raise InvalidGradient(f"patience must be >= 1, got {self.patience}")
+            raise ConfigError(f"patience must be >= 1, got {self.patience}")
         if not 0.0 <= self.smoothing <= 1.0:
-            raise InvalidGradient(f"smoothing must be in [0, 1], got {self.smoothing}")
+            raise ConfigError(f"smoothing must be in [0, 1], got {self.smoothing}")
         if not math.isfinite(self.threshold) or self.threshold < 0:
-            raise InvalidGradient(f"threshold must be finite and >= 0, got {self.threshold}")
+            raise ConfigError(f"threshold must be finite and >= 0, got {self.threshold}")
 
 
 class ConvergenceDetector:
@@ -75,7 +75,7 @@ class ConvergenceDetector:
 
     def __init__(self, window_size: int, threshold: float) -> None:
         if window_size < 1:
-            raise InvalidGradient(f"window_size must be >= 1, got {window_size}")
+            raise ConfigError(f"window_size must be >= 1, got {window_size}")
         self.window_size = window_size
         self.threshold = float(threshold)
         self._config: ConvergenceConfig | None = None

@@ -27,6 +27,7 @@ from .._types import CIDLike, FloatArray, GradientLike
 from ..cid import cid_to_str, make_cid
 from ..errors import (
     ClientNotFound,
+    ConfigError,
     FederatedDimensionMismatch,
     FederatedError,
     InvalidGradient,
@@ -40,7 +41,7 @@ from .convergence import ConvergenceDetector
 
 if TYPE_CHECKING:
     from ..federated.privacy.mechanisms import DifferentialPrivacy
-    from ..federated.secagg.protocol import SecAggResult
+    from ..federated.secagg.simulation import SecAggResult
 
 __all__ = [
     "ALLOWED_TRANSITIONS",
@@ -96,7 +97,7 @@ class FederatedRound(JsonRecord):
 
     def __init__(self, round_num: int, global_model: CIDLike, client_count: int) -> None:
         if round_num < 0 or client_count < 0:
-            raise InvalidGradient("round_num and client_count must be >= 0")
+            raise ConfigError("round_num and client_count must be >= 0")
         self.round_num = round_num
         self.client_count = client_count
         self.global_model: str = cid_to_str(global_model)

@@ -1,7 +1,10 @@
 """Gradient tensors: types, compression, aggregation and verification (pure NumPy, no I/O).
 
-``delta_store`` (storing a :class:`GradientDelta` as IPLD through a block store) is the one
-module here that does I/O; import it explicitly from :mod:`gradfed_ipfs.storage.delta_store`.
+Modules: ``types`` (layer gradients), ``metadata`` (dtype, tensor metadata), ``delta``
+(``GradientDelta``), ``compression`` (the seed's ``GradientCompressor``), ``codecs`` (``Codec``
+registry, error feedback), ``aggregation``, ``robust`` (rules; the one clip and norm),
+``bulyan``, ``fedopt`` (server optimizers), ``regional``, ``kernels``, ``verification``,
+``adaptive``. Storing a delta is :mod:`gradfed_ipfs.storage.delta_store`.
 """
 
 from __future__ import annotations
@@ -26,12 +29,12 @@ from .aggregation import (
     mean,
     weighted_mean,
 )
-from .compression import (
+from .bulyan import Bulyan, bulyan
+from .codecs import (
     CODECS,
     Codec,
     Dense,
     ErrorFeedback,
-    GradientCompressor,
     Int4,
     Int8,
     QuantizedCodec,
@@ -39,6 +42,23 @@ from .compression import (
     Threshold,
     TopK,
     TopKInt8,
+)
+from .compression import GradientCompressor
+from .delta import GradientDelta
+from .fedopt import (
+    FedAdagrad,
+    FedAdam,
+    FedAvgM,
+    FedYogi,
+    OptimizerState,
+    ServerOptimizer,
+    fedprox_gradient,
+    qfedavg_update,
+)
+from .regional import (
+    federated_average_by_region,
+    federated_average_in_regions,
+    hierarchical_federated_average,
 )
 from .robust import (
     clip_to_norm,
@@ -50,7 +70,6 @@ from .robust import (
 )
 from .types import (
     DenseGradient,
-    GradientDelta,
     LayerGradient,
     QuantizedGradient,
     SparseGradient,
@@ -61,6 +80,19 @@ from .types import (
 from .verification import GradientVerifier, PeerAnomaly, cross_peer_check
 
 __all__ = [
+    "federated_average_by_region",
+    "federated_average_in_regions",
+    "hierarchical_federated_average",
+    "Bulyan",
+    "FedAdagrad",
+    "FedAdam",
+    "FedAvgM",
+    "FedYogi",
+    "OptimizerState",
+    "ServerOptimizer",
+    "bulyan",
+    "fedprox_gradient",
+    "qfedavg_update",
     "CODECS",
     "AggregationMethod",
     "AggregationStrategy",

@@ -13,8 +13,8 @@ from typing import ClassVar
 import numpy as np
 
 from .._types import GradientLike
-from ..errors import InvalidGradient
-from .compression import Codec, Dense, TopK
+from ..errors import ConfigError
+from .codecs import Codec, Dense, TopK
 from .types import LayerGradient
 
 __all__ = ["BySize"]
@@ -44,9 +44,9 @@ class BySize(Codec):
 
     def __post_init__(self) -> None:
         if self.threshold < 0:
-            raise InvalidGradient(f"threshold must be >= 0, got {self.threshold}")
+            raise ConfigError(f"threshold must be >= 0, got {self.threshold}")
         if not (isinstance(self.small, Codec) and isinstance(self.large, Codec)):
-            raise InvalidGradient("small and large must be codecs")
+            raise ConfigError("small and large must be codecs")
 
     def choose(self, size: int) -> Codec:
         """Return the codec used for a tensor of ``size`` elements."""

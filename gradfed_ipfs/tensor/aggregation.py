@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._types import FloatArray, GradientLike
-from ..errors import EmptyGradientSet, InvalidGradient, ShapeMismatch
+from ..errors import ConfigError, EmptyGradientSet, InvalidGradient, ShapeMismatch
 from .kernels import weighted_sum
 from .robust import (
     clip_to_norm,
@@ -298,7 +298,7 @@ class TrimmedMean(AggregationStrategy):
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.beta < 0.5:
-            raise InvalidGradient(f"trimmed-mean beta must be in [0, 0.5), got {self.beta}")
+            raise ConfigError(f"trimmed-mean beta must be in [0, 0.5), got {self.beta}")
 
     def aggregate(self, contributions: Mapping[str, Contribution]) -> FloatArray:
         """Return the trimmed mean; see :func:`trimmed_mean`."""
@@ -326,9 +326,9 @@ class MultiKrum(AggregationStrategy):
 
     def __post_init__(self) -> None:
         if self.f < 0:
-            raise InvalidGradient(f"f must be >= 0, got {self.f}")
+            raise ConfigError(f"f must be >= 0, got {self.f}")
         if self.m < 1:
-            raise InvalidGradient(f"m must be >= 1, got {self.m}")
+            raise ConfigError(f"m must be >= 1, got {self.m}")
 
     def select(self, contributions: Mapping[str, Contribution]) -> list[str]:
         """Return the sorted peer IDs that Multi-Krum keeps."""
@@ -378,9 +378,9 @@ class NormBounded(AggregationStrategy):
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.max_norm) and self.max_norm > 0):
-            raise InvalidGradient(f"max_norm must be finite and > 0, got {self.max_norm}")
+            raise ConfigError(f"max_norm must be finite and > 0, got {self.max_norm}")
         if not isinstance(self.inner, AggregationStrategy):
-            raise InvalidGradient(f"inner must be an AggregationStrategy, got {self.inner!r}")
+            raise ConfigError(f"inner must be an AggregationStrategy, got {self.inner!r}")
 
     def aggregate(self, contributions: Mapping[str, Contribution]) -> FloatArray:
         """Clip every contribution (keeping its sample count), then run ``inner``."""

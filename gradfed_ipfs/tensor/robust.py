@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -30,6 +31,7 @@ __all__ = [
     "krum_scores",
     "l2_norm",
     "multikrum_select",
+    "NormPrecision",
     "pairwise_sq_distances",
     "stack_gradients",
     "trimmed_mean",
@@ -163,46 +165,114 @@ def multikrum_select(gradients: Sequence[FloatArray], f: int, m: int) -> NDArray
     return np.sort(chosen).astype(np.int64)
 
 
-def l2_norm(gradient: FloatArray) -> float:
-    """Return the L2 norm: one float32 BLAS pass, redone in float64 only if it overflows."""
+NormPrecision = Literal["fast", "float64", "seed"]
+"""How :func:`l2_norm` sums squares: ``"fast"`` one float32 BLAS pass (about 5x faster than
+float64 on float32 input), redone in float64 only if it overflows; ``"float64"`` accumulated in
+float64; ``"seed"`` accumulated in float64 and the result rounded to float32 (the seed's
+``l2_norm -> f32``)."""
+
+
+def l2_norm(gradient: NDArray[Any], precision: NormPrecision = "fast") -> float:
+    """Return the L2 norm ``sqrt(Σ v²)`` of an array of any shape: the ONE norm.
+
+    Parameters
+    ----------
+    gradient
+        Float values, any shape.
+    precision
+        See :data:`NormPrecision`.
+    """
     flat = gradient.reshape(-1)
-    with np.errstate(over="ignore"):
-        squares = float(np.dot(flat, flat))
-    if not math.isfinite(squares):
-        wide = flat.astype(np.float64)
-        squares = float(np.dot(wide, wide))
-    return math.sqrt(squares)
+    if precision == "fast":
+        with np.errstate(over="ignore"):
+            squares = float(np.dot(flat, flat))
+        if math.isfinite(squares):
+            return math.sqrt(squares)
+    wide = flat.astype(np.float64, copy=False)
+    norm = math.sqrt(float(np.dot(wide, wide)))
+    return float(np.float32(norm)) if precision == "seed" else norm
 
 
-def clip_to_norm(gradient: FloatArray, max_norm: float) -> FloatArray:
-    """Return ``gradient`` scaled down to L2 norm ``max_norm`` if it is longer.
+def clip_to_norm(
+    gradient: NDArray[Any],
+    max_norm: float,
+    *,
+    in_place: bool = False,
+    allow_zero: bool = False,
+    reject_non_finite: bool = True,
+    precision: NormPrecision = "fast",
+) -> NDArray[Any]:
+    """Scale ``gradient`` down to L2 norm ``max_norm`` if it is longer: the ONE clip.
 
-    A gradient within the bound is returned as it is (no copy); a longer one as a new array.
+    Within the bound (``norm <= max_norm``, or a NaN norm when non-finite values are allowed)
+    the gradient is returned as it is, with no copy. The scale ``max_norm / norm`` is cast to
+    the array's float dtype before multiplying. Every clip in the package is this function:
+
+    ======================================== ========= ========= ========== =========
+    caller                                   in place  max 0 ok  non-finite precision
+    ======================================== ========= ========= ========== =========
+    ``clip_to_norm`` (``NormBounded``)       no        no        raises     fast
+    :func:`clip_gradient_norm` (seed)        yes       yes       passes     float64
+    ``mechanisms.clip_l2_norm`` (DP)         no        no        passes     float64
+    ``GradientVerifier.clip_by_norm`` (seed) yes [1]_  yes       passes     seed
+    ======================================== ========= ========= ========== =========
+
+    .. [1] a writeable float32 array; anything else is first copied to float32 by the façade.
+
+    Parameters
+    ----------
+    gradient
+        Float values, any shape; modified only when ``in_place``.
+    max_norm
+        The bound: finite and ``> 0`` (``>= 0`` with ``allow_zero``).
+    in_place
+        Scale ``gradient`` itself and return it; otherwise a longer gradient is returned as a
+        new array of the same dtype.
+    allow_zero
+        Accept ``max_norm == 0`` (everything is scaled to zero).
+    reject_non_finite
+        Raise on a NaN/Inf value; otherwise a NaN norm leaves the gradient unchanged and an
+        infinite one scales it by zero.
+    precision
+        How the norm is computed, see :data:`NormPrecision`.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``gradient`` (unchanged or scaled in place) or a scaled copy; same shape and dtype.
 
     Raises
     ------
     InvalidGradient
-        If ``max_norm`` is not a finite number ``> 0``, or the gradient is not finite.
+        If ``max_norm`` is out of range, or (with ``reject_non_finite``) a value is not finite.
     """
-    if not (math.isfinite(max_norm) and max_norm > 0):
-        raise InvalidGradient(f"max_norm must be finite and > 0, got {max_norm}")
-    norm = l2_norm(gradient)
-    if not math.isfinite(norm):
+    bound = "finite and >= 0" if allow_zero else "finite and > 0"
+    if not (math.isfinite(max_norm) and (max_norm >= 0 if allow_zero else max_norm > 0)):
+        raise InvalidGradient(f"max_norm must be {bound}, got {max_norm}")
+    norm = l2_norm(gradient, precision)
+    if reject_non_finite and not math.isfinite(norm):
         raise InvalidGradient("cannot clip a gradient with non-finite values")
-    if norm <= max_norm:
+    if not norm > max_norm:
         return gradient
-    return np.multiply(gradient, np.float32(max_norm / norm), dtype=np.float32)
+    scale = (gradient.dtype.type if gradient.dtype.kind == "f" else np.float64)(max_norm / norm)
+    if in_place:
+        gradient *= scale
+        return gradient
+    return gradient * scale
 
 
 def clip_gradient_norm(gradient: FloatArray, max_norm: float) -> FloatArray:
     """Scale ``gradient`` in place so its L2 norm is at most ``max_norm``; return it.
 
-    Unchanged when the norm is already within the bound (or zero). A ``max_norm`` that is
-    negative or not finite raises ``InvalidGradient`` (the seed did not guard this).
+    The seed's ``clip_gradient_norm`` (float64 norm, ``max_norm == 0`` allowed). Unchanged when
+    the norm is already within the bound (or zero). A ``max_norm`` that is negative or not
+    finite raises ``InvalidGradient`` (the seed did not guard this).
     """
-    if not (max_norm >= 0 and np.isfinite(max_norm)):
-        raise InvalidGradient(f"max_norm must be a finite number >= 0, got {max_norm}")
-    norm = float(np.linalg.norm(gradient.astype(np.float64, copy=False)))
-    if norm > max_norm:
-        gradient *= np.float32(max_norm / norm)
-    return gradient
+    return clip_to_norm(
+        gradient,
+        max_norm,
+        in_place=True,
+        allow_zero=True,
+        reject_non_finite=False,
+        precision="float64",
+    )

@@ -1,4 +1,4 @@
-"""Gradient tensor types: dense, sparse and quantized layers, and the per-model ``GradientDelta``.
+"""Gradient tensor types: dense, sparse, quantized and sparse-quantized layer gradients.
 
 These are the seed's ``tensor`` types (seed-api §4.0-4.4) with NumPy arrays inside. Every
 constructor accepts any sequence and converts it once: values to float32, indices to int64,
@@ -6,32 +6,28 @@ quantized values to int8, shapes to a tuple of ints.
 
 ``LayerGradient`` is the common base of the representations (the seed's tagged enum):
 ``LayerGradient.Dense``, ``.Sparse``, ``.Quantized`` and ``.SparseQuantized`` name them, and
-each has ``shape``, ``to_dense()`` and ``memory_size()``.
+each has ``shape``, ``to_dense()`` and ``memory_size()``. The per-model ``GradientDelta``
+lives in :mod:`.delta`, ``TensorDtype`` and ``TensorMetadata`` in :mod:`.metadata`.
 """
 
 from __future__ import annotations
 
-import enum
-import hashlib
 import math
 import struct
-import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import ClassVar, Final
 
 import numpy as np
-from multiformats import CID
 from numpy.typing import ArrayLike, NDArray
 
-from .._types import CIDLike, FloatArray, GradientLike
-from ..cid import parse_cid
-from ..errors import ChecksumFailed, InvalidGradient, ShapeMismatch
+from .._types import FloatArray, GradientLike
+from ..errors import InvalidGradient, ShapeMismatch
+from .metadata import TensorDtype, TensorMetadata
 
 __all__ = [
     "DenseGradient",
-    "GradientDelta",
     "LayerGradient",
     "QuantizedGradient",
     "SparseGradient",
@@ -43,83 +39,8 @@ __all__ = [
     "unpack_int4",
 ]
 
-_CHECKSUM_DOMAIN: Final = b"gradfed-ipfs/gradient-delta/v1\x00"
 _DEGENERATE_RANGE: Final = 1e-8
 _QUANT_BLOCK: Final = 1 << 16
-
-
-class TensorDtype(enum.Enum):
-    """Element types of tensors (seed §4.0); the value is the lower-case display name."""
-
-    FLOAT32 = "float32"
-    FLOAT64 = "float64"
-    INT8 = "int8"
-    INT16 = "int16"
-    INT32 = "int32"
-    INT64 = "int64"
-    UINT8 = "uint8"
-    UINT16 = "uint16"
-    UINT32 = "uint32"
-    UINT64 = "uint64"
-    BFLOAT16 = "bfloat16"
-    FLOAT16 = "float16"
-
-    @property
-    def element_size(self) -> int:
-        """Bytes per element (4, 8, 1, 2, 4, 8, 1, 2, 4, 8, 2, 2 in declaration order)."""
-        return _ELEMENT_SIZES[self]
-
-    @property
-    def numpy_dtype(self) -> np.dtype[np.generic]:
-        """The NumPy storage dtype (``bfloat16`` is stored as ``uint16``, as in Arrow)."""
-        if self is TensorDtype.BFLOAT16:
-            return np.dtype(np.uint16)
-        dtype: np.dtype[np.generic] = np.dtype(self.value)
-        return dtype
-
-    def __str__(self) -> str:
-        return self.value
-
-
-_ELEMENT_SIZES: Final = {
-    TensorDtype.FLOAT32: 4,
-    TensorDtype.FLOAT64: 8,
-    TensorDtype.INT8: 1,
-    TensorDtype.INT16: 2,
-    TensorDtype.INT32: 4,
-    TensorDtype.INT64: 8,
-    TensorDtype.UINT8: 1,
-    TensorDtype.UINT16: 2,
-    TensorDtype.UINT32: 4,
-    TensorDtype.UINT64: 8,
-    TensorDtype.BFLOAT16: 2,
-    TensorDtype.FLOAT16: 2,
-}
-
-
-@dataclass(frozen=True)
-class TensorMetadata:
-    """Descriptive metadata of a tensor (seed §4.0).
-
-    Attributes
-    ----------
-    name
-        Tensor name, e.g. ``"sparse_gradient"``.
-    shape
-        Dimensions, row-major.
-    dtype
-        Element type.
-    strides
-        Optional strides in elements.
-    custom
-        Free-form string annotations.
-    """
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: TensorDtype = TensorDtype.FLOAT32
-    strides: tuple[int, ...] | None = None
-    custom: Mapping[str, str] = field(default_factory=dict)
 
 
 def _shape(shape: Sequence[int]) -> tuple[int, ...]:
@@ -525,87 +446,3 @@ LayerGradient.Dense = DenseGradient
 LayerGradient.Sparse = SparseGradient
 LayerGradient.Quantized = QuantizedGradient
 LayerGradient.SparseQuantized = SparseQuantizedGradient
-
-
-class GradientDelta:
-    """Per-layer gradients relative to a base model, with a SHA-256 checksum (seed §4.4).
-
-    The checksum is SHA-256 (hex) over a canonical encoding: a domain tag, the base CID's
-    bytes, the layer count, then for each layer in sorted-name order its UTF-8 name, kind,
-    shape and *all* payload bytes (little-endian), every field length-prefixed. The timestamp
-    is not covered, so equal content has an equal checksum.
-
-    Parameters
-    ----------
-    base_model
-        CID of the model the delta applies to.
-    timestamp
-        Unix seconds (UTC); defaults to now.
-    """
-
-    def __init__(self, base_model: CIDLike, timestamp: int | None = None) -> None:
-        self.base_model: CID = parse_cid(base_model)
-        self.layer_gradients: dict[str, LayerGradient] = {}
-        self.timestamp: int = int(time.time()) if timestamp is None else int(timestamp)
-        self.checksum: str = self.compute_checksum()
-
-    def __repr__(self) -> str:
-        return (
-            f"GradientDelta(base_model={self.base_model}, layers={sorted(self.layer_gradients)}, "
-            f"checksum={self.checksum[:16]}…)"
-        )
-
-    def add_layer(self, layer_name: str, gradient: LayerGradient) -> None:
-        """Insert or replace a layer of any representation and recompute the checksum."""
-        if not isinstance(gradient, LayerGradient):
-            raise InvalidGradient(f"not a LayerGradient: {type(gradient).__name__}")
-        self.layer_gradients[layer_name] = gradient
-        self.checksum = self.compute_checksum()
-
-    def add_dense_gradient(
-        self, layer_name: str, values: GradientLike, shape: Sequence[int] | None = None
-    ) -> None:
-        """Insert or replace a dense layer (``ShapeMismatch`` if the shape does not fit)."""
-        self.add_layer(layer_name, DenseGradient(values, shape))
-
-    def add_sparse_gradient(self, layer_name: str, gradient: SparseGradient) -> None:
-        """Insert or replace a sparse layer."""
-        self.add_layer(layer_name, gradient)
-
-    def add_quantized_gradient(self, layer_name: str, gradient: QuantizedGradient) -> None:
-        """Insert or replace a quantized layer."""
-        self.add_layer(layer_name, gradient)
-
-    def compute_checksum(self) -> str:
-        """Return the SHA-256 hex digest of the canonical encoding (see the class docstring)."""
-        digest = hashlib.sha256(_CHECKSUM_DOMAIN)
-        digest.update(_len_prefixed(bytes(self.base_model)))
-        digest.update(struct.pack("<Q", len(self.layer_gradients)))
-        for name in sorted(self.layer_gradients):
-            layer = self.layer_gradients[name]
-            digest.update(_len_prefixed(name.encode("utf-8")))
-            digest.update(_len_prefixed(layer.kind.encode("ascii")))
-            digest.update(struct.pack(f"<Q{len(layer.shape)}Q", len(layer.shape), *layer.shape))
-            for part in layer.payload_parts():
-                digest.update(part)
-        return digest.hexdigest()
-
-    def verify_checksum(self) -> None:
-        """Recompute the checksum and compare.
-
-        Raises
-        ------
-        ChecksumFailed
-            If the content no longer matches :attr:`checksum`.
-        """
-        if self.compute_checksum() != self.checksum:
-            raise ChecksumFailed()
-
-    def total_memory_size(self) -> int:
-        """Return the sum of the layers' :meth:`LayerGradient.memory_size` in bytes."""
-        return sum(layer.memory_size() for layer in self.layer_gradients.values())
-
-    def dense_layer(self, layer_name: str) -> FloatArray:
-        """Return a layer's dense values reshaped to its shape (``KeyError`` if absent)."""
-        layer = self.layer_gradients[layer_name]
-        return layer.to_dense().reshape(layer.shape)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._types import FloatArray, GradientLike
-from ..errors import InvalidGradient, OutlierDetected, ShapeMismatch
-from .robust import coordinate_median, stack_gradients
+from ..errors import ConfigError, InvalidGradient, OutlierDetected, ShapeMismatch
+from .robust import clip_to_norm, coordinate_median, l2_norm, stack_gradients
 
 __all__ = ["GradientVerifier", "PeerAnomaly", "check_finite", "cross_peer_check"]
 
@@ -109,31 +109,33 @@ class GradientVerifier:
     @staticmethod
     def l2_norm(gradient: GradientLike) -> float:
         """Return ``sqrt(Σ v²)`` (accumulated in float64, rounded to float32)."""
-        values = _vector(gradient).astype(np.float64)
-        return float(np.float32(np.sqrt(np.dot(values, values))))
+        return l2_norm(_vector(gradient), "seed")
 
     @staticmethod
     def clip_by_norm(gradient: GradientLike, max_norm: float) -> FloatArray:
         """Scale the gradient down to L2 norm ``max_norm`` if it is longer.
 
         A writeable float32 NumPy array is modified in place and returned; anything else is
-        converted to a new float32 array first.
+        converted to a new float32 array first. The rule is
+        :func:`~gradfed_ipfs.tensor.robust.clip_to_norm` with the seed's float32 norm.
 
         Raises
         ------
         InvalidGradient
             If ``max_norm`` is negative or not finite (the seed had no guard).
         """
-        if not (math.isfinite(max_norm) and max_norm >= 0):
-            raise InvalidGradient(f"max_norm must be finite and >= 0, got {max_norm}")
         if isinstance(gradient, np.ndarray) and gradient.dtype == np.float32:
             values: FloatArray = gradient if gradient.flags.writeable else gradient.copy()
         else:
             values = np.array(gradient, dtype=np.float32)
-        norm = GradientVerifier.l2_norm(values)
-        if norm > max_norm:
-            values *= np.float32(max_norm / norm)
-        return values
+        return clip_to_norm(
+            values,
+            max_norm,
+            in_place=True,
+            allow_zero=True,
+            reject_non_finite=False,
+            precision="seed",
+        )
 
     @staticmethod
     def cross_peer_check(
@@ -198,18 +200,18 @@ def cross_peer_check(
     ------
     EmptyGradientSet, ShapeMismatch
         If there are no contributions or their lengths differ.
-    InvalidGradient
+    ConfigError
         If a setting is out of range.
     """
     if not max_norm_ratio > 0:
-        raise InvalidGradient(f"max_norm_ratio must be > 0, got {max_norm_ratio}")
+        raise ConfigError(f"max_norm_ratio must be > 0, got {max_norm_ratio}")
     if not -1.0 <= min_cosine <= 1.0:
-        raise InvalidGradient(f"min_cosine must be in [-1, 1], got {min_cosine}")
+        raise ConfigError(f"min_cosine must be in [-1, 1], got {min_cosine}")
     peers = sorted(contributions)
     stacked = stack_gradients([_vector(contributions[p]) for p in peers]).astype(np.float64)
     median = coordinate_median(list(stacked.astype(np.float32))).astype(np.float64)
-    median_norm = float(np.linalg.norm(median))
-    norms = np.linalg.norm(stacked, axis=1)
+    median_norm = l2_norm(median, "float64")
+    norms = np.linalg.norm(stacked, axis=1)  # l2_norm of each row, vectorised
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = norms / median_norm if median_norm else np.where(norms > 0, np.inf, 1.0)
         cosines = (stacked @ median) / (norms * median_norm)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradfed_ipfs.errors import InvalidGradient
+from gradfed_ipfs.errors import ConfigError, InvalidGradient
 from gradfed_ipfs.seed.convergence import ConvergenceConfig, ConvergenceDetector
 
 
@@ -19,7 +19,7 @@ def test_config_defaults_match_seed() -> None:
     "kwargs", [{"window_size": 0}, {"patience": 0}, {"smoothing": 1.5}, {"threshold": -1.0}]
 )
 def test_config_rejects_bad_values(kwargs: dict[str, float]) -> None:
-    with pytest.raises(InvalidGradient):
+    with pytest.raises(ConfigError):
         ConvergenceConfig(**kwargs)  # type: ignore[arg-type]
 
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from scipy import stats  # type: ignore[import-untyped]
 
-from gradfed_ipfs.errors import InvalidGradient, PrivacyBudgetExhausted
+from gradfed_ipfs.errors import ConfigError, InvalidGradient, PrivacyBudgetExhausted
 from gradfed_ipfs.federated.privacy.accountant import (
     PrivacyBudget,
     RdpPrivacyAccountant,
@@ -53,7 +53,7 @@ def test_privacy_budget_seed_example() -> None:
 @pytest.mark.parametrize(("eps", "delta"), [(0.0, 1e-5), (-1.0, 1e-5), (1.0, 0.0), (1.0, 1.0)])
 def test_budget_validates(eps: float, delta: float) -> None:
     # Fixed defect: the seed accepted ε <= 0 and δ outside (0, 1).
-    with pytest.raises(InvalidGradient):
+    with pytest.raises(ConfigError):
         PrivacyBudget(eps, delta)
 
 
@@ -105,7 +105,7 @@ def test_epsilon_if_does_not_mutate() -> None:
     assert acc.epsilon(1e-5) == pytest.approx(before)
     with pytest.raises(InvalidGradient):
         acc.compose(event, 0)
-    with pytest.raises(InvalidGradient):
+    with pytest.raises(ConfigError):
         subsampled_gaussian_event(1.0, 1.5)
 
 
@@ -273,7 +273,7 @@ def test_input_validation() -> None:
     assert dp.spent() == (0.0, 0.0)
     for kwargs in ({"sensitivity": 0.0}, {"sampling_rate": 0.0}, {"noise_multiplier": -1.0}):
         args = {"epsilon": 1.0, "delta": 1e-5, "sensitivity": 1.0} | kwargs
-        with pytest.raises(InvalidGradient):
+        with pytest.raises(ConfigError):
             DifferentialPrivacy(**args)  # type: ignore[arg-type]
     lap = DifferentialPrivacy(1.0, 1e-5, 1.0, DPMechanism.LAPLACIAN, sampling_rate=0.5)
     with pytest.raises(InvalidGradient, match="subsampled Laplace"):

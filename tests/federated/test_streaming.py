@@ -7,6 +7,7 @@ import pytest
 
 from gradfed_ipfs.errors import (
     BlockCorrupt,
+    ConfigError,
     DimensionMismatch,
     EmptyGradients,
     InvalidGradient,
@@ -94,9 +95,9 @@ async def test_non_finite_chunk_rolls_back() -> None:
 
 async def test_refusals() -> None:
     store = MemoryBlockStore()
-    with pytest.raises(InvalidGradient, match="streaming"):
+    with pytest.raises(ConfigError, match="streaming"):
         StreamingAccumulator("s", config(Median()))
-    with pytest.raises(InvalidGradient, match="map"):
+    with pytest.raises(ConfigError, match="map"):
         StreamingAccumulator("s", config(AggregationMethod.WeightedMean([1.0, 2.0])))
     acc = StreamingAccumulator("s", BackwardPassConfig(max_peers=1))
     with pytest.raises(EmptyGradients):

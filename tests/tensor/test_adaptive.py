@@ -3,10 +3,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradfed_ipfs.errors import InvalidGradient
+from gradfed_ipfs.errors import ConfigError
 from gradfed_ipfs.formats.arrow import load_gradient_from_arrow, store_layer_as_arrow
 from gradfed_ipfs.tensor.adaptive import BySize
-from gradfed_ipfs.tensor.compression import Dense, ErrorFeedback, Int8, TopK
+from gradfed_ipfs.tensor.codecs import Dense, ErrorFeedback, Int8, TopK
 from gradfed_ipfs.tensor.types import DenseGradient, QuantizedGradient, SparseGradient
 
 
@@ -41,7 +41,7 @@ def test_by_size_under_error_feedback() -> None:
 
 
 def test_by_size_validates() -> None:
-    with pytest.raises(InvalidGradient):
+    with pytest.raises(ConfigError):
         BySize(threshold=-1)
-    with pytest.raises(InvalidGradient):
+    with pytest.raises(ConfigError):
         BySize(small="dense")  # type: ignore[arg-type]

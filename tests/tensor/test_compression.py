@@ -6,20 +6,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from gradfed_ipfs.errors import InvalidCompressionRatio, InvalidGradient, ShapeMismatch
-from gradfed_ipfs.tensor.compression import (
+from gradfed_ipfs.errors import ConfigError, InvalidCompressionRatio, ShapeMismatch
+from gradfed_ipfs.tensor.codecs import (
     CODECS,
     Codec,
     ErrorFeedback,
-    GradientCompressor,
     Int4,
     Int8,
     RandomK,
     Threshold,
     TopK,
     TopKInt8,
-    top_k_indices,
 )
+from gradfed_ipfs.tensor.compression import GradientCompressor, top_k_indices
 from gradfed_ipfs.tensor.types import SparseGradient, SparseQuantizedGradient
 
 finite32 = st.floats(width=32, allow_nan=False, allow_infinity=False, min_value=-1e4, max_value=1e4)
@@ -195,7 +194,7 @@ def test_codec_settings_validated() -> None:
         RandomK(ratio=2)
     with pytest.raises(InvalidCompressionRatio):
         TopKInt8(ratio=0)
-    with pytest.raises(InvalidGradient):
+    with pytest.raises(ConfigError):
         Threshold(threshold=-1)
 
 

@@ -13,7 +13,8 @@ from gradfed_ipfs.storage.base import Block
 from gradfed_ipfs.storage.delta_store import load_delta, store_delta
 from gradfed_ipfs.storage.memory import MemoryBlockStore
 from gradfed_ipfs.tensor.compression import GradientCompressor
-from gradfed_ipfs.tensor.types import GradientDelta, QuantizedGradient, SparseGradient
+from gradfed_ipfs.tensor.delta import GradientDelta
+from gradfed_ipfs.tensor.types import QuantizedGradient, SparseGradient
 
 BASE = make_cid(b"model v1")
 

@@ -11,8 +11,8 @@ from gradfed_ipfs.formats.arrow import load_gradient_from_arrow, store_layer_as_
 from gradfed_ipfs.storage import Block, KuboBlockStore
 from gradfed_ipfs.storage.delta_store import load_delta, store_delta
 from gradfed_ipfs.tensor.aggregation import Contribution, FedAvg
-from gradfed_ipfs.tensor.compression import Dense, TopKInt8
-from gradfed_ipfs.tensor.types import GradientDelta
+from gradfed_ipfs.tensor.codecs import Dense, TopKInt8
+from gradfed_ipfs.tensor.delta import GradientDelta
 
 pytestmark = pytest.mark.kubo
 

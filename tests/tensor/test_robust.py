@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from gradfed_ipfs.errors import EmptyGradientSet, InvalidGradient, ShapeMismatch
+from gradfed_ipfs.errors import ConfigError, EmptyGradientSet, InvalidGradient, ShapeMismatch
 from gradfed_ipfs.tensor.aggregation import (
     AggregationStrategy,
     Contribution,
@@ -110,7 +110,7 @@ def test_norm_bounded_clips_then_delegates() -> None:
     ],
 )
 def test_settings_validated_up_front(make: object) -> None:
-    with pytest.raises(InvalidGradient):
+    with pytest.raises(ConfigError):
         make()  # type: ignore[operator]
 
 

@@ -10,9 +10,9 @@ from hypothesis.extra import numpy as hnp
 
 from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import ChecksumFailed, InvalidGradient, ShapeMismatch
+from gradfed_ipfs.tensor.delta import GradientDelta
 from gradfed_ipfs.tensor.types import (
     DenseGradient,
-    GradientDelta,
     LayerGradient,
     QuantizedGradient,
     SparseGradient,

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from gradfed_ipfs.errors import InvalidGradient, OutlierDetected, ShapeMismatch
+from gradfed_ipfs.errors import ConfigError, InvalidGradient, OutlierDetected, ShapeMismatch
 from gradfed_ipfs.tensor.verification import GradientVerifier, cross_peer_check
 
 V = GradientVerifier
@@ -91,9 +91,9 @@ def test_cross_peer_check_flags_scaled_and_flipped() -> None:
 
 
 def test_cross_peer_check_validates() -> None:
-    with pytest.raises(InvalidGradient):
+    with pytest.raises(ConfigError):
         cross_peer_check({"a": [1.0]}, max_norm_ratio=0)
-    with pytest.raises(InvalidGradient):
+    with pytest.raises(ConfigError):
         cross_peer_check({"a": [1.0]}, min_cosine=2)
     with pytest.raises(ShapeMismatch):
         cross_peer_check({"a": [1.0], "b": [1.0, 2.0]})

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from ...errors import InvalidGradient, PrivacyBudgetExhausted
+from ...errors import ConfigError, InvalidGradient, PrivacyBudgetExhausted
 
 if TYPE_CHECKING:
     import dp_accounting
@@ -94,7 +94,7 @@ def subsampled_gaussian_event(
         A ``PoissonSampledDpEvent`` wrapping a ``GaussianDpEvent`` (or the latter alone at q = 1).
     """
     if not 0.0 < sampling_rate <= 1.0:
-        raise InvalidGradient(f"sampling_rate must be in (0, 1], got {sampling_rate}")
+        raise ConfigError(f"sampling_rate must be in (0, 1], got {sampling_rate}")
     inner = gaussian_event(noise_multiplier)
     if sampling_rate == 1.0:
         return inner
@@ -120,20 +120,20 @@ def laplace_event(noise_multiplier: float) -> dp_accounting.DpEvent:
 
 def _check_positive(name: str, value: float) -> None:
     if not (math.isfinite(value) and value > 0):
-        raise InvalidGradient(f"{name} must be finite and > 0, got {value}")
+        raise ConfigError(f"{name} must be finite and > 0, got {value}")
 
 
 def _check_delta(delta: float) -> None:
     if not 0.0 < delta < 1.0:
-        raise InvalidGradient(f"delta must be in (0, 1), got {delta}")
+        raise ConfigError(f"delta must be in (0, 1), got {delta}")
 
 
 def check_privacy_params(epsilon: float, delta: float) -> None:
-    """Raise ``InvalidGradient`` unless ``epsilon > 0`` is finite and ``0 < delta < 1``."""
+    """Raise ``ConfigError`` unless ``epsilon > 0`` is finite and ``0 < delta < 1``."""
     if not (math.isfinite(epsilon) and epsilon > 0):
-        raise InvalidGradient(f"epsilon must be finite and > 0, got {epsilon}")
+        raise ConfigError(f"epsilon must be finite and > 0, got {epsilon}")
     if not 0.0 < delta < 1.0:
-        raise InvalidGradient(f"delta must be in (0, 1), got {delta}")
+        raise ConfigError(f"delta must be in (0, 1), got {delta}")
 
 
 class RdpPrivacyAccountant:

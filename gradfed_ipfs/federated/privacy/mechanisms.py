@@ -36,7 +36,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..._types import FloatArray, GradientLike
-from ...errors import InvalidGradient, NoContributions, PrivacyBudgetExhausted
+from ...errors import ConfigError, InvalidGradient, NoContributions, PrivacyBudgetExhausted
+from ...tensor.robust import clip_to_norm
 from .accountant import (
     REL_TOL,
     PrivacyBudget,
@@ -97,6 +98,8 @@ class Calibration(Enum):
 def clip_l2_norm(vector: NDArray[np.float64], max_norm: float) -> NDArray[np.float64]:
     """Return ``vector`` scaled down to L2 norm ``max_norm`` if it is longer (else unchanged).
 
+    :func:`~gradfed_ipfs.tensor.robust.clip_to_norm` with a float64 norm, as a copy.
+
     Parameters
     ----------
     vector
@@ -109,12 +112,7 @@ def clip_l2_norm(vector: NDArray[np.float64], max_norm: float) -> NDArray[np.flo
     numpy.ndarray
         Same shape and dtype.
     """
-    if not (math.isfinite(max_norm) and max_norm > 0):
-        raise InvalidGradient(f"max_norm must be finite and > 0, got {max_norm}")
-    norm = float(np.linalg.norm(vector))
-    if norm > max_norm and norm > 0:
-        return vector * (max_norm / norm)
-    return vector
+    return clip_to_norm(vector, max_norm, reject_non_finite=False, precision="float64")
 
 
 def dp_noised_sum(
@@ -225,17 +223,15 @@ class DifferentialPrivacy:
     ) -> None:
         check_privacy_params(epsilon, delta)
         if not (math.isfinite(sensitivity) and sensitivity > 0):
-            raise InvalidGradient(f"sensitivity must be finite and > 0, got {sensitivity}")
+            raise ConfigError(f"sensitivity must be finite and > 0, got {sensitivity}")
         if not 0.0 < sampling_rate <= 1.0:
-            raise InvalidGradient(f"sampling_rate must be in (0, 1], got {sampling_rate}")
+            raise ConfigError(f"sampling_rate must be in (0, 1], got {sampling_rate}")
         if planned_releases < 1:
-            raise InvalidGradient(f"planned_releases must be >= 1, got {planned_releases}")
+            raise ConfigError(f"planned_releases must be >= 1, got {planned_releases}")
         if noise_multiplier is not None and not (
             math.isfinite(noise_multiplier) and noise_multiplier > 0
         ):
-            raise InvalidGradient(
-                f"noise_multiplier must be finite and > 0, got {noise_multiplier}"
-            )
+            raise ConfigError(f"noise_multiplier must be finite and > 0, got {noise_multiplier}")
         self.sensitivity = float(sensitivity)
         self.mechanism = mechanism
         self.accounting = accounting
