@@ -252,6 +252,34 @@ class KuboBlockStore(AsyncClosing):
             data = await self._post("refs/local", {})
             return [parse_cid(item["Ref"]) for item in iter_ndjson(data) if item.get("Ref")]
 
+    async def collect_garbage(self) -> int:
+        """``repo/gc``: remove every unpinned block from the repo; return how many went.
+
+        Run it through :class:`~gradfed_ipfs.storage.retention.GcGate` so it never races a
+        fetch or a multi-block put (Kubo drops fetched-but-unpinned blocks too).
+        """
+        with rpc_context(self.api_url, "repo/gc"):
+            removed = await self.rpc.post_ndjson(
+                "repo/gc",
+                {},
+                retries=self.retries,
+                backoff=self.backoff,
+                errors=STORE_ERRORS,
+                deadline=self.timeout + DEADLINE_GRACE,
+            )
+            return sum(1 for item in removed if isinstance(item, dict) and item.get("Key"))
+
+    async def repo_size(self) -> int:
+        """``repo/stat``: the repo's size on disk in bytes (``RepoSize``)."""
+        with rpc_context(self.api_url, "repo/stat"):
+            answer = await self._post_json("repo/stat", {"size-only": "true"})
+            size = answer.get("RepoSize")
+            if not isinstance(size, int) or size < 0:
+                raise StoreRequestError(
+                    f"Kubo answered repo/stat without a RepoSize: {answer!r:.200}"
+                )
+            return size
+
     async def peer_id(self) -> str:
         """Return the daemon's peer ID (``id``)."""
         with rpc_context(self.api_url, "id"):

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+import dag_cbor
 from multiformats import CID
 
 from .._types import CIDLike
-from ..cid import parse_cid
+from ..cid import DAG_CBOR, parse_cid
 from ..errors import BlockNotFound, BlockTooLarge
 from .base import MAX_BLOCK_SIZE, UNSET, AsyncClosing, Block, Unset
 
@@ -19,7 +21,8 @@ class MemoryBlockStore(AsyncClosing):
 
     Blocks are verified on ``put`` and again on ``get`` (so tests that tamper with
     :attr:`blocks` see ``BlockCorrupt``). ``get`` of a missing block raises ``BlockNotFound`` at
-    once: there is no network to wait for. Pins are tracked but nothing is ever collected.
+    once: there is no network to wait for. Pins are tracked; :meth:`collect_garbage` drops the
+    blocks no pin protects (a pinned dag-cbor block protects what it links, as in Kubo).
 
     Parameters
     ----------
@@ -88,5 +91,38 @@ class MemoryBlockStore(AsyncClosing):
         """Return every stored CID, in insertion order."""
         return [cid for cid, _ in self.blocks.values()]
 
+    async def collect_garbage(self) -> int:
+        """Drop the blocks no pin protects (directly or via dag-cbor links); return how many."""
+        live: set[bytes] = set()
+        todo = [key for key in self.pins if key in self.blocks]
+        while todo:
+            key = todo.pop()
+            if key in live:
+                continue
+            live.add(key)
+            cid, data = self.blocks[key]
+            if cid.codec.code == DAG_CBOR:
+                todo.extend(k for k in _links(dag_cbor.decode(data)) if k in self.blocks)
+        dead = [key for key in self.blocks if key not in live]
+        for key in dead:
+            del self.blocks[key]
+        await asyncio.sleep(0)
+        return len(dead)
+
+    async def repo_size(self) -> int:
+        """Return the bytes of every stored block."""
+        return sum(len(data) for _, data in self.blocks.values())
+
     def __len__(self) -> int:
         return len(self.blocks)
+
+
+def _links(value: Any) -> list[bytes]:
+    """Return the CID bytes of every link inside a decoded dag-cbor value."""
+    if isinstance(value, CID):
+        return [bytes(value)]
+    if isinstance(value, dict):
+        return [key for item in value.values() for key in _links(item)]
+    if isinstance(value, list):
+        return [key for item in value for key in _links(item)]
+    return []

@@ -36,8 +36,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Final
+from collections.abc import AsyncIterator, Awaitable
+from typing import Final, TypeVar
 
 import numpy as np
 from multiformats import CID
@@ -65,12 +65,13 @@ from ...formats.roster import (
 from ...kubo.pubsub import PubsubTransport
 from ...storage.base import BlockStore
 from ...storage.dag import fetch_gradient, put_gradient
+from ...storage.retention import GatedStore, RetentionHook, RoundBlocks
 from ...tensor.deterministic import deterministic_update
 from .agreed_config import AgreedConfig, AgreedRoundResult, ResyncResult, agreed_topic
 from .agreed_history import load_head, load_record
 from .announcer import Reannouncer
 from .coordinator import Head, RoundBoard, best_head, coordinator_ranking, roster_problem
-from .encoded import encode_gradient
+from .encoded import EncodedGradient, encode_gradient
 from .fetcher import ContributionFetcher, is_transient
 
 __all__ = ["AgreedConfig", "AgreedRoundResult", "AgreedSession", "ResyncResult", "agreed_topic"]
@@ -79,6 +80,8 @@ logger = logging.getLogger("gradfed_ipfs.federated.agreed")
 
 _TICK: Final = 0.05
 """Longest wait between checks of the clock-driven steps (seconds)."""
+
+T = TypeVar("T")
 
 
 class AgreedSession:
@@ -96,6 +99,10 @@ class AgreedSession:
         CID of the session's initial model (see :meth:`commit_genesis`).
     config
         Members and timing.
+    retention
+        Told each round's blocks once stored (a
+        :class:`~gradfed_ipfs.storage.retention.RetentionKeeper`); its gate is held by every
+        fetch and put, so its garbage collections never race them.
     """
 
     def __init__(
@@ -105,8 +112,11 @@ class AgreedSession:
         session: str,
         genesis: CIDLike,
         config: AgreedConfig,
+        *,
+        retention: RetentionHook | None = None,
     ) -> None:
         self.store = store
+        self.retention = retention
         self.pubsub = pubsub
         self.session = session
         self.genesis = parse_cid(genesis)
@@ -123,7 +133,9 @@ class AgreedSession:
             pubsub, self.topic, config.announce_interval, config.max_announce_interval
         )
         self._tasks: list[asyncio.Task[None]] = []
-        self._fetcher = ContributionFetcher(store, config.fetch_timeout, self._poke)
+        fetch_store = store if retention is None else GatedStore(store, retention.gate)
+        self._fetcher = ContributionFetcher(fetch_store, config.fetch_timeout, self._poke)
+        self._own: tuple[CID, asyncio.Future[CID]] | None = None
         self._rosters: dict[bytes, tuple[Roster, Block]] = {}
         self._pending: list[asyncio.Future[object]] = []
 
@@ -254,7 +266,8 @@ class AgreedSession:
         await self._settle()
         encoded = await encode_gradient(own_values)
         contribution = encoded.cid
-        stored = asyncio.ensure_future(encoded.store(self.store))
+        stored = asyncio.ensure_future(self._held(encoded.store(self.store)))
+        self._own = (contribution, stored)
         try:
             result = await self._run_round(r, own_values, contribution, int(weight), started)
         except BaseException:
@@ -459,11 +472,7 @@ class AgreedSession:
         # Stored off the critical path (settled before the next round, resync or close): the
         # roster (pinned here too: the record links it), the model and the record.
         self._pending.append(
-            asyncio.ensure_future(
-                asyncio.gather(
-                    self.store.put(roster_block), encoded.store(self.store), self.store.put(record)
-                )
-            )
+            asyncio.ensure_future(self._store_round(roster_block, encoded, record, roster, r))
         )
         self.round, self.model, self.model_cid, self.head = r + 1, model, result, record_cid
         self.history[bytes(record_cid)] = r
@@ -503,6 +512,38 @@ class AgreedSession:
         confirmed = {p for p, h in done.items() if bytes(h.record) == bytes(record)}
         theirs = {p: str(h.record) for p, h in done.items() if bytes(h.record) != bytes(record)}
         return confirmed, theirs
+
+    # ------------------------------------------------------------------ retention hook
+
+    async def _held(self, work: Awaitable[T]) -> T:
+        """Await ``work`` holding the retention gate (no collection mid-way through a put)."""
+        if self.retention is None:
+            return await work
+        async with self.retention.gate.transfer():
+            return await work
+
+    async def _store_round(
+        self, roster_block: Block, model: EncodedGradient, record: Block, roster: Roster, r: int
+    ) -> None:
+        """Store a finished round's roster, model and record; then report the round's blocks."""
+
+        async def put_all() -> None:
+            store = self.store
+            await asyncio.gather(store.put(roster_block), model.store(store), store.put(record))
+
+        await self._held(put_all())
+        if self.retention is None:
+            return
+        contributions = [entry.contribution for entry in roster.entries]
+        if self._own is not None:
+            own, stored = self._own
+            await asyncio.wait([stored])  # its failure is run_round's to raise
+            if not stored.cancelled() and stored.exception() is None:
+                contributions.append(own)
+        unique = {bytes(c): c for c in contributions}
+        await self.retention.round_done(
+            RoundBlocks(r, tuple(unique.values()), roster_block.cid, record.cid, model.cid)
+        )
 
     # ------------------------------------------------------------------ catching up
 
