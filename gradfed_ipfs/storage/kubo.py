@@ -215,13 +215,17 @@ class KuboBlockStore(AsyncClosing):
                 await self._post("pin/rm", {"arg": str(parsed)})
             await self._post("block/rm", {"arg": str(parsed)}, streamed=True)
 
-    async def pin(self, cid: CIDLike) -> None:
-        """``pin/add`` (recursive: a dag-cbor root pins every block it links)."""
+    async def pin(self, cid: CIDLike, *, recursive: bool = True) -> None:
+        """``pin/add``: recursive (a dag-cbor root pins every block it links) or direct."""
         parsed = parse_cid(cid)
         with rpc_context(self.api_url, "pin/add", parsed):
             await self._post(
                 "pin/add",
-                {"arg": str(parsed), "recursive": "true", "timeout": f"{self.timeout:.3f}s"},
+                {
+                    "arg": str(parsed),
+                    "recursive": "true" if recursive else "false",
+                    "timeout": f"{self.timeout:.3f}s",
+                },
             )
 
     async def unpin(self, cid: CIDLike) -> None:

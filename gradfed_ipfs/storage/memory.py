@@ -34,6 +34,7 @@ class MemoryBlockStore(AsyncClosing):
         self.max_block_size = max_block_size
         self.blocks: dict[bytes, tuple[CID, bytes]] = {}
         self.pins: set[bytes] = set()
+        self.direct: set[bytes] = set()  # pins that do not protect linked blocks
 
     async def put(self, block: Block, *, pin: bool = True) -> CID:
         """Store a verified block; see :meth:`BlockStore.put`."""
@@ -46,6 +47,7 @@ class MemoryBlockStore(AsyncClosing):
         self.blocks[key] = (block.cid, block.data)
         if pin:
             self.pins.add(key)
+            self.direct.discard(key)
         await asyncio.sleep(0)  # yield like real I/O, so concurrency bugs show up in unit tests
         return block.cid
 
@@ -71,17 +73,23 @@ class MemoryBlockStore(AsyncClosing):
             raise BlockNotFound(f"Block not found for CID {parsed}", cid=parsed)
         del self.blocks[key]
         self.pins.discard(key)
+        self.direct.discard(key)
 
-    async def pin(self, cid: CIDLike) -> None:
-        """Pin a stored block; ``BlockNotFound`` if absent."""
+    async def pin(self, cid: CIDLike, *, recursive: bool = True) -> None:
+        """Pin a stored block (a direct pin protects it alone); ``BlockNotFound`` if absent."""
         parsed = parse_cid(cid)
         if bytes(parsed) not in self.blocks:
             raise BlockNotFound(f"cannot pin missing block {parsed}", cid=parsed)
         self.pins.add(bytes(parsed))
+        if recursive:
+            self.direct.discard(bytes(parsed))
+        else:
+            self.direct.add(bytes(parsed))
 
     async def unpin(self, cid: CIDLike) -> None:
         """Remove a pin (a no-op for an unpinned block)."""
         self.pins.discard(bytes(parse_cid(cid)))
+        self.direct.discard(bytes(parse_cid(cid)))
 
     async def is_pinned(self, cid: CIDLike) -> bool:
         """Return whether the block is pinned."""
@@ -101,7 +109,7 @@ class MemoryBlockStore(AsyncClosing):
                 continue
             live.add(key)
             cid, data = self.blocks[key]
-            if cid.codec.code == DAG_CBOR:
+            if cid.codec.code == DAG_CBOR and key not in self.direct:
                 todo.extend(k for k in _links(dag_cbor.decode(data)) if k in self.blocks)
         dead = [key for key in self.blocks if key not in live]
         for key in dead:

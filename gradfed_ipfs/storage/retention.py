@@ -11,11 +11,15 @@ by :class:`~gradfed_ipfs.federated.round.agreed.AgreedSession`'s ``retention=`` 
   so a collection can never change a round's result; the pin is what lets this node re-verify
   the last ``keep_rounds`` rounds and serve their inputs to a peer that is catching up;
 - **unpins** contributions (own and fetched) ``keep_rounds`` rounds later, and the round's
-  result model then too unless ``keep_models`` (the latest model and the genesis stay pinned);
+  base model then too unless ``keep_models`` (so the kept rounds keep their base models; the
+  latest model and the genesis stay pinned);
 - **keeps** every round record and roster pinned (a few hundred bytes each: the history's
-  backbone), and hands records, rosters and models to a durability provider when one is given
-  (any object with an async ``pin(cid)``, e.g. :class:`~gradfed_ipfs.storage.replication.
-  ClusterPinning`) before dropping anything locally;
+  backbone) with *direct* pins: a record links its roster, models and the previous record,
+  and a roster its contributions, so a recursive pin would keep the whole history (and Kubo's
+  ``repo/gc`` fails outright on a recursive pin whose linked blocks are gone). It hands
+  records, rosters and models to a durability provider when one is given (any object with an
+  async ``pin(cid)``, e.g. :class:`~gradfed_ipfs.storage.replication.ClusterPinning`) before
+  dropping anything locally;
 - **collects** (Kubo ``repo/gc``) every ``gc_every`` rounds, or when ``repo/stat`` exceeds
   ``gc_above_bytes``, through a :class:`GcGate` so a collection never races a fetch or a
   multi-block put: transfers hold a shared "in flight" count, a collection waits (at most
@@ -115,24 +119,39 @@ class RoundBlocks:
         roster left it out: dropped after ``keep_rounds``.
     roster, record
         The round's roster and record CIDs: kept.
-    model
-        The round's result model CID: kept while the round is, or for good with ``keep_models``.
+    base, model
+        The round's base and result model CIDs: a base is dropped with its round's
+        contributions, unless ``keep_models``.
     """
 
     round: int
     contributions: tuple[CID, ...]
     roster: CID
     record: CID
+    base: CID
     model: CID
+
+    def merge(self, other: RoundBlocks) -> RoundBlocks:
+        """Both reports of one round (two sessions sharing a store): every contribution."""
+        unique = {bytes(c): c for c in (*self.contributions, *other.contributions)}
+        contributions = tuple(unique.values())
+        return RoundBlocks(
+            self.round, contributions, self.roster, self.record, self.base, self.model
+        )
 
     def cids(self) -> set[bytes]:
         """Every CID of the round, as bytes."""
-        return {bytes(c) for c in (*self.contributions, self.roster, self.record, self.model)}
+        links = (*self.contributions, self.roster, self.record, self.base, self.model)
+        return {bytes(c) for c in links}
 
 
 @runtime_checkable
 class Collectable(Protocol):
-    """A store that can garbage-collect and report its size (Kubo, memory)."""
+    """A store that can pin directly, garbage-collect and report its size (Kubo, memory)."""
+
+    async def pin(self, cid: CIDLike, *, recursive: bool = True) -> None:
+        """Pin ``cid``: with every block it links, or (``recursive=False``) alone."""
+        ...
 
     async def collect_garbage(self) -> int:
         """Remove unpinned blocks; return how many."""
@@ -279,7 +298,7 @@ class RetentionKeeper:
     durable
         Optional durability provider for records, rosters and models.
     keep
-        CIDs never to unpin (e.g. the session's genesis model).
+        CIDs never to unpin (e.g. the session's genesis model: round 0's base).
 
     Raises
     ------
@@ -316,32 +335,42 @@ class RetentionKeeper:
     async def round_done(self, blocks: RoundBlocks) -> GcReport | None:
         """Pin and hand over ``blocks``, unpin what fell out of the window, collect if due.
 
-        Returns the collection's report when one ran.
+        Several sessions may share one store and keeper: their reports of one round merge,
+        and a collection is due on the first report of a round. Returns the collection's
+        report when one ran.
         """
         policy, window = self.policy, self._window
         if policy.pin_fetched:
             for cid in blocks.contributions:
                 async with self.gate.transfer():
                     await self.store.pin(cid)
-        window.kept.update({bytes(blocks.roster), bytes(blocks.record)})
+        for cid in (blocks.roster, blocks.record):  # direct: see the module docstring
+            async with self.gate.transfer():
+                await self.store.unpin(cid)
+                await self.collectable.pin(cid, recursive=False)
+            window.kept.add(bytes(cid))
         if policy.keep_models:
-            window.kept.add(bytes(blocks.model))
+            window.kept.update({bytes(blocks.base), bytes(blocks.model)})
         if self.durable is not None:
             for cid in (blocks.record, blocks.roster, blocks.model):
                 await self.durable.pin(cid)
+        fresh = not window.rounds or window.rounds[-1].round != blocks.round
+        if fresh:
+            self._rounds_seen += 1
+        else:
+            blocks = window.rounds.pop().merge(blocks)  # another session on this store
         window.rounds.append(blocks)
         old: list[RoundBlocks] = []
         while window.rounds[0].round <= blocks.round - policy.keep_rounds:
             old.append(window.rounds.popleft())
         live = set(window.kept).union(*(b.cids() for b in window.rounds))
         for gone in old:
-            for cid in (*gone.contributions, gone.model):
+            for cid in (*gone.contributions, gone.base):
                 if bytes(cid) not in live:
                     await self.store.unpin(cid)
                     self.unpinned.append((gone.round, cid))
                     live.add(bytes(cid))  # unpinned once
-        self._rounds_seen += 1
-        if await self._due():
+        if fresh and await self._due():
             return await self.collect(blocks.round)
         return None
 

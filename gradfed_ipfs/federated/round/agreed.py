@@ -542,7 +542,9 @@ class AgreedSession:
                 contributions.append(own)
         unique = {bytes(c): c for c in contributions}
         await self.retention.round_done(
-            RoundBlocks(r, tuple(unique.values()), roster_block.cid, record.cid, model.cid)
+            RoundBlocks(
+                r, tuple(unique.values()), roster_block.cid, record.cid, roster.base, model.cid
+            )
         )
 
     # ------------------------------------------------------------------ catching up
