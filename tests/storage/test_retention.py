@@ -17,8 +17,8 @@ from gradfed_ipfs.federated.round.agreed_history import (
     verify_agreed_round,
 )
 from gradfed_ipfs.formats.records import encode_record
-from gradfed_ipfs.kubo import MemoryPubsubBus
-from gradfed_ipfs.storage import MemoryBlockStore, put_gradient
+from gradfed_ipfs.kubo import KuboDaemon, KuboPubsub, MemoryPubsubBus
+from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore, fetch_gradient, put_gradient
 from gradfed_ipfs.storage.retention import (
     GatedStore,
     GcGate,
@@ -266,3 +266,52 @@ async def test_agreed_session_reports_rounds_and_old_rounds_stop_verifying(
     )
     assert [record.round for record in chain] == list(range(6))
     assert await store.has(genesis)
+
+
+# --------------------------------------------------------------------------- one real daemon
+
+
+@pytest.mark.kubo
+async def test_kubo_unpin_and_gc_drop_the_bytes_and_kept_roots_still_verify(
+    fresh_daemon: KuboDaemon,
+) -> None:
+    """A one-member session on its own daemon: repo/gc really frees the dropped rounds."""
+    d = 300_000  # 1.2 MB: each contribution and model is a chunked DAG (manifest + 2 chunks)
+    store = KuboBlockStore(fresh_daemon.api_url, timeout=10.0)
+    quick = KuboBlockStore(fresh_daemon.api_url, timeout=1.0)  # a dropped block is not coming
+    pubsub = KuboPubsub(fresh_daemon.api_url)
+    try:
+        genesis = await AgreedSession.commit_genesis(store, values(0, d))
+        keeper = RetentionKeeper(store, Retention(keep_rounds=2, gc_every=None), keep=[genesis])
+        config = AgreedConfig(members=(await store.peer_id(),), **FAST)  # type: ignore[arg-type]
+        session = AgreedSession(store, pubsub, "ret", genesis, config, retention=keeper)
+        await session.start(values(0, d))
+        records = []
+        try:
+            for r in range(5):
+                records.append((await session.run_round(values(r + 1, d) * 0.01)).record)
+        finally:
+            await session.aclose()  # settles the last round's report
+        assert keeper.kept_rounds == [3, 4]
+        before = await store.repo_size()
+        report = await keeper.collect(4)
+        assert report is not None
+        # Rounds 0-2's contributions and the bases of rounds 1-2 went: 5 gradients of 4·d bytes.
+        assert report.removed >= 5 * 3
+        assert before - report.size_after >= 5 * 4 * d * 0.9
+        assert report.size_after == await store.repo_size()
+        for r in (3, 4):
+            await verify_agreed_round(quick, records[r])
+        for r in range(3):
+            with pytest.raises(RoundVerificationFailed, match="not found"):
+                await verify_agreed_round(quick, records[r])
+        chain = await verify_agreed_history(
+            quick, records[-1], session="ret", genesis=genesis, recompute=False
+        )
+        assert [record.round for record in chain] == list(range(5))
+        latest = await fetch_gradient(quick, chain[-1].result)
+        assert np.array_equal(latest, session.model)
+        assert await quick.has(genesis)
+    finally:
+        for closing in (pubsub, quick, store):
+            await closing.aclose()
