@@ -11,6 +11,7 @@ import pytest
 from gradfed_ipfs.errors import GenesisMismatch, QuorumNotReached, RoundMismatch
 from gradfed_ipfs.federated.round.agreed import AgreedConfig, AgreedRoundResult, AgreedSession
 from gradfed_ipfs.federated.round.agreed_history import verify_agreed_history
+from gradfed_ipfs.formats import PubsubMessage
 from gradfed_ipfs.kubo import MemoryPubsubBus, PubsubTransport
 from gradfed_ipfs.storage import MemoryBlockStore, fetch_gradient
 from tests.multiprocess.lossy import LossyPubsub
@@ -183,11 +184,56 @@ async def test_diverging_peer_raises_and_resync_repairs_it(store: MemoryBlockSto
             *(s.run_round(delta(i, 0), weight=1 + i) for i, s in enumerate(sessions)),
             return_exceptions=True,
         )
-        assert all(isinstance(o, RoundMismatch) for o in outcomes), outcomes
+        # The honest majority's record wins: only the odd peer is told to resync.
+        assert isinstance(outcomes[2], RoundMismatch), outcomes
+        assert outcomes[2].theirs.keys() == set(PEERS[:2])
+        for outcome in outcomes[:2]:
+            assert isinstance(outcome, AgreedRoundResult)
+            assert "announced record" in outcome.rejected[PEERS[2]]
+            assert not outcome.matched
         synced = await odd[0].resync(timeout=5.0)
         assert synced.changed
         assert odd[0].model_cid == honest[0].model_cid
         assert odd[0].head == honest[0].head
         assert not (await honest[0].resync(timeout=1.0)).changed
+    finally:
+        await close(sessions)
+
+
+class HoldDone(LossyPubsub):
+    """Drops incoming ``done`` messages while ``hold`` is set (nothing else)."""
+
+    def __init__(self, inner: PubsubTransport) -> None:
+        super().__init__(inner, loss=0.0, seed=0)
+        self.hold = True
+
+    async def _lossy(self, messages: AsyncIterator[PubsubMessage]) -> AsyncIterator[PubsubMessage]:
+        async for message in messages:
+            if not (self.hold and b'"kind":"done"' in message.data):
+                yield message
+
+
+async def test_without_done_wait_a_divergence_is_caught_when_the_next_round_starts(
+    store: MemoryBlockStore,
+) -> None:
+    bus = MemoryPubsubBus()
+    genesis = await AgreedSession.commit_genesis(store, initial_model())
+    settings = {"done_timeout": 0.0, "min_peers": 2}
+    honest = await make_sessions(store, [bus.endpoint(p) for p in PEERS[:2]], genesis, **settings)
+    held = HoldDone(bus.endpoint(PEERS[2]))
+    odd = await make_sessions(store, [held], genesis, learning_rate=0.5, **settings)
+    sessions = [*honest, *odd]
+    try:
+        first = await run_all(sessions, [0, 1, 2])  # the odd peer hears no done: no error yet
+        assert first[0].model == first[1].model != first[2].model
+        assert not first[2].matched
+        held.hold = False  # the re-announced done messages now arrive
+        assert await odd[0].board.wait_until(lambda: len(odd[0].board.state(0).done) == 2, 5.0)
+        with pytest.raises(RoundMismatch) as caught:
+            await odd[0].run_round(delta(2, 1))
+        assert caught.value.round == 0
+        await odd[0].resync(timeout=5.0)
+        assert odd[0].head == honest[0].head
+        np.testing.assert_array_equal(odd[0].model, honest[0].model)
     finally:
         await close(sessions)

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -36,7 +37,7 @@ def delta(index: int, round_number: int, dim: int) -> np.ndarray:
 
 
 def emit(event: str, **fields: Any) -> None:
-    print(json.dumps({"event": event, **fields}), flush=True)
+    print(json.dumps({"event": event, "time": round(time.time(), 3), **fields}), flush=True)
 
 
 def dump_tasks() -> None:
@@ -58,7 +59,6 @@ async def run(args: argparse.Namespace) -> int:
         collect_timeout=args.collect_timeout,
         takeover_timeout=args.collect_timeout / 2,
         round_timeout=args.round_timeout,
-        done_timeout=1.0,
         announce_interval=0.2,
         fetch_timeout=10.0,
     )

@@ -20,8 +20,9 @@ genesis is the CID of the initial model, committed once; the topic is
    contribution it lacks, so every honest peer gets the same bytes and the same CID;
 4. **done**: it commits the model and an :class:`~gradfed_ipfs.formats.roster.AgreedRecord`
    (``prev``, roster and result CIDs; byte-identical on every peer), announces
-   ``done{result, record}``, and waits up to ``done_timeout`` for the other roster peers'
-   ``done``: a different record raises :class:`~gradfed_ipfs.errors.RoundMismatch`; the cure is
+   ``done{result, record}``; the other peers' ``done`` are checked (waiting up to
+   ``done_timeout``, by default not at all, then again when the next round starts): a
+   different record raises :class:`~gradfed_ipfs.errors.RoundMismatch`; the cure is
    :meth:`AgreedSession.resync` (also how a restarted or late peer catches up).
 
 A peer that misses the roster message learns the roster from another peer's ``done`` record.
@@ -36,8 +37,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
-from typing import Final, TypeVar
+from collections.abc import Awaitable
+from typing import Final, TypeVar, cast
 
 import numpy as np
 from multiformats import CID
@@ -46,33 +47,26 @@ from ..._types import CIDLike, FloatArray, GradientLike
 from ...block import Block
 from ...cid import parse_cid
 from ...errors import (
-    BlockNotFound,
-    BlockStoreError,
-    DecodeError,
     GenesisMismatch,
     InvalidGradient,
     QuorumNotReached,
     RoundMismatch,
 )
-from ...formats.pubsub import PubsubMessage
 from ...formats.roster import (
-    MAX_INLINE_BYTES,
-    AgreedMessage,
     AgreedRecord,
-    MessageKind,
     Roster,
 )
 from ...kubo.pubsub import PubsubTransport
 from ...storage.base import BlockStore
 from ...storage.dag import fetch_gradient, put_gradient
-from ...storage.retention import GatedStore, RetentionHook, RoundBlocks
-from ...tensor.deterministic import deterministic_update
+from ...storage.retention import Collectable, GatedStore, RetentionHook, RoundBlocks
 from .agreed_config import AgreedConfig, AgreedRoundResult, ResyncResult, agreed_topic
-from .agreed_history import load_head, load_record
+from .agreed_history import load_head
+from .agreed_roster import RosterPhase
 from .announcer import Reannouncer
-from .coordinator import Head, RoundBoard, best_head, coordinator_ranking, roster_problem
+from .coordinator import Head, RoundBoard, best_head, coordinator_ranking
 from .encoded import EncodedGradient, encode_gradient
-from .fetcher import ContributionFetcher, is_transient
+from .fetcher import ContributionFetcher
 
 __all__ = ["AgreedConfig", "AgreedRoundResult", "AgreedSession", "ResyncResult", "agreed_topic"]
 
@@ -84,7 +78,7 @@ _TICK: Final = 0.05
 T = TypeVar("T")
 
 
-class AgreedSession:
+class AgreedSession(RosterPhase):
     """One peer of an agreed session (see the module docstring).
 
     Parameters
@@ -101,8 +95,9 @@ class AgreedSession:
         Members and timing.
     retention
         Told each round's blocks once stored (a
-        :class:`~gradfed_ipfs.storage.retention.RetentionKeeper`); its gate is held by every
-        fetch and put, so its garbage collections never race them.
+        :class:`~gradfed_ipfs.storage.retention.RetentionKeeper`, which unpins and collects);
+        its gate is held by every fetch and put, so its collections never race them. Records
+        and rosters are then pinned alone (direct pins), so they do not keep what they link.
     """
 
     def __init__(
@@ -181,11 +176,10 @@ class AgreedSession:
             asyncio.create_task(self._announcer.run()),
         ]
 
-    async def _settle(self) -> None:
-        """Wait for the blocks of finished rounds to be stored (raising a failed put)."""
-        pending, self._pending = self._pending, []
-        for future in pending:
-            await future
+    async def _settle(self, *, keep: int = 0) -> None:
+        """Wait until at most ``keep`` rounds' blocks are still being stored (raising a failure)."""
+        while len(self._pending) > keep or (self._pending and self._pending[0].done()):
+            await self._pending.pop(0)
 
     async def aclose(self) -> None:
         """Store what is pending, stop announcing and listening (store and transport stay open)."""
@@ -198,46 +192,6 @@ class AgreedSession:
             if tasks:
                 await asyncio.wait(tasks, timeout=5.0)
             self._tasks = []
-
-    @property
-    def board(self) -> RoundBoard:
-        """What this peer has heard (after :meth:`start`)."""
-        if self._board is None:
-            raise RuntimeError("AgreedSession.start() has not been called")
-        return self._board
-
-    async def _listen(self, messages: AsyncIterator[PubsubMessage]) -> None:
-        async for message in messages:
-            self.board.accept(message)
-
-    async def _post(self, key: str, message: AgreedMessage) -> None:
-        """Announce now and keep re-announcing under ``key`` until replaced or withdrawn."""
-        await self._announcer.post(key, message.encode())
-
-    def _message(
-        self,
-        kind: MessageKind,
-        round_number: int,
-        cid: CID,
-        *,
-        base: CID | None = None,
-        weight: int | None = None,
-        record: CID | None = None,
-        inline: bytes | None = None,
-    ) -> AgreedMessage:
-        session, genesis, peer = self.session, self.genesis, self.peer_id
-        return AgreedMessage(
-            kind, session, genesis, round_number, peer, cid, base, weight, record, inline
-        )
-
-    # ------------------------------------------------------------------ fetching
-
-    def _poke(self) -> None:
-        if self._board is not None:
-            self._board.poke()
-
-    def _fetch(self, cid: CID) -> asyncio.Task[FloatArray]:
-        return self._fetcher.fetch(cid, self.model.size)
 
     # ------------------------------------------------------------------ the round
 
@@ -263,7 +217,8 @@ class AgreedSession:
             raise InvalidGradient(f"gradient must be {self.model.size} finite values")
         # Announce as soon as the CID is known; the daemon serves the block once the put lands
         # (bitswap answers wants for blocks added later), so the put overlaps the announcement.
-        await self._settle()
+        self._check_done(r - 1)
+        await self._settle(keep=1)  # the last round's blocks may still be on their way
         encoded = await encode_gradient(own_values)
         contribution = encoded.cid
         stored = asyncio.ensure_future(self._held(encoded.store(self.store)))
@@ -331,124 +286,6 @@ class AgreedSession:
         logger.debug("round %d: adopted %s after %.3fs", r, roster_cid, time.monotonic() - started)
         return await self._finish(r, roster_cid, roster, model, rejected, started)
 
-    def _ready(
-        self, r: int, own: tuple[CID, int], rejected: dict[str, str]
-    ) -> dict[str, tuple[CID, int]]:
-        """Contributions on this round's base whose blocks are fetched and verified."""
-        entries = {self.peer_id: own}
-        for peer, c in self.board.state(r).contributions.items():
-            if bytes(c.base) == bytes(self.model_cid):
-                entries[peer] = (c.cid, c.weight)
-        ready = {}
-        for peer, (cid, weight) in entries.items():
-            task = self._fetcher.get(cid)
-            if task is None or not task.done() or task.cancelled():
-                continue
-            if task.exception() is None:
-                ready[peer] = (cid, weight)
-            elif not is_transient(task):
-                rejected[peer] = f"contribution {cid}: {task.exception()}"
-        return ready
-
-    def _derive_roster(self, r: int, coordinator: str, ready: dict[str, tuple[CID, int]]) -> CID:
-        """Build (and cache) the roster ``coordinator`` would publish from ``ready``."""
-        members = self.config.members
-        roster = Roster.new(
-            self.session, self.genesis, r, self.model_cid, coordinator, members, ready
-        )
-        block = roster.to_block()
-        self._rosters[bytes(block.cid)] = (roster, block)
-        self.board.state(r).rosters.setdefault(coordinator, block.cid)
-        return block.cid
-
-    async def _publish_roster(self, r: int, ready: dict[str, tuple[CID, int]]) -> None:
-        cid = self._derive_roster(r, self.peer_id, ready)
-        block = self._rosters[bytes(cid)][1]
-        inline = block.data if len(block.data) <= MAX_INLINE_BYTES else None
-        if inline is None:
-            await self.store.put(block)  # peers fetch it: store before announcing
-        await self._post("roster", self._message("roster", r, cid, inline=inline))
-        logger.debug(
-            "round %d: %s published roster %s (%d entries)", r, self.peer_id, cid, len(ready)
-        )
-
-    async def _try_rosters(
-        self, r: int, ranking: list[str], rejected: dict[str, str], tried: set[bytes]
-    ) -> tuple[CID, Roster, FloatArray] | None:
-        """Adopt the best-ranked valid roster heard (directly or through a ``done`` record)."""
-        state = self.board.state(r)
-        candidates = [(ranking.index(p), c) for p, c in state.rosters.items() if p in ranking]
-        if not candidates:
-            for peer, head in list(state.done.items()):
-                if bytes(head.record) in tried:
-                    continue
-                tried.add(bytes(head.record))
-                try:
-                    record = await load_record(
-                        self.store, head.record, timeout=self.config.fetch_timeout
-                    )
-                except (BlockStoreError, DecodeError) as exc:
-                    rejected[peer] = f"record {head.record}: {exc}"
-                    continue
-                if record.round == r and bytes(record.base) == bytes(self.model_cid):
-                    state.rosters.setdefault(peer, record.roster)
-            candidates = [(ranking.index(p), c) for p, c in state.rosters.items() if p in ranking]
-        for _, cid in sorted(candidates, key=lambda item: item[0]):
-            if bytes(cid) in tried:
-                continue
-            adopted = await self._adopt(r, cid, rejected, tried)
-            if adopted is not None:
-                return cid, *adopted
-        return None
-
-    async def _adopt(
-        self, r: int, cid: CID, rejected: dict[str, str], tried: set[bytes]
-    ) -> tuple[Roster, FloatArray] | None:
-        """Validate a roster and aggregate it; ``None`` while its blocks are still coming."""
-        try:
-            roster = await self._load_roster(cid)
-        except (BlockNotFound, BlockStoreError) as exc:
-            logger.debug("round %d: roster %s not fetched yet: %s", r, cid, exc)
-            return None
-        except DecodeError as exc:
-            tried.add(bytes(cid))
-            rejected[f"roster {cid}"] = str(exc)
-            return None
-        problem = roster_problem(roster, self.session, self.genesis, r, self.model_cid, self.config)
-        if problem:
-            tried.add(bytes(cid))
-            rejected[roster.coordinator] = f"roster {cid}: {problem}"
-            return None
-        tasks = [self._fetch(entry.contribution) for entry in roster.entries]
-        if not all(task.done() for task in tasks):
-            return None
-        gradients = []
-        for entry, task in zip(roster.entries, tasks, strict=True):
-            if task.cancelled() or task.exception() is not None:
-                if is_transient(task):
-                    self._fetch(entry.contribution)  # retry until the round deadline
-                    return None
-                tried.add(bytes(cid))
-                rejected[roster.coordinator] = f"roster {cid} lists a bad {entry.contribution}"
-                return None
-            gradients.append(task.result())
-        model = deterministic_update(
-            self.model, gradients, [e.weight for e in roster.entries], self.config.learning_rate
-        )
-        return roster, model
-
-    async def _load_roster(self, cid: CID) -> Roster:
-        """Decode a roster once: from its inline message, else fetched from the store."""
-        known = self._rosters.get(bytes(cid))
-        if known is None:
-            data = self.board.inline.get(bytes(cid))
-            if data is not None:
-                block = Block.from_parts(cid, data)
-            else:
-                block = await self.store.get(cid, timeout=self.config.fetch_timeout)
-            known = self._rosters[bytes(cid)] = (Roster.from_block(block), block)
-        return known[0]
-
     async def _finish(
         self,
         r: int,
@@ -472,7 +309,9 @@ class AgreedSession:
         # Stored off the critical path (settled before the next round, resync or close): the
         # roster (pinned here too: the record links it), the model and the record.
         self._pending.append(
-            asyncio.ensure_future(self._store_round(roster_block, encoded, record, roster, r))
+            asyncio.ensure_future(
+                self._store_round(roster_block, encoded, record, roster, r, self._own)
+            )
         )
         self.round, self.model, self.model_cid, self.head = r + 1, model, result, record_cid
         self.history[bytes(record_cid)] = r
@@ -480,8 +319,8 @@ class AgreedSession:
         others = [p for p in roster.peers if p != self.peer_id]
         logger.debug("round %d: done after %.3fs", r, time.monotonic() - started)
         confirmed, theirs = await self._await_done(r, record_cid, others)
-        if theirs:
-            raise RoundMismatch(r, str(record_cid), theirs)
+        self._check_done(r)
+        rejected.update({p: f"announced record {cid}" for p, cid in theirs.items()})
         unconfirmed = tuple(p for p in others if p not in confirmed)
         return AgreedRoundResult(
             round=r,
@@ -499,16 +338,41 @@ class AgreedSession:
             seconds=time.monotonic() - started,
         )
 
+    async def _keep(self, block: Block) -> None:
+        """Pin a roster or record: alone under retention (it links history), else recursively."""
+        if self.retention is None:
+            await self.store.put(block)
+            return
+        await self.store.put(block, pin=False)  # inside the gate: no collection in between
+        await cast(Collectable, self.store).pin(block.cid, recursive=False)
+
+    def _check_done(self, r: int) -> None:
+        """Raise ``RoundMismatch`` if round ``r``'s ``done`` messages outvote this peer's record.
+
+        Peers that announced another record while this one's wins (most votes, then smallest
+        CID, as :meth:`resync` chooses) are the ones that must resync; they are not an error here.
+        """
+        if self.head is None or r < 0:
+            return
+        done = self.board.state(r).done
+        theirs = {p: h for p, h in done.items() if bytes(h.record) != bytes(self.head)}
+        if theirs:
+            mine = Head(r, self.model_cid, self.head)
+            best = best_head([*done.values(), mine])
+            if best is not None and bytes(best.record) != bytes(self.head):
+                raise RoundMismatch(
+                    r, str(self.head), {p: str(h.record) for p, h in theirs.items()}
+                )
+
     async def _await_done(
         self, r: int, record: CID, others: list[str]
     ) -> tuple[set[str], dict[str, str]]:
         done = self.board.state(r).done
 
-        def settled() -> bool:
-            differ = any(bytes(h.record) != bytes(record) for h in done.values())
-            return differ or all(p in done for p in others)
-
-        await self.board.wait_until(settled, self.config.done_timeout)
+        if self.config.done_timeout > 0:
+            await self.board.wait_until(
+                lambda: all(p in done for p in others), self.config.done_timeout
+            )
         confirmed = {p for p, h in done.items() if bytes(h.record) == bytes(record)}
         theirs = {p: str(h.record) for p, h in done.items() if bytes(h.record) != bytes(record)}
         return confirmed, theirs
@@ -523,23 +387,29 @@ class AgreedSession:
             return await work
 
     async def _store_round(
-        self, roster_block: Block, model: EncodedGradient, record: Block, roster: Roster, r: int
+        self,
+        roster_block: Block,
+        model: EncodedGradient,
+        record: Block,
+        roster: Roster,
+        r: int,
+        own: tuple[CID, asyncio.Future[CID]] | None,
     ) -> None:
         """Store a finished round's roster, model and record; then report the round's blocks."""
 
         async def put_all() -> None:
-            store = self.store
-            await asyncio.gather(store.put(roster_block), model.store(store), store.put(record))
+            keep = self._keep
+            await asyncio.gather(keep(roster_block), model.store(self.store), keep(record))
 
         await self._held(put_all())
         if self.retention is None:
             return
         contributions = [entry.contribution for entry in roster.entries]
-        if self._own is not None:
-            own, stored = self._own
+        if own is not None:
+            own_cid, stored = own
             await asyncio.wait([stored])  # its failure is run_round's to raise
             if not stored.cancelled() and stored.exception() is None:
-                contributions.append(own)
+                contributions.append(own_cid)
         unique = {bytes(c): c for c in contributions}
         await self.retention.round_done(
             RoundBlocks(

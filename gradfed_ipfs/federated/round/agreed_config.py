@@ -40,7 +40,10 @@ class AgreedConfig:
     round_timeout
         No adopted roster by then raises ``QuorumNotReached``.
     done_timeout
-        How long to wait for the other roster peers' ``done`` after finishing.
+        How long ``run_round`` waits for the other roster peers' ``done`` before returning.
+        With ``0`` (the default) it does not wait: the next round starts at once, and the
+        ``done`` messages of the last round are checked when the next round starts (a
+        disagreement raises ``RoundMismatch`` there) and by :meth:`AgreedSession.linger`.
     announce_interval
         Delay before a message is first re-announced; it doubles after each re-announcement.
     max_announce_interval
@@ -55,7 +58,7 @@ class AgreedConfig:
     collect_timeout: float = 10.0
     takeover_timeout: float = 5.0
     round_timeout: float = 60.0
-    done_timeout: float = 5.0
+    done_timeout: float = 0.0
     announce_interval: float = 0.25
     max_announce_interval: float = 2.0
     fetch_timeout: float = 30.0
@@ -67,10 +70,12 @@ class AgreedConfig:
             raise InvalidGradient(f"min_peers must be in [1, {len(self.members)}]")
         if not np.isfinite(self.learning_rate):
             raise InvalidGradient("learning_rate must be finite")
-        for name in ("collect_timeout", "takeover_timeout", "round_timeout", "done_timeout",
+        for name in ("collect_timeout", "takeover_timeout", "round_timeout",
                      "announce_interval", "max_announce_interval", "fetch_timeout"):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise InvalidGradient(f"{name} must be > 0 seconds")
+        if not self.done_timeout >= 0:
+            raise InvalidGradient("done_timeout must be >= 0 seconds")
 
     @property
     def quorum(self) -> int:
@@ -99,9 +104,9 @@ class AgreedRoundResult:
     confirmed
         Peers whose ``done`` named the same record.
     unconfirmed
-        Roster peers whose ``done`` had not arrived within ``done_timeout``.
+        Roster peers whose ``done`` had not arrived when ``run_round`` returned.
     matched
-        Whether every other roster peer confirmed the same record.
+        Whether every other roster peer had confirmed the same record by then.
     rejected
         Peer → reason, for contributions or rosters refused this round.
     seconds

@@ -1,0 +1,205 @@
+"""The roster phase of :class:`~gradfed_ipfs.federated.round.agreed.AgreedSession`.
+
+A mixin holding what a peer does between contributing and aggregating: deciding which
+contributions are ready, building, publishing or deriving the roster, and adopting the
+best-ranked valid roster heard (directly, or through another peer's ``done`` record).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+from multiformats import CID
+
+from ..._types import FloatArray
+from ...block import Block
+from ...errors import BlockNotFound, BlockStoreError, DecodeError
+from ...formats.pubsub import PubsubMessage
+from ...formats.roster import MAX_INLINE_BYTES, AgreedMessage, MessageKind, Roster
+from ...storage.base import BlockStore
+from ...tensor.deterministic import deterministic_update
+from .agreed_config import AgreedConfig
+from .agreed_history import load_record
+from .announcer import Reannouncer
+from .coordinator import RoundBoard, roster_problem
+from .fetcher import ContributionFetcher, is_transient
+
+__all__ = ["RosterPhase"]
+
+logger = logging.getLogger("gradfed_ipfs.federated.agreed")
+
+
+class RosterPhase:
+    """Roster steps of an agreed session; :class:`AgreedSession` provides the state."""
+
+    store: BlockStore
+    session: str
+    genesis: CID
+    config: AgreedConfig
+    peer_id: str
+    model: FloatArray
+    model_cid: CID
+    _board: RoundBoard | None
+    _announcer: Reannouncer
+    _fetcher: ContributionFetcher
+    _rosters: dict[bytes, tuple[Roster, Block]]
+
+    @property
+    def board(self) -> RoundBoard:
+        """What this peer has heard (after :meth:`start`)."""
+        if self._board is None:
+            raise RuntimeError("AgreedSession.start() has not been called")
+        return self._board
+
+    async def _listen(self, messages: AsyncIterator[PubsubMessage]) -> None:
+        async for message in messages:
+            self.board.accept(message)
+
+    async def _post(self, key: str, message: AgreedMessage) -> None:
+        """Announce now and keep re-announcing under ``key`` until replaced or withdrawn."""
+        await self._announcer.post(key, message.encode())
+
+    def _message(
+        self,
+        kind: MessageKind,
+        round_number: int,
+        cid: CID,
+        *,
+        base: CID | None = None,
+        weight: int | None = None,
+        record: CID | None = None,
+        inline: bytes | None = None,
+    ) -> AgreedMessage:
+        session, genesis, peer = self.session, self.genesis, self.peer_id
+        return AgreedMessage(
+            kind, session, genesis, round_number, peer, cid, base, weight, record, inline
+        )
+
+    # ------------------------------------------------------------------ fetching
+
+    def _poke(self) -> None:
+        if self._board is not None:
+            self._board.poke()
+
+    def _fetch(self, cid: CID) -> asyncio.Task[FloatArray]:
+        return self._fetcher.fetch(cid, self.model.size)
+
+    def _ready(
+        self, r: int, own: tuple[CID, int], rejected: dict[str, str]
+    ) -> dict[str, tuple[CID, int]]:
+        """Contributions on this round's base whose blocks are fetched and verified."""
+        entries = {self.peer_id: own}
+        for peer, c in self.board.state(r).contributions.items():
+            if bytes(c.base) == bytes(self.model_cid):
+                entries[peer] = (c.cid, c.weight)
+        ready = {}
+        for peer, (cid, weight) in entries.items():
+            task = self._fetcher.get(cid)
+            if task is None or not task.done() or task.cancelled():
+                continue
+            if task.exception() is None:
+                ready[peer] = (cid, weight)
+            elif not is_transient(task):
+                rejected[peer] = f"contribution {cid}: {task.exception()}"
+        return ready
+
+    def _derive_roster(self, r: int, coordinator: str, ready: dict[str, tuple[CID, int]]) -> CID:
+        """Build (and cache) the roster ``coordinator`` would publish from ``ready``."""
+        members = self.config.members
+        roster = Roster.new(
+            self.session, self.genesis, r, self.model_cid, coordinator, members, ready
+        )
+        block = roster.to_block()
+        self._rosters[bytes(block.cid)] = (roster, block)
+        self.board.state(r).rosters.setdefault(coordinator, block.cid)
+        return block.cid
+
+    async def _publish_roster(self, r: int, ready: dict[str, tuple[CID, int]]) -> None:
+        cid = self._derive_roster(r, self.peer_id, ready)
+        block = self._rosters[bytes(cid)][1]
+        inline = block.data if len(block.data) <= MAX_INLINE_BYTES else None
+        if inline is None:
+            await self.store.put(block, pin=False)  # peers fetch it now; pinned when done
+        await self._post("roster", self._message("roster", r, cid, inline=inline))
+        logger.debug(
+            "round %d: %s published roster %s (%d entries)", r, self.peer_id, cid, len(ready)
+        )
+
+    async def _try_rosters(
+        self, r: int, ranking: list[str], rejected: dict[str, str], tried: set[bytes]
+    ) -> tuple[CID, Roster, FloatArray] | None:
+        """Adopt the best-ranked valid roster heard (directly or through a ``done`` record)."""
+        state = self.board.state(r)
+        candidates = [(ranking.index(p), c) for p, c in state.rosters.items() if p in ranking]
+        if not candidates:
+            for peer, head in list(state.done.items()):
+                if bytes(head.record) in tried:
+                    continue
+                tried.add(bytes(head.record))
+                try:
+                    record = await load_record(
+                        self.store, head.record, timeout=self.config.fetch_timeout
+                    )
+                except (BlockStoreError, DecodeError) as exc:
+                    rejected[peer] = f"record {head.record}: {exc}"
+                    continue
+                if record.round == r and bytes(record.base) == bytes(self.model_cid):
+                    state.rosters.setdefault(peer, record.roster)
+            candidates = [(ranking.index(p), c) for p, c in state.rosters.items() if p in ranking]
+        for _, cid in sorted(candidates, key=lambda item: item[0]):
+            if bytes(cid) in tried:
+                continue
+            adopted = await self._adopt(r, cid, rejected, tried)
+            if adopted is not None:
+                return cid, *adopted
+        return None
+
+    async def _adopt(
+        self, r: int, cid: CID, rejected: dict[str, str], tried: set[bytes]
+    ) -> tuple[Roster, FloatArray] | None:
+        """Validate a roster and aggregate it; ``None`` while its blocks are still coming."""
+        try:
+            roster = await self._load_roster(cid)
+        except (BlockNotFound, BlockStoreError) as exc:
+            logger.debug("round %d: roster %s not fetched yet: %s", r, cid, exc)
+            return None
+        except DecodeError as exc:
+            tried.add(bytes(cid))
+            rejected[f"roster {cid}"] = str(exc)
+            return None
+        problem = roster_problem(roster, self.session, self.genesis, r, self.model_cid, self.config)
+        if problem:
+            tried.add(bytes(cid))
+            rejected[roster.coordinator] = f"roster {cid}: {problem}"
+            return None
+        tasks = [self._fetch(entry.contribution) for entry in roster.entries]
+        if not all(task.done() for task in tasks):
+            return None
+        gradients = []
+        for entry, task in zip(roster.entries, tasks, strict=True):
+            if task.cancelled() or task.exception() is not None:
+                if is_transient(task):
+                    self._fetch(entry.contribution)  # retry until the round deadline
+                    return None
+                tried.add(bytes(cid))
+                rejected[roster.coordinator] = f"roster {cid} lists a bad {entry.contribution}"
+                return None
+            gradients.append(task.result())
+        model = deterministic_update(
+            self.model, gradients, [e.weight for e in roster.entries], self.config.learning_rate
+        )
+        return roster, model
+
+    async def _load_roster(self, cid: CID) -> Roster:
+        """Decode a roster once: from its inline message, else fetched from the store."""
+        known = self._rosters.get(bytes(cid))
+        if known is None:
+            data = self.board.inline.get(bytes(cid))
+            if data is not None:
+                block = Block.from_parts(cid, data)
+            else:
+                block = await self.store.get(cid, timeout=self.config.fetch_timeout)
+            known = self._rosters[bytes(cid)] = (Roster.from_block(block), block)
+        return known[0]
