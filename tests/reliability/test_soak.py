@@ -109,12 +109,15 @@ async def test_soak_repo_stays_bounded_and_kept_rounds_verify(swarm: KuboSwarm) 
         for node in range(3):
             grown = [row[node] - base[node] for row in sizes[KEEP:]]
             assert max(grown) <= bound, (node, max(grown), bound)
-        # Flat: the last stretch of K + G rounds is no larger than the one before it.
+        # Flat: the last stretch of K + G rounds peaks no higher than the one before it, give or
+        # take two rounds (a sample may fall just before or after a collection; the previous
+        # round is stored while the next one runs). A leak of one gradient a round would add
+        # 2.5 rounds' worth per stretch.
         span = KEEP + GC_EVERY
         for node in range(3):
             late = max(row[node] for row in sizes[-span:])
             earlier = max(row[node] for row in sizes[-2 * span : -span])
-            assert late <= earlier + ROUND_BYTES, (node, late, earlier)
+            assert late <= earlier + 2 * ROUND_BYTES, (node, late, earlier)
         assert all(len(k.collections) >= ROUNDS // GC_EVERY - 1 for k in keepers)
 
         # Kept rounds re-verify from each node's repo; the chain verifies to the genesis.
