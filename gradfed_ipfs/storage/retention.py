@@ -5,11 +5,14 @@ round record and the new model to its repo: at d = 10M that is 40 MB+ a round, f
 something lets go. :class:`RetentionKeeper` is told each round's blocks (:class:`RoundBlocks`,
 by :class:`~gradfed_ipfs.federated.round.agreed.AgreedSession`'s ``retention=`` hook) and:
 
-- **pins** the round's fetched contributions while the round is live and for ``keep_rounds``
-  rounds after it (Kubo keeps only pinned blocks through ``repo/gc``; a fetched-but-unpinned
-  block is garbage at once). The aggregate itself is computed from the fetched values in memory,
-  so a collection can never change a round's result; the pin is what lets this node re-verify
-  the last ``keep_rounds`` rounds and serve their inputs to a peer that is catching up;
+- **pins** the round's fetched contributions once the round is stored, for ``keep_rounds``
+  rounds (Kubo keeps only pinned blocks through ``repo/gc``: a fetched-but-unpinned block is
+  garbage at once). While the round is live they are not pinned, and need not be: the session
+  aggregates the fetched values it holds in memory, so a collection can never change or stall
+  a round's result (a fetch holds the gate, so a collection never cuts one short). If a
+  collection dropped them in between, the pin fetches them again from their owners (who keep
+  their own contributions pinned for ``keep_rounds`` too). The pins are what let this node
+  re-verify the last ``keep_rounds`` rounds alone and serve their inputs to a peer catching up;
 - **unpins** contributions (own and fetched) ``keep_rounds`` rounds later, and the round's
   base model then too unless ``keep_models`` (so the kept rounds keep their base models; the
   latest model and the genesis stay pinned);
