@@ -56,7 +56,7 @@ from gradfed_ipfs.federated.round import (
 from gradfed_ipfs.federated.secagg.protocol import SecAggClient, SecAggServer
 from gradfed_ipfs.formats.announcement import Announcement
 from gradfed_ipfs.kubo.pubsub import KuboPubsub
-from gradfed_ipfs.provenance.round_record import ContributionRef, commit_round
+from gradfed_ipfs.provenance.round_record import ContributionRef, commit_round, verify_history
 from gradfed_ipfs.storage import Block, KuboBlockStore
 from gradfed_ipfs.storage.dag import fetch_gradient, put_gradient
 from gradfed_ipfs.tensor.aggregation import AggregationStrategy
@@ -80,6 +80,7 @@ from digits_model import (
 )
 
 BYZANTINE_SCALE = -10.0
+DEFAULT_PLOT = Path(__file__).resolve().parents[1] / "docs" / "img" / "federated_digits.png"
 N_PARAMS = N_FEATURES * N_CLASSES
 
 
@@ -126,6 +127,8 @@ class Result:
     bytes_committed: int = 0
     seconds: float = 0.0
     consistent: bool = True
+    verified: list[bool] = field(default_factory=list)
+    verified_on: str = ""
 
     @property
     def final_accuracy(self) -> float:
@@ -421,8 +424,14 @@ async def _run(options: Options, nodes: Sequence[Node], log: Callable[[str], Non
                 f"(centralized {centralized[round_id]:.4f}){eps}"
                 + (f"  record {record}" if record else "")
             )
+        if result.record_cids:  # while the daemons run: re-check the chain from another one
+            checker = peers[-1]
+            verdicts = await verify_history(result.record_cids[-1], checker.store)
+            result.verified = [v.ok for v in verdicts]
+            result.verified_on = checker.node.api_url
     finally:
         for p in peers:
+            await p.runner.aclose()  # its last announcement's re-publisher, before pubsub closes
             await p.gossip.aclose()
             await p.pubsub.aclose()
             await p.store.aclose()
@@ -473,17 +482,30 @@ async def record_round(
     return min(records)
 
 
-def run(options: Options, log: Callable[[str], None] = print) -> Result:
-    """Start ``options.peers`` loopback Kubo daemons, train, and stop them."""
+def run(options: Options, log: Callable[[str], None] = print, *, keep: bool = False) -> Result:
+    """Start ``options.peers`` loopback Kubo daemons, train, and stop them.
+
+    With ``keep``, the daemons stay up until the user presses Enter, and the command that
+    re-verifies the last round record through one of them is printed.
+    """
     from gradfed_ipfs.kubo import KuboSwarm
 
     with KuboSwarm(options.peers) as swarm:
-        return asyncio.run(run_federated(options, list(swarm), log))
+        result = asyncio.run(run_federated(options, list(swarm), log))
+        if keep and result.record_cids:
+            api = next(iter(swarm)).api_url
+            print(
+                f"the daemons keep running; in another shell:\n"
+                f"  gradfed-ipfs --api {api} history {result.record_cids[-1]}"
+            )
+            input("press Enter to stop them ")
+        return result
 
 
 def plot(result: Result, path: str | Path) -> Path:
     """Write a PNG of test accuracy against rounds, with the centralized reference line."""
     title = f"digits, softmax regression, {result.options.peers} peers over Kubo"
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     return plot_curves(
         result.accuracy, result.centralized, describe(result.options), title, Path(path)
     )
@@ -521,7 +543,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--alpha", type=float, default=d.alpha, help="Dirichlet α of the label split (non-IID)")
     add("--peers", type=int, default=d.peers, help="peers, one Kubo daemon each")
     add("--seed", type=int, default=d.seed, help="seed of the data split")
-    add("--plot", default="federated_digits.png", help="PNG path ('' for none)")
+    add("--plot", "--out", default=str(DEFAULT_PLOT), help="PNG path ('' for none)")
+    add("--keep", action="store_true", help="keep the daemons up until Enter (to run history)")
     return parser
 
 
@@ -544,7 +567,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
     )
     try:
-        result = run(options)
+        result = run(options, keep=args.keep)
     except GradfedError as exc:
         print(f"error ({type(exc).__name__}): {exc}", file=sys.stderr)
         return exc.exit_code
@@ -562,13 +585,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if result.epsilon is not None:
         print(f"privacy: ε = {result.epsilon:.3f} at δ = {options.dp_delta:g} per peer (RDP)")
     if result.record_cids:
+        print(f"last round record: {result.record_cids[-1]}")
         print(
-            f"last round record: {result.record_cids[-1]} "
-            f"(gradfed-ipfs history {result.record_cids[-1]})"
+            f"history re-verified through {result.verified_on}: "
+            f"{sum(result.verified)}/{len(result.verified)} rounds recomputed bit for bit"
+            + ("" if args.keep else " (the daemons stop now; --keep to run history yourself)")
         )
     if args.plot:
         print(f"plot: {plot(result, args.plot)}")
-    return 0 if result.consistent and math.isfinite(result.final_accuracy) else 1
+    verified = all(result.verified)
+    return 0 if result.consistent and verified and math.isfinite(result.final_accuracy) else 1
 
 
 if __name__ == "__main__":

@@ -46,13 +46,13 @@ CLI exits with. The tree::
     │   ├── NotStarted                 operating on a round that was not started
     │   ├── PrivacyBudgetExhausted     a DP operation would exceed the (ε, δ) budget
     │   ├── InsufficientPeers          a round's deadline passed with fewer than min_peers in
-    │   ├── SecureAggregationError     the masked-sum protocol cannot proceed
-    │   │   ├── SecAggPeerRejected     one party's SecAgg message is unusable (names the party)
-    │   │   └── UnmaskRefused          an honest client refuses an unmasking request
-    │   ├── QuorumNotReached           an agreed round has fewer than min_peers by its deadline
+    │   │   └── QuorumNotReached       an agreed round adopted no roster of min_peers in time
     │   ├── RoundMismatch              peers announced a different result CID for a round
     │   ├── GenesisMismatch            a model or record of another session's genesis
-    │   └── RoundVerificationFailed    an agreed round record does not re-verify
+    │   ├── RoundVerificationFailed    an agreed round record does not re-verify
+    │   └── SecureAggregationError     the masked-sum protocol cannot proceed
+    │       ├── SecAggPeerRejected     one party's SecAgg message is unusable (names the party)
+    │       └── UnmaskRefused          an honest client refuses an unmasking request
     ├── CoordinationError              the seed's ``CoordinationError`` (§8.4); exit 8
     │   ├── PassNotFound               unknown backward pass id
     │   └── PassAlreadyTerminal        the pass is Complete or Failed
@@ -527,20 +527,20 @@ class InsufficientPeers(FederatedError):
         )
 
 
-class SecureAggregationError(FederatedError):
-    """The secure-aggregation protocol cannot proceed (too few participants, bad shares...)."""
+class QuorumNotReached(InsufficientPeers):
+    """An agreed round adopted no roster of at least ``need`` contributions by its deadline.
 
-
-class QuorumNotReached(FederatedError):
-    """An agreed round found no roster of at least ``need`` contributions by its deadline."""
+    ``have`` counts the verified contributions (this peer's included) it held then.
+    """
 
     def __init__(self, round_number: int, have: int, need: int) -> None:
+        super().__init__(round_number, need, have)
         self.round = round_number
         self.have = have
         self.need = need
-        super().__init__(
+        self.args = (
             f"round {round_number}: no roster with >= {need} contributions before the deadline "
-            f"(this peer saw {have})"
+            f"(this peer saw {have})",
         )
 
 
@@ -565,6 +565,10 @@ class GenesisMismatch(FederatedError, ValueError):
 
 class RoundVerificationFailed(FederatedError):
     """An agreed round record, its roster or its result does not re-verify."""
+
+
+class SecureAggregationError(FederatedError):
+    """The secure-aggregation protocol cannot proceed (too few participants, bad shares...)."""
 
 
 class SecAggPeerRejected(SecureAggregationError):

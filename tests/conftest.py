@@ -1,24 +1,31 @@
-"""Shared fixtures: Kubo providers, block stores, and the no-leftover-daemon check.
+"""Shared fixtures: Kubo providers, block stores, and the no-leftover check.
 
-Providers (``--kubo=…``):
+Providers (``--kubo=…``; the default comes from ``$GRADFED_KUBO_PROVIDER``, else ``binary``):
 
 ``binary`` (default)
     Local daemons from the pinned binary (``scripts/install-kubo``), on loopback, each with its
     own temporary repo.
 ``docker``
-    ``ipfs/kubo:v0.43.1`` containers via testcontainers; used only where a Docker engine
-    answers (these machines have none, so the tests skip with that reason).
+    Kubo containers via testcontainers from ``gradfed-ipfs/kubo:v0.43.1`` (built locally by
+    ``scripts/build-kubo-image``, no pull; ``$GRADFED_KUBO_IMAGE`` picks another image) on an
+    internal network, the API relayed to 127.0.0.1 (see ``tests/docker_kubo.py``). Skipped,
+    with the reason, where no Docker engine answers or the image is missing.
 ``external``
     One running daemon at ``$GRADFED_IPFS_API``; multi-node tests skip.
 
 The same integration test bodies run under every provider: they only see ``KuboNode`` objects
-with an ``api_url`` and a ``peer_id``.
+with an ``api_url`` and a ``peer_id``. A test marked ``@pytest.mark.docker`` that uses
+``kubo_node``, ``kubo_swarm3`` or ``kubo_store`` runs once per provider: ``[binary]`` and
+``[docker]`` by default, so the default suite covers the containers too. Only the ``[docker]``
+variants keep the ``docker`` mark (``-m docker`` runs just those, ``-m "not docker"`` skips
+them). The terminal summary ends with the pass counts per provider.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,6 +35,7 @@ from hypothesis import HealthCheck, settings
 
 from gradfed_ipfs.kubo import KuboDaemon, KuboSwarm, find_kubo_binary, live_daemon_pids
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
+from tests import docker_kubo
 
 settings.register_profile(
     "ci", max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -37,12 +45,15 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+PROVIDERS = ("binary", "docker", "external")
+OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--kubo",
         default=os.environ.get("GRADFED_KUBO_PROVIDER", "binary"),
-        choices=["binary", "docker", "external"],
+        choices=PROVIDERS,
         help="where integration tests get Kubo daemons from (default: binary)",
     )
 
@@ -64,101 +75,178 @@ def _provider(config: pytest.Config) -> str:
     return str(config.getoption("--kubo"))
 
 
-def _docker_engine_answers() -> bool:
-    try:
-        import docker  # type: ignore[import-untyped]
-
-        docker.from_env(timeout=3).ping()
-    except Exception:
-        return False
-    return True
+def _variants(config: pytest.Config) -> list[str]:
+    """Providers a ``docker``-marked test runs on: the chosen one, and Docker besides."""
+    chosen = _provider(config)
+    return [chosen] if chosen == "docker" else [chosen, "docker"]
 
 
-class DockerKubo:
-    """A Kubo container (testcontainers) with the API published on the host's loopback."""
-
-    def __init__(self) -> None:
-        from testcontainers.core.container import DockerContainer
-
-        self._container: Any = (
-            DockerContainer("ipfs/kubo:v0.43.1")
-            .with_env("IPFS_PROFILE", "test")
-            .with_env("IPFS_TELEMETRY", "off")
-            .with_bind_ports(5001, ("127.0.0.1", 0))
-        )
-        self.api_url = ""
-        self.peer_id = ""
-
-    def start(self) -> DockerKubo:
-        import httpx
-
-        self._container.start()
-        port = self._container.get_exposed_port(5001)
-        self.api_url = f"http://127.0.0.1:{port}"
-        from tests.polling import poll_until
-
-        def ready() -> bool:
-            try:
-                self.peer_id = httpx.post(f"{self.api_url}/api/v0/id", timeout=2).json()["ID"]
-            except Exception:
-                return False
-            return True
-
-        poll_until(ready, timeout=60, what="kubo container API")
-        return self
-
-    def stop(self) -> None:
-        self._container.stop()
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "docker: runs on Kubo containers too (a [docker] variant beside the chosen provider)",
+    )
 
 
-@pytest.fixture(scope="session")
-def kubo_provider(pytestconfig: pytest.Config) -> str:
-    provider = _provider(pytestconfig)
-    if provider == "docker" and not _docker_engine_answers():
-        pytest.skip("--kubo=docker: no Docker engine answers on this machine")
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if metafunc.definition.get_closest_marker("docker") is None:
+        return
+    if "kubo_provider" not in metafunc.fixturenames:
+        return  # a Docker-only test (the compose test), not parametrized
+    variants = _variants(metafunc.config)
+    metafunc.parametrize("kubo_provider", variants, indirect=True, ids=variants)
+
+
+def _item_provider(item: pytest.Item, default: str) -> str | None:
+    """The Kubo provider a collected test runs on, or ``None`` for tests without Kubo."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "kubo_provider" in callspec.params:
+        return str(callspec.params["kubo_provider"])
+    fixtures = getattr(item, "fixturenames", ())
+    if "kubo_binary" in fixtures:
+        return "binary"
+    if item.get_closest_marker("docker") is not None:
+        return "docker"
+    if "kubo_provider" in fixtures or item.get_closest_marker("kubo") is not None:
+        return default
+    return None
+
+
+_item_providers: dict[str, str] = {}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        provider = _item_provider(item, _provider(config))
+        if provider is not None:
+            _item_providers[item.nodeid] = provider
+        if provider not in (None, "docker") and isinstance(item, pytest.Function):
+            # The mark put this test on Docker too; its non-Docker variant is not a Docker test.
+            item.own_markers[:] = [m for m in item.own_markers if m.name != "docker"]
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """One line with the outcome counts per Kubo provider (and why Docker tests skipped)."""
+    outcomes: dict[str, Counter[str]] = {}
+    seen: set[tuple[str, str]] = set()
+    docker_skips: set[str] = set()
+    for category in OUTCOMES:
+        for report in terminalreporter.stats.get(category, []):
+            provider = _item_providers.get(getattr(report, "nodeid", ""))
+            if provider is None or (report.nodeid, category) in seen:
+                continue
+            seen.add((report.nodeid, category))
+            outcomes.setdefault(provider, Counter())[category] += 1
+            if provider == "docker" and category == "skipped":
+                longrepr = report.longrepr
+                reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+                docker_skips.add(reason.removeprefix("Skipped: "))
+    if not outcomes:
+        return
+    parts = []
+    for provider in sorted(outcomes, key=PROVIDERS.index):
+        counts = outcomes[provider]
+        parts.append(f"{provider} " + ", ".join(f"{counts[c]} {c}" for c in OUTCOMES if counts[c]))
+    terminalreporter.write_line("kubo providers: " + "; ".join(parts))
+    for reason in sorted(docker_skips):
+        terminalreporter.write_line(f"kubo providers: docker tests skipped: {reason}")
+
+
+def _unavailable(provider: str) -> str | None:
+    if provider == "docker":
+        return docker_kubo.docker_unavailable()
     if provider == "external" and not os.environ.get("GRADFED_IPFS_API"):
-        pytest.skip("--kubo=external needs GRADFED_IPFS_API")
+        return "--kubo=external needs GRADFED_IPFS_API"
+    return None
+
+
+@pytest.fixture
+def kubo_provider(request: pytest.FixtureRequest, pytestconfig: pytest.Config) -> str:
+    """The provider of this test's nodes: its ``[variant]``, else the ``--kubo`` option."""
+    provider = str(getattr(request, "param", _provider(pytestconfig)))
+    reason = _unavailable(provider)
+    if reason:
+        pytest.skip(reason)
     return provider
 
 
 @pytest.fixture(scope="session")
-def kubo_binary(kubo_provider: str) -> Path:
-    if kubo_provider != "binary":
-        pytest.skip(f"needs a local Kubo binary (provider is {kubo_provider})")
+def kubo_binary(pytestconfig: pytest.Config) -> Path:
+    """The local Kubo binary, for tests that run (stop, kill, restart) their own daemons."""
+    provider = _provider(pytestconfig)
+    if provider != "binary":
+        pytest.skip(f"needs a local Kubo binary (provider is {provider})")
     return find_kubo_binary()
 
 
-def _start_nodes(provider: str, n: int) -> tuple[list[Any], Any]:
+def _start_nodes(provider: str, n: int) -> tuple[list[Any], Callable[[], None]]:
     """Start ``n`` connected nodes; return them and a stopper."""
     if provider == "binary":
         swarm = KuboSwarm(n).start()
         return list(swarm), swarm.stop
     if provider == "docker":
-        nodes = [DockerKubo().start() for _ in range(n)]
-        return nodes, lambda: [node.stop() for node in nodes]
+        containers = docker_kubo.KuboContainerSwarm(n).start()
+        return list(containers), containers.stop
     if n > 1:
         pytest.skip("--kubo=external provides a single daemon")
     return [ExternalNode(os.environ["GRADFED_IPFS_API"])], lambda: None
 
 
+class _NodePool:
+    """Nodes started on first use, per (provider, count), shared by the session.
+
+    The ``[binary]`` and ``[docker]`` variants interleave in collection order; pooling (instead of
+    a parametrized session fixture) starts each set once rather than at every switch.
+    """
+
+    def __init__(self) -> None:
+        self._started: dict[tuple[str, int], tuple[list[Any], Callable[[], None]]] = {}
+        self._failed: dict[tuple[str, int], BaseException] = {}
+
+    def get(self, provider: str, n: int) -> list[Any]:
+        key = (provider, n)
+        if key in self._failed:
+            raise RuntimeError(f"{n} {provider} node(s) failed to start") from self._failed[key]
+        if key not in self._started:
+            try:
+                self._started[key] = _start_nodes(provider, n)
+            except Exception as exc:  # not pytest.skip (a BaseException): that is not cached
+                self._failed[key] = exc
+                raise
+        return self._started[key][0]
+
+    def stop(self) -> None:
+        errors: list[BaseException] = []
+        for _nodes, stop in reversed(self._started.values()):
+            try:
+                stop()
+            except Exception as exc:
+                errors.append(exc)
+        self._started.clear()
+        if errors:
+            raise errors[0]
+
+
 @pytest.fixture(scope="session")
-def kubo_node(kubo_provider: str) -> Iterator[KuboNode]:
+def kubo_pool() -> Iterator[_NodePool]:
+    pool = _NodePool()
+    try:
+        yield pool
+    finally:
+        pool.stop()
+
+
+@pytest.fixture
+def kubo_node(kubo_provider: str, kubo_pool: _NodePool) -> KuboNode:
     """One daemon shared by the whole session (tests must not depend on its contents)."""
-    nodes, stop = _start_nodes(kubo_provider, 1)
-    try:
-        yield nodes[0]
-    finally:
-        stop()
+    node: KuboNode = kubo_pool.get(kubo_provider, 1)[0]
+    return node
 
 
-@pytest.fixture(scope="session")
-def kubo_swarm3(kubo_provider: str) -> Iterator[list[KuboNode]]:
+@pytest.fixture
+def kubo_swarm3(kubo_provider: str, kubo_pool: _NodePool) -> list[KuboNode]:
     """Three connected daemons shared by the session (bitswap and pubsub between them)."""
-    nodes, stop = _start_nodes(kubo_provider, 3)
-    try:
-        yield nodes
-    finally:
-        stop()
+    return kubo_pool.get(kubo_provider, 3)
 
 
 @pytest.fixture
@@ -214,7 +302,7 @@ def _child_daemon_pids(binary: Path) -> list[int]:
 
 @pytest.fixture(scope="session", autouse=True)
 def no_leftover_daemons(pytestconfig: pytest.Config) -> Iterator[None]:
-    """Fail the session if any daemon this run started is still running at the end."""
+    """Fail the session if a daemon, container or network this run started is still there."""
     binary = None
     if _provider(pytestconfig) == "binary":
         try:
@@ -227,3 +315,6 @@ def no_leftover_daemons(pytestconfig: pytest.Config) -> Iterator[None]:
         leftovers += _child_daemon_pids(binary)
     if leftovers:
         pytest.fail(f"Kubo daemons left running after the test session: {sorted(set(leftovers))}")
+    docker_leftovers = docker_kubo.leftover_resources()
+    if docker_leftovers:
+        pytest.fail(f"Docker resources left after the test session: {docker_leftovers}")

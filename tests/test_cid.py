@@ -69,6 +69,7 @@ def test_verify_detects_tampering() -> None:
 
 
 @pytest.mark.kubo
+@pytest.mark.docker
 def test_matches_kubo_key(kubo_node: object) -> None:
     import random
 

@@ -45,6 +45,12 @@ def test_help_lists_demo(capsys: pytest.CaptureFixture[str]) -> None:
 # --------------------------------------------------------------------------- shared helpers
 
 
+@pytest.fixture(autouse=True)
+def own_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's node dir (and its book of sample counts) per test, never the user's."""
+    monkeypatch.setenv("GRADFED_IPFS_HOME", str(tmp_path / "cli-home"))
+
+
 @pytest.fixture
 def no_env_api(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GRADFED_IPFS_API", raising=False)
@@ -62,7 +68,17 @@ def save(path: Path, array: np.ndarray) -> Path:
     return path
 
 
-SUBCOMMANDS = ["demo", "node", "commit", "fetch", "aggregate", "verify-round", "history", "watch"]
+SUBCOMMANDS = [
+    "demo",
+    "node",
+    "commit",
+    "fetch",
+    "aggregate",
+    "verify-round",
+    "history",
+    "watch",
+    "round",
+]
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)

@@ -280,6 +280,7 @@ async def test_pinning_manifest_pins_every_chunk_and_gc_keeps_them(fresh_daemon)
 
 
 @pytest.mark.kubo
+@pytest.mark.docker
 async def test_chunked_fetch_over_bitswap(kubo_swarm3) -> None:  # type: ignore[no-untyped-def]
     values = rng_values(4 * values_per_chunk(), seed=11)  # four 1 MiB chunks
     a, b = kubo_swarm3[0], kubo_swarm3[1]

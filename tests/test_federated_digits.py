@@ -61,6 +61,7 @@ def test_round_records_verify_from_another_daemon(
             return [v.ok for v in await verify_history(fedavg.record_cids[-1], store)]
 
     assert asyncio.run(check()) == [True] * ROUNDS
+    assert fedavg.verified == [True] * ROUNDS  # the example checked it before its daemons stopped
 
 
 @pytest.mark.kubo

@@ -249,6 +249,7 @@ async def _collect(
 
 
 @pytest.mark.kubo
+@pytest.mark.docker
 async def test_kubo_pubsub_end_to_end_with_hostile_messages(kubo_swarm3) -> None:  # type: ignore[no-untyped-def]
     a, b = kubo_swarm3[0], kubo_swarm3[1]
     topic = session_topic("pubsub-e2e")

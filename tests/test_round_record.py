@@ -271,6 +271,7 @@ def test_record_refuses_duplicate_peer() -> None:
 
 
 @pytest.mark.kubo
+@pytest.mark.docker
 async def test_history_verified_by_outsider_over_bitswap(kubo_swarm3) -> None:  # type: ignore[no-untyped-def]
     from gradfed_ipfs.provenance.checkpoint import GradientCheckpoint
     from gradfed_ipfs.provenance.graph import ComputationGraphStore

@@ -31,6 +31,7 @@ from .common import API_ENV, HOME_ENV, console, err_console
 from .data import add_data_parsers
 from .node import add_node_parser
 from .records import add_record_parsers
+from .rounds import add_round_parser
 
 __all__ = ["build_parser", "console", "err_console", "main"]
 
@@ -120,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_node_parser(commands)
     add_data_parsers(commands)
     add_record_parsers(commands)
+    add_round_parser(commands)
     return parser
 
 

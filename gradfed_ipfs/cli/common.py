@@ -26,6 +26,7 @@ from rich.progress import (
 )
 
 from .._types import FloatArray
+from ..adapters.numpy import as_float32
 from ..errors import BlockNotFound, DecodeError, GradfedError, InvalidGradient, KuboRpcError
 from ..formats.arrow import decode_gradient, store_gradient_as_arrow
 from ..kubo.rpc import KuboRpc
@@ -60,6 +61,7 @@ __all__ = [
     "resolve_api",
     "run",
     "shape_text",
+    "waiting",
     "write_gradient_file",
 ]
 
@@ -72,6 +74,8 @@ console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False)
 
 T = TypeVar("T")
+NPY_MAGIC: Final = b"\x93NUMPY"
+"""The first bytes of every ``.npy`` file."""
 
 
 class UsageError(GradfedError):
@@ -233,14 +237,22 @@ def read_gradient_file(path: Path) -> FloatArray:
     try:
         if suffix == ".arrow":
             return decode_gradient(path.read_bytes()).tensor()
+        with path.open("rb") as handle:
+            # np.load takes anything without the magic for a pickle and talks about allow_pickle
+            if handle.read(len(NPY_MAGIC)) != NPY_MAGIC:
+                raise DecodeError(f"{path} is not a NumPy .npy file (no \\x93NUMPY header)")
         array = np.load(path, allow_pickle=False)
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:  # not a .npy file, truncated, or an object array (needs pickle)
+    except ValueError as exc:  # truncated, or an object array (needs pickle)
         raise DecodeError(f"{path} is not a valid .npy array: {exc}") from None
     if not isinstance(array, np.ndarray) or array.dtype.kind not in "biuf":
         raise DecodeError(f"{path}: expected a numeric array, got dtype {array.dtype}")
-    values = np.asarray(array, dtype=np.float32)
+    values = as_float32(array, path.name)  # refuses values too large for float32
+    if array.dtype != np.float32:
+        rounded = int(np.count_nonzero(values != array))
+        detail = f", {rounded:,} values rounded" if rounded else ", exactly"
+        err_console.print(f"note: {path.name} is {array.dtype}; converted to float32{detail}")
     if not np.isfinite(values).all():
         raise InvalidGradient(f"{path}: the array has NaN or Inf values")
     return values
@@ -283,6 +295,29 @@ def progress_bar(description: str, *, enabled: bool = True) -> Iterator[Callable
         yield update
 
 
+@contextmanager
+def waiting(description: str, enabled: bool = True, *, after: float = 2.0) -> Iterator[None]:
+    """Show a spinner on a terminal while a wait runs; elsewhere one line if it lasts ``after`` s.
+
+    Call inside a running event loop (the notice is scheduled on it). A quick wait prints
+    nothing off a terminal, so one-line error output stays one line.
+    """
+    if not enabled:
+        yield
+        return
+    if err_console.is_terminal:
+        with err_console.status(f"{description}…"):
+            yield
+        return
+    notice = asyncio.get_running_loop().call_later(
+        after, lambda: err_console.print(f"still {description}…", soft_wrap=True)
+    )
+    try:
+        yield
+    finally:
+        notice.cancel()
+
+
 def human_bytes(count: float) -> str:
     """``1536`` → ``1.5 KiB``."""
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -293,5 +328,7 @@ def human_bytes(count: float) -> str:
 
 
 def shape_text(shape: tuple[int, ...]) -> str:
-    """``(3, 4)`` → ``3x4`` (``math.prod`` values)."""
-    return "x".join(str(d) for d in shape) + f" ({math.prod(shape):,} values)"
+    """``(3, 4)`` → ``3x4 (12 values)``; ``()`` → ``scalar (1 value)``."""
+    count = math.prod(shape)
+    dims = "x".join(str(d) for d in shape) if shape else "scalar"
+    return f"{dims} ({count:,} value{'' if count == 1 else 's'})"

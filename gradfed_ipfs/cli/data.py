@@ -11,7 +11,7 @@ from multiformats import CID
 
 from .._types import FloatArray
 from ..cid import DAG_CBOR, RAW, parse_cid
-from ..errors import BlockNotFound, DecodeError, DimensionMismatch, MalformedArrow
+from ..errors import BlockNotFound, BlockTooLarge, DecodeError, DimensionMismatch, MalformedArrow
 from ..formats.announcement import Announcement
 from ..formats.arrow import decode_gradient, store_layer_as_arrow
 from ..kubo.pubsub import KuboPubsub, session_topic
@@ -31,8 +31,10 @@ from .common import (
     progress_bar,
     read_gradient_file,
     shape_text,
+    waiting,
     write_gradient_file,
 )
+from .samples import book_path, load_samples, record_samples
 
 __all__ = ["add_data_parsers", "fetch_any"]
 
@@ -53,7 +55,8 @@ async def fetch_any(
     """
     try:
         if cid.codec.code == RAW:
-            block = await store.get(cid, timeout=timeout)  # re-hashed against the CID
+            with waiting(f"fetching {cid} (one block, up to {timeout:g}s)", show_progress):
+                block = await store.get(cid, timeout=timeout)  # re-hashed against the CID
             decoded = decode_gradient(block.data)
             return decoded.tensor(), decoded.encoding
         if cid.codec.code != DAG_CBOR:
@@ -88,23 +91,50 @@ async def _commit(args: argparse.Namespace, api: str) -> int:
             encoding = "dense" if cid.codec.code == RAW else "dense, chunked DAG"
         else:
             payload = codec.encode(values.reshape(-1), list(values.shape))
-            block = Block.new(store_layer_as_arrow(payload))
+            data = store_layer_as_arrow(payload)
+            if len(data) > store.max_block_size:
+                raise BlockTooLarge(
+                    f"the {codec.codec_id} encoding is {human_bytes(len(data))}, over the "
+                    f"{human_bytes(store.max_block_size)} block limit; a compressed gradient is "
+                    "one block (it cannot be chunked): lower the top-k ratio (topk:R) or commit "
+                    "without --compress (dense gradients become chunked DAGs)"
+                )
+            block = Block.new(data)
             cid = await store.put(block)
             encoding = f"{codec.codec_id}, {human_bytes(len(block.data))}"
         err_console.print(f"committed {shape_text(values.shape)} as {encoding}")
+        record_samples(book_path(args), {str(cid): args.samples})
         if args.announce:
-            peer_id = await store.peer_id()
-            announcement = Announcement.new(
-                args.session, args.round, peer_id, cid, num_samples=args.samples, length=values.size
-            )
-            pubsub = KuboPubsub(api, timeout=args.timeout)
-            try:
-                await pubsub.publish(session_topic(args.session), announcement.encode())
-            finally:
-                await pubsub.aclose()
-            err_console.print(f"announced on {session_topic(args.session)} (round {args.round})")
+            await _announce(args, api, store, cid, int(values.size))
     console.print(str(cid))
     return 0
+
+
+async def _announce(
+    args: argparse.Namespace, api: str, store: KuboBlockStore, cid: CID, length: int
+) -> None:
+    """Publish ``cid`` once on the session's topic; say whether anyone was listening."""
+    topic = session_topic(args.session)
+    peer_id = await store.peer_id()
+    announcement = Announcement.new(
+        args.session, args.round, peer_id, cid, num_samples=args.samples, length=length
+    )
+    pubsub = KuboPubsub(api, timeout=args.timeout)
+    try:
+        subscribers = await pubsub.peers(topic)
+        await pubsub.publish(topic, announcement.encode())
+    finally:
+        await pubsub.aclose()
+    if subscribers:
+        err_console.print(
+            f"announced on {topic} (round {args.round}) to {len(subscribers)} subscribed "
+            f"peer{'' if len(subscribers) == 1 else 's'}"
+        )
+    else:
+        err_console.print(
+            f"announced on {topic} (round {args.round}), but no peer is subscribed to {topic}: "
+            "nobody received it (announcements are not stored; start `watch` or `round` first)"
+        )
 
 
 # --------------------------------------------------------------------------- fetch
@@ -126,22 +156,41 @@ async def _fetch(args: argparse.Namespace, api: str) -> int:
 # --------------------------------------------------------------------------- aggregate
 
 
-def _samples(text: str | None, count: int) -> list[int | None]:
-    if not text:
+def _samples(texts: list[str] | None, count: int) -> list[int | None]:
+    """Parse ``--samples 100 300`` or ``100,300``: one count per CID (``None`` each if unset)."""
+    if not texts:
         return [None] * count
+    parts = [part for text in texts for part in text.split(",") if part.strip()]
     try:
-        samples = [int(s) for s in text.split(",")]
+        samples = [int(part) for part in parts]
     except ValueError:
-        raise UsageError(f"--samples must be comma-separated integers, got {text!r}") from None
+        raise UsageError(f"--samples must be integers, got {' '.join(texts)!r}") from None
     if len(samples) != count or any(s < 0 for s in samples):
         raise UsageError(f"--samples needs {count} non-negative counts, one per CID")
     return list(samples)
 
 
+def _weights(args: argparse.Namespace, cids: list[CID]) -> tuple[list[int | None], str]:
+    """Return the sample counts to weight with, and a sentence saying where they came from."""
+    if args.samples:
+        samples = _samples(args.samples, len(cids))
+        return samples, f"samples {', '.join(map(str, samples))} (from --samples)"
+    book = load_samples(book_path(args))
+    known: list[int | None] = [book.get(str(cid)) for cid in cids]
+    if all(count is None for count in known):
+        return known, (
+            "equal weights: no sample counts known for these CIDs (pass --samples, or have "
+            "`watch --session` running while peers announce)"
+        )
+    text = ", ".join("?" if count is None else str(count) for count in known)
+    note = "; ? weighs as the mean of the known counts" if None in known else ""
+    return known, f"samples {text} (as committed or announced{note})"
+
+
 async def _aggregate(args: argparse.Namespace, api: str) -> int:
     cids = [_cid(c) for c in args.cids]
     strategy = parse_method(args.method)
-    samples = _samples(args.samples, len(cids))
+    samples, weights = _weights(args, cids)
     out = Path(args.output)
     if out.suffix.lower() not in (".npy", ".arrow"):
         raise UsageError(f"{out}: the output must end in .npy or .arrow")
@@ -162,6 +211,7 @@ async def _aggregate(args: argparse.Namespace, api: str) -> int:
         committed = await put_gradient(store, result) if args.commit else None
     write_gradient_file(out, result)
     console.print(f"aggregated {len(cids)} gradients with {strategy!r} -> {out}")
+    console.print(f"weights: {weights}")
     if committed is not None:
         console.print(str(committed))
     return 0
@@ -212,7 +262,13 @@ def add_data_parsers(commands: Any) -> None:
         default="fedavg",
         help="fedavg (default), mean, sum, median, trimmed:BETA, krum:F or multikrum:F:M",
     )
-    aggregate.add_argument("--samples", help="comma-separated sample counts (FedAvg weights)")
+    aggregate.add_argument(
+        "--samples",
+        nargs="+",
+        metavar="N",
+        help="sample counts, one per CID (FedAvg weights); default: the counts committed or "
+        "announced with each CID (see `watch`), else equal weights",
+    )
     aggregate.add_argument("-o", "--output", required=True, help="FILE.npy or FILE.arrow")
     aggregate.add_argument(
         "--commit", action="store_true", help="also store the aggregate and print its CID"

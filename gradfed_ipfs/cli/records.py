@@ -24,6 +24,7 @@ from ..provenance.round_record import (
 )
 from ..storage.kubo import KuboBlockStore
 from .common import UsageError, async_handler, console, err_console
+from .samples import book_path, record_samples
 
 __all__ = ["NotARoundRecord", "add_record_parsers"]
 
@@ -128,22 +129,34 @@ async def _history(args: argparse.Namespace, api: str) -> int:
     return 0 if not failed else 1
 
 
+def _drop_table(topic: str, checks: AnnouncementFilter) -> None:
+    table = Table(title=f"announcements on {topic}")
+    table.add_column("accepted")
+    for reason, _ in checks.counts():
+        table.add_column(f"dropped: {reason}")
+    table.add_row(str(checks.accepted), *(str(count) for _, count in checks.counts()))
+    console.print(table)
+
+
 async def _watch(args: argparse.Namespace, api: str) -> int:
     pubsub = KuboPubsub(api, timeout=args.timeout)
     topic = session_topic(args.session)
+    book = book_path(args)
+    checks: AnnouncementFilter | None = None
     seen = 0
     try:
         own = await pubsub.local_peer_id()
         checks = AnnouncementFilter(args.session, own)
         err_console.print(f"watching {topic} on {api} (Ctrl-C to stop)")
 
-        async def consume() -> None:
+        async def consume(checks: AnnouncementFilter) -> None:
             nonlocal seen
             async for message in pubsub.subscribe(topic):
                 announcement = checks.accept(message)
                 if announcement is None:
                     continue
                 seen += 1
+                record_samples(book, {str(announcement.cid): announcement.num_samples})
                 stamp = time.strftime("%H:%M:%S", time.localtime(announcement.timestamp_ms / 1e3))
                 console.print(
                     f"{stamp} round {announcement.round} peer {announcement.peer_id} "
@@ -154,15 +167,14 @@ async def _watch(args: argparse.Namespace, api: str) -> int:
                     return
 
         with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-            await asyncio.wait_for(consume(), timeout=args.duration)
+            await asyncio.wait_for(consume(checks), timeout=args.duration)
+    except asyncio.CancelledError:  # Ctrl-C: asyncio.run cancels us, then exits 130
+        if checks is not None:
+            _drop_table(topic, checks)
+        raise
     finally:
         await pubsub.aclose()
-    table = Table(title=f"announcements on {topic}")
-    table.add_column("accepted")
-    for reason, _ in checks.counts():
-        table.add_column(f"dropped: {reason}")
-    table.add_row(str(checks.accepted), *(str(count) for _, count in checks.counts()))
-    console.print(table)
+    _drop_table(topic, checks)
     return 0
 
 

@@ -40,6 +40,9 @@ from .base import MAX_BLOCK_SIZE, UNSET, AsyncClosing, Block, Unset
 
 __all__ = ["STORE_ERRORS", "KuboBlockStore", "encode_block_put", "rpc_context"]
 
+GC_DEADLINE: Final = 600.0
+"""Seconds one ``repo/gc`` may take (it walks every pin; the retention gate bounds the rest)."""
+
 _CODEC_PARAM: Final = {RAW: "raw", DAG_CBOR: "dag-cbor"}
 # Markers in Kubo's error messages that mean "this block is not here" rather than a failure.
 _NOT_FOUND_MARKERS: Final = ("not found", "could not find", "context deadline exceeded")
@@ -269,7 +272,7 @@ class KuboBlockStore(AsyncClosing):
                 retries=self.retries,
                 backoff=self.backoff,
                 errors=STORE_ERRORS,
-                deadline=self.timeout + DEADLINE_GRACE,
+                deadline=GC_DEADLINE,
             )
             return sum(1 for item in removed if isinstance(item, dict) and item.get("Key"))
 

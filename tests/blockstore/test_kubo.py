@@ -15,6 +15,7 @@ from gradfed_ipfs.storage import Block, KuboBlockStore
 pytestmark = pytest.mark.kubo
 
 
+@pytest.mark.docker
 async def test_put_get_has_pin_delete_round_trip(kubo_store: KuboBlockStore) -> None:
     block = Block.new(os.urandom(4096))
     assert not await kubo_store.has(block.cid)
@@ -34,6 +35,7 @@ async def test_put_get_has_pin_delete_round_trip(kubo_store: KuboBlockStore) -> 
         await kubo_store.delete(block.cid)
 
 
+@pytest.mark.docker
 async def test_dag_cbor_block(kubo_store: KuboBlockStore) -> None:
     import dag_cbor
 
@@ -42,6 +44,7 @@ async def test_dag_cbor_block(kubo_store: KuboBlockStore) -> None:
     assert (await kubo_store.get(block.cid)).data == block.data
 
 
+@pytest.mark.docker
 async def test_largest_block_accepted_and_larger_refused(kubo_store: KuboBlockStore) -> None:
     block = Block.new(os.urandom(2 * 1024 * 1024))
     assert await kubo_store.put(block, pin=False) == block.cid
@@ -49,6 +52,7 @@ async def test_largest_block_accepted_and_larger_refused(kubo_store: KuboBlockSt
         await kubo_store.put(Block(block.cid, block.data + b"x"))
 
 
+@pytest.mark.docker
 async def test_missing_cid_raises_not_found_within_timeout(kubo_store: KuboBlockStore) -> None:
     missing = Block.new(os.urandom(64)).cid
     started = time.monotonic()
@@ -58,6 +62,7 @@ async def test_missing_cid_raises_not_found_within_timeout(kubo_store: KuboBlock
     assert info.value.cid == missing
 
 
+@pytest.mark.docker
 async def test_peer_fetches_block_over_bitswap(kubo_swarm3: list[object]) -> None:
     owner, fetcher = kubo_swarm3[0], kubo_swarm3[1]
     async with (

@@ -99,6 +99,7 @@ async def test_round_filter_and_announce_until() -> None:
 
 
 @pytest.mark.kubo
+@pytest.mark.docker
 async def test_gossip_over_kubo_pubsub(kubo_swarm3) -> None:  # type: ignore[no-untyped-def]
     a, b = kubo_swarm3[0], kubo_swarm3[2]
     pub_a, pub_b = KuboPubsub(a.api_url), KuboPubsub(b.api_url)

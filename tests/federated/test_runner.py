@@ -213,6 +213,7 @@ async def test_three_kubo_nodes_10m_floats_fedavg_over_pubsub(kubo_swarm3) -> No
 
 
 @pytest.mark.kubo
+@pytest.mark.docker
 async def test_kubo_peer_announcing_unserved_blocks_is_excluded(kubo_swarm3) -> None:  # type: ignore[no-untyped-def]
     session = "ghost-on-kubo"
     transports = [KuboPubsub(n.api_url) for n in kubo_swarm3]

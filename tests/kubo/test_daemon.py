@@ -61,6 +61,7 @@ def test_failed_start_reports_log_tail(kubo_binary: Path, tmp_path: Path) -> Non
     daemon.stop()
 
 
+@pytest.mark.docker
 def test_swarm_is_fully_connected(kubo_swarm3: list[KuboDaemon]) -> None:
     for daemon in kubo_swarm3:
         others = {d.peer_id for d in kubo_swarm3 if d is not daemon}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -71,6 +72,8 @@ async def run(args: argparse.Namespace) -> int:
             emit("resync", changed=synced.changed, round=synced.round, model=str(synced.model))
         while session.round < args.rounds:
             r = session.round
+            if args.all_from is not None and r >= args.all_from:
+                session.config = dataclasses.replace(session.config, min_peers=None)
             try:
                 result = await session.run_round(
                     delta(args.index, r, args.dim), weight=1 + args.index
@@ -129,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--round-timeout", type=float, default=30.0)
     parser.add_argument("--linger", type=float, default=15.0)
     parser.add_argument("--resync", action="store_true")
+    parser.add_argument(
+        "--all-from", type=int, default=None, help="from this round on, min_peers = all members"
+    )
     args = parser.parse_args(argv)
     profile_to = os.environ.get("GRADFED_PEER_PROFILE")
     if profile_to:  # a diagnosis aid: where a peer process spends its CPU

@@ -60,7 +60,7 @@ class AgreedConfig:
     round_timeout: float = 60.0
     done_timeout: float = 0.0
     announce_interval: float = 0.25
-    max_announce_interval: float = 2.0
+    max_announce_interval: float = 1.0
     fetch_timeout: float = 30.0
 
     def __post_init__(self) -> None:

@@ -1,0 +1,75 @@
+"""gradfed_ipfs.adapters.torch: state_dict round trips (skipped without torch).
+
+torch is not installed on the CI machine of this project: its PyPI wheel pulls gigabytes of
+CUDA libraries. These tests run wherever ``pip install 'gradfed-ipfs[torch]'`` was done.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gradfed_ipfs.adapters import Layout
+from gradfed_ipfs.adapters.torch import (
+    check_state_dict,
+    flatten_state_dict,
+    load_flat,
+    unflatten_state_dict,
+)
+from gradfed_ipfs.errors import IncompatibleDtype, ShapeMismatch
+
+torch = pytest.importorskip("torch")
+
+
+def small_cnn(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3),
+        torch.nn.BatchNorm2d(4),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4 * 6 * 6, 10),
+    )
+
+
+def test_state_dict_round_trips_bit_exactly_with_int_buffers_in_the_layout() -> None:
+    model = small_cnn(0)
+    model(torch.randn(8, 1, 8, 8))  # BatchNorm statistics and num_batches_tracked = 1
+    state = model.state_dict()
+    flat, layout = flatten_state_dict(state)
+    assert [b.name for b in layout.buffers] == ["1.num_batches_tracked"]
+    assert layout.buffers[0].values == (1,)
+    floats = [k for k, v in state.items() if v.is_floating_point()]
+    assert flat.size == sum(state[k].numel() for k in floats)
+    back = unflatten_state_dict(flat, layout)
+    for name, tensor in state.items():
+        assert back[name].dtype == tensor.dtype
+        assert back[name].shape == tensor.shape
+        assert torch.equal(back[name], tensor)
+    assert Layout.from_dict(layout.to_dict()) == layout
+
+    other = small_cnn(1)
+    load_flat(other, flat, layout)
+    for name, tensor in other.state_dict().items():
+        assert torch.equal(tensor, state[name])
+
+
+def test_read_only_vectors_load_without_warnings() -> None:
+    flat, layout = flatten_state_dict(small_cnn(0).state_dict())
+    flat.setflags(write=False)  # as decoded zero-copy from an Arrow block
+    back = unflatten_state_dict(flat, layout)  # warnings are errors in this suite
+    assert not np.shares_memory(back["0.weight"].numpy(), flat)
+
+
+def test_mismatched_models_are_refused() -> None:
+    flat, layout = flatten_state_dict(small_cnn(0).state_dict())
+    wider = torch.nn.Sequential(torch.nn.Conv2d(1, 5, 3))
+    with pytest.raises(ShapeMismatch):
+        load_flat(wider, flat, layout)
+    half = small_cnn(0).half()
+    with pytest.raises(IncompatibleDtype):
+        check_state_dict(half.state_dict(), layout)
+    with pytest.raises(ShapeMismatch):
+        unflatten_state_dict(flat[:-1], layout)
+    with pytest.raises(IncompatibleDtype):
+        flatten_state_dict({"z": torch.zeros(2, dtype=torch.complex64)})

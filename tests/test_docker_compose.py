@@ -1,0 +1,99 @@
+"""docker-compose.yml itself: ``up -d``, a 3-peer round against its three APIs, ``down -v``.
+
+The project gets a unique name and an override file that makes its network internal (no
+egress). Docker ignores published ports on internal networks, so nothing binds the file's
+127.0.0.1:5001-5003 and the test cannot clash with a compose project the user runs; the test
+relays each API to an ephemeral 127.0.0.1 port instead (``tests/docker_kubo.py``). The round is
+``scripts/compose_round.py``, the same program the README runs against a plain ``up -d``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests import docker_kubo
+
+pytestmark = [pytest.mark.kubo, pytest.mark.docker]
+
+SERVICES = ("kubo-0", "kubo-1", "kubo-2")
+
+
+def override_file(path: Path) -> Path:
+    label = f'{{"{docker_kubo.LABEL}": "{docker_kubo.SESSION}"}}'
+    services = "".join(f"  {name}:\n    labels: {label}\n" for name in SERVICES)
+    path.write_text(
+        "# The compose test's override: the same services, on an internal network.\n"
+        f"services:\n{services}"
+        f"networks:\n  default:\n    internal: true\n    labels: {label}\n"
+    )
+    return path
+
+
+def run(command: list[str], *, env: dict[str, str], timeout: float) -> str:
+    result = subprocess.run(
+        command, capture_output=True, text=True, env=env, timeout=timeout, check=False
+    )
+    assert result.returncode == 0, (
+        f"{' '.join(command)} exited {result.returncode}\n{result.stdout}\n{result.stderr}"
+    )
+    return result.stdout
+
+
+def test_compose_file_runs_a_three_peer_round(tmp_path: Path) -> None:
+    reason = docker_kubo.docker_unavailable()
+    if reason:
+        pytest.skip(reason)
+    compose = docker_kubo.compose_command()
+    if compose is None:
+        pytest.skip("neither `docker compose` nor `docker-compose` works here")
+    project = f"gradfed-test-{uuid.uuid4().hex[:8]}"
+    compose_file = docker_kubo.ROOT / "docker-compose.yml"
+    base = [*compose, "--project-name", project, "--file", str(compose_file)]
+    base += ["--file", str(override_file(tmp_path / "docker-compose.test.yml"))]
+    env = {
+        **os.environ,
+        "GRADFED_KUBO_IMAGE": docker_kubo.KUBO_IMAGE,
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(docker_kubo.ROOT), os.environ.get("PYTHONPATH")])
+        ),
+    }
+    forwarders: list[docker_kubo.LoopbackForwarder] = []
+    docker_kubo.note_docker_use()
+    try:
+        run([*base, "up", "-d", "--no-build"], env=env, timeout=180)
+        container_ids = run([*base, "ps", "-q"], env=env, timeout=60).split()
+        assert len(container_ids) == len(SERVICES)
+        for container_id in container_ids:
+            attrs = docker_kubo.inspect_container(container_id)
+            assert not any(attrs["NetworkSettings"]["Ports"].values()), "a port is published"
+            (network,) = attrs["NetworkSettings"]["Networks"]
+            assert docker_kubo.network_is_internal(network)
+            ip = docker_kubo.container_ip(container_id, network)
+            forwarders.append(docker_kubo.LoopbackForwarder((ip, docker_kubo.API_PORT)).start())
+        apis = [f"http://127.0.0.1:{forwarder.port}" for forwarder in forwarders]
+        round_script = docker_kubo.ROOT / "scripts" / "compose_round.py"
+        command = [sys.executable, str(round_script), "--dim", "300000"]
+        for api in apis:
+            command += ["--api", api]
+        output = run(command, env=env, timeout=300)
+        assert "OK: every peer's aggregate equals the NumPy reference" in output, output
+        assert output.count("took in 2 peer gradients") == len(SERVICES), output
+    finally:
+        for forwarder in forwarders:
+            forwarder.stop()
+        down = subprocess.run(
+            [*base, "down", "--volumes", "--remove-orphans", "--timeout", "10"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=180,
+            check=False,
+        )
+    assert down.returncode == 0, down.stderr
+    assert docker_kubo.compose_project_resources(project) == []
