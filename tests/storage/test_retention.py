@@ -227,16 +227,18 @@ async def test_gc_is_skipped_when_a_transfer_outlasts_gc_wait() -> None:
 async def test_agreed_session_reports_rounds_and_old_rounds_stop_verifying(
     store: MemoryBlockStore,
 ) -> None:
-    """Three peers share one store; peer a's keeper unpins and collects as the rounds go by."""
+    """Three peers share one store and so one keeper (their reports of a round merge).
+
+    Every session on a store must report to its keeper: a session without one pins records
+    recursively, and a recursive record pin keeps the whole history it links.
+    """
     bus = MemoryPubsubBus()
     genesis = await AgreedSession.commit_genesis(store, values(0))
     keeper = RetentionKeeper(store, Retention(keep_rounds=2, gc_every=2), keep=[genesis])
     config = AgreedConfig(members=PEERS, **FAST)  # type: ignore[arg-type]
     sessions = [
-        AgreedSession(
-            store, bus.endpoint(p), "s1", genesis, config, retention=keeper if i == 0 else None
-        )
-        for i, p in enumerate(PEERS)
+        AgreedSession(store, bus.endpoint(p), "s1", genesis, config, retention=keeper)
+        for p in PEERS
     ]
     for session in sessions:
         await session.start(values(0))
