@@ -11,9 +11,10 @@ The sum runs in roster order; ``w_i / W`` and ``lr · acc`` are float64. No BLAS
 kernels pick FMA or not by CPU) and no thread-dependent reduction order is involved.
 
 Cost against :func:`~gradfed_ipfs.tensor.kernels.weighted_sum` (multi-threaded BLAS saxpy,
-float32): each input is read once either way, but the float64 widening doubles the arithmetic
-traffic per value and the loop runs on one core, so it is about 2-4× slower on 2 cores (about
-10 ms per peer at d = 1M here); a round's transfer time dominates it.
+float32, plus the model add): each input is read once either way, but the float64 widening
+doubles the arithmetic traffic per value and the loop runs on one core. Measured at d = 1M on
+the shared 2-core VM (best of 7): 14.5 ms vs 2.3 ms for N = 3 peers (6.4×), 31 ms vs 10.9 ms
+for N = 8 (2.8×), about 4 ms per peer; a round's transfers (seconds at d = 1M) dominate it.
 """
 
 from __future__ import annotations

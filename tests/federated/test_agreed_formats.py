@@ -27,6 +27,7 @@ from gradfed_ipfs.federated.round.coordinator import (
     coordinator_ranking,
     roster_problem,
 )
+from gradfed_ipfs.federated.round.encoded import encode_gradient
 from gradfed_ipfs.formats.pubsub import PubsubMessage
 from gradfed_ipfs.formats.roster import (
     MAX_MESSAGE_BYTES,
@@ -34,6 +35,7 @@ from gradfed_ipfs.formats.roster import (
     AgreedRecord,
     Roster,
 )
+from gradfed_ipfs.storage import MemoryBlockStore, fetch_gradient, put_gradient
 from gradfed_ipfs.tensor.deterministic import DETERMINISTIC_BLOCK, deterministic_update
 
 GENESIS = make_cid(b"genesis")
@@ -236,3 +238,14 @@ def test_update_refuses_bad_input() -> None:
         deterministic_update(x, [x], [0], 1.0)
     with pytest.raises(InvalidGradient):
         deterministic_update(x, [x], [1], float("nan"))
+
+
+async def test_encoded_gradient_has_put_gradients_cid_and_blocks() -> None:
+    values = np.random.default_rng(1).standard_normal(600_000).astype(np.float32)  # chunked
+    encoded = await encode_gradient(values)
+    store = MemoryBlockStore()
+    assert encoded.cid == await put_gradient(MemoryBlockStore(), values)
+    assert await encoded.store(store) == encoded.cid
+    assert len(encoded.blocks) > 2
+    assert await store.is_pinned(encoded.cid)
+    np.testing.assert_array_equal(await fetch_gradient(store, encoded.cid), values)
