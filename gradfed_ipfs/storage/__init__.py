@@ -15,6 +15,7 @@ from .dag import (
 from .delta_store import load_delta, store_delta
 from .kubo import KuboBlockStore
 from .memory import MemoryBlockStore
+from .retention import GcGate, Retention, RetentionKeeper, RoundBlocks
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -24,8 +25,12 @@ __all__ = [
     "BlockStore",
     "ChunkManifest",
     "ChunkRef",
+    "GcGate",
     "KuboBlockStore",
     "MemoryBlockStore",
+    "Retention",
+    "RetentionKeeper",
+    "RoundBlocks",
     "Unset",
     "fetch_all",
     "fetch_chunks",

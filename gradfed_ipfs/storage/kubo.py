@@ -41,6 +41,9 @@ from .base import MAX_BLOCK_SIZE, UNSET, AsyncClosing, Block, Unset
 
 __all__ = ["STORE_ERRORS", "KuboBlockStore", "encode_block_put", "rpc_context"]
 
+GC_DEADLINE: Final = 600.0
+"""Seconds one ``repo/gc`` may take (it walks every pin; the retention gate bounds the rest)."""
+
 _CODEC_PARAM: Final = {RAW: "raw", DAG_CBOR: "dag-cbor"}
 # Markers in Kubo's error messages that mean "this block is not here" rather than a failure.
 _NOT_FOUND_MARKERS: Final = ("not found", "could not find")
@@ -227,7 +230,7 @@ class KuboBlockStore(AsyncClosing):
             await self._post("block/rm", {"arg": str(parsed)}, streamed=True)
 
     async def pin(self, cid: CIDLike, *, recursive: bool = True) -> None:
-        """``pin/add``: recursive by default (a dag-cbor root pins every block it links)."""
+        """``pin/add``: recursive (a dag-cbor root pins every block it links) or direct."""
         parsed = parse_cid(cid)
         with rpc_context(self.api_url, "pin/add", parsed):
             await self._post(
@@ -267,15 +270,33 @@ class KuboBlockStore(AsyncClosing):
             data = await self._post("refs/local", {})
             return [parse_cid(item["Ref"]) for item in iter_ndjson(data) if item.get("Ref")]
 
-    async def gc(self) -> int:
+    async def collect_garbage(self) -> int:
         """``repo/gc``: remove every unpinned block from the repo; return how many went.
 
-        Callers must not run it while one of their own multi-block writes is unpinned halfway
-        (``put_gradient`` stores chunks before the pinned manifest).
+        Run it through :class:`~gradfed_ipfs.storage.retention.GcGate` so it never races a
+        fetch or a multi-block put (Kubo drops fetched-but-unpinned blocks too).
         """
         with rpc_context(self.api_url, "repo/gc"):
-            data = await self._post("repo/gc", {}, streamed=True, deadline=600.0)
-            return sum(1 for item in iter_ndjson(data) if item.get("Key"))
+            removed = await self.rpc.post_ndjson(
+                "repo/gc",
+                {},
+                retries=self.retries,
+                backoff=self.backoff,
+                errors=STORE_ERRORS,
+                deadline=GC_DEADLINE,
+            )
+            return sum(1 for item in removed if isinstance(item, dict) and item.get("Key"))
+
+    async def repo_size(self) -> int:
+        """``repo/stat``: the repo's size on disk in bytes (``RepoSize``)."""
+        with rpc_context(self.api_url, "repo/stat"):
+            answer = await self._post_json("repo/stat", {"size-only": "true"})
+            size = answer.get("RepoSize")
+            if not isinstance(size, int) or size < 0:
+                raise StoreRequestError(
+                    f"Kubo answered repo/stat without a RepoSize: {answer!r:.200}"
+                )
+            return size
 
     async def peer_id(self) -> str:
         """Return the daemon's peer ID (``id``)."""

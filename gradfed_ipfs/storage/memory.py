@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+import dag_cbor
 from multiformats import CID
 
 from .._types import CIDLike
-from ..cid import parse_cid
+from ..cid import DAG_CBOR, parse_cid
 from ..errors import BlockNotFound, BlockTooLarge
 from .base import MAX_BLOCK_SIZE, UNSET, AsyncClosing, Block, Unset
 
@@ -19,7 +21,8 @@ class MemoryBlockStore(AsyncClosing):
 
     Blocks are verified on ``put`` and again on ``get`` (so tests that tamper with
     :attr:`blocks` see ``BlockCorrupt``). ``get`` of a missing block raises ``BlockNotFound`` at
-    once: there is no network to wait for. Pins are tracked but nothing is ever collected.
+    once: there is no network to wait for. Pins are tracked; :meth:`collect_garbage` drops the
+    blocks no pin protects (a pinned dag-cbor block protects what it links, as in Kubo).
 
     Parameters
     ----------
@@ -31,6 +34,7 @@ class MemoryBlockStore(AsyncClosing):
         self.max_block_size = max_block_size
         self.blocks: dict[bytes, tuple[CID, bytes]] = {}
         self.pins: set[bytes] = set()
+        self.direct: set[bytes] = set()  # pins that do not protect linked blocks
 
     async def put(self, block: Block, *, pin: bool = True) -> CID:
         """Store a verified block; see :meth:`BlockStore.put`."""
@@ -43,6 +47,7 @@ class MemoryBlockStore(AsyncClosing):
         self.blocks[key] = (block.cid, block.data)
         if pin:
             self.pins.add(key)
+            self.direct.discard(key)
         await asyncio.sleep(0)  # yield like real I/O, so concurrency bugs show up in unit tests
         return block.cid
 
@@ -68,17 +73,23 @@ class MemoryBlockStore(AsyncClosing):
             raise BlockNotFound(f"Block not found for CID {parsed}", cid=parsed)
         del self.blocks[key]
         self.pins.discard(key)
+        self.direct.discard(key)
 
-    async def pin(self, cid: CIDLike) -> None:
-        """Pin a stored block; ``BlockNotFound`` if absent."""
+    async def pin(self, cid: CIDLike, *, recursive: bool = True) -> None:
+        """Pin a stored block (a direct pin protects it alone); ``BlockNotFound`` if absent."""
         parsed = parse_cid(cid)
         if bytes(parsed) not in self.blocks:
             raise BlockNotFound(f"cannot pin missing block {parsed}", cid=parsed)
         self.pins.add(bytes(parsed))
+        if recursive:
+            self.direct.discard(bytes(parsed))
+        else:
+            self.direct.add(bytes(parsed))
 
     async def unpin(self, cid: CIDLike) -> None:
         """Remove a pin (a no-op for an unpinned block)."""
         self.pins.discard(bytes(parse_cid(cid)))
+        self.direct.discard(bytes(parse_cid(cid)))
 
     async def is_pinned(self, cid: CIDLike) -> bool:
         """Return whether the block is pinned."""
@@ -88,5 +99,38 @@ class MemoryBlockStore(AsyncClosing):
         """Return every stored CID, in insertion order."""
         return [cid for cid, _ in self.blocks.values()]
 
+    async def collect_garbage(self) -> int:
+        """Drop the blocks no pin protects (directly or via dag-cbor links); return how many."""
+        live: set[bytes] = set()
+        todo = [key for key in self.pins if key in self.blocks]
+        while todo:
+            key = todo.pop()
+            if key in live:
+                continue
+            live.add(key)
+            cid, data = self.blocks[key]
+            if cid.codec.code == DAG_CBOR and key not in self.direct:
+                todo.extend(k for k in _links(dag_cbor.decode(data)) if k in self.blocks)
+        dead = [key for key in self.blocks if key not in live]
+        for key in dead:
+            del self.blocks[key]
+        await asyncio.sleep(0)
+        return len(dead)
+
+    async def repo_size(self) -> int:
+        """Return the bytes of every stored block."""
+        return sum(len(data) for _, data in self.blocks.values())
+
     def __len__(self) -> int:
         return len(self.blocks)
+
+
+def _links(value: Any) -> list[bytes]:
+    """Return the CID bytes of every link inside a decoded dag-cbor value."""
+    if isinstance(value, CID):
+        return [bytes(value)]
+    if isinstance(value, dict):
+        return [key for item in value.values() for key in _links(item)]
+    if isinstance(value, list):
+        return [key for item in value for key in _links(item)]
+    return []

@@ -6,10 +6,11 @@ import httpx
 import numpy as np
 import pytest
 
-from gradfed_ipfs import AgreedConfig, AgreedSession, InvalidGradient, RetentionPolicy
+from gradfed_ipfs.errors import ConfigError
+from gradfed_ipfs.federated.round.agreed import AgreedConfig, AgreedSession
 from gradfed_ipfs.federated.round.agreed_history import verify_agreed_history, verify_agreed_round
 from gradfed_ipfs.kubo import KuboPubsub, MemoryPubsubBus
-from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
+from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore, Retention, RetentionKeeper
 from tests.conftest import KuboNode
 
 FAST = {"collect_timeout": 1.0, "round_timeout": 20.0, "announce_interval": 0.05}
@@ -20,8 +21,8 @@ def delta(d: int, r: int) -> np.ndarray:
 
 
 def test_policy_is_checked() -> None:
-    with pytest.raises(InvalidGradient):
-        RetentionPolicy(keep_rounds=0)
+    with pytest.raises(ConfigError):
+        Retention(keep_rounds=0)
 
 
 async def test_old_contributions_and_models_are_unpinned_records_kept() -> None:
@@ -33,17 +34,17 @@ async def test_old_contributions_and_models_are_unpinned_records_kept() -> None:
         "s",
         genesis,
         AgreedConfig(("solo",), **FAST),  # type: ignore[arg-type]
-        retention=RetentionPolicy(keep_rounds=2, gc_every=0),
+        retention=RetentionKeeper(store, Retention(keep_rounds=2, gc_every=None), keep=[genesis]),
     )
     await session.start(np.zeros(64, np.float32))
     try:
-        results = [await session.run_round(delta(64, r)) for r in range(6)]
-        await session.run_round(delta(64, 6))  # collects before round 6 starts
+        results = [await session.run_round(delta(64, r)) for r in range(7)]
     finally:
-        await session.aclose()
-    for old in results[:4]:  # rounds < 6 - 2
-        assert not await store.is_pinned(old.model)
+        await session.aclose()  # the last round is reported: rounds 5 and 6 are kept
+    for old in results[:5]:  # rounds <= 6 - 2: contributions dropped
         assert not await store.is_pinned(old.roster.entries[0].contribution)
+    for old in results[:4]:  # and their base models, but round 5's base (round 4's result)
+        assert not await store.is_pinned(old.model)
     for kept in results[4:]:
         assert await store.is_pinned(kept.model)
     for result in results:
@@ -56,6 +57,7 @@ async def test_old_contributions_and_models_are_unpinned_records_kept() -> None:
 async def test_repo_stays_flat_with_gc_and_recent_rounds_reverify(kubo_node: KuboNode) -> None:
     d = 300_000  # two chunks and a manifest per gradient
     async with KuboBlockStore(kubo_node.api_url, timeout=10.0) as store:
+        keeper = RetentionKeeper(store, Retention(keep_rounds=2, gc_every=2))
         pubsub = KuboPubsub(kubo_node.api_url)
         peer = await pubsub.local_peer_id()
         genesis = await AgreedSession.commit_genesis(store, np.zeros(d, np.float32))
@@ -65,7 +67,7 @@ async def test_repo_stays_flat_with_gc_and_recent_rounds_reverify(kubo_node: Kub
             f"retention-{peer[-6:]}",
             genesis,
             AgreedConfig((peer,), **FAST),  # type: ignore[arg-type]
-            retention=RetentionPolicy(keep_rounds=2, gc_every=2),
+            retention=keeper,
         )
         await session.start(np.zeros(d, np.float32))
         sizes = []
@@ -79,8 +81,7 @@ async def test_repo_stays_flat_with_gc_and_recent_rounds_reverify(kubo_node: Kub
         finally:
             await session.aclose()
             await pubsub.aclose()
-        assert session.retention is not None
-        assert session.retention.collections == 4  # before rounds 2, 4, 6 and 8
+        assert len(keeper.collections) == 5  # after rounds 1, 3, 5, 7 and 9
         # After K rounds the repo holds K rounds of models and contributions, not all of them.
         growth = sizes[-1] - sizes[1]
         assert growth < 2 * 4 * d, sizes

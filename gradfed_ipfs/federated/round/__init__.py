@@ -13,7 +13,6 @@ from .agreed_history import verify_agreed_history
 from .config import DEFAULT_MAX_WEIGHT, AccumulatorConfig, RoundConfig, SecureOptions
 from .gossip import GossipModelSync
 from .result import RoundResult
-from .retention import RetentionPolicy
 from .runner import RoundRunner
 from .stats import ModelUpdate, RoundStats
 from .streaming import StreamingAccumulator
@@ -23,7 +22,6 @@ __all__ = [
     "AgreedRoundResult",
     "AgreedSession",
     "ResyncResult",
-    "RetentionPolicy",
     "verify_agreed_history",
     "DEFAULT_MAX_WEIGHT",
     "AccumulatorConfig",

@@ -37,7 +37,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Final
+from collections.abc import Awaitable
+from typing import Final, TypeVar, cast
 
 import numpy as np
 from multiformats import CID
@@ -58,14 +59,14 @@ from ...formats.roster import (
 from ...kubo.pubsub import PubsubTransport
 from ...storage.base import BlockStore
 from ...storage.dag import fetch_gradient, put_gradient
+from ...storage.retention import Collectable, GatedStore, RetentionHook, RoundBlocks
 from .agreed_config import AgreedConfig, AgreedRoundResult, ResyncResult, agreed_topic
 from .agreed_history import load_head
 from .agreed_roster import RosterPhase
 from .announcer import Reannouncer
 from .coordinator import Head, RoundBoard, best_head, coordinator_ranking
-from .encoded import encode_gradient
+from .encoded import EncodedGradient, encode_gradient
 from .fetcher import ContributionFetcher
-from .retention import Retention, RetentionPolicy, pin_alone
 
 __all__ = ["AgreedConfig", "AgreedRoundResult", "AgreedSession", "ResyncResult", "agreed_topic"]
 
@@ -73,6 +74,8 @@ logger = logging.getLogger("gradfed_ipfs.federated.agreed")
 
 _TICK: Final = 0.05
 """Longest wait between checks of the clock-driven steps (seconds)."""
+
+T = TypeVar("T")
 
 
 class AgreedSession(RosterPhase):
@@ -91,8 +94,10 @@ class AgreedSession(RosterPhase):
     config
         Members and timing.
     retention
-        Unpin this peer's contributions and models after ``keep_rounds`` rounds and run the
-        store's garbage collection every ``gc_every`` rounds, between rounds; ``None`` keeps all.
+        Told each round's blocks once stored (a
+        :class:`~gradfed_ipfs.storage.retention.RetentionKeeper`, which unpins and collects);
+        its gate is held by every fetch and put, so its collections never race them. Records
+        and rosters are then pinned alone (direct pins), so they do not keep what they link.
     """
 
     def __init__(
@@ -103,9 +108,10 @@ class AgreedSession(RosterPhase):
         genesis: CIDLike,
         config: AgreedConfig,
         *,
-        retention: RetentionPolicy | None = None,
+        retention: RetentionHook | None = None,
     ) -> None:
         self.store = store
+        self.retention = retention
         self.pubsub = pubsub
         self.session = session
         self.genesis = parse_cid(genesis)
@@ -122,10 +128,11 @@ class AgreedSession(RosterPhase):
             pubsub, self.topic, config.announce_interval, config.max_announce_interval
         )
         self._tasks: list[asyncio.Task[None]] = []
-        self._fetcher = ContributionFetcher(store, config.fetch_timeout, self._poke)
+        fetch_store = store if retention is None else GatedStore(store, retention.gate)
+        self._fetcher = ContributionFetcher(fetch_store, config.fetch_timeout, self._poke)
+        self._own: tuple[CID, asyncio.Future[CID]] | None = None
         self._rosters: dict[bytes, tuple[Roster, Block]] = {}
         self._pending: list[asyncio.Future[object]] = []
-        self.retention = Retention(retention) if retention is not None else None
         self.rule_state: FloatArray | None = None  # state of config.rule after the last round
         self._adopted_state: FloatArray | None = None
 
@@ -213,13 +220,11 @@ class AgreedSession(RosterPhase):
         # Announce as soon as the CID is known; the daemon serves the block once the put lands
         # (bitswap answers wants for blocks added later), so the put overlaps the announcement.
         self._check_done(r - 1)
-        if self.retention is not None and self.retention.due(r):
-            await self._settle()  # quiescent: nothing half-stored, no fetch in flight
-            await self.retention.collect(self.store, r)
         await self._settle(keep=1)  # the last round's blocks may still be on their way
         encoded = await encode_gradient(own_values)
         contribution = encoded.cid
-        stored = asyncio.ensure_future(encoded.store(self.store))
+        stored = asyncio.ensure_future(self._held(encoded.store(self.store)))
+        self._own = (contribution, stored)
         try:
             result = await self._run_round(r, own_values, contribution, int(weight), started)
         except BaseException:
@@ -228,8 +233,6 @@ class AgreedSession(RosterPhase):
                 stored.exception()  # retrieved: the round's own error is the one raised
             raise
         await stored  # a failed put is this round's error
-        if self.retention is not None:
-            self.retention.pinned_in(r, contribution, result.model)
         return result
 
     async def _run_round(
@@ -313,11 +316,7 @@ class AgreedSession(RosterPhase):
         # roster (pinned here too: the record links it), the model and the record.
         self._pending.append(
             asyncio.ensure_future(
-                asyncio.gather(
-                    self._keep(roster_block),
-                    *(e.store(self.store) for e in stores),
-                    self._keep(record),
-                )
+                self._store_round(roster_block, stores, record, roster, r, self._own)
             )
         )
         self.round, self.model, self.model_cid, self.head = r + 1, model, result, record_cid
@@ -347,11 +346,12 @@ class AgreedSession(RosterPhase):
         )
 
     async def _keep(self, block: Block) -> None:
-        """Pin a roster or record: alone under a retention policy, else recursively."""
-        if self.retention is not None:
-            await pin_alone(self.store, block)
-        else:
+        """Pin a roster or record: alone under retention (it links history), else recursively."""
+        if self.retention is None:
             await self.store.put(block)
+            return
+        await self.store.put(block, pin=False)  # inside the gate: no collection in between
+        await cast(Collectable, self.store).pin(block.cid, recursive=False)
 
     def _check_done(self, r: int) -> None:
         """Raise ``RoundMismatch`` if round ``r``'s ``done`` messages outvote this peer's record.
@@ -383,6 +383,52 @@ class AgreedSession(RosterPhase):
         confirmed = {p for p, h in done.items() if bytes(h.record) == bytes(record)}
         theirs = {p: str(h.record) for p, h in done.items() if bytes(h.record) != bytes(record)}
         return confirmed, theirs
+
+    # ------------------------------------------------------------------ retention hook
+
+    async def _held(self, work: Awaitable[T]) -> T:
+        """Await ``work`` holding the retention gate (no collection mid-way through a put)."""
+        if self.retention is None:
+            return await work
+        async with self.retention.gate.transfer():
+            return await work
+
+    async def _store_round(
+        self,
+        roster_block: Block,
+        encoded: list[EncodedGradient],
+        record: Block,
+        roster: Roster,
+        r: int,
+        own: tuple[CID, asyncio.Future[CID]] | None,
+    ) -> None:
+        """Store a finished round's roster, model, rule state and record; report its blocks.
+
+        ``encoded`` is the model, then the update rule's state when there is one.
+        """
+        model = encoded[0]
+
+        async def put_all() -> None:
+            keep = self._keep
+            await asyncio.gather(
+                keep(roster_block), *(e.store(self.store) for e in encoded), keep(record)
+            )
+
+        await self._held(put_all())
+        if self.retention is None:
+            return
+        contributions = [entry.contribution for entry in roster.entries]
+        if own is not None:
+            own_cid, stored = own
+            await asyncio.wait([stored])  # its failure is run_round's to raise
+            if not stored.cancelled() and stored.exception() is None:
+                contributions.append(own_cid)
+        unique = {bytes(c): c for c in contributions}
+        await self.retention.round_done(
+            RoundBlocks(
+                r, tuple(unique.values()), roster_block.cid, record.cid, roster.base, model.cid
+            )
+        )
 
     # ------------------------------------------------------------------ catching up
 

@@ -1,0 +1,402 @@
+"""Retention: a node that runs for months keeps its repo bounded (issue 13, item 8).
+
+Each agreed round adds this peer's contribution, the contributions it fetched, the roster, the
+round record and the new model to its repo: at d = 10M that is 40 MB+ a round, forever, unless
+something lets go. :class:`RetentionKeeper` is told each round's blocks (:class:`RoundBlocks`,
+by :class:`~gradfed_ipfs.federated.round.agreed.AgreedSession`'s ``retention=`` hook) and:
+
+- **pins** the round's fetched contributions once the round is stored, for ``keep_rounds``
+  rounds (Kubo keeps only pinned blocks through ``repo/gc``: a fetched-but-unpinned block is
+  garbage at once). While the round is live they are not pinned, and need not be: the session
+  aggregates the fetched values it holds in memory, so a collection can never change or stall
+  a round's result (a fetch holds the gate, so a collection never cuts one short). If a
+  collection dropped them in between, the pin fetches them again from their owners (who keep
+  their own contributions pinned for ``keep_rounds`` too). The pins are what let this node
+  re-verify the last ``keep_rounds`` rounds alone and serve their inputs to a peer catching up;
+- **unpins** contributions (own and fetched) ``keep_rounds`` rounds later, and the round's
+  base model then too unless ``keep_models`` (so the kept rounds keep their base models; the
+  latest model and the genesis stay pinned);
+- **keeps** every round record and roster pinned (a few hundred bytes each: the history's
+  backbone) with *direct* pins: a record links its roster, models and the previous record,
+  and a roster its contributions, so a recursive pin would keep the whole history (and Kubo's
+  ``repo/gc`` fails outright on a recursive pin whose linked blocks are gone). It hands
+  records, rosters and models to a durability provider when one is given (any object with an
+  async ``pin(cid)``, e.g. :class:`~gradfed_ipfs.storage.replication.ClusterPinning`) before
+  dropping anything locally;
+- **collects** (Kubo ``repo/gc``) every ``gc_every`` rounds, or when ``repo/stat`` exceeds
+  ``gc_above_bytes``, through a :class:`GcGate` so a collection never races a fetch or a
+  multi-block put: transfers hold a shared "in flight" count, a collection waits (at most
+  ``gc_wait`` seconds, else it is skipped until the next schedule) until none is in flight and
+  holds new ones back while it runs.
+
+What stays verifiable: :func:`~gradfed_ipfs.federated.round.agreed_history.verify_agreed_round`
+re-aggregates a round from its roster's contributions and base model. Rounds within the last
+``keep_rounds`` re-verify from this node alone; an older round's record and roster are still
+here (so the chain of records still verifies its links and genesis), but its contributions
+were dropped, so re-aggregating it reports ``RoundVerificationFailed`` (naming the missing
+block) unless some peer or the durability provider still holds its inputs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from multiformats import CID
+
+from .._types import CIDLike
+from ..cid import parse_cid
+from ..errors import ConfigError
+from .base import UNSET, Block, BlockStore, Unset
+
+__all__ = [
+    "Collectable",
+    "DurableProvider",
+    "GatedStore",
+    "GcGate",
+    "GcReport",
+    "Retention",
+    "RetentionHook",
+    "RetentionKeeper",
+    "RoundBlocks",
+]
+
+logger = logging.getLogger("gradfed_ipfs.storage.retention")
+
+
+@dataclass(frozen=True)
+class Retention:
+    """A node's retention policy.
+
+    Attributes
+    ----------
+    keep_rounds
+        Rounds (K) a round's contributions stay pinned after it; at round ``r`` those of round
+        ``r - K`` and older are unpinned.
+    keep_models
+        Keep every round's result model pinned (grows by ``4·d`` bytes a round); by default a
+        model is unpinned with its round's contributions (the latest one always stays).
+    gc_every
+        Collect garbage every this many rounds (``None``: not on a round count).
+    gc_above_bytes
+        Collect garbage after a round when the repo is larger than this (``None``: never).
+    gc_wait
+        Seconds a collection waits for in-flight transfers before it is skipped.
+    pin_fetched
+        Pin fetched contributions while their round is kept (see the module docstring).
+    """
+
+    keep_rounds: int = 5
+    keep_models: bool = False
+    gc_every: int | None = 5
+    gc_above_bytes: int | None = None
+    gc_wait: float = 30.0
+    pin_fetched: bool = True
+
+    def __post_init__(self) -> None:
+        if self.keep_rounds < 1:
+            raise ConfigError(f"keep_rounds must be >= 1, got {self.keep_rounds}")
+        if self.gc_every is not None and self.gc_every < 1:
+            raise ConfigError(f"gc_every must be >= 1 or None, got {self.gc_every}")
+        if self.gc_above_bytes is not None and self.gc_above_bytes < 0:
+            raise ConfigError(f"gc_above_bytes must be >= 0 or None, got {self.gc_above_bytes}")
+        if not self.gc_wait > 0:
+            raise ConfigError(f"gc_wait must be a positive number of seconds, got {self.gc_wait}")
+
+
+@dataclass(frozen=True)
+class RoundBlocks:
+    """What one agreed round added to a peer's repo.
+
+    Attributes
+    ----------
+    round
+        The round number.
+    contributions
+        Roster contributions (fetched ones and this peer's own) plus this peer's own if the
+        roster left it out: dropped after ``keep_rounds``.
+    roster, record
+        The round's roster and record CIDs: kept.
+    base, model
+        The round's base and result model CIDs: a base is dropped with its round's
+        contributions, unless ``keep_models``.
+    """
+
+    round: int
+    contributions: tuple[CID, ...]
+    roster: CID
+    record: CID
+    base: CID
+    model: CID
+
+    def merge(self, other: RoundBlocks) -> RoundBlocks:
+        """Both reports of one round (two sessions sharing a store): every contribution."""
+        unique = {bytes(c): c for c in (*self.contributions, *other.contributions)}
+        contributions = tuple(unique.values())
+        return RoundBlocks(
+            self.round, contributions, self.roster, self.record, self.base, self.model
+        )
+
+    def cids(self) -> set[bytes]:
+        """Every CID of the round, as bytes."""
+        links = (*self.contributions, self.roster, self.record, self.base, self.model)
+        return {bytes(c) for c in links}
+
+
+@runtime_checkable
+class Collectable(Protocol):
+    """A store that can pin directly, garbage-collect and report its size (Kubo, memory)."""
+
+    async def pin(self, cid: CIDLike, *, recursive: bool = True) -> None:
+        """Pin ``cid``: with every block it links, or (``recursive=False``) alone."""
+        ...
+
+    async def collect_garbage(self) -> int:
+        """Remove unpinned blocks; return how many."""
+        ...
+
+    async def repo_size(self) -> int:
+        """Return the repo's size in bytes."""
+        ...
+
+
+class DurableProvider(Protocol):
+    """Somewhere kept CIDs are handed for durability (e.g. ``ClusterPinning``)."""
+
+    async def pin(self, cid: CIDLike) -> object:
+        """Keep ``cid`` (and its DAG)."""
+        ...
+
+
+class RetentionHook(Protocol):
+    """What an agreed session reports its rounds to (:class:`RetentionKeeper`)."""
+
+    gate: GcGate
+
+    async def round_done(self, blocks: RoundBlocks) -> object:
+        """Take one finished round's blocks (called once they are stored)."""
+        ...
+
+
+@dataclass(frozen=True)
+class GcReport:
+    """One garbage collection: the round after which it ran, blocks removed, bytes after."""
+
+    round: int
+    removed: int
+    size_after: int
+
+
+class GcGate:
+    """Fetches and puts hold a shared in-flight count; a collection waits until it is zero.
+
+    While a collection waits or runs, new transfers wait: a collection is bounded by its
+    ``timeout`` (then skipped) plus the ``repo/gc`` call's deadline. A transfer must not start
+    a nested transfer (it would wait out the collection's ``timeout``).
+    """
+
+    def __init__(self) -> None:
+        self._cond = asyncio.Condition()
+        self.in_flight = 0
+        self.collecting = False
+
+    @contextlib.asynccontextmanager
+    async def transfer(self) -> AsyncIterator[None]:
+        """Hold the in-flight count for one fetch or put (waits while a collection runs)."""
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self.collecting)
+            self.in_flight += 1
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self.in_flight -= 1
+                self._cond.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def collection(self, timeout: float) -> AsyncIterator[bool]:
+        """Exclude transfers; yield ``True`` once none is in flight, ``False`` after ``timeout``."""
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self.collecting)  # one collection at a time
+            self.collecting = True
+            try:
+                await asyncio.wait_for(self._cond.wait_for(lambda: self.in_flight == 0), timeout)
+                clear = True
+            except TimeoutError:
+                clear = False
+        try:
+            yield clear
+        finally:
+            async with self._cond:
+                self.collecting = False
+                self._cond.notify_all()
+
+
+class GatedStore:
+    """A :class:`~gradfed_ipfs.storage.BlockStore` whose ``get``, ``put`` and ``pin`` hold a gate.
+
+    Give it to code whose calls are each complete on their own (a fetch keeps its bytes in
+    memory); wrap multi-block puts in :meth:`GcGate.transfer` instead, around the whole put.
+    """
+
+    def __init__(self, store: BlockStore, gate: GcGate) -> None:
+        self.store = store
+        self.gate = gate
+
+    async def put(self, block: Block, *, pin: bool = True) -> CID:
+        """``put`` inside the gate."""
+        async with self.gate.transfer():
+            return await self.store.put(block, pin=pin)
+
+    async def get(self, cid: CIDLike, *, timeout: float | Unset = UNSET) -> Block:
+        """``get`` inside the gate."""
+        async with self.gate.transfer():
+            return await self.store.get(cid, timeout=timeout)
+
+    async def pin(self, cid: CIDLike) -> None:
+        """``pin`` inside the gate (a recursive pin may fetch)."""
+        async with self.gate.transfer():
+            await self.store.pin(cid)
+
+    async def has(self, cid: CIDLike) -> bool:
+        """As the store's."""
+        return await self.store.has(cid)
+
+    async def delete(self, cid: CIDLike) -> None:
+        """As the store's."""
+        await self.store.delete(cid)
+
+    async def unpin(self, cid: CIDLike) -> None:
+        """As the store's."""
+        await self.store.unpin(cid)
+
+    async def list_cids(self) -> list[CID]:
+        """As the store's."""
+        return await self.store.list_cids()
+
+    async def aclose(self) -> None:
+        """Nothing: the wrapped store belongs to the caller."""
+
+
+@dataclass
+class _Window:
+    rounds: deque[RoundBlocks] = field(default_factory=deque)
+    kept: set[bytes] = field(default_factory=set)
+
+
+class RetentionKeeper:
+    """Applies a :class:`Retention` to one node's store, round by round.
+
+    Parameters
+    ----------
+    store
+        The node's store; it must be :class:`Collectable` (Kubo or memory).
+    policy
+        What to keep and when to collect.
+    durable
+        Optional durability provider for records, rosters and models.
+    keep
+        CIDs never to unpin (e.g. the session's genesis model: round 0's base).
+
+    Raises
+    ------
+    ConfigError
+        If ``store`` cannot collect garbage.
+    """
+
+    def __init__(
+        self,
+        store: BlockStore,
+        policy: Retention | None = None,
+        *,
+        durable: DurableProvider | None = None,
+        keep: Iterable[CIDLike] = (),
+    ) -> None:
+        if not isinstance(store, Collectable):
+            raise ConfigError(f"{type(store).__name__} cannot collect garbage (no repo/gc)")
+        self.store = store
+        self.collectable: Collectable = store
+        self.policy = policy or Retention()
+        self.durable = durable
+        self.gate = GcGate()
+        self.unpinned: list[tuple[int, CID]] = []
+        self.collections: list[GcReport] = []
+        self._window = _Window()
+        self._window.kept.update(bytes(parse_cid(c)) for c in keep)
+        self._rounds_seen = 0
+
+    @property
+    def kept_rounds(self) -> list[int]:
+        """The rounds whose contributions are still pinned, oldest first."""
+        return [blocks.round for blocks in self._window.rounds]
+
+    async def round_done(self, blocks: RoundBlocks) -> GcReport | None:
+        """Pin and hand over ``blocks``, unpin what fell out of the window, collect if due.
+
+        Several sessions may share one store and keeper: their reports of one round merge,
+        and a collection is due on the first report of a round. Returns the collection's
+        report when one ran.
+        """
+        policy, window = self.policy, self._window
+        if policy.pin_fetched:
+            for cid in blocks.contributions:
+                async with self.gate.transfer():
+                    await self.store.pin(cid)
+        for cid in (blocks.roster, blocks.record):  # direct: see the module docstring
+            async with self.gate.transfer():
+                await self.store.unpin(cid)
+                await self.collectable.pin(cid, recursive=False)
+            window.kept.add(bytes(cid))
+        if policy.keep_models:
+            window.kept.update({bytes(blocks.base), bytes(blocks.model)})
+        if self.durable is not None:
+            for cid in (blocks.record, blocks.roster, blocks.model):
+                await self.durable.pin(cid)
+        fresh = not window.rounds or window.rounds[-1].round != blocks.round
+        if fresh:
+            self._rounds_seen += 1
+        else:
+            blocks = window.rounds.pop().merge(blocks)  # another session on this store
+        window.rounds.append(blocks)
+        old: list[RoundBlocks] = []
+        while window.rounds[0].round <= blocks.round - policy.keep_rounds:
+            old.append(window.rounds.popleft())
+        live = set(window.kept).union(*(b.cids() for b in window.rounds))
+        for gone in old:
+            for cid in (*gone.contributions, gone.base):
+                if bytes(cid) not in live:
+                    await self.store.unpin(cid)
+                    self.unpinned.append((gone.round, cid))
+                    live.add(bytes(cid))  # unpinned once
+        if fresh and await self._due():
+            return await self.collect(blocks.round)
+        return None
+
+    async def _due(self) -> bool:
+        every, above = self.policy.gc_every, self.policy.gc_above_bytes
+        if every is not None and self._rounds_seen % every == 0:
+            return True
+        return above is not None and await self.collectable.repo_size() > above
+
+    async def collect(self, round_number: int = -1) -> GcReport | None:
+        """Run garbage collection through the gate; ``None`` if transfers did not drain in time."""
+        async with self.gate.collection(self.policy.gc_wait) as clear:
+            if not clear:
+                logger.warning(
+                    "round %d: garbage collection skipped: transfers still in flight after %.1fs",
+                    round_number,
+                    self.policy.gc_wait,
+                )
+                return None
+            removed = await self.collectable.collect_garbage()
+        report = GcReport(round_number, removed, await self.collectable.repo_size())
+        self.collections.append(report)
+        logger.debug(
+            "round %d: collected %d blocks, repo %d bytes", round_number, removed, report.size_after
+        )
+        return report
