@@ -36,10 +36,9 @@ import httpx
 import numpy as np
 
 from gradfed_ipfs.errors import DecodeError
-from gradfed_ipfs.federated.round.streaming import StreamingAccumulator
+from gradfed_ipfs.federated.round import AccumulatorConfig, StreamingAccumulator
 from gradfed_ipfs.formats.announcement import Announcement
 from gradfed_ipfs.kubo.pubsub import KuboPubsub, session_topic
-from gradfed_ipfs.seed.backward_pass import BackwardPassConfig
 from gradfed_ipfs.storage import KuboBlockStore
 from gradfed_ipfs.tensor.aggregation import FedAvg
 
@@ -236,7 +235,7 @@ async def _round(c: _Cluster, round_id: int) -> tuple[float, list[tuple[float, n
         store = stores[host[i]]
         accumulator = StreamingAccumulator(
             session,
-            BackwardPassConfig(aggregation=FedAvg(), max_peers=peers, timeout=timeout),
+            AccumulatorConfig(aggregation=FedAvg(), max_peers=peers, timeout=timeout),
             local_peer_id=names[i],
         )
         cid = await accumulator.commit_local(
@@ -260,7 +259,7 @@ async def _round(c: _Cluster, round_id: int) -> tuple[float, list[tuple[float, n
 
         async def fold(found: Announcement) -> None:
             async with limit:
-                await accumulator.add_peer_gradient(
+                await accumulator.add(
                     found.peer_id, found.cid, store, num_samples=found.num_samples
                 )
                 c.fetched += 4 * d

@@ -10,10 +10,13 @@ Columns
 fedavg      plain unweighted FedAvg of the N dense float32 vectors (``tensor.aggregation.fedavg``).
 setup       rounds 0-1 for all N clients: X25519 keys, Shamir sharing, AES-GCM share encryption
             and decryption (per round; independent of d).
-mask/cl     round 2, one client: fixed-point encode + self-mask + N-1 pairwise ChaCha20 masks.
+mask/cl     round 2, one client: fixed-point encode + self-mask + N-1 pairwise ChaCha20 masks,
+            then the Arrow block sealed to the server (AES-GCM).
+unseal      the aggregator opening the N sealed masked blocks (AES-GCM) and decoding them.
 sum         the aggregator adding the N masked ring vectors (the counterpart of ``fedavg``).
-unmask 0/1  round 3 with 0 dropouts / with 1 client dropped after key sharing: survivors'
-            unmask answers, Shamir reconstruction, the self-mask PRGs and (with a dropout) the
+unmask 0/1  rounds 3-4 with 0 dropouts / with 1 client dropped after key sharing: survivors
+            sign the survivor set and check each other's signatures (Ed25519), their unmask
+            answers, Shamir reconstruction, the self-mask PRGs and (with a dropout) the
             dropped client's N-1 dangling pairwise masks, then fixed-point decoding.
 max err     |SecAgg sum - float64 sum|, to show the protocol computed the right thing.
 
@@ -21,10 +24,13 @@ Bytes moved (both directions, per round, all clients):
 
 plain       N dense float32 Arrow gradient blocks (``store_gradient_as_arrow``), client ->
             aggregator.
-masked      N masked ring blocks (``secagg_blocks.encode_masked_block``), client -> aggregator.
-keys+shares public keys up, the roster down to every client, the encrypted Shamir shares up and
-            relayed down, the unmasking request (id lists) down and the survivors' answers up;
-            each message counted at its serialized size (JSON for shares, raw 32-byte keys).
+masked      N masked ring blocks (``encode_masked_block``), framed and sealed to the aggregator's
+            X25519 key (``codec.pack_masked`` + ``seal_for_server``), client -> aggregator.
+keys+shares the server key down, public keys up (3 per client), the roster down to every client,
+            the encrypted Shamir shares up and relayed down, the unmasking request (id lists)
+            down, each survivor's signed view up and to every other survivor, and the
+            survivors' sealed answers up; each message counted at its serialized size (JSON for
+            shares, views and answers, raw 32-byte keys).
 ratio       (masked + keys+shares) / plain: the communication expansion.
 vs 16-bit   (masked + keys+shares) / (N * d * 2 bytes): the same traffic against 16-bit inputs in
             the clear, Bonawitz et al.'s baseline.
@@ -47,14 +53,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gradfed_ipfs.federated.secagg.blocks import encode_masked_block
+from gradfed_ipfs.federated.secagg.blocks import decode_masked_block, encode_masked_block
+from gradfed_ipfs.federated.secagg.codec import (
+    answer_to_json,
+    pack_masked,
+    unpack_masked,
+    view_to_json,
+)
 from gradfed_ipfs.federated.secagg.fixed_point import RingArray
 from gradfed_ipfs.federated.secagg.protocol import (
     AdvertisedKeys,
     EncryptedShare,
     SecAggClient,
     SecAggServer,
-    UnmaskingShares,
 )
 from gradfed_ipfs.formats.arrow import store_gradient_as_arrow
 from gradfed_ipfs.tensor.aggregation import Contribution, fedavg
@@ -63,26 +74,19 @@ BONAWITZ_EXPANSION = 1.73
 
 
 def keys_size(keys: AdvertisedKeys) -> int:
-    return len(keys.client_id.encode()) + len(keys.cipher_public_key) + len(keys.mask_public_key)
+    raw = keys.cipher_public_key + keys.mask_public_key + keys.signing_public_key
+    return len(keys.client_id.encode()) + len(raw)
 
 
 def share_size(msg: EncryptedShare) -> int:
     return len(msg.sender.encode()) + len(msg.recipient.encode()) + len(msg.ciphertext)
 
 
-def answer_size(answer: UnmaskingShares) -> int:
-    body = {
-        "client": answer.client_id,
-        "b": {u: [s.x, hex(s.y)] for u, s in answer.self_mask_shares.items()},
-        "s": {u: [s.x, hex(s.y)] for u, s in answer.key_shares.items()},
-    }
-    return len(json.dumps(body, separators=(",", ":")).encode())
-
-
 @dataclass
 class RoundCost:
     setup: float
     mask_per_client: float
+    unseal: float
     sum: float
     unmask: float
     key_bytes: int
@@ -99,6 +103,7 @@ def secagg_round(
     started = time.perf_counter()
     clients = {c: SecAggClient(c, threshold, ring_bits=ring_bits) for c in ids}
     server = SecAggServer(threshold, ring_bits=ring_bits)
+    server_key = server.public_key
     advertised = [c.advertise_keys() for c in clients.values()]
     roster = server.register(advertised)
     sent = [m for c in clients.values() for m in c.share_keys(roster)]
@@ -107,19 +112,28 @@ def secagg_round(
         client.receive_shares(routed.get(cid, []))
     setup = time.perf_counter() - started
 
-    key_bytes = sum(map(keys_size, advertised)) * (1 + len(ids))  # up once, roster to everyone
+    key_bytes = len(server_key) * len(ids)  # the server key, down to every client
+    key_bytes += sum(map(keys_size, advertised)) * (1 + len(ids))  # up once, roster to everyone
     key_bytes += 2 * sum(map(share_size, sent))  # up to the aggregator, relayed down
 
     gone = set(ids[len(ids) - dropped :])
-    masked: dict[str, RingArray] = {}
+    sealed: dict[str, bytes] = {}
     mask_times = []
     for cid in ids:
         if cid in gone:
             continue
         t0 = time.perf_counter()
-        masked[cid] = clients[cid].masked_input(inputs[cid])
+        block = encode_masked_block(clients[cid].masked_input(inputs[cid]))
+        sealed[cid] = clients[cid].seal_for_server(server_key, "masked", pack_masked([], block))
         mask_times.append(time.perf_counter() - t0)
-    masked_bytes = sum(len(encode_masked_block(v)) for v in masked.values())
+    masked_bytes = sum(map(len, sealed.values()))
+
+    t0 = time.perf_counter()
+    masked: dict[str, RingArray] = {}
+    for cid, data in sealed.items():
+        _, block = unpack_masked(server.open_from(cid, "masked", data))
+        masked[cid] = decode_masked_block(block, ring_bits=ring_bits)
+    unsealed = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     for cid, vector in masked.items():
@@ -128,14 +142,21 @@ def secagg_round(
 
     t0 = time.perf_counter()
     survivors, dropped_ids = server.unmask_request()
-    answers = [clients[v].unmask(survivors, dropped_ids) for v in survivors]
+    views = [clients[v].confirm(survivors, dropped_ids) for v in survivors]
+    answers = [clients[v].unmask(survivors, dropped_ids, views) for v in survivors]
+    replies = [
+        clients[a.client_id].seal_for_server(server_key, "unmask-response", answer_to_json(a))
+        for a in answers
+    ]
     total = server.finalize(answers)
     unmask = time.perf_counter() - t0
     request = len(json.dumps([survivors, dropped_ids]).encode())
-    key_bytes += request * len(survivors) + sum(map(answer_size, answers))
+    key_bytes += request * len(survivors) + sum(map(len, replies))
+    key_bytes += sum(len(view_to_json(v)) for v in views) * len(survivors)  # up, to the others
     return RoundCost(
         setup,
         float(np.mean(mask_times)),
+        unsealed,
         summed,
         unmask,
         key_bytes,
@@ -169,9 +190,9 @@ def main() -> None:
     print(f"d = {d:,}; best of {args.repeat}; threshold t = N // 2 + 1; times in ms")
     print(f"CPU count {os.cpu_count()}; in-process, no daemons\n")
     head = (
-        f"{'N':>3} {'ring':>4} | {'fedavg':>7} {'setup':>7} {'mask/cl':>8} {'sum':>7} "
-        f"{'unmask0':>8} {'unmask1':>8} {'max err':>8} | {'plain MB':>8} {'masked MB':>9} "
-        f"{'keys KB':>8} {'ratio':>6} {'vs 16-bit':>9} {'Bonawitz':>8}"
+        f"{'N':>3} {'ring':>4} | {'fedavg':>7} {'setup':>7} {'mask/cl':>8} {'unseal':>7} "
+        f"{'sum':>7} {'unmask0':>8} {'unmask1':>8} {'max err':>8} | {'plain MB':>8} "
+        f"{'masked MB':>9} {'keys KB':>8} {'ratio':>6} {'vs 16-bit':>9} {'Bonawitz':>8}"
     )
     print(head)
     print("-" * len(head))
@@ -194,7 +215,8 @@ def main() -> None:
             ratio16 = (masked_b + key_b) / (n * d * 2)
             print(
                 f"{n:>3} {bits:>4} | {t_fedavg * 1e3:>7.1f} {best(full, 'setup') * 1e3:>7.1f} "
-                f"{best(full, 'mask_per_client') * 1e3:>8.1f} {best(full, 'sum') * 1e3:>7.1f} "
+                f"{best(full, 'mask_per_client') * 1e3:>8.1f} {best(full, 'unseal') * 1e3:>7.1f} "
+                f"{best(full, 'sum') * 1e3:>7.1f} "
                 f"{best(full, 'unmask') * 1e3:>8.1f} {best(drop, 'unmask') * 1e3:>8.1f} "
                 f"{err:>8.1e} | {plain_bytes / 1e6:>8.2f} {masked_b / 1e6:>9.2f} "
                 f"{key_b / 1e3:>8.1f} {ratio:>5.3f}x {ratio16:>8.3f}x {BONAWITZ_EXPANSION:>7.2f}x"

@@ -40,11 +40,13 @@ from collections.abc import Awaitable, Callable
 import httpx
 import numpy as np
 
-from gradfed_ipfs.federated.round.accumulator import DistributedGradientAccumulator
-from gradfed_ipfs.federated.round.streaming import StreamingAccumulator
+from gradfed_ipfs.federated.round import (
+    AccumulatorConfig,
+    DistributedGradientAccumulator,
+    StreamingAccumulator,
+)
 from gradfed_ipfs.formats.arrow import store_gradient_as_arrow
 from gradfed_ipfs.kubo import KuboSwarm
-from gradfed_ipfs.seed.backward_pass import BackwardPassConfig
 from gradfed_ipfs.storage import Block, KuboBlockStore
 from gradfed_ipfs.storage.dag import fetch_gradient, plan_chunks, put_gradient
 
@@ -204,7 +206,7 @@ def _reset_peak() -> int:
 async def rss_child(mode: str, api_url: str, cids: list[str], d: int, concurrency: int) -> None:
     """Subprocess body: aggregate ``cids`` with the ``mode`` accumulator; print JSON."""
     local = gradient(d, 999)
-    config = BackwardPassConfig(max_peers=len(cids), timeout=120)
+    config = AccumulatorConfig(max_peers=len(cids), timeout=120)
     async with KuboBlockStore(api_url, timeout=120) as store:
         # Warm up (connections, pyarrow IPC, dag-cbor, memory pools) before the baseline, so
         # that only the aggregation's own memory is measured.
@@ -216,14 +218,14 @@ async def rss_child(mode: str, api_url: str, cids: list[str], d: int, concurrenc
             streaming = StreamingAccumulator("bench", config, concurrency=concurrency)
             await streaming.commit_local(local, store)
             for index, cid in enumerate(cids):
-                await streaming.add_peer_gradient(f"peer-{index:02d}", cid, store)
+                await streaming.add(f"peer-{index:02d}", cid, store)
             result = streaming.finalize()
         else:
             holding = DistributedGradientAccumulator("bench", config)
             await holding.commit_local(local, store)
             for index, cid in enumerate(cids):
-                await holding.add_peer_gradient(f"peer-{index:02d}", cid, store)
-            result = holding.aggregate()
+                await holding.add(f"peer-{index:02d}", cid, store)
+            result = holding.finalize()
         seconds = time.perf_counter() - started
     peak = _status("VmHWM")
     checksum = float(np.sum(result, dtype=np.float64))

@@ -8,6 +8,8 @@ exclude) is the runner's. Blocks are re-hashed against their CID by the store.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 from multiformats import CID
 
@@ -22,6 +24,9 @@ from gradfed_ipfs.tensor.compression import ErrorFeedback
 
 class CodecAccumulator:
     """Holds the decoded local and peer deltas of one round; aggregates with ``strategy``.
+
+    Implements the runner's :class:`~gradfed_ipfs.federated.round.GradientAccumulator` protocol
+    (``commit_local``, ``add``, ``contributions``, ``finalize``); sample counts are not capped.
 
     Parameters
     ----------
@@ -47,6 +52,9 @@ class CodecAccumulator:
         self.strategy = strategy
         self.timeout = timeout
         self.inputs: dict[str, Contribution] = {}
+        self.clipped_weights: dict[str, int] = {}
+
+    holds_contributions: ClassVar[bool] = True
 
     async def commit_local(
         self, gradient: GradientLike, store: BlockStore, *, num_samples: int | None = None
@@ -59,7 +67,7 @@ class CodecAccumulator:
         self.inputs[self.local_peer_id] = Contribution(decoded, num_samples)
         return cid
 
-    async def add_peer_gradient(
+    async def add(
         self, peer_id: str, cid: CIDLike, store: BlockStore, *, num_samples: int | None = None
     ) -> None:
         """Fetch a peer's block (verified), decode any encoding, check it, hold it."""
@@ -72,6 +80,10 @@ class CodecAccumulator:
             raise InvalidGradient(f"non-finite values in the delta of {peer_id}")
         self.inputs[peer_id] = Contribution(values, num_samples)
 
-    def aggregate(self) -> FloatArray:
+    def contributions(self) -> dict[str, Contribution]:
+        """Return the held deltas keyed by peer ID, the local one included."""
+        return dict(self.inputs)
+
+    def finalize(self) -> FloatArray:
         """Aggregate the held deltas (sorted by peer ID inside the strategy)."""
         return np.asarray(self.strategy.aggregate(self.inputs), dtype=np.float32)

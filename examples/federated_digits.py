@@ -47,14 +47,16 @@ from numpy.typing import NDArray
 
 from gradfed_ipfs.errors import GradfedError, InvalidGradient
 from gradfed_ipfs.federated.privacy.mechanisms import DifferentialPrivacy
-from gradfed_ipfs.federated.round.accumulator import DistributedGradientAccumulator
-from gradfed_ipfs.federated.round.gossip import GossipModelSync
-from gradfed_ipfs.federated.round.runner import GradientAccumulator, RoundConfig, RoundRunner
+from gradfed_ipfs.federated.round import (
+    GossipModelSync,
+    GradientAccumulator,
+    RoundConfig,
+    RoundRunner,
+)
 from gradfed_ipfs.federated.secagg.protocol import SecAggClient, SecAggServer
 from gradfed_ipfs.formats.announcement import Announcement
 from gradfed_ipfs.kubo.pubsub import KuboPubsub
 from gradfed_ipfs.provenance.round_record import ContributionRef, commit_round
-from gradfed_ipfs.seed.backward_pass import BackwardPassConfig
 from gradfed_ipfs.storage import Block, KuboBlockStore
 from gradfed_ipfs.storage.dag import fetch_gradient, put_gradient
 from gradfed_ipfs.tensor.aggregation import AggregationStrategy
@@ -182,14 +184,14 @@ def make_peer(
         fetch_timeout=options.timeout,
         subscriber_timeout=options.timeout,
         republish_interval=0.5,
+        aggregation=strategy,
     )
-    feedback = ErrorFeedback(codec) if codec is not None else None
+    factory: Callable[[], GradientAccumulator] | None = None
+    if codec is not None:
+        feedback = ErrorFeedback(codec)
 
-    def accumulator() -> GradientAccumulator:
-        if feedback is not None:
+        def factory() -> GradientAccumulator:
             return CodecAccumulator(node.peer_id, feedback, strategy, options.timeout)
-        config = BackwardPassConfig(aggregation=strategy, timeout=options.timeout)
-        return DistributedGradientAccumulator(options.session, config, local_peer_id=node.peer_id)
 
     dp = None
     if options.dp_noise is not None:
@@ -200,7 +202,7 @@ def make_peer(
             noise_multiplier=options.dp_noise,
             rng=np.random.default_rng([options.seed, index]),
         )
-    runner = RoundRunner(store, gossip, config, accumulator_factory=accumulator)
+    runner = RoundRunner(store, gossip, config, accumulator_factory=factory)
     byzantine = index >= options.peers - options.byzantine
     return Peer(index, node, rows, store, pubsub, gossip, runner, byzantine, dp)
 
@@ -292,7 +294,7 @@ async def plain_round(
     views: dict[str, dict[str, str]] = {}
     nbytes = 0
     for peer, result in zip(peers, results, strict=True):
-        if result.stats.missing_clients or result.failures:
+        if result.missing or result.failures:
             raise TimeoutError(f"peer {peer.index} excluded peers: {result.failures}")
         aggregates[peer.peer_id] = np.asarray(result.aggregate, dtype=np.float32)
         views[peer.peer_id] = {

@@ -53,11 +53,12 @@ from .federated import (
     RoundResult,
     RoundRunner,
     RoundStats,
-    SecureRoundConfig,
+    SecureOptions,
     StreamingAccumulator,
 )
 from .formats import Announcement, AnnouncementFilter, session_topic
 from .kubo import KuboDaemon, KuboPubsub, KuboSwarm, MemoryPubsub, MemoryPubsubBus
+from .node import Node
 from .provenance import (
     ComputationGraphStore,
     ComputationNode,
@@ -161,6 +162,7 @@ __all__ = [
     "MemoryPubsub",
     "MemoryPubsubBus",
     "MultiKrum",
+    "Node",
     "NormBounded",
     "parse_cid",
     "PrivacyBudget",
@@ -177,7 +179,7 @@ __all__ = [
     "RoundStats",
     "RoundVerification",
     "SecureAggregationError",
-    "SecureRoundConfig",
+    "SecureOptions",
     "session_topic",
     "ShapeMismatch",
     "SparseGradient",

@@ -26,17 +26,23 @@ CLI exits with. The tree::
     │   ├── BlockCorrupt               bytes whose hash is not their CID
     │   ├── BlockTooLarge              a block over the store's size limit, refused before sending
     │   ├── StoreUnavailable           the daemon cannot be reached (after retries)
+    │   │   └── StoreTimeout           an answer not complete within the call's deadline
     │   └── StoreRequestError          the daemon answered with an error
+    │       └── StoreResponseTooLarge  an answer over its endpoint's size cap
     ├── KuboError                      managing Kubo daemons; exit 6
     │   ├── KuboNotInstalled           no Kubo binary and it could not be built
-    │   └── KuboStartError             a daemon failed to start (message has its log tail)
+    │   ├── KuboStartError             a daemon failed to start (message has its log tail)
+    │   └── KuboRpcError               a control-plane RPC call (id, swarm/*) failed
     ├── FederatedError                 the seed's ``FederatedError`` (seed-api §6.1); exit 7
     │   ├── NoContributions            a round has nothing to aggregate
     │   ├── FederatedDimensionMismatch contributions of different lengths
     │   ├── ClientNotFound             a contribution from a client not in the round
     │   ├── NotStarted                 operating on a round that was not started
     │   ├── PrivacyBudgetExhausted     a DP operation would exceed the (ε, δ) budget
+    │   ├── InsufficientPeers          a round's deadline passed with fewer than min_peers in
     │   ├── SecureAggregationError     the masked-sum protocol cannot proceed
+    │   │   ├── SecAggPeerRejected     one party's SecAgg message is unusable (names the party)
+    │   │   └── UnmaskRefused          an honest client refuses an unmasking request
     │   ├── QuorumNotReached           an agreed round has fewer than min_peers by its deadline
     │   ├── RoundMismatch              peers announced a different result CID for a round
     │   ├── GenesisMismatch            a model or record of another session's genesis
@@ -56,7 +62,12 @@ CLI exits with. The tree::
     │   └── GraphIoError               reading or writing a graph/checkpoint failed
     └── PubsubError                    IPFS pubsub (announcements); exit 10
         ├── PubsubUnavailable          the daemon's pubsub API cannot be reached
+        │   └── PubsubTimeout          an answer not complete within the call's deadline
         └── PubsubRequestError         the daemon refused a pubsub call (e.g. pubsub disabled)
+            └── PubsubResponseTooLarge an answer over its endpoint's size cap
+
+Two mixins cut across the families: every ``*Timeout`` is an :class:`RpcTimeout` (and a
+``TimeoutError``), every ``*ResponseTooLarge`` a :class:`ResponseTooLarge`.
 
 Store errors carry context as attributes (``api_url``, ``endpoint``, ``cid``), set by the one
 boundary that talks to Kubo, so a message always names the CID and the daemon.
@@ -93,11 +104,13 @@ __all__ = [
     "GraphNodeNotFound",
     "GraphSerializationError",
     "IncompatibleDtype",
+    "InsufficientPeers",
     "InvalidCompressionRatio",
     "InvalidGradient",
     "InvalidMagic",
     "KuboError",
     "KuboNotInstalled",
+    "KuboRpcError",
     "KuboStartError",
     "MalformedAnnouncement",
     "MalformedArrow",
@@ -112,15 +125,23 @@ __all__ = [
     "PrivacyBudgetExhausted",
     "PubsubError",
     "PubsubRequestError",
+    "PubsubResponseTooLarge",
+    "PubsubTimeout",
     "PubsubUnavailable",
     "QuorumNotReached",
+    "ResponseTooLarge",
     "RoundMismatch",
     "RoundVerificationFailed",
+    "RpcTimeout",
+    "SecAggPeerRejected",
     "SecureAggregationError",
     "ShapeMismatch",
     "StoreRequestError",
+    "StoreResponseTooLarge",
+    "StoreTimeout",
     "StoreUnavailable",
     "TruncatedData",
+    "UnmaskRefused",
 ]
 
 
@@ -268,6 +289,39 @@ class MalformedAnnouncement(DecodeError):
     """A pubsub announcement that is not valid for this session (see its message)."""
 
 
+# --------------------------------------------------------------------------- RPC limits
+
+
+class RpcTimeout(TimeoutError):
+    """Mixin: an RPC answer did not complete within the call's total deadline.
+
+    Attributes
+    ----------
+    received
+        Bytes of the answer that had arrived when the deadline passed.
+    deadline
+        The call's total deadline, in seconds.
+    """
+
+    received: int = 0
+    deadline: float = 0.0
+
+
+class ResponseTooLarge(ValueError):
+    """Mixin: an RPC answer exceeded its endpoint's size cap (nothing beyond it was kept).
+
+    Attributes
+    ----------
+    rpc_endpoint
+        The endpoint whose answer was too large, e.g. ``block/get``.
+    cap
+        The endpoint's cap, in bytes.
+    """
+
+    rpc_endpoint: str = ""
+    cap: int = 0
+
+
 # --------------------------------------------------------------------------- block stores
 
 
@@ -321,6 +375,14 @@ class StoreRequestError(BlockStoreError):
     """The daemon answered a request with an error (status or an NDJSON error line)."""
 
 
+class StoreTimeout(StoreUnavailable, RpcTimeout):
+    """The daemon's answer did not complete within the call's total deadline."""
+
+
+class StoreResponseTooLarge(StoreRequestError, ResponseTooLarge):
+    """The daemon's answer exceeded the endpoint's size cap; reading stopped there."""
+
+
 # --------------------------------------------------------------------------- Kubo daemons
 
 
@@ -336,6 +398,22 @@ class KuboNotInstalled(KuboError, FileNotFoundError):
 
 class KuboStartError(KuboError, RuntimeError):
     """A Kubo daemon did not become ready; the message ends with the tail of its log."""
+
+
+class KuboRpcError(KuboError):
+    """A control-plane RPC call (``id``, ``swarm/connect``, ``swarm/peers``) failed.
+
+    Parameters
+    ----------
+    message
+        What failed.
+    api_url
+        The daemon's RPC URL, when known.
+    """
+
+    def __init__(self, message: str, *, api_url: str | None = None) -> None:
+        self.api_url = api_url
+        super().__init__(message)
 
 
 # --------------------------------------------------------------------------- federated (seed §6)
@@ -385,6 +463,40 @@ class PrivacyBudgetExhausted(FederatedError, ValueError):
     """A differential-privacy step would exceed the (ε, δ) budget; nothing was changed."""
 
 
+class InsufficientPeers(FederatedError):
+    """A round's deadline passed with fewer than ``min_peers`` peer contributions in.
+
+    Attributes
+    ----------
+    round_id
+        The round.
+    needed, got
+        ``min_peers`` and the number of peer contributions taken in.
+    absent
+        Expected peers (sorted) that never announced, or whose contribution never arrived.
+    failures
+        Peer ID → why its contribution was not taken in.
+    """
+
+    def __init__(
+        self,
+        round_id: int,
+        needed: int,
+        got: int,
+        absent: Sequence[str] = (),
+        failures: dict[str, str] | None = None,
+    ) -> None:
+        self.round_id = round_id
+        self.needed = needed
+        self.got = got
+        self.absent = sorted(absent)
+        self.failures = dict(failures or {})
+        super().__init__(
+            f"round {round_id}: {got} of min_peers={needed} peer contributions by the deadline"
+            + (f"; absent: {', '.join(self.absent)}" if self.absent else "")
+        )
+
+
 class SecureAggregationError(FederatedError):
     """The secure-aggregation protocol cannot proceed (too few participants, bad shares...)."""
 
@@ -423,6 +535,26 @@ class GenesisMismatch(FederatedError, ValueError):
 
 class RoundVerificationFailed(FederatedError):
     """An agreed round record, its roster or its result does not re-verify."""
+
+
+class SecAggPeerRejected(SecureAggregationError):
+    """One party's SecAgg message is malformed, undecryptable or misaddressed; ``peer`` names it.
+
+    The round goes on without that party where the protocol allows.
+    """
+
+    def __init__(self, peer: str, reason: str) -> None:
+        self.peer = peer
+        self.reason = reason
+        super().__init__(f"SecAgg message from {peer} rejected: {reason}")
+
+
+class UnmaskRefused(SecureAggregationError):
+    """An honest client refuses to unmask (both secrets of one peer, or inconsistent views).
+
+    The request asked for the self-mask share and the mask-key share of the same peer, or the
+    server showed different survivor sets to different clients.
+    """
 
 
 # --------------------------------------------------------------------------- coordination (§8)
@@ -529,3 +661,11 @@ class PubsubUnavailable(PubsubError, ConnectionError):
 
 class PubsubRequestError(PubsubError):
     """The daemon answered a pubsub call with an error (e.g. pubsub is not enabled)."""
+
+
+class PubsubTimeout(PubsubUnavailable, RpcTimeout):
+    """A pubsub call's answer did not complete within the call's total deadline."""
+
+
+class PubsubResponseTooLarge(PubsubRequestError, ResponseTooLarge):
+    """A pubsub call's answer exceeded the endpoint's size cap; reading stopped there."""

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from gradfed_ipfs.cli.app import main
+from gradfed_ipfs.kubo import KuboDaemon
 from gradfed_ipfs.kubo.pubsub import KuboPubsub, session_topic
 from gradfed_ipfs.provenance.round_record import ContributionRef, RoundRecord, commit_round
 from gradfed_ipfs.storage import KuboBlockStore
@@ -215,7 +216,22 @@ def test_unknown_cid_fails_after_the_timeout(
         assert code == 5
         assert "BlockNotFound" in err
         assert unknown in err.replace("\n", "")
+        if command[0] == "fetch":  # the session daemon has no peers: the error says so
+            assert "this node has 0 peers" in err.replace("\n", " ")
+            assert "gradfed-ipfs node connect" in err.replace("\n", " ")
     assert not (tmp_path / "x.npy").exists()
+
+
+@pytest.mark.kubo
+def test_unknown_cid_on_a_connected_node_has_no_peer_hint(
+    kubo_swarm3: list[KuboNode], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    unknown = "bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy"
+    api = ["--api", kubo_swarm3[0].api_url, "--timeout", "0.5"]
+    code, _, err = run_cli(capsys, *api, "fetch", unknown, "-o", str(tmp_path / "x.npy"))
+    assert code == 5
+    assert "BlockNotFound" in err
+    assert "0 peers" not in err
 
 
 def test_unreachable_api(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -481,3 +497,35 @@ def test_aggregate_of_different_lengths_and_fetch_of_a_non_gradient(
     code, _, err = run_cli(capsys, *api, "fetch", record, "-o", str(tmp_path / "r.npy"))
     assert code == 4
     assert "MalformedManifest" in err
+
+
+def test_node_connect_needs_a_target(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "--api", "http://127.0.0.1:9", "node", "connect")
+    assert code == 1
+    assert "needs a target" in err
+    code, _, err = run_cli(capsys, "--node-dir", "/nonexistent", "node", "status", "extra")
+    assert code == 1
+    assert "takes no target" in err
+
+
+@pytest.mark.kubo
+def test_node_connect_by_api_url_then_by_multiaddr(
+    fresh_daemon: KuboDaemon, kubo_binary: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = KuboDaemon(binary=kubo_binary).start()
+    try:
+        api = ["--api", fresh_daemon.api_url]
+        assert other.peer_id not in fresh_daemon.connected_peers()
+        code, out, _ = run_cli(capsys, *api, "node", "connect", other.api_url)
+        assert code == 0, out
+        assert f"/p2p/{other.peer_id}" in out
+        assert "this node now has 1 peer" in out
+        assert other.peer_id in fresh_daemon.connected_peers()
+        # A multiaddr naming a peer ID nobody listens as: Kubo refuses, the CLI says so.
+        wrong = other.multiaddrs[0].split("/p2p/")[0] + f"/p2p/{fresh_daemon.peer_id}"
+        code, _, err = run_cli(capsys, *api, "--timeout", "5", "node", "connect", wrong)
+        assert code == 6
+        assert "KuboRpcError" in err
+        assert "swarm/connect" in err
+    finally:
+        other.stop()

@@ -110,6 +110,27 @@ async def test_chunk_with_wrong_length_is_corrupt() -> None:
         await fetch_gradient(store, cid)
 
 
+async def test_equal_chunks_are_distinct_blocks() -> None:
+    store = MemoryBlockStore()
+    values = np.zeros(3 * values_per_chunk(CHUNK), np.float32)  # three equal ranges
+    cid = await put_gradient(store, values, chunk_bytes=CHUNK)
+    manifest = await fetch_manifest(store, cid)
+    assert len({bytes(c.cid) for c in manifest.chunks}) == 3
+    np.testing.assert_array_equal(await fetch_gradient(store, cid), values)
+
+
+async def test_chunk_moved_to_another_offset_is_corrupt() -> None:
+    store = MemoryBlockStore()
+    per = values_per_chunk(CHUNK)
+    cid = await put_gradient(store, np.zeros(2 * per, np.float32), chunk_bytes=CHUNK)
+    first, second = (await fetch_manifest(store, cid)).chunks
+    swapped = ChunkManifest(
+        (2 * per,), 2 * per, (ChunkRef(second.cid, 0, per), ChunkRef(first.cid, per, per))
+    )
+    with pytest.raises(BlockCorrupt, match=f"written for offset '{per}'"):
+        await fetch_gradient(store, await store.put(swapped.to_block()), concurrency=1)
+
+
 class FlakyStore(MemoryBlockStore):
     """Fails the first ``failures`` gets with a transient error."""
 
@@ -145,7 +166,6 @@ async def test_missing_chunk_is_not_found() -> None:
 
 
 def valid_record() -> dict[str, object]:
-    link = make_cid(b"chunk")
     return {
         "format": MANIFEST_FORMAT,
         "version": 1,
@@ -153,8 +173,8 @@ def valid_record() -> dict[str, object]:
         "shape": [2, 3],
         "length": 6,
         "chunks": [
-            {"cid": link, "offset": 0, "length": 4},
-            {"cid": link, "offset": 4, "length": 2},
+            {"cid": make_cid(b"chunk 0"), "offset": 0, "length": 4},
+            {"cid": make_cid(b"chunk 1"), "offset": 4, "length": 2},
         ],
     }
 
@@ -188,6 +208,7 @@ def test_valid_manifest_decodes() -> None:
         ("chunks.0.cid", "bafkreinotalink"),
         ("chunks.0.cid", make_cid(b"x", "dag-cbor")),
         ("chunks.0.extra", 1),
+        ("chunks.1.cid", make_cid(b"chunk 0")),  # one block named twice
         ("extra", 1),
     ],
 )

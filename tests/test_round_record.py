@@ -240,7 +240,7 @@ async def test_verify_unreadable_record() -> None:
     assert len(await verify_history(junk, store)) == 1
 
 
-async def test_noised_round_is_checked_but_not_recomputed() -> None:
+async def test_noised_round_is_unverifiable_not_verified() -> None:
     store = MemoryBlockStore()
     grads = {p: await put_gradient(store, np.ones(4, np.float32) * i) for i, p in enumerate("ab")}
     noised = np.array([0.3, 0.6, 0.2, 0.5], np.float32)
@@ -253,8 +253,9 @@ async def test_noised_round_is_checked_but_not_recomputed() -> None:
         privacy={"noise": True, "epsilon_spent": 1.0},
     )
     result = await verify_round(await record.commit(store), store)
-    assert result.ok
+    assert not result.ok
     assert not result.recomputed
+    assert result.status.startswith("unverifiable: the record claims DP noise but clip")
 
 
 def test_record_refuses_duplicate_peer() -> None:

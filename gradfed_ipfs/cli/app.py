@@ -4,9 +4,11 @@ This module and its helper package the modules beside it are the only code that
 prints or imports ``rich``; nothing in the library imports them. User mistakes and library
 errors end with a one-line message and the error family's exit code, never a traceback
 (``--debug`` shows it). Exit codes: 0 success; 1 a failed check (``verify-round``, ``history``,
-``node status`` of a stopped node) or a usage mistake; 2 bad arguments (argparse); otherwise the
-``exit_code`` of the error's family (3 gradient, 4 decode, 5 block store, 6 Kubo, 7 federated,
-10 pubsub; see :mod:`gradfed_ipfs.errors`); 130 interrupted.
+``node status`` of a stopped node; an unverifiable DP round included) or a usage mistake; 2 bad
+arguments (argparse, or a CID that is not a round record); otherwise the ``exit_code`` of the
+error's family (3 gradient, 4 decode, 5 block store, 6 Kubo, 7 federated, 10 pubsub; see
+:mod:`gradfed_ipfs.errors`); 130 interrupted. Non-finite gradients are never written (exit 4),
+and a decode that runs out of memory or recursion also ends with one line and exit 4.
 
 The daemon is chosen by ``--api URL``, else ``$GRADFED_IPFS_API``, else the managed node
 (``gradfed-ipfs node start``).
@@ -23,7 +25,7 @@ from collections.abc import Sequence
 
 from rich.table import Table
 
-from ..errors import GradfedError
+from ..errors import DecodeError, GradfedError
 from .common import API_ENV, HOME_ENV, console, err_console
 from .data import add_data_parsers
 from .node import add_node_parser
@@ -130,6 +132,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _one_line(message: str) -> None:
+    """Print ``error <message>`` as one line: no wrapping, inner newlines collapsed."""
+    err_console.print(
+        "[red]error[/] " + " ".join(message.split()), soft_wrap=True, markup=True, highlight=False
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the process exit code."""
     parser = build_parser()
@@ -140,8 +149,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GradfedError as exc:
         if args.debug:
             raise
-        err_console.print(f"[red]error[/] ({type(exc).__name__}): {exc}")
+        _one_line(f"({type(exc).__name__}): {exc}")
         return exc.exit_code
+    except (MemoryError, RecursionError) as exc:
+        # Decoders check sizes and nesting first; this is the last line of defence.
+        if args.debug:
+            raise
+        _one_line(f"({type(exc).__name__}): input too large or too deep")
+        return DecodeError.exit_code
     except KeyboardInterrupt:
         err_console.print("interrupted")
         return 130

@@ -26,8 +26,9 @@ from rich.progress import (
 )
 
 from .._types import FloatArray
-from ..errors import DecodeError, GradfedError, InvalidGradient
+from ..errors import BlockNotFound, DecodeError, GradfedError, InvalidGradient, KuboRpcError
 from ..formats.arrow import decode_gradient, store_gradient_as_arrow
+from ..kubo.rpc import KuboRpc
 from ..tensor.aggregation import (
     AggregationStrategy,
     FedAvg,
@@ -39,6 +40,7 @@ from ..tensor.aggregation import (
     TrimmedMean,
 )
 from ..tensor.compression import Codec, Int4, Int8, TopK, TopKInt8
+from .managed import running_node_api
 
 __all__ = [
     "API_ENV",
@@ -49,6 +51,7 @@ __all__ = [
     "console",
     "default_node_dir",
     "err_console",
+    "explain_missing_block",
     "human_bytes",
     "parse_codec",
     "parse_method",
@@ -121,8 +124,6 @@ def resolve_api(api: str | None, node_dir: Path) -> str:
     env = os.environ.get(API_ENV)
     if env:
         return _check_url(env)
-    from .node import running_node_api
-
     found = running_node_api(node_dir)
     if found is None:
         raise UsageError(
@@ -136,6 +137,24 @@ def _check_url(url: str) -> str:
     if not url.startswith(("http://", "https://")):
         raise UsageError(f"--api must be an http(s) URL like http://127.0.0.1:5001, got {url!r}")
     return url.rstrip("/")
+
+
+async def explain_missing_block(rpc: KuboRpc, exc: BlockNotFound) -> None:
+    """Add a hint to ``exc`` when the daemon has no swarm peers to fetch the block from.
+
+    Without peers, Kubo only says "context deadline exceeded"; the usual cause is a node that
+    was never connected to the one holding the block.
+    """
+    try:
+        answer = await rpc.post_json("swarm/peers", deadline=5.0)
+    except KuboRpcError:
+        return
+    if not (answer or {}).get("Peers"):
+        message = exc.args[0] if exc.args else "block not found"
+        exc.args = (
+            f"{message}; this node has 0 peers; connect it with `gradfed-ipfs node connect "
+            "<multiaddr|api-url>`",
+        )
 
 
 # --------------------------------------------------------------------------- option grammars

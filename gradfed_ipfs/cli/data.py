@@ -11,7 +11,7 @@ from multiformats import CID
 
 from .._types import FloatArray
 from ..cid import DAG_CBOR, RAW, parse_cid
-from ..errors import DecodeError, DimensionMismatch
+from ..errors import BlockNotFound, DecodeError, DimensionMismatch, MalformedArrow
 from ..formats.announcement import Announcement
 from ..formats.arrow import decode_gradient, store_layer_as_arrow
 from ..kubo.pubsub import KuboPubsub, session_topic
@@ -24,6 +24,7 @@ from .common import (
     async_handler,
     console,
     err_console,
+    explain_missing_block,
     human_bytes,
     parse_codec,
     parse_method,
@@ -50,15 +51,26 @@ async def fetch_any(
 
     Returns the values in their recorded shape and the block's encoding.
     """
-    if cid.codec.code == RAW:
-        block = await store.get(cid, timeout=timeout)  # re-hashed against the CID
-        decoded = decode_gradient(block.data)
-        return decoded.tensor(), decoded.encoding
-    if cid.codec.code != DAG_CBOR:
-        raise DecodeError(f"{cid}: codec {cid.codec.name} is neither raw nor dag-cbor")
-    with progress_bar(f"fetching {str(cid)[:16]}…", enabled=show_progress) as progress:
-        values = await fetch_gradient(store, cid, timeout=timeout, progress=progress)
-    return values, "dense (chunked)"
+    try:
+        if cid.codec.code == RAW:
+            block = await store.get(cid, timeout=timeout)  # re-hashed against the CID
+            decoded = decode_gradient(block.data)
+            return decoded.tensor(), decoded.encoding
+        if cid.codec.code != DAG_CBOR:
+            raise DecodeError(f"{cid}: codec {cid.codec.name} is neither raw nor dag-cbor")
+        with progress_bar(f"fetching {str(cid)[:16]}…", enabled=show_progress) as progress:
+            values = await fetch_gradient(store, cid, timeout=timeout, progress=progress)
+        return values, "dense (chunked)"
+    except BlockNotFound as exc:
+        await explain_missing_block(store.rpc, exc)
+        raise
+
+
+def _require_finite(values: FloatArray, what: str, error: type[DecodeError]) -> None:
+    """Refuse NaN or infinity: a result that is not finite is never written."""
+    bad = int(np.count_nonzero(~np.isfinite(values)))
+    if bad:
+        raise error(f"{what} has {bad} non-finite values of {values.size}; nothing written")
 
 
 # --------------------------------------------------------------------------- commit
@@ -105,6 +117,7 @@ async def _fetch(args: argparse.Namespace, api: str) -> int:
         raise UsageError(f"{out}: the output must end in .npy or .arrow")
     async with KuboBlockStore(api, timeout=args.timeout) as store:
         values, encoding = await fetch_any(store, cid, args.timeout)
+    _require_finite(values, f"gradient {cid}", MalformedArrow)
     write_gradient_file(out, np.asarray(values, dtype=np.float32))
     console.print(f"fetched {cid} ({encoding}, {shape_text(values.shape)}, verified) -> {out}")
     return 0
@@ -137,11 +150,15 @@ async def _aggregate(args: argparse.Namespace, api: str) -> int:
     async with KuboBlockStore(api, timeout=args.timeout) as store:
         for index, (cid, count) in enumerate(zip(cids, samples, strict=True)):
             values, _ = await fetch_any(store, cid, args.timeout)
+            _require_finite(values, f"gradient {cid}", MalformedArrow)
             if shape is not None and values.size != int(np.prod(shape)):
                 raise DimensionMismatch(list(shape), list(values.shape))
             shape = shape or tuple(values.shape)
             inputs[f"{index:06d}"] = Contribution.of(values.reshape(-1), count)
-        result = np.asarray(strategy.aggregate(inputs), dtype=np.float32).reshape(shape or (-1,))
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is refused just below
+            aggregate = strategy.aggregate(inputs)
+        result = np.asarray(aggregate, dtype=np.float32).reshape(shape or (-1,))
+        _require_finite(result, f"the {strategy!r} aggregate", DecodeError)
         committed = await put_gradient(store, result) if args.commit else None
     write_gradient_file(out, result)
     console.print(f"aggregated {len(cids)} gradients with {strategy!r} -> {out}")

@@ -1,10 +1,12 @@
-"""``gradfed-ipfs node start|stop|status``: one managed, persistent Kubo daemon per user.
+"""``gradfed-ipfs node start|stop|status|connect``: one managed, persistent Kubo daemon per user.
 
 The node lives in a directory (default ``~/.local/share/gradfed-ipfs/node``; ``--node-dir`` or
 ``$GRADFED_IPFS_HOME`` override it) holding the Kubo repo (``repo/``), the daemon's log
 (``daemon.log``) and its PID file (``daemon.pid``). The repo is initialised like every daemon of
 this project (``--profile=test``, loopback only, ``Routing.Type=none``, pubsub on) and kept
 between runs. The daemon outlives the CLI process; ``node stop`` ends it by its recorded PID.
+``node connect TARGET`` dials another node (a multiaddr, or another daemon's API URL) from the
+selected daemon (``--api``, ``$GRADFED_IPFS_API`` or the managed node).
 """
 
 from __future__ import annotations
@@ -17,69 +19,27 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
-import httpx
 from rich.table import Table
 
 from ..errors import KuboStartError
 from ..kubo.binary import find_kubo_binary
-from ..kubo.daemon import LOOPBACK_CONFIG, multiaddr_to_url
-from .common import console, default_node_dir, err_console
+from ..kubo.daemon import LOOPBACK_CONFIG
+from ..node import Node
+from .common import UsageError, api_of, console, default_node_dir, err_console, run
+from .managed import (
+    LOG_FILE,
+    PID_FILE,
+    api_url,
+    children,
+    identify,
+    is_kubo_daemon,
+    read_pid,
+    repo_dir,
+)
 
-__all__ = ["add_node_parser", "running_node_api"]
-
-PID_FILE: Final = "daemon.pid"
-LOG_FILE: Final = "daemon.log"
-_children: dict[int, subprocess.Popen[bytes]] = {}  # daemons this process started (reaped on stop)
-
-
-def _repo(node_dir: Path) -> Path:
-    return node_dir / "repo"
-
-
-def _read_pid(node_dir: Path) -> int | None:
-    try:
-        return int((node_dir / PID_FILE).read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def _is_kubo_daemon(pid: int) -> bool:
-    """Whether ``pid`` is a live (not zombie) ``ipfs daemon`` process (guards PID reuse)."""
-    child = _children.get(pid)
-    if child is not None and child.poll() is not None:
-        return False
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z" and len(cmdline) > 1 and cmdline[1] == b"daemon"
-
-
-def _api_url(node_dir: Path) -> str | None:
-    try:
-        return multiaddr_to_url((_repo(node_dir) / "api").read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _identify(api_url: str, timeout: float = 5.0) -> dict[str, Any] | None:
-    try:
-        response = httpx.post(f"{api_url}/api/v0/id", timeout=timeout)
-        answer: dict[str, Any] = response.json() if response.status_code == 200 else {}
-    except (httpx.HTTPError, ValueError):
-        return None
-    return answer or None
-
-
-def running_node_api(node_dir: Path) -> str | None:
-    """Return the managed node's RPC URL if its daemon runs, else ``None``."""
-    pid = _read_pid(node_dir)
-    if pid is None or not _is_kubo_daemon(pid):
-        return None
-    return _api_url(node_dir)
+__all__ = ["add_node_parser"]
 
 
 def _ipfs(binary: Path, repo: Path, *args: str) -> None:
@@ -111,13 +71,13 @@ def _log_tail(node_dir: Path, lines: int = 20) -> str:
 
 def node_start(node_dir: Path, timeout: float) -> int:
     """Start the managed daemon (initialising its repo once); print its API URL."""
-    pid = _read_pid(node_dir)
-    if pid is not None and _is_kubo_daemon(pid):
-        console.print(f"node already running: pid {pid}, api {_api_url(node_dir)}")
+    pid = read_pid(node_dir)
+    if pid is not None and is_kubo_daemon(pid):
+        console.print(f"node already running: pid {pid}, api {api_url(node_dir)}")
         return 0
     with err_console.status("locating Kubo (building it the first time takes minutes)…"):
         binary = find_kubo_binary()
-    repo = _repo(node_dir)
+    repo = repo_dir(node_dir)
     repo.mkdir(parents=True, exist_ok=True)
     if not (repo / "config").exists():
         with err_console.status("initialising the Kubo repo…"):
@@ -135,7 +95,7 @@ def node_start(node_dir: Path, timeout: float) -> int:
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # outlives this CLI process and its terminal
         )
-    _children[process.pid] = process
+    children[process.pid] = process
     (node_dir / PID_FILE).write_text(f"{process.pid}\n")
     deadline = time.monotonic() + timeout
     delay = 0.02
@@ -145,8 +105,8 @@ def node_start(node_dir: Path, timeout: float) -> int:
                 raise KuboStartError(
                     f"the daemon exited with code {process.returncode}:\n{_log_tail(node_dir)}"
                 )
-            api = _api_url(node_dir)
-            info = _identify(api) if api else None
+            api = api_url(node_dir)
+            info = identify(api) if api else None
             if api and info:
                 break
             if time.monotonic() > deadline:
@@ -162,7 +122,7 @@ def node_start(node_dir: Path, timeout: float) -> int:
 def _terminate(pid: int, grace: float = 10.0) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
-    child = _children.pop(pid, None)
+    child = children.pop(pid, None)
     if child is not None:
         try:
             child.wait(timeout=grace)
@@ -171,7 +131,7 @@ def _terminate(pid: int, grace: float = 10.0) -> None:
             child.wait(timeout=grace)
         return
     deadline = time.monotonic() + grace
-    while _is_kubo_daemon(pid):
+    while is_kubo_daemon(pid):
         if time.monotonic() > deadline:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -181,30 +141,32 @@ def _terminate(pid: int, grace: float = 10.0) -> None:
 
 def node_stop(node_dir: Path) -> int:
     """Stop the managed daemon by its recorded PID (SIGTERM, SIGKILL after 10 s)."""
-    pid = _read_pid(node_dir)
-    if pid is None or not _is_kubo_daemon(pid):
+    pid = read_pid(node_dir)
+    if pid is None or not is_kubo_daemon(pid):
         console.print("node is not running")
         (node_dir / PID_FILE).unlink(missing_ok=True)
         return 0
     _terminate(pid)
     (node_dir / PID_FILE).unlink(missing_ok=True)
-    console.print(f"node stopped (pid {pid}); repo kept at {_repo(node_dir)}")
+    console.print(f"node stopped (pid {pid}); repo kept at {repo_dir(node_dir)}")
     return 0
 
 
 def node_status(node_dir: Path) -> int:
     """Print a table of the managed node; exit 0 if it runs and answers, 1 otherwise."""
-    pid = _read_pid(node_dir)
-    running = pid is not None and _is_kubo_daemon(pid)
-    api = _api_url(node_dir) if running else None
-    info = _identify(api) if api else None
+    pid = read_pid(node_dir)
+    running = pid is not None and is_kubo_daemon(pid)
+    api = api_url(node_dir) if running else None
+    info = identify(api) if api else None
     table = Table(title="gradfed-ipfs node", show_header=False)
     table.add_column("key", style="bold")
     table.add_column("value", overflow="fold")
     state = "running" if info else ("not answering" if running else "stopped")
     table.add_row("state", state)
     table.add_row("directory", str(node_dir))
-    table.add_row("repo", str(_repo(node_dir)) + ("" if _repo(node_dir).exists() else " (none)"))
+    table.add_row(
+        "repo", str(repo_dir(node_dir)) + ("" if repo_dir(node_dir).exists() else " (none)")
+    )
     if running:
         table.add_row("pid", str(pid))
         table.add_row("api", api or "?")
@@ -217,8 +179,27 @@ def node_status(node_dir: Path) -> int:
     return 0 if info else 1
 
 
+async def node_connect(api: str, target: str, timeout: float) -> int:
+    """``swarm/connect`` the daemon at ``api`` to ``target``; print the address and peer count."""
+    async with Node(api, timeout=timeout) as node:
+        address = await node.connect(target)
+        peers = await node.peers()
+    console.print(f"connected to {address}")
+    console.print(f"this node now has {len(peers)} peer{'s' if len(peers) != 1 else ''}")
+    return 0
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     node_dir = Path(args.node_dir) if args.node_dir else default_node_dir()
+    if args.action == "connect":
+        if not args.target:
+            raise UsageError(
+                "node connect needs a target: a multiaddr (/ip4/…/tcp/…/p2p/…) or another "
+                "daemon's API URL (http://127.0.0.1:5001)"
+            )
+        return run(node_connect(api_of(args), args.target, args.timeout))
+    if args.target:
+        raise UsageError(f"node {args.action} takes no target")
     if args.action == "start":
         return node_start(node_dir, args.start_timeout)
     if args.action == "stop":
@@ -227,16 +208,22 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def add_node_parser(commands: Any) -> None:
-    """Register ``node start|stop|status`` on the subcommand group ``commands``."""
+    """Register ``node start|stop|status|connect`` on the subcommand group ``commands``."""
     node = commands.add_parser(
         "node",
-        help="start, stop or inspect the managed local Kubo daemon",
+        help="start, stop, inspect or connect the managed local Kubo daemon",
         description="Manage one persistent Kubo daemon on 127.0.0.1 under the user's data "
         "directory (default ~/.local/share/gradfed-ipfs/node, or $GRADFED_IPFS_HOME). The Kubo "
         "binary is found or built with scripts/install-kubo. Other subcommands use this daemon "
-        "when neither --api nor $GRADFED_IPFS_API is given.",
+        "when neither --api nor $GRADFED_IPFS_API is given. `node connect TARGET` dials "
+        "another node from the selected daemon.",
     )
-    node.add_argument("action", choices=["start", "stop", "status"], help="what to do")
+    node.add_argument("action", choices=["start", "stop", "status", "connect"], help="what to do")
+    node.add_argument(
+        "target",
+        nargs="?",
+        help="for connect: a multiaddr (/ip4/…/tcp/…/p2p/ID) or another daemon's API URL",
+    )
     node.add_argument(
         "--start-timeout",
         type=float,

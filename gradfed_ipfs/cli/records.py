@@ -10,15 +10,28 @@ from typing import Any
 
 from rich.table import Table
 
-from ..cid import parse_cid
+from ..cid import DAG_CBOR, parse_cid
 from ..errors import DecodeError, GradfedError
 from ..formats.announcement import AnnouncementFilter
+from ..formats.records import decode_record
 from ..kubo.pubsub import KuboPubsub, session_topic
-from ..provenance.round_record import RoundRecord, RoundVerification, verify_history, verify_round
+from ..provenance.round_record import (
+    ROUND_RECORD_TYPE,
+    RoundRecord,
+    RoundVerification,
+    verify_history,
+    verify_round,
+)
 from ..storage.kubo import KuboBlockStore
 from .common import UsageError, async_handler, console, err_console
 
-__all__ = ["add_record_parsers"]
+__all__ = ["NotARoundRecord", "add_record_parsers"]
+
+
+class NotARoundRecord(UsageError):
+    """The CID given to ``verify-round`` or ``history`` names something else; exit 2 (usage)."""
+
+    exit_code = 2
 
 
 def _epsilon(record: RoundRecord | None) -> str:
@@ -38,13 +51,8 @@ def _table(title: str, rows: list[tuple[RoundVerification, RoundRecord | None]])
     for verification, record in rows:
         method = "?" if record is None else repr(record.aggregation)
         peers = "?" if record is None else str(len(record.contributions))
-        status = (
-            "[green]verified[/]"
-            if verification.ok and verification.recomputed
-            else "[yellow]verified (DP noise: not recomputed)[/]"
-            if verification.ok
-            else f"[red]{verification.status}[/]"
-        )
+        colour = "green" if verification.ok else "yellow" if verification.unverifiable else "red"
+        status = f"[{colour}]{verification.status}[/]"
         table.add_row(
             str(verification.round) if verification.round >= 0 else "?",
             verification.record_cid,
@@ -70,20 +78,39 @@ def _parse(text: str) -> str:
         raise UsageError(f"{text!r} is not a CID: {exc}") from None
 
 
+async def _require_record(cid: str, store: KuboBlockStore) -> None:
+    """Raise :class:`NotARoundRecord` unless ``cid`` is a round record (exit 5 if unknown)."""
+    block = await store.get(cid)  # an unknown CID is an error (exit 5), not a failed check
+    if block.cid.codec.code != DAG_CBOR:
+        raise NotARoundRecord(f"{cid} is not a round record (a {block.cid.codec.name} block)")
+    try:
+        decode_record(block, ROUND_RECORD_TYPE)
+    except DecodeError:
+        raise NotARoundRecord(
+            f"{cid} is not a round record (not a {ROUND_RECORD_TYPE} v1 dag-cbor record)"
+        ) from None
+
+
+def _summary(verification: RoundVerification) -> str:
+    return f"round {verification.round if verification.round >= 0 else '?'}: {verification.status}"
+
+
 async def _verify_round(args: argparse.Namespace, api: str) -> int:
     cid = _parse(args.cid)
     async with KuboBlockStore(api, timeout=args.timeout) as store:
-        await store.get(cid)  # an unknown CID is an error (exit 5), not a failed check
+        await _require_record(cid, store)
         verification = await verify_round(cid, store)
         record = await _load(cid, store) if verification.round >= 0 else None
     console.print(_table("round record", [(verification, record)]))
+    if not verification.ok:
+        err_console.print(_summary(verification))
     return 0 if verification.ok else 1
 
 
 async def _history(args: argparse.Namespace, api: str) -> int:
     cid = _parse(args.cid)
     async with KuboBlockStore(api, timeout=args.timeout) as store:
-        await store.get(cid)  # an unknown CID is an error (exit 5), not a table of failures
+        await _require_record(cid, store)
         with err_console.status("verifying every round…"):
             results = await verify_history(cid, store)
         rows = [(r, await _load(r.record_cid, store) if r.round >= 0 else None) for r in results]
@@ -91,8 +118,12 @@ async def _history(args: argparse.Namespace, api: str) -> int:
     session = f" of session {first.session!r}" if first is not None else ""
     console.print(_table(f"history{session}, newest first", rows))
     failed = sum(not r.ok for r in results)
+    unverifiable = sum(r.unverifiable is not None for r in results)
+    note = f" ({unverifiable} unverifiable)" if unverifiable else ""
     console.print(
-        f"{len(results)} rounds, {failed} failed" if failed else f"{len(results)} rounds verified"
+        f"{len(results)} rounds, {failed} failed{note}"
+        if failed
+        else f"{len(results)} rounds verified"
     )
     return 0 if not failed else 1
 
@@ -142,7 +173,8 @@ def add_record_parsers(commands: Any) -> None:
         help="re-check one round record (re-fetch everything, recompute the aggregate)",
         description="Fetch a round record, every contribution and the aggregate it links "
         "(each block re-hashed against its CID), recompute the aggregate and compare it bit for "
-        "bit. Exit 0 if it verifies, 1 if not.",
+        "bit. Exit 0 if it verifies; 1 on a mismatch, or if it is unverifiable (a DP noise "
+        "claim cannot be recomputed); 2 if the CID is not a round record.",
     )
     verify.add_argument("cid", help="round record CID (bafyrei…)")
     verify.set_defaults(handler=async_handler(_verify_round))
@@ -152,7 +184,8 @@ def add_record_parsers(commands: Any) -> None:
         help="verify a round record and every earlier one (a table of rounds)",
         description="Walk the chain of round records back to round 0 from the given one, "
         "verify every round, and print a table: round, peers, method, ε spent and status. "
-        "Exit 0 if every round verifies, 1 if not.",
+        "Exit 0 if every round verifies, 1 if not (unverifiable DP rounds included), 2 if the CID "
+        "is not a round record.",
     )
     history.add_argument("cid", help="the last round's record CID")
     history.set_defaults(handler=async_handler(_history))

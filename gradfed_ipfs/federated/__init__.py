@@ -14,14 +14,14 @@ from .round import (
     AccumulatorConfig,
     DistributedGradientAccumulator,
     GossipModelSync,
+    GradientAccumulator,
     ModelUpdate,
     RoundConfig,
     RoundResult,
     RoundRunner,
     RoundStats,
-    SecureRoundConfig,
+    SecureOptions,
     StreamingAccumulator,
-    run_secure_round,
 )
 from .secagg import SecAggClient, SecAggServer, SecureAggregation
 
@@ -33,6 +33,7 @@ __all__ = [
     "DifferentialPrivacy",
     "DistributedGradientAccumulator",
     "GossipModelSync",
+    "GradientAccumulator",
     "ModelUpdate",
     "PrivacyBudget",
     "RdpPrivacyAccountant",
@@ -43,7 +44,6 @@ __all__ = [
     "SecAggClient",
     "SecAggServer",
     "SecureAggregation",
-    "SecureRoundConfig",
+    "SecureOptions",
     "StreamingAccumulator",
-    "run_secure_round",
 ]

@@ -28,6 +28,7 @@ from multiformats import CID
 
 from ..cid import parse_cid
 from ..errors import DecodeError, MalformedAnnouncement
+from .limits import load_json
 from .pubsub import PubsubMessage
 
 __all__ = [
@@ -120,10 +121,10 @@ class Announcement:
         if len(data) > MAX_MESSAGE_BYTES:
             raise _bad("oversized", f"announcement of {len(data)} bytes > {MAX_MESSAGE_BYTES}")
         try:
-            record = json.loads(data)
-        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-            # RecursionError: deeply nested JSON fits under the size cap (found by fuzzing).
-            raise _bad("malformed", f"announcement is not JSON: {type(exc).__name__}") from None
+            # Depth-limited: deeply nested JSON fits under the size cap (found by fuzzing).
+            record = load_json(data, "announcement", error=MalformedAnnouncement)
+        except MalformedAnnouncement as exc:
+            raise _bad("malformed", str(exc)) from None
         if not isinstance(record, dict):
             raise _bad("malformed", "announcement is not a JSON object")
         version = record.get("version")

@@ -7,6 +7,7 @@ holding the flattened (row-major) tensor. Schema metadata says how to read it ba
 ``gradfed.shape``     JSON list of ints, e.g. ``[2, 3]``
 ``gradfed.dtype``     ``float32`` (the dtype of the decoded tensor)
 ``gradfed.layer``     the layer name, when there is one
+``gradfed.offset``    for a chunk of a chunked gradient, the index of its first value
 
 Compressed encodings (DESIGN §3) keep their parameters in the metadata, so decoding needs no
 configuration:
@@ -25,10 +26,14 @@ layout (an Int32 ``index`` column beside ``value`` and no metadata) and any numb
 batches. Decoding a single-batch dense file is zero-copy: the returned array is a read-only
 view on the input buffer.
 
-Every byte given to the loader is untrusted: column types, lengths, index bounds, shapes and
-quantization parameters are checked before use, decoded tensors are capped at
-``max_elements``, and anything malformed raises :class:`~gradfed_ipfs.errors.MalformedArrow`,
-never a pyarrow or NumPy exception.
+Every byte given to the loader is untrusted: the footer and batch headers are checked before
+pyarrow reads a batch (:mod:`~gradfed_ipfs.formats.arrow_footer`: no compressed bodies, no
+repeated or overlapping batches, declared rows within budget), column types, lengths, index
+bounds, shapes and quantization parameters are checked before use, decoded tensors are capped
+at ``max_elements`` (and must hold ``expected_length`` elements when the caller knows it), JSON
+metadata is depth-limited (:func:`~gradfed_ipfs.formats.limits.load_json`), and anything
+malformed raises :class:`~gradfed_ipfs.errors.MalformedArrow`, never a pyarrow, NumPy or
+recursion error.
 """
 
 from __future__ import annotations
@@ -37,11 +42,10 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 import numpy as np
 import pyarrow as pa
-from numpy.typing import NDArray
 
 from .._types import FloatArray, GradientLike
 from ..errors import GradientError, MalformedArrow
@@ -51,8 +55,28 @@ from ..tensor.types import (
     QuantizedGradient,
     SparseGradient,
     SparseQuantizedGradient,
-    unpack_int4,
 )
+from .arrow_fields import (
+    _INDEX,
+    _Q,
+    _VALUE,
+    META_BITS,
+    META_COUNT,
+    META_DTYPE,
+    META_ENCODING,
+    META_LAYER,
+    META_OFFSET,
+    META_SCALE,
+    META_SHAPE,
+    META_ZERO_POINT,
+    check_indices,
+    column,
+    decode_metadata,
+    parse_shape,
+    quantized_column,
+)
+from .arrow_footer import scan_arrow_file
+from .limits import MAX_ARROW_BATCHES, MAX_DECODED_ELEMENTS, check_elements
 
 __all__ = [
     "ARROW_MAGIC",
@@ -63,6 +87,7 @@ __all__ = [
     "META_DTYPE",
     "META_ENCODING",
     "META_LAYER",
+    "META_OFFSET",
     "META_SCALE",
     "META_SHAPE",
     "META_ZERO_POINT",
@@ -77,27 +102,10 @@ __all__ = [
 ]
 
 ARROW_MAGIC: Final = b"ARROW1"
-META_ENCODING: Final = "gradfed.encoding"
-META_SHAPE: Final = "gradfed.shape"
-META_DTYPE: Final = "gradfed.dtype"
-META_LAYER: Final = "gradfed.layer"
-META_BITS: Final = "gradfed.bits"
-META_SCALE: Final = "gradfed.scale"
-META_ZERO_POINT: Final = "gradfed.zero_point"
-META_COUNT: Final = "gradfed.count"
+_UINT32_LIMIT: Final = 2**32
 
 ENCODINGS: Final = ("dense", "sparse", "quantized", "sparse-quantized")
 """Every ``gradfed.encoding`` this module writes and reads."""
-MAX_DECODED_ELEMENTS: Final = 2**28
-"""Default cap on a decoded tensor's element count (1 GiB of float32), against size bombs."""
-
-_VALUE: Final = "value"
-_INDEX: Final = "index"
-_Q: Final = "q"
-_UINT32_LIMIT: Final = 2**32
-_FLOAT32_MAX: Final = float(np.finfo(np.float32).max)
-_MAX_DIMS: Final = 32
-_MAX_NONZERO_PRODUCT: Final = 2**60  # times 4 bytes stays below NumPy's intp limit
 
 
 @dataclass(frozen=True)
@@ -130,7 +138,11 @@ class DecodedGradient:
 
 
 def store_gradient_as_arrow(
-    gradient: GradientLike, *, shape: tuple[int, ...] | None = None, layer: str | None = None
+    gradient: GradientLike,
+    *,
+    shape: tuple[int, ...] | None = None,
+    layer: str | None = None,
+    offset: int | None = None,
 ) -> bytes:
     """Encode a gradient as Arrow IPC file bytes (dense float32 ``value`` column).
 
@@ -142,6 +154,10 @@ def store_gradient_as_arrow(
         Tensor shape to record; defaults to the array's own shape.
     layer
         Optional layer name recorded as ``gradfed.layer``.
+    offset
+        For a chunk of a larger gradient: the index of its first value, recorded as
+        ``gradfed.offset``. Equal chunks at different offsets then get different CIDs (a
+        manifest may not name one block twice).
 
     Returns
     -------
@@ -160,6 +176,8 @@ def store_gradient_as_arrow(
     }
     if layer is not None:
         metadata[META_LAYER] = layer
+    if offset is not None:
+        metadata[META_OFFSET] = str(offset)
     return encode_arrow_file({_VALUE: pa.array(flat, type=pa.float32())}, metadata)
 
 
@@ -175,7 +193,10 @@ def encode_arrow_file(columns: Mapping[str, pa.Array], metadata: Mapping[str, st
 
 
 def load_gradient_from_arrow(
-    data: bytes | bytearray | memoryview, *, max_elements: int = MAX_DECODED_ELEMENTS
+    data: bytes | bytearray | memoryview,
+    *,
+    max_elements: int = MAX_DECODED_ELEMENTS,
+    expected_length: int | None = None,
 ) -> FloatArray:
     """Decode a gradient block of any encoding into a float32 array of its recorded shape.
 
@@ -183,51 +204,99 @@ def load_gradient_from_arrow(
     ``index`` + ``value`` layout and multi-batch files decode to a flat array. Sparse and
     quantized blocks are densified.
 
+    Parameters
+    ----------
+    data
+        The block's bytes (untrusted).
+    max_elements
+        Most elements the decoded tensor may hold; checked before allocating.
+    expected_length
+        The element count the caller requires (from a manifest or announcement), if known.
+
     Raises
     ------
     MalformedArrow
         If ``data`` is not a gradient Arrow IPC file of a known encoding, a column or
-        parameter is inconsistent, or the tensor has more than ``max_elements`` elements.
+        parameter is inconsistent, or the tensor has more than ``max_elements`` elements
+        (or not ``expected_length``).
     """
-    return decode_gradient(data, max_elements=max_elements).tensor()
+    return decode_gradient(
+        data, max_elements=max_elements, expected_length=expected_length
+    ).tensor()
 
 
-def open_arrow_file(data: bytes | bytearray | memoryview) -> tuple[pa.Schema, list[pa.RecordBatch]]:
+def open_arrow_file(
+    data: bytes | bytearray | memoryview,
+    *,
+    max_rows: int = MAX_DECODED_ELEMENTS,
+    expected_rows: int | None = None,
+) -> tuple[pa.Schema, list[pa.RecordBatch]]:
     """Open untrusted Arrow IPC file bytes and return the schema and validated batches.
+
+    The footer and batch headers are checked first
+    (:func:`~gradfed_ipfs.formats.arrow_footer.scan_arrow_file`), so no batch is read,
+    decompressed or repeated before its declared size passes.
+
+    Parameters
+    ----------
+    data
+        The file's bytes.
+    max_rows
+        Most rows the batches may declare in total.
+    expected_rows
+        The total row count required, if known.
 
     Raises
     ------
     MalformedArrow
-        If the bytes are not a well-formed Arrow IPC file.
+        If the bytes are not a well-formed, uncompressed Arrow IPC file within the budget.
     """
     view = memoryview(data)
     if len(view) < 2 * len(ARROW_MAGIC) or bytes(view[:6]) != ARROW_MAGIC:
         raise MalformedArrow("not an Arrow IPC file (missing ARROW1 magic)")
     if bytes(view[-6:]) != ARROW_MAGIC:
         raise MalformedArrow("truncated Arrow IPC file (missing trailing ARROW1 magic)")
+    layout = scan_arrow_file(view, max_batches=MAX_ARROW_BATCHES, max_rows=max_rows)
+    check_elements(
+        layout.rows,
+        "Arrow block",
+        max_elements=max_rows,
+        expected=expected_rows,
+        error=MalformedArrow,
+    )
     try:
         reader = pa.ipc.open_file(pa.py_buffer(view))
+        if reader.num_record_batches != len(layout.batch_rows):
+            raise MalformedArrow("pyarrow and the footer scan disagree on the batch count")
         batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
-        for batch in batches:
+        for batch, rows in zip(batches, layout.batch_rows, strict=True):
+            if batch.num_rows != rows:
+                raise MalformedArrow(f"a batch holds {batch.num_rows} rows, its header {rows}")
             batch.validate(full=True)
         return reader.schema, batches
     except (pa.ArrowException, OSError, ValueError, IndexError, OverflowError) as exc:
+        if isinstance(exc, MalformedArrow):
+            raise
         raise MalformedArrow(f"malformed Arrow IPC file: {exc}") from exc
 
 
 def decode_gradient(
-    data: bytes | bytearray | memoryview, *, max_elements: int = MAX_DECODED_ELEMENTS
+    data: bytes | bytearray | memoryview,
+    *,
+    max_elements: int = MAX_DECODED_ELEMENTS,
+    expected_length: int | None = None,
 ) -> DecodedGradient:
     """Decode a gradient block and its metadata; every encoding is densified.
 
-    ``encoding`` on the result tells how the block was stored.
+    ``encoding`` on the result tells how the block was stored. Parameters as in
+    :func:`load_gradient_from_arrow`.
 
     Raises
     ------
     MalformedArrow
         See :func:`load_gradient_from_arrow`.
     """
-    layer, metadata = _decode_layer(data, max_elements)
+    layer, metadata = _decode_layer(data, max_elements, expected_length)
     encoding = metadata.get(META_ENCODING, "dense")
     return DecodedGradient(
         layer.to_dense(), layer.shape, encoding, metadata.get(META_LAYER), metadata
@@ -235,9 +304,14 @@ def decode_gradient(
 
 
 def load_layer_from_arrow(
-    data: bytes | bytearray | memoryview, *, max_elements: int = MAX_DECODED_ELEMENTS
+    data: bytes | bytearray | memoryview,
+    *,
+    max_elements: int = MAX_DECODED_ELEMENTS,
+    expected_length: int | None = None,
 ) -> tuple[LayerGradient, str | None]:
     """Decode a gradient block into its stored representation and layer name.
+
+    Parameters as in :func:`load_gradient_from_arrow`.
 
     Returns
     -------
@@ -250,7 +324,7 @@ def load_layer_from_arrow(
     MalformedArrow
         See :func:`load_gradient_from_arrow`.
     """
-    layer, metadata = _decode_layer(data, max_elements)
+    layer, metadata = _decode_layer(data, max_elements, expected_length)
     return layer, metadata.get(META_LAYER)
 
 
@@ -294,7 +368,7 @@ def store_layer_as_arrow(
             if isinstance(layer, SparseGradient)
             else layer.quantized.quantized_values.size
         )
-        _check_indices(layer.indices, count, total, MalformedArrow)
+        check_indices(layer.indices, count, total, MalformedArrow)
         index_type = pa.uint32() if total < _UINT32_LIMIT else pa.int64()
         columns[_INDEX] = pa.array(layer.indices, type=index_type)
     if isinstance(layer, SparseGradient):
@@ -322,20 +396,11 @@ def store_layer_as_arrow(
     return encode_arrow_file(columns, metadata)
 
 
-def _check_indices(
-    indices: NDArray[np.int64], count: int, total: int, error: type[Exception]
-) -> None:
-    if indices.size != count:
-        raise error(f"{indices.size} indices for {count} values")
-    if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= total):
-        raise error(f"sparse index out of bounds for {total} elements")
-
-
 def _decode_layer(
-    data: bytes | bytearray | memoryview, max_elements: int
+    data: bytes | bytearray | memoryview, max_elements: int, expected_length: int | None
 ) -> tuple[LayerGradient, dict[str, str]]:
-    schema, batches = open_arrow_file(data)
-    metadata = _decode_metadata(schema.metadata)
+    schema, batches = open_arrow_file(data, max_rows=max_elements)
+    metadata = decode_metadata(schema.metadata)
     encoding = metadata.get(META_ENCODING, "dense")
     if encoding not in ENCODINGS:
         raise MalformedArrow(f"unknown {META_ENCODING} {encoding!r:.40}")
@@ -344,15 +409,28 @@ def _decode_layer(
         raise MalformedArrow(f"unsupported {META_DTYPE} {dtype!r:.40}; only float32")
     try:
         if encoding == "dense":
-            values = _column(schema, batches, _VALUE, (pa.float32(),))
-            shape = _parse_shape(metadata.get(META_SHAPE), values.size)
+            rows = sum(batch.num_rows for batch in batches)
+            check_elements(
+                rows,
+                "dense block",
+                max_elements=max_elements,
+                expected=expected_length,
+                error=MalformedArrow,
+            )
+            values = column(schema, batches, _VALUE, (pa.float32(),))
+            shape = parse_shape(metadata.get(META_SHAPE), values.size)
             return DenseGradient(values, shape), metadata
-        shape = _parse_shape(metadata.get(META_SHAPE), None)
+        shape = parse_shape(metadata.get(META_SHAPE), None)
         total = math.prod(shape)
-        if total > max_elements:
-            raise MalformedArrow(f"tensor of {total} elements exceeds the {max_elements} cap")
+        check_elements(
+            total,
+            f"{encoding} block",
+            max_elements=max_elements,
+            expected=expected_length,
+            error=MalformedArrow,
+        )
         if encoding == "quantized":
-            quantized = _quantized(schema, batches, metadata, total)
+            quantized = quantized_column(schema, batches, metadata, total)
             return QuantizedGradient(
                 quantized.quantized_values,
                 quantized.scale,
@@ -360,115 +438,13 @@ def _decode_layer(
                 shape,
                 quantized.bits,
             ), metadata
-        indices = _column(schema, batches, _INDEX, (pa.uint32(), pa.int64())).astype(np.int64)
+        indices = column(schema, batches, _INDEX, (pa.uint32(), pa.int64())).astype(np.int64)
         if encoding == "sparse":
-            values = _column(schema, batches, _VALUE, (pa.float32(),))
-            _check_indices(indices, values.size, total, MalformedArrow)
+            values = column(schema, batches, _VALUE, (pa.float32(),))
+            check_indices(indices, values.size, total, MalformedArrow)
             return SparseGradient(indices, values, shape), metadata
-        quantized = _quantized(schema, batches, metadata, indices.size)
-        _check_indices(indices, quantized.quantized_values.size, total, MalformedArrow)
+        quantized = quantized_column(schema, batches, metadata, indices.size)
+        check_indices(indices, quantized.quantized_values.size, total, MalformedArrow)
         return SparseQuantizedGradient(indices, quantized, shape), metadata
     except GradientError as exc:
         raise MalformedArrow(f"inconsistent {encoding} block: {exc}") from exc
-
-
-def _quantized(
-    schema: pa.Schema, batches: list[pa.RecordBatch], metadata: Mapping[str, str], count: int
-) -> QuantizedGradient:
-    bits = _meta_int(metadata, META_BITS, 4, 8)
-    if bits not in (4, 8):
-        raise MalformedArrow(f"{META_BITS} must be 4 or 8, got {bits}")
-    declared = _meta_int(metadata, META_COUNT, 0, 2**62)
-    if declared != count:
-        raise MalformedArrow(f"{META_COUNT} {declared} does not match {count} elements")
-    scale = _meta_float(metadata, META_SCALE)
-    zero_point = _meta_float(metadata, META_ZERO_POINT)
-    if not scale > 0:
-        raise MalformedArrow(f"{META_SCALE} must be > 0, got {scale}")
-    if bits == 8:
-        q = _column(schema, batches, _Q, (pa.int8(),))
-        if q.size != count:
-            raise MalformedArrow(f"'q' has {q.size} values, expected {count}")
-    else:
-        packed = _column(schema, batches, _Q, (pa.uint8(),))
-        if packed.size != (count + 1) // 2:
-            raise MalformedArrow(f"'q' has {packed.size} bytes, expected {(count + 1) // 2}")
-        q = unpack_int4(packed, count)
-    return QuantizedGradient(q, scale, zero_point, [count], bits)
-
-
-def _meta_int(metadata: Mapping[str, str], key: str, low: int, high: int) -> int:
-    text = metadata.get(key)
-    if text is None or not text.isascii() or not text.isdigit() or len(text) > 20:
-        raise MalformedArrow(f"{key} must be a non-negative integer, got {text!r:.40}")
-    value = int(text)
-    if not low <= value <= high:
-        raise MalformedArrow(f"{key} {value} outside [{low}, {high}]")
-    return value
-
-
-def _meta_float(metadata: Mapping[str, str], key: str) -> float:
-    text = metadata.get(key)
-    try:
-        value = float(text) if text is not None and len(text) <= 64 else math.nan
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and abs(value) <= _FLOAT32_MAX):
-        raise MalformedArrow(f"{key} must be a finite float32, got {text!r:.40}")
-    return value
-
-
-def _column(
-    schema: pa.Schema, batches: list[pa.RecordBatch], name: str, types: tuple[pa.DataType, ...]
-) -> NDArray[Any]:
-    index = schema.get_field_index(name)
-    if index < 0:
-        raise MalformedArrow(f"Arrow IPC block missing {name!r} column")
-    if schema.field(index).type not in types:
-        if name == _VALUE:
-            raise MalformedArrow("'value' column is not Float32")
-        raise MalformedArrow(f"{name!r} column has type {schema.field(index).type}")
-    parts: list[NDArray[Any]] = []
-    for batch in batches:
-        column = batch.column(index)
-        if column.null_count:
-            raise MalformedArrow(f"{name!r} column has nulls")
-        parts.append(column.to_numpy(zero_copy_only=True))
-    if len(parts) == 1:
-        return parts[0]
-    if not parts:
-        return np.empty(0, dtype=schema.field(index).type.to_pandas_dtype())
-    return np.concatenate(parts)
-
-
-def _decode_metadata(raw: Mapping[bytes, bytes] | None) -> dict[str, str]:
-    if not raw:
-        return {}
-    try:
-        return {k.decode("utf-8"): v.decode("utf-8") for k, v in raw.items()}
-    except UnicodeDecodeError as exc:
-        raise MalformedArrow(f"schema metadata is not UTF-8: {exc}") from exc
-
-
-def _parse_shape(text: str | None, size: int | None) -> tuple[int, ...]:
-    """Parse ``gradfed.shape``; check it holds ``size`` values when ``size`` is given."""
-    if text is None:
-        if size is None:
-            raise MalformedArrow(f"missing {META_SHAPE} metadata")
-        return (size,)
-    try:
-        parsed = json.loads(text)
-    except ValueError as exc:
-        raise MalformedArrow(f"{META_SHAPE} is not JSON: {text!r:.60}") from exc
-    if not isinstance(parsed, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**63 for d in parsed
-    ):
-        raise MalformedArrow(f"{META_SHAPE} must be a list of non-negative ints, got {text!r:.60}")
-    shape = tuple(parsed)
-    # NumPy refuses more than 64 dimensions, or dimensions whose non-zero product overflows
-    # intp, even for zero elements; such a shape must not get past the decoder.
-    if len(shape) > _MAX_DIMS or math.prod(d for d in shape if d) > _MAX_NONZERO_PRODUCT:
-        raise MalformedArrow(f"{META_SHAPE} {text!r:.60} is not a shape NumPy can represent")
-    if size is not None and math.prod(shape) != size:
-        raise MalformedArrow(f"{META_SHAPE} {list(shape)} does not match {size} values")
-    return shape

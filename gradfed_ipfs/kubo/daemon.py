@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -26,10 +25,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self
 
-import httpx
-
-from ..errors import KuboStartError
+from ..errors import KuboRpcError, KuboStartError
 from .binary import find_kubo_binary
+from .rpc import rpc_call_sync
 
 __all__ = ["LOOPBACK_CONFIG", "KuboDaemon", "KuboSwarm", "live_daemon_pids", "multiaddr_to_url"]
 
@@ -219,13 +217,15 @@ class KuboDaemon(_StartStop):
     def rpc(self, endpoint: str, timeout: float = 30.0, **params: str) -> Any:
         """POST ``/api/v0/<endpoint>`` to this daemon and return the decoded JSON answer.
 
-        Control-plane helper (sync): data-plane calls go through ``KuboBlockStore``.
+        Control-plane helper (sync, through :func:`~gradfed_ipfs.kubo.rpc.rpc_call_sync`):
+        data-plane calls go through ``KuboBlockStore``.
+
+        Raises
+        ------
+        KuboRpcError
+            If the daemon cannot be reached, refuses, or does not answer within ``timeout``.
         """
-        response = httpx.post(f"{self.api_url}/api/v0/{endpoint}", params=params, timeout=timeout)
-        if response.status_code != 200:
-            raise KuboStartError(f"{endpoint} failed: HTTP {response.status_code} {response.text}")
-        text = response.text.strip()
-        return json.loads(text) if text else None
+        return rpc_call_sync(self.api_url, endpoint, params, timeout=timeout)
 
     def connect(self, other: KuboDaemon) -> None:
         """``swarm/connect`` this daemon to ``other`` (both on loopback)."""
@@ -235,7 +235,7 @@ class KuboDaemon(_StartStop):
     def disconnect(self, other: KuboDaemon) -> None:
         """``swarm/disconnect`` from ``other`` (it may reconnect later through bitswap dials)."""
         for address in other.multiaddrs:
-            with contextlib.suppress(KuboStartError):
+            with contextlib.suppress(KuboRpcError):
                 self.rpc("swarm/disconnect", arg=address)
 
     def connected_peers(self) -> set[str]:
@@ -288,7 +288,7 @@ class KuboDaemon(_StartStop):
                     if self.multiaddrs:
                         return
                     last_error = "no swarm addresses yet"
-                except (httpx.HTTPError, KuboStartError, ValueError, KeyError) as exc:
+                except (KuboRpcError, ValueError, KeyError, TypeError) as exc:
                     last_error = str(exc)
             # Poll with a short, growing interval: readiness is an event we cannot subscribe to.
             time.sleep(delay)

@@ -4,8 +4,10 @@ Kubo's pubsub RPC (since v0.11) puts a topic on the wire as ``u`` + base64url wi
 takes message data as a multipart file, and streams received messages from ``pubsub/sub`` as
 NDJSON objects ``{"from", "data", "seqno", "topicIDs"}`` whose byte fields are multibase
 ``u``-prefixed base64url. ``from`` is the sender's peer ID, authenticated because Kubo signs
-pubsub messages. This module and ``blockstore/kubo.py`` are the only places that catch ``httpx``
-errors; they leave here as :class:`~gradfed_ipfs.errors.PubsubError`.
+pubsub messages. Calls go through the one RPC client (:mod:`gradfed_ipfs.kubo.rpc`) with the
+pubsub error family: failures leave as :class:`~gradfed_ipfs.errors.PubsubError`, each call has
+a total deadline, and a ``pubsub/sub`` line longer than
+:data:`~gradfed_ipfs.kubo.rpc.MAX_PUBSUB_LINE_BYTES` is skipped as it streams in, never held.
 
 The gradient announcements carried on topic ``gradfed/v1/<session_id>`` (DESIGN §3), and the
 receiver's checks on them, live in :mod:`gradfed_ipfs.formats.announcement`.
@@ -20,9 +22,14 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final, Protocol
 
-import httpx
-
-from ..errors import DecodeError, PubsubError, PubsubRequestError, PubsubUnavailable
+from ..errors import (
+    DecodeError,
+    PubsubError,
+    PubsubRequestError,
+    PubsubResponseTooLarge,
+    PubsubTimeout,
+    PubsubUnavailable,
+)
 from ..formats.pubsub import (
     TOPIC_PREFIX,
     PubsubMessage,
@@ -33,8 +40,10 @@ from ..formats.pubsub import (
     parse_sub_line,
     session_topic,
 )
+from .rpc import MAX_PUBSUB_LINE_BYTES, ErrorFamily, KuboRpc, Transport
 
 __all__ = [
+    "PUBSUB_ERRORS",
     "PUBLISH_ATTEMPTS",
     "TOPIC_PREFIX",
     "KuboPubsub",
@@ -55,6 +64,14 @@ logger = logging.getLogger("gradfed_ipfs.kubo.pubsub")
 PUBLISH_ATTEMPTS: Final = 5
 """Tries of one ``pubsub/pub`` that Kubo answers with "validation ignored" (a seqno race)."""
 _SEQNO_IGNORED: Final = "validation ignored"
+
+PUBSUB_ERRORS: Final = ErrorFamily(
+    unavailable=PubsubUnavailable,
+    timeout=PubsubTimeout,
+    too_large=PubsubResponseTooLarge,
+    refused=PubsubRequestError,
+)
+"""Pubsub's error family for :class:`~gradfed_ipfs.kubo.rpc.KuboRpc` calls."""
 
 
 class PubsubTransport(Protocol):
@@ -85,14 +102,14 @@ class PubsubTransport(Protocol):
 
 
 class KuboPubsub:
-    """Kubo's pubsub RPC on one shared ``httpx.AsyncClient``.
+    """Kubo's pubsub RPC, over one :class:`~gradfed_ipfs.kubo.rpc.KuboRpc`.
 
     Parameters
     ----------
     api_url
         The daemon's RPC base URL, e.g. ``http://127.0.0.1:5001``.
     timeout
-        Seconds bounding each non-streaming call.
+        Total deadline of each non-streaming call, in seconds.
     reconnect_delay
         First delay in seconds before re-opening a broken ``pubsub/sub`` stream; doubles up to
         ``max_reconnect_delay``.
@@ -100,13 +117,18 @@ class KuboPubsub:
         Largest delay between reconnect attempts, in seconds.
     transport
         An ``httpx`` transport to use instead of the network (tests).
+    rpc
+        A shared RPC client (e.g. a :class:`~gradfed_ipfs.Node`'s), not closed by
+        :meth:`aclose`; by default the transport makes and owns one.
+    max_line
+        Longest ``pubsub/sub`` line kept, in bytes; longer ones count in :attr:`bad_lines`.
 
     Attributes
     ----------
     reconnects
         How many times a subscription stream was re-opened.
     bad_lines
-        Stream lines that were not valid pubsub messages (skipped).
+        Stream lines that were not valid pubsub messages, or too long (skipped).
     """
 
     def __init__(
@@ -116,40 +138,28 @@ class KuboPubsub:
         timeout: float = 10.0,
         reconnect_delay: float = 0.1,
         max_reconnect_delay: float = 2.0,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: Transport | None = None,
+        rpc: KuboRpc | None = None,
+        max_line: int = MAX_PUBSUB_LINE_BYTES,
     ) -> None:
         self.api_url = api_url.rstrip("/")
         self.timeout = timeout
         self.reconnect_delay = reconnect_delay
         self.max_reconnect_delay = max_reconnect_delay
+        self.max_line = max_line
         self.reconnects = 0
         self.bad_lines = 0
         self._peer_id: str | None = None
         self._closed = False
-        self._client = httpx.AsyncClient(
-            base_url=f"{self.api_url}/api/v0",
-            transport=transport,
-            timeout=httpx.Timeout(timeout, connect=5.0),
+        self._owns_rpc = rpc is None
+        self.rpc = rpc or KuboRpc(
+            self.api_url, timeout=timeout, errors=PUBSUB_ERRORS, transport=transport
         )
 
     async def _post(self, endpoint: str, params: Mapping[str, str], **kwargs: Any) -> Any:
-        try:
-            response = await self._client.post(f"/{endpoint}", params=dict(params), **kwargs)
-        except httpx.HTTPError as exc:
-            raise PubsubUnavailable(
-                f"{endpoint} failed: {exc!r}", api_url=self.api_url, topic=params.get("arg")
-            ) from exc
-        if response.status_code != 200:
-            raise PubsubRequestError(
-                f"Kubo refused {endpoint}: HTTP {response.status_code} {response.text[:300]}",
-                api_url=self.api_url,
-                topic=params.get("arg"),
-            )
-        text = response.text.strip()
-        try:
-            return json.loads(text) if text else None
-        except ValueError as exc:
-            raise PubsubRequestError(f"{endpoint} answered non-JSON: {text[:100]!r}") from exc
+        return await self.rpc.post_json(
+            endpoint, params, deadline=self.timeout, errors=PUBSUB_ERRORS, **kwargs
+        )
 
     async def local_peer_id(self) -> str:
         """Return the daemon's peer ID (``id``), cached after the first call."""
@@ -215,29 +225,22 @@ class KuboPubsub:
                 logger.debug("pubsub/sub %s broke: %s", topic, exc)
 
     async def _stream(self, topic: str) -> AsyncIterator[PubsubMessage]:
-        request = self._client.build_request(
-            "POST",
-            "/pubsub/sub",
-            params={"arg": encode_topic(topic)},
-            timeout=httpx.Timeout(None, connect=5.0),
+        lines = self.rpc.stream_lines(
+            "pubsub/sub",
+            {"arg": encode_topic(topic)},
+            max_line=self.max_line,
+            errors=PUBSUB_ERRORS,
+            on_oversized=self._count_bad_line,
         )
-        try:
-            response = await self._client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise PubsubUnavailable(f"pubsub/sub failed: {exc!r}", topic=topic) from exc
-        try:
-            if response.status_code != 200:
-                body = (await response.aread())[:300]
-                raise PubsubRequestError(f"pubsub/sub: HTTP {response.status_code} {body!r}")
-            async for line in response.aiter_lines():
-                message = self._parse(line)
+        async with contextlib.aclosing(lines):
+            async for line in lines:
+                message = self._parse(line.decode("utf-8", errors="replace"))
                 if message is not None:
                     yield message
-        except httpx.HTTPError as exc:
-            raise PubsubUnavailable(f"pubsub/sub stream broke: {exc!r}", topic=topic) from exc
-        finally:
-            with contextlib.suppress(httpx.HTTPError):
-                await response.aclose()
+
+    def _count_bad_line(self) -> None:
+        self.bad_lines += 1
+        logger.debug("skipping a pubsub line over %d bytes", self.max_line)
 
     def _parse(self, line: str) -> PubsubMessage | None:
         if not line.strip():
@@ -253,9 +256,10 @@ class KuboPubsub:
             return None
 
     async def aclose(self) -> None:
-        """Close the HTTP client; open subscriptions end."""
+        """Close the RPC client (if this transport made it); open subscriptions end."""
         self._closed = True
-        await self._client.aclose()
+        if self._owns_rpc:
+            await self.rpc.aclose()
 
 
 # --------------------------------------------------------------------------- in memory

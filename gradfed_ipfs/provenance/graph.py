@@ -45,6 +45,7 @@ from ..errors import (
 )
 from ..formats.arrow import decode_gradient, open_arrow_file
 from ..formats.arrow import store_gradient_as_arrow as encode_gradient
+from ..formats.limits import load_json
 from ..storage.base import Block, BlockStore
 from ..storage.dag import DEFAULT_CHUNK_BYTES, fetch_gradient, put_gradient
 
@@ -446,10 +447,7 @@ class ComputationGraphStore:
         GraphSerializationError
             If the bytes are not such a checkpoint.
         """
-        try:
-            parsed = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise GraphSerializationError(f"Checkpoint deserialization: {exc}") from exc
+        parsed = load_json(data, "Checkpoint deserialization", error=GraphSerializationError)
         return cls.from_dict(parsed)
 
     # ---------------------------------------------------------------- IPLD
@@ -527,10 +525,11 @@ def _decode_seed_layout(data: bytes | bytearray | memoryview) -> tuple[FloatArra
         parts.append(column.to_numpy(zero_copy_only=False).astype(np.float32, copy=False))
     values = np.concatenate(parts) if parts else np.empty(0, np.float32)
     meta = {k.decode("utf-8", "replace"): v for k, v in (column_field.metadata or {}).items()}
-    try:
-        shape = json.loads(meta["shape"]) if "shape" in meta else [int(values.size)]
-    except ValueError as exc:
-        raise MalformedArrow(f"bad 'shape' metadata: {exc}") from exc
+    shape = (
+        load_json(meta["shape"], "'shape' metadata", error=MalformedArrow)
+        if "shape" in meta
+        else [int(values.size)]
+    )
     if not isinstance(shape, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):

@@ -18,13 +18,15 @@ Record (dag-cbor)::
 The aggregation method must be one of :class:`~gradfed_ipfs.tensor.aggregation.AggregationMethod`
 (its dataclass fields are the parameters; ``NormBounded.inner`` nests). Recomputation is
 bit-exact: the same library aggregates the same float32 inputs in sorted peer-ID order.
-An aggregate that had DP noise added (``privacy["noise"]`` true) cannot be recomputed; its
-contributions are still fetched and checked, and the result says so.
+An aggregate that had DP noise added (``privacy["noise"]`` true) cannot be recomputed: such a
+round is never "verified" but "unverifiable", and a mismatch when its residual is more than the
+claimed noise explains (:mod:`~gradfed_ipfs.provenance.round_dp`).
+Records are untrusted: a peer listed twice is refused on decode, and :func:`verify_round`
+reports every failure (including decode bombs) instead of raising.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,7 +41,9 @@ from ..errors import GradfedError, InvalidGradient, MalformedManifest
 from ..formats.records import decode_record, encode_record, require
 from ..storage.base import BlockStore
 from ..storage.dag import fetch_gradient, put_gradient
-from ..tensor.aggregation import AggregationMethod, AggregationStrategy, Contribution
+from ..tensor.aggregation import AggregationStrategy, Contribution
+from .round_dp import check_dp_claim, dp_claim_problems
+from .round_strategy import strategy_from_ipld, strategy_to_ipld
 
 __all__ = [
     "ROUND_RECORD_TYPE",
@@ -56,88 +60,6 @@ __all__ = [
 ROUND_RECORD_TYPE: Final = "gradfed/round"
 """``type`` field of a round record."""
 _VERSION: Final = 1
-_MAX_STRATEGY_DEPTH: Final = 8
-
-
-# --------------------------------------------------------------------------- strategies
-
-
-def strategy_to_ipld(strategy: AggregationStrategy) -> dict[str, Any]:
-    """Describe an aggregation strategy as ``{"method": name, "params": {...}}``.
-
-    Raises
-    ------
-    InvalidGradient
-        If the strategy is not one of ``AggregationMethod``'s classes.
-    """
-    name = type(strategy).__name__
-    if getattr(AggregationMethod, name, None) is not type(strategy):
-        raise InvalidGradient(f"cannot record aggregation strategy {strategy!r}")
-    params: dict[str, Any] = {}
-    for f in dataclasses.fields(strategy):  # type: ignore[arg-type]
-        if not f.init:
-            continue
-        value = getattr(strategy, f.name)
-        if isinstance(value, AggregationStrategy):
-            params[f.name] = strategy_to_ipld(value)
-        elif isinstance(value, Mapping):
-            params[f.name] = {str(k): float(v) for k, v in value.items()}
-        elif isinstance(value, list | tuple):
-            params[f.name] = [float(v) for v in value]
-        else:
-            params[f.name] = value
-    return {"method": name, "params": params}
-
-
-def strategy_from_ipld(data: object, *, _depth: int = 0) -> AggregationStrategy:
-    """Rebuild a strategy from :func:`strategy_to_ipld` output.
-
-    Raises
-    ------
-    MalformedManifest
-        If the method is unknown or its parameters are invalid.
-    """
-    if _depth > _MAX_STRATEGY_DEPTH:
-        raise MalformedManifest(f"aggregation strategies nested over {_MAX_STRATEGY_DEPTH} deep")
-    if not isinstance(data, dict) or not isinstance(data.get("params"), dict):
-        raise MalformedManifest(f"aggregation must be {{method, params}}, got {data!r:.80}")
-    name = data.get("method")
-    cls = getattr(AggregationMethod, name, None) if isinstance(name, str) else None
-    if not (isinstance(cls, type) and issubclass(cls, AggregationStrategy)):
-        raise MalformedManifest(f"unknown aggregation method {name!r}")
-    defaults = cls()
-    params: dict[str, Any] = {}
-    for key, value in data["params"].items():
-        default = getattr(defaults, key, None) if isinstance(key, str) else None
-        if not _param_fits(value, default):
-            raise MalformedManifest(f"bad parameter {key!r} for {name}: {value!r:.60}")
-        nested = isinstance(default, AggregationStrategy)
-        params[key] = strategy_from_ipld(value, _depth=_depth + 1) if nested else value
-    try:
-        return cls(**params)
-    except (TypeError, ValueError) as exc:
-        raise MalformedManifest(f"bad parameters for {name}: {exc}") from exc
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _param_fits(value: object, default: object) -> bool:
-    """Whether an untrusted parameter has the kind of the strategy's default for it."""
-    if isinstance(default, AggregationStrategy):
-        return isinstance(value, dict)
-    if isinstance(default, bool) or default is None:
-        return False  # no such parameter (or one we never record)
-    if isinstance(default, int):
-        return isinstance(value, int) and not isinstance(value, bool)
-    if isinstance(default, float):
-        return _is_number(value)
-    if isinstance(default, Mapping | list | tuple):
-        if isinstance(value, dict):
-            return all(isinstance(k, str) and _is_number(v) for k, v in value.items())
-        return isinstance(value, list) and all(_is_number(v) for v in value)
-    return False
 
 
 # --------------------------------------------------------------------------- record
@@ -234,10 +156,10 @@ class RoundRecord:
         Raises
         ------
         MalformedManifest
-            If a field is missing or has the wrong type.
+            If a field is missing or has the wrong type, or a peer appears twice.
         """
         items = require(record, "contributions", list, where)
-        contributions = []
+        contributions: list[ContributionRef] = []
         for item in items:
             if (
                 not isinstance(item, dict)
@@ -250,6 +172,9 @@ class RoundRecord:
             contributions.append(
                 ContributionRef(item["peer"], str(parse_cid(item["gradient"])), item["weight"])
             )
+        if len({c.peer_id for c in contributions}) != len(contributions):
+            # to_ipld refuses it too; verification keys contributions by peer.
+            raise MalformedManifest(f"{where}: a peer appears twice in the contributions")
         previous = record.get("previous")
         if previous is not None and not isinstance(previous, CID):
             raise MalformedManifest(f"{where}: previous must be a link or null")
@@ -378,6 +303,9 @@ class RoundVerification:
         The first problem found, naming the peer or field; ``None`` when ``ok``.
     recomputed
         Whether the aggregate was recomputed (false for DP-noised aggregates).
+    unverifiable
+        Why the aggregate could not be checked (a DP noise claim), or ``None``; such a round
+        is not ``ok``, but nothing contradicts it either.
     """
 
     record_cid: str
@@ -385,43 +313,70 @@ class RoundVerification:
     ok: bool
     mismatch: str | None = None
     recomputed: bool = True
+    unverifiable: str | None = None
 
     @property
     def status(self) -> str:
-        """``"verified"``, or the mismatch."""
-        return "verified" if self.ok else f"mismatch: {self.mismatch}"
+        """``"verified"``, ``"unverifiable: …"`` or ``"mismatch: …"``."""
+        if self.ok:
+            return "verified"
+        if self.unverifiable is not None:
+            return f"unverifiable: {self.unverifiable}"
+        return f"mismatch: {self.mismatch}"
 
 
 async def verify_round(cid: CIDLike, store: BlockStore) -> RoundVerification:
     """Re-fetch a round's contributions and aggregate and recompute the aggregate.
 
     Every block is re-hashed against its CID by the store. The first problem is reported
-    (never raised): an unreadable record, a contribution that cannot be fetched or decoded
-    (naming its peer), an aggregate that cannot be fetched, or a recomputed aggregate that
-    differs from the recorded one (with the first differing index).
+    (never raised, whatever the blocks hold): an unreadable record, a contribution that cannot
+    be fetched or decoded (naming its peer), an aggregate that cannot be fetched, or a
+    recomputed aggregate that differs from the recorded one (with the first differing index).
+    A DP-noised aggregate is at best unverifiable (see :mod:`.round_dp`).
     """
     parsed = parse_cid(cid)
     try:
         record = await RoundRecord.load(parsed, store)
-    except GradfedError as exc:
-        return RoundVerification(str(parsed), -1, False, f"record {parsed}: {exc}")
+    except (GradfedError, RecursionError, MemoryError, OverflowError) as exc:
+        return RoundVerification(str(parsed), -1, False, f"record {parsed}: {_reason(exc)}")
+    try:
+        return await _verify_record(str(parsed), record, store)
+    except (GradfedError, RecursionError, MemoryError, OverflowError) as exc:
+        return RoundVerification(str(parsed), record.round, False, _reason(exc))
 
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, GradfedError):
+        return str(exc)
+    return f"{type(exc).__name__} while decoding: {exc!s:.120}"
+
+
+async def _verify_record(
+    record_cid: str, record: RoundRecord, store: BlockStore
+) -> RoundVerification:
     def fail(message: str, recomputed: bool = True) -> RoundVerification:
-        return RoundVerification(str(parsed), record.round, False, message, recomputed)
+        return RoundVerification(record_cid, record.round, False, message, recomputed)
 
+    keys = {(ref.peer_id, ref.gradient_cid) for ref in record.contributions}
+    if len({peer for peer, _ in keys}) != len(record.contributions):
+        return fail("a peer appears twice in the contributions (only one would be aggregated)")
+    dp_pre_noise = record.privacy.get("pre_noise") if record.privacy.get("noise") else None
     inputs: dict[str, Contribution] = {}
-    for ref in record.contributions:
+    length: int | None = None
+    for ref in [] if dp_pre_noise is not None else record.contributions:
         try:
-            values = await fetch_gradient(store, ref.gradient_cid)
+            values = await fetch_gradient(store, ref.gradient_cid, expected_length=length)
         except GradfedError as exc:
             return fail(f"contribution of peer {ref.peer_id} ({ref.gradient_cid}): {exc}")
+        length = values.size
         inputs[ref.peer_id] = Contribution.of(values, ref.weight)
     try:
-        recorded = np.asarray(await fetch_gradient(store, record.aggregate_cid)).reshape(-1)
+        aggregate = await fetch_gradient(store, record.aggregate_cid, expected_length=length)
+        recorded = np.asarray(aggregate).reshape(-1)
     except GradfedError as exc:
         return fail(f"aggregate {record.aggregate_cid}: {exc}")
     if record.privacy.get("noise"):
-        return RoundVerification(str(parsed), record.round, True, None, recomputed=False)
+        return await _verify_dp_claim(record_cid, record, inputs, recorded, store)
     try:
         expected = np.asarray(record.aggregation.aggregate(inputs), dtype=np.float32)
     except (GradfedError, ValueError, TypeError, ArithmeticError) as exc:
@@ -440,7 +395,32 @@ async def verify_round(cid: CIDLike, store: BlockStore) -> RoundVerification:
             f"{type(record.aggregation).__name__} of peers {sorted(inputs)} at {different.size} "
             f"indices (first {i}: recorded {recorded[i]!r}, recomputed {expected[i]!r})"
         )
-    return RoundVerification(str(parsed), record.round, True)
+    return RoundVerification(record_cid, record.round, True)
+
+
+async def _verify_dp_claim(
+    record_cid: str,
+    record: RoundRecord,
+    inputs: dict[str, Contribution],
+    recorded: FloatArray,
+    store: BlockStore,
+) -> RoundVerification:
+    """Bound a DP noise claim: unverifiable at best, a mismatch if the residual refutes it."""
+    link = record.privacy.get("pre_noise")
+    pre_noise = None
+    if link is not None and not dp_claim_problems(record.privacy):
+        try:
+            pre_noise = await fetch_gradient(store, parse_cid(link), expected_length=recorded.size)
+        except GradfedError as exc:
+            return RoundVerification(record_cid, record.round, False, f"pre-noise: {exc}", False)
+    mismatch, message = check_dp_claim(
+        record.privacy, record.aggregation, inputs, recorded, pre_noise
+    )
+    if mismatch:
+        return RoundVerification(record_cid, record.round, False, message, recomputed=False)
+    return RoundVerification(
+        record_cid, record.round, False, recomputed=False, unverifiable=message
+    )
 
 
 async def verify_history(
@@ -474,7 +454,11 @@ async def verify_history(
         if result.round < 0:
             results.append(result)
             break
-        record = await RoundRecord.load(parsed, store)
+        try:
+            record = await RoundRecord.load(parsed, store)
+        except GradfedError as exc:  # read a moment ago; a flaky store must not raise here
+            results.append(RoundVerification(str(parsed), -1, False, str(exc)))
+            break
         if newer is not None and (
             record.session != newer.session or record.round != newer.round - 1
         ):

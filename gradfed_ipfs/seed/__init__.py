@@ -39,6 +39,9 @@ from ..tensor import (
     SparseGradient,
     TensorDtype,
     TensorMetadata,
+    federated_average_by_region,
+    federated_average_in_regions,
+    hierarchical_federated_average,
 )
 from .backward_pass import (
     AggregationMethod,
@@ -118,6 +121,9 @@ __all__ = [
     "TensorMetadata",
     "clip_gradient_norm",
     "federated_average",
+    "federated_average_by_region",
+    "federated_average_in_regions",
+    "hierarchical_federated_average",
     "load_gradient_from_arrow",
     "store_gradient_as_arrow",
 ]

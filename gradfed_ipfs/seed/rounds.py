@@ -40,7 +40,7 @@ from .convergence import ConvergenceDetector
 
 if TYPE_CHECKING:
     from ..federated.privacy.mechanisms import DifferentialPrivacy
-    from ..federated.secagg.protocol import SecAggResult
+    from ..federated.secagg.simulation import SecAggResult
 
 __all__ = [
     "ALLOWED_TRANSITIONS",

@@ -2,8 +2,10 @@
 
 Kubo refuses blocks over 2 MiB and bitswap will not move much larger ones, so a gradient whose
 Arrow encoding exceeds ``chunk_bytes`` (default 1 MiB) is split into contiguous value ranges.
-Each range is its own dense Arrow block (raw codec 0x55, see :mod:`gradfed_ipfs.formats.arrow`).
-A dag-cbor manifest (codec 0x71) links them with real IPLD links (CBOR tag 42)::
+Each range is its own dense Arrow block (raw codec 0x55, see :mod:`gradfed_ipfs.formats.arrow`)
+that records its offset (``gradfed.offset``), so equal ranges are still distinct blocks: a
+manifest may not name one block twice. A dag-cbor manifest (codec 0x71) links them with real
+IPLD links (CBOR tag 42)::
 
     {"format": "gradfed/chunked-gradient", "version": 1, "dtype": "float32",
      "shape": [d0, d1, ...], "length": n,
@@ -14,8 +16,8 @@ Pinning the manifest with ``pin/add`` (recursive) pins every chunk.
 
 Fetching is concurrent (bounded), every chunk is re-hashed on arrival (the store's ``get``
 verifies) and decoded straight into its slice of one preallocated float32 array. Manifests are
-untrusted input: :meth:`ChunkManifest.decode` validates every field and raises
-:class:`~gradfed_ipfs.errors.MalformedManifest`.
+untrusted input: :meth:`ChunkManifest.decode` (:mod:`gradfed_ipfs.formats.manifest`, re-exported
+here) validates every field and raises :class:`~gradfed_ipfs.errors.MalformedManifest`.
 """
 
 from __future__ import annotations
@@ -24,10 +26,8 @@ import asyncio
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
-import dag_cbor
 import numpy as np
 from multiformats import CID
 
@@ -42,7 +42,21 @@ from ..errors import (
     MalformedManifest,
     StoreUnavailable,
 )
-from ..formats.arrow import decode_gradient, store_gradient_as_arrow
+from ..formats.arrow import (
+    META_OFFSET,
+    decode_gradient,
+    load_layer_from_arrow,
+    store_gradient_as_arrow,
+)
+from ..formats.limits import MAX_DECODED_ELEMENTS
+from ..formats.manifest import (
+    MANIFEST_FORMAT,
+    MANIFEST_VERSION,
+    MAX_CHUNKS,
+    ChunkManifest,
+    ChunkRef,
+)
+from ..tensor.types import DenseGradient
 from .base import MAX_BLOCK_SIZE, UNSET, Block, BlockStore, Unset
 
 __all__ = [
@@ -64,195 +78,14 @@ __all__ = [
 
 logger = logging.getLogger("gradfed_ipfs.storage.dag")
 
-MANIFEST_FORMAT: Final = "gradfed/chunked-gradient"
-"""Value of the manifest's ``format`` field."""
-MANIFEST_VERSION: Final = 1
-"""The manifest layout version written and accepted here."""
 DEFAULT_CHUNK_BYTES: Final = 1024 * 1024
 """Default largest encoded chunk, in bytes (1 MiB)."""
 DEFAULT_CONCURRENCY: Final = 8
 """Default number of chunks fetched or stored at once."""
-MAX_CHUNKS: Final = 65_536
-"""Most chunks a manifest may list (64 Ki x 2 MiB = 128 GiB of float32)."""
 _ARROW_OVERHEAD: Final = 4096  # generous bound of the Arrow framing + metadata of one chunk
-_MAX_DIMS: Final = 32
 
 ProgressCallback = Callable[[int, int], None]
 """``progress(done_bytes, total_bytes)``: float32 bytes of the gradient decoded so far."""
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkRef:
-    """One chunk of a chunked gradient.
-
-    Attributes
-    ----------
-    cid
-        Raw CID of the chunk's Arrow block.
-    offset
-        Index of the chunk's first value in the flat gradient.
-    length
-        Number of float32 values in the chunk (≥ 1).
-    """
-
-    cid: CID
-    offset: int
-    length: int
-
-    @property
-    def stop(self) -> int:
-        """One past the chunk's last value index (``offset + length``)."""
-        return self.offset + self.length
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkManifest:
-    """The dag-cbor record that links a chunked gradient's blocks.
-
-    Attributes
-    ----------
-    shape
-        The tensor's shape (row-major); its product is ``length``.
-    length
-        Total number of float32 values.
-    chunks
-        The chunks in offset order, contiguous from 0 to ``length``.
-    dtype
-        Element type; only ``"float32"``.
-    version
-        Manifest layout version (:data:`MANIFEST_VERSION`).
-    """
-
-    shape: tuple[int, ...]
-    length: int
-    chunks: tuple[ChunkRef, ...]
-    dtype: str = "float32"
-    version: int = MANIFEST_VERSION
-
-    @property
-    def nbytes(self) -> int:
-        """Size of the decoded gradient in bytes (``4 * length``)."""
-        return 4 * self.length
-
-    def to_ipld(self) -> dict[str, Any]:
-        """Return the manifest as an IPLD data-model dict (CIDs stay ``CID`` objects)."""
-        return {
-            "format": MANIFEST_FORMAT,
-            "version": self.version,
-            "dtype": self.dtype,
-            "shape": list(self.shape),
-            "length": self.length,
-            "chunks": [{"cid": c.cid, "offset": c.offset, "length": c.length} for c in self.chunks],
-        }
-
-    def encode(self) -> bytes:
-        """Return the dag-cbor bytes of the manifest (CIDs as tag-42 links)."""
-        return bytes(dag_cbor.encode(self.to_ipld()))
-
-    def to_block(self) -> Block:
-        """Return the manifest as a dag-cbor block (codec 0x71)."""
-        return Block.new(self.encode(), "dag-cbor")
-
-    @classmethod
-    def decode(cls, data: bytes | bytearray | memoryview) -> ChunkManifest:
-        """Decode and validate untrusted manifest bytes.
-
-        Parameters
-        ----------
-        data
-            dag-cbor bytes of a manifest block.
-
-        Returns
-        -------
-        ChunkManifest
-            The validated manifest.
-
-        Raises
-        ------
-        MalformedManifest
-            If the bytes are not dag-cbor, or any field has the wrong type or value: unknown
-            format or version, a dtype other than float32, a shape whose product is not the
-            length, chunks that are not raw sha2-256 CIDs, not contiguous from 0, empty, too
-            many, or whose lengths do not sum to the total.
-        """
-        if len(data) > MAX_BLOCK_SIZE:
-            raise MalformedManifest(f"manifest of {len(data)} bytes exceeds {MAX_BLOCK_SIZE}")
-        try:
-            record = dag_cbor.decode(bytes(data))
-        except Exception as exc:  # dag_cbor raises many types on garbage input
-            raise MalformedManifest(f"manifest is not dag-cbor: {exc}") from exc
-        return cls.from_ipld(record)
-
-    @classmethod
-    def from_ipld(cls, record: object) -> ChunkManifest:
-        """Validate a decoded IPLD record; see :meth:`decode`.
-
-        Parameters
-        ----------
-        record
-            The decoded dag-cbor value.
-
-        Returns
-        -------
-        ChunkManifest
-            The validated manifest.
-        """
-        if not isinstance(record, dict):
-            raise MalformedManifest(f"manifest is not a map but {type(record).__name__}")
-        expected_keys = {"format", "version", "dtype", "shape", "length", "chunks"}
-        if set(record) != expected_keys:
-            raise MalformedManifest(f"manifest keys {sorted(record)} != {sorted(expected_keys)}")
-        if record["format"] != MANIFEST_FORMAT:
-            raise MalformedManifest(f"unknown manifest format {record['format']!r:.60}")
-        version = _int(record["version"], "version")
-        if version != MANIFEST_VERSION:
-            raise MalformedManifest(f"unsupported manifest version {version}")
-        if record["dtype"] != "float32":
-            raise MalformedManifest(f"unsupported dtype {record['dtype']!r:.40}")
-        raw_shape = record["shape"]
-        if not isinstance(raw_shape, list) or len(raw_shape) > _MAX_DIMS:
-            raise MalformedManifest(f"shape must be a list of at most {_MAX_DIMS} ints")
-        shape = tuple(_int(d, "shape dimension") for d in raw_shape)
-        length = _int(record["length"], "length")
-        if math.prod(shape) != length:
-            raise MalformedManifest(f"shape {list(shape)} does not hold length {length}")
-        raw_chunks = record["chunks"]
-        if not isinstance(raw_chunks, list) or not raw_chunks:
-            raise MalformedManifest("chunks must be a non-empty list")
-        if len(raw_chunks) > MAX_CHUNKS:
-            raise MalformedManifest(f"{len(raw_chunks)} chunks exceed the cap of {MAX_CHUNKS}")
-        chunks = tuple(_chunk(item, index) for index, item in enumerate(raw_chunks))
-        expected_offset = 0
-        for index, chunk in enumerate(chunks):
-            if chunk.offset != expected_offset:
-                raise MalformedManifest(
-                    f"chunk {index} starts at {chunk.offset}, expected {expected_offset} "
-                    "(chunks must be contiguous and in order)"
-                )
-            expected_offset = chunk.stop
-        if expected_offset != length:
-            raise MalformedManifest(f"chunk lengths sum to {expected_offset}, not {length}")
-        return cls(shape, length, chunks, "float32", version)
-
-
-def _int(value: object, what: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**53:
-        raise MalformedManifest(f"{what} must be a non-negative int, got {value!r:.40}")
-    return value
-
-
-def _chunk(item: object, index: int) -> ChunkRef:
-    if not isinstance(item, dict) or set(item) != {"cid", "offset", "length"}:
-        raise MalformedManifest(f"chunk {index} must be a map of cid, offset, length")
-    cid = item["cid"]
-    if not isinstance(cid, CID):
-        raise MalformedManifest(f"chunk {index} cid is not an IPLD link")
-    if cid.version != 1 or cid.codec.code != RAW or cid.hashfun.name != "sha2-256":
-        raise MalformedManifest(f"chunk {index} cid {cid} is not a CIDv1 raw sha2-256 link")
-    length = _int(item["length"], f"chunk {index} length")
-    if length == 0 or length > MAX_BLOCK_SIZE // 4:
-        raise MalformedManifest(f"chunk {index} length {length} outside 1..{MAX_BLOCK_SIZE // 4}")
-    return ChunkRef(parse_cid(cid), _int(item["offset"], f"chunk {index} offset"), length)
 
 
 def values_per_chunk(chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
@@ -346,7 +179,8 @@ async def put_gradient(
     async def store_one(index: int) -> None:
         nonlocal done
         offset, length = ranges[index]
-        data = store_gradient_as_arrow(flat[offset : offset + length])
+        # The offset in the metadata keeps equal chunks (zeros, constants) distinct blocks.
+        data = store_gradient_as_arrow(flat[offset : offset + length], offset=offset)
         # Chunks are pinned through the manifest's recursive pin, not one by one.
         cids[index] = await store.put(Block.new(data), pin=False)
         done += 4 * length
@@ -373,7 +207,12 @@ def _set(cid: CID | None) -> CID:
 
 
 async def fetch_manifest(
-    store: BlockStore, cid: CIDLike, *, timeout: float | Unset = UNSET, retries: int = 2
+    store: BlockStore,
+    cid: CIDLike,
+    *,
+    timeout: float | Unset = UNSET,
+    retries: int = 2,
+    max_length: int = MAX_DECODED_ELEMENTS,
 ) -> ChunkManifest:
     """Fetch and validate the manifest of a chunked gradient.
 
@@ -387,6 +226,8 @@ async def fetch_manifest(
         Seconds to wait for the block (the store's default when not given).
     retries
         Extra attempts on transient errors (:class:`StoreUnavailable`).
+    max_length
+        Most values the manifest may declare.
 
     Raises
     ------
@@ -398,7 +239,7 @@ async def fetch_manifest(
         raise MalformedManifest(f"{parsed} is not a dag-cbor CID")
     block = await _get_with_retries(store, parsed, timeout, retries, f"manifest {parsed}")
     try:
-        return ChunkManifest.decode(block.data)
+        return ChunkManifest.decode(block.data, max_length=max_length)
     except MalformedManifest as exc:
         raise MalformedManifest(f"{exc} (manifest {parsed})") from None
 
@@ -456,11 +297,20 @@ async def fetch_chunks(
         nonlocal done
         block = await _get_with_retries(store, ref.cid, timeout, retries, f"chunk {index}{where}")
         try:
-            decoded = decode_gradient(block.data)
+            decoded = decode_gradient(
+                block.data, max_elements=ref.length, expected_length=ref.length
+            )
         except MalformedArrow as exc:
             raise BlockCorrupt(
                 f"chunk {index}{where} is not a gradient block: {exc}", cid=ref.cid
             ) from exc
+        recorded_offset = decoded.metadata.get(META_OFFSET, str(ref.offset))
+        if recorded_offset != str(ref.offset):
+            raise BlockCorrupt(
+                f"chunk {index}{where} was written for offset {recorded_offset!r:.24}, "
+                f"the manifest puts it at {ref.offset}",
+                cid=ref.cid,
+            )
         if decoded.encoding != "dense" or decoded.values.size != ref.length:
             raise BlockCorrupt(
                 f"chunk {index}{where} holds {decoded.values.size} {decoded.encoding} values, "
@@ -501,7 +351,7 @@ async def fetch_gradient(
     timeout: float | Unset = UNSET,
     retries: int = 2,
     progress: ProgressCallback | None = None,
-    max_length: int | None = None,
+    max_length: int = MAX_DECODED_ELEMENTS,
     expected_length: int | None = None,
 ) -> FloatArray:
     """Fetch a gradient by CID, raw block or chunked DAG, verified and decoded.
@@ -515,7 +365,8 @@ async def fetch_gradient(
     concurrency, timeout, retries, progress
         See :func:`fetch_chunks`.
     max_length
-        Refuse manifests declaring more values than this (before allocating).
+        Refuse gradients declaring more values than this (before allocating; default
+        :data:`~gradfed_ipfs.formats.limits.MAX_DECODED_ELEMENTS`).
     expected_length
         The length the caller requires; a different one raises :class:`DimensionMismatch`
         (before any chunk is fetched, for a chunked gradient).
@@ -540,18 +391,20 @@ async def fetch_gradient(
     parsed = parse_cid(cid)
     if parsed.codec.code == RAW:
         block = await _get_with_retries(store, parsed, timeout, retries, f"block {parsed}")
-        decoded = decode_gradient(block.data)
-        if decoded.encoding != "dense":
-            raise MalformedArrow(f"block {parsed} has encoding {decoded.encoding!r}, not dense")
-        _check_length(decoded.values.size, expected_length)
+        # Not densified before the encoding is checked: a small sparse block may declare a
+        # large shape.
+        layer, _ = load_layer_from_arrow(block.data, max_elements=max_length)
+        if not isinstance(layer, DenseGradient):
+            raise MalformedArrow(f"block {parsed} has encoding {layer.kind!r}, not dense")
+        _check_length(layer.values.size, expected_length)
         if progress is not None:
-            progress(decoded.values.nbytes, decoded.values.nbytes)
-        return decoded.tensor()
+            progress(layer.values.nbytes, layer.values.nbytes)
+        return layer.values.reshape(layer.shape)
     if parsed.codec.code != DAG_CBOR:
         raise DecodeError(f"{parsed}: codec {parsed.codec.name} is neither raw nor dag-cbor")
-    manifest = await fetch_manifest(store, parsed, timeout=timeout, retries=retries)
-    if max_length is not None and manifest.length > max_length:
-        raise MalformedManifest(f"manifest {parsed} declares {manifest.length} > {max_length}")
+    manifest = await fetch_manifest(
+        store, parsed, timeout=timeout, retries=retries, max_length=max_length
+    )
     _check_length(manifest.length, expected_length)
     out = np.empty(manifest.length, dtype=np.float32)
 

@@ -166,4 +166,8 @@ def _check_record(record: Any, cid: CID) -> tuple[CID, str, int, dict[str, CID]]
     for name, link in layers.items():
         if not isinstance(name, str) or not isinstance(link, CID) or link.codec.code != RAW:
             raise MalformedManifest(f"{cid}: layer {name!r:.40} must link a raw block by CID")
+    # A block holds one named layer, so a link repeated under two names is forged (and would
+    # be fetched once per name).
+    if len({bytes(link) for link in layers.values()}) != len(layers):
+        raise MalformedManifest(f"{cid}: two layers link the same block")
     return parse_cid(base), checksum, timestamp, layers

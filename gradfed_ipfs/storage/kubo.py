@@ -1,30 +1,24 @@
 """``KuboBlockStore``: a :class:`BlockStore` on a Kubo daemon's HTTP RPC API (``/api/v0``).
 
-This module and ``pubsub.py`` are the only places that catch ``httpx`` errors; every failure
-leaves here as a :class:`~gradfed_ipfs.errors.BlockStoreError` with ``api_url``, ``endpoint`` and
-``cid`` set. Facts about the RPC API this module respects:
+Every call goes through the one RPC client, :class:`~gradfed_ipfs.kubo.rpc.KuboRpc`, with the
+block store's error family: every failure leaves as a
+:class:`~gradfed_ipfs.errors.BlockStoreError` with ``api_url``, ``endpoint`` and ``cid`` set, a
+``block/get`` answer is capped at Kubo's block limit plus slack while it streams in, and each
+call has a total deadline. Facts about the RPC API this module respects:
 
-- every call is a POST;
-- ``block/get`` of a missing block waits forever unless given ``timeout=`` (we always give one);
+- ``block/get`` of a missing block waits forever unless given ``timeout=`` (we always give one,
+  and our own deadline is that timeout plus :data:`~gradfed_ipfs.kubo.rpc.DEADLINE_GRACE`);
 - ``block/stat`` with ``offline=true`` answers from the local repo only (that is ``has``);
 - ``block/rm`` reports per-block errors inside an HTTP 200 NDJSON body;
 - ``block/put`` refuses blocks over 2 MiB, which we refuse before sending.
-
-The request building and answer parsing are pure functions (``encode_block_put``,
-``parse_rpc_error``, ``iter_ndjson``) tested on bytes; each store method is one POST plus one
-of those.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
-import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any, Final
 
-import httpx
 from multiformats import CID
 
 from .._types import CIDLike
@@ -34,27 +28,42 @@ from ..errors import (
     BlockNotFound,
     BlockStoreError,
     BlockTooLarge,
-    DecodeError,
+    GradfedError,
     StoreRequestError,
+    StoreResponseTooLarge,
+    StoreTimeout,
     StoreUnavailable,
 )
+from ..formats.rpc import iter_ndjson
+from ..kubo.rpc import DEADLINE_GRACE, ErrorFamily, KuboRpc, Transport
 from .base import MAX_BLOCK_SIZE, UNSET, AsyncClosing, Block, Unset
 
-__all__ = [
-    "KuboBlockStore",
-    "encode_block_put",
-    "iter_ndjson",
-    "parse_rpc_error",
-    "rpc_context",
-]
-
-logger = logging.getLogger("gradfed_ipfs.storage")
+__all__ = ["STORE_ERRORS", "KuboBlockStore", "encode_block_put", "rpc_context"]
 
 _CODEC_PARAM: Final = {RAW: "raw", DAG_CBOR: "dag-cbor"}
 # Markers in Kubo's error messages that mean "this block is not here" rather than a failure.
 _NOT_FOUND_MARKERS: Final = ("not found", "could not find", "context deadline exceeded")
 # With Datastore.HashOnRead, Kubo itself detects a corrupted block on disk and says so.
 _CORRUPT_MARKERS: Final = ("different hash than requested",)
+
+
+def _refused(message: str) -> GradfedError:
+    """Classify Kubo's refusal: a corrupted block, a missing one, or another error."""
+    lowered = message.lower()
+    if any(marker in lowered for marker in _CORRUPT_MARKERS):
+        return BlockCorrupt(f"daemon reports a corrupted block: {message}")
+    if any(marker in lowered for marker in _NOT_FOUND_MARKERS):
+        return BlockNotFound(f"block not found: {message}")
+    return StoreRequestError(message)
+
+
+STORE_ERRORS: Final = ErrorFamily(
+    unavailable=StoreUnavailable,
+    timeout=StoreTimeout,
+    too_large=StoreResponseTooLarge,
+    refused=_refused,
+)
+"""The block store's error family for :class:`~gradfed_ipfs.kubo.rpc.KuboRpc` calls."""
 
 
 def encode_block_put(block: Block, *, pin: bool) -> tuple[dict[str, str], dict[str, Any]]:
@@ -65,55 +74,6 @@ def encode_block_put(block: Block, *, pin: bool) -> tuple[dict[str, str], dict[s
     params = {"cid-codec": codec, "mhtype": "sha2-256", "pin": "true" if pin else "false"}
     files = {"file": ("block", block.data, "application/octet-stream")}
     return params, files
-
-
-def iter_ndjson(body: bytes | str) -> Iterator[dict[str, Any]]:
-    """Yield each JSON object of a newline-delimited JSON body (blank lines skipped).
-
-    Raises
-    ------
-    DecodeError
-        If a line is not a JSON object.
-    """
-    text = body.decode("utf-8", errors="replace") if isinstance(body, bytes) else body
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except ValueError as exc:
-            raise DecodeError(f"not NDJSON: {line[:80]!r}") from exc
-        if not isinstance(item, dict):
-            raise DecodeError(f"NDJSON line is not an object: {line[:80]!r}")
-        yield item
-
-
-def parse_rpc_error(status: int, body: bytes | str, *, streamed: bool = False) -> str | None:
-    """Return Kubo's error message for an answer, or ``None`` when it is a success.
-
-    Kubo signals errors either with a non-200 status and a ``{"Message", "Type": "error"}`` body,
-    or (streaming endpoints such as ``block/rm``, flagged by ``streamed``) with HTTP 200 and
-    ``Error`` fields in NDJSON lines. A 200 answer of any other endpoint is a success whatever
-    its bytes are (``block/get`` returns raw block data, which must not be parsed).
-    """
-    if status == 200 and not streamed:
-        return None
-    text = body.decode("utf-8", errors="replace") if isinstance(body, bytes) else body
-    if status != 200:
-        try:
-            answer = json.loads(text)
-        except ValueError:
-            return f"HTTP {status}: {text.strip()[:500]}"
-        if isinstance(answer, dict) and answer.get("Message"):
-            return str(answer["Message"])
-        return f"HTTP {status}: {text.strip()[:500]}"
-    with contextlib.suppress(DecodeError):
-        for item in iter_ndjson(text):
-            if item.get("Error"):
-                return str(item["Error"])
-            if item.get("Type") == "error" and item.get("Message"):
-                return str(item["Message"])
-    return None
 
 
 @contextlib.contextmanager
@@ -129,13 +89,8 @@ def rpc_context(api_url: str, endpoint: str, cid: object | None = None) -> Itera
         raise
 
 
-def _is_not_found(message: str) -> bool:
-    lowered = message.lower()
-    return any(marker in lowered for marker in _NOT_FOUND_MARKERS)
-
-
 class KuboBlockStore(AsyncClosing):
-    """A block store on a Kubo daemon, over one shared ``httpx.AsyncClient``.
+    """A block store on a Kubo daemon, over one :class:`~gradfed_ipfs.kubo.rpc.KuboRpc`.
 
     Parameters
     ----------
@@ -143,7 +98,7 @@ class KuboBlockStore(AsyncClosing):
         The daemon's RPC base URL, e.g. ``http://127.0.0.1:5001``.
     timeout
         Default seconds a ``get`` may wait for a block (passed to Kubo as ``timeout=``; fetching
-        from peers over bitswap happens inside it) and the bound of every other call.
+        from peers over bitswap happens inside it) and the deadline of every other call.
     retries
         Connection attempts after the first one before :class:`StoreUnavailable`.
     backoff
@@ -152,6 +107,9 @@ class KuboBlockStore(AsyncClosing):
         An ``httpx`` transport to use instead of the network (e.g. ``httpx.MockTransport``).
     max_block_size
         Largest block accepted by ``put`` (Kubo's limit, 2 MiB).
+    rpc
+        A shared RPC client (e.g. a :class:`~gradfed_ipfs.Node`'s); the store then does not
+        close it. By default the store makes and owns one.
     """
 
     def __init__(
@@ -161,9 +119,9 @@ class KuboBlockStore(AsyncClosing):
         timeout: float = 30.0,
         retries: int = 3,
         backoff: float = 0.1,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: Transport | None = None,
         max_block_size: int = MAX_BLOCK_SIZE,
-        client: httpx.AsyncClient | None = None,
+        rpc: KuboRpc | None = None,
     ) -> None:
         if timeout is None or not timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
@@ -172,12 +130,9 @@ class KuboBlockStore(AsyncClosing):
         self.retries = retries
         self.backoff = backoff
         self.max_block_size = max_block_size
-        self._owns_client = client is None
-        self._client = client or httpx.AsyncClient(
-            base_url=f"{self.api_url}/api/v0",
-            transport=transport,
-            timeout=httpx.Timeout(self.timeout + 10.0, connect=5.0),
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+        self._owns_rpc = rpc is None
+        self.rpc = rpc or KuboRpc(
+            self.api_url, timeout=self.timeout + DEADLINE_GRACE, transport=transport
         )
 
     # ------------------------------------------------------------------ BlockStore
@@ -201,8 +156,8 @@ class KuboBlockStore(AsyncClosing):
                     "limit; commit large gradients as chunked DAGs"
                 )
             params, files = encode_block_put(block, pin=pin)
-            response = await self._post("block/put", params, files=files)
-            key = parse_cid(str(_json(response).get("Key", "")))
+            answer = await self._post_json("block/put", params, files=files)
+            key = parse_cid(str(answer.get("Key", "")))
             if bytes(key) != bytes(block.cid):
                 raise BlockCorrupt(f"daemon stored the bytes as {key}, expected {block.cid}")
             return block.cid
@@ -210,24 +165,31 @@ class KuboBlockStore(AsyncClosing):
     async def get(self, cid: CIDLike, *, timeout: float | Unset = UNSET) -> Block:
         """``block/get`` with a timeout, then re-hash the bytes against the CID.
 
+        The whole call ends within ``timeout`` + :data:`~gradfed_ipfs.kubo.rpc.DEADLINE_GRACE`
+        seconds (per connection attempt), and an answer over the block cap is refused unread.
+
         Raises
         ------
         BlockNotFound
             If neither this daemon nor its peers produce the block within ``timeout`` seconds.
         BlockCorrupt
             If the bytes do not hash to ``cid``.
+        StoreTimeout
+            If the answer did not complete within the deadline (a stalled or trickling daemon).
+        StoreResponseTooLarge
+            If the answer is larger than any block can be.
         """
         if timeout is None:
             raise ValueError("block/get needs a timeout; a missing block would wait forever")
         seconds = self.timeout if isinstance(timeout, Unset) else float(timeout)
         parsed = parse_cid(cid)
         with rpc_context(self.api_url, "block/get", parsed):
-            response = await self._post(
+            data = await self._post(
                 "block/get",
                 {"arg": str(parsed), "timeout": f"{seconds:.3f}s"},
-                read_timeout=seconds + 10.0,
+                deadline=seconds + DEADLINE_GRACE,
             )
-            return Block.from_parts(parsed, response.content)
+            return Block.from_parts(parsed, data)
 
     async def has(self, cid: CIDLike) -> bool:
         """Return whether the block is in the local repo (``block/stat`` with ``offline=true``)."""
@@ -287,70 +249,45 @@ class KuboBlockStore(AsyncClosing):
     async def list_cids(self) -> list[CID]:
         """``refs/local``: every block in the local repo."""
         with rpc_context(self.api_url, "refs/local"):
-            response = await self._post("refs/local", {})
-            return [
-                parse_cid(item["Ref"]) for item in iter_ndjson(response.content) if item.get("Ref")
-            ]
+            data = await self._post("refs/local", {})
+            return [parse_cid(item["Ref"]) for item in iter_ndjson(data) if item.get("Ref")]
 
     async def peer_id(self) -> str:
         """Return the daemon's peer ID (``id``)."""
         with rpc_context(self.api_url, "id"):
-            return str(_json(await self._post("id", {}))["ID"])
+            return str((await self._post_json("id", {}))["ID"])
 
     async def aclose(self) -> None:
-        """Close the HTTP client (if this store created it)."""
-        if self._owns_client:
-            await self._client.aclose()
+        """Close the RPC client (if this store created it)."""
+        if self._owns_rpc:
+            await self.rpc.aclose()
 
     # ------------------------------------------------------------------ transport
 
-    async def _post(
-        self,
-        endpoint: str,
-        params: Mapping[str, str],
-        *,
-        files: Mapping[str, Any] | None = None,
-        read_timeout: float | None = None,
-        streamed: bool = False,
-    ) -> httpx.Response:
-        """POST with bounded retries on connection failures; map every failure to our errors."""
-        timeout = httpx.Timeout(read_timeout or self.timeout + 10.0, connect=5.0)
-        delay = self.backoff
-        for attempt in range(self.retries + 1):
-            try:
-                response = await self._client.post(
-                    f"/{endpoint}", params=dict(params), files=files, timeout=timeout
-                )
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as exc:
-                if attempt == self.retries:
-                    raise StoreUnavailable(
-                        f"Kubo daemon unreachable after {attempt + 1} attempts: {exc}"
-                    ) from exc
-                logger.debug("POST %s failed (%s); retrying in %.2fs", endpoint, exc, delay)
-                await asyncio.sleep(delay)  # backoff between reconnect attempts, not a sync
-                delay *= 2
-                continue
-            except httpx.TimeoutException as exc:
-                raise StoreUnavailable(f"Kubo daemon did not answer in time: {exc!r}") from exc
-            except httpx.HTTPError as exc:
-                raise StoreUnavailable(f"HTTP error talking to Kubo: {exc!r}") from exc
-            logger.debug("POST %s %s -> %d", endpoint, params.get("arg", ""), response.status_code)
-            message = parse_rpc_error(response.status_code, response.content, streamed=streamed)
-            if message is None:
-                return response
-            if any(marker in message for marker in _CORRUPT_MARKERS):
-                raise BlockCorrupt(f"daemon reports a corrupted block: {message}")
-            if _is_not_found(message):
-                raise BlockNotFound(f"block not found: {message}")
-            raise StoreRequestError(f"Kubo refused {endpoint}: {message}")
-        raise AssertionError("unreachable")  # pragma: no cover
+    async def _post(self, endpoint: str, params: dict[str, str], **options: Any) -> bytes:
+        """One call with the store's retries and error family."""
+        return await self.rpc.post(
+            endpoint,
+            params,
+            retries=self.retries,
+            backoff=self.backoff,
+            errors=STORE_ERRORS,
+            deadline=options.pop("deadline", self.timeout + DEADLINE_GRACE),
+            **options,
+        )
 
-
-def _json(response: httpx.Response) -> dict[str, Any]:
-    try:
-        answer = response.json()
-    except ValueError as exc:
-        raise StoreRequestError(f"Kubo answered with non-JSON: {response.text[:200]!r}") from exc
-    if not isinstance(answer, dict):
-        raise StoreRequestError(f"Kubo answered with unexpected JSON: {answer!r:.200}")
-    return answer
+    async def _post_json(self, endpoint: str, params: dict[str, str], **options: Any) -> Any:
+        answer = await self.rpc.post_json(
+            endpoint,
+            params,
+            retries=self.retries,
+            backoff=self.backoff,
+            errors=STORE_ERRORS,
+            deadline=self.timeout + DEADLINE_GRACE,
+            **options,
+        )
+        if not isinstance(answer, dict):
+            raise StoreRequestError(
+                f"Kubo answered {endpoint} with unexpected JSON: {answer!r:.200}"
+            )
+        return answer

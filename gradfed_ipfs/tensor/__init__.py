@@ -26,6 +26,7 @@ from .aggregation import (
     mean,
     weighted_mean,
 )
+from .bulyan import Bulyan, bulyan
 from .compression import (
     CODECS,
     Codec,
@@ -39,6 +40,21 @@ from .compression import (
     Threshold,
     TopK,
     TopKInt8,
+)
+from .fedopt import (
+    FedAdagrad,
+    FedAdam,
+    FedAvgM,
+    FedYogi,
+    OptimizerState,
+    ServerOptimizer,
+    fedprox_gradient,
+    qfedavg_update,
+)
+from .regional import (
+    federated_average_by_region,
+    federated_average_in_regions,
+    hierarchical_federated_average,
 )
 from .robust import (
     clip_to_norm,
@@ -61,6 +77,19 @@ from .types import (
 from .verification import GradientVerifier, PeerAnomaly, cross_peer_check
 
 __all__ = [
+    "federated_average_by_region",
+    "federated_average_in_regions",
+    "hierarchical_federated_average",
+    "Bulyan",
+    "FedAdagrad",
+    "FedAdam",
+    "FedAvgM",
+    "FedYogi",
+    "OptimizerState",
+    "ServerOptimizer",
+    "bulyan",
+    "fedprox_gradient",
+    "qfedavg_update",
     "CODECS",
     "AggregationMethod",
     "AggregationStrategy",

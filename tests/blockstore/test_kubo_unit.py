@@ -12,36 +12,16 @@ from gradfed_ipfs.errors import (
     BlockNotFound,
     BlockStoreError,
     BlockTooLarge,
-    DecodeError,
     StoreRequestError,
     StoreUnavailable,
 )
 from gradfed_ipfs.storage import Block, KuboBlockStore
-from gradfed_ipfs.storage.kubo import encode_block_put, iter_ndjson, parse_rpc_error
+from gradfed_ipfs.storage.kubo import encode_block_put
 
 
 def store_with(handler: object, **kwargs: object) -> KuboBlockStore:
     transport = httpx.MockTransport(handler)  # type: ignore[arg-type]
     return KuboBlockStore("http://kubo.test", transport=transport, **kwargs)  # type: ignore[arg-type]
-
-
-def test_parse_rpc_error() -> None:
-    assert parse_rpc_error(200, b'{"Key":"x"}') is None
-    assert parse_rpc_error(500, b'{"Message":"boom","Code":0,"Type":"error"}') == "boom"
-    assert parse_rpc_error(502, b"bad gateway") == "HTTP 502: bad gateway"
-    # block/rm reports failures inside HTTP 200 NDJSON.
-    body = b'{"Hash":"a"}\n{"Hash":"b","Error":"pinned: recursive"}\n'
-    assert parse_rpc_error(200, body, streamed=True) == "pinned: recursive"
-    # Raw block bytes that happen to look like an error are still data, not an error.
-    assert parse_rpc_error(200, b'{"Error":"looks like one"}') is None
-
-
-def test_iter_ndjson() -> None:
-    assert list(iter_ndjson(b'{"a":1}\n\n{"b":2}\n')) == [{"a": 1}, {"b": 2}]
-    with pytest.raises(DecodeError):
-        list(iter_ndjson(b"[1,2]\n"))
-    with pytest.raises(DecodeError):
-        list(iter_ndjson(b"{nope\n"))
 
 
 def test_encode_block_put() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import dp_accounting
 import numpy as np
@@ -10,8 +11,8 @@ import pytest
 
 from gradfed_ipfs.errors import InvalidGradient, PrivacyBudgetExhausted
 from gradfed_ipfs.federated.privacy.mechanisms import AccountingMode, DifferentialPrivacy
+from gradfed_ipfs.federated.round import RoundConfig, RoundRunner
 from gradfed_ipfs.federated.round.gossip import GossipModelSync
-from gradfed_ipfs.federated.round.runner import RoundConfig, RoundRunner
 from gradfed_ipfs.federated.round.streaming import StreamingAccumulator
 from gradfed_ipfs.kubo.pubsub import KuboPubsub, MemoryPubsubBus
 from gradfed_ipfs.seed.backward_pass import BackwardPassConfig
@@ -54,7 +55,9 @@ def memory_runners(
 ) -> tuple[MemoryBlockStore, list[GossipModelSync], list[RoundRunner]]:
     store, bus = MemoryBlockStore(), MemoryPubsubBus()
     gossips = [GossipModelSync(n, bus.endpoint(n), session_id=session) for n in names]
-    runners = [RoundRunner(store, g, config, dp=dp) for g, dp in zip(gossips, dps, strict=True)]
+    runners = [
+        RoundRunner(store, g, replace(config, dp=dp)) for g, dp in zip(gossips, dps, strict=True)
+    ]
     return store, gossips, runners
 
 
@@ -79,7 +82,7 @@ async def test_dp_round_noise_has_scale_z_c_over_n_and_is_reproducible() -> None
     # Assert: each node's aggregate is the clipped mean plus its own seeded N(0, (zC/3)^2).
     clean = np.mean([grads[n].astype(np.float64) for n in sorted(grads)], axis=0)
     for result, seed in zip(results, (11, 12, 13), strict=True):
-        assert result.stats.participants == 3
+        assert len(result.participants) == 3
         expected = reference_dp_mean(grads, clip, z, seed)
         np.testing.assert_allclose(result.aggregate, expected, rtol=1e-6, atol=1e-5)
         residual = result.aggregate.astype(np.float64) - clean
@@ -122,10 +125,10 @@ async def test_dp_epsilon_grows_over_rounds_and_matches_the_accountant() -> None
             *(r.run_round(round_id, g) for r, g in zip(runners, grads, strict=True))
         )
         for result, dp in zip(results, dps, strict=True):
-            assert result.stats.epsilon_spent == dp.spent()[0]
-            assert result.stats.delta_spent == DELTA
-            assert result.stats.participants == 3
-        spent.append(results[0].stats.epsilon_spent)
+            assert result.epsilon == dp.spent()[0]
+            assert result.delta == DELTA
+            assert len(result.participants) == 3
+        spent.append(results[0].epsilon)
         assert spent[-1] == pytest.approx(reference_epsilon(z, round_id + 1), rel=1e-9)
     assert spent[0] < spent[1] < spent[2]
     assert len(dps[0].budget.accountant.events) == 3  # type: ignore[union-attr]
@@ -140,7 +143,7 @@ async def test_round_beyond_the_budget_is_refused_before_anything_is_released(
     budget = reference_epsilon(z, 2) * (1 + 1e-6)
     assert reference_epsilon(z, 3) > budget
     dps = [make_dp(seed, z=z, clip=clip, epsilon=budget) for seed in (1, 2)]
-    config = RoundConfig(**{**FAST.__dict__, "min_peers": 1})
+    config = replace(FAST, min_peers=1)
     store, gossips, runners = memory_runners(["a", "b"], "dp-refuse", dps, config)
     grads = [np.full(16, v, dtype=np.float32) for v in (0.5, -0.5)]
     for round_id in range(2):
@@ -174,12 +177,13 @@ async def test_dp_round_needs_rdp_accounting_and_a_holding_accumulator() -> None
     legacy = DifferentialPrivacy(1.0, DELTA, 1.0, accounting=AccountingMode.LEGACY, rng=0)
     grad = np.ones(4, dtype=np.float32)
     with pytest.raises(InvalidGradient, match="RDP accounting"):
-        await RoundRunner(store, gossip, FAST, dp=legacy).run_round(0, grad)
-    runner = RoundRunner(
-        store, gossip, FAST, accumulator_factory=streaming, dp=make_dp(0, z=1, clip=1)
-    )
+        await RoundRunner(store, gossip, replace(FAST, dp=legacy)).run_round(0, grad)
+    dp = make_dp(0, z=1, clip=1)
+    runner = RoundRunner(store, gossip, replace(FAST, dp=dp), accumulator_factory=streaming)
     with pytest.raises(InvalidGradient, match="StreamingAccumulator"):
         await runner.run_round(0, grad)
+    with pytest.raises(InvalidGradient, match="cannot be streaming"):
+        replace(FAST, dp=dp, streaming=True)
     assert store.blocks == {}
     await gossip.aclose()
 
@@ -206,7 +210,8 @@ async def test_dp_round_over_three_kubo_nodes_reports_its_epsilon(kubo_swarm3) -
         min_peers=2, collect_timeout=60.0, fetch_timeout=30.0, subscriber_timeout=30.0
     )
     runners = [
-        RoundRunner(s, g, config, dp=dp) for s, g, dp in zip(stores, gossips, dps, strict=True)
+        RoundRunner(s, g, replace(config, dp=dp))
+        for s, g, dp in zip(stores, gossips, dps, strict=True)
     ]
     try:
         results = await asyncio.gather(
@@ -218,9 +223,9 @@ async def test_dp_round_over_three_kubo_nodes_reports_its_epsilon(kubo_swarm3) -
         expected_epsilon = reference_epsilon(z, 1)
         for node, result, seed in zip(kubo_swarm3, results, seeds, strict=True):
             assert set(result.contributors) == set(grads) - {node.peer_id}
-            assert result.stats.participants == 3
-            assert result.stats.epsilon_spent == pytest.approx(expected_epsilon, rel=1e-9)
-            assert result.stats.delta_spent == DELTA
+            assert len(result.participants) == 3
+            assert result.epsilon == pytest.approx(expected_epsilon, rel=1e-9)
+            assert result.delta == DELTA
             # Norms are about sqrt(d) >> C: every contribution was clipped, then noised.
             expected = reference_dp_mean(grads, clip, z, seed)
             np.testing.assert_allclose(result.aggregate, expected, rtol=1e-6, atol=1e-6)

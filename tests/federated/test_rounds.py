@@ -16,7 +16,7 @@ from gradfed_ipfs.errors import (
     NotStarted,
 )
 from gradfed_ipfs.federated.privacy.mechanisms import DifferentialPrivacy
-from gradfed_ipfs.federated.secagg.protocol import run_secure_aggregation
+from gradfed_ipfs.federated.secagg.simulation import run_secure_aggregation
 from gradfed_ipfs.seed.clients import ClientInfo, ClientState
 from gradfed_ipfs.seed.convergence import ConvergenceDetector
 from gradfed_ipfs.seed.rounds import (

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pytest
 
 from gradfed_ipfs.cid import make_cid, parse_cid
-from gradfed_ipfs.errors import InvalidGradient
+from gradfed_ipfs.errors import InsufficientPeers, InvalidGradient
+from gradfed_ipfs.federated.round import RoundConfig, RoundRunner
 from gradfed_ipfs.federated.round.gossip import GossipModelSync
-from gradfed_ipfs.federated.round.runner import RoundConfig, RoundRunner
-from gradfed_ipfs.federated.round.streaming import StreamingAccumulator
 from gradfed_ipfs.kubo.pubsub import KuboPubsub, MemoryPubsubBus
-from gradfed_ipfs.seed.backward_pass import BackwardPassConfig
 from gradfed_ipfs.storage import Block, KuboBlockStore, MemoryBlockStore
 from gradfed_ipfs.storage.base import UNSET
 from gradfed_ipfs.storage.dag import fetch_manifest, put_gradient
@@ -64,11 +63,11 @@ async def test_three_nodes_agree_on_fedavg_in_memory() -> None:
     )
     reference = fedavg_reference(grads, samples)
     for result in results:
-        assert result.stats.participants == 3
-        assert result.stats.missing_clients == []
-        assert result.stats.dropped_clients == []
-        assert result.stats.epsilon_spent is None
-        assert result.stats.delta_spent is None
+        assert len(result.participants) == 3
+        assert result.missing == []
+        assert result.dropped == []
+        assert result.epsilon is None
+        assert result.delta is None
         assert result.local_cid.codec.name == "dag-cbor"
         np.testing.assert_allclose(result.aggregate, reference, rtol=1e-6, atol=1e-7)
     assert sorted(results[0].contributors) == ["b", "c"]
@@ -83,7 +82,7 @@ async def test_peer_that_never_serves_is_excluded_and_reported() -> None:
     store.never.add(bytes(ghost_cid))
     a, b, ghost = nodes(bus, ["a", "b", "ghost"], "ghost")
     config = RoundConfig(
-        min_peers=2,
+        min_peers=1,
         collect_timeout=1.0,
         fetch_timeout=0.3,
         subscriber_timeout=0.1,
@@ -97,18 +96,21 @@ async def test_peer_that_never_serves_is_excluded_and_reported() -> None:
     )
     results = await asyncio.gather(
         RoundRunner(store, a, config).run_round(4, grads[0], expected_peers=["b", "ghost", "zed"]),
-        RoundRunner(store, b, config).run_round(4, grads[1]),
+        RoundRunner(store, b, config).run_round(4, grads[1], expected_peers=["a", "ghost"]),
     )
     closed.set()
     await haunting
     for result in results:
         np.testing.assert_array_equal(result.aggregate, np.full(1000, 2.0, dtype=np.float32))
-        assert "ghost" in result.stats.missing_clients
+        assert "ghost" in result.missing
         assert "TimeoutError" in result.failures["ghost"]
-        assert result.stats.participants == 2
-    assert results[0].stats.missing_clients == ["ghost", "zed"]
+        assert len(result.participants) == 2
+    assert results[0].missing == ["ghost", "zed"]
     # Dropped: announced but its gradient never arrived ("zed" never announced at all).
-    assert results[0].stats.dropped_clients == ["ghost"]
+    assert results[0].dropped == ["ghost"]
+    assert results[0].absent == ["zed"]
+    assert results[0].expected == ["b", "ghost", "zed"]
+    assert results[0].participants == ["a", "b"]
 
 
 async def test_corrupt_and_mislabelled_gradients_are_rejected_with_streaming() -> None:
@@ -119,9 +121,6 @@ async def test_corrupt_and_mislabelled_gradients_are_rejected_with_streaming() -
     chunk = (await fetch_manifest(blocks, bad_cid)).chunks[1].cid
     blocks.blocks[bytes(chunk)] = (chunk, blocks.blocks[bytes(chunk)][1][:-8] + b"\0" * 8)
     wrong_length = await put_gradient(blocks, np.ones(10, dtype=np.float32))
-
-    def streaming() -> StreamingAccumulator:
-        return StreamingAccumulator("rej", BackwardPassConfig(max_peers=8), local_peer_id="a")
 
     closed = asyncio.Event()
     tasks = [
@@ -137,15 +136,18 @@ async def test_corrupt_and_mislabelled_gradients_are_rejected_with_streaming() -
         ),
     ]
     config = RoundConfig(
-        min_peers=3, collect_timeout=1.0, fetch_timeout=5.0, subscriber_timeout=0.1
+        min_peers=1, collect_timeout=1.0, fetch_timeout=5.0, subscriber_timeout=0.1
     )
-    runner = RoundRunner(blocks, a, config, accumulator_factory=streaming)
+    runner = RoundRunner(blocks, a, replace(config, streaming=True))
     b_task = asyncio.create_task(RoundRunner(blocks, b, config).run_round(0, good))
-    result = await runner.run_round(0, np.zeros(600_000, dtype=np.float32))
+    result = await runner.run_round(
+        0, np.zeros(600_000, dtype=np.float32), expected_peers=["b", "liar", "forger"]
+    )
     closed.set()
     await asyncio.gather(*tasks, b_task)
     assert sorted(result.contributors) == ["b"]
-    assert result.stats.rejected_contributions == 2
+    assert len(result.rejected) == 2
+    assert result.rejections == {"BlockCorrupt": 1, "DimensionMismatch": 1}
     assert "BlockCorrupt" in result.failures["liar"]
     assert "DimensionMismatch" in result.failures["forger"]
     np.testing.assert_allclose(result.aggregate, np.full(600_000, 1.0), atol=1e-6)
@@ -179,13 +181,8 @@ async def test_three_kubo_nodes_10m_floats_fedavg_over_pubsub(kubo_swarm3) -> No
         min_peers=2, collect_timeout=120.0, fetch_timeout=120.0, subscriber_timeout=30.0
     )
 
-    def streaming() -> StreamingAccumulator:  # node 0 folds as chunks arrive; 1 and 2 hold
-        return StreamingAccumulator(
-            session, BackwardPassConfig(timeout=120.0), local_peer_id=kubo_swarm3[0].peer_id
-        )
-
-    runners = [
-        RoundRunner(stores[0], gossips[0], config, accumulator_factory=streaming),
+    runners = [  # node 0 folds as chunks arrive; 1 and 2 hold
+        RoundRunner(stores[0], gossips[0], replace(config, streaming=True)),
         RoundRunner(stores[1], gossips[1], config),
         RoundRunner(stores[2], gossips[2], config),
     ]
@@ -201,8 +198,8 @@ async def test_three_kubo_nodes_10m_floats_fedavg_over_pubsub(kubo_swarm3) -> No
             assert result.local_cid.codec.name == "dag-cbor"
             others = {n.peer_id for n in kubo_swarm3} - {node.peer_id}
             assert set(result.contributors) == others
-            assert result.stats.participants == 3
-            assert result.stats.missing_clients == []
+            assert len(result.participants) == 3
+            assert result.missing == []
         # Holding nodes sum in float64 in sorted peer order, like the reference: 1e-6 relative.
         for result in results[1:]:
             np.testing.assert_allclose(result.aggregate, reference, rtol=1e-6, atol=1e-7)
@@ -227,8 +224,9 @@ async def test_kubo_peer_announcing_unserved_blocks_is_excluded(kubo_swarm3) -> 
     ghost = gossips[2]
     ghost_cid = make_cid(b"never stored anywhere " + session.encode(), "dag-cbor")
     config = RoundConfig(
-        min_peers=2, collect_timeout=6.0, fetch_timeout=2.0, subscriber_timeout=15.0
+        min_peers=1, collect_timeout=6.0, fetch_timeout=2.0, subscriber_timeout=15.0
     )
+    ids = [n.peer_id for n in kubo_swarm3]
     closed = asyncio.Event()
     try:
         await ghost.start()
@@ -240,7 +238,9 @@ async def test_kubo_peer_announcing_unserved_blocks_is_excluded(kubo_swarm3) -> 
         grads = [np.full(100, v, dtype=np.float32) for v in (1.0, 2.0)]
         results = await asyncio.gather(
             *(
-                RoundRunner(store, gossip, config).run_round(0, grad)
+                RoundRunner(store, gossip, config).run_round(
+                    0, grad, expected_peers=[i for i in ids if i != gossip.local_peer_id]
+                )
                 for store, gossip, grad in zip(stores, gossips[:2], grads, strict=True)
             )
         )
@@ -248,13 +248,13 @@ async def test_kubo_peer_announcing_unserved_blocks_is_excluded(kubo_swarm3) -> 
         await haunting
         for result in results:
             np.testing.assert_allclose(result.aggregate, np.full(100, 1.5))
-            assert result.stats.missing_clients == [kubo_swarm3[2].peer_id], (
+            assert result.missing == [kubo_swarm3[2].peer_id], (
                 result.failures,
                 result.drops,
                 result.contributors,
             )
-            assert result.stats.participants == 2
-            assert result.stats.dropped_clients == [kubo_swarm3[2].peer_id]
+            assert len(result.participants) == 2
+            assert result.dropped == [kubo_swarm3[2].peer_id]
     finally:
         closed.set()
         for gossip in gossips:
@@ -281,10 +281,11 @@ async def test_announcement_for_a_future_round_is_held_for_that_round() -> None:
     cid = await put_gradient(store, np.full(10, 2.0, dtype=np.float32))
     await b.broadcast_update(cid, 2, num_samples=1, length=10)
     # Execute: a's round 1 sees the round-2 message; round 2 then gets no re-publication.
-    first = await runner.run_round(1, np.zeros(10, dtype=np.float32), num_samples=1)
+    with pytest.raises(InsufficientPeers) as first:  # b's round-2 gradient is not round 1's
+        await runner.run_round(1, np.zeros(10, dtype=np.float32), num_samples=1)
     second = await runner.run_round(2, np.zeros(10, dtype=np.float32), num_samples=1)
     # Assert: held during round 1 (not counted there), used in round 2.
-    assert first.contributors == {}
+    assert first.value.got == 0
     assert list(second.contributors) == ["b"]
     np.testing.assert_allclose(second.aggregate, np.full(10, 1.0))
     assert a.drops["other_round"] == 0
@@ -312,7 +313,7 @@ async def test_finished_peers_keep_announcing_for_a_late_peer() -> None:
     )
     assert all(len(result.contributors) == 1 for result in done)
     # Execute: c joins late and needs both of them.
-    late = RoundRunner(store, c, RoundConfig(**{**config.__dict__, "min_peers": 2}))
+    late = RoundRunner(store, c, replace(config, min_peers=2))
     result = await late.run_round(1, grads[2], num_samples=1)
     # Assert: the re-publications that outlived a's and b's rounds reached c.
     assert sorted(result.contributors) == ["a", "b"]

@@ -1,9 +1,10 @@
 """Secure aggregation over real Kubo daemons (issue 5 acceptance).
 
-Five clients each commit their masked vector as an Arrow ``secagg-u32``/``secagg-u64`` block to
-their *own* daemon; the aggregator runs on a sixth daemon that holds none of those blocks and
-fetches each one by CID over bitswap. Key advertisement and share relaying stay in-process (they
-are small messages the server routes); only the masked vectors travel through IPFS.
+Five clients each commit their masked vector as an Arrow ``secagg-u32``/``secagg-u64`` block,
+sealed to the aggregator's X25519 key, to their *own* daemon; the aggregator runs on a sixth
+daemon that holds none of those blocks, fetches each one by CID over bitswap and unseals it. Key
+advertisement, share relaying and the signed views stay in-process (they are small messages the
+server routes); only the masked vectors travel through IPFS.
 
 Deviation from "a 5-node swarm": the swarm has 5 client daemons + 1 aggregator daemon, so that
 every masked vector, not 4 of 5, is fetched over bitswap by a daemon that did not store it.
@@ -20,6 +21,8 @@ import pytest
 
 from gradfed_ipfs.errors import SecureAggregationError
 from gradfed_ipfs.federated.secagg.blocks import decode_masked_block, encode_masked_block
+from gradfed_ipfs.federated.secagg.codec import pack_masked, unpack_masked
+from gradfed_ipfs.federated.secagg.crypto import SEALED_MAGIC
 from gradfed_ipfs.federated.secagg.fixed_point import FixedPoint, RingArray
 from gradfed_ipfs.federated.secagg.protocol import SecAggClient, SecAggServer
 from gradfed_ipfs.kubo import KuboDaemon, KuboSwarm
@@ -57,7 +60,7 @@ async def stores(swarm6: list[KuboDaemon]) -> AsyncIterator[list[KuboBlockStore]
 class KuboRound:
     server: SecAggServer
     clients: dict[str, SecAggClient]
-    fetched: dict[str, bytes] = field(default_factory=dict)  # client -> block bytes, as fetched
+    fetched: dict[str, bytes] = field(default_factory=dict)  # client -> sealed block, as fetched
     masked: dict[str, RingArray] = field(default_factory=dict)  # client -> decoded ring vector
 
 
@@ -81,7 +84,7 @@ async def masked_round_over_kubo(
         cid: SecAggClient(cid, threshold, ring_bits=ring_bits, context=CONTEXT, randbytes=rand)
         for cid in ids
     }
-    server = SecAggServer(threshold, ring_bits=ring_bits, context=CONTEXT)
+    server = SecAggServer(threshold, ring_bits=ring_bits, context=CONTEXT, randbytes=rand)
     roster = server.register(c.advertise_keys() for c in clients.values())
     routed = server.route_shares(m for c in clients.values() for m in c.share_keys(roster))
     for cid, client in clients.items():
@@ -90,7 +93,9 @@ async def masked_round_over_kubo(
     aggregator, own = stores[0], dict(zip(ids, stores[1:], strict=True))
     announced = {}
     for cid in ids:
-        block = Block.new(encode_masked_block(clients[cid].masked_input(inputs[cid])), "raw")
+        payload = pack_masked([], encode_masked_block(clients[cid].masked_input(inputs[cid])))
+        sealed = clients[cid].seal_for_server(server.public_key, "masked", payload)
+        block = Block.new(sealed, "raw")
         assert await own[cid].put(block) == block.cid
         if cid not in drop_after_masking:
             announced[cid] = block.cid
@@ -100,7 +105,9 @@ async def masked_round_over_kubo(
     for cid, block_cid in announced.items():
         assert not await aggregator.has(block_cid)  # so the get below goes over bitswap
         data = (await aggregator.get(block_cid)).data
-        vector = decode_masked_block(data, ring_bits=ring_bits, expected_length=d)
+        rejected, arrow = unpack_masked(server.open_from(cid, "masked", data))
+        assert rejected == []
+        vector = decode_masked_block(arrow, ring_bits=ring_bits, expected_length=d)
         server.receive_masked(cid, vector)
         result.fetched[cid], result.masked[cid] = data, vector
     return result
@@ -108,7 +115,8 @@ async def masked_round_over_kubo(
 
 def finish(rnd: KuboRound) -> tuple[np.ndarray, list[str], list[str]]:
     survivors, dropped = rnd.server.unmask_request()
-    total = rnd.server.finalize(rnd.clients[v].unmask(survivors, dropped) for v in survivors)
+    views = [rnd.clients[v].confirm(survivors, dropped) for v in survivors]
+    total = rnd.server.finalize(rnd.clients[v].unmask(survivors, dropped, views) for v in survivors)
     return total, survivors, dropped
 
 
@@ -135,7 +143,10 @@ async def test_stored_masked_blocks_are_uniform_bytes(stores: list[KuboBlockStor
     assert len(rnd.fetched) == N_CLIENTS
     for cid, data in rnd.fetched.items():
         words = rnd.masked[cid].tobytes()
-        assert words in data  # the block carries the ring words verbatim after the Arrow framing
+        assert data.startswith(SEALED_MAGIC)
+        assert words[:64] not in data  # sealed: not even the masked words are in the clear
+        ciphertext = np.frombuffer(data[len(SEALED_MAGIC) :], dtype=np.uint8)
+        assert byte_chi_square_p(ciphertext) > 0.01, cid
         assert byte_chi_square_p(rnd.masked[cid]) > 0.01, cid
         # Control: the same test rejects the unmasked fixed-point encoding of the input.
         assert byte_chi_square_p(codec.encode(inputs[cid])) < 1e-6, cid

@@ -24,6 +24,8 @@ from gradfed_ipfs.federated.round.secagg import (
     secagg_topic,
 )
 from gradfed_ipfs.federated.secagg.blocks import decode_masked_block
+from gradfed_ipfs.federated.secagg.codec import unpack_masked
+from gradfed_ipfs.federated.secagg.crypto import SEALED_MAGIC
 from gradfed_ipfs.federated.secagg.fixed_point import FixedPoint
 from gradfed_ipfs.kubo.pubsub import KuboPubsub, MemoryPubsubBus, PubsubMessage
 from gradfed_ipfs.storage import Block, KuboBlockStore, MemoryBlockStore
@@ -139,9 +141,10 @@ def assert_no_unmasked_vector_stored(
         assert store.stored, name
         for data in store.stored:
             assert not any(w in data for w in windows), name
-            if data.startswith(b"ARROW1"):  # the only binary blocks are masked vectors
-                masked = decode_masked_block(data, ring_bits=ring_bits, expected_length=D)
-                assert byte_chi_square_p(masked) > 0.001, name
+            assert not data.startswith(b"ARROW1"), name  # masked vectors travel sealed
+            if data.startswith(SEALED_MAGIC):  # masked vectors and unmasking answers
+                body = np.frombuffer(data[len(SEALED_MAGIC) :], dtype=np.uint8)
+                assert body.size < 1000 or byte_chi_square_p(body) > 0.001, name
             else:
                 assert data.startswith(b"{"), name  # a small JSON protocol message
                 assert len(data) < 16_384, name
@@ -162,12 +165,13 @@ async def test_memory_round_without_dropouts_sums_masked_vectors_only() -> None:
     assert result.stats.dropped_clients == []
     assert result.stats.participants == 4
     assert_no_unmasked_vector_stored(stores, inputs)
-    # Each client stored exactly its keys, share bundle, masked vector and unmasking answer.
+    # Each client stored exactly its keys, share bundle, sealed masked vector, signed view and
+    # sealed unmasking answer.
     for c in clients:
-        assert len(stores[c].stored) == 4, c
-    # The aggregator stored only its request and its closing notice, and fetched every masked
-    # block from the client that stored it.
-    assert len(stores[AGG].stored) == 2
+        assert len(stores[c].stored) == 5, c
+    # The aggregator stored only its key, its request and its closing notice, and fetched every
+    # masked block from the client that stored it.
+    assert len(stores[AGG].stored) == 3
     assert {str(cid) for cid in result.masked_cids.values()} <= set(stores[AGG].fetched_remote)
     assert sorted(result.masked_cids) == clients
     assert all(sum(p.drops.values()) == 0 for p in peers.values())
@@ -279,9 +283,14 @@ async def test_secure_round_over_three_kubo_nodes(kubo_swarm3, tmp_path: Path) -
         assert np.all(np.abs(result.total - exact) <= tolerance(codec, 3, exact))
         # The masked blocks of the other two nodes now sit in the aggregator's daemon, fetched
         # over bitswap; each decodes only to a ring vector, not to the client's gradient.
+        server = peers[0]._server
+        assert server is not None
         for peer_id, cid in result.masked_cids.items():
             block = await stores[0].get(cid)
-            masked = decode_masked_block(block.data, ring_bits=32, expected_length=D)
+            assert not block.data.startswith(b"ARROW1")  # sealed to the aggregator
+            rejected, arrow = unpack_masked(server.open_from(peer_id, "masked", block.data))
+            assert rejected == []
+            masked = decode_masked_block(arrow, ring_bits=32, expected_length=D)
             assert not np.array_equal(masked, codec.encode(inputs[peer_id])), peer_id
             assert inputs[peer_id].astype("<f4").tobytes()[:32] not in block.data, peer_id
     finally:

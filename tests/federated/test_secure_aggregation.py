@@ -12,16 +12,13 @@ from scipy import stats  # type: ignore[import-untyped]
 
 from gradfed_ipfs.errors import (
     FederatedDimensionMismatch,
+    SecAggPeerRejected,
     SecureAggregationError,
+    UnmaskRefused,
 )
 from gradfed_ipfs.federated.secagg.fixed_point import FixedPoint
-from gradfed_ipfs.federated.secagg.protocol import (
-    EncryptedShare,
-    SecAggClient,
-    SecAggServer,
-    SecureAggregation,
-    run_secure_aggregation,
-)
+from gradfed_ipfs.federated.secagg.protocol import EncryptedShare, SecAggClient, SecAggServer
+from gradfed_ipfs.federated.secagg.simulation import SecureAggregation, run_secure_aggregation
 
 
 def rb(seed: int) -> Callable[[int], bytes]:
@@ -192,32 +189,38 @@ def test_client_never_reveals_both_secrets_of_one_client() -> None:
     clients, _, routed = setup_round()
     for cid, client in clients.items():
         client.receive_shares(routed[cid])
-    with pytest.raises(SecureAggregationError, match="disjoint"):
+    with pytest.raises(UnmaskRefused, match="disjoint"):
         clients["c0"].unmask(["c0", "c1"], ["c1"])
+    with pytest.raises(UnmaskRefused, match="disjoint"):
+        clients["c0"].confirm(["c0", "c1"], ["c1"])
     clients["c0"].unmask(["c0", "c1"], ["c2"])
     with pytest.raises(SecureAggregationError, match="already sent"):
         clients["c0"].unmask(["c0", "c1", "c2"], [])
 
 
 def test_client_round_order_is_enforced() -> None:
-    client = SecAggClient("solo", 1, randbytes=rb(12))
+    client = SecAggClient("a", 2, randbytes=rb(12))
     with pytest.raises(SecureAggregationError, match="share_keys must run"):
         client.masked_input([1.0])
-    roster = {"solo": client.advertise_keys()}
-    assert client.share_keys(roster) == []
+    other = SecAggClient("b", 2, randbytes=rb(13))
+    roster = {"a": client.advertise_keys(), "b": other.advertise_keys()}
+    assert len(client.share_keys(roster)) == 1
     with pytest.raises(SecureAggregationError, match="already shared"):
         client.share_keys(roster)
-    other = SecAggClient("x", 1, randbytes=rb(13))
+    stranger = SecAggClient("x", 2, randbytes=rb(14))
     with pytest.raises(SecureAggregationError, match="own keys"):
-        other.share_keys(roster)
+        stranger.share_keys(roster)
 
 
-def test_tampered_share_is_rejected() -> None:
+def test_tampered_share_rejects_its_sender_only() -> None:
     clients, _, routed = setup_round()
     msg = routed["c1"][0]
     flipped = bytes([msg.ciphertext[0] ^ 1]) + msg.ciphertext[1:]
-    with pytest.raises(SecureAggregationError, match="failed to decrypt"):
-        clients["c1"].receive_shares([dataclasses.replace(msg, ciphertext=flipped)])
+    others = [m for m in routed["c1"] if m.sender != msg.sender]
+    rejected = clients["c1"].receive_shares([dataclasses.replace(msg, ciphertext=flipped), *others])
+    assert [(e.peer, type(e)) for e in rejected] == [(msg.sender, SecAggPeerRejected)]
+    assert "failed to decrypt" in str(rejected[0])
+    assert set(clients["c1"].rejected) == {msg.sender}
     with pytest.raises(SecureAggregationError, match="unexpected share"):
         clients["c2"].receive_shares([msg])  # addressed to c1
 

@@ -1,25 +1,31 @@
-"""Rounds over IPFS: accumulators, announcements, and the runner with DP and SecAgg options."""
+"""Rounds over IPFS: one config, one runner (DP and SecAgg as options), one result.
+
+``RoundRunner(store, gossip, RoundConfig(..., dp=..., secure=SecureOptions(...)))`` runs a
+round and returns a ``RoundResult``; the accumulators implement one ``GradientAccumulator``
+protocol (holding: ``DistributedGradientAccumulator``; streaming: ``StreamingAccumulator``).
+"""
 
 from __future__ import annotations
 
-from .accumulator import DistributedGradientAccumulator
-from .config import AccumulatorConfig
+from .accumulator import DistributedGradientAccumulator, GradientAccumulator
+from .config import DEFAULT_MAX_WEIGHT, AccumulatorConfig, RoundConfig, SecureOptions
 from .gossip import GossipModelSync
-from .runner import RoundConfig, RoundResult, RoundRunner
-from .secagg import SecureRoundConfig, run_secure_round
+from .result import RoundResult
+from .runner import RoundRunner
 from .stats import ModelUpdate, RoundStats
 from .streaming import StreamingAccumulator
 
 __all__ = [
+    "DEFAULT_MAX_WEIGHT",
     "AccumulatorConfig",
     "DistributedGradientAccumulator",
     "GossipModelSync",
+    "GradientAccumulator",
     "ModelUpdate",
     "RoundConfig",
     "RoundResult",
     "RoundRunner",
     "RoundStats",
-    "SecureRoundConfig",
+    "SecureOptions",
     "StreamingAccumulator",
-    "run_secure_round",
 ]

@@ -1,4 +1,17 @@
-"""Settings of a gradient accumulator: how many peers, which rule, how long to wait."""
+"""The one configuration of a round, and the accumulator's own small settings built from it.
+
+A round is configured by one :class:`RoundConfig`. Differential privacy and secure aggregation
+are *options* of the one runner, the way Flower wraps a strategy (``DifferentialPrivacy…``
+around ``FedAvg``; SecAgg+ as a mod) rather than a second runner::
+
+    RoundConfig(min_peers=2, aggregation=FedAvg())                       # plain FedAvg
+    RoundConfig(min_peers=2, dp=DifferentialPrivacy(...))                # + client-level DP
+    RoundConfig(secure=SecureOptions(clients=ids, aggregator=ids[0], threshold=2))  # SecAgg
+    RoundConfig(secure=SecureOptions(...), dp=DifferentialPrivacy(...))  # central DP on SecAgg
+
+:class:`AccumulatorConfig` (the seed's ``BackwardPassConfig``) is what one accumulator needs;
+:meth:`RoundConfig.accumulator_config` is the one place that builds it from a round's settings.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +19,16 @@ from dataclasses import dataclass, field
 
 from ...errors import InvalidGradient
 from ...tensor.aggregation import AggregationStrategy, FedAvg
+from ..privacy.mechanisms import DifferentialPrivacy
 
-__all__ = ["AccumulatorConfig"]
+__all__ = ["DEFAULT_MAX_WEIGHT", "AccumulatorConfig", "RoundConfig", "SecureOptions"]
+
+DEFAULT_MAX_WEIGHT = 2**20
+"""Default cap on one contribution's self-reported sample count (its FedAvg weight), ~1M samples.
+
+A peer's ``num_samples`` is its own claim; without a cap, ``2**62`` makes one peer the whole
+FedAvg average. Flower's SecAgg+ has the same ``max_weight`` setting.
+"""
 
 
 @dataclass
@@ -24,12 +45,16 @@ class AccumulatorConfig:
         Seconds to wait for peers' gradients (default 60.0); fetches and steps are bounded by it.
     gradient_clipping
         L2 max norm applied to the aggregate, or ``None`` for no clipping.
+    max_weight
+        Largest sample count (FedAvg weight) taken from one contribution (default
+        :data:`DEFAULT_MAX_WEIGHT`); larger claims are clipped to it and reported. ``None``: no cap.
     """
 
     max_peers: int = 8
     aggregation: AggregationStrategy = field(default_factory=FedAvg)
     timeout: float = 60.0
     gradient_clipping: float | None = None
+    max_weight: int | None = DEFAULT_MAX_WEIGHT
 
     def __post_init__(self) -> None:
         if self.max_peers < 1:
@@ -38,7 +63,121 @@ class AccumulatorConfig:
             raise InvalidGradient(f"timeout must be > 0 seconds, got {self.timeout}")
         if self.gradient_clipping is not None and not self.gradient_clipping >= 0:
             raise InvalidGradient(f"gradient_clipping must be >= 0, got {self.gradient_clipping}")
+        if self.max_weight is not None and self.max_weight < 1:
+            raise InvalidGradient(f"max_weight must be >= 1, got {self.max_weight}")
         if not isinstance(self.aggregation, AggregationStrategy):
             raise InvalidGradient(
                 f"aggregation must be an AggregationMethod, got {self.aggregation!r}"
             )
+
+
+@dataclass(frozen=True)
+class SecureOptions:
+    """Secure aggregation (Bonawitz et al. 2017, as Flower's SecAgg+) as an option of a round.
+
+    The round's session, id and vector length, and the runner's ``fetch_timeout``,
+    ``republish_interval`` and ``subscriber_timeout``, complete the protocol's parameters
+    (:class:`~gradfed_ipfs.federated.round.secagg.SecureRoundConfig`, built in one place:
+    :func:`~gradfed_ipfs.federated.round.secure.protocol_config`).
+
+    Attributes
+    ----------
+    clients
+        Peer IDs of the round's clients (the fixed roster); the runner's node must be one.
+    aggregator
+        Peer ID of the aggregator (it may also be a client).
+    threshold
+        Shamir threshold t: the fewest survivors (and unmasking answers) that yield a sum.
+    clip_range, ring_bits
+        The fixed-point encoding (see :class:`~gradfed_ipfs.federated.secagg.FixedPoint`).
+    phase_timeout
+        Seconds each party waits for the keys, the share bundles or the unmasking request.
+    mask_timeout
+        Seconds the aggregator waits for masked vectors once every share bundle is in.
+    response_timeout
+        Seconds the aggregator waits for the survivors' unmasking answers.
+    """
+
+    clients: tuple[str, ...]
+    aggregator: str
+    threshold: int
+    clip_range: float = 8.0
+    ring_bits: int = 32
+    phase_timeout: float = 30.0
+    mask_timeout: float = 10.0
+    response_timeout: float = 10.0
+
+
+@dataclass(frozen=True)
+class RoundConfig:
+    """The one configuration of a round: timing, sizes, rule, and the DP / SecAgg options.
+
+    Attributes
+    ----------
+    min_peers
+        Peer contributions (besides the local one) a round needs; a round that has fewer by
+        its deadline raises :class:`~gradfed_ipfs.errors.InsufficientPeers`.
+    collect_timeout
+        The round's deadline, in seconds after the commit: announcements are taken until then,
+        and no fetch outlives it (a straggler still in flight is cut off and reported dropped).
+    fetch_timeout
+        Seconds one peer's whole gradient may take to arrive; then the peer is dropped.
+    subscriber_timeout
+        Seconds to wait until pubsub shows ``min_peers`` subscribers before announcing.
+    republish_interval
+        Seconds between re-publications of the local announcement.
+    max_republish
+        Most publications of the local announcement per round.
+    max_peers
+        Most peer gradients taken in (further announcers are ignored).
+    aggregation
+        The rule (default FedAvg); with ``streaming`` a linear one (Sum, Mean, FedAvg,
+        WeightedMean by peer ID).
+    streaming
+        Fold gradients into one running sum as their chunks arrive (constant memory in the
+        number of peers) instead of holding every gradient; not with ``dp``.
+    max_weight
+        Cap on one contribution's announced sample count (default :data:`DEFAULT_MAX_WEIGHT`);
+        clipped claims are reported in ``RoundResult.clipped_weights``. ``None``: no cap.
+    dp
+        Client-level DP-FedAvg for every round (see :mod:`gradfed_ipfs.federated.round.dp`):
+        each contribution clipped to ``dp.sensitivity``, equal weights, Gaussian noise, charged
+        to ``dp``'s accountant (cumulative over the rounds that share this ``dp``). With
+        ``secure``: central DP on the secure sum (:mod:`gradfed_ipfs.federated.round.secure`).
+    secure
+        Run rounds with secure aggregation over this roster instead of plain exchange.
+    """
+
+    min_peers: int = 1
+    collect_timeout: float = 60.0
+    fetch_timeout: float = 60.0
+    subscriber_timeout: float = 10.0
+    republish_interval: float = 1.0
+    max_republish: int = 120
+    max_peers: int = 64
+    aggregation: AggregationStrategy = field(default_factory=FedAvg)
+    streaming: bool = False
+    max_weight: int | None = DEFAULT_MAX_WEIGHT
+    dp: DifferentialPrivacy | None = None
+    secure: SecureOptions | None = None
+
+    def __post_init__(self) -> None:
+        if self.min_peers < 0 or self.max_peers < 1 or self.max_republish < 1:
+            raise InvalidGradient("min_peers must be >= 0, max_peers and max_republish >= 1")
+        if self.min_peers > self.max_peers:
+            raise InvalidGradient(f"min_peers {self.min_peers} > max_peers {self.max_peers}")
+        for name in ("collect_timeout", "fetch_timeout", "republish_interval"):
+            if not getattr(self, name) > 0:
+                raise InvalidGradient(f"{name} must be > 0 seconds")
+        if self.streaming and self.dp is not None:
+            raise InvalidGradient("DP rounds clip each contribution: they cannot be streaming")
+        self.accumulator_config()  # validates the shared settings once, here
+
+    def accumulator_config(self) -> AccumulatorConfig:
+        """Return the settings of this round's accumulator (the one place they are built)."""
+        return AccumulatorConfig(
+            max_peers=self.max_peers,
+            aggregation=self.aggregation,
+            timeout=self.fetch_timeout,
+            max_weight=self.max_weight,
+        )

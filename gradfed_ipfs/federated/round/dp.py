@@ -28,25 +28,15 @@ post-processing.
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from ..._types import FloatArray
 from ...errors import InvalidGradient, PrivacyBudgetExhausted
-from ...tensor.aggregation import Contribution
 from ..privacy.mechanisms import AccountingMode, DifferentialPrivacy, DPMechanism
+from .accumulator import GradientAccumulator
 
-__all__ = ["HasContributions", "check_dp_round", "dp_round_aggregate"]
-
-
-class HasContributions(Protocol):
-    """An accumulator that holds every contribution (needed to clip each one)."""
-
-    def contributions(self) -> dict[str, Contribution]:
-        """Return every held gradient keyed by peer ID, the local one included."""
-        ...
+__all__ = ["check_dp_round", "dp_round_aggregate"]
 
 
-def check_dp_round(dp: DifferentialPrivacy, accumulator: object) -> None:
+def check_dp_round(dp: DifferentialPrivacy, accumulator: GradientAccumulator) -> None:
     """Refuse a DP round before anything is committed or announced.
 
     Parameters
@@ -54,20 +44,20 @@ def check_dp_round(dp: DifferentialPrivacy, accumulator: object) -> None:
     dp
         The mechanism; it must use RDP accounting.
     accumulator
-        The round's accumulator; it must hold contributions (a streaming accumulator folds them
-        into one sum and cannot clip each one).
+        The round's accumulator; it must hold contributions (``holds_contributions``; a
+        streaming accumulator folds them into one sum and cannot clip each one).
 
     Raises
     ------
     InvalidGradient
-        If ``dp`` uses legacy (flat ε/100) accounting or the accumulator has no
-        ``contributions()``.
+        If ``dp`` uses legacy (flat ε/100) accounting or the accumulator holds no
+        contributions.
     PrivacyBudgetExhausted
         If one more Gaussian release would exceed the budget.
     """
     if dp.accounting is not AccountingMode.RDP:
         raise InvalidGradient("DP rounds need RDP accounting (legacy ε/100 is no guarantee)")
-    if not callable(getattr(accumulator, "contributions", None)):
+    if not accumulator.holds_contributions:
         raise InvalidGradient(
             f"DP rounds need an accumulator holding each contribution, not "
             f"{type(accumulator).__name__}"
@@ -80,7 +70,7 @@ def check_dp_round(dp: DifferentialPrivacy, accumulator: object) -> None:
 
 
 def dp_round_aggregate(
-    dp: DifferentialPrivacy, accumulator: HasContributions
+    dp: DifferentialPrivacy, accumulator: GradientAccumulator
 ) -> tuple[FloatArray, float, float]:
     """Return the DP-FedAvg aggregate of the held contributions and the (ε, δ) spent so far.
 

@@ -12,15 +12,25 @@ The receiver fetches the block by CID through its own store (for Kubo, bitswap f
 daemon); :mod:`gradfed_ipfs.federated.secagg.wire` holds that encoding and the channel.
 Message kinds (:data:`KINDS`), in protocol order:
 
-``keys``             a client's two X25519 public keys (JSON block)
+``server-key``       the aggregator's X25519 public key for this round (JSON block)
+``keys``             a client's two X25519 and one Ed25519 public keys (JSON block)
 ``shares``           a client's AES-GCM encrypted Shamir share bundle, one ciphertext per other
                      client (JSON block); the recipients pick theirs, nobody else can read them
 ``masked``           a client's masked ring vector (Arrow ``secagg-u32/u64`` block,
-                     :mod:`gradfed_ipfs.federated.secagg.blocks`); never its unmasked vector
+                     :mod:`gradfed_ipfs.federated.secagg.blocks`) and the senders whose shares
+                     it rejected, **sealed to the server key** (AES-GCM): ciphertext to anyone
+                     else, including the other clients
 ``unmask-request``   the aggregator's survivors / dropped lists (JSON block)
+``view``             a survivor's Ed25519 signature over the lists it was shown (JSON block);
+                     a client unmasks only if >= ``threshold`` survivors signed its lists and
+                     nobody signed other lists (Bonawitz et al.'s consistency check)
 ``unmask-response``  a survivor's shares of the survivors' self-mask seeds and the dropped
-                     clients' mask keys (JSON block)
+                     clients' mask keys, **sealed to the server key**
 ``done``             the aggregator's closing notice (JSON block), so clients stop re-publishing
+
+A subscriber that is not a party (any daemon on the topic) can fetch every block, but reads only
+public keys, share ciphertexts for the clients, the lists and signatures: never a masked vector
+or an unmasking share, so never the sum.
 
 Announcements are re-published every ``republish_interval`` until the peer closes (gossipsub may
 drop a message, and a subscriber may join late); receivers keep the first CID per
@@ -29,69 +39,69 @@ sender and that sender may send that kind (clients or the aggregator); everythin
 dropped and counted in :attr:`SecureRoundPeer.drops`.
 
 Dropouts: key advertisement and share distribution need *every* client of the round (the roster
-is fixed). A client that shared its keys but has no masked vector at the aggregator within
-``mask_timeout`` (or whose masked block cannot be fetched) is dropped; its dangling pairwise
-masks are removed with the survivors' shares, as long as at least ``threshold`` clients survive
-and answer. Otherwise :class:`~gradfed_ipfs.errors.SecureAggregationError` is raised and no sum
-is produced.
+is fixed). A client whose share bundle is malformed for everyone is left out by every party; one
+whose share for some client does not decrypt or decode is reported by that client
+(:class:`~gradfed_ipfs.errors.SecAggPeerRejected`) and left out by the aggregator. A client that
+shared its keys but has no usable masked vector at the aggregator within ``mask_timeout`` is
+dropped; its dangling pairwise masks are removed with the survivors' shares, as long as at least
+``threshold`` clients survive and answer and ``threshold`` of them hold its key share. Otherwise
+:class:`~gradfed_ipfs.errors.SecureAggregationError` is raised and no sum is produced.
 
 Not covered: a sender that announces different CIDs for one message to different peers
-(equivocation) is not detected; the protocol is the honest-but-curious one of Bonawitz et al.
+(equivocation) is not detected, except for the unmasking request, where the signed views catch
+it. Clients trust the ``server-key`` the aggregator's authenticated pubsub identity announced.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from multiformats import CID
 
 from ..._types import FloatArray, GradientLike
-from ...errors import BlockStoreError, DecodeError, SecureAggregationError
+from ...errors import BlockStoreError, DecodeError, SecAggPeerRejected, SecureAggregationError
 from ...kubo.pubsub import TOPIC_PREFIX, PubsubTransport
 from ...storage.base import BlockStore
 from ...tensor.aggregation import as_float32_vector
-from ..secagg.blocks import decode_masked_block, encode_masked_block
-from ..secagg.protocol import (
-    AdvertisedKeys,
-    EncryptedShare,
-    SecAggClient,
-    SecAggServer,
-    UnmaskingShares,
-)
-from ..secagg.wire import (
-    KINDS,
-    SecAggChannel,
-    from_hex,
+from ..secagg.blocks import encode_masked_block
+from ..secagg.codec import (
+    answer_to_json,
+    bundle_to_json,
     json_block,
-    load_json,
-    shares_from_json,
-    shares_to_json,
-    str_list,
+    keys_to_json,
+    pack_masked,
+    request_from_json,
     to_hex,
+    view_to_json,
+)
+from ..secagg.protocol import RandBytes, SecAggClient, SecAggServer, check_threshold
+from ..secagg.wire import KINDS, SecAggChannel
+from .secagg_steps import (
+    collect_answers,
+    collect_masked,
+    fetch_bundles,
+    fetch_roster,
+    fetch_server_key,
+    fetch_views,
 )
 from .stats import RoundStats
 
 __all__ = [
     "KINDS",
+    "RandBytes",
     "SecureRoundConfig",
     "SecureRoundPeer",
     "SecureRoundResult",
     "run_secure_round",
     "secagg_topic",
 ]
-
-logger = logging.getLogger("gradfed_ipfs.federated")
-
-RandBytes = Callable[[int], bytes]
-_T = TypeVar("_T")
 
 
 def secagg_topic(session_id: str) -> str:
@@ -112,7 +122,8 @@ class SecureRoundConfig:
     aggregator
         Peer ID of the aggregator (it may also be a client).
     threshold
-        Shamir threshold t: the fewest survivors (and unmasking answers) that yield a sum.
+        Shamir threshold t: the fewest survivors (and unmasking answers) that yield a sum;
+        ``2 <= t <= len(clients)`` and ``t > len(clients) / 2``, checked here.
     length
         Vector length d.
     clip_range, ring_bits
@@ -123,14 +134,19 @@ class SecureRoundConfig:
         Seconds the aggregator waits for masked vectors once every share bundle is in;
         clients without one by then are dropped.
     response_timeout
-        Seconds the aggregator waits for every survivor's unmasking answer (then it uses the
-        answers it has, if at least ``threshold``); also how long a client waits for ``done``.
+        Seconds the aggregator waits for every survivor's unmasking answer after the views
+        (then it uses the answers it has, if at least ``threshold``); also how long a client
+        waits for ``done``.
     fetch_timeout
         Seconds one message block may take to arrive.
     republish_interval
         Seconds between re-publications of a party's announcements.
     subscriber_timeout
         Seconds :meth:`SecureRoundPeer.start` waits for the other parties to subscribe.
+    view_timeout
+        Seconds a survivor waits for the other survivors' signed views before it decides
+        (it needs ``threshold`` of them); the aggregator allows it on top of
+        ``response_timeout``.
     """
 
     session_id: str
@@ -147,14 +163,12 @@ class SecureRoundConfig:
     fetch_timeout: float = 30.0
     republish_interval: float = 0.5
     subscriber_timeout: float = 10.0
+    view_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         if len(set(self.clients)) != len(self.clients) or not self.clients:
             raise SecureAggregationError("clients must be a non-empty list of distinct peer IDs")
-        if not 1 <= self.threshold <= len(self.clients):
-            raise SecureAggregationError(
-                f"need 1 <= threshold <= clients, got t={self.threshold}, n={len(self.clients)}"
-            )
+        check_threshold(self.threshold, len(self.clients))
         if self.length < 1 or self.round_id < 0 or self.ring_bits not in (32, 64):
             raise SecureAggregationError("need length >= 1, round_id >= 0, ring_bits 32 or 64")
         for name in (
@@ -163,6 +177,7 @@ class SecureRoundConfig:
             "response_timeout",
             "fetch_timeout",
             "republish_interval",
+            "view_timeout",
         ):
             if not getattr(self, name) > 0:
                 raise SecureAggregationError(f"{name} must be > 0 seconds")
@@ -193,7 +208,10 @@ class SecureRoundResult:
     stats
         ``participants`` = survivors; ``missing_clients`` and ``dropped_clients`` = dropped.
     masked_cids
-        Survivor → CID of the masked block the aggregator fetched.
+        Survivor → CID of the (sealed) masked block the aggregator fetched.
+    rejected
+        Client → why the aggregator left its message out (a bundle, masked vector or answer
+        that did not decode or decrypt, or shares another client reported).
     """
 
     total: FloatArray
@@ -202,11 +220,7 @@ class SecureRoundResult:
     dropped: list[str]
     stats: RoundStats
     masked_cids: dict[str, CID] = field(default_factory=dict)
-
-
-async def _gather_all(jobs: Mapping[str, Awaitable[_T]]) -> dict[str, _T | BaseException]:
-    results = await asyncio.gather(*jobs.values(), return_exceptions=True)
-    return dict(zip(jobs, results, strict=True))
+    rejected: dict[str, str] = field(default_factory=dict)
 
 
 class SecureRoundPeer:
@@ -221,12 +235,14 @@ class SecureRoundPeer:
     config
         The round, identical for every party.
     randbytes
-        Cryptographic randomness for the client role (``os.urandom``; tests inject a seeded one).
+        Cryptographic randomness for the client role and the aggregator's key (``os.urandom``;
+        tests inject a seeded one).
 
     Attributes
     ----------
-    drops
-        Announcements dropped, by reason.
+    rejected
+        Peer → the error that made this peer's client role leave it out (its share bundle
+        or its share for this client did not decode or decrypt).
     """
 
     def __init__(
@@ -240,9 +256,12 @@ class SecureRoundPeer:
         self.store = store
         self.transport = transport
         self.config = config
+        self.rejected: dict[str, SecAggPeerRejected] = {}
         self._rand = randbytes
         self._channel: SecAggChannel | None = None
         self._client: SecAggClient | None = None
+        self._server: SecAggServer | None = None
+        self._server_key: bytes | None = None
 
     @property
     def drops(self) -> Counter[str]:
@@ -264,10 +283,19 @@ class SecureRoundPeer:
         """Subscribe to the SecAgg topic and wait (bounded) until the other parties have too."""
         if self._channel is not None:
             return
+        cfg = self.config
         peer_id = await self.transport.local_peer_id()
-        if peer_id not in self.config.clients and peer_id != self.config.aggregator:
+        if peer_id not in cfg.clients and peer_id != cfg.aggregator:
             raise SecureAggregationError(f"{peer_id} is neither a client nor the aggregator")
-        self._channel = SecAggChannel(self.store, self.transport, peer_id, self.config)
+        if peer_id == cfg.aggregator:  # drawn first, so a seeded run is reproducible
+            self._server = SecAggServer(
+                cfg.threshold,
+                clip_range=cfg.clip_range,
+                ring_bits=cfg.ring_bits,
+                context=cfg.context,
+                randbytes=self._rand,
+            )
+        self._channel = SecAggChannel(self.store, self.transport, peer_id, cfg)
         await self._channel.start()
 
     async def aclose(self) -> None:
@@ -284,56 +312,19 @@ class SecureRoundPeer:
 
     # ------------------------------------------------------------------ shared steps
 
-    async def _require_all(self, kind: str) -> dict[str, bytes]:
-        """Wait for ``kind`` from every client and fetch each block."""
-        ch, clients = self._ch, set(self.config.clients)
-        if not await ch.wait(lambda: clients <= ch.senders(kind), self.config.phase_timeout):
-            missing = sorted(clients - ch.senders(kind))
-            raise SecureAggregationError(f"no {kind!r} message from {missing} in time")
-        fetched = await _gather_all({c: ch.fetch(kind, c) for c in sorted(clients)})
-        out = {}
-        for c, data in fetched.items():
-            if isinstance(data, BaseException):
-                raise SecureAggregationError(f"{kind!r} block of {c} unavailable: {data}")
-            out[c] = data
-        return out
-
-    async def _roster(self) -> dict[str, AdvertisedKeys]:
-        roster = {}
-        for c, data in (await self._require_all("keys")).items():
-            try:
-                body = load_json(data, "keys")
-                keys = AdvertisedKeys(
-                    c, from_hex(body.get("cipher"), "cipher"), from_hex(body.get("mask"), "mask")
-                )
-            except DecodeError as exc:
-                raise SecureAggregationError(f"keys of {c} malformed: {exc}") from exc
-            if body.get("client_id") != c or len(keys.cipher_public_key) != 32:
-                raise SecureAggregationError(f"keys of {c} malformed")
-            if len(keys.mask_public_key) != 32:
-                raise SecureAggregationError(f"keys of {c} malformed")
-            roster[c] = keys
-        return roster
-
-    async def _bundles(self) -> list[EncryptedShare]:
-        out = []
-        for c, data in (await self._require_all("shares")).items():
-            try:
-                body = load_json(data, "shares")
-                cts = body.get("shares")
-                if body.get("sender") != c or not isinstance(cts, dict):
-                    raise DecodeError("wrong sender or no shares")
-                out += [EncryptedShare(c, str(r), from_hex(ct, "share")) for r, ct in cts.items()]
-            except DecodeError as exc:
-                raise SecureAggregationError(f"share bundle of {c} malformed: {exc}") from exc
-        return out
+    async def _fetch_server_key(self) -> bytes:
+        if self._server_key is None:
+            cfg = self.config
+            self._server_key = await fetch_server_key(self._ch, cfg.aggregator, cfg.phase_timeout)
+        return self._server_key
 
     # ------------------------------------------------------------------ client role
 
     async def share_keys(self) -> None:
         """Client rounds 0-1: advertise keys, then distribute the encrypted share bundle.
 
-        Ends once this client holds every other client's shares (ready to mask).
+        Ends once this client holds every other client's usable shares (ready to mask);
+        senders whose shares are unusable land in :attr:`rejected`.
         """
         cfg, ch = self.config, self._ch
         if ch.peer_id not in cfg.clients:
@@ -346,44 +337,45 @@ class SecureRoundPeer:
             context=cfg.context,
             randbytes=self._rand,
         )
-        mine = client.advertise_keys()
-        await ch.post(
-            "keys",
-            json_block(
-                {
-                    "client_id": ch.peer_id,
-                    "cipher": to_hex(mine.cipher_public_key),
-                    "mask": to_hex(mine.mask_public_key),
-                }
-            ),
-        )
-        shares = client.share_keys(await self._roster())
-        bundle = {
-            "sender": ch.peer_id,
-            "shares": {m.recipient: to_hex(m.ciphertext) for m in shares},
-        }
-        await ch.post("shares", json_block(bundle))
-        client.receive_shares(m for m in await self._bundles() if m.recipient == ch.peer_id)
+        await ch.post("keys", keys_to_json(client.advertise_keys()))
+        shares = client.share_keys(await fetch_roster(ch, cfg.clients, cfg.phase_timeout))
+        await ch.post("shares", bundle_to_json(ch.peer_id, shares))
+        bundles, sharers, bad = await fetch_bundles(ch, cfg.clients, cfg.phase_timeout)
+        for c, reason in bad.items():
+            self.rejected[c] = SecAggPeerRejected(c, reason)
+        mine = [m for m in bundles if m.recipient == ch.peer_id and m.sender in sharers]
+        for error in client.receive_shares(mine, sharers | {ch.peer_id}):
+            self.rejected[error.peer] = error
         self._client = client
 
     async def send_masked(self, gradient: GradientLike) -> CID:
-        """Client round 2: commit and announce the masked vector; return its CID."""
-        if self._client is None:
+        """Client round 2: seal the masked vector to the aggregator, post it; return its CID."""
+        client = self._client
+        if client is None:
             raise SecureAggregationError("share_keys must run before send_masked")
         values = as_float32_vector(gradient)
         if values.size != self.config.length:
             raise SecureAggregationError(
                 f"gradient has {values.size} values, the round expects {self.config.length}"
             )
-        return await self._ch.post("masked", encode_masked_block(self._client.masked_input(values)))
+        server_key = await self._fetch_server_key()
+        payload = pack_masked(client.rejected, encode_masked_block(client.masked_input(values)))
+        return await self._ch.post("masked", client.seal_for_server(server_key, "masked", payload))
 
     async def answer_unmask(self) -> bool:
-        """Client round 3: answer the aggregator's unmasking request, then wait for ``done``.
+        """Client rounds 3-4: sign the request, check the others' views, answer, wait for done.
 
         Returns
         -------
         bool
             Whether this client was among the survivors (and answered).
+
+        Raises
+        ------
+        UnmaskRefused
+            If the request names a client as both survivor and dropped, or fewer than
+            ``threshold`` survivors signed the lists this client was shown, or some client
+            signed different lists (the aggregator showed different survivor sets).
         """
         cfg, ch, client = self.config, self._ch, self._client
         if client is None:
@@ -393,24 +385,17 @@ class SecureRoundPeer:
         if not await ch.wait(lambda: ("unmask-request", agg) in ch.inbox, wait):
             raise SecureAggregationError("no unmasking request from the aggregator in time")
         try:
-            body = load_json(await ch.fetch("unmask-request", agg), "unmask request")
-            survivors = str_list(body.get("survivors"), "survivors")
-            dropped = str_list(body.get("dropped"), "dropped")
+            survivors, dropped = request_from_json(await ch.fetch("unmask-request", agg))
         except (DecodeError, BlockStoreError) as exc:
             raise SecureAggregationError(f"unmasking request unusable: {exc}") from exc
         if ch.peer_id not in survivors:
             return False
-        answer = client.unmask(survivors, dropped)
-        await ch.post(
-            "unmask-response",
-            json_block(
-                {
-                    "client_id": ch.peer_id,
-                    "self_mask_shares": shares_to_json(answer.self_mask_shares),
-                    "key_shares": shares_to_json(answer.key_shares),
-                }
-            ),
-        )
+        await ch.post("view", view_to_json(client.confirm(survivors, dropped)))
+        views = await fetch_views(ch, cfg.clients, survivors, cfg.view_timeout)
+        answer = client.unmask(survivors, dropped, views)
+        server_key = await self._fetch_server_key()
+        sealed = client.seal_for_server(server_key, "unmask-response", answer_to_json(answer))
+        await ch.post("unmask-response", sealed)
         await ch.wait(lambda: ("done", agg) in ch.inbox, cfg.response_timeout)
         return True
 
@@ -423,7 +408,7 @@ class SecureRoundPeer:
     # ------------------------------------------------------------------ aggregator role
 
     async def aggregate(self) -> SecureRoundResult:
-        """Aggregate: check the sharers, collect the masked blocks, unmask only their sum.
+        """Aggregate: publish the server key, collect the sealed masked blocks, unmask the sum.
 
         Returns
         -------
@@ -436,60 +421,30 @@ class SecureRoundPeer:
             If a client is missing from key or share distribution, fewer than ``threshold``
             clients survive masking, or fewer than ``threshold`` survivors answer.
         """
-        cfg, ch = self.config, self._ch
-        if ch.peer_id != cfg.aggregator:
+        cfg, ch, server = self.config, self._ch, self._server
+        if ch.peer_id != cfg.aggregator or server is None:
             raise SecureAggregationError(f"{ch.peer_id} is not this round's aggregator")
         started = time.monotonic()
-        server = SecAggServer(
-            cfg.threshold, clip_range=cfg.clip_range, ring_bits=cfg.ring_bits, context=cfg.context
+        await ch.post("server-key", json_block({"key": to_hex(server.public_key)}))
+        server.register((await fetch_roster(ch, cfg.clients, cfg.phase_timeout)).values())
+        bundles, sharers, bad = await fetch_bundles(ch, cfg.clients, cfg.phase_timeout)
+        server.route_shares(bundles, sharers)  # ciphertexts stay unread: only the sharers
+        rejected = {**bad, **server.rejected}
+        cids = await collect_masked(
+            ch,
+            server,
+            ring_bits=cfg.ring_bits,
+            length=cfg.length,
+            timeout=cfg.mask_timeout,
+            rejected=rejected,
         )
-        server.register((await self._roster()).values())
-        server.route_shares(await self._bundles())  # ciphertexts stay unread: only the sharers
-
-        clients = set(cfg.clients)
-        await ch.wait(lambda: clients <= ch.senders("masked"), cfg.mask_timeout)
-        announced = sorted(ch.senders("masked") & clients)
-        fetched = await _gather_all({c: ch.fetch("masked", c) for c in announced})
-        cids = {}
-        for c, data in fetched.items():
-            if isinstance(data, BaseException):
-                logger.info("secagg: masked block of %s unavailable: %s", c, data)
-                continue
-            try:
-                vector = decode_masked_block(
-                    data, ring_bits=cfg.ring_bits, expected_length=cfg.length
-                )
-            except DecodeError as exc:
-                logger.info("secagg: masked block of %s rejected: %s", c, exc)
-                continue
-            server.receive_masked(c, vector)
-            cids[c] = ch.inbox[("masked", c)]
         survivors, dropped = server.unmask_request()
+        cids = {c: cid for c, cid in cids.items() if c in survivors}
         await ch.post("unmask-request", json_block({"survivors": survivors, "dropped": dropped}))
-
-        alive = set(survivors)
-        await ch.wait(lambda: alive <= ch.senders("unmask-response"), cfg.response_timeout)
-        responders = sorted(ch.senders("unmask-response") & alive)
-        answers = []
-        for c, data in (
-            await _gather_all({c: ch.fetch("unmask-response", c) for c in responders})
-        ).items():
-            if isinstance(data, BaseException):
-                continue
-            try:
-                body = load_json(data, "unmask response")
-                if body.get("client_id") != c:
-                    raise DecodeError("wrong client_id")
-                answers.append(
-                    UnmaskingShares(
-                        c,
-                        shares_from_json(body.get("self_mask_shares"), "self_mask_shares"),
-                        shares_from_json(body.get("key_shares"), "key_shares"),
-                    )
-                )
-            except DecodeError as exc:
-                logger.info("secagg: unmasking answer of %s rejected: %s", c, exc)
+        wait = cfg.view_timeout + cfg.response_timeout  # the clients check the views first
+        answers = await collect_answers(ch, server, survivors, timeout=wait, rejected=rejected)
         total = server.finalize(answers)
+        rejected.update(server.rejected)
         await ch.post("done", json_block({"survivors": survivors, "dropped": dropped}))
         mean = (total / np.float32(len(survivors))).astype(np.float32)
         stats = RoundStats(
@@ -499,7 +454,7 @@ class SecureRoundPeer:
             duration_ms=int((time.monotonic() - started) * 1000),
             dropped_clients=list(dropped),
         )
-        return SecureRoundResult(total, mean, survivors, dropped, stats, cids)
+        return SecureRoundResult(total, mean, survivors, dropped, stats, cids, rejected)
 
     # ------------------------------------------------------------------ both
 

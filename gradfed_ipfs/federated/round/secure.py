@@ -1,9 +1,12 @@
-"""SecAgg rounds for :class:`~gradfed_ipfs.RoundRunner`, optionally central DP.
+"""The ``secure`` option of :class:`~gradfed_ipfs.RoundRunner`: a SecAgg round, optionally DP.
 
 The runner's node is always a client of the SecAgg round (it brings a gradient); it may also be
 the round's aggregator. The protocol is :mod:`gradfed_ipfs.federated.round.secagg`, unchanged:
 every message a block in the runner's store, announced on the session's SecAgg sub-topic through
-the runner's gossip transport.
+the runner's gossip transport. Its parameters
+(:class:`~gradfed_ipfs.federated.round.secagg.SecureRoundConfig`) are built from the round's one
+:class:`~gradfed_ipfs.federated.round.config.RoundConfig` by :func:`protocol_config`, and its
+outcome is the one :class:`~gradfed_ipfs.federated.round.result.RoundResult`.
 
 DP + SecAgg (central DP on the secure sum, when the runner has ``dp``):
 
@@ -31,50 +34,63 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 from multiformats import CID
 
-from ..._types import FloatArray, GradientLike
+from ..._types import GradientLike
 from ...errors import InvalidGradient, PrivacyBudgetExhausted, SecureAggregationError
-from ...kubo.pubsub import PubsubTransport
 from ...storage.base import BlockStore
 from ...tensor.aggregation import as_float32_vector
 from ..privacy.mechanisms import AccountingMode, DifferentialPrivacy, DPMechanism, clip_l2_norm
+from .config import RoundConfig
+from .gossip import GossipModelSync
+from .result import RoundResult
 from .secagg import RandBytes, SecureRoundConfig, SecureRoundPeer, SecureRoundResult
-from .stats import RoundStats
 
-__all__ = ["SecureOutcome", "run_runner_secure_round"]
+__all__ = ["protocol_config", "run_secure"]
 
 
-@dataclass
-class SecureOutcome:
-    """What one node's SecAgg round produced (the runner turns it into a ``RoundResult``).
+def protocol_config(
+    config: RoundConfig, session_id: str, round_id: int, length: int
+) -> SecureRoundConfig:
+    """Return the SecAgg protocol's parameters for one round of ``config`` (its ``secure`` set).
 
-    Attributes
+    Parameters
     ----------
-    local_cid
-        CID of this node's *masked* block (its unmasked vector is never stored).
-    aggregate
-        On the aggregator: the survivors' mean (noised with ``dp``). On a pure client: an empty
-        float32 array (length 0); the protocol publishes no sum to clients.
-    stats
-        On the aggregator: ``participants`` = survivors, ``dropped_clients`` /
-        ``missing_clients`` = clients that shared keys but whose masked vector was not summed,
-        ε/δ spent with ``dp``. On a pure client: ``participants`` 1 if its vector was summed
-        (else 0), no ε.
-    contributors
-        On the aggregator: every other survivor → CID of its masked block.
-    drops
-        SecAgg announcements dropped, by reason.
-    """
+    config
+        The round's settings; ``secure`` gives the roster, threshold, encoding and phase
+        timeouts, and the round's ``fetch_timeout``, ``republish_interval`` and
+        ``subscriber_timeout`` apply to the protocol's messages.
+    session_id, round_id
+        The round (they bind the masks).
+    length
+        Vector length d.
 
-    local_cid: CID
-    aggregate: FloatArray
-    stats: RoundStats
-    contributors: dict[str, CID] = field(default_factory=dict)
-    drops: dict[str, int] = field(default_factory=dict)
+    Raises
+    ------
+    SecureAggregationError
+        If ``config.secure`` is unset or the parameters are invalid.
+    """
+    options = config.secure
+    if options is None:
+        raise SecureAggregationError("the round has no secure= options")
+    return SecureRoundConfig(
+        session_id=session_id,
+        round_id=round_id,
+        clients=tuple(options.clients),
+        aggregator=options.aggregator,
+        threshold=options.threshold,
+        length=length,
+        clip_range=options.clip_range,
+        ring_bits=options.ring_bits,
+        phase_timeout=options.phase_timeout,
+        mask_timeout=options.mask_timeout,
+        response_timeout=options.response_timeout,
+        fetch_timeout=config.fetch_timeout,
+        republish_interval=config.republish_interval,
+        subscriber_timeout=config.subscriber_timeout,
+    )
 
 
 def _check_central_dp(dp: DifferentialPrivacy) -> None:
@@ -88,21 +104,41 @@ def _check_central_dp(dp: DifferentialPrivacy) -> None:
         )
 
 
-async def run_runner_secure_round(
+async def run_secure(
     store: BlockStore,
-    transport: PubsubTransport,
-    config: SecureRoundConfig,
+    gossip: GossipModelSync,
+    config: RoundConfig,
+    round_id: int,
     gradient: GradientLike,
     *,
-    dp: DifferentialPrivacy | None = None,
     randbytes: RandBytes = os.urandom,
-) -> SecureOutcome:
+) -> RoundResult:
     """Run this node's client role (and aggregator role, if it is the aggregator) of one round.
+
+    Parameters
+    ----------
+    store
+        This node's block store.
+    gossip
+        This node's gossip endpoint (its transport carries the SecAgg sub-topic).
+    config
+        The round's settings, ``secure`` set; with ``dp``, central DP on the secure sum.
+    round_id
+        The round.
+    gradient
+        This node's vector.
+    randbytes
+        Cryptographic randomness of the client role.
+
+    Returns
+    -------
+    RoundResult
+        On the aggregator the survivors' mean; on a pure client an empty aggregate.
 
     Raises
     ------
     SecureAggregationError
-        If this node is not a client of ``config``, or the protocol fails (see
+        If this node is not a client of ``config.secure``, or the protocol fails (see
         :meth:`~gradfed_ipfs.federated.round.secagg.SecureRoundPeer.aggregate`).
     PrivacyBudgetExhausted
         On the aggregator with ``dp``, before anything is posted, if one more release does not
@@ -110,15 +146,18 @@ async def run_runner_secure_round(
     """
     started = time.monotonic()
     values = as_float32_vector(gradient)
+    params = protocol_config(config, gossip.session_id, round_id, int(values.size))
+    transport = gossip.transport
     peer_id = await transport.local_peer_id()
-    if peer_id not in config.clients:
+    if peer_id not in params.clients:
         raise SecureAggregationError(f"a runner's node must be a client; {peer_id} is not")
-    is_aggregator = peer_id == config.aggregator
+    dp = config.dp
+    is_aggregator = peer_id == params.aggregator
     if dp is not None:
         if is_aggregator:
             _check_central_dp(dp)
         values = clip_l2_norm(values.astype(np.float64), dp.sensitivity).astype(np.float32)
-    peer = SecureRoundPeer(store, transport, config, randbytes=randbytes)
+    peer = SecureRoundPeer(store, transport, params, randbytes=randbytes)
 
     async def client() -> tuple[CID, bool]:
         await peer.share_keys()
@@ -144,46 +183,39 @@ async def run_runner_secure_round(
     finally:
         await peer.aclose()
     local_cid, summed = client_task.result()
+    expected = sorted(params.clients)
     if not is_aggregator:
-        stats = RoundStats(
-            round_id=config.round_id,
-            participants=int(bool(summed)),
-            missing_clients=[],
+        return RoundResult(
+            round_id,
+            local_cid,
+            np.zeros(0, dtype=np.float32),
+            participants=[peer_id] if summed else [],
+            expected=expected,
             duration_ms=int((time.monotonic() - started) * 1000),
+            drops=drops,
         )
-        return SecureOutcome(local_cid, np.zeros(0, dtype=np.float32), stats, drops=drops)
     if aggregator_task is None:  # pragma: no cover - started above for the aggregator
         raise SecureAggregationError("the aggregator produced no result")
     result = aggregator_task.result()
-    return _release(result, local_cid, peer_id, dp, drops, started)
-
-
-def _release(
-    result: SecureRoundResult,
-    local_cid: CID,
-    peer_id: str,
-    dp: DifferentialPrivacy | None,
-    drops: dict[str, int],
-    started: float,
-) -> SecureOutcome:
-    """Release the mean, or with ``dp`` the noised sum divided by n (aggregator only)."""
     epsilon: float | None = None
     delta: float | None = None
     if dp is None:
         mean = result.mean
-    else:
+    else:  # checks, noises N(0, (zC)^2), charges; unchanged if refused; then the mean
         total = np.array(result.total, dtype=np.float32, copy=True)
-        dp.add_gaussian_noise(total)  # checks, noises N(0, (zC)^2), charges; unchanged if refused
+        dp.add_gaussian_noise(total)
         mean = (total / np.float32(len(result.survivors))).astype(np.float32)
         epsilon, delta = dp.spent()
-    stats = RoundStats(
-        round_id=result.stats.round_id,
-        participants=len(result.survivors),
-        missing_clients=list(result.dropped),
+    return RoundResult(
+        round_id,
+        local_cid,
+        mean,
+        participants=sorted(result.survivors),
+        contributors={c: cid for c, cid in result.masked_cids.items() if c != peer_id},
+        expected=expected,
+        dropped=sorted(result.dropped),
+        epsilon=epsilon,
+        delta=delta,
         duration_ms=int((time.monotonic() - started) * 1000),
-        epsilon_spent=epsilon,
-        delta_spent=delta,
-        dropped_clients=list(result.dropped),
+        drops=drops,
     )
-    contributors = {c: cid for c, cid in result.masked_cids.items() if c != peer_id}
-    return SecureOutcome(local_cid, mean, stats, contributors, drops)

@@ -11,18 +11,26 @@ measured, for N = 16 and d = 10M, extra memory of 1.3 × d × 4 bytes at 2 chunk
 1.8× at 4 and 2.6× at 8, with the same speed from a local daemon. Over bitswap more chunks in
 flight fetch faster; raise it when memory allows.
 
-Each chunk is verified (re-hashed against its CID) and checked for finiteness before it is
-folded. If a later chunk of the same gradient fails, the chunks already folded are fetched again
-(from the local daemon, which now holds them) and subtracted, so a bad peer leaves no trace in
-the sum beyond float32 rounding (``(a + x) − x`` may differ from ``a`` in the last bit).
+A peer's gradient is verified whole before anything of it is folded in, so a rejected peer
+leaves the sum exactly as it was (a finite first chunk of 3e38 then a junk chunk cannot poison
+it). A raw block is fetched, re-hashed, decoded and checked (finite, length, and that the sum
+stays finite) before it is added. A chunked one is read three times: once over the network to
+verify every chunk (re-hashed against its CID, decoded, finite), then, one peer at a time, from
+the local daemon that now holds the chunks, once to check that adding them keeps the sum finite
+and once to fold them. An accepted chunked gradient thus costs two extra local reads. Only a
+local failure or a cancellation during the last pass (the daemon dies; the round's deadline cuts
+the fetch off) has to undo chunks already folded: they are read again and subtracted, exact up
+to float32 rounding.
 
 Robust rules (median, trimmed mean, Krum) need every gradient at once and are refused here.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
+from typing import ClassVar
 
 import numpy as np
 from multiformats import CID
@@ -39,13 +47,10 @@ from ...storage.dag import (
     fetch_chunks,
     fetch_gradient,
     fetch_manifest,
-    put_gradient,
-    values_per_chunk,
 )
-from ...tensor.aggregation import FedAvg, Mean, Sum, WeightedMean, as_float32_vector
-from ...tensor.robust import clip_gradient_norm
+from ...tensor.aggregation import Contribution, FedAvg, Mean, Sum, WeightedMean, as_float32_vector
 from ...tensor.verification import check_finite
-from .accumulator import LOCAL_PEER_ID
+from .accumulator import LOCAL_PEER_ID, AccumulatorBase, peer_data_boundary
 from .config import AccumulatorConfig
 
 __all__ = ["STREAMING_CONCURRENCY", "StreamingAccumulator"]
@@ -56,29 +61,23 @@ STREAMING_CONCURRENCY = 2
 """Default chunks in flight per gradient for :class:`StreamingAccumulator`."""
 
 
-class StreamingAccumulator:
+class StreamingAccumulator(AccumulatorBase):
     """An accumulator that keeps one running sum instead of every peer's gradient.
 
-    Same calls as :class:`~gradfed_ipfs.federated.round.accumulator.DistributedGradientAccumulator`
-    (``commit_local``, ``add_peer_gradient``, ``aggregate``, ``is_ready``, ``peer_count``), but
-    a gradient cannot be replaced once folded, and only linear rules are supported.
+    The protocol of :class:`~gradfed_ipfs.federated.round.accumulator.GradientAccumulator`
+    (``commit_local``, ``add``, ``finalize``), but a gradient cannot be replaced once folded
+    (a re-send is refused), it holds no ``contributions()``, and only linear rules work.
 
     Parameters
     ----------
-    session_id
-        The session this accumulator belongs to.
+    session_id, local_peer_id, chunk_bytes, progress
+        As :class:`~gradfed_ipfs.federated.round.accumulator.AccumulatorBase`.
     config
         Aggregation rule (``Sum``, ``Mean``, ``FedAvg`` or ``WeightedMean`` with a mapping of
-        peer ID → weight), clipping, peer limit and fetch timeout.
-    local_peer_id
-        Key of the local gradient (for ``WeightedMean`` weights).
-    chunk_bytes
-        Largest block in bytes for ``commit_local``.
+        peer ID → weight), clipping, peer limit, weight cap and fetch timeout.
     concurrency
         Chunks stored or fetched at once per gradient (default 2: each chunk in flight costs a
         few chunk sizes of transient memory).
-    progress
-        Called with ``(done_bytes, total_bytes)`` during each commit and fetch.
     accumulate_dtype
         dtype of the running sum: float32 (default; one d×4-byte array) or float64 (twice the
         memory, less rounding).
@@ -88,6 +87,8 @@ class StreamingAccumulator:
     InvalidGradient
         If the rule is not linear, or ``WeightedMean`` weights are positional.
     """
+
+    holds_contributions: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -100,7 +101,14 @@ class StreamingAccumulator:
         progress: ProgressCallback | None = None,
         accumulate_dtype: type[np.floating] = np.float32,
     ) -> None:
-        self.config = config if config is not None else AccumulatorConfig()
+        super().__init__(
+            session_id,
+            config,
+            local_peer_id=local_peer_id,
+            chunk_bytes=chunk_bytes,
+            concurrency=concurrency,
+            progress=progress,
+        )
         strategy = self.config.aggregation
         if not isinstance(strategy, Sum | Mean | FedAvg | WeightedMean):
             raise InvalidGradient(
@@ -109,43 +117,20 @@ class StreamingAccumulator:
             )
         if isinstance(strategy, WeightedMean) and not isinstance(strategy.weights, Mapping):
             raise InvalidGradient("streaming WeightedMean needs weights as a peer ID → weight map")
-        values_per_chunk(chunk_bytes)
-        if concurrency < 1:
-            raise InvalidGradient(f"concurrency must be >= 1, got {concurrency}")
-        self._session_id = session_id
-        self.local_peer_id = local_peer_id
-        self.chunk_bytes = chunk_bytes
-        self.concurrency = concurrency
-        self.progress = progress
         self.accumulate_dtype = np.dtype(accumulate_dtype)
         self.total: np.ndarray | None = None
         """The running weighted sum ``Σ wᵢ·gᵢ`` (length d), allocated by the first gradient."""
         self.weight_sum = 0.0
-        self.local_cid: CID | None = None
         self.local_folded = False
-        self.peer_cids: dict[str, CID] = {}
         self.peer_samples: dict[str, int | None] = {}
         self._samples_given: bool | None = None
         self._finalized = False
-
-    @property
-    def session_id(self) -> str:
-        """The session this accumulator belongs to."""
-        return self._session_id
-
-    @property
-    def peer_count(self) -> int:
-        """Number of peer gradients folded in (the local gradient is not counted)."""
-        return len(self.peer_cids)
+        self._fold_lock = asyncio.Lock()
 
     @property
     def length(self) -> int | None:
         """Length d of the gradients, once the first one is folded."""
         return None if self.total is None else int(self.total.size)
-
-    def is_ready(self, min_peers: int) -> bool:
-        """Return whether at least ``min_peers`` peer gradients are folded in."""
-        return len(self.peer_cids) >= min_peers
 
     async def commit_local(
         self, gradient: GradientLike, store: BlockStore, *, num_samples: int | None = None
@@ -172,23 +157,16 @@ class StreamingAccumulator:
         if self.local_folded:
             raise InvalidGradient("the local gradient was already committed and folded in")
         values = as_float32_vector(gradient)
-        check_finite(values, "local gradient")
         weight = self._weight(self.local_peer_id, num_samples)
         self._check_length(values.size)
-        cid = await put_gradient(
-            store,
-            values,
-            chunk_bytes=self.chunk_bytes,
-            concurrency=self.concurrency,
-            progress=self.progress,
-        )
+        values, cid = await self._store_local(values, store)
         self._fold(0, values, weight)
         self.weight_sum += weight
         self.local_cid = cid
         self.local_folded = True
         return cid
 
-    async def add_peer_gradient(
+    async def add(
         self,
         peer_id: str,
         cid: CIDLike,
@@ -196,7 +174,7 @@ class StreamingAccumulator:
         *,
         num_samples: int | None = None,
     ) -> None:
-        """Fetch a peer's gradient and fold it in chunk by chunk as the chunks arrive.
+        """Fetch a peer's gradient, verify all of it, then fold it in.
 
         Parameters
         ----------
@@ -207,7 +185,7 @@ class StreamingAccumulator:
         store
             Where to fetch from.
         num_samples
-            Samples behind it (FedAvg weight).
+            Samples behind it (FedAvg weight), clipped to ``config.max_weight``.
 
         Raises
         ------
@@ -216,83 +194,114 @@ class StreamingAccumulator:
             NaN/Inf values, or FedAvg sample counts are given for some gradients and not others.
         DimensionMismatch
             If its length differs (checked from the manifest, before any chunk is fetched).
-        BlockNotFound, BlockCorrupt, MalformedArrow, MalformedManifest
-            As :func:`gradfed_ipfs.storage.dag.fetch_gradient`; nothing stays folded in.
+        BlockNotFound, BlockCorrupt, DecodeError
+            As :meth:`~gradfed_ipfs.federated.round.accumulator.DistributedGradientAccumulator.add`;
+            nothing of the peer is folded in.
         """
         self._check_open()
-        if peer_id == self.local_peer_id:
-            raise InvalidGradient(f"peer id {peer_id!r} is the local peer's id")
         if peer_id in self.peer_cids:
             raise InvalidGradient(f"gradient of {peer_id} is already folded in; it counts once")
-        if len(self.peer_cids) >= self.config.max_peers:
-            raise InvalidGradient(
-                f"max_peers={self.config.max_peers} reached; refusing gradient from {peer_id}"
-            )
+        samples = self._admit(peer_id, num_samples)
         parsed = parse_cid(cid)
-        weight = self._weight(peer_id, num_samples)
+        weight = self._weight(peer_id, samples)
         self.peer_cids[peer_id] = parsed  # reserve the slot while fetching (one peer counts once)
         try:
-            if parsed.codec.code == RAW:
-                values = await fetch_gradient(
-                    store, parsed, timeout=self.config.timeout, expected_length=self.length
-                )
-                flat = values.reshape(-1)
-                check_finite(flat, f"gradient of {peer_id}")
-                self._check_length(flat.size)
-                self._fold(0, flat, weight)
-            elif parsed.codec.code == DAG_CBOR:
-                await self._fold_chunked(peer_id, parsed, store, weight)
-            else:
-                raise DecodeError(
-                    f"{parsed}: codec {parsed.codec.name} is neither raw nor dag-cbor"
-                )
+            with peer_data_boundary(peer_id, parsed):
+                if parsed.codec.code == RAW:
+                    values = await fetch_gradient(
+                        store, parsed, timeout=self.config.timeout, expected_length=self.length
+                    )
+                    flat = values.reshape(-1)
+                    check_finite(flat, f"gradient of {peer_id}")
+                    self._check_length(flat.size)
+                    self._fold(0, flat, weight)
+                elif parsed.codec.code == DAG_CBOR:
+                    await self._fold_chunked(peer_id, parsed, store, weight)
+                else:
+                    raise DecodeError(
+                        f"{parsed}: codec {parsed.codec.name} is neither raw nor dag-cbor"
+                    )
         except BaseException:
             del self.peer_cids[peer_id]
+            self.clipped_weights.pop(peer_id, None)
             raise
         self.weight_sum += weight
-        self.peer_samples[peer_id] = num_samples
-        logger.debug("session %s: folded %s from %s", self._session_id, parsed, peer_id)
+        self.peer_samples[peer_id] = samples
+        logger.debug("session %s: folded %s from %s", self.session_id, parsed, peer_id)
 
     async def _fold_chunked(self, peer_id: str, cid: CID, store: BlockStore, weight: float) -> None:
-        manifest = await fetch_manifest(store, cid, timeout=self.config.timeout)
+        """Verify every chunk, then (one peer at a time) check the sum stays finite, then fold.
+
+        Pass 1 fetches over the network, concurrently with other peers; passes 2 and 3 read the
+        now-local chunks under a lock, so no other fold changes the sum between the check and
+        the fold.
+        """
+        timeout = self.config.timeout
+        manifest = await fetch_manifest(store, cid, timeout=timeout)
         self._check_length(manifest.length)
-        self._ensure_total(manifest.length)
-        folded: list[ChunkRef] = []
 
-        def fold(ref: ChunkRef, values: FloatArray) -> None:
+        def verify(ref: ChunkRef, values: FloatArray) -> None:
             check_finite(values, f"chunk at offset {ref.offset} of {peer_id}'s gradient {cid}")
-            self._fold(ref.offset, values, weight)
-            folded.append(ref)
 
-        try:
+        await fetch_chunks(
+            store,
+            manifest,
+            verify,
+            concurrency=self.concurrency,
+            timeout=timeout,
+            progress=self.progress,
+            manifest_cid=cid,
+        )
+        async with self._fold_lock:
+            self._check_length(manifest.length)  # another gradient may have set d meanwhile
+            self._ensure_total(manifest.length)
+
+            def would_fold(ref: ChunkRef, values: FloatArray) -> None:
+                self._candidate(ref.offset, values, weight)
+
             await fetch_chunks(
-                store,
-                manifest,
-                fold,
-                concurrency=self.concurrency,
-                timeout=self.config.timeout,
-                progress=self.progress,
-                manifest_cid=cid,
+                store, manifest, would_fold, concurrency=self.concurrency, timeout=timeout
             )
-        except BaseException:
-            await self._unfold(store, manifest, folded, weight)
-            raise
+            folded: list[ChunkRef] = []
+
+            def fold(ref: ChunkRef, values: FloatArray) -> None:
+                self._fold(ref.offset, values, weight)
+                folded.append(ref)
+
+            try:
+                await fetch_chunks(
+                    store, manifest, fold, concurrency=self.concurrency, timeout=timeout
+                )
+            except BaseException:
+                await self._unfold(store, manifest, folded, weight)
+                raise
 
     async def _unfold(
         self, store: BlockStore, manifest: ChunkManifest, folded: list[ChunkRef], weight: float
     ) -> None:
-        """Subtract the chunks of a failed gradient that were already folded in."""
+        """Subtract the (verified) chunks already folded when the second pass failed locally."""
         if not folded:
             return
         undo = ChunkManifest(manifest.shape, manifest.length, tuple(folded))
 
         def subtract(ref: ChunkRef, values: FloatArray) -> None:
-            self._fold(ref.offset, values, -weight)
+            target = self._total_or_raise()[ref.offset : ref.offset + values.size]
+            target -= values * self.accumulate_dtype.type(weight)
 
-        logger.debug("rolling back %d folded chunks", len(folded))
+        logger.warning("rolling back %d folded chunks by subtraction", len(folded))
         await fetch_chunks(
             store, undo, subtract, concurrency=self.concurrency, timeout=self.config.timeout
         )
+
+    def contributions(self) -> dict[str, Contribution]:
+        """Refuse: the contributions are folded into one sum, none is held.
+
+        Raises
+        ------
+        InvalidGradient
+            Always.
+        """
+        raise InvalidGradient("a streaming accumulator folds contributions into one sum")
 
     def aggregate(self) -> FloatArray:
         """Return the aggregate: the running sum, divided by the weight sum except for Sum.
@@ -307,23 +316,15 @@ class StreamingAccumulator:
         EmptyGradients
             If no local gradient was committed.
         InvalidGradient
-            If the weights sum to zero.
+            If the weights sum to zero, or the aggregate is not finite.
         """
-        if not self.local_folded or self.total is None:
-            raise EmptyGradients()
+        total = self._total()
         if self._finalized:
-            return self.total.astype(np.float32, copy=True)
+            return total.astype(np.float32, copy=True)
         if isinstance(self.config.aggregation, Sum):
-            result = self.total.astype(np.float32, copy=True)
-        else:
-            if self.weight_sum == 0.0:
-                raise InvalidGradient("Sum of weights is zero")
-            result = (self.total / self.accumulate_dtype.type(self.weight_sum)).astype(
-                np.float32, copy=False
-            )
-        if self.config.gradient_clipping is not None:
-            clip_gradient_norm(result, self.config.gradient_clipping)
-        return result
+            return self._finish(total.astype(np.float32, copy=True))
+        scale = self.accumulate_dtype.type(self._weight_sum())
+        return self._finish((total / scale).astype(np.float32, copy=False))
 
     def finalize(self) -> FloatArray:
         """Like :meth:`aggregate` but in place: no second d-array; the accumulator is then done.
@@ -338,20 +339,28 @@ class StreamingAccumulator:
         EmptyGradients, InvalidGradient
             As :meth:`aggregate`.
         """
-        if not self.local_folded or self.total is None:
-            raise EmptyGradients()
-        total = self.total
+        total = self._total()
         if not isinstance(self.config.aggregation, Sum):
-            if self.weight_sum == 0.0:
-                raise InvalidGradient("Sum of weights is zero")
-            total /= self.accumulate_dtype.type(self.weight_sum)
+            total /= self.accumulate_dtype.type(self._weight_sum())
         self._finalized = True
-        result: FloatArray = total.astype(np.float32, copy=False)
-        if self.config.gradient_clipping is not None:
-            clip_gradient_norm(result, self.config.gradient_clipping)
-        return result
+        return self._finish(total.astype(np.float32, copy=False))
 
     # ------------------------------------------------------------------ internals
+
+    def _total(self) -> np.ndarray:
+        if not self.local_folded:
+            raise EmptyGradients()
+        return self._total_or_raise()
+
+    def _total_or_raise(self) -> np.ndarray:
+        if self.total is None:
+            raise EmptyGradients()
+        return self.total
+
+    def _weight_sum(self) -> float:
+        if self.weight_sum == 0.0:
+            raise InvalidGradient("Sum of weights is zero")
+        return self.weight_sum
 
     def _weight(self, peer_id: str, num_samples: int | None) -> float:
         """Return the fold weight of a contribution, validated before anything is fetched."""
@@ -386,10 +395,24 @@ class StreamingAccumulator:
             self.total = np.zeros(length, dtype=self.accumulate_dtype)
         return self.total
 
-    def _fold(self, offset: int, values: FloatArray, weight: float) -> None:
+    def _candidate(self, offset: int, values: FloatArray, weight: float) -> np.ndarray:
+        """Return the running sum's slice at ``offset`` with ``weight · values`` added.
+
+        Raises
+        ------
+        InvalidGradient
+            If that would overflow (finite float32 values near the maximum).
+        """
         total = self._ensure_total(values.size if offset == 0 and self.total is None else 0)
-        target = total[offset : offset + values.size]
-        if weight == 1.0:
-            target += values
-        else:
-            target += values * self.accumulate_dtype.type(weight)
+        with np.errstate(over="ignore", invalid="ignore"):
+            candidate = values.astype(self.accumulate_dtype, copy=True)
+            if weight != 1.0:
+                candidate *= self.accumulate_dtype.type(weight)
+            candidate += total[offset : offset + values.size]
+        check_finite(candidate, "running sum (a contribution would overflow it)", offset)
+        return candidate
+
+    def _fold(self, offset: int, values: FloatArray, weight: float) -> None:
+        """Add ``weight · values`` at ``offset``; nothing is added if the sum would overflow."""
+        candidate = self._candidate(offset, values, weight)
+        self._total_or_raise()[offset : offset + values.size] = candidate

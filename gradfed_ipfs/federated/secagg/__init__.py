@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from .fixed_point import FixedPoint, RingArray
-from .protocol import SecAggClient, SecAggResult, SecAggServer, SecureAggregation
+from .protocol import SecAggClient, SecAggServer
 from .shamir import Share, combine_shares, split_secret
+from .simulation import SecAggResult, SecureAggregation
 
 __all__ = [
     "FixedPoint",

@@ -11,8 +11,9 @@ one record batch with a single non-nullable unsigned column:
 ``gradfed.shape``     ``[count]``
 
 :func:`decode_masked_block` treats its input as untrusted: anything but exactly this layout
-(wrong magic, encoding, column name or type, count, nulls, extra columns, or a ring width the
-caller did not expect) raises :class:`~gradfed_ipfs.errors.MalformedArrow`.
+(wrong magic, encoding, column name or type, count, nulls, extra columns, compressed bodies,
+repeated batches, or a ring width the caller did not expect) raises
+:class:`~gradfed_ipfs.errors.MalformedArrow`.
 """
 
 from __future__ import annotations
@@ -97,7 +98,9 @@ def decode_masked_block(
     """
     if ring_bits not in _NP_TYPES:
         raise MalformedArrow(f"ring_bits must be 32 or 64, got {ring_bits}")
-    schema, batches = open_arrow_file(data)
+    # The footer scan checks the declared row counts (and refuses compressed bodies) before
+    # any batch is read, so a small block cannot make us decompress or copy a large one.
+    schema, batches = open_arrow_file(data, max_rows=max_elements, expected_rows=expected_length)
     raw_meta = schema.metadata or {}
     try:
         metadata = {k.decode("utf-8"): v.decode("utf-8") for k, v in raw_meta.items()}

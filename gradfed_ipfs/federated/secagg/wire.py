@@ -1,29 +1,25 @@
-"""How SecAgg protocol messages are encoded as JSON blocks and exchanged by CID.
+"""How SecAgg protocol messages are encoded as blocks and exchanged by CID.
 
 :mod:`gradfed_ipfs.federated.round.secagg` runs the protocol; this module is its wire: the
-encoding of the JSON message blocks (``keys``, ``shares``, ``unmask-request``,
-``unmask-response``, ``done``) and the :class:`SecAggChannel` that commits each message block
-to the sender's own store and announces its CID on the session's SecAgg sub-topic as a small
-JSON object (at most 2048 bytes)::
+encoding of the message blocks (:data:`KINDS`) and the :class:`SecAggChannel` that commits each
+message block to the sender's own store and announces its CID on the session's SecAgg sub-topic
+as a small JSON object (at most 2048 bytes)::
 
     {"v": 1, "session": "...", "round": 0, "kind": "masked", "from": "<peer>", "cid": "bafk..."}
 
 Receivers fetch the block by CID through their own store (for Kubo, bitswap from the sender's
-daemon). Byte strings travel as lowercase hex; Shamir shares as ``[x, "0x<hex y>"]`` pairs.
-JSON blocks are canonical: sorted keys, no whitespace. Every decoder here treats its input as
-untrusted and raises :class:`~gradfed_ipfs.errors.DecodeError` on anything malformed.
+daemon). The message blocks themselves are encoded by :mod:`.codec`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Collection, Mapping
-from typing import Any, Final, Protocol
+from collections.abc import AsyncIterator, Callable, Collection
+from typing import Final, Protocol
 
 from multiformats import CID
 
@@ -31,111 +27,27 @@ from ...cid import parse_cid
 from ...errors import DecodeError, PubsubError
 from ...kubo.pubsub import PubsubMessage, PubsubTransport
 from ...storage.base import Block, BlockStore
-from .shamir import Share
+from .codec import json_block, load_json
 
-__all__ = [
-    "KINDS",
-    "ChannelConfig",
-    "SecAggChannel",
-    "from_hex",
-    "json_block",
-    "load_json",
-    "shares_from_json",
-    "shares_to_json",
-    "str_list",
-    "to_hex",
-]
+__all__ = ["KINDS", "ChannelConfig", "SecAggChannel"]
 
 logger = logging.getLogger("gradfed_ipfs.federated")
 
-KINDS: Final = ("keys", "shares", "masked", "unmask-request", "unmask-response", "done")
+KINDS: Final = (
+    "server-key",
+    "keys",
+    "shares",
+    "masked",
+    "unmask-request",
+    "view",
+    "unmask-response",
+    "done",
+)
 """Every message kind, in protocol order."""
-_CLIENT_KINDS: Final = frozenset({"keys", "shares", "masked", "unmask-response"})
-_AGGREGATOR_KINDS: Final = frozenset({"unmask-request", "done"})
+_CLIENT_KINDS: Final = frozenset({"keys", "shares", "masked", "view", "unmask-response"})
+_AGGREGATOR_KINDS: Final = frozenset({"server-key", "unmask-request", "done"})
 _MAX_ANNOUNCEMENT: Final = 2048
 _VERSION: Final = 1
-
-
-def to_hex(data: bytes) -> str:
-    """Encode bytes as a lowercase hex string (two characters per byte)."""
-    return data.hex()
-
-
-def from_hex(value: object, what: str) -> bytes:
-    """Decode a hex string from a JSON message; ``what`` names the field in errors.
-
-    Raises
-    ------
-    DecodeError
-        If ``value`` is not a string of hex digit pairs.
-    """
-    if not isinstance(value, str):
-        raise DecodeError(f"{what} is not a hex string")
-    try:
-        return bytes.fromhex(value)
-    except ValueError as exc:
-        raise DecodeError(f"{what} is not hex") from exc
-
-
-def json_block(payload: Mapping[str, Any]) -> bytes:
-    """Encode a message as canonical JSON bytes (sorted keys, no whitespace)."""
-    return json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
-
-
-def load_json(data: bytes, what: str) -> dict[str, Any]:
-    """Decode an untrusted JSON object; ``what`` names the message in errors.
-
-    Raises
-    ------
-    DecodeError
-        If ``data`` is not JSON (or nests too deeply) or is not a JSON object.
-    """
-    try:
-        value = json.loads(data)
-    except (ValueError, RecursionError) as exc:
-        raise DecodeError(f"{what} is not JSON") from exc
-    if not isinstance(value, dict):
-        raise DecodeError(f"{what} is not a JSON object")
-    return value
-
-
-def shares_to_json(shares: Mapping[str, Share]) -> dict[str, list[object]]:
-    """Encode client ID → Shamir share as ``{client: [x, "0x<hex y>"]}``, sorted by client."""
-    return {u: [s.x, hex(s.y)] for u, s in sorted(shares.items())}
-
-
-def shares_from_json(value: object, what: str) -> dict[str, Share]:
-    """Decode :func:`shares_to_json` output; ``what`` names the field in errors.
-
-    Raises
-    ------
-    DecodeError
-        If ``value`` is not an object of ``[int x, hex y]`` pairs.
-    """
-    if not isinstance(value, dict):
-        raise DecodeError(f"{what} is not an object")
-    out = {}
-    for u, pair in value.items():
-        if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], int)):
-            raise DecodeError(f"{what}[{u!r:.40}] is not [x, y]")
-        try:
-            out[str(u)] = Share(pair[0], int(str(pair[1]), 16))
-        except ValueError as exc:
-            raise DecodeError(f"{what}[{u!r:.40}] has a bad y") from exc
-    return out
-
-
-def str_list(value: object, what: str) -> list[str]:
-    """Return ``value`` as a list of strings; ``what`` names the field in errors.
-
-    Raises
-    ------
-    DecodeError
-        If ``value`` is not a JSON list of strings.
-    """
-    if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
-        raise DecodeError(f"{what} is not a list of strings")
-    return list(value)
 
 
 class ChannelConfig(Protocol):

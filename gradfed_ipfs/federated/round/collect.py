@@ -1,0 +1,238 @@
+"""Collecting one round's contributions: announcements in, fetches out, every peer accounted for.
+
+:class:`Collection` is one round in progress on one node; :class:`FutureRounds` holds
+announcements of rounds this node has not reached yet. A peer's outcome is one of: taken in
+(a contributor), *dropped* (its gradient did not arrive: timeout, not found, daemon error, or
+still in flight at the round's deadline) or *rejected* (its bytes were bad: anything a decoder or
+a check raised on them, counted by reason). A peer's data never fails the round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from multiformats import CID
+
+from ...errors import BlockCorrupt, BlockStoreError, DecodeError, GradfedError, GradientError
+from ...formats.announcement import Announcement
+from .accumulator import PEER_DATA_ERRORS, GradientAccumulator
+
+if TYPE_CHECKING:
+    from .runner import RoundRunner
+
+__all__ = ["Collection", "FutureRounds", "classify"]
+
+logger = logging.getLogger("gradfed_ipfs.federated")
+
+
+class FutureRounds:
+    """Announcements for rounds this node has not reached yet, capped in total and per peer.
+
+    A node one round behind would otherwise discard them (and their re-publications as
+    duplicates) and miss those peers for a whole round. The per-peer cap keeps one peer that
+    floods far-future rounds (10⁹ + i) from pushing honest early announcements out.
+
+    Parameters
+    ----------
+    drops
+        Where refusals are counted (``deferred_overflow``, ``deferred_peer_overflow``).
+    max_total, max_per_peer
+        Most announcements held in all, and from one peer.
+    """
+
+    def __init__(self, drops: Counter[str], *, max_total: int, max_per_peer: int) -> None:
+        self.drops = drops
+        self.max_total = max_total
+        self.max_per_peer = max_per_peer
+        self._held: dict[int, dict[str, Announcement]] = {}
+        self._per_peer: Counter[str] = Counter()
+
+    def __len__(self) -> int:
+        return sum(self._per_peer.values())
+
+    def hold(self, announcement: Announcement) -> None:
+        """Hold an announcement until its round is taken (first one per peer and round)."""
+        held = self._held.setdefault(announcement.round, {})
+        peer = announcement.peer_id
+        if peer in held:
+            return
+        if self._per_peer[peer] >= self.max_per_peer:
+            self.drops["deferred_peer_overflow"] += 1
+        elif len(self) >= self.max_total:
+            self.drops["deferred_overflow"] += 1
+        else:
+            held[peer] = announcement
+            self._per_peer[peer] += 1
+        if not held:
+            del self._held[announcement.round]
+
+    def take(self, round_id: int) -> list[Announcement]:
+        """Return the held announcements of ``round_id``; forget those of earlier rounds."""
+        for old in [r for r in self._held if r < round_id]:
+            self.drops["other_round"] += len(self._release(old))
+        return self._release(round_id)
+
+    def _release(self, round_id: int) -> list[Announcement]:
+        taken = list(self._held.pop(round_id, {}).values())
+        for announcement in taken:
+            self._per_peer[announcement.peer_id] -= 1
+        self._per_peer += Counter()  # drop zero counts
+        return taken
+
+
+def classify(exc: BaseException) -> str:
+    """Return ``rejected`` if a fetch failed on the peer's bytes, else ``dropped``.
+
+    Bad bytes (corrupt, undecodable, wrong length, NaN, or anything else a decoder raised) are
+    ``rejected``; a gradient that did not arrive (timeout, not found, daemon errors) ``dropped``.
+    """
+    if isinstance(exc, BlockCorrupt | DecodeError | GradientError):
+        return "rejected"
+    if isinstance(exc, TimeoutError | BlockStoreError | GradfedError):
+        return "dropped"
+    return "rejected"  # a foreign error from a decoder: the peer's bytes, never the round
+
+
+class Collection:
+    """The bookkeeping of one round in progress on one node.
+
+    Parameters
+    ----------
+    round_id
+        The round.
+    length
+        The local gradient's length d (announcements of another length are rejected).
+    accumulator
+        Where fetched gradients go.
+    runner
+        The node (its store, gossip, config and future-round buffer).
+    expected
+        Peers the round waits for (until the deadline) beyond ``min_peers``.
+    """
+
+    def __init__(
+        self,
+        round_id: int,
+        length: int,
+        accumulator: GradientAccumulator,
+        runner: RoundRunner,
+        expected: set[str],
+    ) -> None:
+        self.round_id = round_id
+        self.length = length
+        self.accumulator = accumulator
+        self.runner = runner
+        self.expected = expected
+        self.announced: dict[str, Announcement] = {}
+        self.fetches: dict[str, asyncio.Task[None]] = {}
+        self.contributors: dict[str, CID] = {}
+        self.failures: dict[str, str] = {}
+        self.dropped: set[str] = set()
+        self.rejected: dict[str, str] = {}
+        self.rejections: Counter[str] = Counter()
+
+    def enough(self) -> bool:
+        """Whether ``min_peers`` are in and every expected peer has been settled."""
+        settled = set(self.contributors) | set(self.failures)
+        return len(self.contributors) >= self.runner.config.min_peers and self.expected <= settled
+
+    async def collect(self, deadline: float) -> None:
+        """Take announcements and finished fetches until :meth:`enough` or the deadline.
+
+        Fetches still in flight then may run on until the deadline, not past it: a straggler
+        (an announced CID nobody serves) costs at most the round's deadline, whatever
+        ``fetch_timeout`` is; one still in flight at the deadline is cancelled and dropped.
+        """
+        gossip = self.runner.gossip
+        while not self.enough():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            waiters: set[asyncio.Future[object]] = {*self.fetches.values()}  # type: ignore[arg-type]
+            listener = asyncio.ensure_future(gossip.next_announcement(remaining))
+            waiters.add(listener)  # type: ignore[arg-type]
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            if not listener.done():
+                listener.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await listener
+            elif (found := listener.result()) is not None:
+                self.start_fetch(found)
+            self._settle_done()
+        if self.fetches:  # stragglers: bounded by the round's deadline
+            await asyncio.wait(
+                list(self.fetches.values()), timeout=max(0.0, deadline - time.monotonic())
+            )
+            self._settle_done()
+        for peer, task in list(self.fetches.items()):
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            del self.fetches[peer]
+            self._fail(peer, "dropped", "still fetching at the round's deadline")
+
+    def start_fetch(self, found: Announcement) -> None:
+        """Start fetching an announced gradient, unless the announcement is unusable."""
+        gossip, cfg = self.runner.gossip, self.runner.config
+        if found.round > self.round_id:
+            self.runner.future.hold(found)
+            return
+        if found.round != self.round_id:
+            gossip.drops["other_round"] += 1
+            return
+        if found.peer_id in self.announced:
+            return
+        if len(self.announced) >= cfg.max_peers:
+            gossip.drops["over_max_peers"] += 1
+            return
+        self.announced[found.peer_id] = found
+        if found.length != self.length:
+            self._fail(
+                found.peer_id, "rejected", f"announced length {found.length} != {self.length}"
+            )
+            return
+
+        async def fetch() -> None:  # the coroutine is created only once the task runs
+            await asyncio.wait_for(
+                self.accumulator.add(
+                    found.peer_id, found.cid, self.runner.store, num_samples=found.num_samples
+                ),
+                cfg.fetch_timeout,
+            )
+
+        self.fetches[found.peer_id] = asyncio.create_task(fetch(), name=f"fetch-{found.peer_id}")
+
+    def _settle_done(self) -> None:
+        for peer, task in list(self.fetches.items()):
+            if task.done():
+                del self.fetches[peer]
+                self._settle(peer, task)
+
+    def _settle(self, peer: str, task: asyncio.Task[None]) -> None:
+        """Record a finished fetch: a contribution, a dropped peer or a rejected gradient."""
+        if task.cancelled():
+            self._fail(peer, "dropped", "fetch cancelled")
+            return
+        exc = task.exception()
+        if exc is None:
+            self.contributors[peer] = self.announced[peer].cid
+            return
+        if not isinstance(exc, Exception):
+            raise exc  # KeyboardInterrupt, SystemExit: not the peer's doing
+        if not isinstance(exc, (GradfedError, TimeoutError, *PEER_DATA_ERRORS)):
+            logger.warning("peer %s: unexpected %r while fetching", peer, exc, exc_info=exc)
+        self._fail(peer, classify(exc), f"{type(exc).__name__}: {exc}", type(exc).__name__)
+
+    def _fail(self, peer: str, kind: str, why: str, reason: str = "announced_length") -> None:
+        self.failures[peer] = why
+        if kind == "dropped":
+            self.dropped.add(peer)
+        else:
+            self.rejected[peer] = why
+            self.rejections[reason] += 1
+        logger.info("peer %s excluded (%s): %s", peer, kind, why)

@@ -1,0 +1,242 @@
+"""``Node``: one daemon's RPC client, block store and pubsub, wired once.
+
+A user meets this object first::
+
+    import numpy as np
+    from gradfed_ipfs import Node, RoundConfig
+
+    async def main() -> None:
+        async with Node("http://127.0.0.1:5001") as node:
+            cid = await node.put_gradient(np.ones(1000, dtype=np.float32))
+            again = await node.fetch_gradient(cid)
+            await node.connect("http://127.0.0.1:5002")  # another node's API, or a multiaddr
+            print(await node.peer_id(), await node.peers())
+            runner = node.runner("my-session", config=RoundConfig(min_peers=1))
+            result = await runner.run_round(0, again, num_samples=10)
+
+``Node.memory(peer_id, bus=..., store=...)`` gives the same object offline: an in-memory store
+and pubsub bus shared by the nodes of one test or notebook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Final, Self
+
+from multiformats import CID
+
+from ._types import CIDLike, FloatArray, GradientLike
+from .errors import KuboRpcError
+from .federated.round.config import RoundConfig
+from .federated.round.gossip import GossipModelSync
+from .federated.round.runner import RoundRunner
+from .kubo.pubsub import KuboPubsub, MemoryPubsubBus, PubsubTransport
+from .kubo.rpc import KuboRpc, Transport
+from .storage.base import UNSET, BlockStore, Unset
+from .storage.dag import fetch_gradient, put_gradient
+from .storage.kubo import KuboBlockStore
+from .storage.memory import MemoryBlockStore
+
+__all__ = ["Node", "pick_dial_address"]
+
+_LOOPBACK: Final = ("/ip4/127.0.0.1/", "/ip6/::1/")
+
+
+def pick_dial_address(addresses: list[str], peer_id: str) -> str:
+    """Choose the address to ``swarm/connect`` to among a peer's ``id`` addresses.
+
+    Loopback TCP first (test swarms live there), then any TCP address; relayed (``p2p-circuit``)
+    addresses never. The result ends in ``/p2p/<peer_id>``.
+
+    Raises
+    ------
+    KuboRpcError
+        If the peer lists no usable address.
+    """
+    usable = [a for a in addresses if "/tcp/" in a and "p2p-circuit" not in a]
+    usable.sort(key=lambda a: (not a.startswith(_LOOPBACK), "/ws" in a))
+    if not usable:
+        raise KuboRpcError(f"peer {peer_id} lists no TCP address to dial: {addresses}")
+    address = usable[0]
+    return address if "/p2p/" in address else f"{address}/p2p/{peer_id}"
+
+
+class Node:
+    """One IPFS node for gradient exchange: a Kubo daemon's RPC client, store and pubsub.
+
+    Parameters
+    ----------
+    api_url
+        The daemon's RPC base URL, e.g. ``http://127.0.0.1:5001``.
+    timeout
+        Seconds a block fetch may wait (Kubo's ``timeout=``) and the deadline of other calls.
+    transport
+        An ``httpx`` transport to use instead of the network (tests).
+
+    Attributes
+    ----------
+    store
+        The block store (:class:`~gradfed_ipfs.KuboBlockStore`, or a memory store).
+    pubsub
+        The pubsub transport (:class:`~gradfed_ipfs.KuboPubsub`, or a memory endpoint).
+    rpc
+        The daemon's RPC client; ``None`` for an in-memory node.
+    """
+
+    def __init__(
+        self, api_url: str, *, timeout: float = 30.0, transport: Transport | None = None
+    ) -> None:
+        self.api_url = api_url.rstrip("/")
+        self.rpc: KuboRpc | None = KuboRpc(self.api_url, timeout=timeout, transport=transport)
+        self.store: BlockStore = KuboBlockStore(self.api_url, timeout=timeout, rpc=self.rpc)
+        self.pubsub: PubsubTransport = KuboPubsub(self.api_url, timeout=timeout, rpc=self.rpc)
+        self._peer_id: str | None = None
+        self._closers: list[Callable[[], Any]] = []
+
+    @classmethod
+    def memory(
+        cls,
+        peer_id: str,
+        *,
+        bus: MemoryPubsubBus | None = None,
+        store: MemoryBlockStore | None = None,
+    ) -> Node:
+        """Return an offline node on an in-memory bus and block store.
+
+        Parameters
+        ----------
+        peer_id
+            The node's peer ID on the bus.
+        bus
+            The pubsub bus it shares with other memory nodes (a new one when ``None``).
+        store
+            The block store it shares with them (a new one when ``None``); memory nodes have
+            no bitswap, so nodes that exchange gradients must share one.
+
+        Returns
+        -------
+        Node
+            A node whose :meth:`connect` does nothing and whose :meth:`peers` is empty.
+        """
+        node = cls.__new__(cls)
+        node.api_url = f"memory://{peer_id}"
+        node.rpc = None
+        node.store = store if store is not None else MemoryBlockStore()
+        node.pubsub = (bus if bus is not None else MemoryPubsubBus()).endpoint(peer_id)
+        node._peer_id = peer_id
+        node._closers = []
+        return node
+
+    async def __aenter__(self) -> Self:
+        await self.peer_id()  # checks the daemon answers; runner() needs the ID
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the runners and gossip endpoints made here, then pubsub, store and RPC."""
+        closers, self._closers = self._closers, []
+        for close in reversed(closers):
+            await close()
+        await self.pubsub.aclose()
+        await self.store.aclose()
+        if self.rpc is not None:
+            await self.rpc.aclose()
+
+    # ------------------------------------------------------------------ identity and swarm
+
+    async def peer_id(self) -> str:
+        """Return the daemon's peer ID (``id``; cached)."""
+        if self._peer_id is None:
+            answer = await self.rpc.post_json("id") if self.rpc is not None else None
+            self._peer_id = str((answer or {}).get("ID", ""))
+            if not self._peer_id:
+                raise KuboRpcError(f"id: no peer ID in the answer {answer!r:.200}")
+        return self._peer_id
+
+    async def addresses(self) -> list[str]:
+        """Return the daemon's swarm multiaddrs (``id``); empty for an in-memory node."""
+        if self.rpc is None:
+            return []
+        answer = await self.rpc.post_json("id")
+        return [str(a) for a in (answer or {}).get("Addresses") or []]
+
+    async def connect(self, target: str | Node) -> str:
+        """``swarm/connect`` to another node: a multiaddr, another daemon's API URL, or a Node.
+
+        Returns
+        -------
+        str
+            The multiaddr dialled ('' for an in-memory node, which needs no connection).
+
+        Raises
+        ------
+        KuboRpcError
+            If the other node cannot be asked for its addresses or the dial fails.
+        """
+        if self.rpc is None:
+            return ""
+        if isinstance(target, Node):
+            address = pick_dial_address(await target.addresses(), await target.peer_id())
+        elif target.startswith(("http://", "https://")):
+            async with KuboRpc(target, timeout=self.rpc.timeout) as other:
+                info = await other.post_json("id") or {}
+            addresses = [str(a) for a in info.get("Addresses") or []]
+            address = pick_dial_address(addresses, str(info.get("ID", "")))
+        else:
+            address = target
+        await self.rpc.post_json("swarm/connect", {"arg": address})
+        return address
+
+    async def peers(self) -> list[str]:
+        """Return the peer IDs of the daemon's current swarm connections (sorted)."""
+        if self.rpc is None:
+            return []
+        answer = await self.rpc.post_json("swarm/peers") or {}
+        return sorted({str(p.get("Peer")) for p in answer.get("Peers") or []})
+
+    # ------------------------------------------------------------------ gradients and rounds
+
+    async def put_gradient(self, gradient: GradientLike, **options: Any) -> CID:
+        """Store a gradient (one block, or a chunked DAG when large) and pin it; return its CID.
+
+        ``options`` go to :func:`gradfed_ipfs.storage.put_gradient` (``chunk_bytes``, ...).
+        """
+        return await put_gradient(self.store, gradient, **options)
+
+    async def fetch_gradient(
+        self, cid: CIDLike, *, timeout: float | Unset = UNSET, **options: Any
+    ) -> FloatArray:
+        """Fetch a gradient by CID (from peers over bitswap when needed), verified, as float32.
+
+        ``options`` go to :func:`gradfed_ipfs.storage.fetch_gradient`.
+        """
+        return await fetch_gradient(self.store, cid, timeout=timeout, **options)
+
+    def runner(
+        self, session_id: str, *, config: RoundConfig | None = None, **options: Any
+    ) -> RoundRunner:
+        """Return a round runner for ``session_id`` over this node's store and pubsub.
+
+        The runner and its gossip endpoint are closed with the node. ``options`` go to
+        :class:`~gradfed_ipfs.RoundRunner` (``accumulator_factory=``, ``randbytes=``). Use the
+        node as ``async with`` first (the runner needs the node's peer ID).
+
+        Raises
+        ------
+        KuboRpcError
+            If the node's peer ID is not known yet.
+        """
+        if self._peer_id is None:
+            raise KuboRpcError("use the node as `async with Node(...)` before runner()")
+        gossip = GossipModelSync(self._peer_id, self.pubsub, session_id=session_id)
+        runner = RoundRunner(self.store, gossip, config, **options)
+        self._closers += [gossip.aclose, runner.aclose]
+        return runner

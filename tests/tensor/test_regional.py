@@ -1,0 +1,43 @@
+"""Region-aware averaging with the crate's test vectors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gradfed_ipfs.errors import DimensionMismatch, EmptyGradients
+from gradfed_ipfs.tensor import (
+    federated_average_by_region,
+    federated_average_in_regions,
+    hierarchical_federated_average,
+)
+
+TAGGED = [("eu", [0.0, 0.0]), ("us", [4.0, 4.0]), ("eu", [2.0, 2.0])]
+
+
+def test_by_region_means_each_region_in_sorted_order() -> None:
+    result = federated_average_by_region(TAGGED)
+    assert list(result) == ["eu", "us"]
+    np.testing.assert_array_equal(result["eu"], [1.0, 1.0])
+    np.testing.assert_array_equal(result["us"], [4.0, 4.0])
+    assert result["eu"].dtype == np.float32
+
+
+def test_in_regions_keeps_data_in_allowed_regions_only() -> None:
+    np.testing.assert_array_equal(federated_average_in_regions(TAGGED, ["eu"]), [1.0, 1.0])
+    with pytest.raises(EmptyGradients):
+        federated_average_in_regions(TAGGED, ["ap"])
+
+
+def test_hierarchical_weighs_regions_equally() -> None:
+    # Region means [1, 1] and [4, 4]: 2.5, where the flat mean of the three would be 2.
+    np.testing.assert_array_equal(hierarchical_federated_average(TAGGED), [2.5, 2.5])
+
+
+def test_empty_and_mismatched_inputs() -> None:
+    with pytest.raises(EmptyGradients):
+        federated_average_by_region([])
+    with pytest.raises(EmptyGradients):
+        hierarchical_federated_average([])
+    with pytest.raises(DimensionMismatch):
+        federated_average_by_region([("eu", [1.0]), ("us", [1.0, 2.0])])
