@@ -167,7 +167,8 @@ class ReduceScatterConfig:
     rule: str = "fedavg"
     learning_rate: float = 1.0
     fetch_timeout: float = 10.0
-    """Seconds one input slice may take before its sender is recorded missing."""
+    """Seconds one input slice may take before its sender is recorded missing; also the wait
+    for every input's projections."""
     reducer_timeout: float = 10.0
     """Seconds before the next-ranked peer takes over a silent reducer's slice."""
     phase_timeout: float = 120.0
@@ -534,7 +535,8 @@ class ReduceScatterPeer:
                     found.setdefault(m.sender, m.values)
             return found
 
-        await self.board.wait_for(lambda: inputs <= set(projections()), self.config.phase_timeout)
+        # A sender gone since its commit publishes none: its slices stay unverified, not stuck.
+        await self.board.wait_for(lambda: inputs <= set(projections()), self.config.fetch_timeout)
         seen = projections()
         weights = {e.peer: e.weight for e in roster.entries}
         for (cid, record, sender), p, z in zip(chosen, parts, zs, strict=True):
