@@ -13,33 +13,45 @@ Two dag-cbor records (keys sorted canonically, CIDs as tag-42 links):
     ``claimed`` whose result differs from ``correct`` (the record anyone recomputes from the
     same inputs). Honest detectors write byte-identical fraud records.
 
+And one small JSON pubsub message, :class:`SliceMessage`, of three kinds: ``slice`` (a slice
+record CID for slice ``k`` in ``phase``), ``proj`` (the sender's projections ``⟨z_k, g[k]⟩``,
+one float per slice) and ``fraud`` (a fraud record CID). The sender is pubsub's ``from``.
+
 Decoders check sizes, types, counts and order and raise
-:class:`~gradfed_ipfs.errors.MalformedManifest`.
+:class:`~gradfed_ipfs.errors.MalformedManifest` (records) or
+:class:`~gradfed_ipfs.errors.MalformedAnnouncement` (messages).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal
 
 from multiformats import CID
 
 from ..block import Block
 from ..cid import DAG_CBOR, RAW, parse_cid
-from ..errors import MalformedManifest
+from ..errors import DecodeError, MalformedAnnouncement, MalformedManifest
+from .limits import load_json
 from .records import decode_record, encode_record, require
 from .roster import MAX_PEER_ID_CHARS, MAX_ROSTER_ENTRIES, MAX_WEIGHT
 
 __all__ = [
+    "MAX_SLICE_MESSAGE_BYTES",
     "MAX_SLICE_RECORD_BYTES",
     "SLICE_RULES",
     "FraudRecord",
+    "SliceKind",
+    "SliceMessage",
     "SliceRecord",
 ]
 
 MAX_SLICE_RECORD_BYTES: Final = 256 * 1024
 """Largest slice or fraud record decoded, in bytes."""
+MAX_SLICE_MESSAGE_BYTES: Final = 64 * 1024
+"""Largest slice-board pubsub message accepted, in bytes (1024 projections fit)."""
 SLICE_RULES: Final = ("fedavg", "median")
 """Rules a slice record may name (coordinate-wise rules only)."""
 _SLICE: Final = "gradfed.slice"
@@ -210,3 +222,82 @@ class FraudRecord:
             claimed=claimed,
             correct=correct,
         )
+
+
+SliceKind = Literal["slice", "proj", "fraud"]
+_MESSAGE: Final = "gradfed.slice-msg"
+
+
+@dataclass(frozen=True)
+class SliceMessage:
+    """One slice-board message: a slice record (``cid``), projections (``values``) or a fraud.
+
+    ``phase`` is the missing-set phase of a ``slice`` message (``-1``: a slice recomputed after
+    a proven lie); ``sender`` is pubsub's authenticated ``from`` and is not encoded.
+    """
+
+    kind: SliceKind
+    sender: str
+    roster: CID
+    phase: int = 0
+    k: int = 0
+    cid: CID | None = None
+    values: tuple[float, ...] = ()
+
+    def encode(self) -> bytes:
+        """Return the JSON bytes (without the sender)."""
+        body = {
+            "t": _MESSAGE,
+            "kind": self.kind,
+            "roster": str(self.roster),
+            "phase": self.phase,
+            "k": self.k,
+            "cid": None if self.cid is None else str(self.cid),
+            "values": list(self.values),
+        }
+        return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+
+    @classmethod
+    def decode(cls, data: bytes, sender: str) -> SliceMessage:
+        """Decode a message from ``sender``.
+
+        Raises
+        ------
+        MalformedAnnouncement
+            If it is too large, not JSON of this shape, a CID does not parse or is not
+            dag-cbor, a ``slice``/``fraud`` lacks its CID, or a projection is not finite.
+        """
+        if len(data) > MAX_SLICE_MESSAGE_BYTES:
+            raise MalformedAnnouncement(f"slice message of {len(data)} bytes is too large")
+        body = load_json(data, "slice message", error=MalformedAnnouncement)
+        if not isinstance(body, dict) or body.get("t") != _MESSAGE:
+            raise MalformedAnnouncement("not a slice message")
+        kind = body.get("kind")
+        if kind not in ("slice", "proj", "fraud"):
+            raise MalformedAnnouncement(f"unknown slice message kind {kind!r:.20}")
+        numbers = []
+        for key in ("phase", "k"):
+            value = body.get(key)
+            if not isinstance(value, int) or isinstance(value, bool) or not -1 <= value < 1 << 20:
+                raise MalformedAnnouncement(f"slice message: {key} out of range")
+            numbers.append(value)
+        phase, k = numbers
+        values = body.get("values")
+        if not isinstance(values, list) or len(values) > MAX_ROSTER_ENTRIES:
+            raise MalformedAnnouncement("slice message: values is not a short list")
+        if not all(
+            isinstance(v, float | int) and not isinstance(v, bool) and math.isfinite(v)
+            for v in values
+        ):
+            raise MalformedAnnouncement("slice message: a projection is not a finite number")
+        link = body.get("cid")
+        if (link is None) != (kind == "proj"):
+            raise MalformedAnnouncement(f"slice message: a {kind} message with(out) a CID")
+        try:
+            roster = parse_cid(str(body.get("roster")))
+            cid = None if link is None else parse_cid(str(link))
+        except DecodeError as exc:
+            raise MalformedAnnouncement(f"slice message: {exc}") from None
+        if roster.codec.code != DAG_CBOR or (cid is not None and cid.codec.code != DAG_CBOR):
+            raise MalformedAnnouncement("slice message: links must be dag-cbor records")
+        return cls(kind, sender, roster, phase, k, cid, tuple(float(v) for v in values))

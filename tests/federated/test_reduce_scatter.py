@@ -13,6 +13,7 @@ from multiformats import CID
 from gradfed_ipfs.federated.round.reduce_scatter import (
     CountingStore,
     MemorySliceBoard,
+    PubsubSliceBoard,
     ReduceScatterConfig,
     ReduceScatterPeer,
     ReduceScatterResult,
@@ -22,6 +23,7 @@ from gradfed_ipfs.federated.round.reduce_scatter import (
 from gradfed_ipfs.federated.round.slices import reduce_values
 from gradfed_ipfs.formats.roster import Roster
 from gradfed_ipfs.formats.slices import FraudRecord, SliceRecord
+from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore
 from gradfed_ipfs.storage.dag import fetch_manifest, put_gradient, values_per_chunk
 from gradfed_ipfs.tensor.deterministic import deterministic_update
@@ -211,3 +213,32 @@ def test_fedavg_slices_concatenate_to_the_whole_update() -> None:
         for a, b in [(0, 1234), (1234, 7000), (7000, 10_000)]
     ]
     assert np.concatenate(parts).tobytes() == whole.tobytes()
+
+
+async def test_a_round_over_pubsub_boards_catches_a_liar_and_drops_forged_messages() -> None:
+    r = await make_round(4)
+    bus = MemoryPubsubBus()
+    topic = "gradfed/v1/s/slices"
+    config = ReduceScatterConfig(chunk_bytes=CHUNK, learning_rate=LR, phase_timeout=20)
+    liar = r.roster.peers[1]
+    boards = [PubsubSliceBoard(bus.endpoint(p), topic, p) for p in r.roster.peers]
+    for board in boards:
+        await board.__aenter__()
+    try:
+        bus.deliver("intruder", topic, b'{"t":"gradfed.slice-msg","kind":"slice"}')
+        bus.deliver("intruder", topic, b"\xff" * 10)
+        results = await asyncio.gather(
+            *(
+                ReduceScatterPeer(p, r.store, b, config, lie=1e-2 if p == liar else 0.0).run(
+                    r.roster, r.roster_cid, r.base, r.grads[p]
+                )
+                for p, b in zip(r.roster.peers, boards, strict=True)
+            )
+        )
+    finally:
+        for board in boards:
+            await board.__aexit__(None, None, None)
+    honest = [res for p, res in zip(r.roster.peers, results, strict=True) if p != liar]
+    assert {res.model_cid for res in honest} == {await reference(r)}
+    assert all(res.liars == {liar} for res in honest)
+    assert all(m.sender != "intruder" for b in boards for m in b.messages)

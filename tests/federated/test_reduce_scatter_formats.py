@@ -10,7 +10,7 @@ import pytest
 
 from gradfed_ipfs.block import Block
 from gradfed_ipfs.cid import make_cid
-from gradfed_ipfs.errors import InvalidGradient, MalformedManifest
+from gradfed_ipfs.errors import InvalidGradient, MalformedAnnouncement, MalformedManifest
 from gradfed_ipfs.federated.round.slices import (
     MIN_SLICE_VALUES,
     can_slice,
@@ -21,7 +21,7 @@ from gradfed_ipfs.federated.round.slices import (
     reduce_values,
     reducer_ranking,
 )
-from gradfed_ipfs.formats.slices import FraudRecord, SliceRecord
+from gradfed_ipfs.formats.slices import FraudRecord, SliceMessage, SliceRecord
 from gradfed_ipfs.storage.dag import plan_chunks
 
 ROSTER = Block.new(dag_cbor.encode({"r": 1}), "dag-cbor").cid
@@ -146,3 +146,39 @@ def test_projection_catches_a_small_lie_and_passes_float32_rounding() -> None:
     lie = (honest + np.float32(1e-2)).astype(np.float32)
     assert abs(float(z @ lie.astype(np.float64)) - expected) > tol
     assert projection_seed([bytes(ROSTER)]) != projection_seed([bytes(OTHER)])
+
+
+def test_slice_messages_round_trip_and_take_the_pubsub_sender() -> None:
+    for message in (
+        SliceMessage("slice", "a", ROSTER, 1, 3, OTHER),
+        SliceMessage("proj", "a", ROSTER, values=(1.5, -2.0, 0.0)),
+        SliceMessage("fraud", "a", ROSTER, 0, 2, OTHER),
+    ):
+        decoded = SliceMessage.decode(message.encode(), "b")
+        assert decoded == SliceMessage(
+            message.kind, "b", message.roster, message.phase, message.k, message.cid,
+            message.values,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\xff",
+        b"[]",
+        b'{"t":"gradfed.slice-msg","kind":"other","roster":"x","phase":0,"k":0,"cid":null,"values":[]}',
+        SliceMessage("proj", "a", ROSTER)
+        .encode()
+        .replace(b'"cid":null', b'"cid":"%s"' % str(OTHER).encode()),
+        SliceMessage("slice", "a", ROSTER, 0, 0, OTHER).encode().replace(b'"k":0', b'"k":true'),
+        SliceMessage("slice", "a", ROSTER, 0, 0, OTHER)
+        .encode()
+        .replace(str(OTHER).encode(), str(RES).encode()),
+        SliceMessage("proj", "a", ROSTER, values=(1.0,)).encode().replace(b"1.0", b"NaN"),
+        SliceMessage("proj", "a", ROSTER, values=(0.0,) * 5000).encode(),
+        b"[" * 200 + b"]" * 200,
+    ],
+)
+def test_slice_message_decoder_refuses_malformed_messages(data: bytes) -> None:
+    with pytest.raises(MalformedAnnouncement):
+        SliceMessage.decode(data, "b")

@@ -28,37 +28,35 @@ Given an agreed :class:`~gradfed_ipfs.formats.roster.Roster` of N contributions 
 4. **all-gather**: every peer fetches the N slice results, concatenates them and puts the model
    (:func:`~gradfed_ipfs.storage.dag.put_gradient`): the CID is the same on every honest peer.
 
-The board is in-process here (:class:`MemorySliceBoard`); its messages are tiny (CIDs and N
-floats) and carry the sender, as pubsub's ``from`` does.
+The board is :class:`PubsubSliceBoard` (one per peer, over pubsub) or, for peers simulated in
+one process, the shared :class:`MemorySliceBoard`; its messages are tiny (CIDs and N floats).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 from multiformats import CID
 
-from ..._types import CIDLike, FloatArray
-from ...block import Block
-from ...cid import RAW, parse_cid
-from ...errors import BlockStoreError, DecodeError, DimensionMismatch, InvalidGradient
+from ..._types import FloatArray
+from ...errors import (
+    BlockStoreError,
+    DecodeError,
+    DimensionMismatch,
+    InvalidGradient,
+)
 from ...formats.roster import Roster
-from ...formats.slices import FraudRecord, SliceRecord
-from ...storage.base import UNSET, BlockStore, Unset
+from ...formats.slices import FraudRecord, SliceMessage, SliceRecord
+from ...storage.base import BlockStore
 from ...storage.dag import (
     DEFAULT_CONCURRENCY,
-    ChunkManifest,
-    ChunkRef,
-    fetch_chunks,
     fetch_gradient,
-    fetch_manifest,
     put_gradient,
 )
+from .slice_io import CountingStore, MemorySliceBoard, PubsubSliceBoard, fetch_range
 from .slices import (
     plan_slices,
     projection_seed,
@@ -71,91 +69,13 @@ from .slices import (
 __all__ = [
     "CountingStore",
     "MemorySliceBoard",
+    "PubsubSliceBoard",
     "ReduceScatterConfig",
     "ReduceScatterPeer",
     "ReduceScatterResult",
     "SliceMessage",
     "fetch_range",
 ]
-
-Kind = Literal["slice", "proj", "fraud"]
-
-
-@dataclass(frozen=True)
-class SliceMessage:
-    """One board message: a slice record (``cid``), projections (``values``) or a fraud record."""
-
-    kind: Kind
-    sender: str
-    roster: CID
-    phase: int = 0
-    k: int = 0
-    cid: CID | None = None
-    values: tuple[float, ...] = ()
-
-
-class MemorySliceBoard:
-    """In-process board: every message reaches every peer, in publication order."""
-
-    def __init__(self) -> None:
-        self.messages: list[SliceMessage] = []
-        self._changed = asyncio.Condition()
-
-    async def publish(self, message: SliceMessage) -> None:
-        """Post ``message`` to every peer."""
-        async with self._changed:
-            self.messages.append(message)
-            self._changed.notify_all()
-
-    async def wait_for(self, ready: Callable[[], bool], timeout: float) -> bool:
-        """Wait until ``ready()`` holds (re-checked on each message); ``False`` on timeout."""
-        async with self._changed:
-            try:
-                await asyncio.wait_for(self._changed.wait_for(ready), timeout)
-            except TimeoutError:
-                return ready()
-        return True
-
-
-class CountingStore:
-    """A :class:`BlockStore` wrapper counting the bytes its ``get`` returns (downloads)."""
-
-    def __init__(self, inner: BlockStore) -> None:
-        self.inner = inner
-        self.downloaded = 0
-
-    async def put(self, block: Block, *, pin: bool = True) -> CID:
-        """Store a block; see :meth:`BlockStore.put`."""
-        return await self.inner.put(block, pin=pin)
-
-    async def get(self, cid: CIDLike, *, timeout: float | Unset = UNSET) -> Block:
-        """Return the verified block and count its bytes."""
-        block = await self.inner.get(cid, timeout=timeout)
-        self.downloaded += len(block.data)
-        return block
-
-    async def has(self, cid: CIDLike) -> bool:
-        """Return whether the block is held locally."""
-        return await self.inner.has(cid)
-
-    async def delete(self, cid: CIDLike) -> None:
-        """Remove a block."""
-        await self.inner.delete(cid)
-
-    async def pin(self, cid: CIDLike) -> None:
-        """Pin a block."""
-        await self.inner.pin(cid)
-
-    async def unpin(self, cid: CIDLike) -> None:
-        """Unpin a block."""
-        await self.inner.unpin(cid)
-
-    async def list_cids(self) -> list[CID]:
-        """Return the locally held CIDs."""
-        return await self.inner.list_cids()
-
-    async def aclose(self) -> None:
-        """Leave the inner store open: its owner closes it."""
 
 
 @dataclass(frozen=True)
@@ -189,47 +109,6 @@ class ReduceScatterResult:
     recomputed: list[int] = field(default_factory=list)
     downloaded: int = 0
     seconds: float = 0.0
-
-
-async def fetch_range(
-    store: BlockStore,
-    cid: CIDLike,
-    offset: int,
-    length: int,
-    d: int,
-    *,
-    timeout: float | Unset = UNSET,
-    concurrency: int = DEFAULT_CONCURRENCY,
-) -> FloatArray:
-    """Fetch values ``offset … offset+length`` of a d-value gradient: only the covering chunks.
-
-    Raises
-    ------
-    DimensionMismatch
-        If the gradient does not hold ``d`` values.
-    BlockStoreError, DecodeError
-        If a block is missing, corrupt or malformed (see :func:`fetch_gradient`).
-    """
-    parsed = parse_cid(cid)
-    stop = offset + length
-    if parsed.codec.code == RAW:
-        whole = await fetch_gradient(store, parsed, timeout=timeout, expected_length=d)
-        return np.ascontiguousarray(whole.reshape(-1)[offset:stop])
-    manifest = await fetch_manifest(store, parsed, timeout=timeout, max_length=d)
-    if manifest.length != d:
-        raise DimensionMismatch([d], [manifest.length])
-    out = np.empty(length, dtype=np.float32)
-    needed = tuple(c for c in manifest.chunks if c.offset < stop and c.stop > offset)
-
-    def into(ref: ChunkRef, values: FloatArray) -> None:
-        lo, hi = max(ref.offset, offset), min(ref.stop, stop)
-        out[lo - offset : hi - offset] = values[lo - ref.offset : hi - ref.offset]
-
-    partial = ChunkManifest(manifest.shape, manifest.length, needed)
-    await fetch_chunks(
-        store, partial, into, concurrency=concurrency, timeout=timeout, manifest_cid=parsed
-    )
-    return out
 
 
 @dataclass
