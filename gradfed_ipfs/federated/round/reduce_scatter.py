@@ -7,8 +7,9 @@ Given an agreed :class:`~gradfed_ipfs.formats.roster.Roster` of N contributions 
 
 1. **reduce**: slice k (:func:`~.slices.plan_slices`, chunk-aligned) is reduced by the first
    peer of :func:`~.slices.reducer_ranking`; rank ``r`` takes over if no record of slice k
-   arrived ``r · reducer_timeout`` after the phase began (a silent reducer). The reducer fetches
-   only the chunks covering slice k of every contribution, reduces them in roster order
+   arrived ``r · reducer_timeout`` after half of the slices had theirs (a silent reducer).
+   The reducer fetches only the chunks covering slice k of every contribution, reduces them in
+   roster order
    (:func:`~.slices.reduce_values`), puts the result block and a
    :class:`~gradfed_ipfs.formats.slices.SliceRecord` (no reducer name in it: two honest
    reducers write the same CID) and announces it on the :class:`SliceBoard`.
@@ -246,15 +247,26 @@ class ReduceScatterPeer:
         part: _Slice,
         phase: int,
         exclude: set[str],
-        began: float,
+        parts: int,
     ) -> None:
-        """Reduce slice ``part`` in ``phase`` if no better-ranked reducer did in time."""
+        """Reduce slice ``part`` in ``phase`` if no better-ranked reducer did in time.
+
+        Rank ``r ≥ 1`` takes over only ``r · reducer_timeout`` after half of the slices have
+        their records: on a slow machine every reducer is slow alike, and a clock started at
+        the phase's beginning would have backups redo every slice.
+        """
         rank = part.ranking.index(self.peer)
         if rank:
-            wait = began + rank * self.config.reducer_timeout - time.monotonic()
-            if await self.board.wait_for(
-                lambda: bool(self._records(roster_cid, phase, part.k)), max(wait, 0.0)
-            ):
+
+            def mine() -> bool:
+                return bool(self._records(roster_cid, phase, part.k))
+
+            def half() -> bool:
+                done = sum(1 for k in range(parts) if self._records(roster_cid, phase, k))
+                return mine() or 2 * done >= parts
+
+            await self.board.wait_for(half, self.config.phase_timeout)
+            if mine() or await self.board.wait_for(mine, rank * self.config.reducer_timeout):
                 return
         if self.silent:
             return
@@ -346,10 +358,9 @@ class ReduceScatterPeer:
         exclude: set[str],
     ) -> list[tuple[CID, SliceRecord, str]]:
         """Serve this peer's slices of ``phase``; return every slice's record (best-ranked)."""
-        began = time.monotonic()
         serving = [
             asyncio.create_task(
-                self._serve(roster, roster_cid, base, own, p, phase, exclude, began)
+                self._serve(roster, roster_cid, base, own, p, phase, exclude, len(parts))
             )
             for p in parts
             if self.peer in p.ranking
