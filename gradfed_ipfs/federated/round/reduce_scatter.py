@@ -232,11 +232,7 @@ class ReduceScatterPeer:
         return await self.store.put(record.to_block()), values
 
     def _records(self, roster_cid: CID, phase: int, k: int) -> list[SliceMessage]:
-        return [
-            m
-            for m in self.board.messages
-            if m.kind == "slice" and m.roster == roster_cid and m.phase == phase and m.k == k
-        ]
+        return self.board.records(roster_cid, phase, k)
 
     async def _serve(
         self,
@@ -262,8 +258,7 @@ class ReduceScatterPeer:
                 return bool(self._records(roster_cid, phase, part.k))
 
             def half() -> bool:
-                done = sum(1 for k in range(parts) if self._records(roster_cid, phase, k))
-                return mine() or 2 * done >= parts
+                return mine() or 2 * self.board.filled(roster_cid, phase) >= parts
 
             await self.board.wait_for(half, self.config.phase_timeout)
             if mine() or await self.board.wait_for(mine, rank * self.config.reducer_timeout):
@@ -367,7 +362,7 @@ class ReduceScatterPeer:
         ]
         try:
             ok = await self.board.wait_for(
-                lambda: all(self._records(roster_cid, phase, p.k) for p in parts),
+                lambda: self.board.filled(roster_cid, phase) >= len(parts),
                 self.config.phase_timeout,
             )
             if not ok:

@@ -40,7 +40,17 @@ class MemorySliceBoard:
 
     def __init__(self) -> None:
         self.messages: list[SliceMessage] = []
+        self._slices: dict[tuple[bytes, int, int], list[SliceMessage]] = {}
+        self._filled: dict[tuple[bytes, int], int] = {}
         self._changed = asyncio.Condition()
+
+    def records(self, roster: CID, phase: int, k: int) -> list[SliceMessage]:
+        """Return the ``slice`` messages of slice ``k`` in ``phase`` of a roster, in order."""
+        return self._slices.get((bytes(roster), phase, k), [])
+
+    def filled(self, roster: CID, phase: int) -> int:
+        """Return how many slices of ``phase`` of a roster have at least one record."""
+        return self._filled.get((bytes(roster), phase), 0)
 
     async def publish(self, message: SliceMessage) -> None:
         """Post ``message`` to every peer."""
@@ -49,6 +59,11 @@ class MemorySliceBoard:
     async def _add(self, message: SliceMessage) -> None:
         async with self._changed:
             self.messages.append(message)
+            if message.kind == "slice":
+                key = (bytes(message.roster), message.phase, message.k)
+                if key not in self._slices:
+                    self._filled[key[:2]] = self._filled.get(key[:2], 0) + 1
+                self._slices.setdefault(key, []).append(message)
             self._changed.notify_all()
 
     async def wait_for(self, ready: Callable[[], bool], timeout: float) -> bool:
