@@ -466,9 +466,13 @@ def _compare(nodes: list[Any], counts: list[int], args: argparse.Namespace) -> N
             flush=True,
         )
         if args.faults and n == 0:
-            for fault in ("silent", "lying", "dropped"):
+            # Fresh gradients per run (round_id): equal blocks of an earlier run would still be
+            # on the daemons, and a "dropped" sender's chunks would be found there.
+            for r, fault in enumerate(("silent", "lying", "dropped"), start=1):
                 run = asyncio.run(
-                    run_reduce_scatter(nodes, peers=peers, d=args.d, seed=n, fault=fault)
+                    run_reduce_scatter(
+                        nodes, peers=peers, d=args.d, seed=n, round_id=r, fault=fault
+                    )
                 )
                 print(run.summary(args.d) + f"  extra={run.seconds - rs.seconds:+.2f}s", flush=True)
 
