@@ -16,6 +16,16 @@ Simulated peers share their daemon's pubsub identity, so the receiver's per-peer
 ``AnnouncementFilter`` (``from`` must equal the announced peer ID) are replaced here by: the
 ``from`` must be the daemon that hosts the announced peer.
 
+``--reduce-scatter`` (issue 14) runs the same peers both ways on one swarm: all-to-all as
+above, then reduce-scatter / all-gather
+(:class:`~gradfed_ipfs.federated.round.reduce_scatter.ReduceScatterPeer`: each peer reduces one
+chunk-aligned slice of every contribution, then fetches the N slice results), printing the
+round time and per-peer downloaded bytes of each and their ratio; ``--faults`` adds one
+reduce-scatter round each with a silent reducer, a lying reducer and a sender whose chunks
+vanish after commit (detected / recovered, the final CID equal on every honest peer, extra
+time). The roster is built in process (its agreement is issue 13's, not timed here) and the
+slice board is in process; all gradient and slice bytes move through the daemons.
+
 Printed: per-peer round latency p50/p95 and the round wall time (the slowest peer), bytes moved
 (RPC ``block/get`` bytes fetched by the peers, and bitswap bytes between daemons), peak RSS of
 this process and of the largest daemon, and the largest deviation from the reference.
@@ -37,10 +47,18 @@ import numpy as np
 
 from gradfed_ipfs.errors import DecodeError
 from gradfed_ipfs.federated.round import AccumulatorConfig, StreamingAccumulator
+from gradfed_ipfs.federated.round.reduce_scatter import (
+    MemorySliceBoard,
+    ReduceScatterConfig,
+    ReduceScatterPeer,
+)
 from gradfed_ipfs.formats.announcement import Announcement
+from gradfed_ipfs.formats.roster import Roster
 from gradfed_ipfs.kubo.pubsub import KuboPubsub, session_topic
-from gradfed_ipfs.storage import KuboBlockStore
+from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
+from gradfed_ipfs.storage.dag import put_gradient
 from gradfed_ipfs.tensor.aggregation import FedAvg
+from gradfed_ipfs.tensor.deterministic import deterministic_update
 
 
 class Node(Protocol):
@@ -286,6 +304,115 @@ async def _round(c: _Cluster, round_id: int) -> tuple[float, list[tuple[float, n
     return time.monotonic() - started, outcomes
 
 
+@dataclass
+class ReduceScatterRun:
+    """One reduce-scatter round: wall time, per-peer downloads, outcome."""
+
+    fault: str
+    seconds: float
+    downloaded: list[int]
+    cids_equal: bool
+    matches_reference: bool
+    missing: tuple[str, ...]
+    liars: set[str]
+
+    def summary(self, d: int) -> str:
+        top = max(self.downloaded)
+        return (
+            f"  reduce-scatter {self.fault:<8} round={self.seconds:6.2f}s  per-peer download "
+            f"max={top / 1e6:6.2f} MB ({top / (4 * d):.2f}·d·4B)  equal CIDs={self.cids_equal} "
+            f"= all-to-all model={self.matches_reference}  missing={list(self.missing)} "
+            f"liars={sorted(self.liars)}"
+        )
+
+
+async def run_reduce_scatter(
+    nodes: list[Any],
+    *,
+    peers: int,
+    d: int,
+    seed: int = 0,
+    round_id: int = 0,
+    fault: str = "none",
+    timeout: float = 600.0,
+) -> ReduceScatterRun:
+    """One reduce-scatter round of ``peers`` simulated peers over ``nodes``; ``fault`` is
+    ``none``, ``silent`` (one reducer never answers), ``lying`` (one adds 1e-2 to its slice)
+    or ``dropped`` (one sender's chunks vanish after its commit)."""
+    chunk = 65_536
+    host = [i % len(nodes) for i in range(peers)]
+    names = [f"peer-{i:03d}" for i in range(peers)]
+    stores = [KuboBlockStore(n.api_url, timeout=timeout) for n in nodes]
+    lr = 1.0
+    base = np.zeros(d, dtype=np.float32)
+    grads = [gradient(seed, round_id, i, d) for i in range(peers)]
+    odd = names[peers // 2]
+    try:
+        started = time.monotonic()
+        base_cids = await asyncio.gather(*(put_gradient(s, base) for s in stores))
+        cids = await asyncio.gather(
+            *(
+                put_gradient(stores[host[i]], grads[i], chunk_bytes=chunk)
+                for i in range(peers)
+                if names[i] != odd
+            )
+        )
+        # The odd sender commits normally, except when it drops: then only its manifest
+        # reaches its daemon (it announced the CID and went away before serving its chunks).
+        odd_store = MemoryBlockStore() if fault == "dropped" else stores[host[names.index(odd)]]
+        odd_cid = await put_gradient(odd_store, grads[names.index(odd)], chunk_bytes=chunk)
+        if fault == "dropped":
+            await stores[host[names.index(odd)]].put(await odd_store.get(odd_cid))
+        cids.insert(names.index(odd), odd_cid)
+        entries = {names[i]: (cids[i], samples_of(i)) for i in range(peers)}
+        roster = Roster.new(
+            f"rs-{seed}", base_cids[0], round_id, base_cids[0], names[0], names, entries
+        )
+        roster_cid = (await asyncio.gather(*(s.put(roster.to_block()) for s in stores)))[0]
+        config = ReduceScatterConfig(
+            chunk_bytes=chunk,
+            learning_rate=lr,
+            fetch_timeout=10.0 if fault == "dropped" else timeout,
+            reducer_timeout=10.0,
+            phase_timeout=timeout,
+        )
+        board = MemorySliceBoard()
+        runners = {
+            names[i]: ReduceScatterPeer(
+                names[i],
+                stores[host[i]],
+                board,
+                config,
+                lie=1e-2 if fault == "lying" and names[i] == odd else 0.0,
+                silent=fault == "silent" and names[i] == odd,
+            )
+            for i in range(peers)
+            if not (fault == "dropped" and names[i] == odd)
+        }
+        results = await asyncio.gather(
+            *(r.run(roster, roster_cid, base, grads[names.index(p)]) for p, r in runners.items())
+        )
+        seconds = time.monotonic() - started
+    finally:
+        for store in stores:
+            await store.aclose()
+    honest = [
+        r for p, r in zip(runners, results, strict=True) if not (fault == "lying" and p == odd)
+    ]
+    used = [i for i in range(peers) if not (fault == "dropped" and names[i] == odd)]
+    model = deterministic_update(base, [grads[i] for i in used], [samples_of(i) for i in used], lr)
+    want = await put_gradient(MemoryBlockStore(), model)
+    return ReduceScatterRun(
+        fault,
+        seconds,
+        [r.downloaded for r in results],
+        len({r.model_cid for r in honest}) == 1,
+        honest[0].model_cid == want,
+        honest[0].missing,
+        honest[0].liars,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers", type=int, default=32)
@@ -293,8 +420,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--d", type=int, default=1_000_000)
     parser.add_argument("--scaling", action="store_true", help="peers 8/16/32, d 1M/4M")
+    parser.add_argument(
+        "--reduce-scatter",
+        type=str,
+        default="",
+        metavar="N,N,...",
+        help="compare all-to-all with reduce-scatter at these peer counts (e.g. 8,16,32,64)",
+    )
+    parser.add_argument("--faults", action="store_true", help="with --reduce-scatter: faults")
     args = parser.parse_args()
     from gradfed_ipfs.kubo import KuboSwarm
+
+    if args.reduce_scatter:
+        with KuboSwarm(args.daemons) as swarm:
+            _compare(list(swarm), [int(n) for n in args.reduce_scatter.split(",")], args)
+        return
 
     runs = [(args.peers, args.d, args.rounds)]
     if args.scaling:
@@ -306,6 +446,35 @@ def main() -> None:
             )
             print(result.summary(), flush=True)
             assert result.max_error < 1e-4, result.max_error
+
+
+def _compare(nodes: list[Any], counts: list[int], args: argparse.Namespace) -> None:
+    """Print all-to-all vs reduce-scatter rows (one round each) at each peer count."""
+    for n, peers in enumerate(counts):
+        a2a = asyncio.run(
+            run_load(nodes, peers=peers, rounds=1, d=args.d, session=f"a2a-{n}", seed=n)
+        )
+        rs = asyncio.run(run_reduce_scatter(nodes, peers=peers, d=args.d, seed=n))
+        a2a_bytes = (peers - 1) * 4 * args.d
+        print(
+            f"peers={peers:>3} d={args.d:,}  all-to-all round={max(a2a.round_seconds):6.2f}s "
+            f"per-peer download={a2a_bytes / 1e6:7.1f} MB  |  reduce-scatter "
+            f"round={rs.seconds:6.2f}s per-peer max={max(rs.downloaded) / 1e6:6.2f} MB "
+            f"({max(rs.downloaded) / (4 * args.d):.2f}·d·4B)  speed-up "
+            f"{max(a2a.round_seconds) / rs.seconds:4.1f}x  equal CIDs={rs.cids_equal} "
+            f"= reference={rs.matches_reference}",
+            flush=True,
+        )
+        if args.faults and n == 0:
+            # Fresh gradients per run (round_id): equal blocks of an earlier run would still be
+            # on the daemons, and a "dropped" sender's chunks would be found there.
+            for r, fault in enumerate(("silent", "lying", "dropped"), start=1):
+                run = asyncio.run(
+                    run_reduce_scatter(
+                        nodes, peers=peers, d=args.d, seed=n, round_id=r, fault=fault
+                    )
+                )
+                print(run.summary(args.d) + f"  extra={run.seconds - rs.seconds:+.2f}s", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,459 @@
+"""Reduce-scatter / all-gather over CIDs for an agreed roster (issue 14).
+
+Given an agreed :class:`~gradfed_ipfs.formats.roster.Roster` of N contributions on d values,
+:meth:`ReduceScatterPeer.run` computes the same model as the all-to-all agreed round
+(``float32(base + lr · Σ (w_i/W) g_i)``, same bytes, same CID) while each peer downloads about
+``2·(N−1)/N·d`` floats instead of ``(N−1)·d``:
+
+1. **reduce**: slice k (:func:`~.slices.plan_slices`, chunk-aligned) is reduced by the first
+   peer of :func:`~.slices.reducer_ranking`; rank ``r`` takes over if no record of slice k
+   arrived ``r · reducer_timeout`` after half of the slices had theirs (a silent reducer).
+   The reducer fetches only the chunks covering slice k of every contribution, reduces them in
+   roster order
+   (:func:`~.slices.reduce_values`), puts the result block and a
+   :class:`~gradfed_ipfs.formats.slices.SliceRecord` (no reducer name in it: two honest
+   reducers write the same CID) and announces it on the :class:`SliceBoard`.
+2. **missing senders**: a contribution a reducer cannot fetch is listed ``missing``. The
+   exclusion set of phase ``p+1`` is the union of ``missing`` over every phase-``p`` record;
+   reducers redo their slice with it (from the rows they already hold) until a phase adds no
+   one, so every slice of the result excludes the same senders and the weights agree.
+3. **check**: every peer publishes ``⟨z_k, g_i[k]⟩`` for every k, with ``z_k`` seeded from the
+   hash of all final slice-record CIDs (:func:`~.slices.projection_seed`; unknown to reducers
+   when they commit), and checks ``⟨z_k, R_k⟩`` against ``⟨z_k, base_k⟩ + lr·Σ (w_i/W)⟨z_k,
+   g_i[k]⟩`` within float32 rounding (``fedavg`` only; a median has no linear check). A slice
+   that fails is recomputed by the checker (d/N values of each input); a different CID is a
+   proven lie: the checker puts and announces a :class:`~gradfed_ipfs.formats.slices.FraudRecord`
+   (byte-identical from every honest checker), the next-ranked honest reducer announces the
+   correct record, and the liar is reported in :attr:`ReduceScatterResult.liars` for the next
+   rosters to exclude.
+4. **all-gather**: every peer fetches the N slice results, concatenates them and puts the model
+   (:func:`~gradfed_ipfs.storage.dag.put_gradient`): the CID is the same on every honest peer.
+
+The board is :class:`PubsubSliceBoard` (one per peer, over pubsub) or, for peers simulated in
+one process, the shared :class:`MemorySliceBoard`; its messages are tiny (CIDs and N floats).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from multiformats import CID
+
+from ..._types import FloatArray
+from ...errors import (
+    BlockStoreError,
+    DecodeError,
+    DimensionMismatch,
+    InvalidGradient,
+)
+from ...formats.roster import Roster
+from ...formats.slices import FraudRecord, SliceMessage, SliceRecord
+from ...storage.base import BlockStore
+from ...storage.dag import (
+    DEFAULT_CONCURRENCY,
+    fetch_gradient,
+    put_gradient,
+)
+from .slice_io import CountingStore, MemorySliceBoard, PubsubSliceBoard, fetch_range
+from .slices import (
+    plan_slices,
+    projection_seed,
+    projection_tolerance,
+    projection_vector,
+    reduce_values,
+    reducer_ranking,
+)
+
+__all__ = [
+    "CountingStore",
+    "MemorySliceBoard",
+    "PubsubSliceBoard",
+    "ReduceScatterConfig",
+    "ReduceScatterPeer",
+    "ReduceScatterResult",
+    "SliceMessage",
+    "fetch_range",
+]
+
+
+@dataclass(frozen=True)
+class ReduceScatterConfig:
+    """Settings every roster peer must share (slicing, rule) and local timeouts (seconds)."""
+
+    chunk_bytes: int = 65_536
+    """The contributions' chunk size: slice boundaries follow its grid."""
+    rule: str = "fedavg"
+    learning_rate: float = 1.0
+    fetch_timeout: float = 10.0
+    """Seconds one input slice may take before its sender is recorded missing; also the wait
+    for every input's projections."""
+    reducer_timeout: float = 10.0
+    """Seconds before the next-ranked peer takes over a silent reducer's slice."""
+    phase_timeout: float = 120.0
+    """Longest wait for any one step (all slice records, all projections)."""
+    concurrency: int = DEFAULT_CONCURRENCY
+
+
+@dataclass
+class ReduceScatterResult:
+    """What one peer ends a reduce-scatter round with."""
+
+    model: FloatArray
+    model_cid: CID
+    records: list[CID]
+    missing: tuple[str, ...]
+    liars: set[str] = field(default_factory=set)
+    frauds: list[CID] = field(default_factory=list)
+    recomputed: list[int] = field(default_factory=list)
+    downloaded: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class _Slice:
+    k: int
+    offset: int
+    length: int
+    ranking: list[str]
+    rows: dict[str, FloatArray] = field(default_factory=dict)
+    failed: set[str] = field(default_factory=set)
+
+
+class ReduceScatterPeer:
+    """One roster peer's side of a reduce-scatter round; see the module docstring.
+
+    Parameters
+    ----------
+    peer
+        This peer's ID (its roster entry).
+    store
+        Its block store (wrapped in a :class:`CountingStore` to measure downloads).
+    board
+        The round's message board.
+    config
+        Shared settings.
+    lie
+        Test and benchmark hook: add this to every slice result this peer reduces.
+    silent
+        Test and benchmark hook: never announce a slice record (a dead reducer).
+    """
+
+    def __init__(
+        self,
+        peer: str,
+        store: BlockStore,
+        board: MemorySliceBoard,
+        config: ReduceScatterConfig | None = None,
+        *,
+        lie: float = 0.0,
+        silent: bool = False,
+    ) -> None:
+        self.peer = peer
+        self.store = CountingStore(store)
+        self.board = board
+        self.config = config or ReduceScatterConfig()
+        self.lie = lie
+        self.silent = silent
+
+    # ------------------------------------------------------------------ reduce
+
+    async def _rows(
+        self, roster: Roster, part: _Slice, own: FloatArray, d: int, exclude: set[str]
+    ) -> None:
+        """Fetch slice ``part`` of every roster input not yet held, failed or excluded."""
+
+        async def one(peer: str, cid: CID) -> None:
+            if peer == self.peer:
+                part.rows[peer] = own[part.offset : part.offset + part.length]
+                return
+            try:
+                part.rows[peer] = await fetch_range(
+                    self.store,
+                    cid,
+                    part.offset,
+                    part.length,
+                    d,
+                    timeout=self.config.fetch_timeout,
+                    concurrency=self.config.concurrency,
+                )
+            except (BlockStoreError, DecodeError, DimensionMismatch):
+                part.failed.add(peer)  # the sender's fault: it is excluded, not the round
+
+        await asyncio.gather(
+            *(
+                one(e.peer, e.contribution)
+                for e in roster.entries
+                if e.peer not in part.rows and e.peer not in part.failed and e.peer not in exclude
+            )
+        )
+
+    async def _reduce(
+        self,
+        roster: Roster,
+        roster_cid: CID,
+        base: FloatArray,
+        own: FloatArray,
+        part: _Slice,
+        exclude: set[str],
+        lie: float = 0.0,
+    ) -> tuple[CID, FloatArray]:
+        """Reduce slice ``part`` without the ``exclude`` senders; put and return its record."""
+        await self._rows(roster, part, own, base.size, exclude)
+        missing = exclude | part.failed
+        used = [e for e in roster.entries if e.peer not in missing]
+        if not used:
+            raise InvalidGradient(f"slice {part.k}: every roster input is missing")
+        values = reduce_values(
+            self.config.rule,
+            base[part.offset : part.offset + part.length],
+            [part.rows[e.peer] for e in used],
+            [e.weight for e in used],
+            self.config.learning_rate,
+        )
+        if lie:
+            values = (values + np.float32(lie)).astype(np.float32)
+        result = await put_gradient(self.store, values, chunk_bytes=self.config.chunk_bytes)
+        record = SliceRecord(
+            roster=roster_cid,
+            base=roster.base,
+            k=part.k,
+            offset=part.offset,
+            length=part.length,
+            rule=self.config.rule,
+            learning_rate=float(self.config.learning_rate),
+            inputs=tuple((e.peer, e.contribution) for e in used),
+            missing=tuple(sorted(missing)),
+            weight_sum=sum(e.weight for e in used),
+            result=result,
+        )
+        return await self.store.put(record.to_block()), values
+
+    def _records(self, roster_cid: CID, phase: int, k: int) -> list[SliceMessage]:
+        return self.board.records(roster_cid, phase, k)
+
+    async def _serve(
+        self,
+        roster: Roster,
+        roster_cid: CID,
+        base: FloatArray,
+        own: FloatArray,
+        part: _Slice,
+        phase: int,
+        exclude: set[str],
+        parts: int,
+    ) -> None:
+        """Reduce slice ``part`` in ``phase`` if no better-ranked reducer did in time.
+
+        Rank ``r ≥ 1`` takes over only ``r · reducer_timeout`` after half of the slices have
+        their records: on a slow machine every reducer is slow alike, and a clock started at
+        the phase's beginning would have backups redo every slice.
+        """
+        rank = part.ranking.index(self.peer)
+        if rank:
+
+            def mine() -> bool:
+                return bool(self._records(roster_cid, phase, part.k))
+
+            def half() -> bool:
+                return mine() or 2 * self.board.filled(roster_cid, phase) >= parts
+
+            await self.board.wait_for(half, self.config.phase_timeout)
+            if mine() or await self.board.wait_for(mine, rank * self.config.reducer_timeout):
+                return
+        if self.silent:
+            return
+        cid, values = await self._reduce(roster, roster_cid, base, own, part, exclude, self.lie)
+        self._local[cid] = values
+        await self.board.publish(SliceMessage("slice", self.peer, roster_cid, phase, part.k, cid))
+
+    async def _load(self, cid: CID) -> SliceRecord:
+        block = await self.store.get(cid, timeout=self.config.fetch_timeout)
+        return SliceRecord.from_block(block)
+
+    async def _values(self, record_cid: CID, record: SliceRecord) -> FloatArray:
+        if record_cid in self._local:
+            return self._local[record_cid]
+        values = await fetch_gradient(
+            self.store,
+            record.result,
+            timeout=self.config.fetch_timeout,
+            expected_length=record.length,
+        )
+        return np.asarray(values, np.float32).reshape(-1)
+
+    # ------------------------------------------------------------------ round
+
+    async def run(
+        self, roster: Roster, roster_cid: CID, base: FloatArray, own: FloatArray
+    ) -> ReduceScatterResult:
+        """Run one round on ``roster`` (this peer's ``own`` contribution held locally).
+
+        Parameters
+        ----------
+        roster, roster_cid
+            The agreed roster and its CID.
+        base
+            The base model (float32, d values; every peer holds it).
+        own
+            This peer's gradient (float32, d values), the one its roster entry names.
+
+        Raises
+        ------
+        TimeoutError
+            If not every slice record (of some phase) arrived within ``phase_timeout``.
+        InvalidGradient
+            If every roster input of a slice is missing.
+        """
+        started = time.monotonic()
+        before = self.store.downloaded
+        base = np.ascontiguousarray(base, np.float32).reshape(-1)
+        own = np.ascontiguousarray(own, np.float32).reshape(-1)
+        d, peers = base.size, roster.peers
+        self._local: dict[CID, FloatArray] = {}
+        parts = [
+            _Slice(k, off, n, reducer_ranking(bytes(roster_cid), k, peers))
+            for k, (off, n) in enumerate(plan_slices(d, len(peers), self.config.chunk_bytes))
+        ]
+        exclude: set[str] = set()
+        phase = 0
+        while True:
+            chosen = await self._phase(roster, roster_cid, base, own, parts, phase, exclude)
+            found = set().union(*(set(r.missing) for _, r, _ in chosen))
+            if found == exclude:
+                break
+            exclude, phase = found, phase + 1
+        results, liars, frauds, redone = await self._check(
+            roster, roster_cid, base, own, parts, chosen
+        )
+        model = np.concatenate(results)
+        model_cid = await put_gradient(self.store, model)
+        return ReduceScatterResult(
+            model=model,
+            model_cid=model_cid,
+            records=[cid for cid, _, _ in chosen],
+            missing=tuple(sorted(exclude)),
+            liars=liars,
+            frauds=frauds,
+            recomputed=redone,
+            downloaded=self.store.downloaded - before,
+            seconds=time.monotonic() - started,
+        )
+
+    async def _phase(
+        self,
+        roster: Roster,
+        roster_cid: CID,
+        base: FloatArray,
+        own: FloatArray,
+        parts: list[_Slice],
+        phase: int,
+        exclude: set[str],
+    ) -> list[tuple[CID, SliceRecord, str]]:
+        """Serve this peer's slices of ``phase``; return every slice's record (best-ranked)."""
+        serving = [
+            asyncio.create_task(
+                self._serve(roster, roster_cid, base, own, p, phase, exclude, len(parts))
+            )
+            for p in parts
+            if self.peer in p.ranking
+        ]
+        try:
+            ok = await self.board.wait_for(
+                lambda: self.board.filled(roster_cid, phase) >= len(parts),
+                self.config.phase_timeout,
+            )
+            if not ok:
+                raise TimeoutError(f"phase {phase}: not every slice record arrived")
+        finally:
+            await asyncio.gather(*serving)
+        chosen = []
+        for p in parts:
+            best = min(
+                self._records(roster_cid, phase, p.k), key=lambda m: p.ranking.index(m.sender)
+            )
+            if best.cid is None:  # pragma: no cover - slice messages always carry a CID
+                raise DecodeError(f"slice {p.k}: message without a record")
+            record = await self._load(best.cid)
+            if record.roster != roster_cid or (record.k, record.offset, record.length) != (
+                p.k,
+                p.offset,
+                p.length,
+            ):
+                raise DecodeError(f"slice record {best.cid} is not slice {p.k} of this round")
+            chosen.append((best.cid, record, best.sender))
+        return chosen
+
+    # ------------------------------------------------------------------ check
+
+    async def _check(
+        self,
+        roster: Roster,
+        roster_cid: CID,
+        base: FloatArray,
+        own: FloatArray,
+        parts: list[_Slice],
+        chosen: list[tuple[CID, SliceRecord, str]],
+    ) -> tuple[list[FloatArray], set[str], list[CID], list[int]]:
+        """All-gather the slice results, check them by projection, recompute and prove lies."""
+        results = list(await asyncio.gather(*(self._values(cid, rec) for cid, rec, _ in chosen)))
+        liars: set[str] = set()
+        frauds: list[CID] = []
+        redone: list[int] = []
+        if self.config.rule != "fedavg":
+            return results, liars, frauds, redone
+        seed = projection_seed([bytes(cid) for cid, _, _ in chosen])
+        zs = [projection_vector(seed, p.k, p.length) for p in parts]
+        mine = tuple(
+            float(z @ own[p.offset : p.offset + p.length].astype(np.float64))
+            for z, p in zip(zs, parts, strict=True)
+        )
+        await self.board.publish(SliceMessage("proj", self.peer, roster_cid, cid=None, values=mine))
+        inputs = {peer for _, rec, _ in chosen for peer, _ in rec.inputs}
+
+        def projections() -> dict[str, tuple[float, ...]]:
+            found: dict[str, tuple[float, ...]] = {}
+            for m in self.board.messages:  # a peer's first projections count
+                if m.kind == "proj" and m.roster == roster_cid and len(m.values) == len(parts):
+                    found.setdefault(m.sender, m.values)
+            return found
+
+        # A sender gone since its commit publishes none: its slices stay unverified, not stuck.
+        await self.board.wait_for(lambda: inputs <= set(projections()), self.config.fetch_timeout)
+        seen = projections()
+        weights = {e.peer: e.weight for e in roster.entries}
+        for (cid, record, sender), p, z in zip(chosen, parts, zs, strict=True):
+            names = [peer for peer, _ in record.inputs]
+            if not all(n in seen for n in names):
+                continue  # unverifiable without every projection: kept as announced
+            total = sum(weights[n] for n in names)
+            lo, hi = p.offset, p.offset + p.length
+            expected = float(z @ base[lo:hi].astype(np.float64)) + self.config.learning_rate * sum(
+                (weights[n] / total) * seen[n][p.k] for n in names
+            )
+            got = float(z @ results[p.k].astype(np.float64))
+            if abs(got - expected) <= projection_tolerance(z, results[p.k], base[lo:hi]):
+                continue
+            redone.append(p.k)
+            fresh = _Slice(p.k, p.offset, p.length, p.ranking)
+            correct, values = await self._reduce(
+                roster, roster_cid, base, own, fresh, set(record.missing)
+            )
+            if correct == cid:
+                continue  # a peer published a false projection; the slice is right
+            results[p.k] = values
+            liars.add(sender)
+            fraud = FraudRecord(roster_cid, p.k, sender, cid, correct)
+            fraud_cid = await self.store.put(fraud.to_block())
+            frauds.append(fraud_cid)
+            await self.board.publish(
+                SliceMessage("fraud", self.peer, roster_cid, k=p.k, cid=fraud_cid)
+            )
+            honest = [r for r in p.ranking if r != sender]
+            if honest and honest[0] == self.peer:  # the next reducer re-announces the slice
+                await self.board.publish(
+                    SliceMessage("slice", self.peer, roster_cid, -1, p.k, correct)
+                )
+        return results, liars, frauds, redone

@@ -1,0 +1,199 @@
+"""Reduce-scatter I/O helpers: slice boards, a download-counting store, ranged fetches.
+
+* :class:`MemorySliceBoard`: one in-process board shared by peers simulated in one process;
+  :class:`PubsubSliceBoard`: one peer's board over pubsub (``from`` names the sender).
+* :class:`CountingStore`: counts the bytes ``get`` returns (a peer's downloads).
+* :func:`fetch_range`: values ``offset … offset+length`` of a gradient, fetching only the chunks
+  of its DAG that cover them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import numpy as np
+from multiformats import CID
+
+from ..._types import CIDLike, FloatArray
+from ...block import Block
+from ...cid import RAW, parse_cid
+from ...errors import DimensionMismatch, MalformedAnnouncement
+from ...formats.pubsub import PubsubMessage
+from ...formats.slices import SliceMessage
+from ...kubo.pubsub import PubsubTransport
+from ...storage.base import UNSET, BlockStore, Unset
+from ...storage.dag import (
+    DEFAULT_CONCURRENCY,
+    ChunkManifest,
+    ChunkRef,
+    fetch_chunks,
+    fetch_gradient,
+    fetch_manifest,
+)
+
+__all__ = ["CountingStore", "MemorySliceBoard", "PubsubSliceBoard", "fetch_range"]
+
+
+class MemorySliceBoard:
+    """In-process board: every message reaches every peer, in publication order."""
+
+    def __init__(self) -> None:
+        self.messages: list[SliceMessage] = []
+        self._slices: dict[tuple[bytes, int, int], list[SliceMessage]] = {}
+        self._filled: dict[tuple[bytes, int], int] = {}
+        self._changed = asyncio.Condition()
+
+    def records(self, roster: CID, phase: int, k: int) -> list[SliceMessage]:
+        """Return the ``slice`` messages of slice ``k`` in ``phase`` of a roster, in order."""
+        return self._slices.get((bytes(roster), phase, k), [])
+
+    def filled(self, roster: CID, phase: int) -> int:
+        """Return how many slices of ``phase`` of a roster have at least one record."""
+        return self._filled.get((bytes(roster), phase), 0)
+
+    async def publish(self, message: SliceMessage) -> None:
+        """Post ``message`` to every peer."""
+        await self._add(message)
+
+    async def _add(self, message: SliceMessage) -> None:
+        async with self._changed:
+            self.messages.append(message)
+            if message.kind == "slice":
+                key = (bytes(message.roster), message.phase, message.k)
+                if key not in self._slices:
+                    self._filled[key[:2]] = self._filled.get(key[:2], 0) + 1
+                self._slices.setdefault(key, []).append(message)
+            self._changed.notify_all()
+
+    async def wait_for(self, ready: Callable[[], bool], timeout: float) -> bool:
+        """Wait until ``ready()`` holds (re-checked on each message); ``False`` on timeout."""
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait_for(ready), timeout)
+            except TimeoutError:
+                return ready()
+        return True
+
+
+class PubsubSliceBoard(MemorySliceBoard):
+    """One peer's board over pubsub: what it publishes, plus what it hears from others.
+
+    Messages carry no sender; pubsub's authenticated ``from`` is used, so a peer cannot speak
+    for another. Malformed messages are dropped. Use as ``async with``: it listens meanwhile.
+    Lost messages are not re-published here (a lost ``slice`` costs a takeover, a lost
+    ``proj`` leaves slices unverified).
+    """
+
+    def __init__(self, transport: PubsubTransport, topic: str, peer: str) -> None:
+        super().__init__()
+        self.transport = transport
+        self.topic = topic
+        self.peer = peer
+        self._listener: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> PubsubSliceBoard:
+        messages = self.transport.subscribe(self.topic)
+        self._listener = asyncio.create_task(self._listen(messages))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            await asyncio.gather(self._listener, return_exceptions=True)
+
+    async def _listen(self, messages: AsyncIterator[PubsubMessage]) -> None:
+        async for message in messages:
+            if message.from_peer == self.peer:
+                continue  # our own, already added when published
+            try:
+                await self._add(SliceMessage.decode(message.data, message.from_peer))
+            except MalformedAnnouncement:
+                continue  # a hostile or broken peer's bytes: dropped, the round goes on
+
+    async def publish(self, message: SliceMessage) -> None:
+        """Publish ``message`` on the topic and add it to this peer's view."""
+        await self._add(message)
+        await self.transport.publish(self.topic, message.encode())
+
+
+class CountingStore:
+    """A :class:`BlockStore` wrapper counting the bytes its ``get`` returns (downloads)."""
+
+    def __init__(self, inner: BlockStore) -> None:
+        self.inner = inner
+        self.downloaded = 0
+
+    async def put(self, block: Block, *, pin: bool = True) -> CID:
+        """Store a block; see :meth:`BlockStore.put`."""
+        return await self.inner.put(block, pin=pin)
+
+    async def get(self, cid: CIDLike, *, timeout: float | Unset = UNSET) -> Block:
+        """Return the verified block and count its bytes."""
+        block = await self.inner.get(cid, timeout=timeout)
+        self.downloaded += len(block.data)
+        return block
+
+    async def has(self, cid: CIDLike) -> bool:
+        """Return whether the block is held locally."""
+        return await self.inner.has(cid)
+
+    async def delete(self, cid: CIDLike) -> None:
+        """Remove a block."""
+        await self.inner.delete(cid)
+
+    async def pin(self, cid: CIDLike) -> None:
+        """Pin a block."""
+        await self.inner.pin(cid)
+
+    async def unpin(self, cid: CIDLike) -> None:
+        """Unpin a block."""
+        await self.inner.unpin(cid)
+
+    async def list_cids(self) -> list[CID]:
+        """Return the locally held CIDs."""
+        return await self.inner.list_cids()
+
+    async def aclose(self) -> None:
+        """Leave the inner store open: its owner closes it."""
+
+
+async def fetch_range(
+    store: BlockStore,
+    cid: CIDLike,
+    offset: int,
+    length: int,
+    d: int,
+    *,
+    timeout: float | Unset = UNSET,
+    concurrency: int = DEFAULT_CONCURRENCY,
+) -> FloatArray:
+    """Fetch values ``offset … offset+length`` of a d-value gradient: only the covering chunks.
+
+    Raises
+    ------
+    DimensionMismatch
+        If the gradient does not hold ``d`` values.
+    BlockStoreError, DecodeError
+        If a block is missing, corrupt or malformed (see :func:`fetch_gradient`).
+    """
+    parsed = parse_cid(cid)
+    stop = offset + length
+    if parsed.codec.code == RAW:
+        whole = await fetch_gradient(store, parsed, timeout=timeout, expected_length=d)
+        return np.ascontiguousarray(whole.reshape(-1)[offset:stop])
+    manifest = await fetch_manifest(store, parsed, timeout=timeout, max_length=d)
+    if manifest.length != d:
+        raise DimensionMismatch([d], [manifest.length])
+    out = np.empty(length, dtype=np.float32)
+    needed = tuple(c for c in manifest.chunks if c.offset < stop and c.stop > offset)
+
+    def into(ref: ChunkRef, values: FloatArray) -> None:
+        lo, hi = max(ref.offset, offset), min(ref.stop, stop)
+        out[lo - offset : hi - offset] = values[lo - ref.offset : hi - ref.offset]
+
+    partial = ChunkManifest(manifest.shape, manifest.length, needed)
+    await fetch_chunks(
+        store, partial, into, concurrency=concurrency, timeout=timeout, manifest_cid=parsed
+    )
+    return out

@@ -1,0 +1,162 @@
+"""Reduce-scatter planning, without I/O: slice ranges, reducer ranking, projection checks.
+
+* :func:`plan_slices` cuts ``d`` values into ``n`` contiguous slices whose boundaries fall on
+  the chunk grid of :func:`~gradfed_ipfs.storage.dag.plan_chunks` when there are at least ``n``
+  chunks (a reducer then fetches only its own chunks), else evenly.
+* :func:`reducer_ranking` orders the roster's peers for slice ``k`` from a hash of
+  ``(roster CID, peer)``, rotated by ``k``: rank 0 reduces the slice, rank 1 takes over after
+  a timeout..., and every peer is rank 0 of exactly one slice.
+* :func:`reduce_values` is the slice aggregate. For ``fedavg`` it is
+  :func:`~gradfed_ipfs.tensor.deterministic.deterministic_update` on the slice, which is
+  coordinate-wise, so the concatenated slices are bit-identical to the whole-vector update.
+* :func:`projection_vector` / :func:`projection_tolerance`: the cheap check of a ``fedavg``
+  slice result ``R_k`` against every input's published projection ``⟨z_k, g_i[k]⟩``.
+
+Rules that cannot be sliced: Krum, Multi-Krum and Bulyan score whole vectors (pairwise
+distances over all ``d`` coordinates), so a slice of them is not a slice of the whole result;
+:func:`can_slice` is ``False`` for them and the round falls back to all-to-all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..._types import FloatArray
+from ...errors import InvalidGradient
+from ...formats.slices import SLICE_RULES
+from ...storage.dag import plan_chunks
+from ...tensor.deterministic import deterministic_update
+
+__all__ = [
+    "MIN_SLICE_VALUES",
+    "UNSLICEABLE_RULES",
+    "can_slice",
+    "plan_slices",
+    "projection_seed",
+    "projection_tolerance",
+    "projection_vector",
+    "reduce_values",
+    "reducer_ranking",
+]
+
+MIN_SLICE_VALUES: Final = 4096
+"""Smallest slice worth a reducer (16 KiB): below ``n ·`` this, rounds go all-to-all."""
+UNSLICEABLE_RULES: Final = frozenset({"krum", "multikrum", "multi_krum", "bulyan"})
+"""Rules that need whole vectors (pairwise distances over every coordinate)."""
+
+
+def can_slice(rule: str, d: int, n: int) -> bool:
+    """Return whether a round of ``n`` peers on ``d`` values with ``rule`` runs reduce-scatter."""
+    return rule in SLICE_RULES and n >= 2 and d >= n * MIN_SLICE_VALUES
+
+
+def plan_slices(d: int, n: int, chunk_bytes: int) -> list[tuple[int, int]]:
+    """Return ``n`` contiguous ``(offset, length)`` slices covering ``0 … d``.
+
+    Parameters
+    ----------
+    d
+        Values of the gradient.
+    n
+        Slices (roster size), ``1 ≤ n ≤ d``.
+    chunk_bytes
+        The contributions' chunk size; boundaries follow its grid when it has ``≥ n`` chunks.
+
+    Raises
+    ------
+    InvalidGradient
+        If ``n`` is not in ``1 … d``.
+    """
+    if not 1 <= n <= d:
+        raise InvalidGradient(f"cannot cut {d} values into {n} slices")
+    chunks = plan_chunks(d, chunk_bytes)
+    if len(chunks) >= n:
+        # Chunk j goes to slice floor(j·n/C): contiguous groups of ⌊C/n⌋ or ⌈C/n⌉ chunks.
+        bounds = [0] * (n + 1)
+        for j, (offset, _) in enumerate(chunks):
+            s = j * n // len(chunks)
+            if j == 0 or s != (j - 1) * n // len(chunks):
+                bounds[s] = offset
+        bounds[n] = d
+        return [(bounds[s], bounds[s + 1] - bounds[s]) for s in range(n)]
+    edges = [s * d // n for s in range(n + 1)]
+    return [(edges[s], edges[s + 1] - edges[s]) for s in range(n)]
+
+
+def reducer_ranking(roster: bytes, k: int, peers: Sequence[str]) -> list[str]:
+    """Return the reducers of slice ``k``, best first: a rotation of one hashed peer order.
+
+    Peers are ordered by ``sha256(roster ‖ peer)`` (``roster`` is the roster CID's bytes), and
+    slice ``k`` ranks them from position ``k mod N`` on. Every peer computes the same order, the
+    roster CID makes it unpredictable before the roster exists, and each peer is rank ``r`` of
+    exactly one slice — per-slice rendezvous scores would give some peers two or three slices
+    (each ``(N−1)/N·d`` more to download) and others none.
+    """
+
+    def score(peer: str) -> bytes:
+        return hashlib.sha256(b"gradfed/reducer\0" + roster + peer.encode()).digest()
+
+    order = sorted(peers, key=score)
+    start = k % len(order) if order else 0
+    return order[start:] + order[:start]
+
+
+def reduce_values(
+    rule: str,
+    base: FloatArray,
+    rows: Sequence[FloatArray],
+    weights: Sequence[int],
+    learning_rate: float,
+) -> FloatArray:
+    """Return the slice result ``float32(base + lr · rule(rows))``, bit-reproducible.
+
+    ``fedavg`` is the weighted mean (:func:`deterministic_update`); ``median`` the unweighted
+    coordinate-wise median (NumPy's sort-based median in float64).
+
+    Raises
+    ------
+    InvalidGradient
+        If ``rule`` is unknown.
+    """
+    if rule == "fedavg":
+        return deterministic_update(base, rows, weights, learning_rate)
+    if rule == "median":
+        stacked = np.stack([np.asarray(r, np.float32) for r in rows]).astype(np.float64)
+        middle = np.median(stacked, axis=0)
+        return np.asarray(base.astype(np.float64) + float(learning_rate) * middle, np.float32)
+    raise InvalidGradient(f"rule {rule!r} cannot be reduced per slice")
+
+
+def projection_seed(record_cids: Sequence[bytes]) -> bytes:
+    """Return the projection seed: sha256 over every slice-record CID, in slice order.
+
+    It is fixed only once every reducer has committed, so no reducer can aim a lie at it.
+    """
+    digest = hashlib.sha256(b"gradfed/projection\0")
+    for cid in record_cids:
+        digest.update(len(cid).to_bytes(2, "big") + cid)
+    return digest.digest()
+
+
+def projection_vector(seed: bytes, k: int, length: int) -> NDArray[np.float64]:
+    """Return ``z_k``: ``length`` standard-normal float64 values from ``(seed, k)``."""
+    rng = np.random.default_rng(
+        int.from_bytes(hashlib.sha256(seed + k.to_bytes(8, "big")).digest())
+    )
+    z: NDArray[np.float64] = rng.standard_normal(length)
+    return z
+
+
+def projection_tolerance(z: NDArray[np.float64], result: FloatArray, base: FloatArray) -> float:
+    """Return the largest honest ``|⟨z, R⟩ − expected|``: float32 rounding plus float64 slack.
+
+    Each value of ``R`` is rounded once to float32 (relative error ≤ 2⁻²⁴); the bound doubles
+    that and adds a float64 term for the sums.
+    """
+    scale = float(np.abs(z) @ (np.abs(result.astype(np.float64)) + np.abs(base.astype(np.float64))))
+    return 2.0**-22 * scale + 1e-9

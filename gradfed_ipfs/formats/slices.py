@@ -1,0 +1,303 @@
+"""Reduce-scatter wire forms, without I/O: slice records and fraud records (issue 14).
+
+Two dag-cbor records (keys sorted canonically, CIDs as tag-42 links):
+
+``gradfed.slice`` v1
+    ``{roster, base, k, offset, length, rule, learning_rate, inputs: [[peer, contribution]...],
+    missing: [peer...], weight_sum, result}``: slice ``k`` (values ``offset … offset+length``)
+    of the round whose roster is ``roster``, aggregated from ``inputs`` (roster order) with
+    ``rule``; ``missing`` are roster peers excluded from every slice. The reducer is *not*
+    named, so any two honest reducers of the same slice write byte-identical records.
+``gradfed.slice-fraud`` v1
+    ``{roster, k, reducer, claimed, correct}``: reducer ``reducer`` announced slice record
+    ``claimed`` whose result differs from ``correct`` (the record anyone recomputes from the
+    same inputs). Honest detectors write byte-identical fraud records.
+
+And one small JSON pubsub message, :class:`SliceMessage`, of three kinds: ``slice`` (a slice
+record CID for slice ``k`` in ``phase``), ``proj`` (the sender's projections ``⟨z_k, g[k]⟩``,
+one float per slice) and ``fraud`` (a fraud record CID). The sender is pubsub's ``from``.
+
+Decoders check sizes, types, counts and order and raise
+:class:`~gradfed_ipfs.errors.MalformedManifest` (records) or
+:class:`~gradfed_ipfs.errors.MalformedAnnouncement` (messages).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from multiformats import CID
+
+from ..block import Block
+from ..cid import DAG_CBOR, RAW, parse_cid
+from ..errors import DecodeError, MalformedAnnouncement, MalformedManifest
+from .limits import load_json
+from .records import decode_record, encode_record, require
+from .roster import MAX_PEER_ID_CHARS, MAX_ROSTER_ENTRIES, MAX_WEIGHT
+
+__all__ = [
+    "MAX_SLICE_MESSAGE_BYTES",
+    "MAX_SLICE_RECORD_BYTES",
+    "SLICE_RULES",
+    "FraudRecord",
+    "SliceKind",
+    "SliceMessage",
+    "SliceRecord",
+]
+
+MAX_SLICE_RECORD_BYTES: Final = 256 * 1024
+"""Largest slice or fraud record decoded, in bytes."""
+MAX_SLICE_MESSAGE_BYTES: Final = 64 * 1024
+"""Largest slice-board pubsub message accepted, in bytes (1024 projections fit)."""
+SLICE_RULES: Final = ("fedavg", "median")
+"""Rules a slice record may name (coordinate-wise rules only)."""
+_SLICE: Final = "gradfed.slice"
+_FRAUD: Final = "gradfed.slice-fraud"
+_MAX_INDEX: Final = 1 << 53
+
+
+def _peer(value: object, where: str) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_PEER_ID_CHARS:
+        raise MalformedManifest(f"{where}: peer ID is not a short string")
+    return value
+
+
+def _link(value: object, where: str, codecs: tuple[int, ...]) -> CID:
+    if not isinstance(value, CID) or value.codec.code not in codecs:
+        raise MalformedManifest(f"{where}: not a CID link of the expected codec")
+    return parse_cid(value)
+
+
+def _count(value: object, where: str, low: int = 0) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value < _MAX_INDEX:
+        raise MalformedManifest(f"{where}: not an integer >= {low}")
+    return value
+
+
+def _block(block: Block, where: str) -> None:
+    if len(block.data) > MAX_SLICE_RECORD_BYTES:
+        raise MalformedManifest(f"{where}: {len(block.data)} bytes is too large")
+
+
+@dataclass(frozen=True)
+class SliceRecord:
+    """One reduced slice of an agreed round; see the module docstring for the fields.
+
+    ``inputs`` lists ``(peer, contribution CID)`` in roster order, without ``missing`` peers;
+    ``weight_sum`` is the sum of their integer weights; ``result`` is the CID of the slice's
+    ``length`` float32 values.
+    """
+
+    roster: CID
+    base: CID
+    k: int
+    offset: int
+    length: int
+    rule: str
+    learning_rate: float
+    inputs: tuple[tuple[str, CID], ...]
+    missing: tuple[str, ...]
+    weight_sum: int
+    result: CID
+
+    def to_block(self) -> Block:
+        """Encode as a dag-cbor block."""
+        return encode_record(
+            {
+                "type": _SLICE,
+                "version": 1,
+                "roster": self.roster,
+                "base": self.base,
+                "k": self.k,
+                "offset": self.offset,
+                "length": self.length,
+                "rule": self.rule,
+                "learning_rate": float(self.learning_rate),
+                "inputs": [[peer, cid] for peer, cid in self.inputs],
+                "missing": list(self.missing),
+                "weight_sum": self.weight_sum,
+                "result": self.result,
+            }
+        )
+
+    @classmethod
+    def from_block(cls, block: Block) -> SliceRecord:
+        """Decode and check a slice record.
+
+        Raises
+        ------
+        MalformedManifest
+            If it is too large, not a v1 slice record, or a field is out of shape: an unknown
+            rule, a non-finite learning rate, an empty slice, inputs or missing peers not
+            unique, more than ``MAX_ROSTER_ENTRIES`` of them, a weight sum out of range.
+        """
+        where = f"slice record {block.cid}"
+        _block(block, where)
+        record = decode_record(block, _SLICE)
+        rule = require(record, "rule", str, where)
+        if rule not in SLICE_RULES:
+            raise MalformedManifest(f"{where}: unknown rule {rule!r:.40}")
+        rate = require(record, "learning_rate", float, where)
+        if not math.isfinite(rate):
+            raise MalformedManifest(f"{where}: learning rate is not finite")
+        inputs = require(record, "inputs", list, where)
+        missing = require(record, "missing", list, where)
+        if len(inputs) + len(missing) > MAX_ROSTER_ENTRIES or not inputs:
+            raise MalformedManifest(f"{where}: 1..{MAX_ROSTER_ENTRIES} inputs required")
+        pairs = []
+        for item in inputs:
+            if not isinstance(item, list) or len(item) != 2:
+                raise MalformedManifest(f"{where}: an input is not [peer, cid]")
+            pairs.append((_peer(item[0], where), _link(item[1], where, (RAW, DAG_CBOR))))
+        absent = tuple(_peer(p, where) for p in missing)
+        names = [p for p, _ in pairs] + list(absent)
+        if len(set(names)) != len(names) or list(absent) != sorted(absent):
+            raise MalformedManifest(f"{where}: peers repeat or missing peers are not sorted")
+        weight_sum = _count(record.get("weight_sum"), where, 1)
+        if weight_sum > MAX_WEIGHT * MAX_ROSTER_ENTRIES:
+            raise MalformedManifest(f"{where}: weight sum out of range")
+        return cls(
+            roster=_link(record.get("roster"), where, (DAG_CBOR,)),
+            base=_link(record.get("base"), where, (RAW, DAG_CBOR)),
+            k=_count(record.get("k"), where),
+            offset=_count(record.get("offset"), where),
+            length=_count(record.get("length"), where, 1),
+            rule=rule,
+            learning_rate=rate,
+            inputs=tuple(pairs),
+            missing=absent,
+            weight_sum=weight_sum,
+            result=_link(record.get("result"), where, (RAW, DAG_CBOR)),
+        )
+
+
+@dataclass(frozen=True)
+class FraudRecord:
+    """Proof material of a lying reducer: its claimed record and the recomputed one."""
+
+    roster: CID
+    k: int
+    reducer: str
+    claimed: CID
+    correct: CID
+
+    def to_block(self) -> Block:
+        """Encode as a dag-cbor block."""
+        return encode_record(
+            {
+                "type": _FRAUD,
+                "version": 1,
+                "roster": self.roster,
+                "k": self.k,
+                "reducer": self.reducer,
+                "claimed": self.claimed,
+                "correct": self.correct,
+            }
+        )
+
+    @classmethod
+    def from_block(cls, block: Block) -> FraudRecord:
+        """Decode and check a fraud record.
+
+        Raises
+        ------
+        MalformedManifest
+            If it is too large, not a v1 fraud record, a link is not dag-cbor, or
+            ``claimed == correct``.
+        """
+        where = f"fraud record {block.cid}"
+        _block(block, where)
+        record = decode_record(block, _FRAUD)
+        claimed = _link(record.get("claimed"), where, (DAG_CBOR,))
+        correct = _link(record.get("correct"), where, (DAG_CBOR,))
+        if claimed == correct:
+            raise MalformedManifest(f"{where}: the claimed and correct records are the same")
+        return cls(
+            roster=_link(record.get("roster"), where, (DAG_CBOR,)),
+            k=_count(record.get("k"), where),
+            reducer=_peer(record.get("reducer"), where),
+            claimed=claimed,
+            correct=correct,
+        )
+
+
+SliceKind = Literal["slice", "proj", "fraud"]
+_MESSAGE: Final = "gradfed.slice-msg"
+
+
+@dataclass(frozen=True)
+class SliceMessage:
+    """One slice-board message: a slice record (``cid``), projections (``values``) or a fraud.
+
+    ``phase`` is the missing-set phase of a ``slice`` message (``-1``: a slice recomputed after
+    a proven lie); ``sender`` is pubsub's authenticated ``from`` and is not encoded.
+    """
+
+    kind: SliceKind
+    sender: str
+    roster: CID
+    phase: int = 0
+    k: int = 0
+    cid: CID | None = None
+    values: tuple[float, ...] = ()
+
+    def encode(self) -> bytes:
+        """Return the JSON bytes (without the sender)."""
+        body = {
+            "t": _MESSAGE,
+            "kind": self.kind,
+            "roster": str(self.roster),
+            "phase": self.phase,
+            "k": self.k,
+            "cid": None if self.cid is None else str(self.cid),
+            "values": list(self.values),
+        }
+        return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+
+    @classmethod
+    def decode(cls, data: bytes, sender: str) -> SliceMessage:
+        """Decode a message from ``sender``.
+
+        Raises
+        ------
+        MalformedAnnouncement
+            If it is too large, not JSON of this shape, a CID does not parse or is not
+            dag-cbor, a ``slice``/``fraud`` lacks its CID, or a projection is not finite.
+        """
+        if len(data) > MAX_SLICE_MESSAGE_BYTES:
+            raise MalformedAnnouncement(f"slice message of {len(data)} bytes is too large")
+        body = load_json(data, "slice message", error=MalformedAnnouncement)
+        if not isinstance(body, dict) or body.get("t") != _MESSAGE:
+            raise MalformedAnnouncement("not a slice message")
+        kind = body.get("kind")
+        if kind not in ("slice", "proj", "fraud"):
+            raise MalformedAnnouncement(f"unknown slice message kind {kind!r:.20}")
+        numbers = []
+        for key in ("phase", "k"):
+            value = body.get(key)
+            if not isinstance(value, int) or isinstance(value, bool) or not -1 <= value < 1 << 20:
+                raise MalformedAnnouncement(f"slice message: {key} out of range")
+            numbers.append(value)
+        phase, k = numbers
+        values = body.get("values")
+        if not isinstance(values, list) or len(values) > MAX_ROSTER_ENTRIES:
+            raise MalformedAnnouncement("slice message: values is not a short list")
+        if not all(
+            isinstance(v, float | int) and not isinstance(v, bool) and math.isfinite(v)
+            for v in values
+        ):
+            raise MalformedAnnouncement("slice message: a projection is not a finite number")
+        link = body.get("cid")
+        if (link is None) != (kind == "proj"):
+            raise MalformedAnnouncement(f"slice message: a {kind} message with(out) a CID")
+        try:
+            roster = parse_cid(str(body.get("roster")))
+            cid = None if link is None else parse_cid(str(link))
+        except DecodeError as exc:
+            raise MalformedAnnouncement(f"slice message: {exc}") from None
+        if roster.codec.code != DAG_CBOR or (cid is not None and cid.codec.code != DAG_CBOR):
+            raise MalformedAnnouncement("slice message: links must be dag-cbor records")
+        return cls(kind, sender, roster, phase, k, cid, tuple(float(v) for v in values))

@@ -1,0 +1,244 @@
+"""Reduce-scatter / all-gather rounds in memory: equal CIDs, missing senders, silent and lying
+reducers (issue 14)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from multiformats import CID
+
+from gradfed_ipfs.federated.round.reduce_scatter import (
+    CountingStore,
+    MemorySliceBoard,
+    PubsubSliceBoard,
+    ReduceScatterConfig,
+    ReduceScatterPeer,
+    ReduceScatterResult,
+    SliceMessage,
+    fetch_range,
+)
+from gradfed_ipfs.federated.round.slices import reduce_values
+from gradfed_ipfs.formats.roster import Roster
+from gradfed_ipfs.formats.slices import FraudRecord, SliceRecord
+from gradfed_ipfs.kubo import MemoryPubsubBus
+from gradfed_ipfs.storage import MemoryBlockStore
+from gradfed_ipfs.storage.dag import fetch_manifest, put_gradient, values_per_chunk
+from gradfed_ipfs.tensor.deterministic import deterministic_update
+
+D = 131_072  # 9 chunks of 64 KiB: slices follow the chunk grid up to N = 9
+CHUNK = 65_536
+LR = 0.5
+
+
+@dataclass
+class Round:
+    store: MemoryBlockStore
+    base: np.ndarray
+    grads: dict[str, np.ndarray]
+    weights: dict[str, int]
+    roster: Roster
+    roster_cid: CID
+
+
+async def make_round(n: int, seed: int = 7, d: int = D) -> Round:
+    rng = np.random.default_rng(seed)
+    store = MemoryBlockStore()
+    base = rng.standard_normal(d).astype(np.float32)
+    base_cid = await put_gradient(store, base)
+    peers = [f"peer-{i:02d}" for i in range(n)]
+    grads = {p: rng.standard_normal(d).astype(np.float32) for p in peers}
+    weights = {p: int(rng.integers(1, 100)) for p in peers}
+    entries = {}
+    for p in peers:
+        cid = await put_gradient(store, grads[p], chunk_bytes=CHUNK)
+        entries[p] = (cid, weights[p])
+    roster = Roster.new("s", base_cid, 0, base_cid, peers[0], peers, entries)
+    roster_cid = await store.put(roster.to_block())
+    return Round(store, base, grads, weights, roster, roster_cid)
+
+
+async def reference(r: Round, without: tuple[str, ...] = ()) -> CID:
+    peers = [p for p in r.roster.peers if p not in without]
+    model = deterministic_update(
+        r.base, [r.grads[p] for p in peers], [r.weights[p] for p in peers], LR
+    )
+    return await put_gradient(MemoryBlockStore(), model)
+
+
+async def run_all(
+    r: Round,
+    *,
+    skip: tuple[str, ...] = (),
+    lie: dict[str, float] | None = None,
+    silent: tuple[str, ...] = (),
+    config: ReduceScatterConfig | None = None,
+) -> tuple[dict[str, ReduceScatterResult], MemorySliceBoard]:
+    board = MemorySliceBoard()
+    config = config or ReduceScatterConfig(chunk_bytes=CHUNK, learning_rate=LR, phase_timeout=20)
+    peers = {
+        p: ReduceScatterPeer(
+            p, r.store, board, config, lie=(lie or {}).get(p, 0.0), silent=p in silent
+        )
+        for p in r.roster.peers
+        if p not in skip
+    }
+    results = await asyncio.gather(
+        *(peer.run(r.roster, r.roster_cid, r.base, r.grads[p]) for p, peer in peers.items())
+    )
+    return dict(zip(peers, results, strict=True)), board
+
+
+@pytest.mark.parametrize("n", [4, 5, 8])
+async def test_result_cid_equals_all_to_all_and_downloads_are_linear(n: int) -> None:
+    r = await make_round(n)
+    results, _ = await run_all(r)
+    want = await reference(r)
+    assert {res.model_cid for res in results.values()} == {want}
+    assert len({tuple(res.records) for res in results.values()}) == 1
+    for res in results.values():
+        assert res.missing == ()
+        assert not res.liars
+        assert not res.recomputed
+        # 2·(N−1)/N·d floats plus manifests and records: well under 2.5·d·4 bytes.
+        assert res.downloaded <= 2.5 * D * 4
+        assert res.downloaded >= 2 * (n - 1) / n * D * 4 * 0.75
+
+
+async def test_a_sender_missing_from_one_slice_is_excluded_from_every_slice() -> None:
+    r = await make_round(5)
+    dropped = r.roster.peers[3]
+    manifest = await fetch_manifest(r.store, r.roster.entries[3].contribution)
+    # Only the last chunk is lost: one reducer misses it, the others fetched their slices.
+    await r.store.delete(manifest.chunks[-1].cid)
+    config = ReduceScatterConfig(
+        chunk_bytes=CHUNK, learning_rate=LR, reducer_timeout=0.2, phase_timeout=20
+    )
+    results, board = await run_all(r, skip=(dropped,), config=config)
+    want = await reference(r, without=(dropped,))
+    assert {res.model_cid for res in results.values()} == {want}
+    assert all(res.missing == (dropped,) for res in results.values())
+    assert max(m.phase for m in board.messages if m.kind == "slice") == 1
+    for cid in next(iter(results.values())).records:
+        record = SliceRecord.from_block(await r.store.get(cid))
+        assert record.missing == (dropped,)
+        assert dropped not in dict(record.inputs)
+
+
+async def test_a_silent_reducer_is_replaced_by_the_next_ranked_peer() -> None:
+    r = await make_round(4)
+    quiet = r.roster.peers[1]
+    config = ReduceScatterConfig(
+        chunk_bytes=CHUNK, learning_rate=LR, reducer_timeout=0.2, phase_timeout=20
+    )
+    results, board = await run_all(r, silent=(quiet,), config=config)
+    assert {res.model_cid for res in results.values()} == {await reference(r)}
+    senders = {m.sender for m in board.messages if m.kind == "slice"}
+    assert quiet not in senders
+    assert len(senders) >= 2
+
+
+async def test_a_lying_reducer_is_proven_and_its_slice_recomputed() -> None:
+    r = await make_round(6)
+    liar = r.roster.peers[2]
+    results, board = await run_all(r, lie={liar: 1e-2})
+    honest = {p: res for p, res in results.items() if p != liar}
+    assert {res.model_cid for res in honest.values()} == {await reference(r)}
+    assert all(res.liars == {liar} for res in honest.values())
+    frauds = {tuple(res.frauds) for res in honest.values()}
+    assert len(frauds) == 1  # every honest checker wrote the same fraud record
+    (fraud_cid,) = {c for f in frauds for c in f}
+    fraud = FraudRecord.from_block(await r.store.get(fraud_cid))
+    assert fraud.reducer == liar
+    assert fraud.roster == r.roster_cid
+    claimed = SliceRecord.from_block(await r.store.get(fraud.claimed))
+    correct = SliceRecord.from_block(await r.store.get(fraud.correct))
+    assert claimed.inputs == correct.inputs
+    assert claimed.result != correct.result
+    fixes = [m for m in board.messages if m.kind == "slice" and m.phase == -1]
+    assert fixes
+    assert all(m.cid == fraud.correct and m.sender != liar for m in fixes)
+
+
+async def test_a_false_projection_costs_a_recompute_but_convicts_no_one() -> None:
+    r = await make_round(4)
+    board = MemorySliceBoard()
+    config = ReduceScatterConfig(chunk_bytes=CHUNK, learning_rate=LR, phase_timeout=20)
+    first = r.roster.peers[0]
+    await board.publish(SliceMessage("proj", first, r.roster_cid, values=(0.0,) * 4))
+    peers = [ReduceScatterPeer(p, r.store, board, config) for p in r.roster.peers]
+    results = await asyncio.gather(
+        *(peer.run(r.roster, r.roster_cid, r.base, r.grads[peer.peer]) for peer in peers)
+    )
+    assert {res.model_cid for res in results} == {await reference(r)}
+    assert all(not res.liars and not res.frauds and res.recomputed for res in results)
+
+
+async def test_median_is_reduced_per_slice() -> None:
+    r = await make_round(4)
+    config = ReduceScatterConfig(
+        chunk_bytes=CHUNK, learning_rate=LR, rule="median", phase_timeout=20
+    )
+    results, _ = await run_all(r, config=config)
+    peers = r.roster.peers
+    whole = reduce_values(
+        "median", r.base, [r.grads[p] for p in peers], [r.weights[p] for p in peers], LR
+    )
+    want = await put_gradient(MemoryBlockStore(), whole)
+    assert {res.model_cid for res in results.values()} == {want}
+
+
+async def test_fetch_range_downloads_only_the_covering_chunks() -> None:
+    store = MemoryBlockStore()
+    values = np.arange(D, dtype=np.float32)
+    cid = await put_gradient(store, values, chunk_bytes=CHUNK)
+    counting = CountingStore(store)
+    per = values_per_chunk(CHUNK)
+    got = await fetch_range(counting, cid, per + 10, 100, D)
+    np.testing.assert_array_equal(got, values[per + 10 : per + 110])
+    assert counting.downloaded < 2 * per * 4  # the manifest and one chunk, not nine
+    raw = await put_gradient(store, values[:1000])
+    np.testing.assert_array_equal(await fetch_range(store, raw, 5, 3, 1000), values[5:8])
+
+
+def test_fedavg_slices_concatenate_to_the_whole_update() -> None:
+    rng = np.random.default_rng(1)
+    base = rng.standard_normal(10_000).astype(np.float32)
+    rows = [rng.standard_normal(10_000).astype(np.float32) for _ in range(3)]
+    whole = deterministic_update(base, rows, [3, 1, 7], 0.3)
+    parts = [
+        reduce_values("fedavg", base[a:b], [row[a:b] for row in rows], [3, 1, 7], 0.3)
+        for a, b in [(0, 1234), (1234, 7000), (7000, 10_000)]
+    ]
+    assert np.concatenate(parts).tobytes() == whole.tobytes()
+
+
+async def test_a_round_over_pubsub_boards_catches_a_liar_and_drops_forged_messages() -> None:
+    r = await make_round(4)
+    bus = MemoryPubsubBus()
+    topic = "gradfed/v1/s/slices"
+    config = ReduceScatterConfig(chunk_bytes=CHUNK, learning_rate=LR, phase_timeout=20)
+    liar = r.roster.peers[1]
+    boards = [PubsubSliceBoard(bus.endpoint(p), topic, p) for p in r.roster.peers]
+    for board in boards:
+        await board.__aenter__()
+    try:
+        bus.deliver("intruder", topic, b'{"t":"gradfed.slice-msg","kind":"slice"}')
+        bus.deliver("intruder", topic, b"\xff" * 10)
+        results = await asyncio.gather(
+            *(
+                ReduceScatterPeer(p, r.store, b, config, lie=1e-2 if p == liar else 0.0).run(
+                    r.roster, r.roster_cid, r.base, r.grads[p]
+                )
+                for p, b in zip(r.roster.peers, boards, strict=True)
+            )
+        )
+    finally:
+        for board in boards:
+            await board.__aexit__(None, None, None)
+    honest = [res for p, res in zip(r.roster.peers, results, strict=True) if p != liar]
+    assert {res.model_cid for res in honest} == {await reference(r)}
+    assert all(res.liars == {liar} for res in honest)
+    assert all(m.sender != "intruder" for b in boards for m in b.messages)
