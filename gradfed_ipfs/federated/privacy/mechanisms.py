@@ -23,6 +23,9 @@ What changed from the seed (seed-api §12, items 2-3):
   ``Calibration.AUTO`` uses for ε >= 1.
 * Errors: the seed raised ``InvalidGradient`` for an exhausted budget; we raise
   ``PrivacyBudgetExhausted`` (a ``FederatedError`` and ``ValueError``).
+
+Size: one class, :class:`DifferentialPrivacy`, whose mechanisms, calibration, accounting and
+DP-FedAvg share its budget state; splitting it would spread one object over modules.
 """
 
 from __future__ import annotations
