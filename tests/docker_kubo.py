@@ -88,10 +88,13 @@ def docker_unavailable() -> str | None:
         import testcontainers.core.container  # noqa: F401
     except ImportError as exc:
         return f"the Docker test dependencies are missing ({exc})"
+    client = None
     try:
         client = docker.from_env(timeout=5)
         client.ping()
     except Exception as exc:
+        if client is not None:
+            client.close()  # its unix socket would otherwise leak into a later test's warnings
         return f"no Docker engine answers ({type(exc).__name__})"
     try:
         client.images.get(KUBO_IMAGE)
