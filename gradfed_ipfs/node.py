@@ -21,7 +21,6 @@ and pubsub bus shared by the nodes of one test or notebook.
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any, Final, Self
 
 from multiformats import CID
@@ -33,7 +32,7 @@ from .federated.round.gossip import GossipModelSync
 from .federated.round.runner import RoundRunner
 from .kubo.pubsub import KuboPubsub, MemoryPubsubBus, PubsubTransport
 from .kubo.rpc import KuboRpc, Transport
-from .storage.base import UNSET, BlockStore, Unset
+from .storage.base import UNSET, AsyncClosing, BlockStore, Unset
 from .storage.dag import fetch_gradient, put_gradient
 from .storage.kubo import KuboBlockStore
 from .storage.memory import MemoryBlockStore
@@ -62,7 +61,7 @@ def pick_dial_address(addresses: list[str], peer_id: str) -> str:
     return address if "/p2p/" in address else f"{address}/p2p/{peer_id}"
 
 
-class Node:
+class Node(AsyncClosing):
     """One IPFS node for gradient exchange: a Kubo daemon's RPC client, store and pubsub.
 
     Parameters
@@ -131,14 +130,6 @@ class Node:
     async def __aenter__(self) -> Self:
         await self.peer_id()  # checks the daemon answers; runner() needs the ID
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Close the runners and gossip endpoints made here, then pubsub, store and RPC."""

@@ -13,13 +13,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
-from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final
 
 from .._types import CIDLike
 from ..cid import parse_cid
 from ..errors import KuboRpcError
 from ..kubo.rpc import KuboRpc
+from .base import AsyncClosing
 
 __all__ = ["PINNED", "ClusterPinning"]
 
@@ -27,7 +27,7 @@ PINNED: Final = "pinned"
 """The status a cluster peer reports once the whole DAG is pinned on its daemon."""
 
 
-class ClusterPinning:
+class ClusterPinning(AsyncClosing):
     """A durability provider over one IPFS Cluster peer's REST API; an async context manager.
 
     Parameters
@@ -41,17 +41,6 @@ class ClusterPinning:
     def __init__(self, api_url: str, *, timeout: float = 30.0) -> None:
         self.api_url = api_url
         self._rpc = KuboRpc(api_url, timeout=timeout, base_path="")
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Close the connections."""
