@@ -1,4 +1,7 @@
-"""examples/federated_digits.py in a reduced configuration, over a real 4-daemon Kubo swarm."""
+"""examples/federated_digits.py in a reduced configuration, over a real 4-daemon Kubo swarm.
+
+The ``--processes`` mode's peer processes run in ``tests/training/test_digits.py``.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gradfed_ipfs import InvalidGradient, Krum, MultiKrum, TopKInt8, TrimmedMean, verify_history
+from gradfed_ipfs.errors import ConfigError
 from gradfed_ipfs.federated.privacy.accountant import RdpPrivacyAccountant, gaussian_event
 from gradfed_ipfs.kubo import KuboDaemon, KuboSwarm
 from gradfed_ipfs.storage import KuboBlockStore
@@ -18,6 +22,8 @@ pytest.importorskip("sklearn")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import federated_digits as fd
 from digits_model import parse_codec, parse_method
+from digits_processes import PeerRun
+from digits_training import Task, simulate
 
 ROUNDS = 6  # reduced configuration (the example's default is 20)
 
@@ -125,3 +131,43 @@ def test_contradictory_options_are_refused() -> None:
         fd.check_options(fd.Options(secagg=True, method="median"), 4)
     with pytest.raises(InvalidGradient, match="byzantine"):
         fd.check_options(fd.Options(byzantine=4), 4)
+
+
+# --------------------------------------------------------------------------- --processes
+
+
+def test_processes_mode_refuses_what_only_the_one_process_mode_does() -> None:
+    with pytest.raises(ConfigError, match="--secagg, --byzantine"):
+        fd.task_of(fd.Options(secagg=True, byzantine=1))
+    with pytest.raises(ConfigError, match="--keep"):
+        fd.task_of(fd.Options(), keep=True)
+    with pytest.raises(InvalidGradient, match="aggregation method"):
+        fd.task_of(fd.Options(method="mean"))
+    assert fd.task_of(fd.Options(peers=3, rounds=2, method="median")) == Task(
+        peers=3, rounds=2, method="median"
+    )
+    assert fd.main(["--processes", "--compress", "int8"]) == ConfigError.exit_code
+
+
+def test_processes_report_prints_every_peer_beside_the_in_process_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    task = Task(peers=2, rounds=2)
+    history = simulate(task, session="report")[0]
+    centralized = [0.5, 0.9]
+    run = fd.ProcessesRun(
+        task,
+        [PeerRun(i, 100 + i, f"http://api-{i}", history) for i in range(2)],
+        history,
+        centralized,
+    )
+    assert fd.report_processes(fd.Options(), run) == 0
+    out = capsys.readouterr().out
+    cid = history.entries[-1].model
+    assert out.count(f"model {cid}") == 3  # two peer processes and the in-process run
+    assert "peer 1 (pid 101, http://api-1)" in out
+    assert "2 peer processes on one model CID: True; the in-process run's CID: True" in out
+    other = simulate(Task(peers=2, rounds=1), session="other")[0]  # a peer that diverged
+    run.peers[1] = PeerRun(1, 101, "http://api-1", other)
+    assert fd.report_processes(fd.Options(), run) == 1
+    assert "on one model CID: False" in capsys.readouterr().out

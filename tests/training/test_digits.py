@@ -1,5 +1,6 @@
 """The digits task through the training API: 3 peers in one process, and as 3 OS processes.
 
+The task's code is the example's (``examples/digits_training.py``, ``digits_processes.py``).
 Agreed rounds are bit-reproducible, so when every round's roster holds all three peers the
 processes end on the very model CID the in-process run ends on.
 """
@@ -7,39 +8,29 @@ processes end on the very model CID the in-process run ends on.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import subprocess
 import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
 
 import numpy as np
 import pytest
 
 from gradfed_ipfs.training import History, VectorAdapter, run_simulation
 from tests.conftest import KuboNode
-from tests.polling import poll_until
-from tests.training import digits_task as task
 from tests.training.strategies import make_strategy
 
 pytest.importorskip("sklearn")
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+import digits_training as task
+from digits_processes import run_processes
+from digits_training import Task, final_accuracy
+
+TASK = Task(peers=3, rounds=8, alpha=0.5)  # smaller than the example's 4 peers, 20 rounds
 
 
 def simulate(strategy: str = "fedavg", **settings: object) -> list[History]:
-    data = task.data()
-    return asyncio.run(
-        run_simulation(
-            [task.make_client(data, i) for i in range(task.PEERS)],
-            adapter=VectorAdapter(),
-            initial_model=task.initial_model(),
-            config=task.federation(data, **settings),
-            strategy=lambda: make_strategy(strategy),
-            session=f"digits-{strategy}",
-        )
+    return task.simulate(
+        TASK, lambda: make_strategy(strategy), session=f"digits-{strategy}", **settings
     )
 
 
@@ -48,36 +39,32 @@ def in_process() -> list[History]:
     return simulate()
 
 
-def final_accuracy(history: History) -> float:
-    return history.metrics_centralized()["accuracy"][-1][1]
-
-
 def test_three_peers_in_one_process_agree_and_learn(in_process: list[History]) -> None:
     assert len({h.entries[-1].model for h in in_process}) == 1
     history = in_process[0]
-    assert len(history.entries) == task.ROUNDS + 1  # and the final evaluation round
+    assert len(history.entries) == TASK.rounds + 1  # and the final evaluation round
     assert all(e.results == 3 and e.failures == 0 for e in history.entries[:-1])
     assert history.entries[-1].results == 0  # evaluation only
     assert final_accuracy(history) >= 0.9
     losses = [loss for _, loss in history.losses_distributed()]
-    assert len(losses) == task.ROUNDS
+    assert len(losses) == TASK.rounds
     assert losses[-1] < losses[0] / 2
     # the federated evaluation covers every training sample, weighted by sample count
-    assert history.entries[-1].eval_samples == sum(len(p) for p in task.data().parts)
+    assert history.entries[-1].eval_samples == sum(len(p) for p in TASK.data().parts)
     fit = history.metrics_distributed_fit()["accuracy"]
-    assert [r for r, _ in fit] == list(range(1, task.ROUNDS + 1))
+    assert [r for r, _ in fit] == list(range(1, TASK.rounds + 1))
 
 
 def test_in_process_matches_a_plain_fedavg_loop(in_process: list[History]) -> None:
-    data = task.data()
-    clients = [task.make_client(data, i) for i in range(task.PEERS)]
+    data = TASK.data()
+    clients = [task.make_client(data, i, TASK) for i in range(TASK.peers)]
     w = task.initial_model()
-    for r in range(task.ROUNDS):
-        config = {"server_round": r + 1, "local_steps": task.STEPS, "lr": task.LR}
+    for r in range(TASK.rounds):
+        config = {"server_round": r + 1, "local_steps": TASK.local_steps, "lr": TASK.lr}
         outs = [c.train(w.copy(), config) for c in clients]
         n = sum(o[1] for o in outs)
         w = (w + sum(o[1] / n * (o[0] - w) for o in outs)).astype(np.float32)
-    plain = task.held_out_evaluate(data)(w, task.ROUNDS)[1]["accuracy"]
+    plain = task.held_out_evaluate(data)(w, TASK.rounds)[1]["accuracy"]
     assert abs(plain - final_accuracy(in_process[0])) <= 0.01
 
 
@@ -112,70 +99,32 @@ def test_strategies_learn_the_task(strategy: str) -> None:
 # --------------------------------------------------------------------------- OS processes
 
 
-@pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Callable[[list[str], Path], subprocess.Popen[str]]]:
-    started: list[tuple[subprocess.Popen[str], IO[str]]] = []
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-
-    def start(args: list[str], log_path: Path) -> subprocess.Popen[str]:
-        log = log_path.open("w")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.training.digits_peer", *args],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
-        started.append((proc, log))
-        return proc
-
-    try:
-        yield start
-    finally:
-        for proc, log in started:  # every peer process this test started, by PID
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=10)
-            log.close()
-
-
 @pytest.mark.kubo
-def test_three_peer_processes_with_own_daemons_match_the_in_process_run(
-    kubo_swarm3: list[KuboNode],
-    spawn: Callable[[list[str], Path], subprocess.Popen[str]],
-    tmp_path: Path,
-    in_process: list[History],
+def test_the_examples_peer_processes_match_the_in_process_run(
+    kubo_swarm3: list[KuboNode], tmp_path: Path
 ) -> None:
-    members = ",".join(node.peer_id for node in kubo_swarm3)
-    session = f"digits-mp-{os.getpid()}"
-    procs = []
-    for i, node in enumerate(kubo_swarm3):
-        args = [
-            "--api", node.api_url, "--index", str(i), "--members", members,
-            "--session", session, "--history", str(tmp_path / f"h{i}.json"),
-        ]  # fmt: skip
-        procs.append(spawn(args, tmp_path / f"peer{i}.log"))
-
-    def finished() -> bool:
-        for i, proc in enumerate(procs):
-            if proc.poll() not in (None, 0):
-                raise AssertionError((tmp_path / f"peer{i}.log").read_text())
-        return all(proc.poll() == 0 for proc in procs)
-
-    poll_until(finished, timeout=240.0, what="three training peers")
-    histories = [History.load(tmp_path / f"h{i}.json") for i in range(3)]
-    assert len({h.entries[-1].record for h in histories}) == 1
-    finals = [json.loads(line) for line in (tmp_path / "peer0.log").read_text().splitlines()
-              if line.startswith('{"event": "final"')]  # fmt: skip
-    assert finals[0]["model"] == histories[0].entries[-1].model
-    reference = final_accuracy(in_process[0])
-    assert abs(final_accuracy(histories[0]) - reference) <= 0.01
-    if all(len(e.roster) == 3 for e in histories[0].entries):
-        assert histories[0].entries[-1].model == in_process[0].entries[-1].model
+    small = Task(peers=3, rounds=3, alpha=0.5)  # reduced: process start-up dominates
+    runs = run_processes(small, kubo_swarm3, tmp_path, timeout=240.0, log=lambda _: None)
+    assert [r.api_url for r in runs] == [node.api_url for node in kubo_swarm3]
+    assert len({r.model for r in runs}) == 1  # one model CID on every peer process
+    assert len({r.history.entries[-1].record for r in runs}) == 1
+    assert len({r.pid for r in runs}) == 3
+    in_process = task.simulate(small, session="digits-reference")[0]
+    assert all(len(r.history.entries) == small.rounds + 1 for r in runs)
+    for r in runs:
+        assert abs(r.accuracy - final_accuracy(in_process)) <= 0.01
+    if all(len(e.roster) == 3 for e in runs[0].history.entries):  # every peer in every round
+        assert runs[0].model == in_process.entries[-1].model
+        assert runs[0].accuracy == final_accuracy(in_process)
+    final_line = (tmp_path / "peer0.log").read_text().splitlines()[-1]
+    assert f'"model": "{runs[0].model}"' in final_line
 
 
 def test_local_dp_reports_epsilon_and_a_spent_budget_stops_training() -> None:
     from gradfed_ipfs.federated.privacy.mechanisms import DifferentialPrivacy
     from gradfed_ipfs.training import LocalDP
 
-    data = task.data()
+    data = TASK.data()
 
     def privacy(i: int) -> LocalDP:
         dp = DifferentialPrivacy(4.5, 1e-5, 1.0, noise_multiplier=2.0, rng=i)
@@ -183,10 +132,10 @@ def test_local_dp_reports_epsilon_and_a_spent_budget_stops_training() -> None:
 
     histories = asyncio.run(
         run_simulation(
-            [task.make_client(data, i) for i in range(task.PEERS)],
+            [task.make_client(data, i, TASK) for i in range(TASK.peers)],
             adapter=VectorAdapter(),
             initial_model=task.initial_model(),
-            config=task.federation(data, rounds=6),
+            config=task.federation(data, TASK, rounds=6),
             privacy=privacy,
             session="digits-dp",
         )
@@ -204,8 +153,8 @@ def test_local_dp_reports_epsilon_and_a_spent_budget_stops_training() -> None:
 def test_a_failing_client_is_a_reported_failure_not_a_failed_round() -> None:
     from gradfed_ipfs.training import Client
 
-    data = task.data()
-    clients = [task.make_client(data, i) for i in range(task.PEERS)]
+    data = TASK.data()
+    clients = [task.make_client(data, i, TASK) for i in range(TASK.peers)]
 
     def broken(model: np.ndarray, config: object) -> tuple[np.ndarray, int, dict[str, float]]:
         raise RuntimeError("out of memory")
@@ -217,7 +166,7 @@ def test_a_failing_client_is_a_reported_failure_not_a_failed_round() -> None:
             clients,
             adapter=VectorAdapter(),
             initial_model=task.initial_model(),
-            config=task.federation(data, rounds=2),
+            config=task.federation(data, TASK, rounds=2),
             session="digits-broken",
             log=lines.append,
         )
@@ -233,7 +182,7 @@ def test_a_late_peer_resumes_with_the_optimizer_state_and_agrees() -> None:
     from gradfed_ipfs.storage import MemoryBlockStore
     from gradfed_ipfs.training import FedAdam, Peer
 
-    data = task.data()
+    data = TASK.data()
     members = ("peer-0", "peer-1", "peer-2")
     agreed = AgreedConfig(
         members=members, collect_timeout=0.5, takeover_timeout=0.3, round_timeout=30.0,
@@ -247,10 +196,10 @@ def test_a_late_peer_resumes_with_the_optimizer_state_and_agrees() -> None:
                 Peer(
                     store=store,
                     pubsub=bus.endpoint(members[i]),
-                    client=task.make_client(data, i),
+                    client=task.make_client(data, i, TASK),
                     adapter=VectorAdapter(),
                     initial_model=task.initial_model(),
-                    config=task.federation(data, rounds=6, min_available=2),
+                    config=task.federation(data, TASK, rounds=6, min_available=2),
                     agreed=agreed,
                     strategy=FedAdam(eta=0.05),
                     session="resume",
