@@ -44,7 +44,10 @@ class RoundEntry:
     epsilon
         ε this peer has spent so far (``None`` without differential privacy).
     timings
-        ``train``, ``evaluate``, ``round`` (agreed round) and ``local_evaluate``.
+        ``train``, ``evaluate``, ``secagg``, ``round`` (agreed round) and ``local_evaluate``.
+    secure
+        Under :class:`~gradfed_ipfs.training.secure.SecAgg`, the sampled peers whose masked
+        updates were in the secure sum (``None`` without SecAgg).
     """
 
     round: int
@@ -64,6 +67,7 @@ class RoundEntry:
     local_metrics: dict[str, float] = field(default_factory=dict)
     epsilon: float | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    secure: list[str] | None = None
 
 
 @dataclass

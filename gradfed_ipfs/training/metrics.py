@@ -2,14 +2,18 @@
 
 Every contribution and every global model of a training session is one float32 vector::
 
-    [ params (d) | fit, fit_samples, eval_samples, eval_loss, fit:<name>..., eval:<name>... ]
+    [ params (d) | fit, fit_samples, eval_samples, eval_loss, fit:<name>..., eval:<name>...,
+      secure:<member>... ]
 
 In a *contribution*, ``params`` is the peer's update ``local - global`` (zeros when it did not
 train), ``fit`` is 1 when it trained, the samples and metrics are its own, and the evaluation
 is of the round's base model on its data. In a *global model* the tail is the round's agreed
 summary: ``fit`` counts the results, samples are totals and metrics are sample-weighted means
 (fit metrics over the trainers, evaluation over every contributor). The summary is therefore
-part of the model CID every peer agrees on. Peer tails are hostile: a tail with a non-finite
+part of the model CID every peer agrees on. A session under secure aggregation
+(:mod:`gradfed_ipfs.training.secure`) adds one flag per member: in the aggregator's
+contribution and in the global model, 1 marks the members whose masked vectors were summed.
+Peer tails are hostile: a tail with a non-finite
 or negative value, or a count above :data:`MAX_SAMPLES`, counts as a peer that neither trained
 nor evaluated.
 """
@@ -56,6 +60,8 @@ class RoundSummary:
     eval_loss: float | None
     fit_metrics: dict[str, float]
     eval_metrics: dict[str, float]
+    secure: tuple[str, ...] = ()
+    """The members flagged in the secure tail (the secure sum's survivors), sorted."""
 
 
 @dataclass(frozen=True)
@@ -68,23 +74,26 @@ class VectorLayout:
         Number of model parameters d.
     fit_metrics, eval_metrics
         Names of the client metrics carried (others returned by clients are dropped).
+    secure
+        The members, one flag slot each, of a session under secure aggregation (else empty).
     """
 
     params: int
     fit_metrics: tuple[str, ...] = ()
     eval_metrics: tuple[str, ...] = ()
+    secure: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.params < 1:
             raise ConfigError(f"a model needs at least one parameter, got {self.params}")
-        for names in (self.fit_metrics, self.eval_metrics):
+        for names in (self.fit_metrics, self.eval_metrics, self.secure):
             if len(set(names)) != len(names):
                 raise ConfigError(f"metric names must be distinct: {names}")
 
     @property
     def tail(self) -> int:
         """Number of tail slots."""
-        return len(FIXED_SLOTS) + len(self.fit_metrics) + len(self.eval_metrics)
+        return len(FIXED_SLOTS) + len(self.fit_metrics) + len(self.eval_metrics) + len(self.secure)
 
     @property
     def size(self) -> int:
@@ -131,7 +140,8 @@ class VectorLayout:
         fit_values = [float((fit_metrics or {}).get(n, 0.0)) for n in self.fit_metrics]
         eval_values = [float((eval_metrics or {}).get(n, 0.0)) for n in self.eval_metrics]
         fixed = [float(update is not None), fit_samples, eval_samples, eval_loss]
-        out[self.params :] = np.array([*fixed, *fit_values, *eval_values], np.float64)
+        flags = [0.0] * len(self.secure)
+        out[self.params :] = np.array([*fixed, *fit_values, *eval_values, *flags], np.float64)
         if not np.isfinite(out[self.params :]).all():
             raise InvalidGradient("client losses and metrics must be finite")
         return out
@@ -139,7 +149,7 @@ class VectorLayout:
     def read_tail(self, tail: FloatArray) -> PeerTail:
         """Decode a peer's tail; an unusable one reads as a peer that did nothing."""
         t = np.asarray(tail, dtype=np.float64)
-        k, n = len(FIXED_SLOTS), len(self.fit_metrics)
+        k, n, e = len(FIXED_SLOTS), len(self.fit_metrics), len(self.eval_metrics)
         fit_n, eval_n = t[1], t[2]
         usable = (
             t.size == self.tail
@@ -155,7 +165,7 @@ class VectorLayout:
             eval_samples=int(eval_n),
             eval_loss=float(t[3]),
             fit_metrics=dict(zip(self.fit_metrics, t[k : k + n].tolist(), strict=True)),
-            eval_metrics=dict(zip(self.eval_metrics, t[k + n :].tolist(), strict=True)),
+            eval_metrics=dict(zip(self.eval_metrics, t[k + n : k + n + e].tolist(), strict=True)),
         )
 
     def summarize(self, fits: Sequence[PeerTail], evaluations: Sequence[PeerTail]) -> FloatArray:
@@ -176,18 +186,24 @@ class VectorLayout:
         ]
         loss = mean([(p.eval_samples, p.eval_loss) for p in evaluations], eval_total)
         fixed = [len(fits), fit_total, eval_total, loss]
-        return np.array([*fixed, *fit_values, *eval_values], np.float64).astype(np.float32)
+        flags = [0.0] * len(self.secure)
+        values = [*fixed, *fit_values, *eval_values, *flags]
+        return np.array(values, np.float64).astype(np.float32)
 
     def summary(self, model: FloatArray) -> RoundSummary:
         """Decode a global model's tail (this session's own: trusted after agreement)."""
         _, tail = self.split(model)
         t = tail.astype(np.float64).tolist()
-        k, n = len(FIXED_SLOTS), len(self.fit_metrics)
+        k, n, e = len(FIXED_SLOTS), len(self.fit_metrics), len(self.eval_metrics)
+        flags = t[k + n + e :]
         return RoundSummary(
             results=int(t[0]),
             fit_samples=int(t[1]),
             eval_samples=int(t[2]),
             eval_loss=t[3] if t[2] > 0 else None,
             fit_metrics=dict(zip(self.fit_metrics, t[k : k + n], strict=True)) if t[0] else {},
-            eval_metrics=dict(zip(self.eval_metrics, t[k + n :], strict=True)) if t[2] else {},
+            eval_metrics=dict(zip(self.eval_metrics, t[k + n : k + n + e], strict=True))
+            if t[2]
+            else {},
+            secure=tuple(sorted(p for p, f in zip(self.secure, flags, strict=True) if f == 1.0)),
         )

@@ -33,6 +33,16 @@ from ..storage.base import BlockStore
 from .history import History, RoundEntry, report_line
 from .metrics import MAX_SAMPLES, VectorLayout
 from .rule import TrainingRule
+from .sampling import sample_size
+from .secure import (
+    SecAgg,
+    SecureFit,
+    SecureTrainingRule,
+    masked_input,
+    run_secure_fit,
+    secure_contribution,
+    unmasked_fit,
+)
 from .strategy import ConfigValue, FedAvg, QFedAvg, Strategy
 
 __all__ = [
@@ -203,7 +213,9 @@ class Peer(Generic[M]):
     initial_model
         The session's initial model: identical on every peer (its CID names the session).
     strategy
-        Aggregation strategy (default :class:`FedAvg`).
+        Aggregation strategy (default :class:`FedAvg`); wrapped in
+        :class:`~gradfed_ipfs.training.secure.SecAgg`, the sampled peers' updates are only
+        ever summed under secure aggregation.
     config
         Rounds, sampling, metrics, configs, evaluation.
     agreed
@@ -239,7 +251,15 @@ class Peer(Generic[M]):
         self.client, self.adapter, self.config = client, adapter, config
         self.store, self.pubsub, self.session_name = store, pubsub, session
         initial = np.array(adapter.to_vector(initial_model), np.float32).reshape(-1)
-        self.layout = VectorLayout(initial.size, config.fit_metrics, config.eval_metrics)
+        secure = isinstance(self.strategy, SecAgg)
+        if isinstance(self.strategy, SecAgg):  # the sample size is fixed: check it now
+            self.strategy.threshold_for(
+                sample_size(len(agreed.members), config.fraction, config.min_fit)
+            )
+        self.layout = VectorLayout(
+            initial.size, config.fit_metrics, config.eval_metrics,
+            secure=agreed.members if secure else (),
+        )  # fmt: skip
         self._genesis_vector = self.layout.genesis(initial)
         user_config = config.on_fit_config
         strategy_ = self.strategy
@@ -248,7 +268,7 @@ class Peer(Generic[M]):
             extra = {} if user_config is None else dict(user_config(server_round))
             return {**strategy_.fit_config(server_round), **extra}
 
-        self.rule = TrainingRule(
+        self.rule = (SecureTrainingRule if secure else TrainingRule)(
             self.strategy,
             self.layout,
             agreed.members,
@@ -350,6 +370,12 @@ class Peer(Generic[M]):
             except Exception as exc:  # reported as this round's failure
                 logger.warning("round %d: train failed: %s", r, exc)
             timings["train"] = time.monotonic() - t
+        secured: SecureFit | None = None
+        if isinstance(self.strategy, SecAgg) and session.peer_id in sampled:
+            t = time.monotonic()
+            secured = await self._secure(session, sampled, update, fit_samples, fit_metrics)
+            update, fit_samples, fit_metrics = None, 0, {}  # never in the clear
+            timings["secagg"] = time.monotonic() - t
         try:
             vector = self.layout.contribution(
                 update, fit_samples=fit_samples, fit_metrics=fit_metrics,
@@ -359,6 +385,12 @@ class Peer(Generic[M]):
             logger.warning("round %d: unusable client output: %s", r, exc)
             vector = self.layout.contribution(None)
         weight = fit_samples if update is not None else max(1, eval_samples)
+        if secured is not None and secured.samples > 0:  # this peer aggregated the secure sum
+            vector = secure_contribution(
+                self.layout, secured, eval_samples=eval_samples, eval_loss=eval_loss,
+                eval_metrics=eval_metrics,
+            )  # fmt: skip
+            weight = secured.samples
         result = await session.run_round(vector, weight=weight)
         timings["round"] = result.seconds
         summary = self.layout.summary(session.model)
@@ -371,6 +403,7 @@ class Peer(Generic[M]):
             eval_samples=summary.eval_samples, eval_loss=summary.eval_loss,
             eval_metrics=summary.eval_metrics, timings=timings,
             epsilon=None if self.privacy is None else self.privacy.mechanism.spent()[0],
+            secure=list(summary.secure) if isinstance(self.strategy, SecAgg) else None,
         )  # fmt: skip
         if self.config.evaluate_fn is not None and r < self.config.rounds:
             t = time.monotonic()
@@ -378,6 +411,29 @@ class Peer(Generic[M]):
             entry.local_loss, entry.local_metrics = float(loss), dict(metrics)
             timings["local_evaluate"] = time.monotonic() - t
         return entry
+
+    async def _secure(
+        self,
+        session: AgreedSession,
+        sampled: tuple[str, ...],
+        update: FloatArray | None,
+        samples: int,
+        metrics: Mapping[str, float],
+    ) -> SecureFit | None:
+        """Take part in the round's SecAgg; return the unmasked fit if this peer aggregated."""
+        secagg = self.strategy
+        if not isinstance(secagg, SecAgg):  # pragma: no cover - checked by the caller
+            return None
+        if update is not None and samples > secagg.max_weight:
+            logger.warning("%d samples exceed SecAgg's max_weight: not summed", samples)
+            update = None
+        masked = masked_input(self.layout, update, samples, metrics, secagg.max_weight)
+        config = secagg.protocol_config(
+            session.session, session.genesis, session.model_cid, session.round, sampled,
+            masked.size,
+        )  # fmt: skip
+        result = await run_secure_fit(secagg, self.store, self.pubsub, config, masked)
+        return None if result is None else unmasked_fit(self.layout, result, secagg.max_weight)
 
     def _train(
         self, params: FloatArray, config: Config

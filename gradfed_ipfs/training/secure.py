@@ -1,0 +1,367 @@
+"""Secure aggregation as a strategy wrapper: ``Peer(..., strategy=SecAgg(FedAvg()))``.
+
+Flower runs SecAgg+ as a workflow around its strategy (``SecAggPlusWorkflow``); here the
+wrapper plays that part in a serverless agreed round. In agreed round ``r`` the sampled peers
+are the clients of one SecAgg round (:mod:`gradfed_ipfs.federated.round.secagg`, unchanged:
+every message a block, announced on its own sub-topic), and the first of them in the round's
+coordinator order (:func:`~gradfed_ipfs.federated.round.coordinator.coordinator_ranking` over
+the sample) is its aggregator. Each client trains, then masks (Flower's weighting)::
+
+    x_i = [ w_i·Δ_i (d) | w_i | trained_i | w_i·fit metrics ]      w_i = n_i / max_weight
+
+(zeros when its training failed: it still takes part, or the round would lack its keys). The
+aggregator unmasks only the survivors' sum ``S``, and contributes to the agreed round the
+weighted mean ``S_Δ / W`` (``W = N / max_weight``, ``N = round(S_w · max_weight)`` samples) with
+a tail naming the survivors; the other clients contribute no update (only their evaluation, in
+the clear). :class:`SecureTrainingRule` takes that one contribution as the round's fit, of
+weight ``N``, and hands it to the inner strategy, so every peer computes the same model, record
+and :class:`~gradfed_ipfs.training.history.History` (``secure`` lists the survivors).
+
+Only strategies that need nothing but the weighted mean are accepted: FedAvg, FedProx, FedAvgM,
+FedAdagrad, FedAdam, FedYogi. QFedAvg and the robust rules need each client's update or loss,
+which the aggregator must never see; :class:`SecAgg` refuses them with ``ConfigError``.
+
+Costs and limits: the fixed-point ring clips each coordinate of ``x_i`` to ``±clip_range``
+(updates and fit metrics alike) and rounds it to ``1 / scale``; every sampled peer must share
+keys (a sampled peer that is down fails the round's fit: no results, the model only moves on
+the next round); a client that drops after the keys is unmasked away (the result is the
+survivors' mean) while ``threshold`` survive; ``phase_timeout`` must cover the spread of the
+clients' training times. Evaluation results stay in the clear.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from multiformats import CID
+
+from .._types import FloatArray
+from ..errors import ConfigError, SecureAggregationError
+from ..federated.round.coordinator import coordinator_ranking
+from ..federated.round.secagg import SecureRoundConfig, SecureRoundPeer, SecureRoundResult
+from ..federated.secagg.protocol import RandBytes, check_threshold
+from ..formats.roster import Roster
+from ..kubo.pubsub import PubsubTransport
+from ..storage.base import BlockStore
+from .metrics import MAX_SAMPLES, PeerTail, VectorLayout
+from .rule import TrainingRule
+from .strategy import ConfigValue, FedAvg, FitResult, ServerOptStrategy, Strategy
+
+__all__ = [
+    "SecAgg",
+    "SecureFit",
+    "SecureTrainingRule",
+    "masked_input",
+    "run_secure_fit",
+    "secure_aggregator",
+    "secure_contribution",
+    "unmasked_fit",
+]
+
+logger = logging.getLogger("gradfed_ipfs.training")
+
+_LINEAR = "FedAvg, FedProx, FedAvgM, FedAdagrad, FedAdam or FedYogi"
+
+
+class SecAgg(Strategy):
+    """Secure aggregation around a strategy that needs only the weighted mean.
+
+    Parameters
+    ----------
+    strategy
+        The inner strategy: :class:`FedAvg` (or :class:`FedProx`) or a
+        :class:`ServerOptStrategy` (FedAvgM, FedAdagrad, FedAdam, FedYogi).
+    threshold
+        Shamir threshold t for the round's k sampled clients (``k/2 < t <= k``); default
+        ``k // 2 + 1``, and at least 2.
+    clip_range
+        Largest absolute value of a masked coordinate (update units; >= 1, so a weight fits).
+    ring_bits
+        The fixed-point ring Z/2^b: 32 or 64.
+    max_weight
+        Sample count of weight 1 (Flower's ``max_weight``); a client with more samples fails
+        the round (its update would leave the clip range).
+    phase_timeout, mask_timeout, response_timeout
+        Seconds of the SecAgg phases (see
+        :class:`~gradfed_ipfs.federated.round.secagg.SecureRoundConfig`).
+    fetch_timeout, republish_interval, subscriber_timeout
+        Seconds for one message block, between re-publications, and for the parties to
+        subscribe.
+    randbytes
+        Cryptographic randomness (``os.urandom``; tests may inject a seeded one).
+
+    Raises
+    ------
+    ConfigError
+        If the inner strategy needs per-client values, or a setting is out of range.
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        *,
+        threshold: int | None = None,
+        clip_range: float = 8.0,
+        ring_bits: int = 32,
+        max_weight: int = 1000,
+        phase_timeout: float = 30.0,
+        mask_timeout: float = 10.0,
+        response_timeout: float = 10.0,
+        fetch_timeout: float = 30.0,
+        republish_interval: float = 0.5,
+        subscriber_timeout: float = 10.0,
+        randbytes: RandBytes = os.urandom,
+    ) -> None:
+        if not isinstance(strategy, FedAvg | ServerOptStrategy):
+            raise ConfigError(
+                f"SecAgg cannot wrap {strategy.name}: the aggregator learns only the weighted "
+                f"sum of the updates, and {strategy.name} needs each client's update or loss "
+                f"(use {_LINEAR})"
+            )
+        if not (np.isfinite(clip_range) and clip_range >= 1.0):
+            raise ConfigError(f"clip_range must be finite and >= 1, got {clip_range}")
+        if ring_bits not in (32, 64):
+            raise ConfigError(f"ring_bits must be 32 or 64, got {ring_bits}")
+        if not 1 <= max_weight <= 1 << 20:
+            raise ConfigError(f"max_weight must be in [1, 2**20], got {max_weight}")
+        self.strategy, self.threshold = strategy, threshold
+        self.clip_range, self.ring_bits, self.max_weight = float(clip_range), ring_bits, max_weight
+        self.timeouts = {
+            "phase_timeout": phase_timeout,
+            "mask_timeout": mask_timeout,
+            "response_timeout": response_timeout,
+            "view_timeout": response_timeout,
+            "fetch_timeout": fetch_timeout,
+            "republish_interval": republish_interval,
+            "subscriber_timeout": subscriber_timeout,
+        }
+        self.randbytes = randbytes
+        self.name = f"secagg-{strategy.name}"  # type: ignore[misc]  # names its inner strategy
+
+    def __repr__(self) -> str:
+        return f"SecAgg({self.strategy!r}, threshold={self.threshold})"
+
+    def fit_config(self, server_round: int) -> dict[str, ConfigValue]:
+        """Return the inner strategy's client config."""
+        return self.strategy.fit_config(server_round)
+
+    def aggregate(
+        self,
+        params: FloatArray,
+        fits: Sequence[FitResult],
+        learning_rate: float,
+        state: FloatArray | None,
+    ) -> tuple[FloatArray, FloatArray | None]:
+        """Apply the inner strategy (``fits`` is the one secure mean, of weight ``N``)."""
+        return self.strategy.aggregate(params, fits, learning_rate, state)
+
+    def threshold_for(self, clients: int) -> int:
+        """Return the Shamir threshold for ``clients`` sampled clients.
+
+        Raises
+        ------
+        ConfigError
+            If fewer than 2 clients, or the threshold does not fit ``k/2 < t <= k``.
+        """
+        t = self.threshold if self.threshold is not None else max(2, clients // 2 + 1)
+        try:
+            check_threshold(t, clients)
+        except SecureAggregationError as exc:
+            raise ConfigError(f"SecAgg over {clients} sampled clients: {exc}") from exc
+        return t
+
+    def protocol_config(
+        self, session: str, genesis: CID, base: CID, round_id: int, clients: Sequence[str],
+        length: int,
+    ) -> SecureRoundConfig:  # fmt: skip
+        """Return the parameters of agreed round ``round_id``'s SecAgg round (from ``base``)."""
+        return SecureRoundConfig(
+            session_id=f"{session}/agreed/{genesis}/{base}",
+            round_id=round_id,
+            clients=tuple(sorted(clients)),
+            aggregator=secure_aggregator(session, genesis, round_id, clients),
+            threshold=self.threshold_for(len(clients)),
+            length=length,
+            clip_range=self.clip_range,
+            ring_bits=self.ring_bits,
+            **self.timeouts,
+        )
+
+
+def secure_aggregator(session: str, genesis: CID, round_id: int, clients: Sequence[str]) -> str:
+    """Return the aggregator of an agreed round: the round's first coordinator among ``clients``."""
+    return coordinator_ranking(session, genesis, round_id, tuple(clients))[0]
+
+
+def masked_input(
+    layout: VectorLayout,
+    update: FloatArray | None,
+    samples: int,
+    fit_metrics: Mapping[str, float],
+    max_weight: int,
+) -> FloatArray:
+    """Return ``[w·Δ | w | 1 | w·metrics]`` (``w = samples / max_weight``); zeros if untrained."""
+    out = np.zeros(layout.params + 2 + len(layout.fit_metrics), np.float64)
+    if update is None:
+        return out.astype(np.float32)
+    w = samples / max_weight
+    d = layout.params
+    out[:d] = w * np.asarray(update, np.float64)
+    out[d], out[d + 1] = w, 1.0
+    out[d + 2 :] = [w * float(fit_metrics.get(n, 0.0)) for n in layout.fit_metrics]
+    return out.astype(np.float32)
+
+
+@dataclass(frozen=True)
+class SecureFit:
+    """What the aggregator recovered from the survivors' sum.
+
+    Attributes
+    ----------
+    mean
+        The sample-weighted mean update, float32 ``(d,)``.
+    samples, results
+        Training samples ``N`` and clients that trained, over the survivors.
+    fit_metrics
+        Sample-weighted mean of each fit metric.
+    survivors
+        Clients whose masked vectors were summed.
+    """
+
+    mean: FloatArray
+    samples: int
+    results: int
+    fit_metrics: dict[str, float]
+    survivors: tuple[str, ...]
+
+
+def unmasked_fit(layout: VectorLayout, result: SecureRoundResult, max_weight: int) -> SecureFit:
+    """Decode the survivors' sum; ``samples == 0`` when none of them trained."""
+    total = np.asarray(result.total, np.float64)
+    d = layout.params
+    samples = min(MAX_SAMPLES, max(0, round(float(total[d]) * max_weight)))
+    results = max(0, round(float(total[d + 1])))
+    if samples == 0 or results == 0:
+        return SecureFit(np.zeros(d, np.float32), 0, 0, {}, tuple(sorted(result.survivors)))
+    weight = samples / max_weight
+    metrics = {n: float(total[d + 2 + i] / weight) for i, n in enumerate(layout.fit_metrics)}
+    return SecureFit(
+        (total[:d] / weight).astype(np.float32), samples, results, metrics,
+        tuple(sorted(result.survivors)),
+    )  # fmt: skip
+
+
+def secure_contribution(
+    layout: VectorLayout,
+    fit: SecureFit,
+    *,
+    eval_samples: int = 0,
+    eval_loss: float = 0.0,
+    eval_metrics: Mapping[str, float] | None = None,
+) -> FloatArray:
+    """Return the aggregator's contribution: the mean, ``results`` in the ``fit`` slot, flags."""
+    vector = layout.contribution(
+        fit.mean, fit_samples=fit.samples, fit_metrics=fit.fit_metrics,
+        eval_samples=eval_samples, eval_loss=eval_loss, eval_metrics=eval_metrics,
+    )  # fmt: skip
+    vector[layout.params] = fit.results
+    flags = vector[layout.size - len(layout.secure) :]
+    flags[:] = [1.0 if p in fit.survivors else 0.0 for p in layout.secure]
+    return vector
+
+
+async def run_secure_fit(
+    secagg: SecAgg,
+    store: BlockStore,
+    pubsub: PubsubTransport,
+    config: SecureRoundConfig,
+    vector: FloatArray,
+) -> SecureRoundResult | None:
+    """Run this peer's client role (and aggregator role); return the aggregator's result.
+
+    A failure of either role is logged, never raised: a client that fails is dropped by the
+    protocol; an aggregator that fails returns ``None`` (the round has no fit).
+    """
+    peer = SecureRoundPeer(store, pubsub, config, randbytes=secagg.randbytes)
+    try:
+        await peer.start()
+        jobs: list[Awaitable[object]] = [peer.run_client(vector)]
+        if peer.peer_id == config.aggregator:
+            jobs.append(peer.aggregate())
+        outcomes = await asyncio.gather(*jobs, return_exceptions=True)
+    finally:
+        await peer.aclose()
+    for role, outcome in zip(("client", "aggregator"), outcomes, strict=False):
+        if isinstance(outcome, BaseException):
+            if not isinstance(outcome, Exception):
+                raise outcome  # cancellation
+            logger.warning("round %d: secure %s role failed: %s", config.round_id, role, outcome)
+    last = outcomes[-1]
+    return last if isinstance(last, SecureRoundResult) else None
+
+
+class SecureTrainingRule(TrainingRule):
+    """:class:`TrainingRule` under :class:`SecAgg`: the aggregator's secure mean is the one fit.
+
+    Every peer finds the round's aggregator from the sample; its contribution counts as a fit
+    when its tail is sane (``results`` an integer in ``[1, survivors]``, flags 0/1 naming only
+    sampled peers, weight = samples). Other contributions count for evaluation only.
+    """
+
+    def apply(
+        self,
+        model: FloatArray,
+        roster: Roster,
+        gradients: Sequence[FloatArray],
+        learning_rate: float,
+        state: FloatArray | None,
+    ) -> tuple[FloatArray, FloatArray | None]:
+        """Return the next global vector (params moved by the secure mean, the summary)."""
+        params, _ = self.layout.split(model)
+        sample = self.sampled(roster.session, roster.genesis, roster.round, roster.base)
+        aggregator = (
+            secure_aggregator(roster.session, roster.genesis, roster.round, sample)
+            if sample
+            else None
+        )
+        fits: list[FitResult] = []
+        fit_tails: list[PeerTail] = []
+        evaluations: list[PeerTail] = []
+        found: tuple[int, np.ndarray] | None = None
+        for entry, vector in zip(roster.entries, gradients, strict=True):
+            update, raw = self.layout.split(vector)
+            tail = raw.copy()
+            secure = entry.peer == aggregator and self._sane(update, tail, set(sample))
+            if entry.peer == aggregator:
+                tail[0] = 1.0 if secure else 0.0
+            peer_tail = self.layout.read_tail(tail)
+            if peer_tail.eval_samples > 0:
+                evaluations.append(peer_tail)
+            if secure and peer_tail.fit and entry.weight == peer_tail.fit_samples:
+                fits.append(FitResult(entry.peer, update, entry.weight))
+                fit_tails.append(peer_tail)
+                found = (int(raw[0]), raw[self.layout.tail - len(self.layout.secure) :])
+        new_params, new_state = params, state
+        if fits:
+            new_params, new_state = self.strategy.aggregate(params, fits, learning_rate, state)
+        summary = self.layout.summarize(fit_tails, evaluations)
+        if found is not None:
+            summary[0] = found[0]
+            summary[len(summary) - len(self.layout.secure) :] = found[1]
+        return np.concatenate([np.asarray(new_params, np.float32), summary]), new_state
+
+    def _sane(self, update: FloatArray, tail: np.ndarray, sample: set[str]) -> bool:
+        """Whether an aggregator's tail names a plausible secure sum."""
+        flags = tail[len(tail) - len(self.layout.secure) :]
+        if not (np.isfinite(tail).all() and np.isfinite(update).all()):
+            return False
+        if not np.isin(flags, (0.0, 1.0)).all():
+            return False
+        survivors = {p for p, f in zip(self.layout.secure, flags, strict=True) if f == 1.0}
+        results = tail[0]
+        return survivors <= sample and results == int(results) and 1 <= results <= len(survivors)

@@ -1,0 +1,257 @@
+"""SecAgg as a training-API wrapper: same agreed model as FedAvg, no update ever in the clear."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gradfed_ipfs.errors import ConfigError
+from gradfed_ipfs.federated.round.agreed import AgreedConfig
+from gradfed_ipfs.federated.round.secagg import SecureRoundPeer
+from gradfed_ipfs.federated.secagg import FixedPoint
+from gradfed_ipfs.kubo import KuboPubsub, MemoryPubsubBus
+from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
+from gradfed_ipfs.storage.base import BlockStore
+from gradfed_ipfs.tensor import Median
+from gradfed_ipfs.training import (
+    Client,
+    FedAdam,
+    FedAvg,
+    FederationConfig,
+    History,
+    Peer,
+    QFedAvg,
+    Robust,
+    Strategy,
+    VectorAdapter,
+)
+from gradfed_ipfs.training.secure import SecAgg
+from gradfed_ipfs.training.simulation import SIMULATION_TIMING
+from tests.conftest import KuboNode
+
+D = 24
+ROUNDS = 2
+SAMPLES = (10, 20, 50)  # unequal: an unweighted mean would be far from FedAvg's
+rng = np.random.default_rng(17)
+UPDATES = rng.normal(0.0, 0.5, (ROUNDS, len(SAMPLES), D)).astype(np.float32)
+FIT_ACC = (0.25, 0.5, 1.0)
+INITIAL = np.linspace(-1.0, 1.0, D, dtype=np.float32)
+FAST_SECAGG = {"phase_timeout": 10.0, "mask_timeout": 1.0, "response_timeout": 5.0,
+               "republish_interval": 0.1, "subscriber_timeout": 0.5}  # fmt: skip
+
+
+def client(i: int) -> Client[Any]:
+    """Peer ``i`` returns a fixed update per round (so both runs see the same inputs)."""
+
+    def train(model: Any, config: dict[str, Any]) -> tuple[Any, int, dict[str, float]]:
+        r = int(config["server_round"]) - 1
+        return UPDATES[r, i].copy(), SAMPLES[i], {"acc": FIT_ACC[i]}
+
+    def evaluate(model: Any, config: dict[str, Any]) -> tuple[float, int, dict[str, float]]:
+        return float(np.abs(model).mean()), 5, {}
+
+    return Client(train=train, evaluate=evaluate, returns="update")
+
+
+async def run_peers(
+    strategy: Callable[[], Strategy],
+    *,
+    stores: Sequence[BlockStore] | None = None,
+    transports: Sequence[Any] | None = None,
+    members: Sequence[str] | None = None,
+    timing: dict[str, float] | None = None,
+) -> list[History]:
+    """Run 3 peers (memory bus and one shared store unless given) for ``ROUNDS`` rounds."""
+    config: FederationConfig[Any] = FederationConfig(rounds=ROUNDS, fit_metrics=("acc",))
+    if members is None:
+        bus = MemoryPubsubBus()
+        members = tuple(f"peer-{i}" for i in range(3))
+        transports = [bus.endpoint(p) for p in members]
+    assert stores is not None
+    assert transports is not None
+    agreed = AgreedConfig(members=tuple(members), **{**SIMULATION_TIMING, **(timing or {})})
+    peers = [
+        Peer(store=stores[i], pubsub=transports[i], client=client(i), adapter=VectorAdapter(),
+             initial_model=INITIAL, config=config, agreed=agreed, strategy=strategy(),
+             session="secure-test")
+        for i in range(3)
+    ]  # fmt: skip
+    return list(await asyncio.wait_for(asyncio.gather(*(p.run() for p in peers)), 90.0))
+
+
+def fedavg_reference(rounds: int = ROUNDS, drop: dict[int, int] | None = None) -> np.ndarray:
+    """FedAvg by hand in float64; ``drop`` maps a round to the peer left out of it."""
+    x = INITIAL.astype(np.float64)
+    for r in range(rounds):
+        keep = [i for i in range(3) if (drop or {}).get(r) != i]
+        n = np.array([SAMPLES[i] for i in keep], np.float64)
+        x = x + (n[:, None] * UPDATES[r, keep].astype(np.float64)).sum(0) / n.sum()
+    return x
+
+
+def quantisation_bound(clients: int = 3, max_weight: int = 1000) -> float:
+    """Largest |secure - FedAvg| after ``ROUNDS`` rounds, per coordinate.
+
+    Per round: each of the k masked values ``w·Δ`` is rounded to ``1/scale`` (≤ k/(2·scale)
+    in the sum), divided by ``W = N/max_weight``; decoding the sum and the mean to float32 adds
+    ≤ 2⁻²⁴·|mean| each, and each side's new float32 model ≤ 2⁻²⁴·|x|.
+    """
+    scale = FixedPoint(clients, 8.0, 32).scale
+    weight = min(SAMPLES) * 2 / max_weight  # the smallest W of any round (two survivors)
+    mean = float(np.abs(UPDATES).max())
+    x = float(np.abs(INITIAL).max()) + ROUNDS * mean
+    per_round = clients / (2 * scale * weight) + 2**-23 * mean + 2**-23 * x
+    return ROUNDS * per_round
+
+
+def check_agreed(histories: list[History]) -> None:
+    finals = {h.entries[-1].model for h in histories}
+    records = {h.entries[-1].record for h in histories}
+    assert len(finals) == 1, finals
+    assert len(records) == 1, records
+
+
+async def final_params(store: BlockStore, history: History) -> np.ndarray:
+    from gradfed_ipfs.storage import fetch_gradient
+
+    vector = await fetch_gradient(store, history.entries[-1].model)
+    return np.asarray(vector, np.float32)[:D]
+
+
+async def test_secagg_fedavg_equals_fedavg_within_the_fixed_point_bound() -> None:
+    # Prepare: the same clients under SecAgg(FedAvg()) and under FedAvg().
+    async with MemoryBlockStore() as secure_store, MemoryBlockStore() as plain_store:
+        secure = await run_peers(lambda: SecAgg(FedAvg(), **FAST_SECAGG), stores=[secure_store] * 3)
+        plain = await run_peers(FedAvg, stores=[plain_store] * 3)
+        got = await final_params(secure_store, secure[0])
+        want = await final_params(plain_store, plain[0])
+    # Assert: every peer agrees; the model is FedAvg's up to the quantisation bound.
+    check_agreed(secure)
+    check_agreed(plain)
+    bound = quantisation_bound()
+    assert 0 < bound < 1e-5
+    np.testing.assert_allclose(want, fedavg_reference(), atol=1e-6)
+    assert float(np.abs(got - want).max()) <= bound
+    assert float(np.abs(got - fedavg_reference()).max()) <= bound + 1e-6
+    pairs = zip(secure[0].entries[:ROUNDS], plain[0].entries[:ROUNDS], strict=True)
+    for entry, plain_entry in pairs:
+        assert entry.secure == ["peer-0", "peer-1", "peer-2"]
+        assert (entry.results, entry.failures) == (3, 0)
+        assert entry.fit_samples == plain_entry.fit_samples == sum(SAMPLES)
+        assert entry.fit_metrics["acc"] == pytest.approx(plain_entry.fit_metrics["acc"], abs=1e-6)
+        assert entry.eval_loss == pytest.approx(plain_entry.eval_loss, abs=1e-5)
+    assert secure[0].strategy.startswith("secagg-fedavg")
+    assert plain[0].entries[0].secure is None
+
+
+def contains_update(store: MemoryBlockStore) -> set[tuple[int, int]]:
+    """(round, peer) of every update whose float32 bytes appear in some stored block."""
+    found = set()
+    for _cid, data in store.blocks.values():
+        for r in range(ROUNDS):
+            for i in range(3):
+                if UPDATES[r, i, :8].tobytes() in data:
+                    found.add((r, i))
+    return found
+
+
+async def test_no_block_holds_an_update_in_the_clear() -> None:
+    # Prepare: every block of both runs (contributions, SecAgg messages, models, records).
+    async with MemoryBlockStore() as secure_store, MemoryBlockStore() as plain_store:
+        await run_peers(lambda: SecAgg(FedAvg(), **FAST_SECAGG), stores=[secure_store] * 3)
+        await run_peers(FedAvg, stores=[plain_store] * 3)
+        # Assert: plain FedAvg publishes every update; under SecAgg none is in any block
+        # (the masked vectors are sealed to the aggregator, and it contributes only the mean).
+        assert contains_update(plain_store) == {(r, i) for r in range(ROUNDS) for i in range(3)}
+        assert contains_update(secure_store) == set()
+        masked = [d for _c, d in secure_store.blocks.values() if b"ARROW1" in d[:8]]
+        assert len(masked) >= ROUNDS * 2  # models and contributions are there, updates are not
+
+
+@pytest.mark.parametrize(
+    ("strategy", "reason"),
+    [(QFedAvg(), "qfedavg needs each client's update or loss"),
+     (Robust(Median()), "robust-median needs each client's update or loss")],
+)  # fmt: skip
+def test_non_linear_strategies_are_refused(strategy: Strategy, reason: str) -> None:
+    with pytest.raises(ConfigError, match=reason):
+        SecAgg(strategy)
+
+
+def test_a_sample_too_small_for_secagg_is_refused() -> None:
+    bus = MemoryPubsubBus()
+    members = ("a", "b", "c")
+    with pytest.raises(ConfigError, match="threshold"):
+        Peer(store=MemoryBlockStore(), pubsub=bus.endpoint("a"), client=client(0),
+             adapter=VectorAdapter(), initial_model=INITIAL,
+             config=FederationConfig(rounds=1, fraction=0.3), agreed=AgreedConfig(members),
+             strategy=SecAgg(FedAvg()))  # fmt: skip
+    with pytest.raises(ConfigError, match="threshold"):
+        SecAgg(FedAvg(), threshold=4).threshold_for(3)
+    assert SecAgg(FedAvg()).threshold_for(3) == 2
+
+
+async def test_a_client_dropping_after_its_keys_leaves_the_survivors_mean(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Prepare: in round 0 one client that is not the aggregator dies after sharing its keys.
+    original = SecureRoundPeer.send_masked
+    dropped: list[str] = []
+
+    async def send_masked(self: SecureRoundPeer, gradient: Any) -> Any:
+        cfg = self.config
+        victim = next(c for c in cfg.clients if c != cfg.aggregator)
+        if self.peer_id == victim and not dropped:
+            dropped.append(victim)
+            raise ConnectionError("simulated crash after the keys")
+        return await original(self, gradient)
+
+    monkeypatch.setattr(SecureRoundPeer, "send_masked", send_masked)
+    async with MemoryBlockStore() as store:
+        histories = await run_peers(
+            lambda: SecAgg(FedAvg(), threshold=2, **FAST_SECAGG), stores=[store] * 3
+        )
+        got = await final_params(store, histories[0])
+    # Assert: every peer ends on the same model; round 0 summed the two survivors only.
+    check_agreed(histories)
+    victim = dropped[0]
+    first = histories[0].entries[0]
+    assert first.secure == sorted({"peer-0", "peer-1", "peer-2"} - {victim})
+    assert (first.results, first.failures) == (2, 1)
+    assert first.fit_samples == sum(SAMPLES) - SAMPLES[int(victim[-1])]
+    assert histories[0].entries[1].secure == ["peer-0", "peer-1", "peer-2"]
+    want = fedavg_reference(drop={0: int(victim[-1])})
+    assert float(np.abs(got - want).max()) <= quantisation_bound() + 1e-6
+
+
+@pytest.mark.kubo
+async def test_secagg_fedadam_over_three_kubo_daemons(kubo_swarm3: list[KuboNode]) -> None:
+    # Prepare: one peer beside each daemon; blocks and messages travel by bitswap and pubsub.
+    stores = [KuboBlockStore(n.api_url, timeout=15.0) for n in kubo_swarm3]
+    transports = [KuboPubsub(n.api_url) for n in kubo_swarm3]
+    timing = {"collect_timeout": 20.0, "round_timeout": 60.0, "announce_interval": 0.2,
+              "max_announce_interval": 1.0, "fetch_timeout": 15.0}  # fmt: skip
+    secagg = {**FAST_SECAGG, "mask_timeout": 5.0, "subscriber_timeout": 5.0,
+              "republish_interval": 0.3}  # fmt: skip
+    try:
+        histories = await run_peers(
+            lambda: SecAgg(FedAdam(), **secagg),
+            stores=stores, transports=transports,
+            members=[n.peer_id for n in kubo_swarm3], timing=timing,
+        )  # fmt: skip
+    finally:
+        for t in transports:
+            await t.aclose()
+        for s in stores:
+            await s.aclose()
+    # Assert: the same model and record CIDs on every peer, every client in every secure sum.
+    check_agreed(histories)
+    ids = sorted(n.peer_id for n in kubo_swarm3)
+    for history in histories:
+        assert [e.secure for e in history.entries[:ROUNDS]] == [ids] * ROUNDS
+        assert [e.results for e in history.entries[:ROUNDS]] == [3] * ROUNDS
+        assert history.strategy.startswith("secagg-fedadam")
