@@ -4,6 +4,7 @@ A :class:`Peer` is given a :class:`Client` (local ``train`` and optional ``evalu
 :class:`ModelAdapter`, the session's initial model, a :class:`Strategy` and a
 :class:`FederationConfig`; :meth:`Peer.run` trains every round over the consistent-rounds
 protocol and returns a :class:`History`. :func:`run_simulation` runs N peers in one process.
+:class:`SecAgg` wraps a strategy so that updates are only ever summed under secure aggregation.
 See ``docs/flower.md`` for the mapping from Flower's concepts.
 """
 
@@ -24,6 +25,7 @@ from .peer import (
 )
 from .rule import TrainingRule
 from .sampling import round_seed, sample_peers
+from .secure import SecAgg
 from .simulation import run_simulation
 from .strategy import (
     ConfigValue,
@@ -61,6 +63,7 @@ __all__ = [
     "Robust",
     "RoundEntry",
     "RoundSummary",
+    "SecAgg",
     "ServerOptStrategy",
     "Strategy",
     "TrainFn",

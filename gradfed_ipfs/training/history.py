@@ -205,8 +205,9 @@ def report_line(entry: RoundEntry, rounds: int) -> str:
     if entry.round >= rounds:
         head = f"final evaluation of round {entry.round}"
     else:
+        secure = "" if entry.secure is None else f" (secure sum of {len(entry.secure)} peers)"
         head = (
-            f"round {entry.round + 1}: received {entry.results} results and "
+            f"round {entry.round + 1}: received {entry.results} results{secure} and "
             f"{entry.failures} failures"
         )
     parts = [head]

@@ -8,11 +8,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from multiformats import CID
 
 from gradfed_ipfs.errors import ConfigError
 from gradfed_ipfs.federated.round.agreed import AgreedConfig
 from gradfed_ipfs.federated.round.secagg import SecureRoundPeer
 from gradfed_ipfs.federated.secagg import FixedPoint
+from gradfed_ipfs.formats.roster import Roster
 from gradfed_ipfs.kubo import KuboPubsub, MemoryPubsubBus
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
 from gradfed_ipfs.storage.base import BlockStore
@@ -28,8 +30,15 @@ from gradfed_ipfs.training import (
     Robust,
     Strategy,
     VectorAdapter,
+    VectorLayout,
 )
-from gradfed_ipfs.training.secure import SecAgg
+from gradfed_ipfs.training.secure import (
+    SecAgg,
+    SecureFit,
+    SecureTrainingRule,
+    secure_aggregator,
+    secure_contribution,
+)
 from gradfed_ipfs.training.simulation import SIMULATION_TIMING
 from tests.conftest import KuboNode
 
@@ -64,9 +73,10 @@ async def run_peers(
     transports: Sequence[Any] | None = None,
     members: Sequence[str] | None = None,
     timing: dict[str, float] | None = None,
+    rounds: int = ROUNDS,
 ) -> list[History]:
-    """Run 3 peers (memory bus and one shared store unless given) for ``ROUNDS`` rounds."""
-    config: FederationConfig[Any] = FederationConfig(rounds=ROUNDS, fit_metrics=("acc",))
+    """Run 3 peers (memory bus and one shared store unless given) for ``rounds`` rounds."""
+    config: FederationConfig[Any] = FederationConfig(rounds=rounds, fit_metrics=("acc",))
     if members is None:
         bus = MemoryPubsubBus()
         members = tuple(f"peer-{i}" for i in range(3))
@@ -241,7 +251,7 @@ async def test_secagg_fedadam_over_three_kubo_daemons(kubo_swarm3: list[KuboNode
         histories = await run_peers(
             lambda: SecAgg(FedAdam(), **secagg),
             stores=stores, transports=transports,
-            members=[n.peer_id for n in kubo_swarm3], timing=timing,
+            members=[n.peer_id for n in kubo_swarm3], timing=timing, rounds=1,
         )  # fmt: skip
     finally:
         for t in transports:
@@ -252,6 +262,67 @@ async def test_secagg_fedadam_over_three_kubo_daemons(kubo_swarm3: list[KuboNode
     check_agreed(histories)
     ids = sorted(n.peer_id for n in kubo_swarm3)
     for history in histories:
-        assert [e.secure for e in history.entries[:ROUNDS]] == [ids] * ROUNDS
-        assert [e.results for e in history.entries[:ROUNDS]] == [3] * ROUNDS
+        assert [e.secure for e in history.entries] == [ids, []]  # then the final evaluation
+        assert [e.results for e in history.entries] == [3, 0]
         assert history.strategy.startswith("secagg-fedadam")
+
+
+# ---------------------------------------------------------------- the rule, on hand-made rosters
+
+MEMBERS = ("peer-a", "peer-b", "peer-c")
+GENESIS = CID.decode("bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52zy")
+LAYOUT = VectorLayout(2, fit_metrics=("acc",), secure=MEMBERS)
+
+
+def secure_rule() -> SecureTrainingRule:
+    return SecureTrainingRule(
+        SecAgg(FedAvg()), LAYOUT, MEMBERS, fraction=1.0, min_fit=1, fit_rounds=3,
+        config=lambda r: {},
+    )  # fmt: skip
+
+
+def apply(vectors: dict[str, tuple[np.ndarray, int]]) -> tuple[np.ndarray, Any]:
+    ready = {p: (GENESIS, w) for p, (_v, w) in vectors.items()}
+    roster = Roster.new("s", GENESIS, 0, GENESIS, MEMBERS[0], MEMBERS, ready)
+    model = LAYOUT.genesis(np.array([1.0, 2.0], np.float32))
+    gradients = [vectors[e.peer][0] for e in roster.entries]
+    new, _ = secure_rule().apply(model, roster, gradients, 1.0, None)
+    return LAYOUT.split(new)[0], LAYOUT.summary(new)
+
+
+def test_the_rule_takes_only_the_aggregators_secure_mean() -> None:
+    # Prepare: the aggregator's secure mean over all three, and a peer that claims a plain fit.
+    aggregator = secure_aggregator("s", GENESIS, 0, MEMBERS)
+    other = next(p for p in MEMBERS if p != aggregator)
+    fit = SecureFit(np.array([0.5, -1.0], np.float32), 30, 3, {"acc": 0.75}, MEMBERS)
+    cheat = LAYOUT.contribution(np.array([100.0, 100.0], np.float32), fit_samples=7)
+    vectors = {p: (LAYOUT.contribution(None, eval_samples=2, eval_loss=1.0), 2) for p in MEMBERS}
+    vectors[aggregator] = (secure_contribution(LAYOUT, fit, eval_samples=2, eval_loss=1.0), 30)
+    vectors[other] = (cheat, 7)
+    # Execute
+    params, summary = apply(vectors)
+    # Assert: x + mean; 3 results of 30 samples; the survivors are in the agreed tail.
+    np.testing.assert_array_equal(params, [1.5, 1.0])
+    assert (summary.results, summary.fit_samples, summary.secure) == (3, 30, MEMBERS)
+    assert summary.fit_metrics == {"acc": 0.75}
+    assert summary.eval_samples == 4  # the cheat's tail has no evaluation; the others count
+
+
+@pytest.mark.parametrize("flaw", ["results", "flags", "weight", "nan"])
+def test_an_implausible_secure_tail_is_no_fit_never_a_failed_round(flaw: str) -> None:
+    aggregator = secure_aggregator("s", GENESIS, 0, MEMBERS)
+    fit = SecureFit(np.array([0.5, -1.0], np.float32), 30, 3, {"acc": 0.75}, MEMBERS)
+    vector, weight = secure_contribution(LAYOUT, fit), 30
+    if flaw == "results":
+        vector[LAYOUT.params] = 4  # more results than survivors
+    elif flaw == "flags":
+        vector[-1] = 0.5
+    elif flaw == "weight":
+        weight = 31
+    else:
+        vector[0] = np.nan
+    vectors = {p: (LAYOUT.contribution(None), 1) for p in MEMBERS}
+    vectors[aggregator] = (vector, weight)
+    params, summary = apply(vectors)
+    np.testing.assert_array_equal(params, [1.0, 2.0])
+    assert (summary.results, summary.secure) == (0, ())
