@@ -74,9 +74,13 @@ async def run_peers(
     members: Sequence[str] | None = None,
     timing: dict[str, float] | None = None,
     rounds: int = ROUNDS,
+    fraction: float = 1.0,
+    clients: Callable[[int], Client[Any]] = client,
 ) -> list[History]:
     """Run 3 peers (memory bus and one shared store unless given) for ``rounds`` rounds."""
-    config: FederationConfig[Any] = FederationConfig(rounds=rounds, fit_metrics=("acc",))
+    config: FederationConfig[Any] = FederationConfig(
+        rounds=rounds, fraction=fraction, fit_metrics=("acc",)
+    )
     if members is None:
         bus = MemoryPubsubBus()
         members = tuple(f"peer-{i}" for i in range(3))
@@ -85,7 +89,7 @@ async def run_peers(
     assert transports is not None
     agreed = AgreedConfig(members=tuple(members), **{**SIMULATION_TIMING, **(timing or {})})
     peers = [
-        Peer(store=stores[i], pubsub=transports[i], client=client(i), adapter=VectorAdapter(),
+        Peer(store=stores[i], pubsub=transports[i], client=clients(i), adapter=VectorAdapter(),
              initial_model=INITIAL, config=config, agreed=agreed, strategy=strategy(),
              session="secure-test")
         for i in range(3)
@@ -93,11 +97,17 @@ async def run_peers(
     return list(await asyncio.wait_for(asyncio.gather(*(p.run() for p in peers)), 90.0))
 
 
-def fedavg_reference(rounds: int = ROUNDS, drop: dict[int, int] | None = None) -> np.ndarray:
+def fedavg_reference(
+    rounds: int = ROUNDS,
+    drop: dict[int, int] | None = None,
+    trainers: Sequence[Sequence[int]] | None = None,
+) -> np.ndarray:
     """FedAvg by hand in float64; ``drop`` maps a round to the peer left out of it."""
     x = INITIAL.astype(np.float64)
     for r in range(rounds):
         keep = [i for i in range(3) if (drop or {}).get(r) != i]
+        if trainers is not None:
+            keep = [i for i in keep if i in trainers[r]]
         n = np.array([SAMPLES[i] for i in keep], np.float64)
         x = x + (n[:, None] * UPDATES[r, keep].astype(np.float64)).sum(0) / n.sum()
     return x
@@ -235,6 +245,49 @@ async def test_a_client_dropping_after_its_keys_leaves_the_survivors_mean(
     assert first.fit_samples == sum(SAMPLES) - SAMPLES[int(victim[-1])]
     assert histories[0].entries[1].secure == ["peer-0", "peer-1", "peer-2"]
     want = fedavg_reference(drop={0: int(victim[-1])})
+    assert float(np.abs(got - want).max()) <= quantisation_bound() + 1e-6
+
+
+async def test_a_failed_training_is_summed_as_zero_and_counted_as_a_failure() -> None:
+    # Prepare: peer 1's train raises in round 0; it still masks (zeros), or the keys would lack.
+    def flaky(i: int) -> Client[Any]:
+        inner = client(i)
+
+        def train(model: Any, config: dict[str, Any]) -> Any:
+            if i == 1 and config["server_round"] == 1:
+                raise RuntimeError("out of memory")
+            return inner.train(model, config)
+
+        return Client(train=train, evaluate=inner.evaluate, returns="update")
+
+    async with MemoryBlockStore() as store:
+        histories = await run_peers(
+            lambda: SecAgg(FedAvg(), **FAST_SECAGG), stores=[store] * 3, clients=flaky
+        )
+        got = await final_params(store, histories[0])
+    # Assert: summed (all three survivors) but 2 results and 1 failure; FedAvg of the others.
+    check_agreed(histories)
+    first = histories[0].entries[0]
+    assert first.secure == ["peer-0", "peer-1", "peer-2"]
+    assert (first.results, first.failures, first.fit_samples) == (2, 1, SAMPLES[0] + SAMPLES[2])
+    assert float(np.abs(got - fedavg_reference(drop={0: 1})).max()) <= quantisation_bound() + 1e-6
+
+
+async def test_only_the_sampled_peers_are_secagg_clients() -> None:
+    # Prepare: fraction 0.6 of 3 peers samples 2 per round; the third only evaluates.
+    async with MemoryBlockStore() as store:
+        histories = await run_peers(
+            lambda: SecAgg(FedAvg(), **FAST_SECAGG), stores=[store] * 3, fraction=0.6
+        )
+        got = await final_params(store, histories[0])
+    # Assert: the secure sum is the sample's; the model is FedAvg over each round's sample.
+    check_agreed(histories)
+    entries = histories[0].entries[:ROUNDS]
+    trainers = [[int(p[-1]) for p in e.sampled] for e in entries]
+    assert all(len(t) == 2 for t in trainers)
+    assert [e.secure for e in entries] == [e.sampled for e in entries]
+    assert [e.eval_samples for e in entries] == [15] * ROUNDS  # everyone evaluates
+    want = fedavg_reference(trainers=trainers)
     assert float(np.abs(got - want).max()) <= quantisation_bound() + 1e-6
 
 
