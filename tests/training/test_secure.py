@@ -11,6 +11,7 @@ import pytest
 from multiformats import CID
 
 from gradfed_ipfs.errors import ConfigError
+from gradfed_ipfs.federated.privacy.mechanisms import DifferentialPrivacy
 from gradfed_ipfs.federated.round.agreed import AgreedConfig
 from gradfed_ipfs.federated.round.secagg import SecureRoundPeer
 from gradfed_ipfs.federated.secagg import FixedPoint
@@ -25,6 +26,7 @@ from gradfed_ipfs.training import (
     FedAvg,
     FederationConfig,
     History,
+    LocalDP,
     Peer,
     QFedAvg,
     Robust,
@@ -76,6 +78,7 @@ async def run_peers(
     rounds: int = ROUNDS,
     fraction: float = 1.0,
     clients: Callable[[int], Client[Any]] = client,
+    privacy: Callable[[int], LocalDP] | None = None,
 ) -> list[History]:
     """Run 3 peers (memory bus and one shared store unless given) for ``rounds`` rounds."""
     config: FederationConfig[Any] = FederationConfig(
@@ -91,7 +94,7 @@ async def run_peers(
     peers = [
         Peer(store=stores[i], pubsub=transports[i], client=clients(i), adapter=VectorAdapter(),
              initial_model=INITIAL, config=config, agreed=agreed, strategy=strategy(),
-             session="secure-test")
+             session="secure-test", privacy=None if privacy is None else privacy(i))
         for i in range(3)
     ]  # fmt: skip
     return list(await asyncio.wait_for(asyncio.gather(*(p.run() for p in peers)), 90.0))
@@ -289,6 +292,23 @@ async def test_only_the_sampled_peers_are_secagg_clients() -> None:
     assert [e.eval_samples for e in entries] == [15] * ROUNDS  # everyone evaluates
     want = fedavg_reference(trainers=trainers)
     assert float(np.abs(got - want).max()) <= quantisation_bound() + 1e-6
+
+
+async def test_local_dp_noises_each_update_before_it_is_masked() -> None:
+    def privacy(i: int) -> LocalDP:
+        return LocalDP(DifferentialPrivacy(50.0, 1e-5, 1.0, noise_multiplier=0.5, rng=i), 5.0)
+
+    async with MemoryBlockStore() as store:
+        histories = await run_peers(
+            lambda: SecAgg(FedAvg(), **FAST_SECAGG), stores=[store] * 3, rounds=1, privacy=privacy
+        )
+        got = await final_params(store, histories[0])
+    check_agreed(histories)
+    first = histories[0].entries[0]
+    assert (first.results, first.secure) == (3, ["peer-0", "peer-1", "peer-2"])
+    assert first.epsilon is not None
+    assert first.epsilon > 0
+    assert float(np.abs(got - fedavg_reference(rounds=1)).max()) > 100 * quantisation_bound()
 
 
 @pytest.mark.kubo
