@@ -34,15 +34,7 @@ from .history import History, RoundEntry, report_line
 from .metrics import MAX_SAMPLES, VectorLayout
 from .rule import TrainingRule
 from .sampling import sample_size
-from .secure import (
-    SecAgg,
-    SecureFit,
-    SecureTrainingRule,
-    masked_input,
-    run_secure_fit,
-    secure_contribution,
-    unmasked_fit,
-)
+from .secure import SecAgg, SecureFit, SecureTrainingRule, secure_contribution, secure_fit
 from .strategy import ConfigValue, FedAvg, QFedAvg, Strategy
 
 __all__ = [
@@ -373,7 +365,10 @@ class Peer(Generic[M]):
         secured: SecureFit | None = None
         if isinstance(self.strategy, SecAgg) and session.peer_id in sampled:
             t = time.monotonic()
-            secured = await self._secure(session, sampled, update, fit_samples, fit_metrics)
+            secured = await secure_fit(
+                self.strategy, self.layout, self.store, self.pubsub, session, sampled,
+                update, fit_samples, fit_metrics,
+            )  # fmt: skip
             update, fit_samples, fit_metrics = None, 0, {}  # never in the clear
             timings["secagg"] = time.monotonic() - t
         try:
@@ -394,6 +389,9 @@ class Peer(Generic[M]):
         result = await session.run_round(vector, weight=weight)
         timings["round"] = result.seconds
         summary = self.layout.summary(session.model)
+        released = secured is not None and secured.samples > 0
+        if isinstance(self.strategy, SecAgg) and summary.results and not released:
+            self.strategy.charge()  # the sum another peer released
         entry = RoundEntry(
             round=r, record=str(result.record), model=str(result.model),
             config=str(config_block.cid), roster=list(result.roster.peers),
@@ -402,7 +400,7 @@ class Peer(Generic[M]):
             fit_samples=summary.fit_samples, fit_metrics=summary.fit_metrics,
             eval_samples=summary.eval_samples, eval_loss=summary.eval_loss,
             eval_metrics=summary.eval_metrics, timings=timings,
-            epsilon=None if self.privacy is None else self.privacy.mechanism.spent()[0],
+            epsilon=self._epsilon(),
             secure=list(summary.secure) if isinstance(self.strategy, SecAgg) else None,
         )  # fmt: skip
         if self.config.evaluate_fn is not None and r < self.config.rounds:
@@ -412,28 +410,11 @@ class Peer(Generic[M]):
             timings["local_evaluate"] = time.monotonic() - t
         return entry
 
-    async def _secure(
-        self,
-        session: AgreedSession,
-        sampled: tuple[str, ...],
-        update: FloatArray | None,
-        samples: int,
-        metrics: Mapping[str, float],
-    ) -> SecureFit | None:
-        """Take part in the round's SecAgg; return the unmasked fit if this peer aggregated."""
-        secagg = self.strategy
-        if not isinstance(secagg, SecAgg):  # pragma: no cover - checked by the caller
-            return None
-        if update is not None and samples > secagg.max_weight:
-            logger.warning("%d samples exceed SecAgg's max_weight: not summed", samples)
-            update = None
-        masked = masked_input(self.layout, update, samples, metrics, secagg.max_weight)
-        config = secagg.protocol_config(
-            session.session, session.genesis, session.model_cid, session.round, sampled,
-            masked.size,
-        )  # fmt: skip
-        result = await run_secure_fit(secagg, self.store, self.pubsub, config, masked)
-        return None if result is None else unmasked_fit(self.layout, result, secagg.max_weight)
+    def _epsilon(self) -> float | None:
+        """ε spent so far: SecAgg's central DP if set, else this peer's local DP."""
+        if isinstance(self.strategy, SecAgg) and self.strategy.central_dp is not None:
+            return self.strategy.central_dp.spent()[0]
+        return None if self.privacy is None else self.privacy.mechanism.spent()[0]
 
     def _train(
         self, params: FloatArray, config: Config

@@ -41,7 +41,14 @@ import numpy as np
 from multiformats import CID
 
 from .._types import FloatArray
-from ..errors import ConfigError, SecureAggregationError
+from ..errors import ConfigError, PrivacyBudgetExhausted, SecureAggregationError
+from ..federated.privacy.mechanisms import (
+    AccountingMode,
+    DifferentialPrivacy,
+    DPMechanism,
+    clip_l2_norm,
+)
+from ..federated.round.agreed import AgreedSession
 from ..federated.round.coordinator import coordinator_ranking
 from ..federated.round.secagg import SecureRoundConfig, SecureRoundPeer, SecureRoundResult
 from ..federated.secagg.protocol import RandBytes, check_threshold
@@ -60,6 +67,7 @@ __all__ = [
     "run_secure_fit",
     "secure_aggregator",
     "secure_contribution",
+    "secure_fit",
     "unmasked_fit",
 ]
 
@@ -94,6 +102,12 @@ class SecAgg(Strategy):
         subscribe.
     randbytes
         Cryptographic randomness (``os.urandom``; tests may inject a seeded one).
+    central_dp
+        Central DP on the secure sum (Gaussian, RDP accounting; each peer its own instance):
+        clients clip ``Δ`` to L2 norm ``C = central_dp.sensitivity`` before weighting; the
+        aggregator adds N(0, (z·C)²) to the sum's update part (it charges its accountant, and
+        refuses the round's fit when the budget cannot afford it); every other peer charges one
+        release for each round with a secure fit, so each ``History`` reports the session's ε.
 
     Raises
     ------
@@ -116,6 +130,7 @@ class SecAgg(Strategy):
         republish_interval: float = 0.5,
         subscriber_timeout: float = 10.0,
         randbytes: RandBytes = os.urandom,
+        central_dp: DifferentialPrivacy | None = None,
     ) -> None:
         if not isinstance(strategy, FedAvg | ServerOptStrategy):
             raise ConfigError(
@@ -141,6 +156,12 @@ class SecAgg(Strategy):
             "subscriber_timeout": subscriber_timeout,
         }
         self.randbytes = randbytes
+        if central_dp is not None and (
+            central_dp.accounting is not AccountingMode.RDP
+            or central_dp.mechanism is not DPMechanism.GAUSSIAN
+        ):
+            raise ConfigError("SecAgg's central_dp needs the Gaussian mechanism and RDP accounting")
+        self.central_dp = central_dp
         self.name = f"secagg-{strategy.name}"  # type: ignore[misc]  # names its inner strategy
 
     def __repr__(self) -> str:
@@ -159,6 +180,34 @@ class SecAgg(Strategy):
     ) -> tuple[FloatArray, FloatArray | None]:
         """Apply the inner strategy (``fits`` is the one secure mean, of weight ``N``)."""
         return self.strategy.aggregate(params, fits, learning_rate, state)
+
+    def clip(self, update: FloatArray) -> FloatArray:
+        """Return ``update`` clipped to L2 norm ``central_dp.sensitivity`` (as is without DP)."""
+        if self.central_dp is None:
+            return update
+        clipped = clip_l2_norm(np.asarray(update, np.float64), self.central_dp.sensitivity)
+        return clipped.astype(np.float32)
+
+    def release(self, total: FloatArray, params: int) -> FloatArray | None:
+        """Return the unmasked sum, its first ``params`` values noised with ``central_dp``.
+
+        ``None`` if the budget cannot afford the release (nothing is charged then).
+        """
+        dp = self.central_dp
+        if dp is None:
+            return total
+        update = np.array(total[:params], np.float64)
+        try:
+            dp.add_gaussian_noise(update)  # checks, noises, charges; unchanged if refused
+        except PrivacyBudgetExhausted as exc:
+            logger.warning("secure sum not released: %s", exc)
+            return None
+        return np.concatenate([update.astype(np.float32), total[params:]])
+
+    def charge(self) -> None:
+        """Charge one release of the sum released by another peer (no-op without DP)."""
+        if self.central_dp is not None:
+            self.central_dp.budget.charge(self.central_dp.release_event(DPMechanism.GAUSSIAN))
 
     def threshold_for(self, clients: int) -> int:
         """Return the Shamir threshold for ``clients`` sampled clients.
@@ -240,19 +289,21 @@ class SecureFit:
     survivors: tuple[str, ...]
 
 
-def unmasked_fit(layout: VectorLayout, result: SecureRoundResult, max_weight: int) -> SecureFit:
-    """Decode the survivors' sum; ``samples == 0`` when none of them trained."""
-    total = np.asarray(result.total, np.float64)
+def unmasked_fit(
+    layout: VectorLayout, summed: FloatArray, survivors: Sequence[str], max_weight: int
+) -> SecureFit:
+    """Decode the survivors' sum ``(d + 2 + m,)``; ``samples == 0`` when none of them trained."""
+    total = np.asarray(summed, np.float64)
     d = layout.params
     samples = min(MAX_SAMPLES, max(0, round(float(total[d]) * max_weight)))
     results = max(0, round(float(total[d + 1])))
     if samples == 0 or results == 0:
-        return SecureFit(np.zeros(d, np.float32), 0, 0, {}, tuple(sorted(result.survivors)))
+        return SecureFit(np.zeros(d, np.float32), 0, 0, {}, tuple(sorted(survivors)))
     weight = samples / max_weight
     metrics = {n: float(total[d + 2 + i] / weight) for i, n in enumerate(layout.fit_metrics)}
     return SecureFit(
         (total[:d] / weight).astype(np.float32), samples, results, metrics,
-        tuple(sorted(result.survivors)),
+        tuple(sorted(survivors)),
     )  # fmt: skip
 
 
@@ -289,7 +340,11 @@ async def run_secure_fit(
     """
     peer = SecureRoundPeer(store, pubsub, config, randbytes=secagg.randbytes)
     try:
-        await peer.start()
+        try:
+            await peer.start()
+        except Exception as exc:  # e.g. the daemon's pubsub failed: this peer's failure
+            logger.warning("round %d: secure round not started: %s", config.round_id, exc)
+            return None
         jobs: list[Awaitable[object]] = [peer.run_client(vector)]
         if peer.peer_id == config.aggregator:
             jobs.append(peer.aggregate())
@@ -303,6 +358,43 @@ async def run_secure_fit(
             logger.warning("round %d: secure %s role failed: %s", config.round_id, role, outcome)
     last = outcomes[-1]
     return last if isinstance(last, SecureRoundResult) else None
+
+
+async def secure_fit(
+    secagg: SecAgg,
+    layout: VectorLayout,
+    store: BlockStore,
+    pubsub: PubsubTransport,
+    session: AgreedSession,
+    sampled: Sequence[str],
+    update: FloatArray | None,
+    samples: int,
+    metrics: Mapping[str, float],
+) -> SecureFit | None:
+    """Take part in the SecAgg round of ``session``'s current round (a sampled peer).
+
+    ``update`` is ``None`` when this peer's training failed (it masks zeros). Returns the
+    unmasked (and, with ``central_dp``, noised) fit on the aggregator, else ``None``.
+    """
+    if update is not None and samples > secagg.max_weight:
+        logger.warning("%d samples exceed SecAgg's max_weight: not summed", samples)
+        update = None
+    if update is not None:
+        update = secagg.clip(update)
+    masked = masked_input(layout, update, samples, metrics, secagg.max_weight)
+    config = secagg.protocol_config(
+        session.session, session.genesis, session.model_cid, session.round, sampled, masked.size
+    )
+    result = await run_secure_fit(secagg, store, pubsub, config, masked)
+    if result is None:
+        return None
+    fit = unmasked_fit(layout, result.total, result.survivors, secagg.max_weight)
+    if fit.samples == 0:  # nothing to release
+        return fit
+    total = secagg.release(result.total, layout.params)
+    if total is None:
+        return None
+    return unmasked_fit(layout, total, result.survivors, secagg.max_weight)
 
 
 class SecureTrainingRule(TrainingRule):

@@ -17,7 +17,7 @@ from gradfed_ipfs.federated.round.secagg import SecureRoundPeer
 from gradfed_ipfs.federated.secagg import FixedPoint
 from gradfed_ipfs.formats.roster import Roster
 from gradfed_ipfs.kubo import KuboPubsub, MemoryPubsubBus
-from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
+from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore, fetch_gradient
 from gradfed_ipfs.storage.base import BlockStore
 from gradfed_ipfs.tensor import Median
 from gradfed_ipfs.training import (
@@ -139,8 +139,6 @@ def check_agreed(histories: list[History]) -> None:
 
 
 async def final_params(store: BlockStore, history: History) -> np.ndarray:
-    from gradfed_ipfs.storage import fetch_gradient
-
     vector = await fetch_gradient(store, history.entries[-1].model)
     return np.asarray(vector, np.float32)[:D]
 
@@ -309,6 +307,38 @@ async def test_local_dp_noises_each_update_before_it_is_masked() -> None:
     assert first.epsilon is not None
     assert first.epsilon > 0
     assert float(np.abs(got - fedavg_reference(rounds=1)).max()) > 100 * quantisation_bound()
+
+
+async def test_central_dp_noises_the_clipped_sum_and_stops_at_the_budget() -> None:
+    # Prepare: C = 0.1, z = 0.05; the budget affords exactly one release of the secure sum.
+    z, clip = 0.05, 0.1
+    probe = DifferentialPrivacy(1e6, 1e-5, clip, noise_multiplier=z)
+    one = [probe.budget.charge(probe.release_event()) or probe.spent()[0] for _ in range(2)]
+
+    def secagg(i: int) -> SecAgg:
+        dp = DifferentialPrivacy(sum(one) / 2, 1e-5, clip, noise_multiplier=z, rng=i)
+        return SecAgg(FedAvg(), central_dp=dp, **FAST_SECAGG)
+
+    made = iter(range(3))
+    async with MemoryBlockStore() as store:
+        histories = await run_peers(lambda: secagg(next(made)), stores=[store] * 3)
+        first = histories[0].entries[0]
+        after_first = np.asarray(await fetch_gradient(store, first.model), np.float32)[:D]
+        got = await final_params(store, histories[0])
+    # Assert: round 1 released a noised mean of the clipped updates; round 2 was refused by the
+    # aggregator's budget on every peer alike (no results, model unchanged); ε is the session's.
+    check_agreed(histories)
+    n = np.array(SAMPLES, np.float64)
+    u = UPDATES[0].astype(np.float64)
+    clipped = u * np.minimum(1.0, clip / np.linalg.norm(u, axis=1))[:, None]
+    want = INITIAL + (n[:, None] * clipped).sum(0) / n.sum()
+    noise_std = z * clip / (n.sum() / 1000)  # z·C on the sum, divided by W
+    measured = float(np.std(after_first - want))  # unclipped, it would be 0.33
+    assert 0.5 * noise_std < measured < 2 * noise_std, measured
+    assert (first.results, histories[0].entries[1].results) == (3, 0)
+    np.testing.assert_array_equal(got, after_first)
+    for history in histories:
+        assert [e.epsilon for e in history.entries] == [pytest.approx(one[0])] * (ROUNDS + 1)
 
 
 @pytest.mark.kubo
