@@ -12,10 +12,12 @@ the sample) is its aggregator. Each client trains, then masks (Flower's weightin
 (zeros when its training failed: it still takes part, or the round would lack its keys). The
 aggregator unmasks only the survivors' sum ``S``, and contributes to the agreed round the
 weighted mean ``S_Δ / W`` (``W = N / max_weight``, ``N = round(S_w · max_weight)`` samples) with
-a tail naming the survivors; the other clients contribute no update (only their evaluation, in
-the clear). :class:`SecureTrainingRule` takes that one contribution as the round's fit, of
-weight ``N``, and hands it to the inner strategy, so every peer computes the same model, record
-and :class:`~gradfed_ipfs.training.history.History` (``secure`` lists the survivors).
+a tail naming the survivors; the other clients contribute no update (only their evaluation,
+in the clear). With ``central_dp`` the clients clip ``Δ_i`` to L2 norm ``C`` first and the
+aggregator noises ``S_Δ`` (Flower's server-side fixed clipping). :class:`SecureTrainingRule`
+takes that one contribution as the round's fit, of weight ``N``, and hands it to the inner
+strategy, so every peer computes the same model, record and
+:class:`~gradfed_ipfs.training.history.History` (``secure`` lists the survivors).
 
 Only strategies that need nothing but the weighted mean are accepted: FedAvg, FedProx, FedAvgM,
 FedAdagrad, FedAdam, FedYogi. QFedAvg and the robust rules need each client's update or loss,
