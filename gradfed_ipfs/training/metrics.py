@@ -13,9 +13,8 @@ summary: ``fit`` counts the results, samples are totals and metrics are sample-w
 part of the model CID every peer agrees on. A session under secure aggregation
 (:mod:`gradfed_ipfs.training.secure`) adds one flag per member: in the aggregator's
 contribution and in the global model, 1 marks the members whose masked vectors were summed.
-Peer tails are hostile: a tail with a non-finite
-or negative value, or a count above :data:`MAX_SAMPLES`, counts as a peer that neither trained
-nor evaluated.
+Peer tails are hostile: a tail with a non-finite or negative value, or a count above
+:data:`MAX_SAMPLES`, counts as a peer that neither trained nor evaluated.
 """
 
 from __future__ import annotations
