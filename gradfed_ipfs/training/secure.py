@@ -211,6 +211,15 @@ class SecAgg(Strategy):
         if self.central_dp is not None:
             self.central_dp.budget.charge(self.central_dp.release_event(DPMechanism.GAUSSIAN))
 
+    def settings(self) -> str:
+        """Return the settings that shape the secure mean, for the round record's label."""
+        dp = self.central_dp
+        noise = "" if dp is None else f" dp_z={dp.noise_multiplier():g} dp_clip={dp.sensitivity:g}"
+        return (
+            f"clip_range={self.clip_range:g} ring_bits={self.ring_bits} "
+            f"max_weight={self.max_weight}{noise}"
+        )
+
     def threshold_for(self, clients: int) -> int:
         """Return the Shamir threshold for ``clients`` sampled clients.
 
@@ -406,6 +415,12 @@ class SecureTrainingRule(TrainingRule):
     when its tail is sane (``results`` an integer in ``[1, survivors]``, flags 0/1 naming only
     sampled peers, weight = samples). Other contributions count for evaluation only.
     """
+
+    def label(self, round_number: int) -> str:
+        """Return the training label followed by the SecAgg settings."""
+        secagg = self.strategy
+        extra = f" {secagg.settings()}" if isinstance(secagg, SecAgg) else ""
+        return super().label(round_number) + extra
 
     def apply(
         self,

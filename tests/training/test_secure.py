@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from multiformats import CID
 
-from gradfed_ipfs.errors import ConfigError
+from gradfed_ipfs.errors import ConfigError, RoundVerificationFailed
 from gradfed_ipfs.federated.privacy.mechanisms import DifferentialPrivacy
 from gradfed_ipfs.federated.round.agreed import AgreedConfig
+from gradfed_ipfs.federated.round.agreed_history import verify_agreed_history
 from gradfed_ipfs.federated.round.secagg import SecureRoundPeer
 from gradfed_ipfs.federated.secagg import FixedPoint
 from gradfed_ipfs.formats.roster import Roster
@@ -31,6 +32,7 @@ from gradfed_ipfs.training import (
     QFedAvg,
     Robust,
     Strategy,
+    TrainingRule,
     VectorAdapter,
     VectorLayout,
 )
@@ -79,6 +81,7 @@ async def run_peers(
     fraction: float = 1.0,
     clients: Callable[[int], Client[Any]] = client,
     privacy: Callable[[int], LocalDP] | None = None,
+    out: list[Peer[Any]] | None = None,
 ) -> list[History]:
     """Run 3 peers (memory bus and one shared store unless given) for ``rounds`` rounds."""
     config: FederationConfig[Any] = FederationConfig(
@@ -97,6 +100,8 @@ async def run_peers(
              session="secure-test", privacy=None if privacy is None else privacy(i))
         for i in range(3)
     ]  # fmt: skip
+    if out is not None:
+        out.extend(peers)
     return list(await asyncio.wait_for(asyncio.gather(*(p.run() for p in peers)), 90.0))
 
 
@@ -145,11 +150,23 @@ async def final_params(store: BlockStore, history: History) -> np.ndarray:
 
 async def test_secagg_fedavg_equals_fedavg_within_the_fixed_point_bound() -> None:
     # Prepare: the same clients under SecAgg(FedAvg()) and under FedAvg().
+    peers: list[Peer[Any]] = []
     async with MemoryBlockStore() as secure_store, MemoryBlockStore() as plain_store:
-        secure = await run_peers(lambda: SecAgg(FedAvg(), **FAST_SECAGG), stores=[secure_store] * 3)
+        secure = await run_peers(
+            lambda: SecAgg(FedAvg(), **FAST_SECAGG), stores=[secure_store] * 3, out=peers
+        )
         plain = await run_peers(FedAvg, stores=[plain_store] * 3)
         got = await final_params(secure_store, secure[0])
         want = await final_params(plain_store, plain[0])
+        # A third party re-runs every round from the blocks (the secure mean is an input).
+        head, genesis = secure[0].entries[-1].record, secure[0].genesis
+        records = await verify_agreed_history(
+            secure_store, head, session="secure-test", genesis=genesis, rule=peers[0].rule
+        )
+        with pytest.raises(RoundVerificationFailed):  # the plain rule does not reproduce them
+            await verify_agreed_history(
+                secure_store, head, session="secure-test", genesis=genesis, rule=plain_rule()
+            )
     # Assert: every peer agrees; the model is FedAvg's up to the quantisation bound.
     check_agreed(secure)
     check_agreed(plain)
@@ -166,7 +183,17 @@ async def test_secagg_fedavg_equals_fedavg_within_the_fixed_point_bound() -> Non
         assert entry.fit_metrics["acc"] == pytest.approx(plain_entry.fit_metrics["acc"], abs=1e-6)
         assert entry.eval_loss == pytest.approx(plain_entry.eval_loss, abs=1e-5)
     assert secure[0].strategy.startswith("secagg-fedavg")
+    assert len(records) == ROUNDS + 1
+    assert all(r.rule is not None and "clip_range=8 ring_bits=32" in r.rule for r in records)
     assert plain[0].entries[0].secure is None
+
+
+def plain_rule() -> TrainingRule:
+    layout = VectorLayout(D, fit_metrics=("acc",), secure=("peer-0", "peer-1", "peer-2"))
+    return TrainingRule(
+        FedAvg(), layout, layout.secure, fraction=1.0, min_fit=1, fit_rounds=ROUNDS,
+        config=lambda r: {},
+    )  # fmt: skip
 
 
 def contains_update(store: MemoryBlockStore) -> set[tuple[int, int]]:
