@@ -13,11 +13,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from ..errors import ConfigError
 from ..federated.round.agreed import AgreedConfig
 from ..kubo.pubsub import MemoryPubsubBus
 from ..storage.memory import MemoryBlockStore
 from .history import History
 from .peer import Client, FederationConfig, LocalDP, ModelAdapter, Peer
+from .secure import SecAgg
 from .strategy import Strategy
 
 __all__ = ["SIMULATION_TIMING", "run_simulation"]
@@ -52,7 +54,15 @@ async def run_simulation(
 
     ``strategy`` may be a factory (one instance per peer, as separate processes would have);
     ``log`` receives peer 0's report lines; ``privacy(i)`` gives peer ``i``'s :class:`LocalDP`.
+
+    Raises
+    ------
+    ConfigError
+        If one :class:`SecAgg` instance with ``central_dp`` would be shared (each peer charges
+        its own accountant: pass a factory).
     """
+    if isinstance(strategy, SecAgg) and strategy.central_dp is not None:
+        raise ConfigError("SecAgg with central_dp needs a factory: one accountant per peer")
     bus = MemoryPubsubBus()
     members = tuple(f"peer-{i}" for i in range(len(clients)))
     agreed = AgreedConfig(members=members, **{**SIMULATION_TIMING, **(timing or {})})

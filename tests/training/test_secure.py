@@ -35,6 +35,7 @@ from gradfed_ipfs.training import (
     TrainingRule,
     VectorAdapter,
     VectorLayout,
+    run_simulation,
 )
 from gradfed_ipfs.training.secure import (
     SecAgg,
@@ -358,6 +359,15 @@ async def test_central_dp_noises_the_clipped_sum_and_stops_at_the_budget() -> No
     np.testing.assert_array_equal(got, after_first)
     for history in histories:
         assert [e.epsilon for e in history.entries] == [pytest.approx(one[0])] * (ROUNDS + 1)
+
+
+async def test_run_simulation_refuses_one_shared_central_dp_accountant() -> None:
+    dp = DifferentialPrivacy(10.0, 1e-5, 0.1, noise_multiplier=1.0)
+    with pytest.raises(ConfigError, match="factory"):
+        await run_simulation(
+            [client(i) for i in range(3)], adapter=VectorAdapter(), initial_model=INITIAL,
+            config=FederationConfig(rounds=1), strategy=SecAgg(FedAvg(), central_dp=dp),
+        )  # fmt: skip
 
 
 @pytest.mark.kubo
