@@ -54,7 +54,7 @@ rng = np.random.default_rng(17)
 UPDATES = rng.normal(0.0, 0.5, (ROUNDS, len(SAMPLES), D)).astype(np.float32)
 FIT_ACC = (0.25, 0.5, 1.0)
 INITIAL = np.linspace(-1.0, 1.0, D, dtype=np.float32)
-FAST_SECAGG = {"phase_timeout": 10.0, "mask_timeout": 1.0, "response_timeout": 5.0,
+FAST_SECAGG = {"phase_timeout": 10.0, "mask_timeout": 5.0, "response_timeout": 5.0,
                "republish_interval": 0.1, "subscriber_timeout": 0.5}  # fmt: skip
 
 
@@ -254,7 +254,8 @@ async def test_a_client_dropping_after_its_keys_leaves_the_survivors_mean(
     monkeypatch.setattr(SecureRoundPeer, "send_masked", send_masked)
     async with MemoryBlockStore() as store:
         histories = await run_peers(
-            lambda: SecAgg(FedAvg(), threshold=2, **FAST_SECAGG), stores=[store] * 3
+            lambda: SecAgg(FedAvg(), threshold=2, **{**FAST_SECAGG, "mask_timeout": 1.5}),
+            stores=[store] * 3,
         )
         got = await final_params(store, histories[0])
     # Assert: every peer ends on the same model; round 0 summed the two survivors only.
@@ -377,7 +378,7 @@ async def test_secagg_fedadam_over_three_kubo_daemons(kubo_swarm3: list[KuboNode
     transports = [KuboPubsub(n.api_url) for n in kubo_swarm3]
     timing = {"collect_timeout": 20.0, "round_timeout": 60.0, "announce_interval": 0.2,
               "max_announce_interval": 1.0, "fetch_timeout": 15.0}  # fmt: skip
-    secagg = {**FAST_SECAGG, "mask_timeout": 5.0, "subscriber_timeout": 5.0,
+    secagg = {**FAST_SECAGG, "phase_timeout": 20.0, "mask_timeout": 10.0, "subscriber_timeout": 5.0,
               "republish_interval": 0.3}  # fmt: skip
     try:
         histories = await run_peers(
