@@ -49,6 +49,7 @@ from .result import RoundResult
 from .secagg import RandBytes
 from .secure import run_secure
 from .streaming import StreamingAccumulator
+from .throughput import ThroughputMeter
 
 __all__ = ["RoundRunner"]
 
@@ -72,6 +73,13 @@ class RoundRunner:
         streaming accumulator with :meth:`RoundConfig.accumulator_config`.
     randbytes
         Cryptographic randomness of this node's SecAgg client role (default ``os.urandom``).
+
+    Attributes
+    ----------
+    throughput
+        Per-peer transfer rates measured over this runner's rounds, which lengthen a slow
+        peer's next fetch deadline; ``None`` without ``RoundConfig.measure_throughput``.
+        Replace it to tune the meter.
     """
 
     MAX_DEFERRED = 4096
@@ -94,6 +102,7 @@ class RoundRunner:
         self.gossip = gossip
         self.config = config if config is not None else RoundConfig()
         self._factory = accumulator_factory or self._default_accumulator
+        self.throughput = ThroughputMeter() if self.config.measure_throughput else None
         self.future = FutureRounds(
             gossip.drops, max_total=self.MAX_DEFERRED, max_per_peer=self.MAX_DEFERRED_PER_PEER
         )
@@ -244,6 +253,7 @@ class RoundRunner:
             delta=delta,
             duration_ms=int((time.monotonic() - started) * 1000),
             drops=dict(self.gossip.drops),
+            throughput=state.throughput,
         )
         logger.info(
             "round %d: %d peers in, missing %s, rejected %d",
