@@ -13,8 +13,9 @@ A round on one node, configured by one :class:`~gradfed_ipfs.federated.round.con
 4. stop when ``min_peers`` peer gradients and every expected peer are in, or at the round's
    deadline (``collect_timeout`` after the commit); a peer that announces but never serves its
    blocks costs at most the deadline, while a fetch whose blocks keep arriving goes on past it,
-   within a deadline scaled by its announced size (``RoundConfig.fetch_deadline``) and unless
-   it stalls (``stall_timeout``); such peers cut off are reported ``slow``, not ``dropped``
+   within a deadline scaled by its announced size (``RoundConfig.fetch_deadline``, longer for
+   a peer measured slower in earlier rounds: :attr:`RoundRunner.throughput`) and unless it
+   stalls (``stall_timeout``); such peers cut off are reported ``slow``, not ``dropped``
    (:mod:`gradfed_ipfs.federated.round.liveness`); a round with fewer than ``min_peers`` by
    then raises :class:`~gradfed_ipfs.errors.InsufficientPeers`;
 5. aggregate (holding or, with ``streaming``, streaming accumulator) and close the round.
