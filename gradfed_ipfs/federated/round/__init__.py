@@ -16,6 +16,7 @@ from .result import RoundResult
 from .runner import RoundRunner
 from .stats import ModelUpdate, RoundStats
 from .streaming import StreamingAccumulator
+from .throughput import ThroughputMeter
 
 __all__ = [
     "AgreedConfig",
@@ -35,4 +36,5 @@ __all__ = [
     "RoundStats",
     "SecureOptions",
     "StreamingAccumulator",
+    "ThroughputMeter",
 ]

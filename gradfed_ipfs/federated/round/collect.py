@@ -155,6 +155,7 @@ class Collection:
         self.watches: dict[str, FetchWatch] = {}
         self.rejected: dict[str, str] = {}
         self.rejections: Counter[str] = Counter()
+        self.throughput: dict[str, float] = {}
 
     def enough(self) -> bool:
         """Whether ``min_peers`` are in and every expected peer has been settled."""
@@ -218,9 +219,12 @@ class Collection:
         task.cancel()
         with contextlib.suppress(BaseException):
             await task
-        received = self.watches[peer].progress.received
+        watch = self.watches[peer]
+        received, now = watch.progress.received, time.monotonic()
+        if now - watch.progress.last < watch.stall_timeout:  # cut off while sending
+            self._measure(peer, now)
         if received and "bytes" not in why:
-            why = f"{why} after {received} of ~{self.watches[peer].nbytes} bytes"
+            why = f"{why} after {received} of ~{watch.nbytes} bytes"
         self._fail(peer, "slow" if received else "dropped", why)
 
     def start_fetch(self, found: Announcement) -> None:
@@ -246,8 +250,10 @@ class Collection:
 
         nbytes = 4 * found.length
         progress = ProgressStore(self.runner.store)
+        meter = self.runner.throughput
+        rate = meter.planning_rate(found.peer_id) if meter is not None else None
         self.watches[found.peer_id] = FetchWatch(
-            progress, nbytes, cfg.fetch_deadline(nbytes), cfg.stall_timeout
+            progress, nbytes, cfg.fetch_deadline(nbytes, rate), cfg.stall_timeout
         )
 
         async def fetch() -> None:  # the coroutine is created only once the task runs
@@ -271,6 +277,7 @@ class Collection:
         exc = task.exception()
         if exc is None:
             self.contributors[peer] = self.announced[peer].cid
+            self._measure(peer, self.watches[peer].progress.last)
             return
         if not isinstance(exc, Exception):
             raise exc  # KeyboardInterrupt, SystemExit: not the peer's doing
@@ -286,6 +293,14 @@ class Collection:
         ):
             kind = "slow"  # its blocks were arriving: slow, not missing
         self._fail(peer, kind, describe(exc), type(exc).__name__)
+
+    def _measure(self, peer: str, end: float) -> None:
+        """Record the rate of ``peer``'s fetch, from its start to ``end``, in the runner's meter."""
+        progress, meter = self.watches[peer].progress, self.runner.throughput
+        if meter is not None:
+            rate = meter.record(peer, progress.received, end - progress.started)
+            if rate is not None:
+                self.throughput[peer] = rate
 
     def _fail(self, peer: str, kind: str, why: str, reason: str = "announced_length") -> None:
         self.failures[peer] = why

@@ -15,6 +15,7 @@ around ``FedAvg``; SecAgg+ as a mod) rather than a second runner::
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ...errors import ConfigError
@@ -127,7 +128,15 @@ class RoundConfig:
     min_throughput
         Slowest per-peer transfer rate a round waits for, in bytes/s (default 100 kB/s, about
         the 2 %-loss WAN link measured in ``benchmarks/bench_wan.py``); it scales each peer's
-        fetch deadline with the announced size.
+        fetch deadline with the announced size. It is the floor: a measured rate never shortens
+        a deadline.
+    measure_throughput
+        Measure each peer's transfer rate and, for a peer measured slower than
+        ``min_throughput`` in earlier rounds, plan its deadline with the measured rate instead
+        (half of it, by default; see :mod:`~gradfed_ipfs.federated.round.throughput`).
+    max_fetch_deadline
+        Seconds a measured rate may extend a fetch deadline to (default 600); a deadline the
+        configured rate gives is never shortened by it.
     stall_timeout
         Seconds without any block arriving after which a fetch is cut off (stalled), whatever
         its deadline.
@@ -161,6 +170,8 @@ class RoundConfig:
     collect_timeout: float = 60.0
     fetch_timeout: float = 60.0
     min_throughput: float = 100_000.0
+    measure_throughput: bool = True
+    max_fetch_deadline: float = 600.0
     stall_timeout: float = 30.0
     subscriber_timeout: float = 10.0
     republish_interval: float = 1.0
@@ -183,6 +194,7 @@ class RoundConfig:
             "stall_timeout",
             "republish_interval",
             "min_throughput",
+            "max_fetch_deadline",
         ):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0")
@@ -190,13 +202,23 @@ class RoundConfig:
             raise ConfigError("DP rounds clip each contribution: they cannot be streaming")
         self.accumulator_config()  # validates the shared settings once, here
 
-    def fetch_deadline(self, nbytes: int) -> float:
+    def fetch_deadline(self, nbytes: int, rate: float | None = None) -> float:
         """Seconds a gradient of ``nbytes`` may take: ``fetch_timeout + nbytes / min_throughput``.
 
-        >>> RoundConfig(fetch_timeout=10.0, min_throughput=1e6).fetch_deadline(40_000_000)
-        50.0
+        With a measured ``rate`` (bytes/s) below ``min_throughput`` the deadline is
+        ``fetch_timeout + nbytes / rate`` instead, capped at ``max_fetch_deadline``; it is never
+        shorter than the configured one.
+
+        >>> config = RoundConfig(fetch_timeout=10.0, min_throughput=1e6)
+        >>> config.fetch_deadline(40_000_000), config.fetch_deadline(40_000_000, rate=0.5e6)
+        (50.0, 90.0)
         """
-        return self.fetch_timeout + max(0, nbytes) / self.min_throughput
+        size = max(0, nbytes)
+        floor = self.fetch_timeout + size / self.min_throughput
+        if rate is None:
+            return floor
+        measured = self.fetch_timeout + size / rate if rate > 0 else math.inf
+        return max(floor, min(measured, self.max_fetch_deadline))
 
     def accumulator_config(self) -> AccumulatorConfig:
         """Return the settings of this round's accumulator (the one place they are built)."""

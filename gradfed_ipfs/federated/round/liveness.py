@@ -3,8 +3,9 @@
 A fetch is watched through a :class:`ProgressStore` (the node's store, counting the bytes of
 every block that arrives). :func:`verdict` decides, at any instant, whether it may go on:
 
-- it may take ``RoundConfig.fetch_deadline(nbytes)`` seconds in all (``fetch_timeout`` plus the
-  announced size over ``min_throughput``): a peer slower than that is *too slow*;
+- it may take ``RoundConfig.fetch_deadline(nbytes, rate)`` seconds in all (``fetch_timeout``
+  plus the announced size over ``min_throughput``, or over the peer's rate measured in earlier
+  rounds when that is slower; see :mod:`.throughput`): a peer slower than that is *too slow*;
 - it is *stalled* when no block arrived for ``stall_timeout`` seconds (from its start, before
   the first block);
 - at the round's deadline, a fetch that has received nothing is cut off (the peer never
@@ -98,7 +99,7 @@ class FetchWatch:
     nbytes
         Announced size of the gradient (4 bytes per float32 value).
     allowed
-        Seconds the whole fetch may take (``RoundConfig.fetch_deadline(nbytes)``).
+        Seconds the whole fetch may take (``RoundConfig.fetch_deadline(nbytes, rate)``).
     stall_timeout
         Seconds without a block after which the fetch is stalled.
     """

@@ -59,6 +59,11 @@ class RoundResult:
         Time the round took on this node, in milliseconds.
     drops
         Announcements dropped, by reason (see :class:`~gradfed_ipfs.AnnouncementFilter`).
+    throughput
+        Peer ID → rate of its fetch this round in bytes/s (received bytes over the fetch's
+        time, latency included), for fetches that completed or were cut off while sending;
+        the runner's :class:`~gradfed_ipfs.federated.round.throughput.ThroughputMeter` smooths
+        them over rounds into the next deadlines.
     """
 
     round_id: int
@@ -78,6 +83,7 @@ class RoundResult:
     delta: float | None = None
     duration_ms: int = 0
     drops: dict[str, int] = field(default_factory=dict)
+    throughput: dict[str, float] = field(default_factory=dict)
 
     @property
     def missing(self) -> list[str]:

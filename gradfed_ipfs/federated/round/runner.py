@@ -13,8 +13,9 @@ A round on one node, configured by one :class:`~gradfed_ipfs.federated.round.con
 4. stop when ``min_peers`` peer gradients and every expected peer are in, or at the round's
    deadline (``collect_timeout`` after the commit); a peer that announces but never serves its
    blocks costs at most the deadline, while a fetch whose blocks keep arriving goes on past it,
-   within a deadline scaled by its announced size (``RoundConfig.fetch_deadline``) and unless
-   it stalls (``stall_timeout``); such peers cut off are reported ``slow``, not ``dropped``
+   within a deadline scaled by its announced size (``RoundConfig.fetch_deadline``, longer for
+   a peer measured slower in earlier rounds: :attr:`RoundRunner.throughput`) and unless it
+   stalls (``stall_timeout``); such peers cut off are reported ``slow``, not ``dropped``
    (:mod:`gradfed_ipfs.federated.round.liveness`); a round with fewer than ``min_peers`` by
    then raises :class:`~gradfed_ipfs.errors.InsufficientPeers`;
 5. aggregate (holding or, with ``streaming``, streaming accumulator) and close the round.
@@ -49,6 +50,7 @@ from .result import RoundResult
 from .secagg import RandBytes
 from .secure import run_secure
 from .streaming import StreamingAccumulator
+from .throughput import ThroughputMeter
 
 __all__ = ["RoundRunner"]
 
@@ -72,6 +74,13 @@ class RoundRunner:
         streaming accumulator with :meth:`RoundConfig.accumulator_config`.
     randbytes
         Cryptographic randomness of this node's SecAgg client role (default ``os.urandom``).
+
+    Attributes
+    ----------
+    throughput
+        Per-peer transfer rates measured over this runner's rounds, which lengthen a slow
+        peer's next fetch deadline; ``None`` without ``RoundConfig.measure_throughput``.
+        Replace it to tune the meter.
     """
 
     MAX_DEFERRED = 4096
@@ -94,6 +103,7 @@ class RoundRunner:
         self.gossip = gossip
         self.config = config if config is not None else RoundConfig()
         self._factory = accumulator_factory or self._default_accumulator
+        self.throughput = ThroughputMeter() if self.config.measure_throughput else None
         self.future = FutureRounds(
             gossip.drops, max_total=self.MAX_DEFERRED, max_per_peer=self.MAX_DEFERRED_PER_PEER
         )
@@ -244,6 +254,7 @@ class RoundRunner:
             delta=delta,
             duration_ms=int((time.monotonic() - started) * 1000),
             drops=dict(self.gossip.drops),
+            throughput=state.throughput,
         )
         logger.info(
             "round %d: %d peers in, missing %s, rejected %d",
