@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import os
 import shutil
 import socket
 import subprocess
 import threading
 import uuid
+import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -88,13 +90,22 @@ def docker_unavailable() -> str | None:
         import testcontainers.core.container  # noqa: F401
     except ImportError as exc:
         return f"the Docker test dependencies are missing ({exc})"
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if host.startswith("unix://") and not Path(host.removeprefix("unix://")).exists():
+        return f"no Docker engine ({host.removeprefix('unix://')} does not exist)"
     client = None
     try:
         client = docker.from_env(timeout=5)
         client.ping()
     except Exception as exc:
         if client is not None:
-            client.close()  # its unix socket would otherwise leak into a later test's warnings
+            client.close()
+        # from_env asks the engine for its API version while constructing, so a failure there
+        # leaves a socket with no client to close it; collect it now, quietly, rather than let
+        # its ResourceWarning land on whichever test runs when the collector next runs.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            gc.collect()
         return f"no Docker engine answers ({type(exc).__name__})"
     try:
         client.images.get(KUBO_IMAGE)
