@@ -4,23 +4,25 @@ through a per-peer recording wrapper (what each peer fetched)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
+import dag_cbor
 import numpy as np
 import pytest
 from multiformats import CID
 
 from gradfed_ipfs.block import Block
-from gradfed_ipfs.errors import RoundVerificationFailed
+from gradfed_ipfs.errors import ConfigError, RoundVerificationFailed
 from gradfed_ipfs.federated.round.agreed_history import load_record
 from gradfed_ipfs.federated.round.regional import (
     RegionalConfig,
     RegionalRoundResult,
     RegionalSession,
+    regional_topic,
     verify_regional_round,
 )
 from gradfed_ipfs.formats.regional import RegionalRecord
-from gradfed_ipfs.formats.roster import AgreedRecord
+from gradfed_ipfs.formats.roster import AgreedMessage, AgreedRecord
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore, fetch_gradient, put_gradient
 from gradfed_ipfs.storage.base import UNSET, Unset
@@ -70,6 +72,7 @@ async def run_peers(
     *,
     rounds: int = 1,
     weights: dict[str, int] | None = None,
+    hostile: Callable[[MemoryBlockStore, MemoryPubsubBus, CID], Awaitable[None]] | None = None,
     **settings: object,
 ) -> tuple[MemoryBlockStore, dict[str, RecordingStore], list[dict[str, RegionalRoundResult]]]:
     store = MemoryBlockStore()
@@ -83,6 +86,8 @@ async def run_peers(
     }
     for session in sessions.values():
         await session.start()
+    if hostile is not None:
+        await hostile(store, bus, genesis)
     results: list[dict[str, RegionalRoundResult]] = []
     try:
         for r in range(rounds):
@@ -206,3 +211,52 @@ async def test_a_tampered_region_aggregate_fails_verification() -> None:
     )  # fmt: skip
     with pytest.raises(RoundVerificationFailed, match="combine to"):
         await verify_regional_round(store, await store.put(lying_top.to_block()))
+
+
+async def test_a_junk_region_record_rejects_its_announcer_not_the_round() -> None:
+    async def announce_junk(store: MemoryBlockStore, bus: MemoryPubsubBus, genesis: CID) -> None:
+        # A junk dag-cbor block whose CID sorts first, so every eu peer tries it before the
+        # honest us record (the most-announced record wins; ties go to the smallest CID).
+        junk = next(
+            block
+            for i in range(100_000)
+            if (block := Block.new(dag_cbor.encode({"junk": i}), "dag-cbor")).cid.digest[2] == 0
+        )
+        await store.put(junk)
+        message = AgreedMessage(
+            "done", "reg/regional", genesis, 0, "us-2", junk.cid, record=junk.cid
+        )
+        await bus.endpoint("us-2").publish(regional_topic("reg", genesis), message.encode())
+
+    present = [p for p in sorted(REGIONS) if p != "us-2"]
+    store, _, rounds = await run_peers(present, min_peers=1, hostile=announce_junk)
+    first = same(rounds[0])
+    assert rounds[0]["us-1"].region_roster.peers == ("us-1",)
+    for peer in ("eu-1", "eu-2", "eu-3"):
+        assert "not a" in rounds[0][peer].rejected["us-2"], rounds[0][peer].rejected
+    await verify_regional_round(store, first.record)
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        ({"regions": {}}, "regions"),
+        ({"regions": {"a": "e/u"}}, "/"),
+        ({"combine": "median"}, "combine"),
+        ({"combine": "in-regions"}, "allowed"),
+        ({"allowed": ("eu",)}, "allowed"),
+        ({"combine": "in-regions", "allowed": ("ap",)}, "no peer"),
+        ({"min_peers": 0}, "min_peers"),
+    ],
+)
+def test_bad_settings_are_refused(settings: dict[str, object], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        RegionalConfig(**{"regions": REGIONS, **settings})  # type: ignore[arg-type]
+
+
+def test_region_settings() -> None:
+    config = RegionalConfig(REGIONS, combine="in-regions", allowed=("us", "eu", "us"), min_peers=3)
+    assert config.allowed == ("eu", "us")
+    assert config.region_names == ("eu", "us")
+    assert config.agreed("us").quorum == 2  # capped at the region's size
+    assert config.agreed("eu").members == ("eu-1", "eu-2", "eu-3")
