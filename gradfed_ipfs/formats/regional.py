@@ -6,14 +6,15 @@ A regional round (:mod:`gradfed_ipfs.federated.round.regional`) runs one agreed 
 top-level combine is one dag-cbor record (keys sorted canonically, CIDs as tag-42 links):
 
 ``gradfed.regional-round`` v1
-    ``{session, genesis, round, prev, combine, allowed: [region...],
-    regions: [[region, record]...], result}``: ``regions`` lists the combined regions' records,
+    ``{session, genesis, round, combine, allowed: [region...], regions: [[region, record]...],
+    result}``: ``regions`` lists the combined regions' records,
     sorted by region, one per region; ``combine`` is ``hierarchical`` (each region weighs 1),
     ``weighted`` (each region weighs its roster's weight total) or ``in-regions`` (weighted,
-    only the ``allowed`` regions: data residency); ``result`` is the combined aggregate's CID;
-    ``prev`` the previous round's top record (``None`` for the first).
+    only the ``allowed`` regions: data residency); ``result`` is the combined aggregate's CID.
 
-Every peer that combines the same region records writes byte-identical records.
+Every peer that combines the same region records writes byte-identical records. There is no
+``prev`` link here (a peer that missed a round would write another chain): history is each
+region record's own ``prev`` chain.
 """
 
 from __future__ import annotations
@@ -78,7 +79,6 @@ class RegionalRecord:
     session: str
     genesis: CID
     round: int
-    prev: CID | None
     combine: Combine
     allowed: tuple[str, ...]
     regions: tuple[tuple[str, CID], ...]
@@ -93,7 +93,6 @@ class RegionalRecord:
                 "session": self.session,
                 "genesis": self.genesis,
                 "round": self.round,
-                "prev": self.prev,
                 "combine": self.combine,
                 "allowed": list(self.allowed),
                 "regions": [[region, cid] for region, cid in self.regions],
@@ -140,12 +139,10 @@ class RegionalRecord:
             allowed and not {r for r, _ in regions} <= set(allowed)
         ):
             raise MalformedManifest(f"{where}: regions and allowed do not match {combine}")
-        prev = record.get("prev")
         return cls(
             session=session,
             genesis=_link(record.get("genesis"), where, (RAW, DAG_CBOR)),
             round=number,
-            prev=None if prev is None else _link(prev, where, (DAG_CBOR,)),
             combine=combine,
             allowed=allowed,
             regions=tuple(regions),

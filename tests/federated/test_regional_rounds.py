@@ -12,7 +12,7 @@ import pytest
 from multiformats import CID
 
 from gradfed_ipfs.block import Block
-from gradfed_ipfs.errors import ConfigError, RoundVerificationFailed
+from gradfed_ipfs.errors import ConfigError, QuorumNotReached, RoundVerificationFailed
 from gradfed_ipfs.federated.round.agreed_history import load_record
 from gradfed_ipfs.federated.round.regional import (
     RegionalConfig,
@@ -127,8 +127,7 @@ async def test_hierarchical_rounds_agree_and_equal_the_tensor_formula() -> None:
         top = await verify_regional_round(store, first.record, session="reg")
         assert top.combine == "hierarchical"
         assert top.round == r
-    top1 = RegionalRecord.from_block(await store.get(rounds[1]["eu-1"].record))
-    assert top1.prev == rounds[0]["eu-1"].record
+    assert rounds[1]["eu-1"].record != rounds[0]["eu-1"].record
 
 
 async def test_weighted_is_the_flat_weighted_mean() -> None:
@@ -197,7 +196,7 @@ async def test_a_tampered_region_aggregate_fails_verification() -> None:
     }
     combined = region_mean([means["eu"], means["us"]])  # consistent at the top level
     forged_top = RegionalRecord(
-        top.session, top.genesis, top.round, top.prev, top.combine, top.allowed,
+        top.session, top.genesis, top.round, top.combine, top.allowed,
         (("eu", forged_eu_cid), ("us", dict(top.regions)["us"])),
         await put_gradient(store, combined),
     )  # fmt: skip
@@ -206,7 +205,7 @@ async def test_a_tampered_region_aggregate_fails_verification() -> None:
         await verify_regional_round(store, forged_cid)
     # A top record whose own result is off fails too.
     lying_top = RegionalRecord(
-        top.session, top.genesis, top.round, top.prev, top.combine, top.allowed, top.regions,
+        top.session, top.genesis, top.round, top.combine, top.allowed, top.regions,
         forged_result,
     )  # fmt: skip
     with pytest.raises(RoundVerificationFailed, match="combine to"):
@@ -260,3 +259,12 @@ def test_region_settings() -> None:
     assert config.region_names == ("eu", "us")
     assert config.agreed("us").quorum == 2  # capped at the region's size
     assert config.agreed("eu").members == ("eu-1", "eu-2", "eu-3")
+
+
+async def test_a_silent_region_makes_the_combine_raise_quorum_not_reached() -> None:
+    eu = [p for p in sorted(REGIONS) if REGIONS[p] == "eu"]
+    with pytest.raises(QuorumNotReached, match="round 0"):
+        await run_peers(eu, round_timeout=1.0)
+    # Without us in the combine (in-regions eu), the same peers finish.
+    _, _, rounds = await run_peers(eu, combine="in-regions", allowed=("eu",))
+    same(rounds[0])

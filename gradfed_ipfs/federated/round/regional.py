@@ -116,14 +116,17 @@ class RegionalSession:
         self.topic = regional_topic(session, self.genesis)
         self.peer_id = ""
         self.region = ""
-        self.round = 0
-        self.head: CID | None = None
         self._region: AgreedSession | None = None
         self._board: RoundBoard | None = None
         self._announcer = Reannouncer(
             pubsub, self.topic, config.announce_interval, config.max_announce_interval
         )
         self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def round(self) -> int:
+        """The next round's number (its region session's)."""
+        return 0 if self._region is None else self._region.round
 
     @property
     def region_session(self) -> AgreedSession:
@@ -191,48 +194,31 @@ class RegionalSession:
         started = time.monotonic()
         board.advance(r)
         mine = await self.region_session.run_round(gradient, weight=weight)
-        combined = self.region in config.combined
-        if combined:
+        # region -> (record CID, aggregate, weight total)
+        found: dict[str, tuple[CID, FloatArray, int]] = {}
+        if self.region in config.combined:
             message = AgreedMessage(
                 "done", board.session, self.genesis, r, self.peer_id, mine.model,
                 record=mine.record,
             )  # fmt: skip
             await self._announcer.post("done", message.encode())
+            total = sum(entry.weight for entry in mine.roster.entries)
+            found[self.region] = (mine.record, self.region_session.model, total)
         else:
             self._announcer.withdraw("done")
         rejected: dict[str, str] = {}
-        # region -> (record CID, aggregate, weight total)
-        found: dict[str, tuple[CID, FloatArray, int]] = {}
-        if combined:
-            total = sum(entry.weight for entry in mine.roster.entries)
-            found[self.region] = (mine.record, self.region_session.model, total)
-        deadline = started + config.round_timeout
-        tried: set[bytes] = set()
-        while True:
-            event = board.changed
-            for region in config.combined:
-                if region not in found:
-                    adopted = await self._adopt(r, region, rejected, tried)
-                    if adopted is not None:
-                        found[region] = adopted
-            if len(found) == len(config.combined):
-                break
-            if time.monotonic() >= deadline:
-                raise QuorumNotReached(r, len(found), len(config.combined))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), 0.05)
+        await self._gather(r, found, rejected)
         means = {region: values for region, (_, values, _) in found.items()}
         sums = {region: total for region, (_, _, total) in found.items()}
         aggregate = combine_regions(config.combine, means, sums, config.allowed)
         encoded = await encode_gradient(aggregate)
         regions = tuple((region, found[region][0]) for region in sorted(found))
         top = RegionalRecord(
-            self.session, self.genesis, r, self.head, config.combine, config.allowed, regions,
+            self.session, self.genesis, r, config.combine, config.allowed, regions,
             encoded.cid,
         )  # fmt: skip
         await encoded.store(self.store)
         record_cid = await self.store.put(top.to_block())
-        self.head, self.round = record_cid, r + 1
         return RegionalRoundResult(
             round=r,
             region=self.region,
@@ -248,6 +234,27 @@ class RegionalSession:
         )
 
     # ------------------------------------------------------------------ helpers
+
+    async def _gather(
+        self, r: int, found: dict[str, tuple[CID, FloatArray, int]], rejected: dict[str, str]
+    ) -> None:
+        """Adopt a record of every combined region into ``found`` (``round_timeout`` s)."""
+        board, combined = self._require_board(), self.config.combined
+        deadline = time.monotonic() + self.config.round_timeout
+        tried: set[bytes] = set()
+        while True:
+            event = board.changed
+            for region in combined:
+                if region not in found:
+                    adopted = await self._adopt(r, region, rejected, tried)
+                    if adopted is not None:
+                        found[region] = adopted
+            if len(found) == len(combined):
+                return
+            if time.monotonic() >= deadline:
+                raise QuorumNotReached(r, len(found), len(combined))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), 0.05)
 
     def _require_board(self) -> RoundBoard:
         if self._board is None:
@@ -273,6 +280,8 @@ class RegionalSession:
                 record = await load_record(self.store, cid, timeout=self.config.fetch_timeout)
                 problem, total = await self._record_problem(record, r, region)
                 values = None if problem else await self._fetch(record.result)
+                if values is not None and not np.isfinite(values).all():
+                    problem, values = "its aggregate is not finite", None
             except BlockNotFound as exc:
                 logger.debug("round %d: region %s record %s not fetched: %s", r, region, cid, exc)
                 continue
