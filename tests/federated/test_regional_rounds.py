@@ -124,10 +124,14 @@ async def test_hierarchical_rounds_agree_and_equal_the_tensor_formula() -> None:
         expected = hierarchical_federated_average(tagged)
         np.testing.assert_array_equal(first.aggregate, expected)
         np.testing.assert_array_equal(await fetch_gradient(store, first.result), expected)
-        top = await verify_regional_round(store, first.record, session="reg")
+        top = await verify_regional_round(store, first.record, session="reg", regions=REGIONS)
         assert top.combine == "hierarchical"
         assert top.round == r
     assert rounds[1]["eu-1"].record != rounds[0]["eu-1"].record
+    with pytest.raises(RoundVerificationFailed, match="another region"):
+        await verify_regional_round(store, first.record, regions={**REGIONS, "eu-2": "us"})
+    with pytest.raises(RoundVerificationFailed, match="belongs to"):
+        await verify_regional_round(store, first.record, session="other")
 
 
 async def test_weighted_is_the_flat_weighted_mean() -> None:

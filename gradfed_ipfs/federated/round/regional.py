@@ -34,6 +34,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
+from collections.abc import Mapping
 
 import numpy as np
 from multiformats import CID
@@ -44,7 +45,9 @@ from ...errors import (
     BlockNotFound,
     BlockStoreError,
     DecodeError,
+    DimensionMismatch,
     GenesisMismatch,
+    InvalidGradient,
     QuorumNotReached,
     RoundVerificationFailed,
 )
@@ -285,8 +288,8 @@ class RegionalSession:
             except BlockNotFound as exc:
                 logger.debug("round %d: region %s record %s not fetched: %s", r, region, cid, exc)
                 continue
-            except (BlockStoreError, DecodeError) as exc:
-                problem, values = str(exc), None
+            except (BlockStoreError, DecodeError, DimensionMismatch) as exc:
+                problem, values = str(exc), None  # the announcers' fault, not the round's
             tried.add(raw)
             if values is None:
                 for peer in (p for p, h in done.items() if bytes(h.record) == raw):
@@ -319,12 +322,28 @@ class RegionalSession:
 
 
 async def verify_regional_round(
-    store: BlockStore, record_cid: CIDLike, *, session: str | None = None
+    store: BlockStore,
+    record_cid: CIDLike,
+    *,
+    session: str | None = None,
+    regions: Mapping[str, str] | None = None,
 ) -> RegionalRecord:
     """Re-verify a regional round from its top-level record's CID alone.
 
     Every region record is re-aggregated from its roster's contributions (and must belong to
     its region and round), then the combine is recomputed; both must hash to the recorded CIDs.
+
+    Parameters
+    ----------
+    store
+        Where to fetch the records, rosters, contributions and aggregates.
+    record_cid
+        The top-level record's CID.
+    session
+        The session it must belong to (any when ``None``).
+    regions
+        Peer ID → region (the session's :attr:`RegionalConfig.regions`): when given, every
+        roster may list only peers of its own region.
 
     Raises
     ------
@@ -340,6 +359,7 @@ async def verify_regional_round(
         sums: dict[str, int] = {}
         for region, region_cid in top.regions:
             record = await verify_agreed_round(store, region_cid, REGION_MEAN)
+            roster = await load_roster(store, record.roster)
             if (
                 record.session != region_session(top.session, region)
                 or bytes(record.genesis) != bytes(top.genesis)
@@ -349,12 +369,13 @@ async def verify_regional_round(
                 raise RoundVerificationFailed(
                     f"region {region}'s record {region_cid} is not round {top.round}'s"
                 )
-            roster = await load_roster(store, record.roster)
+            if regions is not None and any(regions.get(p) != region for p in roster.peers):
+                raise RoundVerificationFailed(f"region {region}'s roster lists another region")
             sums[region] = sum(entry.weight for entry in roster.entries)
             means[region] = np.asarray(await fetch_gradient(store, record.result), np.float32)
-    except (BlockStoreError, DecodeError) as exc:
+        combined = combine_regions(top.combine, means, sums, top.allowed)
+    except (BlockStoreError, DecodeError, DimensionMismatch, InvalidGradient) as exc:
         raise RoundVerificationFailed(f"regional record {cid}: {exc}") from exc
-    combined = combine_regions(top.combine, means, sums, top.allowed)
     recomputed = await model_cid(combined)
     if bytes(recomputed) != bytes(top.result):
         raise RoundVerificationFailed(
