@@ -55,6 +55,9 @@ from .federated import (
     GossipModelSync,
     PrivacyBudget,
     RdpPrivacyAccountant,
+    RegionalConfig,
+    RegionalRoundResult,
+    RegionalSession,
     RoundConfig,
     RoundResult,
     RoundRunner,
@@ -62,6 +65,7 @@ from .federated import (
     SecureOptions,
     StreamingAccumulator,
     verify_agreed_history,
+    verify_regional_round,
 )
 from .formats import Announcement, AnnouncementFilter, session_topic
 from .kubo import KuboDaemon, KuboPubsub, KuboSwarm, MemoryPubsub, MemoryPubsubBus
@@ -192,6 +196,9 @@ __all__ = [
     "QuantizedGradient",
     "RandomK",
     "RdpPrivacyAccountant",
+    "RegionalConfig",
+    "RegionalRoundResult",
+    "RegionalSession",
     "Retention",
     "RetentionKeeper",
     "RoundConfig",
@@ -218,6 +225,7 @@ __all__ = [
     "verify_agreed_history",
     "verify_cid",
     "verify_history",
+    "verify_regional_round",
     "verify_round",
     "WeightedMean",
 ]

@@ -19,6 +19,9 @@ from .round import (
     GossipModelSync,
     GradientAccumulator,
     ModelUpdate,
+    RegionalConfig,
+    RegionalRoundResult,
+    RegionalSession,
     ResyncResult,
     RoundConfig,
     RoundResult,
@@ -27,6 +30,7 @@ from .round import (
     SecureOptions,
     StreamingAccumulator,
     verify_agreed_history,
+    verify_regional_round,
 )
 from .secagg import SecAggClient, SecAggServer, SecureAggregation
 
@@ -36,6 +40,10 @@ __all__ = [
     "AgreedSession",
     "ResyncResult",
     "verify_agreed_history",
+    "RegionalConfig",
+    "RegionalRoundResult",
+    "RegionalSession",
+    "verify_regional_round",
     "AccountingMode",
     "AccumulatorConfig",
     "Calibration",

@@ -56,9 +56,11 @@ from .fedopt import (
     qfedavg_update,
 )
 from .regional import (
+    combine_region_means,
     federated_average_by_region,
     federated_average_in_regions,
     hierarchical_federated_average,
+    region_mean,
 )
 from .robust import (
     clip_to_norm,
@@ -80,9 +82,11 @@ from .types import (
 from .verification import GradientVerifier, PeerAnomaly, cross_peer_check
 
 __all__ = [
+    "combine_region_means",
     "federated_average_by_region",
     "federated_average_in_regions",
     "hierarchical_federated_average",
+    "region_mean",
     "Bulyan",
     "FedAdagrad",
     "FedAdam",

@@ -12,6 +12,12 @@ from .agreed import AgreedConfig, AgreedRoundResult, AgreedSession, ResyncResult
 from .agreed_history import verify_agreed_history
 from .config import DEFAULT_MAX_WEIGHT, AccumulatorConfig, RoundConfig, SecureOptions
 from .gossip import GossipModelSync
+from .regional import (
+    RegionalConfig,
+    RegionalRoundResult,
+    RegionalSession,
+    verify_regional_round,
+)
 from .result import RoundResult
 from .runner import RoundRunner
 from .stats import ModelUpdate, RoundStats
@@ -24,6 +30,10 @@ __all__ = [
     "AgreedSession",
     "ResyncResult",
     "verify_agreed_history",
+    "RegionalConfig",
+    "RegionalRoundResult",
+    "RegionalSession",
+    "verify_regional_round",
     "DEFAULT_MAX_WEIGHT",
     "AccumulatorConfig",
     "DistributedGradientAccumulator",

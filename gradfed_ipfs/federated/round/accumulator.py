@@ -62,6 +62,7 @@ from ...tensor.aggregation import Contribution, WeightedMean, as_float32_vector
 from ...tensor.robust import clip_gradient_norm
 from ...tensor.verification import check_finite
 from .config import AccumulatorConfig
+from .regional_accumulator import RegionalAggregation
 
 __all__ = [
     "LOCAL_PEER_ID",
@@ -260,8 +261,11 @@ class AccumulatorBase:
         return result
 
 
-class DistributedGradientAccumulator(AccumulatorBase):
+class DistributedGradientAccumulator(AccumulatorBase, RegionalAggregation):
     """Holds one local gradient and peers' gradients (fetched by CID) for one session.
+
+    Region-aware aggregates (``aggregate_by_region``, ``aggregate_hierarchical``,
+    ``aggregate_in_regions``) come from :class:`~.regional_accumulator.RegionalAggregation`.
 
     Parameters are those of :class:`AccumulatorBase` (``concurrency`` defaults to 8).
 
