@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable
 from typing import Final, TypeVar, cast
 
@@ -326,7 +327,7 @@ class AgreedSession(RosterPhase):
         others = [p for p in roster.peers if p != self.peer_id]
         logger.debug("round %d: done after %.3fs", r, time.monotonic() - started)
         confirmed, theirs = await self._await_done(r, record_cid, others)
-        self._check_done(r)
+        self._check_done(r, settle_ties=False)
         rejected.update({p: f"announced record {cid}" for p, cid in theirs.items()})
         unconfirmed = tuple(p for p in others if p not in confirmed)
         return AgreedRoundResult(
@@ -353,23 +354,28 @@ class AgreedSession(RosterPhase):
         await self.store.put(block, pin=False)  # inside the gate: no collection in between
         await cast(Collectable, self.store).pin(block.cid, recursive=False)
 
-    def _check_done(self, r: int) -> None:
+    def _check_done(self, r: int, *, settle_ties: bool = True) -> None:
         """Raise ``RoundMismatch`` if round ``r``'s ``done`` messages outvote this peer's record.
 
         Peers that announced another record while this one's wins (most votes, then smallest
         CID, as :meth:`resync` chooses) are the ones that must resync; they are not an error here.
+        Without ``settle_ties`` (right after this peer's own ``done``, when the others' may still
+        be on their way) only a record with strictly more votes raises; a tie is settled by CID
+        at the next check, when the next round starts.
         """
         if self.head is None or r < 0:
             return
         done = self.board.state(r).done
         theirs = {p: h for p, h in done.items() if bytes(h.record) != bytes(self.head)}
         if theirs:
-            mine = Head(r, self.model_cid, self.head)
-            best = best_head([*done.values(), mine])
-            if best is not None and bytes(best.record) != bytes(self.head):
-                raise RoundMismatch(
-                    r, str(self.head), {p: str(h.record) for p, h in theirs.items()}
-                )
+            heads = {**done, self.peer_id: Head(r, self.model_cid, self.head)}
+            best = best_head(heads.values())
+            votes = Counter(bytes(h.record) for h in heads.values())
+            if best is None or bytes(best.record) == bytes(self.head):
+                return
+            if not settle_ties and votes[bytes(best.record)] <= votes[bytes(self.head)]:
+                return
+            raise RoundMismatch(r, str(self.head), {p: str(h.record) for p, h in theirs.items()})
 
     async def _await_done(
         self, r: int, record: CID, others: list[str]
