@@ -31,6 +31,7 @@ from .common import API_ENV, HOME_ENV, console, err_console
 from .data import add_data_parsers
 from .node import add_node_parser
 from .records import add_record_parsers
+from .resync import add_resync_parser
 from .rounds import add_round_parser
 
 __all__ = ["build_parser", "console", "err_console", "main"]
@@ -122,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_parsers(commands)
     add_record_parsers(commands)
     add_round_parser(commands)
+    add_resync_parser(commands)
     return parser
 
 
