@@ -289,7 +289,10 @@ async def node_connect(api: str, target: str, timeout: float, node_dir: Path | N
         address = await node.connect(target)
         peers = await node.peers()
     if node_dir is not None:
-        remember_peers(node_dir, await connected_peers(api))
+        try:
+            remember_peers(node_dir, await connected_peers(api))
+        except KuboRpcError as exc:  # the connection stands; only its memory is lost
+            logger.warning("could not record the node's peers: %s", exc)
     console.print(f"connected to {address}")
     console.print(f"this node now has {len(peers)} peer{'s' if len(peers) != 1 else ''}")
     return 0

@@ -205,8 +205,11 @@ def add_record_parsers(commands: Any) -> None:
         help="re-check one round record (re-fetch everything, recompute the aggregate)",
         description="Fetch a round record, every contribution and the aggregate it links "
         "(each block re-hashed against its CID), recompute the aggregate and compare it bit for "
-        "bit. Exit 0 if it verifies; 1 on a mismatch, or if it is unverifiable (a DP noise "
-        "claim cannot be recomputed); 2 if the CID is not a round record.",
+        "bit. An agreed round record is re-checked as the agreed protocol: its roster, every "
+        "listed contribution and the base model are fetched, the deterministic update is "
+        "recomputed with the record's learning rate and compared with the result CID. Exit 0 "
+        "if it verifies; 1 on a mismatch, or if it is unverifiable (a DP noise claim, or an "
+        "agreed round's custom rule, cannot be recomputed); 2 if the CID is not a round record.",
     )
     verify.add_argument("cid", help="round record CID (bafyrei…)")
     verify.set_defaults(handler=async_handler(_verify_round))
@@ -215,7 +218,8 @@ def add_record_parsers(commands: Any) -> None:
         "history",
         help="verify a round record and every earlier one (a table of rounds)",
         description="Walk the chain of round records back to round 0 from the given one, "
-        "verify every round, and print a table: round, peers, method, ε spent and status. "
+        "verify every round, and print a table: round, peers, method, ε spent and status (for "
+        "an agreed head: round, roster size, roster CID, result CID, update rule and status). "
         "Exit 0 if every round verifies, 1 if not (unverifiable DP rounds included), 2 if the CID "
         "is not a round record.",
     )
