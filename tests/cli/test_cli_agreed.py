@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from gradfed_ipfs import AgreedConfig, AgreedSession, put_gradient
-from gradfed_ipfs.formats.roster import AgreedRecord
+from gradfed_ipfs.cid import parse_cid
+from gradfed_ipfs.formats.roster import AgreedMessage, AgreedRecord
 from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import KuboBlockStore
 from tests.cli.test_cli import run_cli
@@ -48,6 +49,8 @@ class Agreed:
     records: list[str]
     model: np.ndarray
     store: KuboBlockStore
+    sessions: list[AgreedSession]
+    pubsubs: list[KuboPubsub]
 
 
 @pytest.fixture
@@ -73,7 +76,15 @@ async def agreed(kubo_swarm3: list[KuboNode]) -> AsyncIterator[Agreed]:
             assert len({str(res.record) for res in results}) == 1
             assert all(len(res.roster.entries) == 3 for res in results)
             records.append(str(results[0].record))
-        yield Agreed(kubo_swarm3[0].api_url, str(genesis), records, sessions[0].model, stores[0])
+        yield Agreed(
+            kubo_swarm3[0].api_url,
+            str(genesis),
+            records,
+            sessions[0].model,
+            stores[0],
+            sessions,
+            pubsubs,
+        )
     finally:
         for session in sessions:
             await session.aclose()
@@ -123,6 +134,14 @@ async def test_verify_round_and_history_reverify_agreed_records(
     assert code == 1
     assert "3 rounds, 1 failed" in out
 
+    # A record that skips a round breaks the chain: history says so, exit 1.
+    skipping = await tampered(
+        agreed, prev=AgreedRecord.from_block(await agreed.store.get(agreed.records[1])).prev
+    )  # round 2 claims to follow round 0
+    code, _, err = await cli(capsys, *api, "history", skipping)
+    assert code == 1
+    assert "is broken" in err
+
     # A custom rule label cannot be recomputed here: said so, never a silent pass.
     custom = await tampered(agreed, rule="fedadam(eta=0.1)")
     code, out, err = await cli(capsys, *api, "verify-round", custom)
@@ -167,6 +186,29 @@ async def test_resync_adopts_the_latest_head_from_the_peers_announcements(
     assert code == 7
     assert "RoundVerificationFailed" in err
     assert not bad_path.exists()
+
+    # A member announcing a forged head of a later round: refused, the honest head adopted.
+    liar = agreed.sessions[1]
+    await liar.aclose()  # it stops announcing its honest head
+    lie = AgreedMessage(
+        "done", "cli-agreed", parse_cid(agreed.genesis), 5, liar.peer_id,
+        parse_cid(genesis), record=parse_cid(forged),
+    ).encode()  # fmt: skip
+    members = ["--member", agreed.sessions[0].peer_id, "--member", liar.peer_id]
+
+    async def lie_until_done(task: asyncio.Future[tuple[int, str, str]]) -> None:
+        while not task.done():
+            await agreed.pubsubs[1].publish(liar.topic, lie)
+            await asyncio.wait({task}, timeout=0.2)  # re-announce, as peers do
+
+    argv = ["resync", *session, *members, "--listen", "30", "-o", str(out_path)]
+    task = asyncio.ensure_future(cli(capsys, *api, *argv))
+    await lie_until_done(task)
+    code, out, err = task.result()
+    assert code == 0, err
+    assert f"head {forged} refused" in " ".join(err.split())
+    assert f"record CID {agreed.records[-1]}" in out
+    np.testing.assert_array_equal(np.load(out_path), agreed.model)
 
     # Another session's genesis: no head is heard on its topic.
     other = str(await put_gradient(agreed.store, np.zeros(D, np.float32)))
