@@ -51,8 +51,9 @@ __all__ = [
 class AgreedCheck:
     """The outcome of re-checking one agreed round record.
 
-    ``ok`` only when the roster re-aggregates to the recorded result; ``unverifiable`` names
-    why a round that passed every other check could not be recomputed (a custom rule).
+    ``ok`` only when the roster re-aggregates to the recorded result; ``unverifiable`` when it
+    could not be recomputed, but nothing contradicted it: a custom rule, or an input block that
+    cannot be fetched (unpinned by retention, or never served).
     """
 
     cid: str
@@ -81,8 +82,15 @@ async def check_agreed_round(store: BlockStore, cid: CID) -> AgreedCheck:
         await fetch_gradient(store, record.result, expected_length=model.size)
     except (RoundVerificationFailed, GradientError) as exc:
         reason = str(exc).removeprefix(f"round {record.round}: ")
+        if isinstance(exc.__cause__, BlockStoreError):  # an input is gone (retention) or unserved
+            return AgreedCheck(
+                text, record, roster, f"unverifiable: {reason}", ok=False, unverifiable=True
+            )
         return AgreedCheck(text, record, roster, f"mismatch: {reason}", ok=False)
-    except (BlockStoreError, DecodeError) as exc:  # the result model
+    except BlockStoreError as exc:  # the result model
+        status = f"unverifiable: result: {exc}"
+        return AgreedCheck(text, record, roster, status, ok=False, unverifiable=True)
+    except DecodeError as exc:
         return AgreedCheck(text, record, roster, f"mismatch: result: {exc}", ok=False)
     status = (
         f"rule {record.rule}: not re-computable here (roster, {len(gradients)} contributions, "
@@ -135,7 +143,7 @@ async def agreed_history(store: KuboBlockStore, head: CID) -> int:
     console.print(_table(title, checks))
     failed = sum(not c.ok for c in checks)
     unverifiable = sum(c.unverifiable for c in checks)
-    note = f" ({unverifiable} not re-computable)" if unverifiable else ""
+    note = f" ({unverifiable} unverifiable)" if unverifiable else ""
     console.print(
         f"{len(checks)} rounds, {failed} failed{note}"
         if failed

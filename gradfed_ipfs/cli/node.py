@@ -36,6 +36,7 @@ from ..kubo.daemon import LOOPBACK_CONFIG, WAN_TUNING
 from ..node import Node
 from .common import UsageError, api_of, console, default_node_dir, err_console, run
 from .known_peers import (
+    PEERS_FILE,
     connected_peers,
     load_peers,
     load_ports,
@@ -270,6 +271,8 @@ def node_status(node_dir: Path) -> int:
     if running:
         table.add_row("pid", str(pid))
         table.add_row("api", api or "?")
+    known = load_peers(node_dir)
+    table.add_row("known peers", f"{len(known)} (redialled on start; {node_dir / PEERS_FILE})")
     if info:
         table.add_row("peer id", str(info.get("ID")))
         table.add_row("agent", str(info.get("AgentVersion")))

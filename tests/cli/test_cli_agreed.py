@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from gradfed_ipfs import AgreedConfig, AgreedSession, put_gradient
-from gradfed_ipfs.cid import parse_cid
-from gradfed_ipfs.formats.roster import AgreedMessage, AgreedRecord
+from gradfed_ipfs.cid import make_cid, parse_cid
+from gradfed_ipfs.cli.agreed import check_agreed_round
+from gradfed_ipfs.formats.roster import AgreedMessage, AgreedRecord, Roster
 from gradfed_ipfs.kubo import KuboPubsub
-from gradfed_ipfs.storage import KuboBlockStore
+from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
 from tests.cli.test_cli import run_cli
 from tests.conftest import KuboNode
 
@@ -218,3 +219,19 @@ async def test_resync_adopts_the_latest_head_from_the_peers_announcements(
     )  # fmt: skip
     assert code == 7
     assert "no `done` head" in err
+
+
+async def test_a_missing_input_is_unverifiable_and_a_wrong_result_a_mismatch() -> None:
+    async with MemoryBlockStore() as store:
+        model = initial_model()
+        base = await put_gradient(store, model)
+        held = await put_gradient(store, delta(0, 0))
+        gone = make_cid(b"a contribution nobody serves")
+        for contribution, expected in ((gone, "unverifiable: "), (held, "mismatch: ")):
+            roster = Roster.new("s", base, 0, base, "p0", ["p0"], {"p0": (contribution, 1)})
+            roster_cid = await store.put(roster.to_block())
+            record = AgreedRecord("s", base, 0, None, base, roster_cid, base, 1.0)
+            check = await check_agreed_round(store, await store.put(record.to_block()))
+            assert check.status.startswith(expected), check.status
+            assert not check.ok
+            assert check.unverifiable == (contribution == gone)

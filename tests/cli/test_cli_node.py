@@ -47,6 +47,7 @@ def test_a_restarted_node_keeps_its_ports_and_reconnects(
         code, out, err = run_cli(capsys, *b, "node", "connect", api_a)  # the managed node B
         assert code == 0, err
         assert peer_a in load_peers(tmp_path / "b")
+        assert "known peers │ 1 (redialled on start" in run_cli(capsys, *b, "node", "status")[1]
         remember_peers(tmp_path / "b", {GHOST: ["/ip4/127.0.0.1/tcp/9"]})  # nobody listens
 
         # B restarts: same API port, A dialled again without a manual connect; the ghost is
