@@ -124,7 +124,7 @@ def node_start(node_dir: Path, timeout: float, *, wan: bool = False) -> int:
     save_ports(node_dir, got)
     console.print(f"node started: pid {pid}, api {api}, peer {info.get('ID')}")
     for key, port in wanted.items():
-        if key not in ports and key in got:
+        if key in got and got[key] != port:
             console.print(f"note: the {key} port {port} is in use; this start got {got[key]}")
     console.print(f"use it with: export GRADFED_IPFS_API={api}")
     _reconnect(node_dir, api)
