@@ -4,12 +4,13 @@ This module and its helper package the modules beside it are the only code that
 prints or imports ``rich``; nothing in the library imports them. User mistakes and library
 errors end with a one-line message and the error family's exit code, never a traceback
 (``--debug`` shows it). Exit codes: 0 success; 1 a failed check (``verify-round``, ``history``,
-``node status`` of a stopped node; an unverifiable DP round included) or a usage mistake; 2 bad
-arguments (argparse, or a CID that is not a round record); otherwise the ``exit_code`` of the
-error's family (3 gradient, 4 decode, 5 block store, 6 Kubo, 7 federated, 8 coordination,
-9 computation graph, 10 pubsub, 11 a bad setting; see
-:mod:`gradfed_ipfs.errors`); 130 interrupted. Non-finite gradients are never written (exit 4),
-and a decode that runs out of memory or recursion also ends with one line and exit 4.
+``node status`` of a stopped node; an unverifiable DP round or a custom-rule agreed round
+included) or a usage mistake; 2 bad arguments (argparse, or a CID that is not a round record);
+otherwise the ``exit_code`` of the error's family (3 gradient, 4 decode, 5 block store, 6 Kubo,
+7 federated (``resync`` heard no head, or none verified), 8 coordination, 9 computation graph,
+10 pubsub, 11 a bad setting; see :mod:`gradfed_ipfs.errors`); 130 interrupted. Non-finite
+gradients are never written (exit 4), and a decode that runs out of memory or recursion also
+ends with one line and exit 4.
 
 The daemon is chosen by ``--api URL``, else ``$GRADFED_IPFS_API``, else the managed node
 (``gradfed-ipfs node start``).
@@ -31,6 +32,7 @@ from .common import API_ENV, HOME_ENV, console, err_console
 from .data import add_data_parsers
 from .node import add_node_parser
 from .records import add_record_parsers
+from .resync import add_resync_parser
 from .rounds import add_round_parser
 
 __all__ = ["build_parser", "console", "err_console", "main"]
@@ -122,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_parsers(commands)
     add_record_parsers(commands)
     add_round_parser(commands)
+    add_resync_parser(commands)
     return parser
 
 

@@ -1,8 +1,10 @@
 """Which managed node runs: its files, its PID, its RPC URL (no printing, no CLI imports).
 
 The managed node lives in a directory holding the Kubo repo (``repo/``), the daemon's log
-(``daemon.log``) and its PID file (``daemon.pid``). ``cli.common`` asks this module for the
-running node's URL and ``cli.node`` starts and stops it; neither imports the other for it.
+(``daemon.log``), its PID file (``daemon.pid``), and what it keeps across restarts: its peers
+(``peers.json``) and ports (``ports.json``; see :mod:`~gradfed_ipfs.cli.known_peers`).
+``cli.common`` asks this module for the running node's URL and ``cli.node`` starts and stops
+it; neither imports the other for it.
 """
 
 from __future__ import annotations

@@ -7,6 +7,12 @@ this project (``--profile=test``, loopback only, ``Routing.Type=none``, pubsub o
 between runs. The daemon outlives the CLI process; ``node stop`` ends it by its recorded PID.
 ``node connect TARGET`` dials another node (a multiaddr, or another daemon's API URL) from the
 selected daemon (``--api``, ``$GRADFED_IPFS_API`` or the managed node).
+
+The managed node keeps its connections and ports across restarts
+(:mod:`~gradfed_ipfs.cli.known_peers`): ``node connect`` and ``node stop`` record its peers'
+loopback addresses in ``peers.json``, every start records its API and swarm ports in
+``ports.json``; ``node start`` listens on the same ports where they are still free (it says so
+when one is not) and dials every recorded peer.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -23,11 +30,22 @@ from typing import Any
 
 from rich.table import Table
 
-from ..errors import KuboStartError
+from ..errors import KuboRpcError, KuboStartError
 from ..kubo.binary import find_kubo_binary
 from ..kubo.daemon import LOOPBACK_CONFIG, WAN_TUNING
 from ..node import Node
 from .common import UsageError, api_of, console, default_node_dir, err_console, run
+from .known_peers import (
+    PEERS_FILE,
+    connected_peers,
+    load_peers,
+    load_ports,
+    loopback_addresses,
+    port_is_free,
+    redial,
+    remember_peers,
+    save_ports,
+)
 from .managed import (
     LOG_FILE,
     PID_FILE,
@@ -37,9 +55,12 @@ from .managed import (
     is_kubo_daemon,
     read_pid,
     repo_dir,
+    running_node_api,
 )
 
 __all__ = ["add_node_parser"]
+
+logger = logging.getLogger("gradfed_ipfs.cli.node")
 
 
 def _ipfs(binary: Path, repo: Path, *args: str) -> None:
@@ -85,8 +106,60 @@ def node_start(node_dir: Path, timeout: float, *, wan: bool = False) -> int:
     if not (repo / "config").exists():
         with err_console.status("initialising the Kubo repo…"):
             _ipfs(binary, repo, "init", "--profile=test")
-    for key, value in [*LOOPBACK_CONFIG, *(WAN_TUNING.config() if wan else [])]:
+    wanted = load_ports(node_dir)
+    ports = {key: port for key, port in wanted.items() if port_is_free(port)}
+    for key, value in [*LOOPBACK_CONFIG, *(WAN_TUNING.config() if wan else []), *_pinned(ports)]:
         _ipfs(binary, repo, "config", "--json", key, value)
+    started = _launch(binary, repo, node_dir, timeout)
+    if started is None and ports:
+        # a port was taken between the check and the daemon's bind: once more on fresh ones
+        ports = {}
+        for key, value in _pinned({"api": 0, "swarm": 0}):
+            _ipfs(binary, repo, "config", "--json", key, value)
+        started = _launch(binary, repo, node_dir, timeout)
+    if started is None:
+        raise KuboStartError(f"the daemon exited during start:\n{_log_tail(node_dir)}")
+    pid, api, info = started
+    got = _ports_of(api, info)
+    save_ports(node_dir, got)
+    console.print(f"node started: pid {pid}, api {api}, peer {info.get('ID')}")
+    for key, port in wanted.items():
+        if key in got and got[key] != port:
+            console.print(f"note: the {key} port {port} is in use; this start got {got[key]}")
+    console.print(f"use it with: export GRADFED_IPFS_API={api}")
+    _reconnect(node_dir, api)
+    return 0
+
+
+def _pinned(ports: dict[str, int]) -> list[tuple[str, str]]:
+    """Config entries that listen on the given loopback ports (0: any free one)."""
+    entries = []
+    if "api" in ports:
+        entries.append(("Addresses.API", json.dumps(f"/ip4/127.0.0.1/tcp/{ports['api']}")))
+    if "swarm" in ports:
+        entries.append(("Addresses.Swarm", json.dumps([f"/ip4/127.0.0.1/tcp/{ports['swarm']}"])))
+    return entries
+
+
+def _ports_of(api: str, info: dict[str, Any]) -> dict[str, int]:
+    ports = {"api": int(api.rsplit(":", 1)[1])}
+    for address in loopback_addresses([str(a) for a in info.get("Addresses") or []]):
+        if address.startswith("/ip4/127.0.0.1/tcp/"):
+            ports["swarm"] = int(address.rsplit("/", 1)[1])
+            break
+    return ports
+
+
+def _launch(
+    binary: Path, repo: Path, node_dir: Path, timeout: float
+) -> tuple[int, str, dict[str, Any]] | None:
+    """Start the daemon and wait for its API; ``None`` if it exited (e.g. a port was taken).
+
+    Raises
+    ------
+    KuboStartError
+        If it does not answer within ``timeout`` seconds (it is then stopped).
+    """
     with contextlib.suppress(FileNotFoundError):
         (repo / "api").unlink()  # a stale file from a killed daemon would point at a dead port
     with (node_dir / LOG_FILE).open("ab") as log:
@@ -105,21 +178,43 @@ def node_start(node_dir: Path, timeout: float, *, wan: bool = False) -> int:
     with err_console.status("waiting for the daemon's API…"):
         while True:
             if process.poll() is not None:
-                raise KuboStartError(
-                    f"the daemon exited with code {process.returncode}:\n{_log_tail(node_dir)}"
-                )
+                children.pop(process.pid, None)
+                (node_dir / PID_FILE).unlink(missing_ok=True)
+                return None
             api = api_url(node_dir)
             info = identify(api) if api else None
             if api and info:
-                break
+                return process.pid, api, info
             if time.monotonic() > deadline:
                 _terminate(process.pid)
                 raise KuboStartError(f"the daemon did not answer within {timeout:.0f}s")
             time.sleep(delay)  # readiness has no event to wait on: poll with a growing delay
             delay = min(delay * 1.5, 0.25)
-    console.print(f"node started: pid {process.pid}, api {api}, peer {info.get('ID')}")
-    console.print(f"use it with: export GRADFED_IPFS_API={api}")
-    return 0
+
+
+def _reconnect(node_dir: Path, api: str) -> None:
+    """Dial the peers this node was connected to before (best effort; failures are printed)."""
+    known = load_peers(node_dir)
+    if not known:
+        return
+    failed = run(redial(api, known))
+    for peer, reason in failed.items():
+        logger.warning("could not reconnect to %s: %s", peer, reason)
+        err_console.print(f"could not reconnect to {peer} ({reason})", soft_wrap=True)
+    count = len(known) - len(failed)
+    console.print(
+        f"reconnected to {count} of {len(known)} known peer{'s' if len(known) != 1 else ''}"
+    )
+
+
+def _remember_connections(node_dir: Path, api: str) -> None:
+    """Record the running node's current peers for its next start (best effort)."""
+    try:
+        peers = run(connected_peers(api))
+    except KuboRpcError as exc:
+        logger.warning("could not list the node's peers: %s", exc)
+        return
+    remember_peers(node_dir, peers)
 
 
 def _terminate(pid: int, grace: float = 10.0) -> None:
@@ -149,6 +244,9 @@ def node_stop(node_dir: Path) -> int:
         console.print("node is not running")
         (node_dir / PID_FILE).unlink(missing_ok=True)
         return 0
+    api = api_url(node_dir)
+    if api:
+        _remember_connections(node_dir, api)
     _terminate(pid)
     (node_dir / PID_FILE).unlink(missing_ok=True)
     console.print(f"node stopped (pid {pid}); repo kept at {repo_dir(node_dir)}")
@@ -173,6 +271,8 @@ def node_status(node_dir: Path) -> int:
     if running:
         table.add_row("pid", str(pid))
         table.add_row("api", api or "?")
+    known = load_peers(node_dir)
+    table.add_row("known peers", f"{len(known)} (redialled on start; {node_dir / PEERS_FILE})")
     if info:
         table.add_row("peer id", str(info.get("ID")))
         table.add_row("agent", str(info.get("AgentVersion")))
@@ -182,11 +282,20 @@ def node_status(node_dir: Path) -> int:
     return 0 if info else 1
 
 
-async def node_connect(api: str, target: str, timeout: float) -> int:
-    """``swarm/connect`` the daemon at ``api`` to ``target``; print the address and peer count."""
+async def node_connect(api: str, target: str, timeout: float, node_dir: Path | None) -> int:
+    """``swarm/connect`` the daemon at ``api`` to ``target``; print the address and peer count.
+
+    ``node_dir`` (the managed node's, when ``api`` is it) remembers the connection for the
+    node's next start.
+    """
     async with Node(api, timeout=timeout) as node:
         address = await node.connect(target)
         peers = await node.peers()
+    if node_dir is not None:
+        try:
+            remember_peers(node_dir, await connected_peers(api))
+        except KuboRpcError as exc:  # the connection stands; only its memory is lost
+            logger.warning("could not record the node's peers: %s", exc)
     console.print(f"connected to {address}")
     console.print(f"this node now has {len(peers)} peer{'s' if len(peers) != 1 else ''}")
     return 0
@@ -200,7 +309,9 @@ def _dispatch(args: argparse.Namespace) -> int:
                 "node connect needs a target: a multiaddr (/ip4/…/tcp/…/p2p/…) or another "
                 "daemon's API URL (http://127.0.0.1:5001)"
             )
-        return run(node_connect(api_of(args), args.target, args.timeout))
+        api = api_of(args)
+        managed = node_dir if api == running_node_api(node_dir) else None
+        return run(node_connect(api, args.target, args.timeout, managed))
     if args.target:
         raise UsageError(f"node {args.action} takes no target")
     if args.action == "start":

@@ -14,6 +14,7 @@ from ..cid import DAG_CBOR, parse_cid
 from ..errors import DecodeError, GradfedError
 from ..formats.announcement import AnnouncementFilter
 from ..formats.records import decode_record
+from ..formats.roster import AgreedRecord
 from ..kubo.pubsub import KuboPubsub, session_topic
 from ..provenance.round_record import (
     ROUND_RECORD_TYPE,
@@ -23,10 +24,11 @@ from ..provenance.round_record import (
     verify_round,
 )
 from ..storage.kubo import KuboBlockStore
+from .agreed import agreed_history, verify_agreed
 from .common import UsageError, async_handler, console, err_console
 from .samples import book_path, record_samples
 
-__all__ = ["NotARoundRecord", "add_record_parsers"]
+__all__ = ["NotARoundRecord", "add_record_parsers", "parse_cid_arg", "require_record"]
 
 
 class NotARoundRecord(UsageError):
@@ -72,23 +74,39 @@ async def _load(cid: str, store: KuboBlockStore) -> RoundRecord | None:
         return None
 
 
-def _parse(text: str) -> str:
+def parse_cid_arg(text: str) -> str:
+    """Return ``text`` as a canonical CID string (:class:`UsageError` if it is not one)."""
     try:
         return str(parse_cid(text))
     except DecodeError as exc:
         raise UsageError(f"{text!r} is not a CID: {exc}") from None
 
 
-async def _require_record(cid: str, store: KuboBlockStore) -> None:
-    """Raise :class:`NotARoundRecord` unless ``cid`` is a round record (exit 5 if unknown)."""
-    block = await store.get(cid)  # an unknown CID is an error (exit 5), not a failed check
+async def require_record(cid: str, store: KuboBlockStore) -> str:
+    """Return ``"round"`` or ``"agreed"``: which kind of round record ``cid`` names.
+
+    Raises
+    ------
+    NotARoundRecord
+        If it names something else (a gradient, a roster, another record); exit 2.
+    BlockStoreError
+        If the block cannot be fetched (exit 5), which is not a failed check.
+    """
+    block = await store.get(cid)
     if block.cid.codec.code != DAG_CBOR:
         raise NotARoundRecord(f"{cid} is not a round record (a {block.cid.codec.name} block)")
     try:
         decode_record(block, ROUND_RECORD_TYPE)
+        return "round"
+    except DecodeError:
+        pass
+    try:
+        AgreedRecord.from_block(block)
+        return "agreed"
     except DecodeError:
         raise NotARoundRecord(
-            f"{cid} is not a round record (not a {ROUND_RECORD_TYPE} v1 dag-cbor record)"
+            f"{cid} is not a round record (neither a {ROUND_RECORD_TYPE} nor an agreed-round "
+            "v1 dag-cbor record)"
         ) from None
 
 
@@ -97,9 +115,10 @@ def _summary(verification: RoundVerification) -> str:
 
 
 async def _verify_round(args: argparse.Namespace, api: str) -> int:
-    cid = _parse(args.cid)
+    cid = parse_cid_arg(args.cid)
     async with KuboBlockStore(api, timeout=args.timeout) as store:
-        await _require_record(cid, store)
+        if await require_record(cid, store) == "agreed":
+            return await verify_agreed(store, parse_cid(cid))
         verification = await verify_round(cid, store)
         record = await _load(cid, store) if verification.round >= 0 else None
     console.print(_table("round record", [(verification, record)]))
@@ -109,9 +128,10 @@ async def _verify_round(args: argparse.Namespace, api: str) -> int:
 
 
 async def _history(args: argparse.Namespace, api: str) -> int:
-    cid = _parse(args.cid)
+    cid = parse_cid_arg(args.cid)
     async with KuboBlockStore(api, timeout=args.timeout) as store:
-        await _require_record(cid, store)
+        if await require_record(cid, store) == "agreed":
+            return await agreed_history(store, parse_cid(cid))
         with err_console.status("verifying every round…"):
             results = await verify_history(cid, store)
         rows = [(r, await _load(r.record_cid, store) if r.round >= 0 else None) for r in results]
@@ -185,8 +205,11 @@ def add_record_parsers(commands: Any) -> None:
         help="re-check one round record (re-fetch everything, recompute the aggregate)",
         description="Fetch a round record, every contribution and the aggregate it links "
         "(each block re-hashed against its CID), recompute the aggregate and compare it bit for "
-        "bit. Exit 0 if it verifies; 1 on a mismatch, or if it is unverifiable (a DP noise "
-        "claim cannot be recomputed); 2 if the CID is not a round record.",
+        "bit. An agreed round record is re-checked as the agreed protocol: its roster, every "
+        "listed contribution and the base model are fetched, the deterministic update is "
+        "recomputed with the record's learning rate and compared with the result CID. Exit 0 "
+        "if it verifies; 1 on a mismatch, or if it is unverifiable (a DP noise claim, or an "
+        "agreed round's custom rule, cannot be recomputed); 2 if the CID is not a round record.",
     )
     verify.add_argument("cid", help="round record CID (bafyrei…)")
     verify.set_defaults(handler=async_handler(_verify_round))
@@ -195,7 +218,8 @@ def add_record_parsers(commands: Any) -> None:
         "history",
         help="verify a round record and every earlier one (a table of rounds)",
         description="Walk the chain of round records back to round 0 from the given one, "
-        "verify every round, and print a table: round, peers, method, ε spent and status. "
+        "verify every round, and print a table: round, peers, method, ε spent and status (for "
+        "an agreed head: round, roster size, roster CID, result CID, update rule and status). "
         "Exit 0 if every round verifies, 1 if not (unverifiable DP rounds included), 2 if the CID "
         "is not a round record.",
     )

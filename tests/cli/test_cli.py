@@ -83,6 +83,7 @@ SUBCOMMANDS = [
     "history",
     "watch",
     "round",
+    "resync",
 ]
 
 

@@ -17,7 +17,13 @@ from multiformats import CID
 
 from ..._types import CIDLike, FloatArray
 from ...cid import parse_cid
-from ...errors import BlockStoreError, DecodeError, GenesisMismatch, RoundVerificationFailed
+from ...errors import (
+    BlockStoreError,
+    DecodeError,
+    GenesisMismatch,
+    RoundVerificationFailed,
+    ShapeMismatch,
+)
 from ...formats.roster import AgreedRecord, Roster
 from ...storage.base import BlockStore
 from ...storage.dag import fetch_gradient
@@ -30,6 +36,7 @@ __all__ = [
     "load_chain",
     "load_head",
     "load_record",
+    "load_round_inputs",
     "load_roster",
     "model_cid",
     "recompute_round",
@@ -140,6 +147,41 @@ async def load_head(
     return chain, np.array(model, np.float32).reshape(-1)
 
 
+async def load_round_inputs(
+    store: BlockStore, record: AgreedRecord
+) -> tuple[Roster, FloatArray, list[FloatArray]]:
+    """Fetch a record's roster, base model and every listed contribution, each hash-checked.
+
+    Returns
+    -------
+    tuple
+        The roster, the base model (float32, ``(d,)``) and the contributions in roster order.
+
+    Raises
+    ------
+    RoundVerificationFailed
+        If the roster does not belong to the record, or a block cannot be fetched or decoded
+        (or has another length than the base model).
+    """
+    try:
+        roster = await load_roster(store, record.roster)
+        if (
+            roster.round != record.round
+            or roster.session != record.session
+            or bytes(roster.base) != bytes(record.base)
+            or bytes(roster.genesis) != bytes(record.genesis)
+        ):
+            raise RoundVerificationFailed(f"roster {record.roster} is not round {record.round}'s")
+        model = await fetch_gradient(store, record.base)
+        gradients = [
+            await fetch_gradient(store, entry.contribution, expected_length=model.size)
+            for entry in roster.entries
+        ]
+    except (BlockStoreError, DecodeError, ShapeMismatch) as exc:
+        raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
+    return roster, np.asarray(model, np.float32).reshape(-1), gradients
+
+
 async def recompute_round(
     store: BlockStore, record: AgreedRecord, rule: UpdateRule | None = None
 ) -> tuple[Roster, FloatArray]:
@@ -156,22 +198,7 @@ async def recompute_round(
     """
     if record.rule is not None and rule is None:
         raise RoundVerificationFailed(f"round {record.round} used rule {record.rule!r}: pass it")
-    try:
-        roster = await load_roster(store, record.roster)
-        if (
-            roster.round != record.round
-            or roster.session != record.session
-            or bytes(roster.base) != bytes(record.base)
-            or bytes(roster.genesis) != bytes(record.genesis)
-        ):
-            raise RoundVerificationFailed(f"roster {record.roster} is not round {record.round}'s")
-        model = await fetch_gradient(store, record.base)
-        gradients = [
-            await fetch_gradient(store, entry.contribution, expected_length=model.size)
-            for entry in roster.entries
-        ]
-    except (BlockStoreError, DecodeError) as exc:
-        raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
+    roster, model, gradients = await load_round_inputs(store, record)
     if rule is not None and record.rule is not None:
         try:
             prev = None if record.prev is None else await load_record(store, record.prev)

@@ -1,0 +1,152 @@
+"""Agreed rounds from the CLI: ``verify-round``/``history`` of agreed records, and ``resync``.
+
+``resync`` adopts a session's latest agreed head, verified back to its genesis.
+
+An agreed round record (:class:`~gradfed_ipfs.formats.roster.AgreedRecord`) links its roster,
+base model and result model. Re-verifying it fetches the roster and every listed contribution
+(each block re-hashed against its CID), re-aggregates them on the base model with
+:func:`~gradfed_ipfs.tensor.deterministic.deterministic_update` and the record's learning rate,
+and compares the result's CID with the record's. A round written with a custom update rule
+(``record.rule``, e.g. a server optimizer) cannot be recomputed from its label: everything else
+is checked and the round is reported as not re-computable, never as verified.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+from multiformats import CID
+from rich.table import Table
+
+from ..errors import (
+    BlockStoreError,
+    DecodeError,
+    FederatedError,
+    GradientError,
+    RoundVerificationFailed,
+)
+from ..federated.round.agreed_history import (
+    load_chain,
+    load_record,
+    load_roster,
+    load_round_inputs,
+    verify_agreed_round,
+)
+from ..formats.roster import AgreedRecord, Roster
+from ..storage.base import BlockStore
+from ..storage.dag import fetch_gradient
+from ..storage.kubo import KuboBlockStore
+from .common import console, err_console
+
+__all__ = [
+    "AgreedCheck",
+    "agreed_history",
+    "check_agreed_round",
+    "verify_agreed",
+]
+
+
+@dataclass(frozen=True)
+class AgreedCheck:
+    """The outcome of re-checking one agreed round record.
+
+    ``ok`` only when the roster re-aggregates to the recorded result; ``unverifiable`` when it
+    could not be recomputed, but nothing contradicted it: a custom rule, or an input block that
+    cannot be fetched (unpinned by retention, or never served).
+    """
+
+    cid: str
+    record: AgreedRecord | None
+    roster: Roster | None
+    status: str
+    ok: bool
+    unverifiable: bool = False
+
+
+async def check_agreed_round(store: BlockStore, cid: CID) -> AgreedCheck:
+    """Re-check one agreed round record; never raises for what the record's blocks contain."""
+    text = str(cid)
+    try:
+        record = await load_record(store, cid)
+    except (BlockStoreError, DecodeError) as exc:
+        return AgreedCheck(text, None, None, f"mismatch: {exc}", ok=False)
+    roster = None
+    with contextlib.suppress(BlockStoreError, DecodeError):
+        roster = await load_roster(store, record.roster)
+    try:
+        if record.rule is None:
+            await verify_agreed_round(store, cid)
+            return AgreedCheck(text, record, roster, "verified", ok=True)
+        _, model, gradients = await load_round_inputs(store, record)
+        await fetch_gradient(store, record.result, expected_length=model.size)
+    except (RoundVerificationFailed, GradientError) as exc:
+        reason = str(exc).removeprefix(f"round {record.round}: ")
+        if isinstance(exc.__cause__, BlockStoreError):  # an input is gone (retention) or unserved
+            return AgreedCheck(
+                text, record, roster, f"unverifiable: {reason}", ok=False, unverifiable=True
+            )
+        return AgreedCheck(text, record, roster, f"mismatch: {reason}", ok=False)
+    except BlockStoreError as exc:  # the result model
+        status = f"unverifiable: result: {exc}"
+        return AgreedCheck(text, record, roster, status, ok=False, unverifiable=True)
+    except DecodeError as exc:
+        return AgreedCheck(text, record, roster, f"mismatch: result: {exc}", ok=False)
+    status = (
+        f"rule {record.rule}: not re-computable here (roster, {len(gradients)} contributions, "
+        "base and result fetched and hash-checked)"
+    )
+    return AgreedCheck(text, record, roster, status, ok=False, unverifiable=True)
+
+
+def _table(title: str, checks: list[AgreedCheck]) -> Table:
+    table = Table(title=title)
+    for column in ("round", "record CID", "roster", "roster CID", "result CID", "update", "status"):
+        table.add_column(column, overflow="fold")
+    for check in checks:
+        record, roster = check.record, check.roster
+        colour = "green" if check.ok else "yellow" if check.unverifiable else "red"
+        update = "?" if record is None else record.rule or f"lr {record.learning_rate:g}"
+        table.add_row(
+            "?" if record is None else str(record.round),
+            check.cid,
+            "?" if roster is None else f"{len(roster.entries)}/{len(roster.expected)}",
+            "?" if record is None else str(record.roster),
+            "?" if record is None else str(record.result),
+            update,
+            f"[{colour}]{check.status}[/]",
+        )
+    return table
+
+
+async def verify_agreed(store: KuboBlockStore, cid: CID) -> int:
+    """``verify-round`` of an agreed record: print a one-row table; 0 only if it verifies."""
+    check = await check_agreed_round(store, cid)
+    console.print(_table("agreed round record", [check]))
+    if not check.ok:
+        round_text = "?" if check.record is None else str(check.record.round)
+        err_console.print(f"round {round_text}: {check.status}", soft_wrap=True)
+    return 0 if check.ok else 1
+
+
+async def agreed_history(store: KuboBlockStore, head: CID) -> int:
+    """``history`` of an agreed head: walk ``prev`` links, re-check every round, print rows."""
+    record = await load_record(store, head)
+    try:
+        chain = await load_chain(store, head, session=record.session, genesis=record.genesis)
+    except (FederatedError, BlockStoreError, DecodeError) as exc:
+        err_console.print(f"the chain from {head} is broken: {exc}", soft_wrap=True)
+        return 1
+    with err_console.status("verifying every round…"):
+        checks = [await check_agreed_round(store, cid) for cid, _ in reversed(chain)]
+    title = f"history of session {record.session!r} (genesis {record.genesis}), newest first"
+    console.print(_table(title, checks))
+    failed = sum(not c.ok for c in checks)
+    unverifiable = sum(c.unverifiable for c in checks)
+    note = f" ({unverifiable} unverifiable)" if unverifiable else ""
+    console.print(
+        f"{len(checks)} rounds, {failed} failed{note}"
+        if failed
+        else f"{len(checks)} rounds verified"
+    )
+    return 0 if not failed else 1

@@ -1,0 +1,237 @@
+"""``verify-round``, ``history`` and ``resync`` on a real agreed session over three daemons."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gradfed_ipfs import AgreedConfig, AgreedSession, put_gradient
+from gradfed_ipfs.cid import make_cid, parse_cid
+from gradfed_ipfs.cli.agreed import check_agreed_round
+from gradfed_ipfs.formats.roster import AgreedMessage, AgreedRecord, Roster
+from gradfed_ipfs.kubo import KuboPubsub
+from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
+from tests.cli.test_cli import run_cli
+from tests.conftest import KuboNode
+
+D = 300
+ROUNDS = 3
+TIMING = {
+    "collect_timeout": 10.0,
+    "takeover_timeout": 5.0,
+    "round_timeout": 60.0,
+    "announce_interval": 0.2,
+    "max_announce_interval": 0.5,
+    "fetch_timeout": 10.0,
+}
+
+
+def initial_model() -> np.ndarray:
+    return np.random.default_rng(31).standard_normal(D).astype(np.float32)
+
+
+def delta(peer: int, round_number: int) -> np.ndarray:
+    return (0.1 * np.random.default_rng([peer, round_number, 31]).standard_normal(D)).astype(
+        np.float32
+    )
+
+
+@dataclasses.dataclass
+class Agreed:
+    """A finished 3-round agreed session whose peers still announce their heads."""
+
+    api: str
+    genesis: str
+    records: list[str]
+    model: np.ndarray
+    store: KuboBlockStore
+    sessions: list[AgreedSession]
+    pubsubs: list[KuboPubsub]
+
+
+@pytest.fixture
+async def agreed(kubo_swarm3: list[KuboNode]) -> AsyncIterator[Agreed]:
+    session_name = "cli-agreed"
+    stores = [KuboBlockStore(n.api_url, timeout=10.0) for n in kubo_swarm3]
+    pubsubs = [KuboPubsub(n.api_url) for n in kubo_swarm3]
+    members = tuple(n.peer_id for n in kubo_swarm3)
+    genesis = await AgreedSession.commit_genesis(stores[0], initial_model())
+    config = AgreedConfig(members=members, **TIMING)  # type: ignore[arg-type]
+    sessions = [
+        AgreedSession(s, p, session_name, genesis, config)
+        for s, p in zip(stores, pubsubs, strict=True)
+    ]
+    try:
+        for session in sessions:
+            await session.start(initial_model())
+        records = []
+        for r in range(ROUNDS):
+            results = await asyncio.gather(
+                *(s.run_round(delta(i, r), weight=1 + i) for i, s in enumerate(sessions))
+            )
+            assert len({str(res.record) for res in results}) == 1
+            assert all(len(res.roster.entries) == 3 for res in results)
+            records.append(str(results[0].record))
+        yield Agreed(
+            kubo_swarm3[0].api_url,
+            str(genesis),
+            records,
+            sessions[0].model,
+            stores[0],
+            sessions,
+            pubsubs,
+        )
+    finally:
+        for session in sessions:
+            await session.aclose()
+        for pubsub in pubsubs:
+            await pubsub.aclose()
+        for store in stores:
+            await store.aclose()
+
+
+async def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run the CLI in a thread (it runs its own event loop) while the peers keep running."""
+    return await asyncio.to_thread(run_cli, capsys, *argv)
+
+
+async def tampered(agreed: Agreed, **changes: object) -> str:
+    block = await agreed.store.get(agreed.records[-1])
+    record = dataclasses.replace(AgreedRecord.from_block(block), **changes)  # type: ignore[arg-type]
+    return str(await agreed.store.put(record.to_block()))
+
+
+@pytest.mark.kubo
+async def test_verify_round_and_history_reverify_agreed_records(
+    agreed: Agreed, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api = ["--api", agreed.api]
+    for r, record in enumerate(agreed.records):
+        code, out, err = await cli(capsys, *api, "verify-round", record)
+        assert code == 0, err
+        assert "verified" in out
+        assert f"│ {r} " in out  # the round column
+        assert "3/3" in out  # roster size / expected
+
+    code, out, err = await cli(capsys, *api, "history", agreed.records[-1])
+    assert code == 0, err
+    assert "3 rounds verified" in out
+    assert out.count("verified") == 4  # 3 rows and the summary
+    assert "cli-agreed" in out
+
+    # A record claiming another result: re-aggregation disagrees, exit 1 (a failed check).
+    genesis = AgreedRecord.from_block(await agreed.store.get(agreed.records[0])).base
+    forged = await tampered(agreed, result=genesis)
+    code, out, err = await cli(capsys, *api, "verify-round", forged)
+    assert code == 1
+    assert "mismatch" in out
+    assert "re-aggregates to" in " ".join(err.split())
+    code, out, _ = await cli(capsys, *api, "history", forged)
+    assert code == 1
+    assert "3 rounds, 1 failed" in out
+
+    # A record that skips a round breaks the chain: history says so, exit 1.
+    skipping = await tampered(
+        agreed, prev=AgreedRecord.from_block(await agreed.store.get(agreed.records[1])).prev
+    )  # round 2 claims to follow round 0
+    code, _, err = await cli(capsys, *api, "history", skipping)
+    assert code == 1
+    assert "is broken" in err
+
+    # A custom rule label cannot be recomputed here: said so, never a silent pass.
+    custom = await tampered(agreed, rule="fedadam(eta=0.1)")
+    code, out, err = await cli(capsys, *api, "verify-round", custom)
+    assert code == 1
+    assert "rule fedadam(eta=0.1): not re-computable here" in " ".join(err.split())
+
+    # A gradient CID names something else: exit 2, one line.
+    gradient = str(await put_gradient(agreed.store, np.ones(4, np.float32)))
+    for command in ("verify-round", "history"):
+        code, _, err = await cli(capsys, *api, command, gradient)
+        assert code == 2
+        assert "is not a round record" in err
+
+
+@pytest.mark.kubo
+async def test_resync_adopts_the_latest_head_from_the_peers_announcements(
+    agreed: Agreed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api = ["--api", agreed.api]
+    session = ["--session", "cli-agreed", "--genesis", agreed.genesis]
+    out_path = tmp_path / "model.npy"
+    code, out, err = await cli(capsys, *api, "resync", *session, "-o", str(out_path))
+    assert code == 0, err
+    assert f"round {ROUNDS - 1} (the next round is {ROUNDS})" in out
+    assert f"record CID {agreed.records[-1]}" in out
+    assert "records verified: 3 (links checked and every aggregate recomputed)" in out
+    np.testing.assert_array_equal(np.load(out_path), agreed.model)
+
+    # --head: no listening; a head of round 1 gives round 1's model, 2 records verified.
+    code, out, err = await cli(
+        capsys, *api, "resync", *session, "--head", agreed.records[1], "-o", str(out_path)
+    )
+    assert code == 0, err
+    assert "records verified: 2" in out
+
+    # A forged head is refused with a typed, one-line error; nothing is written.
+    genesis = AgreedRecord.from_block(await agreed.store.get(agreed.records[0])).base
+    forged = await tampered(agreed, result=genesis)
+    bad_path = tmp_path / "bad.npy"
+    argv = ["resync", *session, "--head", forged, "-o", str(bad_path)]
+    code, _, err = await cli(capsys, *api, *argv)
+    assert code == 7
+    assert "RoundVerificationFailed" in err
+    assert not bad_path.exists()
+
+    # A member announcing a forged head of a later round: refused, the honest head adopted.
+    liar = agreed.sessions[1]
+    await liar.aclose()  # it stops announcing its honest head
+    lie = AgreedMessage(
+        "done", "cli-agreed", parse_cid(agreed.genesis), 5, liar.peer_id,
+        parse_cid(genesis), record=parse_cid(forged),
+    ).encode()  # fmt: skip
+    members = ["--member", agreed.sessions[0].peer_id, "--member", liar.peer_id]
+
+    async def lie_until_done(task: asyncio.Future[tuple[int, str, str]]) -> None:
+        while not task.done():
+            await agreed.pubsubs[1].publish(liar.topic, lie)
+            await asyncio.wait({task}, timeout=0.2)  # re-announce, as peers do
+
+    argv = ["resync", *session, *members, "--listen", "30", "-o", str(out_path)]
+    task = asyncio.ensure_future(cli(capsys, *api, *argv))
+    await lie_until_done(task)
+    code, out, err = task.result()
+    assert code == 0, err
+    assert f"head {forged} refused" in " ".join(err.split())
+    assert f"record CID {agreed.records[-1]}" in out
+    np.testing.assert_array_equal(np.load(out_path), agreed.model)
+
+    # Another session's genesis: no head is heard on its topic.
+    other = str(await put_gradient(agreed.store, np.zeros(D, np.float32)))
+    code, _, err = await cli(
+        capsys, *api, "resync", "--session", "cli-agreed", "--genesis", other,
+        "--listen", "1", "-o", str(bad_path),
+    )  # fmt: skip
+    assert code == 7
+    assert "no `done` head" in err
+
+
+async def test_a_missing_input_is_unverifiable_and_a_wrong_result_a_mismatch() -> None:
+    async with MemoryBlockStore() as store:
+        model = initial_model()
+        base = await put_gradient(store, model)
+        held = await put_gradient(store, delta(0, 0))
+        gone = make_cid(b"a contribution nobody serves")
+        for contribution, expected in ((gone, "unverifiable: "), (held, "mismatch: ")):
+            roster = Roster.new("s", base, 0, base, "p0", ["p0"], {"p0": (contribution, 1)})
+            roster_cid = await store.put(roster.to_block())
+            record = AgreedRecord("s", base, 0, None, base, roster_cid, base, 1.0)
+            check = await check_agreed_round(store, await store.put(record.to_block()))
+            assert check.status.startswith(expected), check.status
+            assert not check.ok
+            assert check.unverifiable == (contribution == gone)
