@@ -63,10 +63,12 @@ from ...storage.retention import Collectable, GatedStore, RetentionHook, RoundBl
 from .agreed_config import AgreedConfig, AgreedRoundResult, ResyncResult, agreed_topic
 from .agreed_history import load_head
 from .agreed_roster import RosterPhase
+from .agreed_slicing import RootFetcher, SliceStep, choose_slicing, slices_topic
 from .announcer import Reannouncer
 from .coordinator import Head, RoundBoard, best_head, coordinator_ranking
 from .encoded import EncodedGradient, encode_gradient
 from .fetcher import ContributionFetcher
+from .reduce_scatter import ReduceScatterResult
 
 __all__ = ["AgreedConfig", "AgreedRoundResult", "AgreedSession", "ResyncResult", "agreed_topic"]
 
@@ -135,6 +137,9 @@ class AgreedSession(RosterPhase):
         self._pending: list[asyncio.Future[object]] = []
         self.rule_state: FloatArray | None = None  # state of config.rule after the last round
         self._adopted_state: FloatArray | None = None
+        self._slicing: SliceStep | None = None  # reduce-scatter rounds (agreed_slicing)
+        self.aggregation_reason = ""
+        self.excluded: set[str] = set()  # proven lying reducers: left out of later rosters
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -172,6 +177,14 @@ class AgreedSession(RosterPhase):
         if self.peer_id not in self.config.members:
             raise GenesisMismatch(f"peer {self.peer_id} is not a member of {self.session!r}")
         self._board = RoundBoard(self.session, self.genesis, self.peer_id, self.config.members)
+        rule, self.aggregation_reason = choose_slicing(self.config, self.model.size)
+        logger.info("%s: %s", self.peer_id, self.aggregation_reason)
+        if rule is not None:  # only roots are checked before the roster; slices come later
+            store = self._fetcher.store
+            self._fetcher = RootFetcher(store, self.config.fetch_timeout, self._poke)
+            topic = slices_topic(self.session, self.genesis)
+            self._slicing = SliceStep(store, self.pubsub, topic, self.config, rule)
+            await self._slicing.start(self.peer_id)
         messages = self.pubsub.subscribe(self.topic)
         self._tasks = [
             asyncio.create_task(self._listen(messages)),
@@ -194,6 +207,8 @@ class AgreedSession(RosterPhase):
             if tasks:
                 await asyncio.wait(tasks, timeout=5.0)
             self._tasks = []
+            if self._slicing is not None:
+                await self._slicing.aclose()
 
     # ------------------------------------------------------------------ the round
 
@@ -221,7 +236,7 @@ class AgreedSession(RosterPhase):
         # (bitswap answers wants for blocks added later), so the put overlaps the announcement.
         self._check_done(r - 1)
         await self._settle(keep=1)  # the last round's blocks may still be on their way
-        encoded = await encode_gradient(own_values)
+        encoded = await encode_gradient(own_values, chunk_bytes=self.config.chunk_bytes)
         contribution = encoded.cid
         stored = asyncio.ensure_future(self._held(encoded.store(self.store)))
         self._own = (contribution, stored)
@@ -286,7 +301,16 @@ class AgreedSession(RosterPhase):
         roster_cid, roster, model = adopted
         self._announcer.withdraw("contrib")  # the roster settled the contributions
         logger.debug("round %d: adopted %s after %.3fs", r, roster_cid, time.monotonic() - started)
-        return await self._finish(r, roster_cid, roster, model, rejected, started)
+        sliced = None
+        if model is None and self._slicing is not None:  # reduce-scatter among the roster
+            sliced = await self._slicing.run(r, roster, roster_cid, self.model, own_values)
+            model = sliced.model
+            rejected.update({p: "missing from the slices" for p in sliced.missing})
+            rejected.update({p: "proven lying reducer" for p in sliced.liars})
+            self.excluded |= sliced.liars
+        if model is None:  # pragma: no cover - _adopt returns None only when slicing
+            raise RuntimeError("no model")
+        return await self._finish(r, roster_cid, roster, model, rejected, started, sliced)
 
     async def _finish(
         self,
@@ -296,6 +320,7 @@ class AgreedSession(RosterPhase):
         model: FloatArray,
         rejected: dict[str, str],
         started: float,
+        sliced: ReduceScatterResult | None = None,
     ) -> AgreedRoundResult:
         base = self.model_cid
         roster_block = self._rosters[bytes(roster_cid)][1]
@@ -306,9 +331,11 @@ class AgreedSession(RosterPhase):
         if rule is not None and self._adopted_state is not None:
             stores.append(await encode_gradient(self._adopted_state))
             state = stores[-1].cid
+        slices = None if sliced is None else tuple(sliced.records)
         record = AgreedRecord(
             self.session, self.genesis, r, self.head, base, roster_cid, result,
             float(self.config.learning_rate), None if rule is None else rule.label(r), state,
+            slices,
         ).to_block()  # fmt: skip
         record_cid = record.cid
         await self._post("done", self._message("done", r, result, record=record_cid))
@@ -343,6 +370,11 @@ class AgreedSession(RosterPhase):
             matched=not unconfirmed,
             rejected=rejected,
             seconds=time.monotonic() - started,
+            aggregation="all-to-all" if sliced is None else "reduce-scatter",
+            aggregation_reason=self.aggregation_reason,
+            slices=slices or (),
+            missing=() if sliced is None else sliced.missing,
+            liars=() if sliced is None else tuple(sorted(sliced.liars)),
         )
 
     async def _keep(self, block: Block) -> None:

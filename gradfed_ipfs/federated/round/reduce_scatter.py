@@ -46,7 +46,7 @@ from ..._types import FloatArray
 from ...errors import (
     BlockStoreError,
     DecodeError,
-    DimensionMismatch,
+    GradientError,
     InvalidGradient,
 )
 from ...formats.roster import Roster
@@ -57,6 +57,7 @@ from ...storage.dag import (
     fetch_gradient,
     put_gradient,
 )
+from .encoded import encode_gradient
 from .slice_io import CountingStore, MemorySliceBoard, PubsubSliceBoard, fetch_range
 from .slices import (
     plan_slices,
@@ -170,7 +171,7 @@ class ReduceScatterPeer:
                 part.rows[peer] = own[part.offset : part.offset + part.length]
                 return
             try:
-                part.rows[peer] = await fetch_range(
+                values = await fetch_range(
                     self.store,
                     cid,
                     part.offset,
@@ -179,7 +180,10 @@ class ReduceScatterPeer:
                     timeout=self.config.fetch_timeout,
                     concurrency=self.config.concurrency,
                 )
-            except (BlockStoreError, DecodeError, DimensionMismatch):
+                if not np.isfinite(values).all():
+                    raise InvalidGradient(f"contribution {cid} has non-finite values")
+                part.rows[peer] = values
+            except (BlockStoreError, DecodeError, GradientError):
                 part.failed.add(peer)  # the sender's fault: it is excluded, not the round
 
         await asyncio.gather(
@@ -287,7 +291,13 @@ class ReduceScatterPeer:
     # ------------------------------------------------------------------ round
 
     async def run(
-        self, roster: Roster, roster_cid: CID, base: FloatArray, own: FloatArray
+        self,
+        roster: Roster,
+        roster_cid: CID,
+        base: FloatArray,
+        own: FloatArray,
+        *,
+        put_model: bool = True,
     ) -> ReduceScatterResult:
         """Run one round on ``roster`` (this peer's ``own`` contribution held locally).
 
@@ -299,6 +309,8 @@ class ReduceScatterPeer:
             The base model (float32, d values; every peer holds it).
         own
             This peer's gradient (float32, d values), the one its roster entry names.
+        put_model
+            Store the assembled model (else only its CID is computed; the caller stores it).
 
         Raises
         ------
@@ -325,15 +337,19 @@ class ReduceScatterPeer:
             if found == exclude:
                 break
             exclude, phase = found, phase + 1
+        records = [cid for cid, _, _ in chosen]
         results, liars, frauds, redone = await self._check(
-            roster, roster_cid, base, own, parts, chosen
+            roster, roster_cid, base, own, parts, chosen, records
         )
         model = np.concatenate(results)
-        model_cid = await put_gradient(self.store, model)
+        if put_model:
+            model_cid = await put_gradient(self.store, model)
+        else:
+            model_cid = (await encode_gradient(model)).cid
         return ReduceScatterResult(
             model=model,
             model_cid=model_cid,
-            records=[cid for cid, _, _ in chosen],
+            records=records,
             missing=tuple(sorted(exclude)),
             liars=liars,
             frauds=frauds,
@@ -396,8 +412,12 @@ class ReduceScatterPeer:
         own: FloatArray,
         parts: list[_Slice],
         chosen: list[tuple[CID, SliceRecord, str]],
+        records: list[CID],
     ) -> tuple[list[FloatArray], set[str], list[CID], list[int]]:
-        """All-gather the slice results, check them by projection, recompute and prove lies."""
+        """All-gather the slice results, check them by projection, recompute and prove lies.
+
+        A proven lie's slice record is replaced in ``records`` by the recomputed one.
+        """
         results = list(await asyncio.gather(*(self._values(cid, rec) for cid, rec, _ in chosen)))
         liars: set[str] = set()
         frauds: list[CID] = []
@@ -443,7 +463,7 @@ class ReduceScatterPeer:
             )
             if correct == cid:
                 continue  # a peer published a false projection; the slice is right
-            results[p.k] = values
+            results[p.k], records[p.k] = values, correct
             liars.add(sender)
             fraud = FraudRecord(roster_cid, p.k, sender, cid, correct)
             fraud_cid = await self.store.put(fraud.to_block())
