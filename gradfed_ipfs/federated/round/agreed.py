@@ -63,7 +63,7 @@ from ...storage.retention import Collectable, GatedStore, RetentionHook, RoundBl
 from .agreed_config import AgreedConfig, AgreedRoundResult, ResyncResult, agreed_topic
 from .agreed_history import load_head
 from .agreed_roster import RosterPhase
-from .agreed_slicing import RootFetcher, SliceStep, choose_slicing, slices_topic
+from .agreed_slicing import RootFetcher, SliceStep, slice_report
 from .announcer import Reannouncer
 from .coordinator import Head, RoundBoard, best_head, coordinator_ranking
 from .encoded import EncodedGradient, encode_gradient
@@ -137,9 +137,6 @@ class AgreedSession(RosterPhase):
         self._pending: list[asyncio.Future[object]] = []
         self.rule_state: FloatArray | None = None  # state of config.rule after the last round
         self._adopted_state: FloatArray | None = None
-        self._slicing: SliceStep | None = None  # reduce-scatter rounds (agreed_slicing)
-        self.aggregation_reason = ""
-        self.excluded: set[str] = set()  # proven lying reducers: left out of later rosters
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -177,14 +174,9 @@ class AgreedSession(RosterPhase):
         if self.peer_id not in self.config.members:
             raise GenesisMismatch(f"peer {self.peer_id} is not a member of {self.session!r}")
         self._board = RoundBoard(self.session, self.genesis, self.peer_id, self.config.members)
-        rule, self.aggregation_reason = choose_slicing(self.config, self.model.size)
-        logger.info("%s: %s", self.peer_id, self.aggregation_reason)
-        if rule is not None:  # only roots are checked before the roster; slices come later
-            store = self._fetcher.store
-            self._fetcher = RootFetcher(store, self.config.fetch_timeout, self._poke)
-            topic = slices_topic(self.session, self.genesis)
-            self._slicing = SliceStep(store, self.pubsub, topic, self.config, rule)
-            await self._slicing.start(self.peer_id)
+        self._slicing, self.aggregation_reason = await SliceStep.open(self, self._fetcher.store)
+        if self._slicing is not None:  # only roots are checked before the roster
+            self._fetcher = RootFetcher(self._fetcher.store, self.config.fetch_timeout, self._poke)
         messages = self.pubsub.subscribe(self.topic)
         self._tasks = [
             asyncio.create_task(self._listen(messages)),
@@ -301,15 +293,7 @@ class AgreedSession(RosterPhase):
         roster_cid, roster, model = adopted
         self._announcer.withdraw("contrib")  # the roster settled the contributions
         logger.debug("round %d: adopted %s after %.3fs", r, roster_cid, time.monotonic() - started)
-        sliced = None
-        if model is None and self._slicing is not None:  # reduce-scatter among the roster
-            sliced = await self._slicing.run(r, roster, roster_cid, self.model, own_values)
-            model = sliced.model
-            rejected.update({p: "missing from the slices" for p in sliced.missing})
-            rejected.update({p: "proven lying reducer" for p in sliced.liars})
-            self.excluded |= sliced.liars
-        if model is None:  # pragma: no cover - _adopt returns None only when slicing
-            raise RuntimeError("no model")
+        model, sliced = await self._sliced(r, roster_cid, roster, model, own_values, rejected)
         return await self._finish(r, roster_cid, roster, model, rejected, started, sliced)
 
     async def _finish(
@@ -370,11 +354,7 @@ class AgreedSession(RosterPhase):
             matched=not unconfirmed,
             rejected=rejected,
             seconds=time.monotonic() - started,
-            aggregation="all-to-all" if sliced is None else "reduce-scatter",
-            aggregation_reason=self.aggregation_reason,
-            slices=slices or (),
-            missing=() if sliced is None else sliced.missing,
-            liars=() if sliced is None else tuple(sorted(sliced.liars)),
+            **slice_report(sliced, self.aggregation_reason),
         )
 
     async def _keep(self, block: Block) -> None:

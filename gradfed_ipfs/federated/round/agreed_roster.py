@@ -27,6 +27,7 @@ from .agreed_slicing import SliceStep
 from .announcer import Reannouncer
 from .coordinator import RoundBoard, roster_problem
 from .fetcher import ContributionFetcher, is_transient
+from .reduce_scatter import ReduceScatterResult
 
 __all__ = ["RosterPhase"]
 
@@ -49,8 +50,9 @@ class RosterPhase:
     _rosters: dict[bytes, tuple[Roster, Block]]
     rule_state: FloatArray | None
     _adopted_state: FloatArray | None
-    _slicing: SliceStep | None
-    excluded: set[str]
+    _slicing: SliceStep | None = None  # reduce-scatter rounds (agreed_slicing)
+    aggregation_reason = ""
+    excluded: frozenset[str] = frozenset()  # proven lying reducers: left out of later rosters
 
     @property
     def board(self) -> RoundBoard:
@@ -206,6 +208,26 @@ class RosterPhase:
             return roster, np.ascontiguousarray(model, np.float32).reshape(-1)
         model = deterministic_update(self.model, gradients, [e.weight for e in roster.entries], lr)
         return roster, model
+
+    async def _sliced(
+        self,
+        r: int,
+        roster_cid: CID,
+        roster: Roster,
+        model: FloatArray | None,
+        own: FloatArray,
+        rejected: dict[str, str],
+    ) -> tuple[FloatArray, ReduceScatterResult | None]:
+        """Return the adopted roster's model: ``model``, or (``None``) reduce-scatter's."""
+        if model is not None:
+            return model, None
+        if self._slicing is None:  # pragma: no cover - _adopt returns None only when slicing
+            raise RuntimeError("no model and no reduce-scatter step")
+        sliced = await self._slicing.run(r, roster, roster_cid, self.model, own)
+        rejected.update({p: "missing from the slices" for p in sliced.missing})
+        rejected.update({p: "proven lying reducer" for p in sliced.liars})
+        self.excluded |= sliced.liars
+        return sliced.model, sliced
 
     async def _load_roster(self, cid: CID) -> Roster:
         """Decode a roster once: from its inline message, else fetched from the store."""

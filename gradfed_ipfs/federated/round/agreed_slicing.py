@@ -31,7 +31,7 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol, TypedDict
 
 import numpy as np
 from multiformats import CID
@@ -66,6 +66,7 @@ __all__ = [
     "SliceStep",
     "check_slice_results",
     "choose_slicing",
+    "slice_report",
     "slice_rule_of",
     "sliced_roster",
     "slices_topic",
@@ -148,6 +149,31 @@ def choose_slicing(config: AgreedConfig, d: int) -> tuple[str | None, str]:
     return rule, f"{config.aggregation}: rule {rule} sliced among up to {n} peers"
 
 
+class SliceReport(TypedDict):
+    """The reduce-scatter fields of an :class:`~.agreed_config.AgreedRoundResult`."""
+
+    aggregation: str
+    aggregation_reason: str
+    slices: tuple[CID, ...]
+    missing: tuple[str, ...]
+    liars: tuple[str, ...]
+
+
+def slice_report(sliced: ReduceScatterResult | None, reason: str) -> SliceReport:
+    """Return how a round's model was computed, for its result (``None``: all-to-all)."""
+    if sliced is None:
+        return SliceReport(
+            aggregation="all-to-all", aggregation_reason=reason, slices=(), missing=(), liars=()
+        )
+    return SliceReport(
+        aggregation="reduce-scatter",
+        aggregation_reason=reason,
+        slices=tuple(sliced.records),
+        missing=sliced.missing,
+        liars=tuple(sorted(sliced.liars)),
+    )
+
+
 def slices_topic(session: str, genesis: CID) -> str:
     """Return the slice-board topic of an agreed session."""
     return session_topic(f"{session}/slices/{genesis}")
@@ -169,6 +195,17 @@ class RootFetcher(ContributionFetcher):
         if manifest.length != length:
             raise DimensionMismatch([length], [manifest.length])
         return _NOTHING
+
+
+class SessionLike(Protocol):
+    """What :meth:`SliceStep.open` reads of an ``AgreedSession``."""
+
+    session: str
+    genesis: CID
+    config: AgreedConfig
+    peer_id: str
+    model: FloatArray
+    pubsub: PubsubTransport
 
 
 class SliceStep:
@@ -211,6 +248,22 @@ class SliceStep:
         self._topic = topic
         self._board: PubsubSliceBoard | None = None
         self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(cls, session: SessionLike, store: BlockStore) -> tuple[SliceStep | None, str]:
+        """Decide a started session's mode (:func:`choose_slicing`, logged); start the step.
+
+        Returns the started step (``None``: all-to-all) and the reason.
+        """
+        config = session.config
+        rule, reason = choose_slicing(config, session.model.size)
+        logger.info("%s: %s", session.peer_id, reason)
+        if rule is None:
+            return None, reason
+        topic = slices_topic(session.session, session.genesis)
+        step = cls(store, session.pubsub, topic, config, rule)
+        await step.start(session.peer_id)
+        return step, reason
 
     async def start(self, peer: str) -> None:
         """Subscribe to the slice board as ``peer`` and start re-announcing."""
