@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 from multiformats import CID
@@ -235,8 +236,22 @@ class ReduceScatterPeer:
         )
         return await self.store.put(record.to_block()), values
 
-    def _records(self, roster_cid: CID, phase: int, k: int) -> list[SliceMessage]:
-        return self.board.records(roster_cid, phase, k)
+    def _records(self, roster_cid: CID, phase: int, part: _Slice) -> list[SliceMessage]:
+        """Slice messages of ``part`` from its ranked reducers, best rank first.
+
+        Anyone may publish on the board: a sender outside the roster is ignored.
+        """
+        ranking = part.ranking
+        found = [
+            m
+            for m in self.board.records(roster_cid, phase, part.k)
+            if m.sender in ranking and m.cid is not None
+        ]
+        return sorted(found, key=lambda m: ranking.index(m.sender))
+
+    def _filled(self, roster_cid: CID, phase: int, parts: list[_Slice]) -> int:
+        """Return how many slices of ``phase`` have a record from one of their reducers."""
+        return sum(1 for p in parts if self._records(roster_cid, phase, p))
 
     async def _serve(
         self,
@@ -247,7 +262,7 @@ class ReduceScatterPeer:
         part: _Slice,
         phase: int,
         exclude: set[str],
-        parts: int,
+        parts: list[_Slice],
     ) -> None:
         """Reduce slice ``part`` in ``phase`` if no better-ranked reducer did in time.
 
@@ -259,10 +274,10 @@ class ReduceScatterPeer:
         if rank:
 
             def mine() -> bool:
-                return bool(self._records(roster_cid, phase, part.k))
+                return bool(self._records(roster_cid, phase, part))
 
             def half() -> bool:
-                return mine() or 2 * self.board.filled(roster_cid, phase) >= parts
+                return mine() or 2 * self._filled(roster_cid, phase, parts) >= len(parts)
 
             await self.board.wait_for(half, self.config.phase_timeout)
             if mine() or await self.board.wait_for(mine, rank * self.config.reducer_timeout):
@@ -371,14 +386,14 @@ class ReduceScatterPeer:
         """Serve this peer's slices of ``phase``; return every slice's record (best-ranked)."""
         serving = [
             asyncio.create_task(
-                self._serve(roster, roster_cid, base, own, p, phase, exclude, len(parts))
+                self._serve(roster, roster_cid, base, own, p, phase, exclude, parts)
             )
             for p in parts
             if self.peer in p.ranking
         ]
         try:
             ok = await self.board.wait_for(
-                lambda: self.board.filled(roster_cid, phase) >= len(parts),
+                lambda: self._filled(roster_cid, phase, parts) >= len(parts),
                 self.config.phase_timeout,
             )
             if not ok:
@@ -387,19 +402,21 @@ class ReduceScatterPeer:
             await asyncio.gather(*serving)
         chosen = []
         for p in parts:
-            best = min(
-                self._records(roster_cid, phase, p.k), key=lambda m: p.ranking.index(m.sender)
-            )
-            if best.cid is None:  # pragma: no cover - slice messages always carry a CID
-                raise DecodeError(f"slice {p.k}: message without a record")
-            record = await self._load(best.cid)
-            if record.roster != roster_cid or (record.k, record.offset, record.length) != (
-                p.k,
-                p.offset,
-                p.length,
-            ):
-                raise DecodeError(f"slice record {best.cid} is not slice {p.k} of this round")
-            chosen.append((best.cid, record, best.sender))
+            for m in self._records(roster_cid, phase, p):  # the best-ranked valid record
+                cid = cast(CID, m.cid)
+                try:
+                    record = await self._load(cid)
+                except (BlockStoreError, DecodeError):
+                    continue  # a reducer's garbage: the next-ranked record, if any, counts
+                if record.roster == roster_cid and (record.k, record.offset, record.length) == (
+                    p.k,
+                    p.offset,
+                    p.length,
+                ):
+                    chosen.append((cid, record, m.sender))
+                    break
+            else:
+                raise DecodeError(f"slice {p.k}: no announced record is slice {p.k} of this round")
         return chosen
 
     # ------------------------------------------------------------------ check
