@@ -18,6 +18,7 @@ from gradfed_ipfs.formats.roster import AgreedMessage, AgreedRecord
 from gradfed_ipfs.formats.slices import SliceRecord
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore, put_gradient
+from gradfed_ipfs.storage.dag import fetch_manifest
 from gradfed_ipfs.tensor.aggregation import Krum, MultiKrum, TrimmedMean
 from gradfed_ipfs.tensor.bulyan import Bulyan
 from gradfed_ipfs.tensor.deterministic import deterministic_update
@@ -272,3 +273,42 @@ async def test_a_lying_reducer_is_caught_and_the_honest_peers_exclude_it() -> No
     assert all(liar.peer_id in s.excluded for s in peers.sessions if s is not liar)
     # The record links the recomputed slice, not the lie: it re-verifies.
     await verify_agreed_history(store, honest[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
+
+
+async def test_a_sender_whose_chunk_is_lost_is_missing_everywhere_and_the_record_verifies() -> None:
+    store, bus = MemoryBlockStore(), MemoryPubsubBus()
+    peers = Peers(store, bus)
+    genesis = await peers.start(PEERS[:3], aggregation="reduce-scatter", min_peers=4)
+    gone = PEERS[3]
+    # Its manifest is served (the roster lists it) but its last chunk never is.
+    contribution = await put_gradient(store, gradient(3, 0), chunk_bytes=CHUNK)
+    manifest = await fetch_manifest(store, contribution)
+    await store.delete(manifest.chunks[-1].cid)
+    message = AgreedMessage(
+        "contrib",
+        "rs",
+        genesis,
+        0,
+        gone,
+        contribution,
+        base=genesis,
+        weight=4,  # type: ignore[arg-type]
+    )
+    try:
+        await bus.endpoint(gone).publish(peers.sessions[0].topic, message.encode())
+        results = await peers.round(0)
+    finally:
+        await peers.close()
+    assert results[0].roster.peers == PEERS
+    assert all(res.missing == (gone,) for res in results)
+    assert all("missing" in res.rejected[gone] for res in results)
+    live = [e for e in results[0].roster.entries if e.peer != gone]
+    want = deterministic_update(
+        initial_model(),
+        [gradient(PEERS.index(e.peer), 0) for e in live],
+        [e.weight for e in live],
+        LR,
+    )
+    assert {res.model for res in results} == {await put_gradient(MemoryBlockStore(), want)}
+    # The record re-verifies: its slice records say who is missing, so the verifier leaves it out.
+    await verify_agreed_history(store, results[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
