@@ -229,7 +229,9 @@ async def test_a_silent_reducer_is_taken_over_and_a_dead_peer_does_not_stop_the_
     # Three live sessions, one of them never reducing; the fourth member contributed, then died.
     store, bus = MemoryBlockStore(), MemoryPubsubBus()
     peers = Peers(store, bus)
-    genesis = await peers.start(PEERS[:3], aggregation="reduce-scatter")
+    genesis = await peers.start(
+        PEERS[:3], aggregation="reduce-scatter", done_timeout=0.0, fetch_timeout=1.0
+    )  # the dead peer sends no done and no projections: do not wait long for them
     peers.sessions[1]._slicing.silent = True  # type: ignore[union-attr]
     dead = PEERS[3]
     contribution = await put_gradient(store, gradient(3, 0), chunk_bytes=CHUNK)
@@ -278,7 +280,9 @@ async def test_a_lying_reducer_is_caught_and_the_honest_peers_exclude_it() -> No
 async def test_a_sender_whose_chunk_is_lost_is_missing_everywhere_and_the_record_verifies() -> None:
     store, bus = MemoryBlockStore(), MemoryPubsubBus()
     peers = Peers(store, bus)
-    genesis = await peers.start(PEERS[:3], aggregation="reduce-scatter", min_peers=4)
+    genesis = await peers.start(
+        PEERS[:3], aggregation="reduce-scatter", done_timeout=0.0, fetch_timeout=1.0
+    )
     gone = PEERS[3]
     # Its manifest is served (the roster lists it) but its last chunk never is.
     contribution = await put_gradient(store, gradient(3, 0), chunk_bytes=CHUNK)

@@ -36,6 +36,12 @@ from .announcer import Reannouncer
 __all__ = ["CountingStore", "MemorySliceBoard", "PubsubSliceBoard", "fetch_range"]
 
 
+def _identity(m: SliceMessage) -> tuple[object, ...]:
+    """Return what makes two messages the same (CIDs as bytes: encoding them as text is slow)."""
+    cid = b"" if m.cid is None else bytes(m.cid)
+    return (m.sender, m.kind, bytes(m.roster), m.phase, m.k, cid, m.values)
+
+
 class MemorySliceBoard:
     """In-process board: every message reaches every peer, in publication order.
 
@@ -44,7 +50,7 @@ class MemorySliceBoard:
 
     def __init__(self) -> None:
         self.messages: list[SliceMessage] = []
-        self._seen: set[tuple[str, bytes]] = set()
+        self._seen: set[tuple[object, ...]] = set()
         self._slices: dict[tuple[bytes, int, int], list[SliceMessage]] = {}
         self._filled: dict[tuple[bytes, int], int] = {}
         self._changed = asyncio.Condition()
@@ -64,12 +70,12 @@ class MemorySliceBoard:
     def forget(self, keep: CID) -> None:
         """Drop every message that is not about roster ``keep`` (earlier rounds')."""
         self.messages = [m for m in self.messages if m.roster == keep]
-        self._seen = {(m.sender, m.encode()) for m in self.messages}
+        self._seen = {_identity(m) for m in self.messages}
         self._slices = {key: v for key, v in self._slices.items() if key[0] == bytes(keep)}
         self._filled = {key: v for key, v in self._filled.items() if key[0] == bytes(keep)}
 
     async def _add(self, message: SliceMessage) -> None:
-        heard = (message.sender, message.encode())
+        heard = _identity(message)
         if heard in self._seen:
             return
         async with self._changed:
