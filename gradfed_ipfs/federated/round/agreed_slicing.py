@@ -40,6 +40,7 @@ from ..._types import FloatArray
 from ...cid import RAW, parse_cid
 from ...errors import (
     BlockStoreError,
+    ConfigError,
     DecodeError,
     DimensionMismatch,
     InsufficientPeers,
@@ -52,6 +53,7 @@ from ...formats.slices import SliceRecord, split_slice_rule
 from ...kubo.pubsub import PubsubTransport
 from ...storage.base import BlockStore
 from ...storage.dag import fetch_gradient, fetch_manifest
+from ...storage.retention import RetentionHook
 from ...tensor.aggregation import AggregationStrategy, Contribution, Median, TrimmedMean
 from .agreed_config import AgreedConfig, UpdateRule
 from .announcer import Reannouncer
@@ -206,6 +208,7 @@ class SessionLike(Protocol):
     peer_id: str
     model: FloatArray
     pubsub: PubsubTransport
+    retention: RetentionHook | None
 
 
 class SliceStep:
@@ -254,12 +257,21 @@ class SliceStep:
         """Decide a started session's mode (:func:`choose_slicing`, logged); start the step.
 
         Returns the started step (``None``: all-to-all) and the reason.
+
+        Raises
+        ------
+        ConfigError
+            If the session would slice and has a retention hook: slice records link every
+            contribution, so the keeper's recursive pins would fetch them whole (and a GC walk
+            would miss their chunks); not supported yet.
         """
         config = session.config
         rule, reason = choose_slicing(config, session.model.size)
         logger.info("%s: %s", session.peer_id, reason)
         if rule is None:
             return None, reason
+        if session.retention is not None:
+            raise ConfigError("reduce-scatter rounds do not support retention yet")
         topic = slices_topic(session.session, session.genesis)
         step = cls(store, session.pubsub, topic, config, rule)
         await step.start(session.peer_id)
