@@ -22,7 +22,7 @@ from gradfed_ipfs.storage.dag import fetch_manifest
 from gradfed_ipfs.tensor.aggregation import Krum, MultiKrum, TrimmedMean
 from gradfed_ipfs.tensor.bulyan import Bulyan
 from gradfed_ipfs.tensor.deterministic import deterministic_update
-from gradfed_ipfs.tensor.robust import trimmed_mean
+from gradfed_ipfs.tensor.robust import coordinate_median, trimmed_mean
 
 PEERS = ("peer-a", "peer-b", "peer-c", "peer-d")
 D = 131_072  # 9 chunks of 64 KiB: four chunk-aligned slices
@@ -171,18 +171,17 @@ async def test_trimmed_mean_round_is_sliced_and_equals_its_all_to_all_round() ->
     )
 
 
-def test_trimmed_mean_per_slice_equals_the_whole_vector_bit_for_bit() -> None:
+@pytest.mark.parametrize("rule", ["trimmed_mean:0.2", "median"])
+def test_robust_rules_per_slice_equal_the_whole_vector_bit_for_bit(rule: str) -> None:
     rng = np.random.default_rng(3)
     base = rng.standard_normal(10_000).astype(np.float32)
-    rows = [rng.standard_normal(10_000).astype(np.float32) for _ in range(7)]
-    rule = "trimmed_mean:0.2"
-    whole = reduce_values(rule, base, rows, [1] * 7, 0.3)
-    expected = (base.astype(np.float64) + 0.3 * trimmed_mean(rows, 0.2).astype(np.float64)).astype(
-        np.float32
-    )
-    assert whole.tobytes() == expected.tobytes()  # the one trimmed-mean formula
+    rows = [rng.standard_normal(10_000).astype(np.float32) for _ in range(6)]
+    whole = reduce_values(rule, base, rows, [1] * 6, 0.3)
+    step = trimmed_mean(rows, 0.2) if rule != "median" else coordinate_median(rows)
+    expected = (base.astype(np.float64) + 0.3 * step.astype(np.float64)).astype(np.float32)
+    assert whole.tobytes() == expected.tobytes()  # the one trimmed-mean / median formula
     parts = [
-        reduce_values(rule, base[a:b], [row[a:b] for row in rows], [1] * 7, 0.3)
+        reduce_values(rule, base[a:b], [row[a:b] for row in rows], [1] * 6, 0.3)
         for a, b in [(0, 1), (1, 4097), (4097, 9999), (9999, 10_000)]
     ]
     assert np.concatenate(parts).tobytes() == whole.tobytes()

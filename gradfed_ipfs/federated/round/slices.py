@@ -33,7 +33,7 @@ from ...errors import InvalidGradient
 from ...formats.slices import split_slice_rule
 from ...storage.dag import plan_chunks
 from ...tensor.deterministic import deterministic_update
-from ...tensor.robust import trimmed_mean
+from ...tensor.robust import coordinate_median, trimmed_mean
 
 __all__ = [
     "MIN_SLICE_VALUES",
@@ -133,9 +133,10 @@ def reduce_values(
 ) -> FloatArray:
     """Return the slice result ``float32(base + lr · rule(rows))``, bit-reproducible.
 
-    ``fedavg`` is the weighted mean (:func:`deterministic_update`); ``median`` the unweighted
-    coordinate-wise median (NumPy's sort-based median in float64); ``trimmed_mean:<beta>`` the
-    unweighted coordinate-wise :func:`~gradfed_ipfs.tensor.robust.trimmed_mean` (float32),
+    ``fedavg`` is the weighted mean (:func:`deterministic_update`); ``median`` and
+    ``trimmed_mean:<beta>`` the unweighted coordinate-wise
+    :func:`~gradfed_ipfs.tensor.robust.coordinate_median` and
+    :func:`~gradfed_ipfs.tensor.robust.trimmed_mean` (float32, the package's one formula each),
     widened to float64 for the update. Each is coordinate-wise: slices of the result are the
     results of the slices, bit for bit.
 
@@ -151,8 +152,7 @@ def reduce_values(
     if name == "fedavg":
         return deterministic_update(base, rows, weights, learning_rate)
     if name == "median":
-        stacked = np.stack([np.asarray(r, np.float32) for r in rows]).astype(np.float64)
-        middle = np.median(stacked, axis=0)
+        middle = coordinate_median(rows).astype(np.float64)
     else:
         middle = trimmed_mean(rows, beta).astype(np.float64)
     return np.asarray(base.astype(np.float64) + float(learning_rate) * middle, np.float32)
