@@ -328,3 +328,20 @@ async def test_reduce_scatter_with_retention_is_refused_at_start() -> None:
     with pytest.raises(ConfigError, match="retention"):
         await session.start()
     await session.aclose()
+
+
+async def test_a_member_left_out_of_the_roster_assembles_the_same_model_from_the_slices() -> None:
+    peers = Peers(MemoryBlockStore(), MemoryPubsubBus())
+    await peers.start(PEERS, aggregation="reduce-scatter", min_peers=3, collect_timeout=0.5)
+    early, late = peers.sessions[:3], peers.sessions[3]
+    try:
+        first = await asyncio.gather(*(s.run_round(gradient(i, 0)) for i, s in enumerate(early)))
+        # The late member contributes after the roster: it only gathers the slices.
+        mine = await late.run_round(gradient(3, 0))
+    finally:
+        await peers.close()
+    assert {res.model for res in first} == {mine.model}
+    assert mine.record == first[0].record
+    assert not mine.included
+    assert mine.roster.peers == PEERS[:3]
+    assert mine.aggregation == "reduce-scatter"
