@@ -8,7 +8,9 @@ Two dag-cbor records (keys sorted canonically, CIDs as tag-42 links):
     ``base`` is the model CID the round starts from; every peer aggregates exactly ``entries``.
 ``gradfed.agreed-round`` v1
     ``{session, genesis, round, prev, base, roster, result, learning_rate}``: ``prev`` links the
-    previous round's record (``None`` for round 0), ``result`` is the new model CID.
+    previous round's record (``None`` for round 0), ``result`` is the new model CID; optional
+    ``rule``, ``state`` (a custom update rule) and ``slices`` (a reduce-scatter round's slice
+    records, in slice order).
 
 And one small JSON pubsub message, :class:`AgreedMessage`, of three kinds: ``contrib`` (a
 peer's contribution CID and weight for a round on a base model), ``roster`` (a coordinator's
@@ -253,6 +255,9 @@ class AgreedRecord:
         default weighted mean; only written when set, so default records keep their bytes.
     state
         CID of the custom rule's state after this round (a gradient block or DAG), or ``None``.
+    slices
+        A reduce-scatter round's slice records (:class:`~gradfed_ipfs.formats.slices.SliceRecord`
+        CIDs, in slice order), ``None`` for an all-to-all round; only written when set.
     """
 
     session: str
@@ -265,6 +270,7 @@ class AgreedRecord:
     learning_rate: float
     rule: str | None = None
     state: CID | None = None
+    slices: tuple[CID, ...] | None = None
 
     def to_block(self) -> Block:
         """Encode as a dag-cbor block."""
@@ -282,6 +288,7 @@ class AgreedRecord:
                 "learning_rate": float(self.learning_rate),
                 **({} if self.rule is None else {"rule": self.rule}),
                 **({} if self.state is None else {"state": self.state}),
+                **({} if self.slices is None else {"slices": list(self.slices)}),
             }
         )
 
@@ -304,6 +311,11 @@ class AgreedRecord:
         rule, state = record.get("rule"), record.get("state")
         if rule is not None and (not isinstance(rule, str) or not 0 < len(rule) <= MAX_TEXT_CHARS):
             raise MalformedManifest(f"{where}: rule is not a label of 1..{MAX_TEXT_CHARS} chars")
+        slices = record.get("slices")
+        if slices is not None and (
+            not isinstance(slices, list) or not 0 < len(slices) <= MAX_ROSTER_ENTRIES
+        ):
+            raise MalformedManifest(f"{where}: slices is not a list of 1..{MAX_ROSTER_ENTRIES}")
         return cls(
             session=_session(record.get("session"), where),
             genesis=_content_cid(record.get("genesis"), where),
@@ -315,6 +327,7 @@ class AgreedRecord:
             learning_rate=rate,
             rule=rule,
             state=None if state is None else _content_cid(state, where),
+            slices=None if slices is None else tuple(_record_cid(c, where) for c in slices),
         )
 
 

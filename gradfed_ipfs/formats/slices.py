@@ -46,17 +46,40 @@ __all__ = [
     "SliceKind",
     "SliceMessage",
     "SliceRecord",
+    "split_slice_rule",
 ]
 
 MAX_SLICE_RECORD_BYTES: Final = 256 * 1024
 """Largest slice or fraud record decoded, in bytes."""
 MAX_SLICE_MESSAGE_BYTES: Final = 64 * 1024
 """Largest slice-board pubsub message accepted, in bytes (1024 projections fit)."""
-SLICE_RULES: Final = ("fedavg", "median")
-"""Rules a slice record may name (coordinate-wise rules only)."""
+SLICE_RULES: Final = ("fedavg", "median", "trimmed_mean")
+"""Rules a slice record may name (coordinate-wise rules only); ``trimmed_mean`` is spelt
+``trimmed_mean:<beta>`` (see :func:`split_slice_rule`)."""
 _SLICE: Final = "gradfed.slice"
 _FRAUD: Final = "gradfed.slice-fraud"
 _MAX_INDEX: Final = 1 << 53
+
+
+def split_slice_rule(rule: str) -> tuple[str, float] | None:
+    """Return ``(name, beta)`` of a slice rule, or ``None`` if it is not one.
+
+    ``fedavg`` and ``median`` take no parameter (``beta`` is 0); ``trimmed_mean:<beta>`` needs
+    ``0 <= beta < 0.5`` written as Python's ``repr`` of the float (one spelling per value, so
+    every peer writes the same record bytes).
+    """
+    name, _, parameter = rule.partition(":")
+    if name in ("fedavg", "median") and rule == name:
+        return name, 0.0
+    if name != "trimmed_mean" or len(parameter) > 32:
+        return None
+    try:
+        beta = float(parameter)
+    except ValueError:
+        return None
+    if not 0.0 <= beta < 0.5 or repr(beta) != parameter:
+        return None
+    return name, beta
 
 
 def _peer(value: object, where: str) -> str:
@@ -138,7 +161,7 @@ class SliceRecord:
         _block(block, where)
         record = decode_record(block, _SLICE)
         rule = require(record, "rule", str, where)
-        if rule not in SLICE_RULES:
+        if split_slice_rule(rule) is None:
             raise MalformedManifest(f"{where}: unknown rule {rule!r:.40}")
         rate = require(record, "learning_rate", float, where)
         if not math.isfinite(rate):

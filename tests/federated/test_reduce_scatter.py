@@ -242,3 +242,31 @@ async def test_a_round_over_pubsub_boards_catches_a_liar_and_drops_forged_messag
     assert {res.model_cid for res in honest} == {await reference(r)}
     assert all(res.liars == {liar} for res in honest)
     assert all(m.sender != "intruder" for b in boards for m in b.messages)
+
+
+async def test_well_formed_slice_messages_from_outside_the_roster_are_ignored() -> None:
+    r = await make_round(4)
+    bus = MemoryPubsubBus()
+    topic = "gradfed/v1/s/slices"
+    config = ReduceScatterConfig(chunk_bytes=CHUNK, learning_rate=LR, phase_timeout=20)
+    boards = [PubsubSliceBoard(bus.endpoint(p), topic, p) for p in r.roster.peers]
+    for board in boards:
+        await board.__aenter__()
+    try:
+        for k in range(4):  # a record for every slice, first: it would fill the phase at once
+            forged = SliceMessage("slice", "intruder", r.roster_cid, 0, k, r.roster_cid)
+            bus.deliver("intruder", topic, forged.encode())
+        for board in boards:
+            assert await board.wait_for(lambda b=board: b.filled(r.roster_cid, 0) == 4, 5.0)
+        results = await asyncio.gather(
+            *(
+                ReduceScatterPeer(p, r.store, b, config).run(
+                    r.roster, r.roster_cid, r.base, r.grads[p]
+                )
+                for p, b in zip(r.roster.peers, boards, strict=True)
+            )
+        )
+    finally:
+        for board in boards:
+            await board.__aexit__(None, None, None)
+    assert {res.model_cid for res in results} == {await reference(r)}

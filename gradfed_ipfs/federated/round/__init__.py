@@ -10,6 +10,7 @@ from __future__ import annotations
 from .accumulator import DistributedGradientAccumulator, GradientAccumulator
 from .agreed import AgreedConfig, AgreedRoundResult, AgreedSession, ResyncResult
 from .agreed_history import verify_agreed_history
+from .agreed_slicing import RobustRule
 from .config import DEFAULT_MAX_WEIGHT, AccumulatorConfig, RoundConfig, SecureOptions
 from .gossip import GossipModelSync
 from .regional import (
@@ -29,6 +30,7 @@ __all__ = [
     "AgreedRoundResult",
     "AgreedSession",
     "ResyncResult",
+    "RobustRule",
     "verify_agreed_history",
     "RegionalConfig",
     "RegionalRoundResult",

@@ -64,10 +64,12 @@ from ...storage.retention import Collectable, GatedStore, RetentionHook, RoundBl
 from .agreed_config import AgreedConfig, AgreedRoundResult, ResyncResult, agreed_topic
 from .agreed_history import load_head
 from .agreed_roster import RosterPhase
+from .agreed_slicing import RootFetcher, SliceStep, slice_report
 from .announcer import Reannouncer
 from .coordinator import Head, RoundBoard, best_head, coordinator_ranking
 from .encoded import EncodedGradient, encode_gradient
 from .fetcher import ContributionFetcher
+from .reduce_scatter import ReduceScatterResult
 
 __all__ = ["AgreedConfig", "AgreedRoundResult", "AgreedSession", "ResyncResult", "agreed_topic"]
 
@@ -173,6 +175,9 @@ class AgreedSession(RosterPhase):
         if self.peer_id not in self.config.members:
             raise GenesisMismatch(f"peer {self.peer_id} is not a member of {self.session!r}")
         self._board = RoundBoard(self.session, self.genesis, self.peer_id, self.config.members)
+        self._slicing, self.aggregation_reason = await SliceStep.open(self, self._fetcher.store)
+        if self._slicing is not None:  # only roots are checked before the roster
+            self._fetcher = RootFetcher(self._fetcher.store, self.config.fetch_timeout, self._poke)
         messages = self.pubsub.subscribe(self.topic)
         self._tasks = [
             asyncio.create_task(self._listen(messages)),
@@ -195,6 +200,8 @@ class AgreedSession(RosterPhase):
             if tasks:
                 await asyncio.wait(tasks, timeout=5.0)
             self._tasks = []
+            if self._slicing is not None:
+                await self._slicing.aclose()
 
     # ------------------------------------------------------------------ the round
 
@@ -222,7 +229,7 @@ class AgreedSession(RosterPhase):
         # (bitswap answers wants for blocks added later), so the put overlaps the announcement.
         self._check_done(r - 1)
         await self._settle(keep=1)  # the last round's blocks may still be on their way
-        encoded = await encode_gradient(own_values)
+        encoded = await encode_gradient(own_values, chunk_bytes=self.config.chunk_bytes)
         contribution = encoded.cid
         stored = asyncio.ensure_future(self._held(encoded.store(self.store)))
         self._own = (contribution, stored)
@@ -287,7 +294,8 @@ class AgreedSession(RosterPhase):
         roster_cid, roster, model = adopted
         self._announcer.withdraw("contrib")  # the roster settled the contributions
         logger.debug("round %d: adopted %s after %.3fs", r, roster_cid, time.monotonic() - started)
-        return await self._finish(r, roster_cid, roster, model, rejected, started)
+        model, sliced = await self._sliced(r, roster_cid, roster, model, own_values, rejected)
+        return await self._finish(r, roster_cid, roster, model, rejected, started, sliced)
 
     async def _finish(
         self,
@@ -297,6 +305,7 @@ class AgreedSession(RosterPhase):
         model: FloatArray,
         rejected: dict[str, str],
         started: float,
+        sliced: ReduceScatterResult | None = None,
     ) -> AgreedRoundResult:
         base = self.model_cid
         roster_block = self._rosters[bytes(roster_cid)][1]
@@ -307,9 +316,11 @@ class AgreedSession(RosterPhase):
         if rule is not None and self._adopted_state is not None:
             stores.append(await encode_gradient(self._adopted_state))
             state = stores[-1].cid
+        slices = None if sliced is None else tuple(sliced.records)
         record = AgreedRecord(
             self.session, self.genesis, r, self.head, base, roster_cid, result,
             float(self.config.learning_rate), None if rule is None else rule.label(r), state,
+            slices,
         ).to_block()  # fmt: skip
         record_cid = record.cid
         await self._post("done", self._message("done", r, result, record=record_cid))
@@ -344,6 +355,7 @@ class AgreedSession(RosterPhase):
             matched=not unconfirmed,
             rejected=rejected,
             seconds=time.monotonic() - started,
+            **slice_report(sliced, self.aggregation_reason),
         )
 
     async def _keep(self, block: Block) -> None:

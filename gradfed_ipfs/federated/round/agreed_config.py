@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 from multiformats import CID
@@ -14,8 +14,21 @@ from ...cid import parse_cid
 from ...errors import InvalidGradient
 from ...formats.pubsub import session_topic
 from ...formats.roster import Roster
+from ...storage.dag import DEFAULT_CHUNK_BYTES, values_per_chunk
 
-__all__ = ["AgreedConfig", "AgreedRoundResult", "ResyncResult", "UpdateRule", "agreed_topic"]
+__all__ = [
+    "AGGREGATIONS",
+    "AgreedConfig",
+    "AgreedRoundResult",
+    "Aggregation",
+    "ResyncResult",
+    "UpdateRule",
+    "agreed_topic",
+]
+
+Aggregation = Literal["all-to-all", "reduce-scatter", "auto"]
+AGGREGATIONS: tuple[Aggregation, ...] = ("all-to-all", "reduce-scatter", "auto")
+"""How an agreed round computes its model (see :mod:`.agreed_slicing`)."""
 
 
 class UpdateRule(Protocol):
@@ -82,6 +95,15 @@ class AgreedConfig:
         Bound on fetching one contribution or record.
     rule
         A custom :class:`UpdateRule`; ``None`` for the deterministic weighted mean.
+    aggregation
+        ``"all-to-all"`` (every peer fetches every contribution), ``"reduce-scatter"`` (each
+        roster peer reduces one slice of every contribution; any coordinate-wise rule) or
+        ``"auto"`` (reduce-scatter when :func:`~.slices.can_slice` holds for the rule, d and
+        the members). Every member must use the same setting.
+    chunk_bytes
+        Chunk size of the contributions (slice boundaries follow it; the same on every member).
+    reducer_timeout
+        Reduce-scatter: delay per reducer rank before the next takes over a silent reducer.
     """
 
     members: tuple[str, ...]
@@ -95,6 +117,9 @@ class AgreedConfig:
     max_announce_interval: float = 1.0
     fetch_timeout: float = 30.0
     rule: UpdateRule | None = None
+    aggregation: Aggregation = "all-to-all"
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    reducer_timeout: float = 5.0
 
     def __post_init__(self) -> None:
         if not self.members or len(set(self.members)) != len(self.members):
@@ -103,7 +128,10 @@ class AgreedConfig:
             raise InvalidGradient(f"min_peers must be in [1, {len(self.members)}]")
         if not np.isfinite(self.learning_rate):
             raise InvalidGradient("learning_rate must be finite")
-        for name in ("collect_timeout", "takeover_timeout", "round_timeout",
+        if self.aggregation not in AGGREGATIONS:
+            raise InvalidGradient(f"aggregation must be one of {AGGREGATIONS}")
+        values_per_chunk(self.chunk_bytes)  # checks its range
+        for name in ("collect_timeout", "takeover_timeout", "round_timeout", "reducer_timeout",
                      "announce_interval", "max_announce_interval", "fetch_timeout"):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise InvalidGradient(f"{name} must be > 0 seconds")
@@ -144,6 +172,16 @@ class AgreedRoundResult:
         Peer → reason, for contributions or rosters refused this round.
     seconds
         Wall time of the round.
+    aggregation
+        ``"all-to-all"`` or ``"reduce-scatter"``: how this round's model was computed.
+    aggregation_reason
+        Why (e.g. the reason ``auto`` fell back to all-to-all).
+    slices
+        Reduce-scatter: the slice record CIDs the round record links.
+    missing
+        Reduce-scatter: roster peers whose slices did not arrive, excluded from every slice.
+    liars
+        Reduce-scatter: reducers proven to have lied (excluded from this peer's next rosters).
     """
 
     round: int
@@ -159,6 +197,11 @@ class AgreedRoundResult:
     matched: bool
     rejected: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    aggregation: str = "all-to-all"
+    aggregation_reason: str = ""
+    slices: tuple[CID, ...] = ()
+    missing: tuple[str, ...] = ()
+    liars: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,10 @@ A third party holding only the last round record's CID can walk ``prev`` links b
 session's first round, check that each round starts from the previous one's result (the first
 from the genesis model), and re-aggregate each roster with
 :func:`~gradfed_ipfs.tensor.deterministic.deterministic_update`: the result must hash to the
-recorded model CID, bit for bit.
+recorded model CID, bit for bit. A reduce-scatter round's record also links its slice
+records: they must fit the roster (:func:`~.agreed_slicing.sliced_roster`; senders they list
+``missing`` are left out of the recomputation) and each slice result must be its range of the
+recomputed model (:func:`~.agreed_slicing.check_slice_results`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from ...storage.base import BlockStore
 from ...storage.dag import fetch_gradient
 from ...tensor.deterministic import deterministic_update
 from .agreed_config import UpdateRule
+from .agreed_slicing import check_slice_results, sliced_roster
 from .encoded import encode_gradient
 
 __all__ = [
@@ -172,6 +176,8 @@ async def load_round_inputs(
             or bytes(roster.genesis) != bytes(record.genesis)
         ):
             raise RoundVerificationFailed(f"roster {record.roster} is not round {record.round}'s")
+        if record.slices is not None:
+            roster = await sliced_roster(store, record, roster)
         model = await fetch_gradient(store, record.base)
         gradients = [
             await fetch_gradient(store, entry.contribution, expected_length=model.size)
@@ -239,6 +245,8 @@ async def verify_agreed_round(
             f"round {record.round}: roster re-aggregates to {recomputed}, "
             f"record says {record.result}"
         )
+    if record.slices is not None:
+        await check_slice_results(store, record, model)
     return record
 
 

@@ -23,9 +23,11 @@ from ...storage.base import BlockStore
 from ...tensor.deterministic import deterministic_update
 from .agreed_config import AgreedConfig
 from .agreed_history import load_record
+from .agreed_slicing import SliceStep
 from .announcer import Reannouncer
 from .coordinator import RoundBoard, roster_problem
 from .fetcher import ContributionFetcher, is_transient
+from .reduce_scatter import ReduceScatterResult
 
 __all__ = ["RosterPhase"]
 
@@ -48,6 +50,9 @@ class RosterPhase:
     _rosters: dict[bytes, tuple[Roster, Block]]
     rule_state: FloatArray | None
     _adopted_state: FloatArray | None
+    _slicing: SliceStep | None = None  # reduce-scatter rounds (agreed_slicing)
+    aggregation_reason = ""
+    excluded: frozenset[str] = frozenset()  # proven lying reducers: left out of later rosters
 
     @property
     def board(self) -> RoundBoard:
@@ -95,7 +100,7 @@ class RosterPhase:
         """Contributions on this round's base whose blocks are fetched and verified."""
         entries = {self.peer_id: own}
         for peer, c in self.board.state(r).contributions.items():
-            if bytes(c.base) == bytes(self.model_cid):
+            if bytes(c.base) == bytes(self.model_cid) and peer not in self.excluded:
                 entries[peer] = (c.cid, c.weight)
         ready = {}
         for peer, (cid, weight) in entries.items():
@@ -132,7 +137,7 @@ class RosterPhase:
 
     async def _try_rosters(
         self, r: int, ranking: list[str], rejected: dict[str, str], tried: set[bytes]
-    ) -> tuple[CID, Roster, FloatArray] | None:
+    ) -> tuple[CID, Roster, FloatArray | None] | None:
         """Adopt the best-ranked valid roster heard (directly or through a ``done`` record)."""
         state = self.board.state(r)
         candidates = [(ranking.index(p), c) for p, c in state.rosters.items() if p in ranking]
@@ -161,8 +166,11 @@ class RosterPhase:
 
     async def _adopt(
         self, r: int, cid: CID, rejected: dict[str, str], tried: set[bytes]
-    ) -> tuple[Roster, FloatArray] | None:
-        """Validate a roster and aggregate it; ``None`` while its blocks are still coming."""
+    ) -> tuple[Roster, FloatArray | None] | None:
+        """Validate a roster and aggregate it; ``None`` while its blocks are still coming.
+
+        Reduce-scatter rounds check only the roots here; the model is then ``None``.
+        """
         try:
             roster = await self._load_roster(cid)
         except (BlockNotFound, BlockStoreError) as exc:
@@ -190,6 +198,8 @@ class RosterPhase:
                 rejected[roster.coordinator] = f"roster {cid} lists a bad {entry.contribution}"
                 return None
             gradients.append(task.result())
+        if self._slicing is not None:
+            return roster, None
         rule, lr = self.config.rule, self.config.learning_rate
         if rule is not None:
             model, self._adopted_state = rule.apply(
@@ -198,6 +208,26 @@ class RosterPhase:
             return roster, np.ascontiguousarray(model, np.float32).reshape(-1)
         model = deterministic_update(self.model, gradients, [e.weight for e in roster.entries], lr)
         return roster, model
+
+    async def _sliced(
+        self,
+        r: int,
+        roster_cid: CID,
+        roster: Roster,
+        model: FloatArray | None,
+        own: FloatArray,
+        rejected: dict[str, str],
+    ) -> tuple[FloatArray, ReduceScatterResult | None]:
+        """Return the adopted roster's model: ``model``, or (``None``) reduce-scatter's."""
+        if model is not None:
+            return model, None
+        if self._slicing is None:  # pragma: no cover - _adopt returns None only when slicing
+            raise RuntimeError("no model and no reduce-scatter step")
+        sliced = await self._slicing.run(r, roster, roster_cid, self.model, own)
+        rejected.update({p: "missing from the slices" for p in sliced.missing})
+        rejected.update({p: "proven lying reducer" for p in sliced.liars})
+        self.excluded |= sliced.liars
+        return sliced.model, sliced
 
     async def _load_roster(self, cid: CID) -> Roster:
         """Decode a roster once: from its inline message, else fetched from the store."""

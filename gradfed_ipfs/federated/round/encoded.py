@@ -18,7 +18,7 @@ from multiformats import CID
 from ..._types import CIDLike, GradientLike
 from ...block import Block
 from ...storage.base import UNSET, BlockStore, Unset
-from ...storage.dag import put_gradient
+from ...storage.dag import DEFAULT_CHUNK_BYTES, put_gradient
 
 __all__ = ["EncodedGradient", "encode_gradient"]
 
@@ -52,9 +52,11 @@ class EncodedGradient:
         return self.cid
 
 
-async def encode_gradient(values: GradientLike) -> EncodedGradient:
+async def encode_gradient(
+    values: GradientLike, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> EncodedGradient:
     """Encode a flat float32 gradient exactly as ``put_gradient`` stores it; no I/O."""
     collector = _Collector()
     flat = np.asarray(values, dtype=np.float32).reshape(-1)
-    cid = await put_gradient(cast(BlockStore, collector), flat)
+    cid = await put_gradient(cast(BlockStore, collector), flat, chunk_bytes=chunk_bytes)
     return EncodedGradient(cid, tuple(collector.blocks))

@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 from multiformats import CID
@@ -46,7 +47,7 @@ from ..._types import FloatArray
 from ...errors import (
     BlockStoreError,
     DecodeError,
-    DimensionMismatch,
+    GradientError,
     InvalidGradient,
 )
 from ...formats.roster import Roster
@@ -57,6 +58,7 @@ from ...storage.dag import (
     fetch_gradient,
     put_gradient,
 )
+from .encoded import encode_gradient
 from .slice_io import CountingStore, MemorySliceBoard, PubsubSliceBoard, fetch_range
 from .slices import (
     plan_slices,
@@ -170,7 +172,7 @@ class ReduceScatterPeer:
                 part.rows[peer] = own[part.offset : part.offset + part.length]
                 return
             try:
-                part.rows[peer] = await fetch_range(
+                values = await fetch_range(
                     self.store,
                     cid,
                     part.offset,
@@ -179,7 +181,10 @@ class ReduceScatterPeer:
                     timeout=self.config.fetch_timeout,
                     concurrency=self.config.concurrency,
                 )
-            except (BlockStoreError, DecodeError, DimensionMismatch):
+                if not np.isfinite(values).all():
+                    raise InvalidGradient(f"contribution {cid} has non-finite values")
+                part.rows[peer] = values
+            except (BlockStoreError, DecodeError, GradientError):
                 part.failed.add(peer)  # the sender's fault: it is excluded, not the round
 
         await asyncio.gather(
@@ -231,8 +236,22 @@ class ReduceScatterPeer:
         )
         return await self.store.put(record.to_block()), values
 
-    def _records(self, roster_cid: CID, phase: int, k: int) -> list[SliceMessage]:
-        return self.board.records(roster_cid, phase, k)
+    def _records(self, roster_cid: CID, phase: int, part: _Slice) -> list[SliceMessage]:
+        """Slice messages of ``part`` from its ranked reducers, best rank first.
+
+        Anyone may publish on the board: a sender outside the roster is ignored.
+        """
+        ranking = part.ranking
+        found = [
+            m
+            for m in self.board.records(roster_cid, phase, part.k)
+            if m.sender in ranking and m.cid is not None
+        ]
+        return sorted(found, key=lambda m: ranking.index(m.sender))
+
+    def _filled(self, roster_cid: CID, phase: int, parts: list[_Slice]) -> int:
+        """Return how many slices of ``phase`` have a record from one of their reducers."""
+        return sum(1 for p in parts if self._records(roster_cid, phase, p))
 
     async def _serve(
         self,
@@ -243,7 +262,7 @@ class ReduceScatterPeer:
         part: _Slice,
         phase: int,
         exclude: set[str],
-        parts: int,
+        parts: list[_Slice],
     ) -> None:
         """Reduce slice ``part`` in ``phase`` if no better-ranked reducer did in time.
 
@@ -255,10 +274,10 @@ class ReduceScatterPeer:
         if rank:
 
             def mine() -> bool:
-                return bool(self._records(roster_cid, phase, part.k))
+                return bool(self._records(roster_cid, phase, part))
 
             def half() -> bool:
-                return mine() or 2 * self.board.filled(roster_cid, phase) >= parts
+                return mine() or 2 * self._filled(roster_cid, phase, parts) >= len(parts)
 
             await self.board.wait_for(half, self.config.phase_timeout)
             if mine() or await self.board.wait_for(mine, rank * self.config.reducer_timeout):
@@ -287,7 +306,13 @@ class ReduceScatterPeer:
     # ------------------------------------------------------------------ round
 
     async def run(
-        self, roster: Roster, roster_cid: CID, base: FloatArray, own: FloatArray
+        self,
+        roster: Roster,
+        roster_cid: CID,
+        base: FloatArray,
+        own: FloatArray,
+        *,
+        put_model: bool = True,
     ) -> ReduceScatterResult:
         """Run one round on ``roster`` (this peer's ``own`` contribution held locally).
 
@@ -299,6 +324,8 @@ class ReduceScatterPeer:
             The base model (float32, d values; every peer holds it).
         own
             This peer's gradient (float32, d values), the one its roster entry names.
+        put_model
+            Store the assembled model (else only its CID is computed; the caller stores it).
 
         Raises
         ------
@@ -325,15 +352,19 @@ class ReduceScatterPeer:
             if found == exclude:
                 break
             exclude, phase = found, phase + 1
+        records = [cid for cid, _, _ in chosen]
         results, liars, frauds, redone = await self._check(
-            roster, roster_cid, base, own, parts, chosen
+            roster, roster_cid, base, own, parts, chosen, records
         )
         model = np.concatenate(results)
-        model_cid = await put_gradient(self.store, model)
+        if put_model:
+            model_cid = await put_gradient(self.store, model)
+        else:
+            model_cid = (await encode_gradient(model)).cid
         return ReduceScatterResult(
             model=model,
             model_cid=model_cid,
-            records=[cid for cid, _, _ in chosen],
+            records=records,
             missing=tuple(sorted(exclude)),
             liars=liars,
             frauds=frauds,
@@ -355,14 +386,14 @@ class ReduceScatterPeer:
         """Serve this peer's slices of ``phase``; return every slice's record (best-ranked)."""
         serving = [
             asyncio.create_task(
-                self._serve(roster, roster_cid, base, own, p, phase, exclude, len(parts))
+                self._serve(roster, roster_cid, base, own, p, phase, exclude, parts)
             )
             for p in parts
             if self.peer in p.ranking
         ]
         try:
             ok = await self.board.wait_for(
-                lambda: self.board.filled(roster_cid, phase) >= len(parts),
+                lambda: self._filled(roster_cid, phase, parts) >= len(parts),
                 self.config.phase_timeout,
             )
             if not ok:
@@ -371,19 +402,21 @@ class ReduceScatterPeer:
             await asyncio.gather(*serving)
         chosen = []
         for p in parts:
-            best = min(
-                self._records(roster_cid, phase, p.k), key=lambda m: p.ranking.index(m.sender)
-            )
-            if best.cid is None:  # pragma: no cover - slice messages always carry a CID
-                raise DecodeError(f"slice {p.k}: message without a record")
-            record = await self._load(best.cid)
-            if record.roster != roster_cid or (record.k, record.offset, record.length) != (
-                p.k,
-                p.offset,
-                p.length,
-            ):
-                raise DecodeError(f"slice record {best.cid} is not slice {p.k} of this round")
-            chosen.append((best.cid, record, best.sender))
+            for m in self._records(roster_cid, phase, p):  # the best-ranked valid record
+                cid = cast(CID, m.cid)
+                try:
+                    record = await self._load(cid)
+                except (BlockStoreError, DecodeError):
+                    continue  # a reducer's garbage: the next-ranked record, if any, counts
+                if record.roster == roster_cid and (record.k, record.offset, record.length) == (
+                    p.k,
+                    p.offset,
+                    p.length,
+                ):
+                    chosen.append((cid, record, m.sender))
+                    break
+            else:
+                raise DecodeError(f"slice {p.k}: no announced record is slice {p.k} of this round")
         return chosen
 
     # ------------------------------------------------------------------ check
@@ -396,8 +429,12 @@ class ReduceScatterPeer:
         own: FloatArray,
         parts: list[_Slice],
         chosen: list[tuple[CID, SliceRecord, str]],
+        records: list[CID],
     ) -> tuple[list[FloatArray], set[str], list[CID], list[int]]:
-        """All-gather the slice results, check them by projection, recompute and prove lies."""
+        """All-gather the slice results, check them by projection, recompute and prove lies.
+
+        A proven lie's slice record is replaced in ``records`` by the recomputed one.
+        """
         results = list(await asyncio.gather(*(self._values(cid, rec) for cid, rec, _ in chosen)))
         liars: set[str] = set()
         frauds: list[CID] = []
@@ -443,7 +480,7 @@ class ReduceScatterPeer:
             )
             if correct == cid:
                 continue  # a peer published a false projection; the slice is right
-            results[p.k] = values
+            results[p.k], records[p.k] = values, correct
             liars.add(sender)
             fraud = FraudRecord(roster_cid, p.k, sender, cid, correct)
             fraud_cid = await self.store.put(fraud.to_block())

@@ -31,15 +31,26 @@ from ...storage.dag import (
     fetch_gradient,
     fetch_manifest,
 )
+from .announcer import Reannouncer
 
 __all__ = ["CountingStore", "MemorySliceBoard", "PubsubSliceBoard", "fetch_range"]
 
 
+def _identity(m: SliceMessage) -> tuple[object, ...]:
+    """Return what makes two messages the same (CIDs as bytes: encoding them as text is slow)."""
+    cid = b"" if m.cid is None else bytes(m.cid)
+    return (m.sender, m.kind, bytes(m.roster), m.phase, m.k, cid, m.values)
+
+
 class MemorySliceBoard:
-    """In-process board: every message reaches every peer, in publication order."""
+    """In-process board: every message reaches every peer, in publication order.
+
+    A message heard again (a re-publication) is dropped; :meth:`forget` drops other rounds'.
+    """
 
     def __init__(self) -> None:
         self.messages: list[SliceMessage] = []
+        self._seen: set[tuple[object, ...]] = set()
         self._slices: dict[tuple[bytes, int, int], list[SliceMessage]] = {}
         self._filled: dict[tuple[bytes, int], int] = {}
         self._changed = asyncio.Condition()
@@ -56,8 +67,19 @@ class MemorySliceBoard:
         """Post ``message`` to every peer."""
         await self._add(message)
 
+    def forget(self, keep: CID) -> None:
+        """Drop every message that is not about roster ``keep`` (earlier rounds')."""
+        self.messages = [m for m in self.messages if m.roster == keep]
+        self._seen = {_identity(m) for m in self.messages}
+        self._slices = {key: v for key, v in self._slices.items() if key[0] == bytes(keep)}
+        self._filled = {key: v for key, v in self._filled.items() if key[0] == bytes(keep)}
+
     async def _add(self, message: SliceMessage) -> None:
+        heard = _identity(message)
+        if heard in self._seen:
+            return
         async with self._changed:
+            self._seen.add(heard)
             self.messages.append(message)
             if message.kind == "slice":
                 key = (bytes(message.roster), message.phase, message.k)
@@ -81,15 +103,27 @@ class PubsubSliceBoard(MemorySliceBoard):
 
     Messages carry no sender; pubsub's authenticated ``from`` is used, so a peer cannot speak
     for another. Malformed messages are dropped. Use as ``async with``: it listens meanwhile.
-    Lost messages are not re-published here (a lost ``slice`` costs a takeover, a lost
-    ``proj`` leaves slices unverified).
+    Without an ``announcer`` lost messages are not re-published (a lost ``slice`` costs a
+    takeover, a lost ``proj`` leaves slices unverified); with one (a running
+    :class:`~.announcer.Reannouncer` on ``topic``) each message is re-published until
+    :meth:`forget` drops its round.
     """
 
-    def __init__(self, transport: PubsubTransport, topic: str, peer: str) -> None:
+    def __init__(
+        self,
+        transport: PubsubTransport,
+        topic: str,
+        peer: str,
+        *,
+        announcer: Reannouncer | None = None,
+    ) -> None:
         super().__init__()
         self.transport = transport
         self.topic = topic
         self.peer = peer
+        self.announcer = announcer
+        self._posted: dict[str, bytes] = {}  # re-announcement key -> roster CID bytes
+        self._count = 0
         self._listener: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> PubsubSliceBoard:
@@ -114,7 +148,22 @@ class PubsubSliceBoard(MemorySliceBoard):
     async def publish(self, message: SliceMessage) -> None:
         """Publish ``message`` on the topic and add it to this peer's view."""
         await self._add(message)
-        await self.transport.publish(self.topic, message.encode())
+        if self.announcer is None:
+            await self.transport.publish(self.topic, message.encode())
+            return
+        self._count += 1
+        key = f"slice-board/{self._count}"
+        self._posted[key] = bytes(message.roster)
+        await self.announcer.post(key, message.encode())
+
+    def forget(self, keep: CID) -> None:
+        """Drop other rounds' messages and stop re-publishing this peer's about them."""
+        super().forget(keep)
+        if self.announcer is not None:
+            for key, roster in list(self._posted.items()):
+                if roster != bytes(keep):
+                    self.announcer.withdraw(key)
+                    del self._posted[key]
 
 
 class CountingStore:

@@ -8,7 +8,9 @@
   a timeout..., and every peer is rank 0 of exactly one slice.
 * :func:`reduce_values` is the slice aggregate. For ``fedavg`` it is
   :func:`~gradfed_ipfs.tensor.deterministic.deterministic_update` on the slice, which is
-  coordinate-wise, so the concatenated slices are bit-identical to the whole-vector update.
+  coordinate-wise, so the concatenated slices are bit-identical to the whole-vector update;
+  ``median`` and ``trimmed_mean:<beta>`` (:func:`~gradfed_ipfs.tensor.robust.trimmed_mean`)
+  are coordinate-wise too.
 * :func:`projection_vector` / :func:`projection_tolerance`: the cheap check of a ``fedavg``
   slice result ``R_k`` against every input's published projection ``⟨z_k, g_i[k]⟩``.
 
@@ -28,9 +30,10 @@ from numpy.typing import NDArray
 
 from ..._types import FloatArray
 from ...errors import InvalidGradient
-from ...formats.slices import SLICE_RULES
+from ...formats.slices import split_slice_rule
 from ...storage.dag import plan_chunks
 from ...tensor.deterministic import deterministic_update
+from ...tensor.robust import coordinate_median, trimmed_mean
 
 __all__ = [
     "MIN_SLICE_VALUES",
@@ -42,6 +45,7 @@ __all__ = [
     "projection_vector",
     "reduce_values",
     "reducer_ranking",
+    "slice_refusal",
 ]
 
 MIN_SLICE_VALUES: Final = 4096
@@ -52,7 +56,21 @@ UNSLICEABLE_RULES: Final = frozenset({"krum", "multikrum", "multi_krum", "bulyan
 
 def can_slice(rule: str, d: int, n: int) -> bool:
     """Return whether a round of ``n`` peers on ``d`` values with ``rule`` runs reduce-scatter."""
-    return rule in SLICE_RULES and n >= 2 and d >= n * MIN_SLICE_VALUES
+    return slice_refusal(rule, d, n) is None
+
+
+def slice_refusal(rule: str, d: int, n: int) -> str | None:
+    """Return why :func:`can_slice` is ``False`` (``None`` when it is ``True``)."""
+    if split_slice_rule(rule) is None:
+        name = rule.partition(":")[0].partition("(")[0].strip().lower()
+        if name in UNSLICEABLE_RULES:
+            return f"rule {rule!r:.60} needs whole vectors (pairwise distances)"
+        return f"rule {rule!r:.60} is not a coordinate-wise slice rule"
+    if n < 2:
+        return f"{n} peer(s): nothing to scatter"
+    if d < n * MIN_SLICE_VALUES:
+        return f"d = {d} < {n} peers x {MIN_SLICE_VALUES} values: too small to slice"
+    return None
 
 
 def plan_slices(d: int, n: int, chunk_bytes: int) -> list[tuple[int, int]]:
@@ -115,21 +133,29 @@ def reduce_values(
 ) -> FloatArray:
     """Return the slice result ``float32(base + lr · rule(rows))``, bit-reproducible.
 
-    ``fedavg`` is the weighted mean (:func:`deterministic_update`); ``median`` the unweighted
-    coordinate-wise median (NumPy's sort-based median in float64).
+    ``fedavg`` is the weighted mean (:func:`deterministic_update`); ``median`` and
+    ``trimmed_mean:<beta>`` the unweighted coordinate-wise
+    :func:`~gradfed_ipfs.tensor.robust.coordinate_median` and
+    :func:`~gradfed_ipfs.tensor.robust.trimmed_mean` (float32, the package's one formula each),
+    widened to float64 for the update. Each is coordinate-wise: slices of the result are the
+    results of the slices, bit for bit.
 
     Raises
     ------
     InvalidGradient
         If ``rule`` is unknown.
     """
-    if rule == "fedavg":
+    parsed = split_slice_rule(rule)
+    if parsed is None:
+        raise InvalidGradient(f"rule {rule!r:.60} cannot be reduced per slice")
+    name, beta = parsed
+    if name == "fedavg":
         return deterministic_update(base, rows, weights, learning_rate)
-    if rule == "median":
-        stacked = np.stack([np.asarray(r, np.float32) for r in rows]).astype(np.float64)
-        middle = np.median(stacked, axis=0)
-        return np.asarray(base.astype(np.float64) + float(learning_rate) * middle, np.float32)
-    raise InvalidGradient(f"rule {rule!r} cannot be reduced per slice")
+    if name == "median":
+        middle = coordinate_median(rows).astype(np.float64)
+    else:
+        middle = trimmed_mean(rows, beta).astype(np.float64)
+    return np.asarray(base.astype(np.float64) + float(learning_rate) * middle, np.float32)
 
 
 def projection_seed(record_cids: Sequence[bytes]) -> bytes:

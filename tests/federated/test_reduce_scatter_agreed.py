@@ -1,0 +1,347 @@
+"""Reduce-scatter inside AgreedSession (issue 14): one process, MemoryPubsubBus peers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from gradfed_ipfs import AgreedConfig, AgreedRoundResult, AgreedSession, verify_agreed_history
+from gradfed_ipfs.errors import ConfigError, RoundVerificationFailed
+from gradfed_ipfs.federated.round.agreed_history import verify_agreed_round
+from gradfed_ipfs.federated.round.agreed_slicing import RobustRule, choose_slicing
+from gradfed_ipfs.federated.round.reduce_scatter import CountingStore
+from gradfed_ipfs.federated.round.slices import reduce_values
+from gradfed_ipfs.formats.roster import AgreedMessage, AgreedRecord
+from gradfed_ipfs.formats.slices import SliceRecord
+from gradfed_ipfs.kubo import MemoryPubsubBus
+from gradfed_ipfs.storage import MemoryBlockStore, Retention, RetentionKeeper, put_gradient
+from gradfed_ipfs.storage.dag import fetch_manifest
+from gradfed_ipfs.tensor.aggregation import Krum, MultiKrum, TrimmedMean
+from gradfed_ipfs.tensor.bulyan import Bulyan
+from gradfed_ipfs.tensor.deterministic import deterministic_update
+from gradfed_ipfs.tensor.robust import coordinate_median, trimmed_mean
+
+PEERS = ("peer-a", "peer-b", "peer-c", "peer-d")
+D = 131_072  # 9 chunks of 64 KiB: four chunk-aligned slices
+CHUNK = 65_536
+LR = 0.5
+FAST = {
+    "collect_timeout": 1.0,
+    "takeover_timeout": 0.5,
+    "round_timeout": 15.0,
+    "done_timeout": 1.0,
+    "announce_interval": 0.02,
+    "fetch_timeout": 2.0,
+    "reducer_timeout": 0.3,
+    "chunk_bytes": CHUNK,
+    "learning_rate": LR,
+}
+
+
+def initial_model(d: int = D) -> np.ndarray:
+    return np.random.default_rng(0).standard_normal(d).astype(np.float32)
+
+
+def gradient(peer: int, round_number: int, d: int = D) -> np.ndarray:
+    return np.random.default_rng([peer, round_number]).standard_normal(d).astype(np.float32)
+
+
+class Peers:
+    """Sessions on one bus and one shared store, each counting its own downloads."""
+
+    def __init__(self, store: MemoryBlockStore, bus: MemoryPubsubBus) -> None:
+        self.store, self.bus = store, bus
+        self.sessions: list[AgreedSession] = []
+        self.counting: list[CountingStore] = []
+
+    async def start(
+        self, peers: Sequence[str], members: Sequence[str] = PEERS, d: int = D, **settings: object
+    ) -> object:
+        genesis = await AgreedSession.commit_genesis(self.store, initial_model(d))
+        config = AgreedConfig(members=tuple(members), **{**FAST, **settings})  # type: ignore[arg-type]
+        for peer in peers:
+            counting = CountingStore(self.store)
+            session = AgreedSession(counting, self.bus.endpoint(peer), "rs", genesis, config)  # type: ignore[arg-type]
+            await session.start(initial_model(d))
+            counting.downloaded = 0  # the genesis fetch is not the round's
+            self.sessions.append(session)
+            self.counting.append(counting)
+        return genesis
+
+    async def round(self, r: int, d: int = D) -> list[AgreedRoundResult]:
+        return list(
+            await asyncio.gather(
+                *(
+                    s.run_round(gradient(PEERS.index(s.peer_id), r, d), weight=1 + i)
+                    for i, s in enumerate(self.sessions)
+                )
+            )
+        )
+
+    async def close(self) -> None:
+        for session in self.sessions:
+            await session.aclose()
+
+
+async def run_rounds(
+    aggregation: str, rounds: int = 1, **settings: object
+) -> tuple[list[list[AgreedRoundResult]], Peers, object]:
+    peers = Peers(MemoryBlockStore(), MemoryPubsubBus())
+    genesis = await peers.start(PEERS, aggregation=aggregation, **settings)
+    try:
+        return [await peers.round(r) for r in range(rounds)], peers, genesis
+    finally:
+        await peers.close()
+
+
+async def reference(round_results: AgreedRoundResult, base: np.ndarray, r: int) -> np.ndarray:
+    """The all-to-all update of a result's roster, recomputed in roster order."""
+    entries = round_results.roster.entries
+    grads = [gradient(PEERS.index(e.peer), r) for e in entries]
+    return deterministic_update(base, grads, [e.weight for e in entries], LR)
+
+
+async def test_reduce_scatter_rounds_equal_all_to_all_with_less_download_and_reverify() -> None:
+    sliced, rs_peers, genesis = await run_rounds("reduce-scatter", rounds=2)
+    whole, a2a_peers, _ = await run_rounds("all-to-all", rounds=2)
+    for r in range(2):
+        assert {res.aggregation for res in sliced[r]} == {"reduce-scatter"}
+        assert {res.aggregation for res in whole[r]} == {"all-to-all"}
+        # Same roster peers and weights, so the same model bytes and CID in both modes.
+        assert (
+            {res.model for res in sliced[r]}
+            == {res.model for res in whole[r]}
+            == {whole[r][0].model}
+        )
+        assert len({res.record for res in sliced[r]}) == 1
+        assert all(len(res.slices) == len(PEERS) and not res.missing for res in sliced[r])
+    base = initial_model()
+    for r in range(2):
+        want = await reference(sliced[r][0], base, r)
+        assert (await put_gradient(MemoryBlockStore(), want)) == sliced[r][0].model
+        base = want
+    for rs, a2a in zip(rs_peers.counting, a2a_peers.counting, strict=True):
+        # 2 rounds: all-to-all fetches 3 whole gradients a round, reduce-scatter ~2·3/4 of one.
+        assert a2a.downloaded >= 2 * 3 * D * 4
+        assert rs.downloaded <= 2 * 2.5 * D * 4
+        assert rs.downloaded < 0.6 * a2a.downloaded
+    head = sliced[1][0].record
+    records = await verify_agreed_history(rs_peers.store, head, session="rs", genesis=genesis)  # type: ignore[arg-type]
+    assert [rec.round for rec in records] == [0, 1]
+    assert all(rec.slices is not None and len(rec.slices) == 4 for rec in records)
+
+
+async def test_a_record_whose_slices_do_not_fit_its_roster_fails_verification() -> None:
+    results, peers, _ = await run_rounds("reduce-scatter")
+    store = peers.store
+    record = AgreedRecord.from_block(await store.get(results[0][0].record))
+    assert record.slices is not None
+    first = SliceRecord.from_block(await store.get(record.slices[0]))
+    forged = SliceRecord(**{**first.__dict__, "missing": (), "weight_sum": first.weight_sum + 1})
+    bad = AgreedRecord(**{**record.__dict__, "slices": (forged.to_block().cid, *record.slices[1:])})
+    await store.put(forged.to_block())
+    bad_cid = await store.put(bad.to_block())
+    with pytest.raises(RoundVerificationFailed, match="does not fit"):
+        await verify_agreed_round(store, bad_cid)
+    # A slice record that lies about its result (but fits the roster) is caught too.
+    lie = await put_gradient(store, np.zeros(first.length, np.float32))
+    liar = SliceRecord(**{**first.__dict__, "result": lie})
+    await store.put(liar.to_block())
+    lied = AgreedRecord(**{**record.__dict__, "slices": (liar.to_block().cid, *record.slices[1:])})
+    with pytest.raises(RoundVerificationFailed, match="wrong result"):
+        await verify_agreed_round(store, await store.put(lied.to_block()))
+
+
+async def test_trimmed_mean_round_is_sliced_and_equals_its_all_to_all_round() -> None:
+    rule = RobustRule(TrimmedMean(beta=0.25))
+    assert rule.slice_rule == "trimmed_mean:0.25"
+    sliced, peers, genesis = await run_rounds("auto", rule=rule)
+    whole, _, _ = await run_rounds("all-to-all", rule=rule)
+    assert {res.aggregation for res in sliced[0]} == {"reduce-scatter"}
+    assert {res.model for res in sliced[0]} == {whole[0][0].model}
+    await verify_agreed_history(
+        peers.store,
+        sliced[0][0].record,
+        session="rs",
+        genesis=genesis,
+        rule=rule,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize("rule", ["trimmed_mean:0.2", "median"])
+def test_robust_rules_per_slice_equal_the_whole_vector_bit_for_bit(rule: str) -> None:
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal(10_000).astype(np.float32)
+    rows = [rng.standard_normal(10_000).astype(np.float32) for _ in range(6)]
+    whole = reduce_values(rule, base, rows, [1] * 6, 0.3)
+    step = trimmed_mean(rows, 0.2) if rule != "median" else coordinate_median(rows)
+    expected = (base.astype(np.float64) + 0.3 * step.astype(np.float64)).astype(np.float32)
+    assert whole.tobytes() == expected.tobytes()  # the one trimmed-mean / median formula
+    parts = [
+        reduce_values(rule, base[a:b], [row[a:b] for row in rows], [1] * 6, 0.3)
+        for a, b in [(0, 1), (1, 4097), (4097, 9999), (9999, 10_000)]
+    ]
+    assert np.concatenate(parts).tobytes() == whole.tobytes()
+
+
+def test_choose_slicing_falls_back_for_whole_vector_rules_and_small_gradients() -> None:
+    def config(aggregation: str, **more: object) -> AgreedConfig:
+        return AgreedConfig(members=PEERS, aggregation=aggregation, **more)  # type: ignore[arg-type]
+
+    assert choose_slicing(config("auto"), D)[0] == "fedavg"
+    rule, reason = choose_slicing(config("auto"), 1000)
+    assert rule is None
+    assert "too small" in reason
+    for strategy in (Krum(f=1), MultiKrum(f=1, m=2), Bulyan(f=1)):
+        rule, reason = choose_slicing(config("auto", rule=RobustRule(strategy)), D)
+        assert rule is None
+        assert "whole vectors" in reason
+        rule, reason = choose_slicing(config("reduce-scatter", rule=RobustRule(strategy)), D)
+        assert rule is None
+        assert "whole vectors" in reason
+    assert choose_slicing(config("reduce-scatter"), 1000)[0] == "fedavg"  # forced: any d >= n
+    assert choose_slicing(config("all-to-all"), D)[0] is None
+    with pytest.raises(ValueError, match="aggregation"):
+        config("butterfly")
+
+
+async def test_auto_runs_krum_and_tiny_gradients_all_to_all_and_says_why() -> None:
+    krum, _, _ = await run_rounds("auto", rule=RobustRule(Krum(f=1)))
+    assert {res.aggregation for res in krum[0]} == {"all-to-all"}
+    assert all("whole vectors" in res.aggregation_reason for res in krum[0])
+    assert len({res.model for res in krum[0]}) == 1
+    assert not krum[0][0].slices
+    peers = Peers(MemoryBlockStore(), MemoryPubsubBus())
+    await peers.start(PEERS[:3], members=PEERS[:3], d=1000, aggregation="auto")
+    try:
+        tiny = await peers.round(0, d=1000)
+    finally:
+        await peers.close()
+    assert {res.aggregation for res in tiny} == {"all-to-all"}
+    assert all("too small" in res.aggregation_reason for res in tiny)
+
+
+async def test_a_silent_reducer_is_taken_over_and_a_dead_peer_does_not_stop_the_round() -> None:
+    # Three live sessions, one of them never reducing; the fourth member contributed, then died.
+    store, bus = MemoryBlockStore(), MemoryPubsubBus()
+    peers = Peers(store, bus)
+    genesis = await peers.start(
+        PEERS[:3], aggregation="reduce-scatter", done_timeout=0.0, fetch_timeout=1.0
+    )  # the dead peer sends no done and no projections: do not wait long for them
+    peers.sessions[1]._slicing.silent = True  # type: ignore[union-attr]
+    dead = PEERS[3]
+    contribution = await put_gradient(store, gradient(3, 0), chunk_bytes=CHUNK)
+    message = AgreedMessage(
+        "contrib",
+        "rs",
+        genesis,
+        0,
+        dead,
+        contribution,
+        base=genesis,
+        weight=4,  # type: ignore[arg-type]
+    )
+    try:
+        await bus.endpoint(dead).publish(peers.sessions[0].topic, message.encode())
+        results = await peers.round(0)
+    finally:
+        await peers.close()
+    assert len({res.model for res in results}) == 1
+    assert results[0].roster.peers == PEERS
+    want = await reference(results[0], initial_model(), 0)
+    assert results[0].model == await put_gradient(MemoryBlockStore(), want)
+    assert all(res.aggregation == "reduce-scatter" and not res.missing for res in results)
+
+
+async def test_a_lying_reducer_is_caught_and_the_honest_peers_exclude_it() -> None:
+    store, bus = MemoryBlockStore(), MemoryPubsubBus()
+    peers = Peers(store, bus)
+    genesis = await peers.start(PEERS, aggregation="reduce-scatter")
+    liar = peers.sessions[2]
+    liar._slicing.lie = 1e-2  # type: ignore[union-attr]
+    try:
+        results = await peers.round(0)
+    finally:
+        await peers.close()
+    honest = [res for s, res in zip(peers.sessions, results, strict=True) if s is not liar]
+    want = await reference(results[0], initial_model(), 0)
+    assert {res.model for res in honest} == {await put_gradient(MemoryBlockStore(), want)}
+    assert all(res.liars == (liar.peer_id,) for res in honest)
+    assert all("lying" in res.rejected[liar.peer_id] for res in honest)
+    assert all(liar.peer_id in s.excluded for s in peers.sessions if s is not liar)
+    # The record links the recomputed slice, not the lie: it re-verifies.
+    await verify_agreed_history(store, honest[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
+
+
+async def test_a_sender_whose_chunk_is_lost_is_missing_everywhere_and_the_record_verifies() -> None:
+    store, bus = MemoryBlockStore(), MemoryPubsubBus()
+    peers = Peers(store, bus)
+    genesis = await peers.start(
+        PEERS[:3], aggregation="reduce-scatter", done_timeout=0.0, fetch_timeout=1.0
+    )
+    gone = PEERS[3]
+    # Its manifest is served (the roster lists it) but its last chunk never is.
+    contribution = await put_gradient(store, gradient(3, 0), chunk_bytes=CHUNK)
+    manifest = await fetch_manifest(store, contribution)
+    await store.delete(manifest.chunks[-1].cid)
+    message = AgreedMessage(
+        "contrib",
+        "rs",
+        genesis,
+        0,
+        gone,
+        contribution,
+        base=genesis,
+        weight=4,  # type: ignore[arg-type]
+    )
+    try:
+        await bus.endpoint(gone).publish(peers.sessions[0].topic, message.encode())
+        results = await peers.round(0)
+    finally:
+        await peers.close()
+    assert results[0].roster.peers == PEERS
+    assert all(res.missing == (gone,) for res in results)
+    assert all("missing" in res.rejected[gone] for res in results)
+    live = [e for e in results[0].roster.entries if e.peer != gone]
+    want = deterministic_update(
+        initial_model(),
+        [gradient(PEERS.index(e.peer), 0) for e in live],
+        [e.weight for e in live],
+        LR,
+    )
+    assert {res.model for res in results} == {await put_gradient(MemoryBlockStore(), want)}
+    # The record re-verifies: its slice records say who is missing, so the verifier leaves it out.
+    await verify_agreed_history(store, results[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
+
+
+async def test_reduce_scatter_with_retention_is_refused_at_start() -> None:
+    store = MemoryBlockStore()
+    genesis = await AgreedSession.commit_genesis(store, initial_model())
+    config = AgreedConfig(members=("solo",), aggregation="reduce-scatter")
+    keeper = RetentionKeeper(store, Retention(keep_rounds=2, gc_every=None))
+    session = AgreedSession(
+        store, MemoryPubsubBus().endpoint("solo"), "s", genesis, config, retention=keeper
+    )
+    with pytest.raises(ConfigError, match="retention"):
+        await session.start()
+    await session.aclose()
+
+
+async def test_a_member_left_out_of_the_roster_assembles_the_same_model_from_the_slices() -> None:
+    peers = Peers(MemoryBlockStore(), MemoryPubsubBus())
+    await peers.start(PEERS, aggregation="reduce-scatter", min_peers=3, collect_timeout=0.5)
+    early, late = peers.sessions[:3], peers.sessions[3]
+    try:
+        first = await asyncio.gather(*(s.run_round(gradient(i, 0)) for i, s in enumerate(early)))
+        # The late member contributes after the roster: it only gathers the slices.
+        mine = await late.run_round(gradient(3, 0))
+    finally:
+        await peers.close()
+    assert {res.model for res in first} == {mine.model}
+    assert mine.record == first[0].record
+    assert not mine.included
+    assert mine.roster.peers == PEERS[:3]
+    assert mine.aggregation == "reduce-scatter"
