@@ -26,7 +26,9 @@ protocol and setting) and ``--rounds 4 --blocks 2`` for 8 peers (48), seconds::
 
 The 1.2x goal is met at 8 peers and missed at 3 (1.22x at p50). The 8-peer runner rows are
 flattered: 29 of its 48 peer-rounds at 0 % loss closed at the 10 s collect deadline without
-every peer (``short``), i.e. with a partial aggregate, where every agreed round had all 8.
+every peer (``short``), i.e. with a partial aggregate, where every agreed round had all 8 (a
+runner-only rerun with logs: those peers were cut off as "still fetching at the round's
+deadline: no block arrived", bitswap saturated by 8 x 7 fetches of 4 MB, not lost announcements).
 Run-to-run noise at this load is about +-0.5 s at 3 peers (the same code gave an agreed p50 of
 2.9-5.0 s across consecutive runs), so ratios move by +-0.2. Where an agreed round's time goes
 (3 peers, load ~10, per round): encoding its own gradient 0.07-0.14 s; publishing ``contrib``
