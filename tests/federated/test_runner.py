@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -302,6 +303,50 @@ async def test_announcement_for_a_future_round_is_held_for_that_round() -> None:
     assert a.drops["other_round"] == 0
     await runner.aclose()
     for gossip in (a, b):
+        await gossip.aclose()
+
+
+class DeliverOnGet(MemoryBlockStore):
+    """A store that runs a hook just before returning a block (in the same event-loop step)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hooks: dict[bytes, Callable[[], None]] = {}
+
+    async def get(self, cid: Any, *, timeout: Any = UNSET) -> Block:
+        block = await super().get(cid)
+        hook = self.hooks.pop(bytes(parse_cid(cid)), None)
+        if hook is not None:
+            hook()
+        return block
+
+
+async def test_announcement_arriving_as_a_fetch_ends_is_not_lost() -> None:
+    # Prepare: y's only announcement reaches m in the step in which m's fetch of x's gradient
+    # ends: the collect loop wakes for the fetch and cancels its listener, which has already
+    # taken y's announcement (marked seen: re-publications would be dropped as duplicates).
+    store, bus = DeliverOnGet(), MemoryPubsubBus()
+    m, x, y = nodes(bus, ["m", "x", "y"], "race")
+    gx, gy = (
+        await put_gradient(store, np.ones(8, np.float32)),
+        await put_gradient(store, np.full(8, 4.0, np.float32)),
+    )
+    from_y = y.make_announcement(gy, 0, num_samples=1, length=8).encode()
+    store.hooks[bytes(gx)] = lambda: bus.deliver("y", y.topic, from_y)
+    config = replace(FAST, collect_timeout=2.0, republish_interval=10.0)
+    runner = RoundRunner(store, m, config)
+    for gossip in (x, y):
+        await gossip.start()
+    # Execute: m's round starts; x announces once.
+    round_task = asyncio.create_task(runner.run_round(0, np.zeros(8, np.float32), num_samples=1))
+    await x.broadcast_update(gx, 0, num_samples=1, length=8)
+    result = await round_task
+    # Assert: the hook ran, and y is in (before the fix: InsufficientPeers at the deadline).
+    assert not store.hooks
+    assert sorted(result.contributors) == ["x", "y"]
+    np.testing.assert_allclose(result.aggregate, np.full(8, 5.0 / 3))
+    await runner.aclose()
+    for gossip in (m, x, y):
         await gossip.aclose()
 
 

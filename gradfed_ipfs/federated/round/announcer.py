@@ -51,10 +51,13 @@ class Reannouncer:
         self._changed = asyncio.Event()
 
     async def post(self, key: str, data: bytes) -> None:
-        """Publish ``data`` now and keep re-publishing it under ``key`` (replacing the last)."""
-        self._outbox[key] = _Outgoing(data, time.monotonic() + self.first, self.first)
+        """Publish ``data`` now and keep re-publishing it under ``key`` (replacing the last).
+
+        The first publication is :meth:`run`'s (due at once): the caller does not wait for the
+        daemon's answer, so a round's ``done`` costs it no publish round trip.
+        """
+        self._outbox[key] = _Outgoing(data, time.monotonic(), self.first / 2)
         self._changed.set()
-        await self._publish(data)
 
     def withdraw(self, key: str) -> None:
         """Stop re-publishing the message under ``key`` (if any)."""

@@ -116,6 +116,18 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
+async def _stop(listener: asyncio.Future[Announcement | None]) -> Announcement | None:
+    """Cancel a ``next_announcement`` wait and return what it took, if anything.
+
+    A cancelled wait may still have taken an announcement (Python 3.11's ``wait_for`` returns
+    the inner result when cancelled after it finished); it is marked seen by the filter, so
+    dropping it here would lose that peer for the round (every re-publication a ``duplicate``).
+    """
+    listener.cancel()
+    await asyncio.wait([listener])  # not ``await listener``: that would swallow our own cancel
+    return None if listener.cancelled() else listener.result()
+
+
 class Collection:
     """The bookkeeping of one round in progress on one node.
 
@@ -186,11 +198,7 @@ class Collection:
             await asyncio.wait(
                 waiters, timeout=max(0.0, wake - now) + 0.001, return_when=asyncio.FIRST_COMPLETED
             )
-            if listener is not None and not listener.done():
-                listener.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await listener
-            elif listener is not None and (found := listener.result()) is not None:
+            if listener is not None and (found := await _stop(listener)) is not None:
                 self.start_fetch(found)
             self._settle_done()
         while self.fetches and (now := time.monotonic()) < deadline:  # stragglers
