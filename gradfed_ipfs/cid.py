@@ -8,6 +8,7 @@ Kubo computes the same CID for the same bytes with ``block/put``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import Final, Literal
 
@@ -56,6 +57,21 @@ def make_cid(data: bytes | bytearray | memoryview, codec: CodecName | int = "raw
     return CID("base32", 1, name, multihash.wrap(digest, "sha2-256"))
 
 
+_CACHED: Final = 1 << 14
+"""CIDs whose parse and text form are remembered (a round names N² of them: decoding one costs
+~0.4 ms and rendering one in base32 ~0.35 ms in multiformats, more than moving a small block)."""
+
+
+@functools.lru_cache(maxsize=_CACHED)
+def _decode(value: str | bytes) -> CID:
+    return CID.decode(value)
+
+
+@functools.lru_cache(maxsize=_CACHED)
+def _text(cid: CID) -> str:
+    return str(cid)
+
+
 def parse_cid(value: CIDLike) -> CID:
     """Parse a CID from a CID object, a string (any multibase, or CIDv0 ``Qm…``) or bytes.
 
@@ -71,9 +87,9 @@ def parse_cid(value: CIDLike) -> CID:
     else:
         try:
             if isinstance(value, str):
-                cid = CID.decode(value.strip())
+                cid = _decode(value.strip())
             elif isinstance(value, bytes | bytearray | memoryview):
-                cid = CID.decode(bytes(value))
+                cid = _decode(bytes(value))
             else:
                 raise TypeError(type(value).__name__)
         except (ValueError, KeyError, TypeError) as exc:
@@ -85,7 +101,7 @@ def parse_cid(value: CIDLike) -> CID:
 
 def cid_to_str(value: CIDLike) -> str:
     """Return the canonical string form (base32 for CIDv1) of a CID."""
-    return str(parse_cid(value))
+    return _text(parse_cid(value))
 
 
 def cid_digest(value: CIDLike) -> bytes:

@@ -22,7 +22,7 @@ from typing import Any, Final
 from multiformats import CID
 
 from .._types import CIDLike
-from ..cid import DAG_CBOR, RAW, parse_cid
+from ..cid import DAG_CBOR, RAW, cid_to_str, parse_cid
 from ..errors import (
     BlockCorrupt,
     BlockNotFound,
@@ -196,7 +196,7 @@ class KuboBlockStore(AsyncClosing):
             try:
                 data = await self._post(
                     "block/get",
-                    {"arg": str(parsed), "timeout": f"{seconds:.3f}s"},
+                    {"arg": cid_to_str(parsed), "timeout": f"{seconds:.3f}s"},
                     deadline=seconds + DEADLINE_GRACE,
                 )
             except BlockTimeout as exc:
@@ -210,7 +210,7 @@ class KuboBlockStore(AsyncClosing):
         parsed = parse_cid(cid)
         with rpc_context(self.api_url, "block/stat", parsed):
             try:
-                await self._post("block/stat", {"arg": str(parsed), "offline": "true"})
+                await self._post("block/stat", {"arg": cid_to_str(parsed), "offline": "true"})
             except BlockNotFound:
                 return False
             return True
@@ -226,8 +226,8 @@ class KuboBlockStore(AsyncClosing):
         parsed = parse_cid(cid)
         with rpc_context(self.api_url, "block/rm", parsed):
             with contextlib.suppress(StoreRequestError):
-                await self._post("pin/rm", {"arg": str(parsed)})
-            await self._post("block/rm", {"arg": str(parsed)}, streamed=True)
+                await self._post("pin/rm", {"arg": cid_to_str(parsed)})
+            await self._post("block/rm", {"arg": cid_to_str(parsed)}, streamed=True)
 
     async def pin(self, cid: CIDLike, *, recursive: bool = True) -> None:
         """``pin/add``: recursive (a dag-cbor root pins every block it links) or direct."""
@@ -236,7 +236,7 @@ class KuboBlockStore(AsyncClosing):
             await self._post(
                 "pin/add",
                 {
-                    "arg": str(parsed),
+                    "arg": cid_to_str(parsed),
                     "recursive": "true" if recursive else "false",
                     "timeout": f"{self.timeout:.3f}s",
                 },
@@ -247,7 +247,7 @@ class KuboBlockStore(AsyncClosing):
         parsed = parse_cid(cid)
         with rpc_context(self.api_url, "pin/rm", parsed):
             try:
-                await self._post("pin/rm", {"arg": str(parsed)})
+                await self._post("pin/rm", {"arg": cid_to_str(parsed)})
             except StoreRequestError as exc:
                 if "not pinned" not in str(exc):
                     raise
@@ -257,7 +257,7 @@ class KuboBlockStore(AsyncClosing):
         parsed = parse_cid(cid)
         with rpc_context(self.api_url, "pin/ls", parsed):
             try:
-                await self._post("pin/ls", {"arg": str(parsed)})
+                await self._post("pin/ls", {"arg": cid_to_str(parsed)})
             except StoreRequestError as exc:
                 if "not pinned" in str(exc):
                     return False
