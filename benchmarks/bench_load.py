@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import resource
 import time
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ from gradfed_ipfs.federated.round.reduce_scatter import (
     ReduceScatterConfig,
     ReduceScatterPeer,
 )
+from gradfed_ipfs.federated.round.slices import reducer_ranking
 from gradfed_ipfs.formats.announcement import Announcement
 from gradfed_ipfs.formats.roster import Roster
 from gradfed_ipfs.kubo.pubsub import KuboPubsub, session_topic
@@ -146,7 +148,13 @@ async def run_load(
     )
 
     async def fan_out(k: int) -> None:
+        heard: set[tuple[str, bytes]] = set()
         async for message in pubsubs[k].subscribe(topic):
+            # Announcers re-publish every second: N·daemons decodes per second of byte-identical
+            # messages (each parses a CID, ~2 ms) would take a core's share from the round.
+            if (message.from_peer, message.data) in heard:
+                continue
+            heard.add((message.from_peer, message.data))
             try:
                 announcement = Announcement.decode(message.data)
             except DecodeError:
@@ -315,6 +323,9 @@ class ReduceScatterRun:
     matches_reference: bool
     missing: tuple[str, ...]
     liars: set[str]
+    takeovers: int = 0
+    """Slice records announced by a backup reducer (rank ≥ 1): redone work."""
+    chunk_bytes: int = 0
 
     def summary(self, d: int) -> str:
         top = max(self.downloaded)
@@ -322,8 +333,21 @@ class ReduceScatterRun:
             f"  reduce-scatter {self.fault:<8} round={self.seconds:6.2f}s  per-peer download "
             f"max={top / 1e6:6.2f} MB ({top / (4 * d):.2f}·d·4B)  equal CIDs={self.cids_equal} "
             f"= all-to-all model={self.matches_reference}  missing={list(self.missing)} "
-            f"liars={sorted(self.liars)}"
+            f"liars={sorted(self.liars)} takeovers={self.takeovers}"
         )
+
+
+def slice_chunk_bytes(d: int, peers: int) -> int:
+    """Chunk size (bytes) putting one chunk in each of ``peers`` slices of ``d`` float32 values.
+
+    Per-block costs (an RPC round trip, a CID parsed per manifest entry) dominate the bytes
+    once chunks are small: with 64 KiB chunks at d = 1M every manifest lists 66 CIDs whatever
+    ``peers`` is. A chunk of ``4·d/peers`` bytes (64 KiB … 1 MiB) makes slice k exactly chunk k.
+    """
+    per = -(-d // peers)  # values per slice, rounded up
+    per = -(-per // 64) * 64  # values_per_chunk is a multiple of 64
+    chunk = 4096 + 4 * per  # 4096 = the Arrow framing bound values_per_chunk subtracts
+    return min(max(chunk, 65_536), 1 << 20)
 
 
 async def run_reduce_scatter(
@@ -335,11 +359,14 @@ async def run_reduce_scatter(
     round_id: int = 0,
     fault: str = "none",
     timeout: float = 600.0,
+    reducer_timeout: float = 10.0,
+    chunk_bytes: int | None = None,
 ) -> ReduceScatterRun:
     """One reduce-scatter round of ``peers`` simulated peers over ``nodes``; ``fault`` is
     ``none``, ``silent`` (one reducer never answers), ``lying`` (one adds 1e-2 to its slice)
-    or ``dropped`` (one sender's chunks vanish after its commit)."""
-    chunk = 65_536
+    or ``dropped`` (one sender's chunks vanish after its commit). Contributions are committed
+    with ``chunk_bytes`` (default :func:`slice_chunk_bytes`)."""
+    chunk = slice_chunk_bytes(d, peers) if chunk_bytes is None else chunk_bytes
     host = [i % len(nodes) for i in range(peers)]
     names = [f"peer-{i:03d}" for i in range(peers)]
     stores = [KuboBlockStore(n.api_url, timeout=timeout) for n in nodes]
@@ -373,7 +400,7 @@ async def run_reduce_scatter(
             chunk_bytes=chunk,
             learning_rate=lr,
             fetch_timeout=10.0 if fault == "dropped" else timeout,
-            reducer_timeout=10.0,
+            reducer_timeout=reducer_timeout,
             phase_timeout=timeout,
         )
         board = MemorySliceBoard()
@@ -402,6 +429,10 @@ async def run_reduce_scatter(
     used = [i for i in range(peers) if not (fault == "dropped" and names[i] == odd)]
     model = deterministic_update(base, [grads[i] for i in used], [samples_of(i) for i in used], lr)
     want = await put_gradient(MemoryBlockStore(), model)
+    first = {k: reducer_ranking(bytes(roster_cid), k, names)[0] for k in range(peers)}
+    takeovers = sum(
+        1 for m in board.messages if m.kind == "slice" and m.phase >= 0 and m.sender != first[m.k]
+    )
     return ReduceScatterRun(
         fault,
         seconds,
@@ -410,6 +441,8 @@ async def run_reduce_scatter(
         honest[0].model_cid == want,
         honest[0].missing,
         honest[0].liars,
+        takeovers,
+        chunk,
     )
 
 
@@ -428,6 +461,24 @@ def main() -> None:
         help="compare all-to-all with reduce-scatter at these peer counts (e.g. 8,16,32,64)",
     )
     parser.add_argument("--faults", action="store_true", help="with --reduce-scatter: faults")
+    parser.add_argument(
+        "--a2a-max", type=int, default=1 << 30, help="with --reduce-scatter: all-to-all up to N"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=3600.0, help="with --reduce-scatter: block/phase wait"
+    )
+    parser.add_argument(
+        "--reducer-timeout",
+        type=float,
+        default=30.0,
+        help="with --reduce-scatter: seconds before a backup reducer takes over",
+    )
+    parser.add_argument(
+        "--chunk-bytes",
+        type=int,
+        default=None,
+        help="with --reduce-scatter: contributions' chunk size (default 4·d/N, one per slice)",
+    )
     args = parser.parse_args()
     from gradfed_ipfs.kubo import KuboSwarm
 
@@ -448,20 +499,56 @@ def main() -> None:
             assert result.max_error < 1e-4, result.max_error
 
 
+def _cpu() -> float:
+    """CPU seconds (user + system) of this process: every simulated peer runs in it."""
+    t = os.times()
+    return t.user + t.system
+
+
 def _compare(nodes: list[Any], counts: list[int], args: argparse.Namespace) -> None:
     """Print all-to-all vs reduce-scatter rows (one round each) at each peer count."""
     for n, peers in enumerate(counts):
-        a2a = asyncio.run(
-            run_load(nodes, peers=peers, rounds=1, d=args.d, session=f"a2a-{n}", seed=n)
+        load = os.getloadavg()[0]
+        a2a_seconds = float("nan")
+        a2a_cpu = float("nan")
+        if peers <= args.a2a_max:
+            cpu = _cpu()
+            a2a = asyncio.run(
+                run_load(
+                    nodes,
+                    peers=peers,
+                    rounds=1,
+                    d=args.d,
+                    session=f"a2a-{n}",
+                    seed=n,
+                    timeout=args.timeout,
+                )
+            )
+            a2a_seconds, a2a_cpu = max(a2a.round_seconds), _cpu() - cpu
+            assert a2a.max_error < 1e-4, a2a.max_error
+        cpu = _cpu()
+        # Another seed: no block of the all-to-all run is reused.
+        rs = asyncio.run(
+            run_reduce_scatter(
+                nodes,
+                peers=peers,
+                d=args.d,
+                seed=1000 + n,
+                timeout=args.timeout,
+                reducer_timeout=args.reducer_timeout,
+                chunk_bytes=args.chunk_bytes,
+            )
         )
-        rs = asyncio.run(run_reduce_scatter(nodes, peers=peers, d=args.d, seed=n))
+        rs_cpu = _cpu() - cpu
         a2a_bytes = (peers - 1) * 4 * args.d
         print(
-            f"peers={peers:>3} d={args.d:,}  all-to-all round={max(a2a.round_seconds):6.2f}s "
+            f"peers={peers:>3} d={args.d:,} load={load:4.1f}->{os.getloadavg()[0]:4.1f}  "
+            f"all-to-all round={a2a_seconds:7.2f}s (cpu {a2a_cpu:6.1f}s) "
             f"per-peer download={a2a_bytes / 1e6:7.1f} MB  |  reduce-scatter "
-            f"round={rs.seconds:6.2f}s per-peer max={max(rs.downloaded) / 1e6:6.2f} MB "
+            f"round={rs.seconds:7.2f}s (cpu {rs_cpu:6.1f}s, chunk {rs.chunk_bytes:,} B, "
+            f"takeovers {rs.takeovers}) per-peer max={max(rs.downloaded) / 1e6:6.2f} MB "
             f"({max(rs.downloaded) / (4 * args.d):.2f}·d·4B)  speed-up "
-            f"{max(a2a.round_seconds) / rs.seconds:4.1f}x  equal CIDs={rs.cids_equal} "
+            f"{a2a_seconds / rs.seconds:4.1f}x  equal CIDs={rs.cids_equal} "
             f"= reference={rs.matches_reference}",
             flush=True,
         )
@@ -471,7 +558,14 @@ def _compare(nodes: list[Any], counts: list[int], args: argparse.Namespace) -> N
             for r, fault in enumerate(("silent", "lying", "dropped"), start=1):
                 run = asyncio.run(
                     run_reduce_scatter(
-                        nodes, peers=peers, d=args.d, seed=n, round_id=r, fault=fault
+                        nodes,
+                        peers=peers,
+                        d=args.d,
+                        seed=1000 + n,
+                        round_id=r,
+                        fault=fault,
+                        timeout=args.timeout,
+                        chunk_bytes=args.chunk_bytes,
                     )
                 )
                 print(run.summary(args.d) + f"  extra={run.seconds - rs.seconds:+.2f}s", flush=True)

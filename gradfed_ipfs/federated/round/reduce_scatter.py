@@ -369,21 +369,26 @@ class ReduceScatterPeer:
                 raise TimeoutError(f"phase {phase}: not every slice record arrived")
         finally:
             await asyncio.gather(*serving)
-        chosen = []
-        for p in parts:
-            best = min(
-                self._records(roster_cid, phase, p.k), key=lambda m: p.ranking.index(m.sender)
-            )
-            if best.cid is None:  # pragma: no cover - slice messages always carry a CID
+        best = [
+            min(self._records(roster_cid, phase, p.k), key=lambda m, p=p: p.ranking.index(m.sender))
+            for p in parts
+        ]
+        cids = []
+        for p, message in zip(parts, best, strict=True):
+            if message.cid is None:  # pragma: no cover - slice messages always carry a CID
                 raise DecodeError(f"slice {p.k}: message without a record")
-            record = await self._load(best.cid)
+            cids.append(message.cid)
+        # Concurrently: one after another, N small fetches cost N bitswap round trips.
+        records = await asyncio.gather(*(self._load(cid) for cid in cids))
+        chosen = []
+        for p, cid, record, message in zip(parts, cids, records, best, strict=True):
             if record.roster != roster_cid or (record.k, record.offset, record.length) != (
                 p.k,
                 p.offset,
                 p.length,
             ):
-                raise DecodeError(f"slice record {best.cid} is not slice {p.k} of this round")
-            chosen.append((best.cid, record, best.sender))
+                raise DecodeError(f"slice record {cid} is not slice {p.k} of this round")
+            chosen.append((cid, record, message.sender))
         return chosen
 
     # ------------------------------------------------------------------ check
