@@ -45,6 +45,7 @@ from typing import Any, Protocol
 
 import httpx
 import numpy as np
+from multiformats import CID
 
 from gradfed_ipfs.errors import DecodeError
 from gradfed_ipfs.federated.round import AccumulatorConfig, StreamingAccumulator
@@ -57,6 +58,7 @@ from gradfed_ipfs.federated.round.slices import reducer_ranking
 from gradfed_ipfs.formats.announcement import Announcement
 from gradfed_ipfs.formats.roster import Roster
 from gradfed_ipfs.kubo.pubsub import KuboPubsub, session_topic
+from gradfed_ipfs.kubo.rpc import DEADLINE_GRACE, KuboRpc
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
 from gradfed_ipfs.storage.dag import put_gradient
 from gradfed_ipfs.tensor.aggregation import FedAvg
@@ -361,15 +363,30 @@ async def run_reduce_scatter(
     timeout: float = 600.0,
     reducer_timeout: float = 10.0,
     chunk_bytes: int | None = None,
+    connections: int = 64,
 ) -> ReduceScatterRun:
     """One reduce-scatter round of ``peers`` simulated peers over ``nodes``; ``fault`` is
     ``none``, ``silent`` (one reducer never answers), ``lying`` (one adds 1e-2 to its slice)
     or ``dropped`` (one sender's chunks vanish after its commit). Contributions are committed
-    with ``chunk_bytes`` (default :func:`slice_chunk_bytes`)."""
+    with ``chunk_bytes`` (default :func:`slice_chunk_bytes`), at most 16 at once; each daemon's
+    client keeps ``connections`` connections (Kubo's RPC clients keep 16 alive and reconnect
+    for the others: at 64 peers those reconnections timed out under load)."""
     chunk = slice_chunk_bytes(d, peers) if chunk_bytes is None else chunk_bytes
     host = [i % len(nodes) for i in range(peers)]
     names = [f"peer-{i:03d}" for i in range(peers)]
-    stores = [KuboBlockStore(n.api_url, timeout=timeout) for n in nodes]
+    rpcs = [
+        KuboRpc(n.api_url, timeout=timeout + DEADLINE_GRACE, max_connections=connections)
+        for n in nodes
+    ]
+    stores = [
+        KuboBlockStore(n.api_url, timeout=timeout, rpc=r) for n, r in zip(nodes, rpcs, strict=True)
+    ]
+    commits = asyncio.Semaphore(16)
+
+    async def commit(i: int) -> CID:
+        async with commits:
+            return await put_gradient(stores[host[i]], grads[i], chunk_bytes=chunk)
+
     lr = 1.0
     base = np.zeros(d, dtype=np.float32)
     grads = [gradient(seed, round_id, i, d) for i in range(peers)]
@@ -377,13 +394,7 @@ async def run_reduce_scatter(
     try:
         started = time.monotonic()
         base_cids = await asyncio.gather(*(put_gradient(s, base) for s in stores))
-        cids = await asyncio.gather(
-            *(
-                put_gradient(stores[host[i]], grads[i], chunk_bytes=chunk)
-                for i in range(peers)
-                if names[i] != odd
-            )
-        )
+        cids = await asyncio.gather(*(commit(i) for i in range(peers) if names[i] != odd))
         # The odd sender commits normally, except when it drops: then only its manifest
         # reaches its daemon (it announced the CID and went away before serving its chunks).
         odd_store = MemoryBlockStore() if fault == "dropped" else stores[host[names.index(odd)]]
@@ -421,8 +432,8 @@ async def run_reduce_scatter(
         )
         seconds = time.monotonic() - started
     finally:
-        for store in stores:
-            await store.aclose()
+        for rpc in rpcs:
+            await rpc.aclose()
     honest = [
         r for p, r in zip(runners, results, strict=True) if not (fault == "lying" and p == odd)
     ]
@@ -472,6 +483,9 @@ def main() -> None:
         type=float,
         default=30.0,
         help="with --reduce-scatter: seconds before a backup reducer takes over",
+    )
+    parser.add_argument(
+        "--connections", type=int, default=64, help="with --reduce-scatter: RPC connections"
     )
     parser.add_argument(
         "--chunk-bytes",
@@ -537,6 +551,7 @@ def _compare(nodes: list[Any], counts: list[int], args: argparse.Namespace) -> N
                 timeout=args.timeout,
                 reducer_timeout=args.reducer_timeout,
                 chunk_bytes=args.chunk_bytes,
+                connections=args.connections,
             )
         )
         rs_cpu = _cpu() - cpu
