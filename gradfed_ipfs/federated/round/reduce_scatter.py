@@ -370,10 +370,10 @@ class ReduceScatterPeer:
         finally:
             await asyncio.gather(*serving)
         best = [
-            min(self._records(roster_cid, phase, p.k), key=lambda m, p=p: p.ranking.index(m.sender))
+            min(self._records(roster_cid, phase, p.k), key=lambda m: p.ranking.index(m.sender))
             for p in parts
         ]
-        cids = []
+        cids: list[CID] = []
         for p, message in zip(parts, best, strict=True):
             if message.cid is None:  # pragma: no cover - slice messages always carry a CID
                 raise DecodeError(f"slice {p.k}: message without a record")
