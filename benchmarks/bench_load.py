@@ -395,13 +395,16 @@ async def run_reduce_scatter(
     reducer_timeout: float = 10.0,
     chunk_bytes: int | None = None,
     connections: int = 64,
+    peer_clients: bool = False,
 ) -> ReduceScatterRun:
     """One reduce-scatter round of ``peers`` simulated peers over ``nodes``; ``fault`` is
     ``none``, ``silent`` (one reducer never answers), ``lying`` (one adds 1e-2 to its slice)
     or ``dropped`` (one sender's chunks vanish after its commit). Contributions are committed
     with ``chunk_bytes`` (default :func:`slice_chunk_bytes`), at most 16 at once; each daemon's
     client keeps ``connections`` connections (Kubo's RPC clients keep 16 alive and reconnect
-    for the others: at 64 peers those reconnections timed out under load)."""
+    for the others: at 64 peers those reconnections timed out under load). ``peer_clients``
+    gives each peer its own RPC client, as separate processes would have: one client shared
+    by N/4 peers queues ~N²/4 requests, and httpcore scans that queue on every response."""
     chunk = slice_chunk_bytes(d, peers) if chunk_bytes is None else chunk_bytes
     host = [i % len(nodes) for i in range(peers)]
     names = [f"peer-{i:03d}" for i in range(peers)]
@@ -412,11 +415,19 @@ async def run_reduce_scatter(
     stores = [
         KuboBlockStore(n.api_url, timeout=timeout, rpc=r) for n, r in zip(nodes, rpcs, strict=True)
     ]
+    peer_store = [stores[host[i]] for i in range(peers)]
+    if peer_clients:
+        own = [
+            KuboRpc(nodes[host[i]].api_url, timeout=timeout + DEADLINE_GRACE, max_connections=8)
+            for i in range(peers)
+        ]
+        rpcs += own
+        peer_store = [KuboBlockStore(r.api_url, timeout=timeout, rpc=r) for r in own]
     commits = asyncio.Semaphore(16)
 
     async def commit(i: int) -> CID:
         async with commits:
-            return await put_gradient(stores[host[i]], grads[i], chunk_bytes=chunk)
+            return await put_gradient(peer_store[i], grads[i], chunk_bytes=chunk)
 
     lr = 1.0
     base = np.zeros(d, dtype=np.float32)
@@ -449,7 +460,7 @@ async def run_reduce_scatter(
         runners = {
             names[i]: ReduceScatterPeer(
                 names[i],
-                stores[host[i]],
+                peer_store[i],
                 board,
                 config,
                 lie=1e-2 if fault == "lying" and names[i] == odd else 0.0,
@@ -519,6 +530,9 @@ def main() -> None:
         "--connections", type=int, default=64, help="with --reduce-scatter: RPC connections"
     )
     parser.add_argument(
+        "--peer-clients", action="store_true", help="with --reduce-scatter: a client per peer"
+    )
+    parser.add_argument(
         "--chunk-bytes",
         type=int,
         default=None,
@@ -583,6 +597,7 @@ def _compare(nodes: list[Any], counts: list[int], args: argparse.Namespace) -> N
                 reducer_timeout=args.reducer_timeout,
                 chunk_bytes=args.chunk_bytes,
                 connections=args.connections,
+                peer_clients=args.peer_clients,
             )
         )
         rs_cpu = _cpu() - cpu
