@@ -33,33 +33,38 @@ Measured 2026-11-30, ``nice -n 10 python benchmarks/bench_load.py --reduce-scatt
 (4 daemons, d = 1M, one round per mode, the two modes back to back at each N) while the
 2-core machine ran at load average 11–16 from other work, so this process got 17–30 % of one
 core: the ratio and the CPU seconds mean more than the times. N = 64 (reduce-scatter only,
-``--connections 16``) ran separately::
+``--connections 16``) ran next, at load 12 falling to 2::
 
     N   all-to-all round (CPU)   reduce-scatter round (CPU)   RS per-peer max   ratio
     8     101.8 s (17.0 s)          24.9 s (  7.0 s)           1.76·d·4 B       4.1x
    16     188.0 s (60.4 s)          68.5 s ( 20.7 s)           1.89·d·4 B       2.7x
    32    1015.3 s (294.8 s)        372.0 s (108.6 s)           1.98·d·4 B       2.7x
-   64      not run                  N64WALL s (N64CPU s)       N64BYTES·d·4 B
+   64      not run                 980.1 s (475.2 s)           2.12·d·4 B
 
 No takeovers; every reduce-scatter run ended with equal CIDs on all peers, equal to the
 all-to-all model. Bytes meet issue 14's goal (≤ 2.5·d·4 B at every N); time does not: 2.7x,
-not 6x, at N = 32, and reduce-scatter's CPU grows ~N^2, not ~N. Both modes are CPU-bound in
-this one Python process (every simulated peer runs in it, so its time is the sum of the
-peers' work). Reduce-scatter's per-peer bytes are constant, but its per-peer *count* of
-things grows with N: each peer decodes N−1 manifests listing N chunk CIDs and N slice records
-naming N input CIDs (N^2 CIDs per peer, N^3 per run), and makes ~4N RPC calls. Both costs are
-outside the reduce-scatter code: multiformats' ``CID.decode`` takes ~1–2 ms here (its runtime
-``typing_validation`` checks format an error message for every failed branch of a ``Union``:
-40–55 % of the reduce-scatter profile at N = 16–24), ``str(CID)`` (base32, per ``block/get``)
-~1 ms, and httpcore re-tries ``import sniffio`` (not installed) on every request, a
-``sys.path`` search each time. Stubbing the validation and sniffio (an experiment, not in the
-code) cut reduce-scatter CPU from 22.9 to 13.8 s at N = 16. Earlier runs were slower still
-because contributions were chunked at 64 KiB whatever N (66 CIDs per manifest, 66 ``block/put``
-per commit: 52 s against 18 s at N = 8 in back-to-back runs).
+not 6x, at N = 32, and reduce-scatter's CPU grows ~N² (7 → 21 → 109 → 475 s), not ~N. Both
+modes are CPU-bound in this one Python process (every simulated peer runs in it, so its time
+is the sum of the peers' work). Reduce-scatter's per-peer bytes are constant, but its per-peer
+*counts* grow with N: each peer decodes N−1 manifests listing N chunk CIDs and N slice records
+naming N input CIDs (N² CIDs per peer), and makes ~4N RPC calls, all N peers at once. A
+cProfile of one N = 24 round (the rest is bytes, projections, asyncio):
 
-Printed: per-peer round latency p50/p95 and the round wall time (the slowest peer), bytes moved
-(RPC ``block/get`` bytes fetched by the peers, and bitswap bytes between daemons), peak RSS of
-this process and of the largest daemon, and the largest deviation from the reference.
+- 32 %: httpcore's pool scanning its queue of waiting requests on every response (one RPC
+  client per daemon, shared by N/4 peers that each fetch N−1 inputs at once: ~N²/4 queued).
+  ``--peer-clients`` (a client per peer, as separate processes would have) cut reduce-scatter
+  CPU at N = 32 from 76.8 to 55.6 s (81.4 → 63.2 s round, load 2–3, back to back).
+- 21 %: dag-cbor decoding of manifests and slice records, nearly all in multiformats'
+  ``CID.decode`` (~1–4 ms each: its runtime ``typing_validation`` formats an error message
+  for every failed branch of a ``Union``; validation is 23 % of the whole profile).
+- 7 %: httpcore re-trying ``import sniffio`` (not installed) on every request, a
+  ``sys.path`` search each time; 4 %: ``str(CID)`` (base32 through ``bases``) per
+  ``block/get``.
+
+Stubbing the validation and sniffio (an experiment, not in the code) cut reduce-scatter CPU
+from 22.9 to 13.8 s at N = 16. Runs before this one were slower still because contributions
+were chunked at 64 KiB whatever N (66 CIDs per manifest, 66 ``block/put`` per commit: 52 s
+against 18 s at N = 8 in back-to-back runs).
 """
 
 from __future__ import annotations
