@@ -61,6 +61,10 @@ cProfile of one N = 24 round (the rest is bytes, projections, asyncio):
   ``sys.path`` search each time; 4 %: ``str(CID)`` (base32 through ``bases``) per
   ``block/get``.
 
+On a quieter machine (load 3.5, the same day, ``--reduce-scatter 32 --peer-clients``): N = 32
+all-to-all 236.4 s (199.6 s CPU), reduce-scatter 69.4 s (62.9 s CPU), 1.98·d·4 B: 3.4x, still
+short of 6x.
+
 Stubbing the validation and sniffio (an experiment, not in the code) cut reduce-scatter CPU
 from 22.9 to 13.8 s at N = 16. Runs before this one were slower still because contributions
 were chunked at 64 KiB whatever N (66 CIDs per manifest, 66 ``block/put`` per commit: 52 s
