@@ -24,11 +24,51 @@ round time and per-peer downloaded bytes of each and their ratio; ``--faults`` a
 reduce-scatter round each with a silent reducer, a lying reducer and a sender whose chunks
 vanish after commit (detected / recovered, the final CID equal on every honest peer, extra
 time). The roster is built in process (its agreement is issue 13's, not timed here) and the
-slice board is in process; all gradient and slice bytes move through the daemons.
+slice board is in process; all gradient and slice bytes move through the daemons. The
+contributions are chunked at :func:`slice_chunk_bytes` (``4·d/N``: slice k is chunk k), and
+the line also prints this process's CPU seconds per mode, the load average, and how many
+slices a backup reducer redid (takeovers).
 
-Printed: per-peer round latency p50/p95 and the round wall time (the slowest peer), bytes moved
-(RPC ``block/get`` bytes fetched by the peers, and bitswap bytes between daemons), peak RSS of
-this process and of the largest daemon, and the largest deviation from the reference.
+Measured 2026-11-30, ``nice -n 10 python benchmarks/bench_load.py --reduce-scatter 8,16,32``
+(4 daemons, d = 1M, one round per mode, the two modes back to back at each N) while the
+2-core machine ran at load average 11–16 from other work, so this process got 17–30 % of one
+core: the ratio and the CPU seconds mean more than the times. N = 64 (reduce-scatter only,
+``--connections 16``) ran next, at load 12 falling to 2::
+
+    N   all-to-all round (CPU)   reduce-scatter round (CPU)   RS per-peer max   ratio
+    8     101.8 s (17.0 s)          24.9 s (  7.0 s)           1.76·d·4 B       4.1x
+   16     188.0 s (60.4 s)          68.5 s ( 20.7 s)           1.89·d·4 B       2.7x
+   32    1015.3 s (294.8 s)        372.0 s (108.6 s)           1.98·d·4 B       2.7x
+   64      not run                 980.1 s (475.2 s)           2.12·d·4 B
+
+No takeovers; every reduce-scatter run ended with equal CIDs on all peers, equal to the
+all-to-all model. Bytes meet issue 14's goal (≤ 2.5·d·4 B at every N); time does not: 2.7x,
+not 6x, at N = 32, and reduce-scatter's CPU grows ~N² (7 → 21 → 109 → 475 s), not ~N. Both
+modes are CPU-bound in this one Python process (every simulated peer runs in it, so its time
+is the sum of the peers' work). Reduce-scatter's per-peer bytes are constant, but its per-peer
+*counts* grow with N: each peer decodes N−1 manifests listing N chunk CIDs and N slice records
+naming N input CIDs (N² CIDs per peer), and makes ~4N RPC calls, all N peers at once. A
+cProfile of one N = 24 round (the rest is bytes, projections, asyncio):
+
+- 32 %: httpcore's pool scanning its queue of waiting requests on every response (one RPC
+  client per daemon, shared by N/4 peers that each fetch N−1 inputs at once: ~N²/4 queued).
+  ``--peer-clients`` (a client per peer, as separate processes would have) cut reduce-scatter
+  CPU at N = 32 from 76.8 to 55.6 s (81.4 → 63.2 s round, load 2–3, back to back).
+- 21 %: dag-cbor decoding of manifests and slice records, nearly all in multiformats'
+  ``CID.decode`` (~1–4 ms each: its runtime ``typing_validation`` formats an error message
+  for every failed branch of a ``Union``; validation is 23 % of the whole profile).
+- 7 %: httpcore re-trying ``import sniffio`` (not installed) on every request, a
+  ``sys.path`` search each time; 4 %: ``str(CID)`` (base32 through ``bases``) per
+  ``block/get``.
+
+On a quieter machine (load 3.5, the same day, ``--reduce-scatter 32 --peer-clients``): N = 32
+all-to-all 236.4 s (199.6 s CPU), reduce-scatter 69.4 s (62.9 s CPU), 1.98·d·4 B: 3.4x, still
+short of 6x.
+
+Stubbing the validation and sniffio (an experiment, not in the code) cut reduce-scatter CPU
+from 22.9 to 13.8 s at N = 16. Runs before this one were slower still because contributions
+were chunked at 64 KiB whatever N (66 CIDs per manifest, 66 ``block/put`` per commit: 52 s
+against 18 s at N = 8 in back-to-back runs).
 """
 
 from __future__ import annotations
@@ -36,6 +76,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import resource
 import time
 from dataclasses import dataclass, field
@@ -44,6 +85,7 @@ from typing import Any, Protocol
 
 import httpx
 import numpy as np
+from multiformats import CID
 
 from gradfed_ipfs.errors import DecodeError
 from gradfed_ipfs.federated.round import AccumulatorConfig, StreamingAccumulator
@@ -52,9 +94,11 @@ from gradfed_ipfs.federated.round.reduce_scatter import (
     ReduceScatterConfig,
     ReduceScatterPeer,
 )
+from gradfed_ipfs.federated.round.slices import reducer_ranking
 from gradfed_ipfs.formats.announcement import Announcement
 from gradfed_ipfs.formats.roster import Roster
 from gradfed_ipfs.kubo.pubsub import KuboPubsub, session_topic
+from gradfed_ipfs.kubo.rpc import DEADLINE_GRACE, KuboRpc
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
 from gradfed_ipfs.storage.dag import put_gradient
 from gradfed_ipfs.tensor.aggregation import FedAvg
@@ -146,7 +190,13 @@ async def run_load(
     )
 
     async def fan_out(k: int) -> None:
+        heard: set[tuple[str, bytes]] = set()
         async for message in pubsubs[k].subscribe(topic):
+            # Announcers re-publish every second: N·daemons decodes per second of byte-identical
+            # messages (each parses a CID, ~2 ms) would take a core's share from the round.
+            if (message.from_peer, message.data) in heard:
+                continue
+            heard.add((message.from_peer, message.data))
             try:
                 announcement = Announcement.decode(message.data)
             except DecodeError:
@@ -315,6 +365,9 @@ class ReduceScatterRun:
     matches_reference: bool
     missing: tuple[str, ...]
     liars: set[str]
+    takeovers: int = 0
+    """Slice records announced by a backup reducer (rank ≥ 1): redone work."""
+    chunk_bytes: int = 0
 
     def summary(self, d: int) -> str:
         top = max(self.downloaded)
@@ -322,8 +375,21 @@ class ReduceScatterRun:
             f"  reduce-scatter {self.fault:<8} round={self.seconds:6.2f}s  per-peer download "
             f"max={top / 1e6:6.2f} MB ({top / (4 * d):.2f}·d·4B)  equal CIDs={self.cids_equal} "
             f"= all-to-all model={self.matches_reference}  missing={list(self.missing)} "
-            f"liars={sorted(self.liars)}"
+            f"liars={sorted(self.liars)} takeovers={self.takeovers}"
         )
+
+
+def slice_chunk_bytes(d: int, peers: int) -> int:
+    """Chunk size (bytes) putting one chunk in each of ``peers`` slices of ``d`` float32 values.
+
+    Per-block costs (an RPC round trip, a CID parsed per manifest entry) dominate the bytes
+    once chunks are small: with 64 KiB chunks at d = 1M every manifest lists 66 CIDs whatever
+    ``peers`` is. A chunk of ``4·d/peers`` bytes (64 KiB … 1 MiB) makes slice k exactly chunk k.
+    """
+    per = -(-d // peers)  # values per slice, rounded up
+    per = -(-per // 64) * 64  # values_per_chunk is a multiple of 64
+    chunk = 4096 + 4 * per  # 4096 = the Arrow framing bound values_per_chunk subtracts
+    return min(max(chunk, 65_536), 1 << 20)
 
 
 async def run_reduce_scatter(
@@ -335,14 +401,43 @@ async def run_reduce_scatter(
     round_id: int = 0,
     fault: str = "none",
     timeout: float = 600.0,
+    reducer_timeout: float = 10.0,
+    chunk_bytes: int | None = None,
+    connections: int = 64,
+    peer_clients: bool = False,
 ) -> ReduceScatterRun:
     """One reduce-scatter round of ``peers`` simulated peers over ``nodes``; ``fault`` is
     ``none``, ``silent`` (one reducer never answers), ``lying`` (one adds 1e-2 to its slice)
-    or ``dropped`` (one sender's chunks vanish after its commit)."""
-    chunk = 65_536
+    or ``dropped`` (one sender's chunks vanish after its commit). Contributions are committed
+    with ``chunk_bytes`` (default :func:`slice_chunk_bytes`), at most 16 at once; each daemon's
+    client keeps ``connections`` connections (Kubo's RPC clients keep 16 alive and reconnect
+    for the others: at 64 peers those reconnections timed out under load). ``peer_clients``
+    gives each peer its own RPC client, as separate processes would have: one client shared
+    by N/4 peers queues ~N²/4 requests, and httpcore scans that queue on every response."""
+    chunk = slice_chunk_bytes(d, peers) if chunk_bytes is None else chunk_bytes
     host = [i % len(nodes) for i in range(peers)]
     names = [f"peer-{i:03d}" for i in range(peers)]
-    stores = [KuboBlockStore(n.api_url, timeout=timeout) for n in nodes]
+    rpcs = [
+        KuboRpc(n.api_url, timeout=timeout + DEADLINE_GRACE, max_connections=connections)
+        for n in nodes
+    ]
+    stores = [
+        KuboBlockStore(n.api_url, timeout=timeout, rpc=r) for n, r in zip(nodes, rpcs, strict=True)
+    ]
+    peer_store = [stores[host[i]] for i in range(peers)]
+    if peer_clients:
+        own = [
+            KuboRpc(nodes[host[i]].api_url, timeout=timeout + DEADLINE_GRACE, max_connections=8)
+            for i in range(peers)
+        ]
+        rpcs += own
+        peer_store = [KuboBlockStore(r.api_url, timeout=timeout, rpc=r) for r in own]
+    commits = asyncio.Semaphore(16)
+
+    async def commit(i: int) -> CID:
+        async with commits:
+            return await put_gradient(peer_store[i], grads[i], chunk_bytes=chunk)
+
     lr = 1.0
     base = np.zeros(d, dtype=np.float32)
     grads = [gradient(seed, round_id, i, d) for i in range(peers)]
@@ -350,13 +445,7 @@ async def run_reduce_scatter(
     try:
         started = time.monotonic()
         base_cids = await asyncio.gather(*(put_gradient(s, base) for s in stores))
-        cids = await asyncio.gather(
-            *(
-                put_gradient(stores[host[i]], grads[i], chunk_bytes=chunk)
-                for i in range(peers)
-                if names[i] != odd
-            )
-        )
+        cids = await asyncio.gather(*(commit(i) for i in range(peers) if names[i] != odd))
         # The odd sender commits normally, except when it drops: then only its manifest
         # reaches its daemon (it announced the CID and went away before serving its chunks).
         odd_store = MemoryBlockStore() if fault == "dropped" else stores[host[names.index(odd)]]
@@ -373,14 +462,14 @@ async def run_reduce_scatter(
             chunk_bytes=chunk,
             learning_rate=lr,
             fetch_timeout=10.0 if fault == "dropped" else timeout,
-            reducer_timeout=10.0,
+            reducer_timeout=reducer_timeout,
             phase_timeout=timeout,
         )
         board = MemorySliceBoard()
         runners = {
             names[i]: ReduceScatterPeer(
                 names[i],
-                stores[host[i]],
+                peer_store[i],
                 board,
                 config,
                 lie=1e-2 if fault == "lying" and names[i] == odd else 0.0,
@@ -394,14 +483,18 @@ async def run_reduce_scatter(
         )
         seconds = time.monotonic() - started
     finally:
-        for store in stores:
-            await store.aclose()
+        for rpc in rpcs:
+            await rpc.aclose()
     honest = [
         r for p, r in zip(runners, results, strict=True) if not (fault == "lying" and p == odd)
     ]
     used = [i for i in range(peers) if not (fault == "dropped" and names[i] == odd)]
     model = deterministic_update(base, [grads[i] for i in used], [samples_of(i) for i in used], lr)
     want = await put_gradient(MemoryBlockStore(), model)
+    first = {k: reducer_ranking(bytes(roster_cid), k, names)[0] for k in range(peers)}
+    takeovers = sum(
+        1 for m in board.messages if m.kind == "slice" and m.phase >= 0 and m.sender != first[m.k]
+    )
     return ReduceScatterRun(
         fault,
         seconds,
@@ -410,6 +503,8 @@ async def run_reduce_scatter(
         honest[0].model_cid == want,
         honest[0].missing,
         honest[0].liars,
+        takeovers,
+        chunk,
     )
 
 
@@ -428,6 +523,30 @@ def main() -> None:
         help="compare all-to-all with reduce-scatter at these peer counts (e.g. 8,16,32,64)",
     )
     parser.add_argument("--faults", action="store_true", help="with --reduce-scatter: faults")
+    parser.add_argument(
+        "--a2a-max", type=int, default=1 << 30, help="with --reduce-scatter: all-to-all up to N"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=3600.0, help="with --reduce-scatter: block/phase wait"
+    )
+    parser.add_argument(
+        "--reducer-timeout",
+        type=float,
+        default=30.0,
+        help="with --reduce-scatter: seconds before a backup reducer takes over",
+    )
+    parser.add_argument(
+        "--connections", type=int, default=64, help="with --reduce-scatter: RPC connections"
+    )
+    parser.add_argument(
+        "--peer-clients", action="store_true", help="with --reduce-scatter: a client per peer"
+    )
+    parser.add_argument(
+        "--chunk-bytes",
+        type=int,
+        default=None,
+        help="with --reduce-scatter: contributions' chunk size (default 4·d/N, one per slice)",
+    )
     args = parser.parse_args()
     from gradfed_ipfs.kubo import KuboSwarm
 
@@ -448,20 +567,58 @@ def main() -> None:
             assert result.max_error < 1e-4, result.max_error
 
 
+def _cpu() -> float:
+    """CPU seconds (user + system) of this process: every simulated peer runs in it."""
+    t = os.times()
+    return t.user + t.system
+
+
 def _compare(nodes: list[Any], counts: list[int], args: argparse.Namespace) -> None:
     """Print all-to-all vs reduce-scatter rows (one round each) at each peer count."""
     for n, peers in enumerate(counts):
-        a2a = asyncio.run(
-            run_load(nodes, peers=peers, rounds=1, d=args.d, session=f"a2a-{n}", seed=n)
+        load = os.getloadavg()[0]
+        a2a_seconds = float("nan")
+        a2a_cpu = float("nan")
+        if peers <= args.a2a_max:
+            cpu = _cpu()
+            a2a = asyncio.run(
+                run_load(
+                    nodes,
+                    peers=peers,
+                    rounds=1,
+                    d=args.d,
+                    session=f"a2a-{n}",
+                    seed=n,
+                    timeout=args.timeout,
+                )
+            )
+            a2a_seconds, a2a_cpu = max(a2a.round_seconds), _cpu() - cpu
+            assert a2a.max_error < 1e-4, a2a.max_error
+        cpu = _cpu()
+        # Another seed: no block of the all-to-all run is reused.
+        rs = asyncio.run(
+            run_reduce_scatter(
+                nodes,
+                peers=peers,
+                d=args.d,
+                seed=1000 + n,
+                timeout=args.timeout,
+                reducer_timeout=args.reducer_timeout,
+                chunk_bytes=args.chunk_bytes,
+                connections=args.connections,
+                peer_clients=args.peer_clients,
+            )
         )
-        rs = asyncio.run(run_reduce_scatter(nodes, peers=peers, d=args.d, seed=n))
+        rs_cpu = _cpu() - cpu
         a2a_bytes = (peers - 1) * 4 * args.d
         print(
-            f"peers={peers:>3} d={args.d:,}  all-to-all round={max(a2a.round_seconds):6.2f}s "
+            f"peers={peers:>3} d={args.d:,} load={load:4.1f}->{os.getloadavg()[0]:4.1f}  "
+            f"all-to-all round={a2a_seconds:7.2f}s (cpu {a2a_cpu:6.1f}s) "
             f"per-peer download={a2a_bytes / 1e6:7.1f} MB  |  reduce-scatter "
-            f"round={rs.seconds:6.2f}s per-peer max={max(rs.downloaded) / 1e6:6.2f} MB "
+            f"round={rs.seconds:7.2f}s (cpu {rs_cpu:6.1f}s, chunk {rs.chunk_bytes:,} B, "
+            f"takeovers {rs.takeovers}) per-peer max={max(rs.downloaded) / 1e6:6.2f} MB "
             f"({max(rs.downloaded) / (4 * args.d):.2f}·d·4B)  speed-up "
-            f"{max(a2a.round_seconds) / rs.seconds:4.1f}x  equal CIDs={rs.cids_equal} "
+            f"{a2a_seconds / rs.seconds:4.1f}x  equal CIDs={rs.cids_equal} "
             f"= reference={rs.matches_reference}",
             flush=True,
         )
@@ -471,7 +628,14 @@ def _compare(nodes: list[Any], counts: list[int], args: argparse.Namespace) -> N
             for r, fault in enumerate(("silent", "lying", "dropped"), start=1):
                 run = asyncio.run(
                     run_reduce_scatter(
-                        nodes, peers=peers, d=args.d, seed=n, round_id=r, fault=fault
+                        nodes,
+                        peers=peers,
+                        d=args.d,
+                        seed=1000 + n,
+                        round_id=r,
+                        fault=fault,
+                        timeout=args.timeout,
+                        chunk_bytes=args.chunk_bytes,
                     )
                 )
                 print(run.summary(args.d) + f"  extra={run.seconds - rs.seconds:+.2f}s", flush=True)

@@ -400,8 +400,8 @@ class ReduceScatterPeer:
                 raise TimeoutError(f"phase {phase}: not every slice record arrived")
         finally:
             await asyncio.gather(*serving)
-        chosen = []
-        for p in parts:
+
+        async def best_valid(p: _Slice) -> tuple[CID, SliceRecord, str]:
             for m in self._records(roster_cid, phase, p):  # the best-ranked valid record
                 cid = cast(CID, m.cid)
                 try:
@@ -413,10 +413,11 @@ class ReduceScatterPeer:
                     p.offset,
                     p.length,
                 ):
-                    chosen.append((cid, record, m.sender))
-                    break
-            else:
-                raise DecodeError(f"slice {p.k}: no announced record is slice {p.k} of this round")
+                    return cid, record, m.sender
+            raise DecodeError(f"slice {p.k}: no announced record is slice {p.k} of this round")
+
+        # Concurrently: one after another, N small fetches cost N bitswap round trips.
+        chosen = list(await asyncio.gather(*(best_valid(p) for p in parts)))
         return chosen
 
     # ------------------------------------------------------------------ check
