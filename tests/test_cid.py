@@ -3,11 +3,13 @@ from __future__ import annotations
 import hashlib
 
 import cid as pycid  # py-cid: an independent implementation
+import dag_cbor
 import httpx
 import multihash as pymultihash  # installed with py-cid
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from multiformats import CID, multihash
 
 from gradfed_ipfs import BlockCorrupt, DecodeError
 from gradfed_ipfs.cid import (
@@ -46,6 +48,45 @@ def test_matches_py_cid(data: bytes, codec: str) -> None:
     assert str(ours) == pycid_of(data, codec)
     assert parse_cid(str(ours)) == ours
     assert parse_cid(bytes(ours)) == ours
+
+
+@given(st.binary(max_size=256), st.sampled_from(["raw", "dag-cbor"]))
+def test_fast_paths_build_what_multiformats_builds(data: bytes, codec: str) -> None:
+    digest = hashlib.sha256(data).digest()
+    reference = CID("base32", 1, codec, multihash.wrap(digest, "sha2-256"))
+    ours = make_cid(data, codec)  # type: ignore[arg-type]
+    assert ours == reference
+    assert ours.base == reference.base
+    assert cid_to_str(ours) == str(reference)
+    text = str(reference)
+    assert parse_cid(text) == CID.decode(text)
+    assert str(parse_cid(text)) == text
+    from_bytes = parse_cid(bytes(reference))
+    assert from_bytes == CID.decode(bytes(reference))
+    assert str(from_bytes) == text
+    assert cid_digest(text) == digest
+    # dag-cbor links decode through the fast path to the CIDs multiformats would give
+    decoded = dag_cbor.decode(dag_cbor.encode({"link": reference, "links": [reference]}))
+    assert isinstance(decoded, dict)
+    link = decoded["link"]
+    assert isinstance(link, CID)
+    assert type(link) is CID
+    assert link == CID.decode(bytes(reference))
+    assert link.base.name == "base58btc"
+
+
+def test_other_cids_still_parse_through_multiformats() -> None:
+    v0 = "QmYwAPJzv5CZsnA625s3Xf2nemtYgPpHdWEz79ojWnPbdG"
+    assert parse_cid(v0) == CID.decode(v0)
+    assert cid_to_str(v0) == v0
+    sha512 = CID("base32", 1, "raw", multihash.digest(b"x", "sha2-512"))
+    assert parse_cid(str(sha512)) == sha512
+    with pytest.raises(DecodeError, match="only sha2-256"):
+        cid_digest(sha512)
+    upper = str(make_cid(b"x")).upper()  # another spelling of base32: multiformats decides
+    assert parse_cid(upper) == make_cid(b"x")
+    linked = dag_cbor.decode(dag_cbor.encode([sha512]))
+    assert linked == [sha512]
 
 
 def test_parse_normalises_to_base32() -> None:
