@@ -69,6 +69,19 @@ Stubbing the validation and sniffio (an experiment, not in the code) cut reduce-
 from 22.9 to 13.8 s at N = 16. Runs before this one were slower still because contributions
 were chunked at 64 KiB whatever N (66 CIDs per manifest, 66 ``block/put`` per commit: 52 s
 against 18 s at N = 8 in back-to-back runs).
+
+Idle machine, 2026-11-30 15:01-15:10 (load 1.6-3.2), after the CID fast paths in
+``gradfed_ipfs.cid`` (and with sniffio installed), ``--peer-clients`` (N = 64: ``--a2a-max 16
+--connections 16``)::
+
+    N   all-to-all round (CPU)   reduce-scatter round (CPU)   RS per-peer max   ratio
+    8      10.9 s ( 11.5 s)          3.5 s (  4.6 s)           1.76·d·4 B       3.1x
+   16      44.4 s ( 44.1 s)         10.4 s ( 12.6 s)           1.89·d·4 B       4.3x
+   32     203.0 s (197.8 s)         27.5 s ( 32.2 s)           1.98·d·4 B       7.4x
+   64      not run                 129.9 s (139.6 s)           2.12·d·4 B
+
+(N = 32 just before the fast paths, same machine: 226.8 s against 56.5 s, 4.0x.) The 6x goal
+at N = 32 is met there; reduce-scatter's time still grows about as N^1.7, not N.
 """
 
 from __future__ import annotations
