@@ -52,6 +52,14 @@ There the model's put is not the gap: a 4 MB put costs ~25 ms on an idle daemon,
 the own contribution's put before announcing it changed nothing; per-phase logs put almost all
 of an agreed round (0.45-0.6 s) between announcing the contribution and adopting the roster,
 i.e. the others' contributions arriving and being fetched. The p50 goal (<= 1.2x) is not met.
+Again after the CID fast paths (``gradfed_ipfs.cid``) and sniffio, 15:17, load 0.6-1.3::
+
+        3    0%       0.250  0.328      0.316  0.476      1.26       1.45      0
+        3   20%       0.297 10.097      0.407  0.609      1.37       0.06      3
+
+Both got faster; the gap at p50 (~66 ms) stayed. Per-contribution timing in that setting: the
+others' ``contrib`` announcements reach a peer's fetcher 30-100 ms after they are posted, and a
+4 MB fetch takes 0.1-0.45 s while the daemon also serves two others.
 """
 
 from __future__ import annotations
