@@ -32,7 +32,7 @@ from typing import Final, Literal
 from multiformats import CID
 
 from ..block import Block
-from ..cid import DAG_CBOR, RAW, parse_cid
+from ..cid import DAG_CBOR, RAW, cid_to_str, parse_cid
 from ..errors import DecodeError, MalformedAnnouncement, MalformedManifest
 from .limits import load_json
 from .records import decode_record, encode_record, require
@@ -157,7 +157,7 @@ class SliceRecord:
             rule, a non-finite learning rate, an empty slice, inputs or missing peers not
             unique, more than ``MAX_ROSTER_ENTRIES`` of them, a weight sum out of range.
         """
-        where = f"slice record {block.cid}"
+        where = f"slice record {cid_to_str(block.cid)}"
         _block(block, where)
         record = decode_record(block, _SLICE)
         rule = require(record, "rule", str, where)

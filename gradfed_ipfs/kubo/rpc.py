@@ -187,7 +187,12 @@ class KuboRpc:
             base_url=f"{self.api_url}{base_path}",
             transport=transport,
             timeout=httpx.Timeout(self.timeout, connect=CONNECT_TIMEOUT),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=16),
+            # Every connection stays open between calls: a closed one costs a new TCP connect
+            # and HTTP set-up on the next call, and a round's bursts (N chunk fetches at once)
+            # closed all but 16 of them each time (benchmarks/bench_load.py).
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
         )
 
     async def __aenter__(self) -> Self:

@@ -33,7 +33,7 @@ import numpy as np
 from multiformats import CID
 
 from .._types import CIDLike, FloatArray, GradientLike
-from ..cid import DAG_CBOR, RAW, parse_cid
+from ..cid import DAG_CBOR, RAW, cid_to_str, parse_cid
 from ..errors import (
     BlockCorrupt,
     BlockTimeout,
@@ -240,7 +240,9 @@ async def fetch_manifest(
     parsed = parse_cid(cid)
     if parsed.codec.code != DAG_CBOR:
         raise MalformedManifest(f"{parsed} is not a dag-cbor CID")
-    block = await _get_with_retries(store, parsed, timeout, retries, f"manifest {parsed}")
+    block = await _get_with_retries(
+        store, parsed, timeout, retries, f"manifest {cid_to_str(parsed)}"
+    )
     try:
         return ChunkManifest.decode(block.data, max_length=max_length)
     except MalformedManifest as exc:
@@ -298,7 +300,7 @@ async def fetch_chunks(
     if concurrency < 1:
         raise InvalidGradient(f"concurrency must be >= 1, got {concurrency}")
     done = 0
-    where = f" of {manifest_cid}" if manifest_cid is not None else ""
+    where = f" of {cid_to_str(manifest_cid)}" if manifest_cid is not None else ""
     arrivals = _Arrivals()
 
     async def fetch_one(index: int, ref: ChunkRef) -> None:
@@ -438,7 +440,9 @@ async def fetch_gradient(
     """
     parsed = parse_cid(cid)
     if parsed.codec.code == RAW:
-        block = await _get_with_retries(store, parsed, timeout, retries, f"block {parsed}")
+        block = await _get_with_retries(
+            store, parsed, timeout, retries, f"block {cid_to_str(parsed)}"
+        )
         # Not densified before the encoding is checked: a small sparse block may declare a
         # large shape.
         layer, _ = load_layer_from_arrow(block.data, max_elements=max_length)
