@@ -141,12 +141,15 @@ async def agreed_history(store: KuboBlockStore, head: CID) -> int:
         checks = [await check_agreed_round(store, cid) for cid, _ in reversed(chain)]
     title = f"history of session {record.session!r} (genesis {record.genesis}), newest first"
     console.print(_table(title, checks))
-    failed = sum(not c.ok for c in checks)
-    unverifiable = sum(c.unverifiable for c in checks)
+    return history_summary(
+        len(checks), sum(not c.ok for c in checks), sum(c.unverifiable for c in checks)
+    )
+
+
+def history_summary(rounds: int, failed: int, unverifiable: int) -> int:
+    """Print ``history``'s last line; return its exit code (1 if any round failed)."""
     note = f" ({unverifiable} unverifiable)" if unverifiable else ""
     console.print(
-        f"{len(checks)} rounds, {failed} failed{note}"
-        if failed
-        else f"{len(checks)} rounds verified"
+        f"{rounds} rounds, {failed} failed{note}" if failed else f"{rounds} rounds verified"
     )
     return 0 if not failed else 1

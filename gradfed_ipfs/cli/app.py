@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from rich.table import Table
 
 from ..errors import DecodeError, GradfedError
-from .common import API_ENV, HOME_ENV, console, err_console
+from .common import API_ENV, HOME_ENV, console, err_console, positive_float
 from .data import add_data_parsers
 from .node import add_node_parser
 from .records import add_record_parsers
@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--timeout",
-        type=_positive_float,
+        type=positive_float,
         default=30.0,
         metavar="SECONDS",
         help="how long a block fetch or RPC call may take (default 30)",
@@ -126,16 +126,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_round_parser(commands)
     add_resync_parser(commands)
     return parser
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
 
 
 def _one_line(message: str) -> None:

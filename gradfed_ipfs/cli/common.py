@@ -94,6 +94,17 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coroutine)
 
 
+def positive_float(text: str) -> float:
+    """``argparse`` type: a number > 0 (seconds, rates)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
 def api_of(args: argparse.Namespace) -> str:
     """Return the RPC URL the parsed global options select (see :func:`resolve_api`)."""
     return resolve_api(args.api, Path(args.node_dir) if args.node_dir else default_node_dir())

@@ -24,7 +24,7 @@ from ..provenance.round_record import (
     verify_round,
 )
 from ..storage.kubo import KuboBlockStore
-from .agreed import agreed_history, verify_agreed
+from .agreed import agreed_history, history_summary, verify_agreed
 from .common import UsageError, async_handler, console, err_console
 from .samples import book_path, record_samples
 
@@ -139,14 +139,7 @@ async def _history(args: argparse.Namespace, api: str) -> int:
     session = f" of session {first.session!r}" if first is not None else ""
     console.print(_table(f"history{session}, newest first", rows))
     failed = sum(not r.ok for r in results)
-    unverifiable = sum(r.unverifiable is not None for r in results)
-    note = f" ({unverifiable} unverifiable)" if unverifiable else ""
-    console.print(
-        f"{len(results)} rounds, {failed} failed{note}"
-        if failed
-        else f"{len(results)} rounds verified"
-    )
-    return 0 if not failed else 1
+    return history_summary(len(results), failed, sum(r.unverifiable is not None for r in results))
 
 
 def _drop_table(topic: str, checks: AnnouncementFilter) -> None:

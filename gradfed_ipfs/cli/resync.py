@@ -35,7 +35,7 @@ from ..kubo.pubsub import KuboPubsub
 from ..storage.base import BlockStore
 from ..storage.dag import fetch_gradient
 from ..storage.kubo import KuboBlockStore
-from .common import async_handler, console, err_console, write_gradient_file
+from .common import async_handler, console, err_console, positive_float, write_gradient_file
 from .records import NotARoundRecord, parse_cid_arg, require_record
 
 __all__ = ["add_resync_parser", "listen_for_heads"]
@@ -204,16 +204,6 @@ async def _adopt(
     return 0
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
 def add_resync_parser(commands: Any) -> None:
     """Register ``resync`` on the subcommand group ``commands``."""
     parser = commands.add_parser(
@@ -240,14 +230,14 @@ def add_resync_parser(commands: Any) -> None:
     )
     parser.add_argument(
         "--listen",
-        type=_positive,
+        type=positive_float,
         default=15.0,
         metavar="SECONDS",
         help="longest time to listen for heads (default 15)",
     )
     parser.add_argument(
         "--grace",
-        type=_positive,
+        type=positive_float,
         default=2.0,
         metavar="SECONDS",
         help="stop listening this long after the first head is heard (default 2)",
