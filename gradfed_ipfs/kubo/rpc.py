@@ -16,7 +16,12 @@ the block store, pubsub, daemon management, the CLI's node commands, :class:`~gr
   line by line with a per-line cap (:meth:`KuboRpc.stream_lines`).
 
 The parsing is pure and lives in :mod:`gradfed_ipfs.formats.rpc` (tested on bytes). The
-transport is injectable (``httpx.MockTransport`` in unit tests).
+transport is injectable (``httpx.MockTransport`` in unit tests); by default a plain
+``http://`` daemon is reached through :class:`~gradfed_ipfs.kubo.http1.Http1Pool` (httpcore's
+per-request CPU was most of a sliced round's), anything else through httpx's own transport.
+
+Size: the client, its error families and the adapter to :mod:`~gradfed_ipfs.kubo.http1` are one
+boundary (the only module importing httpx), a little over 500 lines.
 """
 
 from __future__ import annotations
@@ -27,11 +32,19 @@ import functools
 import json
 import logging
 import ssl
-from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Mapping,
+)
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Self, TypeAlias, TypeVar
+from typing import Any, Final, Self, TypeAlias, TypeVar, cast
 
 import httpx
 
@@ -47,6 +60,7 @@ from ..errors import (
 )
 from ..formats.announcement import MAX_MESSAGE_BYTES
 from ..formats.rpc import LineSplitter, iter_ndjson, parse_rpc_error
+from .http1 import Http1ConnectError, Http1ConnectTimeout, Http1Error, Http1Pool
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -154,6 +168,67 @@ def _ssl_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
+class _Http1Transport(httpx.AsyncBaseTransport):
+    """httpx's transport interface over an :class:`~.http1.Http1Pool`, errors mapped."""
+
+    def __init__(self, host: str, port: int, max_connections: int) -> None:
+        self.pool = Http1Pool(host, port, max_connections)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        connect = request.extensions.get("timeout", {}).get("connect")
+        try:
+            answer = await self.pool.request(
+                request.method,
+                request.url.raw_path,
+                request.headers.raw,
+                cast(AsyncIterable[bytes], request.stream),
+                connect_timeout=connect,
+            )
+        except Http1ConnectTimeout as exc:
+            raise httpx.ConnectTimeout(str(exc), request=request) from exc
+        except Http1ConnectError as exc:
+            raise httpx.ConnectError(str(exc), request=request) from exc
+        except Http1Error as exc:  # as httpcore: a cut answer is a protocol error (retried)
+            raise httpx.RemoteProtocolError(str(exc), request=request) from exc
+        return httpx.Response(
+            answer.status,
+            headers=answer.headers,
+            stream=_Http1Stream(answer.body(), answer.aclose, request),
+            request=request,
+        )
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
+
+
+class _Http1Stream(httpx.AsyncByteStream):
+    def __init__(
+        self,
+        body: AsyncIterator[bytes],
+        close: Callable[[], Awaitable[None]],
+        request: httpx.Request,
+    ) -> None:
+        self._body, self._close, self._request = body, close, request
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._body:
+                yield chunk
+        except Http1Error as exc:
+            raise httpx.RemoteProtocolError(str(exc), request=self._request) from exc
+
+    async def aclose(self) -> None:
+        await self._close()
+
+
+def _default_transport(api_url: str, max_connections: int) -> Transport | None:
+    """Return the lean transport for a plain ``http://host:port`` daemon, else ``None``."""
+    url = httpx.URL(api_url)
+    if url.scheme != "http" or not url.host:
+        return None
+    return _Http1Transport(url.host, url.port or 80, max_connections)
+
+
 class KuboRpc:
     """An async client of one Kubo daemon's RPC API, with deadlines, size caps and typed errors.
 
@@ -197,7 +272,7 @@ class KuboRpc:
         self.errors = errors
         self._client = httpx.AsyncClient(
             base_url=f"{self.api_url}{base_path}",
-            transport=transport,
+            transport=transport or _default_transport(self.api_url, max_connections),
             verify=_ssl_context(),
             timeout=httpx.Timeout(self.timeout, connect=CONNECT_TIMEOUT),
             # Every connection stays open between calls: a closed one costs a new TCP connect
