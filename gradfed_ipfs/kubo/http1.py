@@ -243,7 +243,7 @@ class Http1Pool:
         try:
             conn.writer.write(message)
             await conn.writer.drain()
-            status_line = await conn.reader.readuntil(b"\r\n")
+            head = await conn.reader.readuntil(b"\r\n\r\n")  # one read: status and headers
         except (OSError, asyncio.IncompleteReadError) as exc:
             conn.close()
             if conn.reused and not getattr(exc, "partial", b""):
@@ -251,28 +251,16 @@ class Http1Pool:
             raise Http1ProtocolError(f"connection broke before the answer: {exc!r}") from None
         except asyncio.LimitOverrunError:
             conn.close()
-            raise Http1ProtocolError("status line too long") from None
+            raise Http1ProtocolError(f"answer head over {MAX_HEAD_BYTES} bytes") from None
         except BaseException:
             conn.close()  # cancelled mid-exchange: the connection's state is unknown
             raise
-        try:
-            version, _, rest = status_line.partition(b" ")
-            status = int(rest[:3])
-            if not version.startswith(b"HTTP/1.") or not 100 <= status <= 599:
-                raise ValueError(status_line[:60])
-            lines = []
-            size = len(status_line)
-            while (line := await conn.reader.readuntil(b"\r\n")) != b"\r\n":
-                size += len(line)
-                if size > MAX_HEAD_BYTES:
-                    raise ValueError("answer head too long")
-                lines.append(line)
-        except (ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+        status_line, *lines = head[:-4].split(b"\r\n")
+        version, _, rest = status_line.partition(b" ")
+        status = int(rest[:3]) if rest[:3].isdigit() else 0
+        if not version.startswith(b"HTTP/1.") or not 100 <= status <= 599:
             conn.close()
-            raise Http1ProtocolError(f"malformed answer head: {exc!r}") from None
-        except BaseException:
-            conn.close()
-            raise
+            raise Http1ProtocolError(f"malformed status line {status_line[:60]!r}")
         headers = []
         for line in lines:
             name, sep, value = line.partition(b":")
