@@ -94,6 +94,8 @@ class Http1Answer:
                 chunked = True
         self._chunked = chunked
         self._length = int(length) if length.isdigit() and not chunked else None
+        self.length = self._length
+        """The declared body length (``None``: chunked or until close)."""
         if status in (204, 304):
             self._length, self._chunked = 0, False
         if not chunked and self._length is None:
@@ -184,7 +186,7 @@ class Http1Pool:
         method: str,
         target: bytes,
         headers: Iterable[tuple[bytes, bytes]],
-        body: AsyncIterable[bytes],
+        body: bytes | AsyncIterable[bytes],
         *,
         connect_timeout: float | None = None,
     ) -> Http1Answer:
@@ -209,13 +211,16 @@ class Http1Pool:
                 chunked |= name.lower() == b"transfer-encoding" and b"chunked" in value.lower()
             head.append(b"\r\n")
             parts = [b"".join(head)]
-            async for piece in body:
-                if chunked and piece:
-                    parts.append(b"%x\r\n" % len(piece) + piece + b"\r\n")
-                elif piece:
-                    parts.append(piece)
-            if chunked:
-                parts.append(b"0\r\n\r\n")
+            if isinstance(body, bytes):
+                parts.append(body)
+            else:
+                async for piece in body:
+                    if chunked and piece:
+                        parts.append(b"%x\r\n" % len(piece) + piece + b"\r\n")
+                    elif piece:
+                        parts.append(piece)
+                if chunked:
+                    parts.append(b"0\r\n\r\n")
             message = b"".join(parts)
             while True:
                 conn = self._idle.pop() if self._idle else await self._open(connect_timeout)
