@@ -1,25 +1,28 @@
 """A lean HTTP/1.1 client pool for one Kubo daemon's RPC port (plain TCP, keep-alive).
 
-:class:`~gradfed_ipfs.kubo.rpc.KuboRpc` sends its requests through :class:`Http1Pool` (wrapped
-as an ``httpx`` transport) unless a test injects another transport. httpcore, h11 and anyio
-cost ~1 ms of CPU per request (a raw asyncio exchange ~0.3 ms), and httpcore's pool re-checks
-every idle connection with a ``select`` call on each request start and end: a sliced round
-makes ~5N requests per peer, so that overhead was most of a round's CPU
+:class:`~gradfed_ipfs.kubo.rpc.KuboRpc` sends its plain calls through :class:`Http1Pool`
+(:func:`encode_request`, :meth:`Http1Pool.call`) unless a test injects an httpx transport.
+httpx, httpcore, h11 and anyio cost ~1-2 ms of CPU per call (this pool ~0.2 ms), and
+httpcore's pool re-checks every idle connection with a ``select`` call on each request start
+and end: a sliced round makes ~5N calls per peer, so that overhead was most of a round's CPU
 (``benchmarks/bench_load.py``). This module speaks only what Kubo answers: a status line,
 headers, then a ``Content-Length`` or chunked body (trailers dropped); no TLS, no proxies,
 no redirects, no compression, no pipelining.
 
-Failures are its own small exceptions (``rpc.py`` maps them to ``httpx``'s): a refused or slow
-connect, or a malformed, cut or oversized answer head. A reused connection the daemon closed
-meanwhile is replaced once, transparently, when nothing of the answer had arrived.
+Failures are its own small exceptions (``rpc.py`` retries and maps them as it does httpx's):
+a refused or slow connect, a malformed, cut or oversized answer, a body over the caller's cap.
+A reused connection the daemon closed meanwhile is replaced once, transparently, when nothing
+of the answer had arrived.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterable, AsyncIterator, Iterable
-from typing import Final
+import os
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
+from typing import Any, Final
+from urllib.parse import quote, urlencode
 
 __all__ = [
     "MAX_HEAD_BYTES",
@@ -29,6 +32,8 @@ __all__ = [
     "Http1Error",
     "Http1Pool",
     "Http1ProtocolError",
+    "Http1TooLarge",
+    "encode_request",
 ]
 
 MAX_HEAD_BYTES: Final = 64 * 1024
@@ -50,6 +55,44 @@ class Http1ConnectTimeout(Http1Error):
 
 class Http1ProtocolError(Http1Error):
     """The answer was cut short, malformed, or its head too long."""
+
+
+class Http1TooLarge(Http1Error):
+    """The answer exceeded the caller's cap; reading stopped."""
+
+    def __init__(self, seen: int) -> None:
+        super().__init__(f"answer over its cap ({seen} bytes seen)")
+        self.seen = seen
+
+
+def encode_request(
+    endpoint: str, params: Mapping[str, str] | None, files: Mapping[str, Any] | None
+) -> tuple[bytes, list[tuple[bytes, bytes]], bytes] | None:
+    """Return ``(path and query, headers, body)`` of a call, or ``None`` if it needs httpx.
+
+    ``files`` become one multipart body when each is a ``(filename, bytes, content type)``
+    tuple (``block/put``, ``pubsub/pub``); any other form is left to httpx.
+    """
+    headers = []
+    body = b""
+    if files:
+        boundary = os.urandom(16).hex()  # unknown to whoever chose the bytes
+        parts = []
+        for name, value in files.items():
+            if not (isinstance(value, tuple) and len(value) == 3 and type(value[1]) is bytes):
+                return None
+            filename, data, kind = value
+            parts.append(
+                f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; '
+                f'filename="{filename}"\r\nContent-Type: {kind}\r\n\r\n'.encode()
+                + data
+                + b"\r\n"
+            )
+        body = b"".join(parts) + f"--{boundary}--\r\n".encode()
+        headers.append((b"Content-Type", f"multipart/form-data; boundary={boundary}".encode()))
+    headers.append((b"Content-Length", str(len(body)).encode()))
+    query = urlencode(params, quote_via=quote) if params else ""
+    return endpoint.encode() + (b"?" + query.encode() if query else b""), headers, body
 
 
 class _Connection:
@@ -171,11 +214,17 @@ class Http1Pool:
         The daemon's RPC address.
     max_connections
         Requests in flight at once; more wait for a free slot (under the caller's deadline).
+    path
+        Prefix of every :meth:`call`'s endpoint, e.g. ``/api/v0``.
     """
 
-    def __init__(self, host: str, port: int, max_connections: int = 64) -> None:
+    def __init__(
+        self, host: str, port: int, max_connections: int = 64, *, path: bytes = b""
+    ) -> None:
         self.host = host
         self.port = port
+        self._prefix = path.rstrip(b"/") + b"/"
+        self._host = host.encode() if port == 80 else f"{host}:{port}".encode()
         self._slots = asyncio.Semaphore(max_connections)
         self._idle: list[_Connection] = []
         self.opened = 0
@@ -231,6 +280,44 @@ class Http1Pool:
         except BaseException:
             self._slots.release()
             raise
+
+    async def call(
+        self,
+        method: str,
+        endpoint: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        cap: int,
+        connect_timeout: float | None,
+        received: list[int],
+    ) -> tuple[int, bytes]:
+        """Send one request to ``path/endpoint``; return its status and whole body.
+
+        ``received[0]`` counts the body's bytes as they arrive (for a caller's timeout message).
+
+        Raises
+        ------
+        Http1TooLarge
+            If the body is (or is declared) longer than ``cap`` bytes.
+        Http1ConnectError, Http1ConnectTimeout, Http1ProtocolError
+            As :meth:`request`, or if the body is cut.
+        """
+        target = self._prefix + endpoint
+        answer = await self.request(
+            method, target, [(b"Host", self._host), *headers], body, connect_timeout=connect_timeout
+        )
+        try:
+            if answer.length is not None and answer.length > cap:
+                raise Http1TooLarge(answer.length)
+            chunks = []
+            async for chunk in answer.body():
+                received[0] += len(chunk)
+                if received[0] > cap:
+                    raise Http1TooLarge(received[0])
+                chunks.append(chunk)
+        finally:
+            await answer.aclose()
+        return answer.status, b"".join(chunks)
 
     async def _open(self, timeout: float | None) -> _Connection:
         try:

@@ -16,12 +16,12 @@ the block store, pubsub, daemon management, the CLI's node commands, :class:`~gr
   line by line with a per-line cap (:meth:`KuboRpc.stream_lines`).
 
 The parsing is pure and lives in :mod:`gradfed_ipfs.formats.rpc` (tested on bytes). The
-transport is injectable (``httpx.MockTransport`` in unit tests); by default a plain
-``http://`` daemon is reached through :class:`~gradfed_ipfs.kubo.http1.Http1Pool` (httpcore's
-per-request CPU was most of a sliced round's), anything else through httpx's own transport.
+transport is injectable (``httpx.MockTransport`` in unit tests); without one, plain calls to
+an ``http://`` daemon go through :class:`~gradfed_ipfs.kubo.http1.Http1Pool` (httpx and
+httpcore cost ~1-2 ms of CPU per call, most of a sliced round's), streams through httpx.
 
-Size: the client, its error families and the adapter to :mod:`~gradfed_ipfs.kubo.http1` are one
-boundary (the only module importing httpx), a little over 500 lines.
+Size: the client and its error families are one boundary (the only module importing httpx),
+a little over 500 lines.
 """
 
 from __future__ import annotations
@@ -31,22 +31,12 @@ import contextlib
 import functools
 import json
 import logging
-import os
 import ssl
-from collections.abc import (
-    AsyncGenerator,
-    AsyncIterable,
-    AsyncIterator,
-    Awaitable,
-    Callable,
-    Coroutine,
-    Mapping,
-)
+from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Self, TypeAlias, TypeVar, cast
-from urllib.parse import quote, urlencode
+from typing import Any, Final, Self, TypeAlias, TypeVar
 
 import httpx
 
@@ -62,7 +52,14 @@ from ..errors import (
 )
 from ..formats.announcement import MAX_MESSAGE_BYTES
 from ..formats.rpc import LineSplitter, iter_ndjson, parse_rpc_error
-from .http1 import Http1ConnectError, Http1ConnectTimeout, Http1Error, Http1Pool
+from .http1 import (
+    Http1ConnectError,
+    Http1ConnectTimeout,
+    Http1Pool,
+    Http1ProtocolError,
+    Http1TooLarge,
+    encode_request,
+)
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -170,67 +167,6 @@ def _ssl_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
-class _Http1Transport(httpx.AsyncBaseTransport):
-    """httpx's transport interface over an :class:`~.http1.Http1Pool`, errors mapped."""
-
-    def __init__(self, host: str, port: int, max_connections: int) -> None:
-        self.pool = Http1Pool(host, port, max_connections)
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        connect = request.extensions.get("timeout", {}).get("connect")
-        try:
-            answer = await self.pool.request(
-                request.method,
-                request.url.raw_path,
-                request.headers.raw,
-                cast(AsyncIterable[bytes], request.stream),
-                connect_timeout=connect,
-            )
-        except Http1ConnectTimeout as exc:
-            raise httpx.ConnectTimeout(str(exc), request=request) from exc
-        except Http1ConnectError as exc:
-            raise httpx.ConnectError(str(exc), request=request) from exc
-        except Http1Error as exc:  # as httpcore: a cut answer is a protocol error (retried)
-            raise httpx.RemoteProtocolError(str(exc), request=request) from exc
-        return httpx.Response(
-            answer.status,
-            headers=answer.headers,
-            stream=_Http1Stream(answer.body(), answer.aclose, request),
-            request=request,
-        )
-
-    async def aclose(self) -> None:
-        await self.pool.aclose()
-
-
-class _Http1Stream(httpx.AsyncByteStream):
-    def __init__(
-        self,
-        body: AsyncIterator[bytes],
-        close: Callable[[], Awaitable[None]],
-        request: httpx.Request,
-    ) -> None:
-        self._body, self._close, self._request = body, close, request
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._body:
-                yield chunk
-        except Http1Error as exc:
-            raise httpx.RemoteProtocolError(str(exc), request=self._request) from exc
-
-    async def aclose(self) -> None:
-        await self._close()
-
-
-def _default_transport(api_url: str, max_connections: int) -> _Http1Transport | None:
-    """Return the lean transport for a plain ``http://host:port`` daemon, else ``None``."""
-    url = httpx.URL(api_url)
-    if url.scheme != "http" or not url.host:
-        return None
-    return _Http1Transport(url.host, url.port or 80, max_connections)
-
-
 class KuboRpc:
     """An async client of one Kubo daemon's RPC API, with deadlines, size caps and typed errors.
 
@@ -272,13 +208,15 @@ class KuboRpc:
         self.api_url = api_url.rstrip("/")
         self.timeout = float(timeout)
         self.errors = errors
-        self._lean = None if transport else _default_transport(self.api_url, max_connections)
         url = httpx.URL(f"{self.api_url}{base_path}")
-        self._host = url.netloc
-        self._prefix = url.raw_path.rstrip(b"/") + b"/"
+        self._lean = (  # plain calls to a plain http daemon, when no transport is injected
+            Http1Pool(url.host, url.port or 80, max_connections, path=url.raw_path)
+            if transport is None and url.scheme == "http" and url.host
+            else None
+        )
         self._client = httpx.AsyncClient(
             base_url=f"{self.api_url}{base_path}",
-            transport=transport or self._lean,
+            transport=transport,
             verify=_ssl_context(),
             timeout=httpx.Timeout(self.timeout, connect=CONNECT_TIMEOUT),
             # Every connection stays open between calls: a closed one costs a new TCP connect
@@ -302,6 +240,8 @@ class KuboRpc:
 
     async def aclose(self) -> None:
         """Close the connections; open streams end."""
+        if self._lean is not None:
+            await self._lean.aclose()
         await self._client.aclose()
 
     # ------------------------------------------------------------------ calls
@@ -365,7 +305,14 @@ class KuboRpc:
                 status, body = await self._exchange(
                     endpoint, params, files, seconds, cap, family, method
                 )
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as exc:
+            except (
+                httpx.ConnectError,
+                httpx.ConnectTimeout,
+                httpx.RemoteProtocolError,
+                Http1ConnectError,
+                Http1ConnectTimeout,
+                Http1ProtocolError,
+            ) as exc:
                 if attempt == retries:
                     raise self._error(
                         family.unavailable,
@@ -501,17 +448,22 @@ class KuboRpc:
         scope = asyncio.timeout(seconds)
         try:
             async with scope:
-                lean = self._lean_request(endpoint, params, files)
-                if lean is not None:
-                    return await self._send_lean(method, *lean, seconds, cap, family, received)
-                request = self._client.build_request(
+                request = None if self._lean is None else encode_request(endpoint, params, files)
+                if self._lean is not None and request is not None:
+                    try:  # without httpx's models (URL parsing, header objects): ~0.2 ms a call
+                        return await self._lean.call(
+                            method, *request, cap, min(CONNECT_TIMEOUT, seconds), received
+                        )
+                    except Http1TooLarge as exc:
+                        raise _Abort(self._too_large(family, endpoint, cap, exc.seen)) from None
+                built = self._client.build_request(
                     method,
                     f"/{endpoint}",
                     params=dict(params or {}),
                     files=files,
                     timeout=httpx.Timeout(seconds, connect=min(CONNECT_TIMEOUT, seconds)),
                 )
-                response = await self._client.send(request, stream=True)
+                response = await self._client.send(built, stream=True)
                 try:
                     declared = response.headers.get("content-length", "")
                     if declared.isdigit() and int(declared) > cap:
@@ -538,78 +490,6 @@ class KuboRpc:
                 error.deadline = seconds
             raise _Abort(error) from None
         return response.status_code, b"".join(chunks)
-
-    def _lean_request(
-        self, endpoint: str, params: Mapping[str, str] | None, files: Mapping[str, Any] | None
-    ) -> tuple[str, bytes, list[tuple[bytes, bytes]], bytes] | None:
-        """Return ``(endpoint, target, headers, body)`` for the lean pool, or ``None``.
-
-        Without httpx's request and response models (URL parsing, header objects, byte
-        streams: ~0.2 ms a call). Only our own transport and only bytes files qualify.
-        """
-        if self._lean is None:
-            return None
-        headers = [(b"Host", self._host)]
-        body = b""
-        if files:
-            boundary = os.urandom(16).hex()
-            parts = []
-            for name, value in files.items():
-                if not (isinstance(value, tuple) and len(value) == 3 and type(value[1]) is bytes):
-                    return None  # not a (filename, bytes, content type): httpx encodes it
-                filename, data, kind = value
-                parts.append(
-                    f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; '
-                    f'filename="{filename}"\r\nContent-Type: {kind}\r\n\r\n'.encode()
-                    + data
-                    + b"\r\n"
-                )
-            body = b"".join(parts) + f"--{boundary}--\r\n".encode()
-            headers.append((b"Content-Type", f"multipart/form-data; boundary={boundary}".encode()))
-        headers.append((b"Content-Length", str(len(body)).encode()))
-        query = urlencode(params, quote_via=quote) if params else ""
-        target = self._prefix + endpoint.encode() + (b"?" + query.encode() if query else b"")
-        return endpoint, target, headers, body
-
-    async def _send_lean(
-        self,
-        method: str,
-        endpoint: str,
-        target: bytes,
-        headers: list[tuple[bytes, bytes]],
-        body: bytes,
-        seconds: float,
-        cap: int,
-        family: ErrorFamily,
-        received: list[int],
-    ) -> tuple[int, bytes]:
-        """:meth:`_exchange` through :class:`~.http1.Http1Pool` directly; errors as httpx's."""
-        pool = cast(_Http1Transport, self._lean).pool
-        try:
-            answer = await pool.request(
-                method, target, headers, body, connect_timeout=min(CONNECT_TIMEOUT, seconds)
-            )
-        except Http1ConnectTimeout as exc:
-            raise httpx.ConnectTimeout(str(exc)) from exc
-        except Http1ConnectError as exc:
-            raise httpx.ConnectError(str(exc)) from exc
-        except Http1Error as exc:
-            raise httpx.RemoteProtocolError(str(exc)) from exc
-        try:
-            declared = answer.length
-            if declared is not None and declared > cap:
-                raise _Abort(self._too_large(family, endpoint, cap, declared))
-            chunks: list[bytes] = []
-            async for chunk in answer.body():
-                received[0] += len(chunk)
-                if received[0] > cap:
-                    raise _Abort(self._too_large(family, endpoint, cap, received[0]))
-                chunks.append(chunk)
-        except Http1Error as exc:  # as httpcore: a cut answer is a protocol error (retried)
-            raise httpx.RemoteProtocolError(str(exc)) from exc
-        finally:
-            await answer.aclose()
-        return answer.status, b"".join(chunks)
 
     def _too_large(self, family: ErrorFamily, endpoint: str, cap: int, seen: int) -> GradfedError:
         error = self._error(

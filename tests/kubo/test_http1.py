@@ -14,6 +14,8 @@ from gradfed_ipfs.kubo.http1 import (
     Http1ConnectError,
     Http1Pool,
     Http1ProtocolError,
+    Http1TooLarge,
+    encode_request,
 )
 from gradfed_ipfs.storage import KuboBlockStore
 
@@ -156,3 +158,39 @@ async def test_requests_beyond_max_connections_wait_for_a_slot() -> None:
         ]
         assert pool.opened == 1
         await pool.aclose()
+
+
+async def test_call_sends_the_encoded_request_and_caps_the_answer() -> None:
+    heard: list[bytes] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        heard.append(head + await reader.readexactly(length))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nanswer")
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nlong\r\n")
+        await writer.drain()
+        await reader.read()
+
+    request = encode_request(
+        "block/put", {"arg": "a b/c"}, {"file": ("block", b"\x00bytes", "application/x")}
+    )
+    assert request is not None
+    assert encode_request("x", None, {"file": ("f", "text", "t")}) is None  # httpx encodes it
+    async with server(answer) as port:
+        pool = Http1Pool("127.0.0.1", port, path=b"/api/v0")
+        received = [0]
+        assert await pool.call("POST", *request, 100, 5.0, received) == (200, b"answer")
+        assert received == [6]
+        with pytest.raises(Http1TooLarge) as info:
+            await pool.call("POST", b"id", [(b"Content-Length", b"0")], b"", 3, 5.0, [0])
+        assert info.value.seen == 4
+        await pool.aclose()
+    sent = heard[0]
+    assert sent.startswith(b"POST /api/v0/block/put?arg=a%20b%2Fc HTTP/1.1\r\nHost: 127.0.0.1:")
+    boundary = sent.split(b"boundary=")[1].split(b"\r\n")[0]
+    assert sent.endswith(
+        b"--" + boundary + b'\r\nContent-Disposition: form-data; name="file"; filename="block"'
+        b"\r\nContent-Type: application/x\r\n\r\n\x00bytes\r\n--" + boundary + b"--\r\n"
+    )
