@@ -93,6 +93,46 @@ checks (15:25-15:31, load 1.0-3.2)::
    64      not run             102.6 s
 
 So 7.4x and 5.9x at N = 32 in two runs; growth from N = 8 to 64 about N^1.8.
+
+Why it grew faster than N (cProfile of one round at N = 16, 32, 64, 16:00-16:30): per-peer
+*counts* grow with N, and every simulated peer runs in this process. Found and changed:
+
+- RPC calls: ~5N per peer (N chunk puts, N−1 manifests, N−1 chunks, N records, N−1 results),
+  1.3 ms (small block) to 2.8 ms (250 KB) of CPU each through httpx + httpcore (whose pool also
+  ``select()``s every idle connection at each request start and end): 60-70 % of the CPU.
+  ``gradfed_ipfs.kubo.http1`` now carries plain calls: 0.15-0.25 ms small, 0.7-1.0 ms 250 KB.
+- dag-cbor: each peer decodes N−1 manifests of N chunk links and N slice records of N inputs,
+  N² items per peer (N³ in this process), and multiformats built each CID in 10-25 µs. Now a
+  strict fast path (``formats/fast_cbor.py``, 2x; dag_cbor judges anything else) and CIDs
+  remembered by their bytes. Left: a real peer decodes ~33 ms (N = 32) / ~150 ms (N = 64) per
+  round with a cold CID cache; here the simulated peers share that cache, which flatters N = 64
+  by up to ~0.1 s per peer. It is the formats' N² (a manifest lists every chunk, a record every
+  input); changing them changes the records' CIDs.
+- Reducer ranking hashed every peer once per slice (N² sha256 per peer): now once per round.
+  httpx built a TLS context per client (30-80 ms each, one client per peer): now one.
+- Not a cost at these N: board wake-ups (each backup waiter's predicate ran ~twice per round,
+  the slice records arrive in a burst). Not changed: commits are N ``block/put`` calls (Kubo
+  takes several blocks per call); inlining slice records in board messages would save N calls
+  per peer but leave the records on the reducers' daemons only.
+
+Before (``main`` at fd5b4f4) and after, back to back, ``--reduce-scatter 8,16,32,64
+--peer-clients --a2a-max 0 --connections 16``, reduce-scatter round (this process's CPU s);
+another developer's tests ran meanwhile, and CPU seconds here rise with the load too::
+
+    run (time, load)                 N = 8         16            32             64
+    before (16:36, 1.9 -> 3.5)     4.7 (4.0)    9.1 ( 8.6)   35.1 (28.7)   186.2 (173.2)
+    after  (16:40, 3.0 -> 3.9)     3.1 (2.6)    5.8 ( 5.0)   27.0 (24.5)   106.4 (100.2)
+    after  (16:43, 3.1 -> 3.5)     2.3 (1.7)    4.5 ( 3.5)   21.7 (19.4)    78.4 ( 72.8)
+    before (16:45, 3.0 -> 5.2)                 12.1 (11.4)   41.2 (39.1)   144.5 (110.7)
+    after  (16:49, 5.3 -> 6.6)                  6.3 ( 4.0)   16.9 ( 9.6)    46.2 ( 35.3)
+    after* (16:21, 0.5 -> 1.2)     1.5 (1.6)    3.2 ( 3.6)    8.8 (10.0)    31.7 ( 35.4)
+
+(* before the last change: plain calls still built httpx's request and response objects.)
+Every run: equal CIDs on all peers, equal to the reference; no takeovers; per-peer bytes
+1.76 / 1.89 / 1.98 / 2.12·d·4 B. So 2-3x less CPU at every N, and N = 64 in 31.7-106 s
+instead of 102.6-186 s, but not linear: CPU from N = 16 to 64 grew 9-21x in both versions
+(N^1.6 to N^2.2, depending on the load), since each peer still makes ~5N calls and decodes
+N² items, and the 4 daemons (bitswap per block, ~N² blocks in all) share the 2 cores.
 """
 
 from __future__ import annotations

@@ -66,6 +66,16 @@ def _fast_cid(raw: bytes, base: multibase.Multibase) -> CID | None:
     return _new_instance(CID, base, 1, codec, _SHA2_256_FN, raw[2:])  # type: ignore[no-any-return]
 
 
+@functools.lru_cache(maxsize=1 << 14)
+def _known_cid(raw: bytes, base32: bool) -> CID | None:
+    """Return :func:`_fast_cid` of ``raw``, remembered (base32 or base58btc).
+
+    A round's records and manifests name the same CIDs again and again, and multiformats'
+    ``_new_instance`` costs ~10 µs (it hashes multiformats objects).
+    """
+    return _fast_cid(raw, _BASE32 if base32 else _BASE58BTC)
+
+
 class _FastDecodeCID(CID):
     """``CID`` for dag-cbor's decoder: tag-42 links of our kind skip multiformats' checks."""
 
@@ -74,7 +84,7 @@ class _FastDecodeCID(CID):
     @staticmethod
     def decode(cid: str | bytes | bytearray | memoryview) -> CID:
         if not isinstance(cid, str):
-            fast = _fast_cid(bytes(cid), _BASE58BTC)  # what CID.decode gives for bytes
+            fast = _known_cid(bytes(cid), False)  # base58btc: what CID.decode gives for bytes
             if fast is not None:
                 return fast
         return CID.decode(cid)
@@ -157,6 +167,11 @@ def parse_cid(value: CIDLike) -> CID:
             raise DecodeError(f"not a CID: {value!r:.80} ({exc})") from exc
     if cid.version == 1 and cid.base is not _BASE32:
         # CID.set re-validates everything (~0.1 ms); the fields are already a valid CID's
+        code = cid.codec.code
+        if code in _CODECS:
+            fast = _known_cid(bytes((1, code)) + cid.digest, True)
+            if fast is not None:
+                return fast
         if _new_instance is not None:
             return _new_instance(CID, _BASE32, 1, cid.codec, cid.hashfun, cid.digest)  # type: ignore[no-any-return]
         cid = cid.set(base="base32")  # pragma: no cover

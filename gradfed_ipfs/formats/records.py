@@ -15,6 +15,7 @@ from multiformats import CID
 from ..block import Block
 from ..cid import parse_cid
 from ..errors import DecodeError, GraphSerializationError, MalformedManifest
+from .fast_cbor import decode_dag_cbor
 
 __all__ = [
     "decode_record",
@@ -52,7 +53,7 @@ def decode_record(block: Block, record_type: str, version: int = 1) -> dict[str,
         If the bytes are not dag-cbor, or not a map of that type and version.
     """
     try:
-        record = dag_cbor.decode(block.data)
+        record = decode_dag_cbor(block.data)
     except Exception as exc:  # dag_cbor raises several unrelated types on bad input
         raise MalformedManifest(f"block {block.cid} is not dag-cbor: {exc}") from exc
     if not isinstance(record, dict) or record.get("type") != record_type:

@@ -20,6 +20,7 @@ from gradfed_ipfs.federated.round.slices import (
     projection_vector,
     reduce_values,
     reducer_ranking,
+    reducer_rankings,
 )
 from gradfed_ipfs.formats.slices import FraudRecord, SliceMessage, SliceRecord
 from gradfed_ipfs.storage.dag import plan_chunks
@@ -128,6 +129,13 @@ def test_reducer_ranking_is_a_deterministic_balanced_rotation() -> None:
     assert sorted(r[0] for r in rankings) == peers  # each peer reduces exactly one slice
     assert rankings == [reducer_ranking(bytes(ROSTER), k, list(reversed(peers))) for k in range(8)]
     assert rankings != [reducer_ranking(bytes(OTHER), k, peers) for k in range(8)]
+
+
+def test_reducer_rankings_are_every_slice_s_ranking_at_once() -> None:
+    peers = [f"p{i}" for i in range(7)]
+    for n in (7, 10, 3):  # as many slices as peers, more (wrapping), fewer
+        want = [reducer_ranking(bytes(ROSTER), k, peers) for k in range(n)]
+        assert reducer_rankings(bytes(ROSTER), n, peers) == want
 
 
 def test_projection_catches_a_small_lie_and_passes_float32_rounding() -> None:

@@ -66,7 +66,7 @@ from .slices import (
     projection_tolerance,
     projection_vector,
     reduce_values,
-    reducer_ranking,
+    reducer_rankings,
 )
 
 __all__ = [
@@ -122,6 +122,11 @@ class _Slice:
     ranking: list[str]
     rows: dict[str, FloatArray] = field(default_factory=dict)
     failed: set[str] = field(default_factory=set)
+    rank: dict[str, int] = field(default_factory=dict)
+    """``ranking`` inverted (peer -> rank): an O(1) look-up per board message."""
+
+    def __post_init__(self) -> None:
+        self.rank = {peer: r for r, peer in enumerate(self.ranking)}
 
 
 class ReduceScatterPeer:
@@ -241,13 +246,13 @@ class ReduceScatterPeer:
 
         Anyone may publish on the board: a sender outside the roster is ignored.
         """
-        ranking = part.ranking
+        rank = part.rank
         found = [
             m
             for m in self.board.records(roster_cid, phase, part.k)
-            if m.sender in ranking and m.cid is not None
+            if m.sender in rank and m.cid is not None
         ]
-        return sorted(found, key=lambda m: ranking.index(m.sender))
+        return sorted(found, key=lambda m: rank[m.sender])
 
     def _filled(self, roster_cid: CID, phase: int, parts: list[_Slice]) -> int:
         """Return how many slices of ``phase`` have a record from one of their reducers."""
@@ -270,7 +275,7 @@ class ReduceScatterPeer:
         their records: on a slow machine every reducer is slow alike, and a clock started at
         the phase's beginning would have backups redo every slice.
         """
-        rank = part.ranking.index(self.peer)
+        rank = part.rank[self.peer]
         if rank:
 
             def mine() -> bool:
@@ -340,9 +345,11 @@ class ReduceScatterPeer:
         own = np.ascontiguousarray(own, np.float32).reshape(-1)
         d, peers = base.size, roster.peers
         self._local: dict[CID, FloatArray] = {}
+        plan = plan_slices(d, len(peers), self.config.chunk_bytes)
+        rankings = reducer_rankings(bytes(roster_cid), len(plan), peers)
         parts = [
-            _Slice(k, off, n, reducer_ranking(bytes(roster_cid), k, peers))
-            for k, (off, n) in enumerate(plan_slices(d, len(peers), self.config.chunk_bytes))
+            _Slice(k, off, n, ranking)
+            for k, ((off, n), ranking) in enumerate(zip(plan, rankings, strict=True))
         ]
         exclude: set[str] = set()
         phase = 0
@@ -389,7 +396,7 @@ class ReduceScatterPeer:
                 self._serve(roster, roster_cid, base, own, p, phase, exclude, parts)
             )
             for p in parts
-            if self.peer in p.ranking
+            if self.peer in p.rank
         ]
         try:
             ok = await self.board.wait_for(

@@ -45,6 +45,7 @@ __all__ = [
     "projection_vector",
     "reduce_values",
     "reducer_ranking",
+    "reducer_rankings",
     "slice_refusal",
 ]
 
@@ -115,13 +116,23 @@ def reducer_ranking(roster: bytes, k: int, peers: Sequence[str]) -> list[str]:
     exactly one slice — per-slice rendezvous scores would give some peers two or three slices
     (each ``(N−1)/N·d`` more to download) and others none.
     """
+    order = _reducer_order(roster, peers)
+    start = k % len(order) if order else 0
+    return order[start:] + order[:start]
 
+
+def reducer_rankings(roster: bytes, n: int, peers: Sequence[str]) -> list[list[str]]:
+    """Return :func:`reducer_ranking` of slices ``0 … n−1``, hashing each peer once, not n times."""
+    order = _reducer_order(roster, peers)
+    rotations = [order[s:] + order[:s] for s in range(len(order))]
+    return [list(rotations[k % len(order)]) if order else [] for k in range(n)]
+
+
+def _reducer_order(roster: bytes, peers: Sequence[str]) -> list[str]:
     def score(peer: str) -> bytes:
         return hashlib.sha256(b"gradfed/reducer\0" + roster + peer.encode()).digest()
 
-    order = sorted(peers, key=score)
-    start = k % len(order) if order else 0
-    return order[start:] + order[:start]
+    return sorted(peers, key=score)
 
 
 def reduce_values(

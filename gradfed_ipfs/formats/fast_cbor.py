@@ -1,0 +1,123 @@
+"""A fast path for ``dag_cbor.decode``: the strict canonical subset our records are written in.
+
+Every peer of a sliced round decodes N−1 manifests of N chunk links and N slice records of N
+inputs: N² items per peer, and ``dag_cbor``'s pure-Python decoder spends ~20 µs on each
+(a stream object, snapshots, per-item option dictionaries). :func:`decode_dag_cbor` walks the
+bytes directly. It accepts only what ``dag_cbor`` accepts and returns the same values:
+minimal-length heads, definite lengths, ASCII text, map keys in canonical order (length, then
+bytes) without repeats, tag 42 over ``0x00``-prefixed bytes (decoded by the same ``CID`` class
+``dag_cbor`` uses), finite float64, ``false``/``true``/``null``, no trailing bytes. Anything
+else, valid or not (non-ASCII text, deep nesting, a truncated item), goes to ``dag_cbor.decode``,
+which stays the one judge of what is valid dag-cbor and of every error raised.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any, Final
+
+import dag_cbor
+import dag_cbor.decoding
+
+__all__ = ["decode_dag_cbor"]
+
+_MAX_DEPTH: Final = 64
+_FLOAT64: Final = struct.Struct(">d")
+
+
+class _Slow(Exception):
+    """Internal: not in the fast subset (or not valid); ``dag_cbor`` decides."""
+
+
+def decode_dag_cbor(data: bytes) -> Any:
+    """Return ``dag_cbor.decode(data)``, decoding the canonical subset without its overhead.
+
+    Raises
+    ------
+    Exception
+        Whatever ``dag_cbor.decode`` raises for ``data`` (the fast path never raises).
+    """
+    data = bytes(data)
+    try:
+        value, end = _item(data, 0, 0)
+    except Exception:  # any surprise (truncation, a bad CID, ...): the reference decoder judges
+        return dag_cbor.decode(data)
+    return value if end == len(data) else dag_cbor.decode(data)
+
+
+def _head(data: bytes, pos: int) -> tuple[int, int, int]:
+    """Return ``(major type, argument, next position)`` of a minimally encoded head."""
+    lead = data[pos]
+    major, info = lead >> 5, lead & 31
+    pos += 1
+    if info < 24:
+        return major, info, pos
+    if info > 27:
+        raise _Slow
+    size = 1 << (info - 24)  # 1, 2, 4 or 8 argument bytes
+    end = pos + size
+    if end > len(data):
+        raise _Slow
+    value = int.from_bytes(data[pos:end], "big")
+    if value < (24 if size == 1 else 1 << (4 * size)):  # not minimal: 256, 65536, 2**32
+        raise _Slow
+    return major, value, end
+
+
+def _item(data: bytes, pos: int, depth: int) -> tuple[Any, int]:
+    lead = data[pos]
+    if lead >= 0xE0:  # major type 7: simple values and floats
+        if lead == 0xF4:
+            return False, pos + 1
+        if lead == 0xF5:
+            return True, pos + 1
+        if lead == 0xF6:
+            return None, pos + 1
+        if lead == 0xFB and pos + 9 <= len(data):
+            value = _FLOAT64.unpack_from(data, pos + 1)[0]
+            if math.isfinite(value):
+                return value, pos + 9
+        raise _Slow
+    major, arg, pos = _head(data, pos)
+    if major == 0:
+        return arg, pos
+    if major == 1:
+        return -1 - arg, pos
+    if major in (2, 3):
+        end = pos + arg
+        if end > len(data):
+            raise _Slow
+        raw = data[pos:end]
+        if major == 2:
+            return raw, end
+        if not raw.isascii():
+            raise _Slow
+        return raw.decode("ascii"), end
+    if depth >= _MAX_DEPTH or arg > len(data) - pos:
+        raise _Slow
+    if major == 4:
+        items = []
+        for _ in range(arg):
+            value, pos = _item(data, pos, depth + 1)
+            items.append(value)
+        return items, pos
+    if major == 5:
+        mapping: dict[str, Any] = {}
+        previous = (-1, b"")
+        for _ in range(arg):
+            key_major, size, pos = _head(data, pos)
+            end = pos + size
+            key = data[pos:end]
+            if key_major != 3 or end > len(data) or not key.isascii() or (size, key) <= previous:
+                raise _Slow  # not a text key, or out of canonical order, or repeated
+            previous = (size, key)
+            value, pos = _item(data, end, depth + 1)
+            mapping[key.decode("ascii")] = value
+        return mapping, pos
+    if major == 6 and arg == 42:
+        link, pos = _item(data, pos, depth + 1)
+        if not isinstance(link, bytes) or not link or link[0] != 0:
+            raise _Slow
+        return dag_cbor.decoding.CID.decode(link[1:]), pos  # type: ignore[attr-defined]
+    raise _Slow
