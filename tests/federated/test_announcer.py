@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from gradfed_ipfs.federated.round.announcer import Reannouncer
 from gradfed_ipfs.kubo.pubsub import MemoryPubsubBus, PubsubMessage
@@ -54,5 +55,28 @@ async def test_posted_message_is_republished_until_withdrawn() -> None:
     assert [m.data for m in copies] == [b"x"] * 3
     await asyncio.sleep(0.1)  # several intervals: a withdrawn message must stay quiet
     assert announcer.published == count
+    runner.cancel()
+    await asyncio.gather(runner, return_exceptions=True)
+
+
+async def test_post_now_publishes_before_returning_then_republishes() -> None:
+    # Prepare: a transport held until released, and the run loop.
+    transport = GatedPubsub()
+    announcer = Reannouncer(transport, "t", first=0.01, longest=0.02)  # type: ignore[arg-type]
+    runner = asyncio.create_task(announcer.run())
+    # Execute: post_now does not return while the daemon has not taken the message.
+    posting = asyncio.create_task(announcer.post_now("contrib", b"c"))
+    await asyncio.sleep(0)  # let it start: it must now be waiting on the transport
+    assert not posting.done()
+    transport.gate.set()
+    await asyncio.wait_for(posting, 5.0)
+    # Assert: sent once by post_now itself, then re-published by the loop like post's.
+    assert transport.sent[:1] == [b"c"]
+    deadline = asyncio.get_running_loop().time() + 5.0
+    while len(transport.sent) < 3 and asyncio.get_running_loop().time() < deadline:
+        transport.sent_event.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(transport.sent_event.wait(), 1.0)
+    assert transport.sent[:3] == [b"c"] * 3
     runner.cancel()
     await asyncio.gather(runner, return_exceptions=True)

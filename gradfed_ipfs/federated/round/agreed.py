@@ -225,12 +225,16 @@ class AgreedSession(RosterPhase):
         own_values = np.array(gradient, dtype=np.float32).reshape(-1)
         if own_values.size != self.model.size or not np.isfinite(own_values).all():
             raise InvalidGradient(f"gradient must be {self.model.size} finite values")
-        # Announce as soon as the CID is known; the daemon serves the block once the put lands
-        # (bitswap answers wants for blocks added later), so the put overlaps the announcement.
+        # Announce as soon as the CID is known, and before the put starts: the daemon serves
+        # the blocks once the put lands (bitswap answers wants for blocks added later), and the
+        # announcement is not queued behind 4·d bytes of put on this daemon and this event loop
+        # (measured: it reached the others 60-130 ms after posting when it raced the put).
         self._check_done(r - 1)
         await self._settle(keep=1)  # the last round's blocks may still be on their way
         encoded = await encode_gradient(own_values, chunk_bytes=self.config.chunk_bytes)
         contribution = encoded.cid
+        message = self._message("contrib", r, contribution, base=self.model_cid, weight=int(weight))
+        await self._announcer.post_now("contrib", message.encode())
         stored = asyncio.ensure_future(self._held(encoded.store(self.store)))
         self._own = (contribution, stored)
         try:
@@ -248,10 +252,6 @@ class AgreedSession(RosterPhase):
     ) -> AgreedRoundResult:
         board, config = self.board, self.config
         own = (contribution, int(weight))
-        await self._post(
-            "contrib",
-            self._message("contrib", r, contribution, base=self.model_cid, weight=int(weight)),
-        )
         self._fetcher.known(contribution, own_values)
         logger.debug("round %d: contributed after %.3fs", r, time.monotonic() - started)
         ranking = coordinator_ranking(self.session, self.genesis, r, config.members)

@@ -59,6 +59,16 @@ class Reannouncer:
         self._outbox[key] = _Outgoing(data, time.monotonic(), self.first / 2)
         self._changed.set()
 
+    async def post_now(self, key: str, data: bytes) -> None:
+        """Publish ``data`` before returning (the daemon has it), then re-publish like :meth:`post`.
+
+        For a message whose delivery is on the round's critical path: sent before the caller
+        starts heavy work on the same daemon (a contribution's put), it is not queued behind it.
+        """
+        await self._publish(data)
+        self._outbox[key] = _Outgoing(data, time.monotonic() + self.first, self.first)
+        self._changed.set()
+
     def withdraw(self, key: str) -> None:
         """Stop re-publishing the message under ``key`` (if any)."""
         self._outbox.pop(key, None)
