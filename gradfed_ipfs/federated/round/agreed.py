@@ -62,7 +62,7 @@ from ...storage.base import BlockStore
 from ...storage.dag import fetch_gradient, put_gradient
 from ...storage.retention import Collectable, GatedStore, RetentionHook, RoundBlocks
 from .agreed_config import AgreedConfig, AgreedRoundResult, ResyncResult, agreed_topic
-from .agreed_history import load_head
+from .agreed_history import check_exclusions, load_head
 from .agreed_roster import RosterPhase
 from .agreed_slicing import RootFetcher, SliceStep, slice_report
 from .announcer import Reannouncer
@@ -317,10 +317,12 @@ class AgreedSession(RosterPhase):
             stores.append(await encode_gradient(self._adopted_state))
             state = stores[-1].cid
         slices = None if sliced is None else tuple(sliced.records)
+        frauds = tuple(sliced.frauds) if sliced is not None and sliced.frauds else None
+        excluded = self.excluded | (sliced.liars if sliced is not None else set())
         record = AgreedRecord(
             self.session, self.genesis, r, self.head, base, roster_cid, result,
             float(self.config.learning_rate), None if rule is None else rule.label(r), state,
-            slices,
+            slices, frauds, tuple(sorted(excluded)) or None,
         ).to_block()  # fmt: skip
         record_cid = record.cid
         await self._post("done", self._message("done", r, result, record=record_cid))
@@ -332,6 +334,7 @@ class AgreedSession(RosterPhase):
             )
         )
         self.round, self.model, self.model_cid, self.head = r + 1, model, result, record_cid
+        self.excluded = frozenset(excluded)  # the record's: no later roster may list them
         self.rule_state, self._adopted_state = self._adopted_state, None
         self.history[bytes(record_cid)] = r
         self._fetcher.clear()
@@ -457,7 +460,9 @@ class AgreedSession(RosterPhase):
         (default two announce intervals) have passed, or ``timeout``. The best head has the
         highest round, then the most peers behind it, then the smallest record CID. Its chain
         is walked back to a record this peer already followed (or the genesis) and checked
-        (links, rounds, genesis); then the head's model is fetched and adopted.
+        (links, rounds, genesis, and the proven liars: :func:`~.agreed_history.check_exclusions`,
+        whose ``excluded`` the peer then applies to its rosters); then the head's model is
+        fetched and adopted.
 
         Raises
         ------
@@ -477,6 +482,7 @@ class AgreedSession(RosterPhase):
             self.store, best.record, session=self.session, genesis=self.genesis,
             history=self.history, length=self.model.size, timeout=self.config.fetch_timeout,
         )  # fmt: skip
+        excluded = await check_exclusions(self.store, chain)  # fraud records are peers' data
         state = chain[-1][1].state
         self.rule_state = (
             None
@@ -485,6 +491,7 @@ class AgreedSession(RosterPhase):
         )  # the custom rule resumes from the head's state (it checks the length)
         self.model = np.array(model, np.float32).reshape(-1)
         self.model_cid, self.head, self.round = chain[-1][1].result, best.record, best.round + 1
+        self.excluded = excluded
         for cid, record in chain:
             self.history[bytes(cid)] = record.round
         self.board.advance(self.round)

@@ -17,7 +17,10 @@ An :class:`~gradfed_ipfs.federated.round.agreed.AgreedSession` whose ``aggregati
   ``reduce-scatter`` slices any coordinate-wise rule whatever ``d`` (falling back likewise for
   a whole-vector rule).
 
-The round record then also links the slice records (``AgreedRecord.slices``);
+The round record then also links the slice records (``AgreedRecord.slices``), the fraud
+records of lies proven in the round (``frauds``) and every peer proven a liar so far
+(``excluded``, permanent within the session: no later roster may list them; see
+:func:`proven_liars` for what a fraud record proves);
 :func:`sliced_roster` and :func:`check_slice_results` let a verifier re-check them: every slice
 record names this round's roster, base, rule and learning rate, the slices tile ``0 … d``,
 all exclude the same ``missing`` senders and list every other roster entry in roster order,
@@ -49,7 +52,7 @@ from ...errors import (
 )
 from ...formats.pubsub import session_topic
 from ...formats.roster import AgreedRecord, Roster
-from ...formats.slices import SliceRecord, split_slice_rule
+from ...formats.slices import FraudRecord, SliceRecord, split_slice_rule
 from ...kubo.pubsub import PubsubTransport
 from ...storage.base import BlockStore
 from ...storage.dag import fetch_gradient, fetch_manifest
@@ -68,6 +71,7 @@ __all__ = [
     "SliceStep",
     "check_slice_results",
     "choose_slicing",
+    "proven_liars",
     "slice_report",
     "slice_rule_of",
     "sliced_roster",
@@ -391,3 +395,46 @@ async def check_slice_results(store: BlockStore, record: AgreedRecord, model: Fl
         covered = s.offset + s.length
     if covered != model.size:
         raise RoundVerificationFailed(f"round {record.round}: slices do not cover the model")
+
+
+async def proven_liars(store: BlockStore, record: AgreedRecord, roster: Roster) -> frozenset[str]:
+    """Check a record's fraud records against it; return the reducers they name.
+
+    Each fraud record must name the record's roster, a slice ``k`` whose recorded slice record
+    is its ``correct`` one, a roster peer as reducer, and a ``claimed`` slice record of the same
+    roster, slice, range and ``missing`` senders with other bytes. An honest reducer of that
+    slice writes exactly ``correct`` (which :func:`check_slice_results` re-checks against the
+    recomputed model), so ``claimed`` is a lie. Who announced ``claimed`` is what the peers
+    that wrote the record heard (pubsub's authenticated ``from``): blocks cannot prove it, so
+    the exclusion is exactly as agreed as the record itself.
+
+    Raises
+    ------
+    RoundVerificationFailed
+        If a fraud record cannot be fetched or decoded, or proves nothing about this round.
+    """
+    frauds, slices = record.frauds or (), record.slices or ()
+    liars = set()
+    for cid in frauds:
+        try:
+            fraud = FraudRecord.from_block(await store.get(cid))
+            claimed = SliceRecord.from_block(await store.get(fraud.claimed))
+            correct = SliceRecord.from_block(await store.get(fraud.correct))
+        except (BlockStoreError, DecodeError) as exc:
+            raise RoundVerificationFailed(f"round {record.round}: fraud {cid}: {exc}") from exc
+
+        def place(s: SliceRecord) -> tuple[bytes, int, int, int, tuple[str, ...]]:
+            return bytes(s.roster), s.k, s.offset, s.length, s.missing
+
+        if (
+            bytes(fraud.roster) != bytes(record.roster)
+            or fraud.k >= len(slices)
+            or bytes(slices[fraud.k]) != bytes(fraud.correct)
+            or fraud.reducer not in roster.peers
+            or (correct.k, place(claimed)) != (fraud.k, place(correct))
+        ):
+            raise RoundVerificationFailed(
+                f"round {record.round}: fraud record {cid} does not prove a lie in this round"
+            )
+        liars.add(fraud.reducer)
+    return frozenset(liars)

@@ -16,7 +16,7 @@ import contextlib
 import hashlib
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -223,8 +223,14 @@ def roster_problem(
     round_number: int,
     base: CID,
     config: AgreedConfig,
+    excluded: Collection[str] = (),
 ) -> str:
-    """Return why ``roster`` cannot be this round's (``""`` when it can)."""
+    """Return why ``roster`` cannot be this round's (``""`` when it can).
+
+    ``excluded`` are the peers the session's agreed history proves lying reducers
+    (:attr:`~gradfed_ipfs.formats.roster.AgreedRecord.excluded` of the round's base record):
+    a roster listing one is refused.
+    """
     if roster.session != session or bytes(roster.genesis) != bytes(genesis):
         return "another session"
     if roster.round != round_number or bytes(roster.base) != bytes(base):
@@ -232,6 +238,9 @@ def roster_problem(
     members = set(config.members)
     if roster.coordinator not in members or not set(roster.peers) <= members:
         return "lists a non-member"
+    liars = sorted(set(roster.peers) & set(excluded))
+    if liars:
+        return f"lists proven lying reducer(s) {', '.join(liars)}"
     if len(roster.entries) < config.quorum:
         return f"{len(roster.entries)} entries < min_peers {config.quorum}"
     return ""

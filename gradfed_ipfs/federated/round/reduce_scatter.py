@@ -479,8 +479,8 @@ class ReduceScatterPeer:
             correct, values = await self._reduce(
                 roster, roster_cid, base, own, fresh, set(record.missing)
             )
-            if correct == cid:
-                continue  # a peer published a false projection; the slice is right
+            if correct == cid or fresh.failed - set(record.missing):
+                continue  # a false projection (the slice is right), or the recompute failed
             results[p.k], records[p.k] = values, correct
             liars.add(sender)
             fraud = FraudRecord(roster_cid, p.k, sender, cid, correct)
