@@ -38,8 +38,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable
-from typing import Final, TypeVar, cast
+from typing import Final
 
 import numpy as np
 from multiformats import CID
@@ -60,14 +59,15 @@ from ...formats.roster import (
 from ...kubo.pubsub import PubsubTransport
 from ...storage.base import BlockStore
 from ...storage.dag import fetch_gradient, put_gradient
-from ...storage.retention import Collectable, GatedStore, RetentionHook, RoundBlocks
+from ...storage.retention import GatedStore, RetentionHook
 from .agreed_config import AgreedConfig, AgreedRoundResult, ResyncResult, agreed_topic
 from .agreed_history import check_exclusions, load_head
 from .agreed_roster import RosterPhase
 from .agreed_slicing import RootFetcher, SliceStep, slice_report
+from .agreed_storage import RoundStorage
 from .announcer import Reannouncer
 from .coordinator import Head, RoundBoard, best_head, coordinator_ranking
-from .encoded import EncodedGradient, encode_gradient
+from .encoded import encode_gradient
 from .fetcher import ContributionFetcher
 from .reduce_scatter import ReduceScatterResult
 
@@ -78,10 +78,8 @@ logger = logging.getLogger("gradfed_ipfs.federated.agreed")
 _TICK: Final = 0.05
 """Longest wait between checks of the clock-driven steps (seconds)."""
 
-T = TypeVar("T")
 
-
-class AgreedSession(RosterPhase):
+class AgreedSession(RosterPhase, RoundStorage):
     """One peer of an agreed session (see the module docstring).
 
     Parameters
@@ -361,14 +359,6 @@ class AgreedSession(RosterPhase):
             **slice_report(sliced, self.aggregation_reason),
         )
 
-    async def _keep(self, block: Block) -> None:
-        """Pin a roster or record: alone under retention (it links history), else recursively."""
-        if self.retention is None:
-            await self.store.put(block)
-            return
-        await self.store.put(block, pin=False)  # inside the gate: no collection in between
-        await cast(Collectable, self.store).pin(block.cid, recursive=False)
-
     def _check_done(self, r: int, *, settle_ties: bool = True) -> None:
         """Raise ``RoundMismatch`` if round ``r``'s ``done`` messages outvote this peer's record.
 
@@ -404,52 +394,6 @@ class AgreedSession(RosterPhase):
         confirmed = {p for p, h in done.items() if bytes(h.record) == bytes(record)}
         theirs = {p: str(h.record) for p, h in done.items() if bytes(h.record) != bytes(record)}
         return confirmed, theirs
-
-    # ------------------------------------------------------------------ retention hook
-
-    async def _held(self, work: Awaitable[T]) -> T:
-        """Await ``work`` holding the retention gate (no collection mid-way through a put)."""
-        if self.retention is None:
-            return await work
-        async with self.retention.gate.transfer():
-            return await work
-
-    async def _store_round(
-        self,
-        roster_block: Block,
-        encoded: list[EncodedGradient],
-        record: Block,
-        roster: Roster,
-        r: int,
-        own: tuple[CID, asyncio.Future[CID]] | None,
-    ) -> None:
-        """Store a finished round's roster, model, rule state and record; report its blocks.
-
-        ``encoded`` is the model, then the update rule's state when there is one.
-        """
-        model = encoded[0]
-
-        async def put_all() -> None:
-            keep = self._keep
-            await asyncio.gather(
-                keep(roster_block), *(e.store(self.store) for e in encoded), keep(record)
-            )
-
-        await self._held(put_all())
-        if self.retention is None:
-            return
-        contributions = [entry.contribution for entry in roster.entries]
-        if own is not None:
-            own_cid, stored = own
-            await asyncio.wait([stored])  # its failure is run_round's to raise
-            if not stored.cancelled() and stored.exception() is None:
-                contributions.append(own_cid)
-        unique = {bytes(c): c for c in contributions}
-        await self.retention.round_done(
-            RoundBlocks(
-                r, tuple(unique.values()), roster_block.cid, record.cid, roster.base, model.cid
-            )
-        )
 
     # ------------------------------------------------------------------ catching up
 

@@ -311,6 +311,10 @@ async def verify_agreed_history(
 ) -> list[AgreedRecord]:
     """Verify the chain ending at ``head``: links, genesis, exclusions, (by default) every result.
 
+    Without ``recompute`` a sliced round's slice records are still checked against its roster
+    (:func:`~.agreed_slicing.sliced_roster`): records, rosters, slice and fraud records are what
+    retention keeps forever.
+
     Returns
     -------
     list of AgreedRecord
@@ -332,4 +336,12 @@ async def verify_agreed_history(
     if recompute:
         for cid, _ in chain:
             await verify_agreed_round(store, cid, rule)
+        return [record for _, record in chain]
+    for _, record in chain:  # kept under retention: the slice records still fit their rosters
+        if record.slices is not None:
+            try:
+                roster = await load_roster(store, record.roster)
+            except (BlockStoreError, DecodeError) as exc:
+                raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
+            await sliced_roster(store, record, roster)
     return [record for _, record in chain]

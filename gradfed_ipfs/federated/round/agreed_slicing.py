@@ -43,7 +43,6 @@ from ..._types import FloatArray
 from ...cid import RAW, parse_cid
 from ...errors import (
     BlockStoreError,
-    ConfigError,
     DecodeError,
     DimensionMismatch,
     InsufficientPeers,
@@ -56,13 +55,14 @@ from ...formats.slices import FraudRecord, SliceRecord, split_slice_rule
 from ...kubo.pubsub import PubsubTransport
 from ...storage.base import BlockStore
 from ...storage.dag import fetch_gradient, fetch_manifest
-from ...storage.retention import RetentionHook
+from ...storage.retention import GcGate, RetentionHook
 from ...tensor.aggregation import AggregationStrategy, Contribution, Median, TrimmedMean
 from .agreed_config import AgreedConfig, UpdateRule
 from .announcer import Reannouncer
 from .fetcher import ContributionFetcher
 from .reduce_scatter import ReduceScatterConfig, ReduceScatterPeer, ReduceScatterResult
 from .slice_io import PubsubSliceBoard
+from .slice_retention import SliceBlocks, UnpinnedPuts, keep_slice_blocks
 from .slices import reduce_values, slice_refusal
 
 __all__ = [
@@ -213,6 +213,7 @@ class SessionLike(Protocol):
     model: FloatArray
     pubsub: PubsubTransport
     retention: RetentionHook | None
+    store: BlockStore
 
 
 class SliceStep:
@@ -248,6 +249,8 @@ class SliceStep:
         self.config = config
         self.lie = 0.0
         self.silent = False
+        self.gate: GcGate | None = None  # under retention: held for each whole run
+        self.held: dict[bytes, SliceBlocks] = {}  # roster CID -> what the round left to keep
         self._announcer = Reannouncer(
             pubsub, topic, config.announce_interval, config.max_announce_interval
         )
@@ -262,22 +265,20 @@ class SliceStep:
 
         Returns the started step (``None``: all-to-all) and the reason.
 
-        Raises
-        ------
-        ConfigError
-            If the session would slice and has a retention hook: slice records link every
-            contribution, so the keeper's recursive pins would fetch them whole (and a GC walk
-            would miss their chunks); not supported yet.
+        Under retention the step uses the session's own store and holds the keeper's gate for
+        each whole run (see :mod:`.slice_retention`), so ``store`` (the gated one) is not used.
         """
         config = session.config
         rule, reason = choose_slicing(config, session.model.size)
         logger.info("%s: %s", session.peer_id, reason)
         if rule is None:
             return None, reason
-        if session.retention is not None:
-            raise ConfigError("reduce-scatter rounds do not support retention yet")
         topic = slices_topic(session.session, session.genesis)
-        step = cls(store, session.pubsub, topic, config, rule)
+        retention = session.retention
+        step = cls(
+            store if retention is None else session.store, session.pubsub, topic, config, rule
+        )
+        step.gate = None if retention is None else retention.gate
         await step.start(session.peer_id)
         return step, reason
 
@@ -300,18 +301,39 @@ class SliceStep:
     ) -> ReduceScatterResult:
         """Reduce-scatter the adopted roster; return this peer's result (model not stored).
 
+        Under retention the round's blocks to keep are left in :attr:`held` (by roster CID).
+
         Raises
         ------
         InsufficientPeers
             If some slice got no record in time, or every input of a slice is missing.
         """
+        if self.gate is None:
+            return await self._run(r, roster, roster_cid, base, own, self.store)
+        async with self.gate.transfer():  # no collection while the step's blocks are unpinned
+            puts = UnpinnedPuts(self.store)
+            sliced = await self._run(r, roster, roster_cid, base, own, puts)
+            self.held[bytes(roster_cid)] = await keep_slice_blocks(
+                self.store, puts, sliced, timeout=self.config.fetch_timeout
+            )
+        return sliced
+
+    async def _run(
+        self,
+        r: int,
+        roster: Roster,
+        roster_cid: CID,
+        base: FloatArray,
+        own: FloatArray,
+        store: BlockStore,
+    ) -> ReduceScatterResult:
         if self._board is None:
             raise RuntimeError("SliceStep.start() has not been called")
         self._board.forget(roster_cid)
         config = self.config
         peer = ReduceScatterPeer(
             self._board.peer,
-            self.store,
+            store,
             self._board,
             ReduceScatterConfig(
                 chunk_bytes=config.chunk_bytes,
