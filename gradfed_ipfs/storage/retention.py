@@ -35,7 +35,10 @@ re-aggregates a round from its roster's contributions and base model. Rounds wit
 ``keep_rounds`` re-verify from this node alone; an older round's record and roster are still
 here (so the chain of records still verifies its links and genesis), but its contributions
 were dropped, so re-aggregating it reports ``RoundVerificationFailed`` (naming the missing
-block) unless some peer or the durability provider still holds its inputs.
+block) unless some peer or the durability provider still holds its inputs. A reduce-scatter
+round never holds other peers' contributions whole (it reports its slice results and its own
+contribution instead, and its slice and fraud records as ``records``), so it re-aggregates
+from the network within ``keep_rounds`` and keeps its record-level checks forever.
 """
 
 from __future__ import annotations

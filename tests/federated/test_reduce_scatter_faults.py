@@ -172,3 +172,18 @@ def test_roster_problem_refuses_a_proven_liar_and_records_stay_backward_compatib
     unsorted = dataclasses.replace(plain, excluded=(PEERS[2], PEERS[0])).to_block()
     with pytest.raises(MalformedManifest, match="sorted"):
         AgreedRecord.from_block(unsorted)
+
+
+async def test_with_default_min_peers_the_session_goes_on_without_the_proven_liar() -> None:
+    peers = Peers(MemoryBlockStore(), MemoryPubsubBus())
+    await peers.start(PEERS, aggregation="reduce-scatter")  # min_peers: every member
+    liar = peers.sessions[2]
+    liar._slicing.lie = 1e-2  # type: ignore[union-attr]
+    try:
+        await peers.round(0)
+        # The liar still contributes, no roster may list it: before the fix, QuorumNotReached.
+        second = await peers.round(1)
+    finally:
+        await peers.close()
+    assert all(res.roster.peers == (PEERS[0], PEERS[1], PEERS[3]) for res in second)
+    assert len({res.model for res in second}) == 1

@@ -66,7 +66,7 @@ from .agreed_roster import RosterPhase
 from .agreed_slicing import RootFetcher, SliceStep, slice_report
 from .agreed_storage import RoundStorage
 from .announcer import Reannouncer
-from .coordinator import Head, RoundBoard, best_head, coordinator_ranking
+from .coordinator import Head, RoundBoard, best_head, coordinator_ranking, effective_quorum
 from .encoded import encode_gradient
 from .fetcher import ContributionFetcher
 from .reduce_scatter import ReduceScatterResult
@@ -256,6 +256,10 @@ class AgreedSession(RosterPhase, RoundStorage):
         rank = ranking.index(self.peer_id)
         close_at = started + config.collect_timeout + rank * config.takeover_timeout
         deadline = started + config.round_timeout
+        members, quorum = (
+            set(config.members) - self.excluded,
+            effective_quorum(config, self.excluded),
+        )
         rejected: dict[str, str] = {}
         tried: set[bytes] = set()
         while True:
@@ -267,11 +271,11 @@ class AgreedSession(RosterPhase, RoundStorage):
             adopted = await self._try_rosters(r, ranking, rejected, tried)
             if adopted is not None:
                 break
-            if config.quorum == len(config.members) and not state.rosters:
+            if quorum == len(members) and not state.rosters:
                 # min_peers = all: the only roster any coordinator may publish is the complete
                 # one, so a peer holding every member's contribution derives it without waiting.
                 ready = self._ready(r, own, rejected)
-                if set(ready) == set(config.members):
+                if set(ready) == members:
                     if rank == 0:
                         await self._publish_roster(r, ready)
                     else:
@@ -279,14 +283,14 @@ class AgreedSession(RosterPhase, RoundStorage):
                     continue
             if not state.rosters or all(bytes(c) in tried for c in state.rosters.values()):
                 ready = self._ready(r, own, rejected)
-                complete = set(ready) == set(config.members)
+                complete = set(ready) == members  # every member but proven liars
                 if (rank == 0 and complete) or (
-                    time.monotonic() >= close_at and len(ready) >= config.quorum
+                    time.monotonic() >= close_at and len(ready) >= quorum
                 ):
                     await self._publish_roster(r, ready)
                     continue
             if time.monotonic() >= deadline:
-                raise QuorumNotReached(r, len(self._ready(r, own, rejected)), config.quorum)
+                raise QuorumNotReached(r, len(self._ready(r, own, rejected)), quorum)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), _TICK)
         roster_cid, roster, model = adopted

@@ -29,6 +29,7 @@ from .agreed_config import AgreedConfig
 
 __all__ = [
     "best_head",
+    "effective_quorum",
     "roster_problem",
     "MAX_ROUNDS_AHEAD",
     "Contribution",
@@ -216,6 +217,13 @@ def best_head(heads: Iterable[Head]) -> Head | None:
     return min(pool, key=lambda h: (-h.round, -votes[bytes(h.record)], bytes(h.record)))
 
 
+def effective_quorum(config: AgreedConfig, excluded: Collection[str] = ()) -> int:
+    """Return ``min_peers``, or when it is unset every member not proven a lying reducer."""
+    if config.min_peers is not None:
+        return config.min_peers
+    return max(1, len(set(config.members) - set(excluded)))
+
+
 def roster_problem(
     roster: Roster,
     session: str,
@@ -241,6 +249,7 @@ def roster_problem(
     liars = sorted(set(roster.peers) & set(excluded))
     if liars:
         return f"lists proven lying reducer(s) {', '.join(liars)}"
-    if len(roster.entries) < config.quorum:
-        return f"{len(roster.entries)} entries < min_peers {config.quorum}"
+    quorum = effective_quorum(config, excluded)
+    if len(roster.entries) < quorum:
+        return f"{len(roster.entries)} entries < min_peers {quorum}"
     return ""
