@@ -17,7 +17,7 @@ from gradfed_ipfs.federated.round.reduce_scatter import (
     ReduceScatterResult,
     SliceMessage,
 )
-from gradfed_ipfs.federated.round.slice_spot import spot_count, spot_indices
+from gradfed_ipfs.federated.round.slice_check import spot_count, spot_indices
 from gradfed_ipfs.federated.round.slices import reduce_values
 from gradfed_ipfs.formats.slices import FraudRecord, SliceRecord
 from gradfed_ipfs.kubo import MemoryPubsubBus

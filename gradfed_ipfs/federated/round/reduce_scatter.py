@@ -20,7 +20,7 @@ Given an agreed :class:`~gradfed_ipfs.formats.roster.Roster` of N contributions 
    hash of all final slice-record CIDs (:func:`~.slices.projection_seed`; unknown to reducers
    when they commit), and checks ``⟨z_k, R_k⟩`` against ``⟨z_k, base_k⟩ + lr·Σ (w_i/W)⟨z_k,
    g_i[k]⟩`` within float32 rounding (``fedavg``; median and trimmed-mean slices are spot
-   checked at ``s`` coordinates of the same seed, :mod:`.slice_spot`). A failing slice is
+   checked at ``s`` coordinates of the same seed, :mod:`.slice_check`). A failing slice is
    recomputed by the checker (d/N values of each input); a different CID is a proven lie: the
    checker puts and announces a :class:`~gradfed_ipfs.formats.slices.FraudRecord` (the same
    bytes from every honest checker), the next-ranked honest reducer announces the correct
@@ -58,13 +58,11 @@ from ...storage.dag import (
     put_gradient,
 )
 from .encoded import encode_gradient
+from .slice_check import check_slices
 from .slice_io import CountingStore, MemorySliceBoard, PubsubSliceBoard, fetch_range
-from .slice_spot import spot_suspects
 from .slices import (
     plan_slices,
     projection_seed,
-    projection_tolerance,
-    projection_vector,
     reduce_values,
     reducer_ranking,
 )
@@ -422,51 +420,6 @@ class ReduceScatterPeer:
 
     # ------------------------------------------------------------------ check
 
-    async def _suspects(
-        self,
-        roster_cid: CID,
-        base: FloatArray,
-        own: FloatArray,
-        parts: list[_Slice],
-        chosen: list[tuple[CID, SliceRecord, str]],
-        results: list[FloatArray],
-        seed: bytes,
-        weights: dict[str, int],
-    ) -> list[int]:
-        """Publish this peer's projections; return the ``fedavg`` slices whose check fails."""
-        zs = [projection_vector(seed, p.k, p.length) for p in parts]
-        mine = tuple(
-            float(z @ own[p.offset : p.offset + p.length].astype(np.float64))
-            for z, p in zip(zs, parts, strict=True)
-        )
-        await self.board.publish(SliceMessage("proj", self.peer, roster_cid, cid=None, values=mine))
-        inputs = {peer for _, rec, _ in chosen for peer, _ in rec.inputs}
-
-        def projections() -> dict[str, tuple[float, ...]]:
-            found: dict[str, tuple[float, ...]] = {}
-            for m in self.board.messages:  # a peer's first projections count
-                if m.kind == "proj" and m.roster == roster_cid and len(m.values) == len(parts):
-                    found.setdefault(m.sender, m.values)
-            return found
-
-        # A sender gone since its commit publishes none: its slices stay unverified, not stuck.
-        await self.board.wait_for(lambda: inputs <= set(projections()), self.config.fetch_timeout)
-        seen = projections()
-        suspects = []
-        for (_, record, _), p, z in zip(chosen, parts, zs, strict=True):
-            names = [peer for peer, _ in record.inputs]
-            if not all(n in seen for n in names):
-                continue  # unverifiable without every projection: kept as announced
-            total = sum(weights[n] for n in names)
-            lo, hi = p.offset, p.offset + p.length
-            expected = float(z @ base[lo:hi].astype(np.float64)) + self.config.learning_rate * sum(
-                (weights[n] / total) * seen[n][p.k] for n in names
-            )
-            got = float(z @ results[p.k].astype(np.float64))
-            if abs(got - expected) > projection_tolerance(z, results[p.k], base[lo:hi]):
-                suspects.append(p.k)
-        return suspects
-
     async def _check(
         self,
         roster: Roster,
@@ -482,17 +435,21 @@ class ReduceScatterPeer:
         liars, frauds, redone = set[str](), list[CID](), list[int]()
         seed = projection_seed([bytes(cid) for cid, _, _ in chosen])
         weights = {e.peer: e.weight for e in roster.entries}
-        if self.config.rule == "fedavg":
-            suspects = await self._suspects(
-                roster_cid, base, own, parts, chosen, results, seed, weights
-            )
-        else:  # median, trimmed mean: spot checks (slice_spot)
-            suspects = await spot_suspects(
-                self.board, self.peer, roster_cid, weights, base, own,
-                [(p.offset, p.length) for p in parts], [rec for _, rec, _ in chosen], results,
-                seed=seed, rule=self.config.rule, learning_rate=self.config.learning_rate,
-                timeout=self.config.fetch_timeout,
-            )  # fmt: skip
+        suspects = await check_slices(
+            self.board,
+            self.peer,
+            roster_cid,
+            weights,
+            base,
+            own,
+            [(p.offset, p.length) for p in parts],
+            [rec for _, rec, _ in chosen],
+            results,
+            seed=seed,
+            rule=self.config.rule,
+            learning_rate=self.config.learning_rate,
+            timeout=self.config.fetch_timeout,
+        )  # fmt: skip (slice_check: projections for fedavg, spot checks for robust rules)
         for k in suspects:
             (cid, record, sender), p = chosen[k], parts[k]
             redone.append(p.k)
