@@ -449,7 +449,7 @@ class ReduceScatterPeer:
             rule=self.config.rule,
             learning_rate=self.config.learning_rate,
             timeout=self.config.fetch_timeout,
-        )  # fmt: skip (slice_check: projections for fedavg, spot checks for robust rules)
+        )  # slice_check: projections for fedavg, spot checks for median and trimmed mean
         for k in suspects:
             (cid, record, sender), p = chosen[k], parts[k]
             redone.append(p.k)
