@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import httpx
 import numpy as np
 import pytest
 
@@ -70,19 +69,17 @@ async def test_repo_stays_flat_with_gc_and_recent_rounds_reverify(kubo_node: Kub
             retention=keeper,
         )
         await session.start(np.zeros(d, np.float32))
-        sizes = []
         try:
-            async with httpx.AsyncClient(base_url=f"{kubo_node.api_url}/api/v0") as rpc:
-                for r in range(10):
-                    await session.run_round(delta(d, r))
-                    if r % 2 == 1:
-                        stat = (await rpc.post("/repo/stat", timeout=30)).json()
-                        sizes.append(int(stat["RepoSize"]))
+            for r in range(10):
+                await session.run_round(delta(d, r))
         finally:
             await session.aclose()
             await pubsub.aclose()
-        assert len(keeper.collections) == 5  # after rounds 1, 3, 5, 7 and 9
+        assert [c.round for c in keeper.collections] == [1, 3, 5, 7, 9]
         # After K rounds the repo holds K rounds of models and contributions, not all of them.
+        # Sizes are Kubo's repo/stat right after each collection: a stat taken when run_round
+        # returns races the round's background store and collection (flaky under load).
+        sizes = [c.size_after for c in keeper.collections]
         growth = sizes[-1] - sizes[1]
         assert growth < 2 * 4 * d, sizes
         assert session.head is not None

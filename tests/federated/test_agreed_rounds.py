@@ -14,6 +14,7 @@ from gradfed_ipfs.formats import PubsubMessage
 from gradfed_ipfs.kubo import MemoryPubsubBus, PubsubTransport
 from gradfed_ipfs.storage import MemoryBlockStore, fetch_gradient
 from tests.multiprocess.lossy import LossyPubsub
+from tests.polling import apoll_until
 
 PEERS = ("peer-a", "peer-b", "peer-c")
 D = 1000
@@ -234,5 +235,34 @@ async def test_without_done_wait_a_divergence_is_caught_when_the_next_round_star
         await odd[0].resync(timeout=5.0)
         assert odd[0].head == honest[0].head
         np.testing.assert_array_equal(odd[0].model, honest[0].model)
+    finally:
+        await close(sessions)
+
+
+async def test_contributions_are_fetched_while_a_peer_is_between_rounds(
+    store: MemoryBlockStore,
+) -> None:
+    """A peer still training for round r already fetches the round-r contributions it heard."""
+    bus = MemoryPubsubBus()
+    genesis = await AgreedSession.commit_genesis(store, initial_model())
+    sessions = await make_sessions(store, [bus.endpoint(p) for p in PEERS], genesis)
+    try:
+        await run_all(sessions, [0, 1, 2])
+        fast = [
+            asyncio.create_task(s.run_round(delta(i, 1), weight=1 + i))
+            for i, s in ((0, sessions[0]), (2, sessions[2]))
+        ]
+        slow = sessions[1]
+
+        async def fetched_before_contributing() -> bool:
+            heard = slow.board.state(1).contributions
+            tasks = [slow._fetcher.get(c.cid) for c in heard.values()]
+            return len(tasks) == 2 and all(t is not None and t.done() for t in tasks)
+
+        await apoll_until(fetched_before_contributing, timeout=5.0, what="prefetched blocks")
+        assert slow.round == 1  # it has not started round 1: nothing asked for these fetches
+        results = [await slow.run_round(delta(1, 1), weight=2), *await asyncio.gather(*fast)]
+        assert len({str(r.model) for r in results}) == 1
+        assert all(r.roster.peers == PEERS for r in results)
     finally:
         await close(sessions)

@@ -128,7 +128,7 @@ async def test_stalled_peer_is_slow_and_silent_peer_is_dropped_separately() -> N
     assert "no block arrived" in result.failures["ghost"]
     assert sorted(result.stats.dropped_clients) == ["c", "ghost"]
     np.testing.assert_allclose(result.aggregate, b_values / 2, rtol=1e-6)
-    assert elapsed < 5.0
+    assert elapsed < 60.0  # cut by the 0.5 s stall timeout, not its ~2000 s fetch deadline
 
 
 async def test_peer_slower_than_min_throughput_for_its_size_is_reported_slow() -> None:

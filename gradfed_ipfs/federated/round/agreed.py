@@ -339,7 +339,7 @@ class AgreedSession(RosterPhase, RoundStorage):
         self.excluded = frozenset(excluded)  # the record's: no later roster may list them
         self.rule_state, self._adopted_state = self._adopted_state, None
         self.history[bytes(record_cid)] = r
-        self._fetcher.clear()
+        self._fetcher.retain(self._next_fetches())  # the next round's, already on their way
         others = [p for p in roster.peers if p != self.peer_id]
         logger.debug("round %d: done after %.3fs", r, time.monotonic() - started)
         confirmed, theirs = await self._await_done(r, record_cid, others)

@@ -42,6 +42,7 @@ class RosterPhase:
     genesis: CID
     config: AgreedConfig
     peer_id: str
+    round: int
     model: FloatArray
     model_cid: CID
     _board: RoundBoard | None
@@ -63,7 +64,27 @@ class RosterPhase:
 
     async def _listen(self, messages: AsyncIterator[PubsubMessage]) -> None:
         async for message in messages:
-            self.board.accept(message)
+            accepted = self.board.accept(message)
+            if accepted is not None and accepted.kind == "contrib":
+                self._prefetch(accepted)
+
+    def _prefetch(self, message: AgreedMessage) -> None:
+        """Start fetching a contribution as soon as it is heard, the next round's included.
+
+        A peer still finishing round r hears the faster peers' round r+1 contributions; their
+        base (its own M_{r+1}) is checked when round r+1 starts, but the blocks are on their
+        way meanwhile: the slowest peer of a round otherwise starts every fetch of the next
+        one late. At most one per member and round (the board keeps the first claim).
+        """
+        if message.base is None or message.weight is None or message.peer in self.excluded:
+            return
+        current = message.round == self.round and bytes(message.base) == bytes(self.model_cid)
+        if current or message.round == self.round + 1:
+            self._fetch(message.cid)
+
+    def _next_fetches(self) -> set[bytes]:
+        """CIDs of the current round's contributions heard so far (kept across the round's end)."""
+        return {bytes(c.cid) for c in self.board.state(self.round).contributions.values()}
 
     async def _post(self, key: str, message: AgreedMessage) -> None:
         """Announce now and keep re-announcing under ``key`` until replaced or withdrawn."""

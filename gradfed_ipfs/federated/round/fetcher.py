@@ -71,6 +71,11 @@ class ContributionFetcher:
             raise InvalidGradient(f"contribution {cid} has non-finite values")
         return flat
 
+    def retain(self, keep: set[bytes]) -> None:
+        """Cancel and forget every fetch but those of the CIDs (as bytes) in ``keep``."""
+        for key in [k for k in self.tasks if k not in keep]:
+            self.tasks.pop(key).cancel()
+
     def clear(self) -> list[asyncio.Task[FloatArray]]:
         """Cancel and forget every fetch; return the tasks (to await)."""
         tasks = list(self.tasks.values())
