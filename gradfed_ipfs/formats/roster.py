@@ -9,8 +9,9 @@ Two dag-cbor records (keys sorted canonically, CIDs as tag-42 links):
 ``gradfed.agreed-round`` v1
     ``{session, genesis, round, prev, base, roster, result, learning_rate}``: ``prev`` links the
     previous round's record (``None`` for round 0), ``result`` is the new model CID; optional
-    ``rule``, ``state`` (a custom update rule) and ``slices`` (a reduce-scatter round's slice
-    records, in slice order).
+    ``rule``, ``state`` (a custom update rule), ``slices`` (a reduce-scatter round's slice
+    records, in slice order), ``frauds`` (the round's fraud records, in slice order) and
+    ``excluded`` (every peer proven a lying reducer in this round or an earlier one, sorted).
 
 And one small JSON pubsub message, :class:`AgreedMessage`, of three kinds: ``contrib`` (a
 peer's contribution CID and weight for a round on a base model), ``roster`` (a coordinator's
@@ -258,6 +259,12 @@ class AgreedRecord:
     slices
         A reduce-scatter round's slice records (:class:`~gradfed_ipfs.formats.slices.SliceRecord`
         CIDs, in slice order), ``None`` for an all-to-all round; only written when set.
+    frauds
+        The :class:`~gradfed_ipfs.formats.slices.FraudRecord` CIDs of lies proven in this round
+        (slice order), ``None`` when there were none; only written when set.
+    excluded
+        Peers proven lying reducers in this round or earlier (sorted): no later roster of the
+        session may list them. ``None`` when there are none; only written when set.
     """
 
     session: str
@@ -271,6 +278,8 @@ class AgreedRecord:
     rule: str | None = None
     state: CID | None = None
     slices: tuple[CID, ...] | None = None
+    frauds: tuple[CID, ...] | None = None
+    excluded: tuple[str, ...] | None = None
 
     def to_block(self) -> Block:
         """Encode as a dag-cbor block."""
@@ -289,6 +298,8 @@ class AgreedRecord:
                 **({} if self.rule is None else {"rule": self.rule}),
                 **({} if self.state is None else {"state": self.state}),
                 **({} if self.slices is None else {"slices": list(self.slices)}),
+                **({} if self.frauds is None else {"frauds": list(self.frauds)}),
+                **({} if self.excluded is None else {"excluded": list(self.excluded)}),
             }
         )
 
@@ -316,6 +327,15 @@ class AgreedRecord:
             not isinstance(slices, list) or not 0 < len(slices) <= MAX_ROSTER_ENTRIES
         ):
             raise MalformedManifest(f"{where}: slices is not a list of 1..{MAX_ROSTER_ENTRIES}")
+        frauds, excluded = record.get("frauds"), record.get("excluded")
+        for name, value in (("frauds", frauds), ("excluded", excluded)):
+            if value is not None and (
+                not isinstance(value, list) or not 0 < len(value) <= MAX_ROSTER_ENTRIES
+            ):
+                raise MalformedManifest(f"{where}: {name} is not a list of 1..{MAX_ROSTER_ENTRIES}")
+        peers = None if excluded is None else tuple(_peer(p, where) for p in excluded)
+        if peers is not None and list(peers) != sorted(set(peers)):
+            raise MalformedManifest(f"{where}: excluded peers are not sorted and unique")
         return cls(
             session=_session(record.get("session"), where),
             genesis=_content_cid(record.get("genesis"), where),
@@ -328,6 +348,8 @@ class AgreedRecord:
             rule=rule,
             state=None if state is None else _content_cid(state, where),
             slices=None if slices is None else tuple(_record_cid(c, where) for c in slices),
+            frauds=None if frauds is None else tuple(_record_cid(c, where) for c in frauds),
+            excluded=peers,
         )
 
 

@@ -14,8 +14,10 @@ Two dag-cbor records (keys sorted canonically, CIDs as tag-42 links):
     same inputs). Honest detectors write byte-identical fraud records.
 
 And one small JSON pubsub message, :class:`SliceMessage`, of three kinds: ``slice`` (a slice
-record CID for slice ``k`` in ``phase``), ``proj`` (the sender's projections ``⟨z_k, g[k]⟩``,
-one float per slice) and ``fraud`` (a fraud record CID). The sender is pubsub's ``from``.
+record CID for slice ``k`` in ``phase``), ``proj`` (the sender's check values: projections
+``⟨z_k, g[k]⟩``, one float per slice, or for median and trimmed-mean rounds its values at the
+``s`` spot-checked coordinates of every slice) and ``fraud`` (a fraud record CID). The sender
+is pubsub's ``from``.
 
 Decoders check sizes, types, counts and order and raise
 :class:`~gradfed_ipfs.errors.MalformedManifest` (records) or

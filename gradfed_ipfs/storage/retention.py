@@ -17,9 +17,10 @@ by :class:`~gradfed_ipfs.federated.round.agreed.AgreedSession`'s ``retention=`` 
   base model then too unless ``keep_models`` (so the kept rounds keep their base models; the
   latest model and the genesis stay pinned);
 - **keeps** every round record and roster pinned (a few hundred bytes each: the history's
-  backbone) with *direct* pins: a record links its roster, models and the previous record,
-  and a roster its contributions, so a recursive pin would keep the whole history (and Kubo's
-  ``repo/gc`` fails outright on a recursive pin whose linked blocks are gone). It hands
+  backbone), and a reduce-scatter round's slice and fraud records (``RoundBlocks.records``),
+  with *direct* pins: a record links its roster, models and the previous record, and a roster
+  (or slice record) its contributions, so a recursive pin would keep the whole history (and
+  Kubo's ``repo/gc`` fails outright on a recursive pin whose linked blocks are gone). It hands
   records, rosters and models to a durability provider when one is given (any object with an
   async ``pin(cid)``, e.g. :class:`~gradfed_ipfs.storage.replication.ClusterPinning`) before
   dropping anything locally;
@@ -34,7 +35,10 @@ re-aggregates a round from its roster's contributions and base model. Rounds wit
 ``keep_rounds`` re-verify from this node alone; an older round's record and roster are still
 here (so the chain of records still verifies its links and genesis), but its contributions
 were dropped, so re-aggregating it reports ``RoundVerificationFailed`` (naming the missing
-block) unless some peer or the durability provider still holds its inputs.
+block) unless some peer or the durability provider still holds its inputs. A reduce-scatter
+round never holds other peers' contributions whole (it reports its slice results and its own
+contribution instead, and its slice and fraud records as ``records``), so it re-aggregates
+from the network within ``keep_rounds`` and keeps its record-level checks forever.
 """
 
 from __future__ import annotations
@@ -125,6 +129,9 @@ class RoundBlocks:
     base, model
         The round's base and result model CIDs: a base is dropped with its round's
         contributions, unless ``keep_models``.
+    records
+        More small records of the round that link blocks this peer need not hold (a
+        reduce-scatter round's slice and fraud records): kept with direct pins, like ``roster``.
     """
 
     round: int
@@ -133,19 +140,21 @@ class RoundBlocks:
     record: CID
     base: CID
     model: CID
+    records: tuple[CID, ...] = ()
 
     def merge(self, other: RoundBlocks) -> RoundBlocks:
         """Both reports of one round (two sessions sharing a store): every contribution."""
         unique = {bytes(c): c for c in (*self.contributions, *other.contributions)}
         contributions = tuple(unique.values())
+        records = tuple({bytes(c): c for c in (*self.records, *other.records)}.values())
         return RoundBlocks(
-            self.round, contributions, self.roster, self.record, self.base, self.model
+            self.round, contributions, self.roster, self.record, self.base, self.model, records
         )
 
     def cids(self) -> set[bytes]:
         """Every CID of the round, as bytes."""
         links = (*self.contributions, self.roster, self.record, self.base, self.model)
-        return {bytes(c) for c in links}
+        return {bytes(c) for c in (*links, *self.records)}
 
 
 @runtime_checkable
@@ -347,7 +356,7 @@ class RetentionKeeper:
             for cid in blocks.contributions:
                 async with self.gate.transfer():
                     await self.store.pin(cid)
-        for cid in (blocks.roster, blocks.record):  # direct: see the module docstring
+        for cid in (blocks.roster, blocks.record, *blocks.records):  # direct: module docstring
             async with self.gate.transfer():
                 await self.store.unpin(cid)
                 await self.collectable.pin(cid, recursive=False)

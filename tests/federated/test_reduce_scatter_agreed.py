@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gradfed_ipfs import AgreedConfig, AgreedRoundResult, AgreedSession, verify_agreed_history
-from gradfed_ipfs.errors import ConfigError, RoundVerificationFailed
+from gradfed_ipfs.errors import RoundVerificationFailed
 from gradfed_ipfs.federated.round.agreed_history import verify_agreed_round
 from gradfed_ipfs.federated.round.agreed_slicing import RobustRule, choose_slicing
 from gradfed_ipfs.federated.round.reduce_scatter import CountingStore
@@ -17,7 +17,7 @@ from gradfed_ipfs.federated.round.slices import reduce_values
 from gradfed_ipfs.formats.roster import AgreedMessage, AgreedRecord
 from gradfed_ipfs.formats.slices import SliceRecord
 from gradfed_ipfs.kubo import MemoryPubsubBus
-from gradfed_ipfs.storage import MemoryBlockStore, Retention, RetentionKeeper, put_gradient
+from gradfed_ipfs.storage import MemoryBlockStore, put_gradient
 from gradfed_ipfs.storage.dag import fetch_manifest
 from gradfed_ipfs.tensor.aggregation import Krum, MultiKrum, TrimmedMean
 from gradfed_ipfs.tensor.bulyan import Bulyan
@@ -315,19 +315,6 @@ async def test_a_sender_whose_chunk_is_lost_is_missing_everywhere_and_the_record
     assert {res.model for res in results} == {await put_gradient(MemoryBlockStore(), want)}
     # The record re-verifies: its slice records say who is missing, so the verifier leaves it out.
     await verify_agreed_history(store, results[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
-
-
-async def test_reduce_scatter_with_retention_is_refused_at_start() -> None:
-    store = MemoryBlockStore()
-    genesis = await AgreedSession.commit_genesis(store, initial_model())
-    config = AgreedConfig(members=("solo",), aggregation="reduce-scatter")
-    keeper = RetentionKeeper(store, Retention(keep_rounds=2, gc_every=None))
-    session = AgreedSession(
-        store, MemoryPubsubBus().endpoint("solo"), "s", genesis, config, retention=keeper
-    )
-    with pytest.raises(ConfigError, match="retention"):
-        await session.start()
-    await session.aclose()
 
 
 async def test_a_member_left_out_of_the_roster_assembles_the_same_model_from_the_slices() -> None:

@@ -38,8 +38,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable
-from typing import Final, TypeVar, cast
+from typing import Final
 
 import numpy as np
 from multiformats import CID
@@ -60,14 +59,15 @@ from ...formats.roster import (
 from ...kubo.pubsub import PubsubTransport
 from ...storage.base import BlockStore
 from ...storage.dag import fetch_gradient, put_gradient
-from ...storage.retention import Collectable, GatedStore, RetentionHook, RoundBlocks
+from ...storage.retention import GatedStore, RetentionHook
 from .agreed_config import AgreedConfig, AgreedRoundResult, ResyncResult, agreed_topic
-from .agreed_history import load_head
+from .agreed_history import check_exclusions, load_head
 from .agreed_roster import RosterPhase
 from .agreed_slicing import RootFetcher, SliceStep, slice_report
+from .agreed_storage import RoundStorage
 from .announcer import Reannouncer
-from .coordinator import Head, RoundBoard, best_head, coordinator_ranking
-from .encoded import EncodedGradient, encode_gradient
+from .coordinator import Head, RoundBoard, best_head, coordinator_ranking, effective_quorum
+from .encoded import encode_gradient
 from .fetcher import ContributionFetcher
 from .reduce_scatter import ReduceScatterResult
 
@@ -78,10 +78,8 @@ logger = logging.getLogger("gradfed_ipfs.federated.agreed")
 _TICK: Final = 0.05
 """Longest wait between checks of the clock-driven steps (seconds)."""
 
-T = TypeVar("T")
 
-
-class AgreedSession(RosterPhase):
+class AgreedSession(RosterPhase, RoundStorage):
     """One peer of an agreed session (see the module docstring).
 
     Parameters
@@ -258,6 +256,10 @@ class AgreedSession(RosterPhase):
         rank = ranking.index(self.peer_id)
         close_at = started + config.collect_timeout + rank * config.takeover_timeout
         deadline = started + config.round_timeout
+        members, quorum = (
+            set(config.members) - self.excluded,
+            effective_quorum(config, self.excluded),
+        )
         rejected: dict[str, str] = {}
         tried: set[bytes] = set()
         while True:
@@ -269,11 +271,11 @@ class AgreedSession(RosterPhase):
             adopted = await self._try_rosters(r, ranking, rejected, tried)
             if adopted is not None:
                 break
-            if config.quorum == len(config.members) and not state.rosters:
+            if quorum == len(members) and not state.rosters:
                 # min_peers = all: the only roster any coordinator may publish is the complete
                 # one, so a peer holding every member's contribution derives it without waiting.
                 ready = self._ready(r, own, rejected)
-                if set(ready) == set(config.members):
+                if set(ready) == members:
                     if rank == 0:
                         await self._publish_roster(r, ready)
                     else:
@@ -281,14 +283,14 @@ class AgreedSession(RosterPhase):
                     continue
             if not state.rosters or all(bytes(c) in tried for c in state.rosters.values()):
                 ready = self._ready(r, own, rejected)
-                complete = set(ready) == set(config.members)
+                complete = set(ready) == members  # every member but proven liars
                 if (rank == 0 and complete) or (
-                    time.monotonic() >= close_at and len(ready) >= config.quorum
+                    time.monotonic() >= close_at and len(ready) >= quorum
                 ):
                     await self._publish_roster(r, ready)
                     continue
             if time.monotonic() >= deadline:
-                raise QuorumNotReached(r, len(self._ready(r, own, rejected)), config.quorum)
+                raise QuorumNotReached(r, len(self._ready(r, own, rejected)), quorum)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), _TICK)
         roster_cid, roster, model = adopted
@@ -317,10 +319,12 @@ class AgreedSession(RosterPhase):
             stores.append(await encode_gradient(self._adopted_state))
             state = stores[-1].cid
         slices = None if sliced is None else tuple(sliced.records)
+        frauds = tuple(sliced.frauds) if sliced is not None and sliced.frauds else None
+        excluded = self.excluded | (sliced.liars if sliced is not None else set())
         record = AgreedRecord(
             self.session, self.genesis, r, self.head, base, roster_cid, result,
             float(self.config.learning_rate), None if rule is None else rule.label(r), state,
-            slices,
+            slices, frauds, tuple(sorted(excluded)) or None,
         ).to_block()  # fmt: skip
         record_cid = record.cid
         await self._post("done", self._message("done", r, result, record=record_cid))
@@ -332,6 +336,7 @@ class AgreedSession(RosterPhase):
             )
         )
         self.round, self.model, self.model_cid, self.head = r + 1, model, result, record_cid
+        self.excluded = frozenset(excluded)  # the record's: no later roster may list them
         self.rule_state, self._adopted_state = self._adopted_state, None
         self.history[bytes(record_cid)] = r
         self._fetcher.retain(self._next_fetches())  # the next round's, already on their way
@@ -357,14 +362,6 @@ class AgreedSession(RosterPhase):
             seconds=time.monotonic() - started,
             **slice_report(sliced, self.aggregation_reason),
         )
-
-    async def _keep(self, block: Block) -> None:
-        """Pin a roster or record: alone under retention (it links history), else recursively."""
-        if self.retention is None:
-            await self.store.put(block)
-            return
-        await self.store.put(block, pin=False)  # inside the gate: no collection in between
-        await cast(Collectable, self.store).pin(block.cid, recursive=False)
 
     def _check_done(self, r: int, *, settle_ties: bool = True) -> None:
         """Raise ``RoundMismatch`` if round ``r``'s ``done`` messages outvote this peer's record.
@@ -402,52 +399,6 @@ class AgreedSession(RosterPhase):
         theirs = {p: str(h.record) for p, h in done.items() if bytes(h.record) != bytes(record)}
         return confirmed, theirs
 
-    # ------------------------------------------------------------------ retention hook
-
-    async def _held(self, work: Awaitable[T]) -> T:
-        """Await ``work`` holding the retention gate (no collection mid-way through a put)."""
-        if self.retention is None:
-            return await work
-        async with self.retention.gate.transfer():
-            return await work
-
-    async def _store_round(
-        self,
-        roster_block: Block,
-        encoded: list[EncodedGradient],
-        record: Block,
-        roster: Roster,
-        r: int,
-        own: tuple[CID, asyncio.Future[CID]] | None,
-    ) -> None:
-        """Store a finished round's roster, model, rule state and record; report its blocks.
-
-        ``encoded`` is the model, then the update rule's state when there is one.
-        """
-        model = encoded[0]
-
-        async def put_all() -> None:
-            keep = self._keep
-            await asyncio.gather(
-                keep(roster_block), *(e.store(self.store) for e in encoded), keep(record)
-            )
-
-        await self._held(put_all())
-        if self.retention is None:
-            return
-        contributions = [entry.contribution for entry in roster.entries]
-        if own is not None:
-            own_cid, stored = own
-            await asyncio.wait([stored])  # its failure is run_round's to raise
-            if not stored.cancelled() and stored.exception() is None:
-                contributions.append(own_cid)
-        unique = {bytes(c): c for c in contributions}
-        await self.retention.round_done(
-            RoundBlocks(
-                r, tuple(unique.values()), roster_block.cid, record.cid, roster.base, model.cid
-            )
-        )
-
     # ------------------------------------------------------------------ catching up
 
     async def resync(self, *, timeout: float = 10.0, grace: float | None = None) -> ResyncResult:
@@ -457,7 +408,9 @@ class AgreedSession(RosterPhase):
         (default two announce intervals) have passed, or ``timeout``. The best head has the
         highest round, then the most peers behind it, then the smallest record CID. Its chain
         is walked back to a record this peer already followed (or the genesis) and checked
-        (links, rounds, genesis); then the head's model is fetched and adopted.
+        (links, rounds, genesis, and the proven liars: :func:`~.agreed_history.check_exclusions`,
+        whose ``excluded`` the peer then applies to its rosters); then the head's model is
+        fetched and adopted.
 
         Raises
         ------
@@ -477,6 +430,7 @@ class AgreedSession(RosterPhase):
             self.store, best.record, session=self.session, genesis=self.genesis,
             history=self.history, length=self.model.size, timeout=self.config.fetch_timeout,
         )  # fmt: skip
+        excluded = await check_exclusions(self.store, chain)  # fraud records are peers' data
         state = chain[-1][1].state
         self.rule_state = (
             None
@@ -485,6 +439,7 @@ class AgreedSession(RosterPhase):
         )  # the custom rule resumes from the head's state (it checks the length)
         self.model = np.array(model, np.float32).reshape(-1)
         self.model_cid, self.head, self.round = chain[-1][1].result, best.record, best.round + 1
+        self.excluded = excluded
         for cid, record in chain:
             self.history[bytes(cid)] = record.round
         self.board.advance(self.round)

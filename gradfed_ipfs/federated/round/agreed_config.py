@@ -181,7 +181,8 @@ class AgreedRoundResult:
     missing
         Reduce-scatter: roster peers whose slices did not arrive, excluded from every slice.
     liars
-        Reduce-scatter: reducers proven to have lied (excluded from this peer's next rosters).
+        Reduce-scatter: reducers proven to have lied in this round (the round record's
+        ``excluded`` keeps them, and every proven liar before, out of every later roster).
     """
 
     round: int

@@ -8,6 +8,12 @@ recorded model CID, bit for bit. A reduce-scatter round's record also links its 
 records: they must fit the roster (:func:`~.agreed_slicing.sliced_roster`; senders they list
 ``missing`` are left out of the recomputation) and each slice result must be its range of the
 recomputed model (:func:`~.agreed_slicing.check_slice_results`).
+
+Lying reducers proven in a round (its fraud records) are excluded for the rest of the session:
+:func:`check_exclusions` checks that each record's ``excluded`` is its predecessor's plus the
+reducers its fraud records prove (:func:`~.agreed_slicing.proven_liars`), and that no roster
+lists a peer excluded before its round. It needs only records, rosters, fraud and slice records
+(all kept under retention), so it runs with or without ``recompute``.
 """
 
 from __future__ import annotations
@@ -32,11 +38,12 @@ from ...storage.base import BlockStore
 from ...storage.dag import fetch_gradient
 from ...tensor.deterministic import deterministic_update
 from .agreed_config import UpdateRule
-from .agreed_slicing import check_slice_results, sliced_roster
+from .agreed_slicing import check_slice_results, proven_liars, sliced_roster
 from .encoded import encode_gradient
 
 __all__ = [
     "MAX_CHAIN_ROUNDS",
+    "check_exclusions",
     "load_chain",
     "load_head",
     "load_record",
@@ -151,6 +158,48 @@ async def load_head(
     return chain, np.array(model, np.float32).reshape(-1)
 
 
+async def check_exclusions(
+    store: BlockStore, chain: list[tuple[CID, AgreedRecord]]
+) -> frozenset[str]:
+    """Check the proven liars along ``chain`` (oldest first); return its last record's.
+
+    The first record's predecessor (when there is one) gives the liars known before it.
+
+    Raises
+    ------
+    RoundVerificationFailed
+        If a roster lists a peer excluded before its round, a fraud record proves nothing
+        (:func:`~.agreed_slicing.proven_liars`), a record's ``excluded`` is not its
+        predecessor's plus its own proven liars, or a block cannot be fetched or decoded.
+    """
+    before: frozenset[str] = frozenset()
+    try:
+        first = chain[0][1] if chain else None
+        if first is not None and first.prev is not None:
+            before = frozenset((await load_record(store, first.prev)).excluded or ())
+        for cid, record in chain:
+            liars: frozenset[str] = frozenset()
+            if before or record.frauds:
+                roster = await load_roster(store, record.roster)
+                listed = before & set(roster.peers)
+                if listed:
+                    raise RoundVerificationFailed(
+                        f"round {record.round}: roster {record.roster} lists proven lying "
+                        f"reducer(s) {', '.join(sorted(listed))}"
+                    )
+                liars = await proven_liars(store, record, roster)
+            after = before | liars
+            if tuple(sorted(after)) != (record.excluded or ()):
+                raise RoundVerificationFailed(
+                    f"round {record.round}: record {cid} excludes {list(record.excluded or ())}, "
+                    f"its history proves {sorted(after)}"
+                )
+            before = after
+    except (BlockStoreError, DecodeError) as exc:
+        raise RoundVerificationFailed(f"exclusions: {exc}") from exc
+    return before
+
+
 async def load_round_inputs(
     store: BlockStore, record: AgreedRecord
 ) -> tuple[Roster, FloatArray, list[FloatArray]]:
@@ -260,7 +309,11 @@ async def verify_agreed_history(
     max_rounds: int = MAX_CHAIN_ROUNDS,
     rule: UpdateRule | None = None,
 ) -> list[AgreedRecord]:
-    """Verify the whole chain ending at ``head``: links, genesis, and (by default) every result.
+    """Verify the chain ending at ``head``: links, genesis, exclusions, (by default) every result.
+
+    Without ``recompute`` a sliced round's slice records are still checked against its roster
+    (:func:`~.agreed_slicing.sliced_roster`): records, rosters, slice and fraud records are what
+    retention keeps forever.
 
     Returns
     -------
@@ -270,7 +323,7 @@ async def verify_agreed_history(
     Raises
     ------
     RoundVerificationFailed, GenesisMismatch
-        See :func:`load_chain` and :func:`verify_agreed_round`.
+        See :func:`load_chain`, :func:`check_exclusions` and :func:`verify_agreed_round`.
     """
     start = parse_cid(head)
     try:
@@ -279,7 +332,16 @@ async def verify_agreed_history(
         )
     except (BlockStoreError, DecodeError) as exc:
         raise RoundVerificationFailed(f"chain from {start}: {exc}") from exc
+    await check_exclusions(store, chain)
     if recompute:
         for cid, _ in chain:
             await verify_agreed_round(store, cid, rule)
+        return [record for _, record in chain]
+    for _, record in chain:  # kept under retention: the slice records still fit their rosters
+        if record.slices is not None:
+            try:
+                roster = await load_roster(store, record.roster)
+            except (BlockStoreError, DecodeError) as exc:
+                raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
+            await sliced_roster(store, record, roster)
     return [record for _, record in chain]

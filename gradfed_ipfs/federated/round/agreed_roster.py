@@ -53,7 +53,7 @@ class RosterPhase:
     _adopted_state: FloatArray | None
     _slicing: SliceStep | None = None  # reduce-scatter rounds (agreed_slicing)
     aggregation_reason = ""
-    excluded: frozenset[str] = frozenset()  # proven lying reducers: left out of later rosters
+    excluded: frozenset[str] = frozenset()  # the head record's proven liars: in no later roster
 
     @property
     def board(self) -> RoundBoard:
@@ -121,8 +121,10 @@ class RosterPhase:
         """Contributions on this round's base whose blocks are fetched and verified."""
         entries = {self.peer_id: own}
         for peer, c in self.board.state(r).contributions.items():
-            if bytes(c.base) == bytes(self.model_cid) and peer not in self.excluded:
+            if bytes(c.base) == bytes(self.model_cid):
                 entries[peer] = (c.cid, c.weight)
+        for peer in self.excluded:  # proven liars (this one too): no roster may list them
+            entries.pop(peer, None)
         ready = {}
         for peer, (cid, weight) in entries.items():
             task = self._fetcher.get(cid)
@@ -201,7 +203,9 @@ class RosterPhase:
             tried.add(bytes(cid))
             rejected[f"roster {cid}"] = str(exc)
             return None
-        problem = roster_problem(roster, self.session, self.genesis, r, self.model_cid, self.config)
+        problem = roster_problem(
+            roster, self.session, self.genesis, r, self.model_cid, self.config, self.excluded
+        )
         if problem:
             tried.add(bytes(cid))
             rejected[roster.coordinator] = f"roster {cid}: {problem}"
@@ -247,7 +251,6 @@ class RosterPhase:
         sliced = await self._slicing.run(r, roster, roster_cid, self.model, own)
         rejected.update({p: "missing from the slices" for p in sliced.missing})
         rejected.update({p: "proven lying reducer" for p in sliced.liars})
-        self.excluded |= sliced.liars
         return sliced.model, sliced
 
     async def _load_roster(self, cid: CID) -> Roster:

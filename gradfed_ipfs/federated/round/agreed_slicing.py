@@ -17,7 +17,10 @@ An :class:`~gradfed_ipfs.federated.round.agreed.AgreedSession` whose ``aggregati
   ``reduce-scatter`` slices any coordinate-wise rule whatever ``d`` (falling back likewise for
   a whole-vector rule).
 
-The round record then also links the slice records (``AgreedRecord.slices``);
+The round record then also links the slice records (``AgreedRecord.slices``), the fraud
+records of lies proven in the round (``frauds``) and every peer proven a liar so far
+(``excluded``, permanent within the session: no later roster may list them; see
+:func:`proven_liars` for what a fraud record proves);
 :func:`sliced_roster` and :func:`check_slice_results` let a verifier re-check them: every slice
 record names this round's roster, base, rule and learning rate, the slices tile ``0 … d``,
 all exclude the same ``missing`` senders and list every other roster entry in roster order,
@@ -40,7 +43,6 @@ from ..._types import FloatArray
 from ...cid import RAW, parse_cid
 from ...errors import (
     BlockStoreError,
-    ConfigError,
     DecodeError,
     DimensionMismatch,
     InsufficientPeers,
@@ -49,17 +51,18 @@ from ...errors import (
 )
 from ...formats.pubsub import session_topic
 from ...formats.roster import AgreedRecord, Roster
-from ...formats.slices import SliceRecord, split_slice_rule
+from ...formats.slices import FraudRecord, SliceRecord, split_slice_rule
 from ...kubo.pubsub import PubsubTransport
 from ...storage.base import BlockStore
 from ...storage.dag import fetch_gradient, fetch_manifest
-from ...storage.retention import RetentionHook
+from ...storage.retention import GcGate, RetentionHook
 from ...tensor.aggregation import AggregationStrategy, Contribution, Median, TrimmedMean
 from .agreed_config import AgreedConfig, UpdateRule
 from .announcer import Reannouncer
 from .fetcher import ContributionFetcher
 from .reduce_scatter import ReduceScatterConfig, ReduceScatterPeer, ReduceScatterResult
 from .slice_io import PubsubSliceBoard
+from .slice_retention import SliceBlocks, UnpinnedPuts, keep_slice_blocks
 from .slices import reduce_values, slice_refusal
 
 __all__ = [
@@ -68,6 +71,7 @@ __all__ = [
     "SliceStep",
     "check_slice_results",
     "choose_slicing",
+    "proven_liars",
     "slice_report",
     "slice_rule_of",
     "sliced_roster",
@@ -209,6 +213,7 @@ class SessionLike(Protocol):
     model: FloatArray
     pubsub: PubsubTransport
     retention: RetentionHook | None
+    store: BlockStore
 
 
 class SliceStep:
@@ -244,6 +249,8 @@ class SliceStep:
         self.config = config
         self.lie = 0.0
         self.silent = False
+        self.gate: GcGate | None = None  # under retention: held for each whole run
+        self.held: dict[bytes, SliceBlocks] = {}  # roster CID -> what the round left to keep
         self._announcer = Reannouncer(
             pubsub, topic, config.announce_interval, config.max_announce_interval
         )
@@ -258,22 +265,20 @@ class SliceStep:
 
         Returns the started step (``None``: all-to-all) and the reason.
 
-        Raises
-        ------
-        ConfigError
-            If the session would slice and has a retention hook: slice records link every
-            contribution, so the keeper's recursive pins would fetch them whole (and a GC walk
-            would miss their chunks); not supported yet.
+        Under retention the step uses the session's own store and holds the keeper's gate for
+        each whole run (see :mod:`.slice_retention`), so ``store`` (the gated one) is not used.
         """
         config = session.config
         rule, reason = choose_slicing(config, session.model.size)
         logger.info("%s: %s", session.peer_id, reason)
         if rule is None:
             return None, reason
-        if session.retention is not None:
-            raise ConfigError("reduce-scatter rounds do not support retention yet")
         topic = slices_topic(session.session, session.genesis)
-        step = cls(store, session.pubsub, topic, config, rule)
+        retention = session.retention
+        step = cls(
+            store if retention is None else session.store, session.pubsub, topic, config, rule
+        )
+        step.gate = None if retention is None else retention.gate
         await step.start(session.peer_id)
         return step, reason
 
@@ -296,18 +301,39 @@ class SliceStep:
     ) -> ReduceScatterResult:
         """Reduce-scatter the adopted roster; return this peer's result (model not stored).
 
+        Under retention the round's blocks to keep are left in :attr:`held` (by roster CID).
+
         Raises
         ------
         InsufficientPeers
             If some slice got no record in time, or every input of a slice is missing.
         """
+        if self.gate is None:
+            return await self._run(r, roster, roster_cid, base, own, self.store)
+        async with self.gate.transfer():  # no collection while the step's blocks are unpinned
+            puts = UnpinnedPuts(self.store)
+            sliced = await self._run(r, roster, roster_cid, base, own, puts)
+            self.held[bytes(roster_cid)] = await keep_slice_blocks(
+                self.store, puts, sliced, timeout=self.config.fetch_timeout
+            )
+        return sliced
+
+    async def _run(
+        self,
+        r: int,
+        roster: Roster,
+        roster_cid: CID,
+        base: FloatArray,
+        own: FloatArray,
+        store: BlockStore,
+    ) -> ReduceScatterResult:
         if self._board is None:
             raise RuntimeError("SliceStep.start() has not been called")
         self._board.forget(roster_cid)
         config = self.config
         peer = ReduceScatterPeer(
             self._board.peer,
-            self.store,
+            store,
             self._board,
             ReduceScatterConfig(
                 chunk_bytes=config.chunk_bytes,
@@ -391,3 +417,46 @@ async def check_slice_results(store: BlockStore, record: AgreedRecord, model: Fl
         covered = s.offset + s.length
     if covered != model.size:
         raise RoundVerificationFailed(f"round {record.round}: slices do not cover the model")
+
+
+async def proven_liars(store: BlockStore, record: AgreedRecord, roster: Roster) -> frozenset[str]:
+    """Check a record's fraud records against it; return the reducers they name.
+
+    Each fraud record must name the record's roster, a slice ``k`` whose recorded slice record
+    is its ``correct`` one, a roster peer as reducer, and a ``claimed`` slice record of the same
+    roster, slice, range and ``missing`` senders with other bytes. An honest reducer of that
+    slice writes exactly ``correct`` (which :func:`check_slice_results` re-checks against the
+    recomputed model), so ``claimed`` is a lie. Who announced ``claimed`` is what the peers
+    that wrote the record heard (pubsub's authenticated ``from``): blocks cannot prove it, so
+    the exclusion is exactly as agreed as the record itself.
+
+    Raises
+    ------
+    RoundVerificationFailed
+        If a fraud record cannot be fetched or decoded, or proves nothing about this round.
+    """
+    frauds, slices = record.frauds or (), record.slices or ()
+    liars = set()
+    for cid in frauds:
+        try:
+            fraud = FraudRecord.from_block(await store.get(cid))
+            claimed = SliceRecord.from_block(await store.get(fraud.claimed))
+            correct = SliceRecord.from_block(await store.get(fraud.correct))
+        except (BlockStoreError, DecodeError) as exc:
+            raise RoundVerificationFailed(f"round {record.round}: fraud {cid}: {exc}") from exc
+
+        def place(s: SliceRecord) -> tuple[bytes, int, int, int, tuple[str, ...]]:
+            return bytes(s.roster), s.k, s.offset, s.length, s.missing
+
+        if (
+            bytes(fraud.roster) != bytes(record.roster)
+            or fraud.k >= len(slices)
+            or bytes(slices[fraud.k]) != bytes(fraud.correct)
+            or fraud.reducer not in roster.peers
+            or (correct.k, place(claimed)) != (fraud.k, place(correct))
+        ):
+            raise RoundVerificationFailed(
+                f"round {record.round}: fraud record {cid} does not prove a lie in this round"
+            )
+        liars.add(fraud.reducer)
+    return frozenset(liars)

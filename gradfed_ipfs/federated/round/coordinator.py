@@ -16,7 +16,7 @@ import contextlib
 import hashlib
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -29,6 +29,7 @@ from .agreed_config import AgreedConfig
 
 __all__ = [
     "best_head",
+    "effective_quorum",
     "roster_problem",
     "MAX_ROUNDS_AHEAD",
     "Contribution",
@@ -216,6 +217,13 @@ def best_head(heads: Iterable[Head]) -> Head | None:
     return min(pool, key=lambda h: (-h.round, -votes[bytes(h.record)], bytes(h.record)))
 
 
+def effective_quorum(config: AgreedConfig, excluded: Collection[str] = ()) -> int:
+    """Return ``min_peers``, or when it is unset every member not proven a lying reducer."""
+    if config.min_peers is not None:
+        return config.min_peers
+    return max(1, len(set(config.members) - set(excluded)))
+
+
 def roster_problem(
     roster: Roster,
     session: str,
@@ -223,8 +231,14 @@ def roster_problem(
     round_number: int,
     base: CID,
     config: AgreedConfig,
+    excluded: Collection[str] = (),
 ) -> str:
-    """Return why ``roster`` cannot be this round's (``""`` when it can)."""
+    """Return why ``roster`` cannot be this round's (``""`` when it can).
+
+    ``excluded`` are the peers the session's agreed history proves lying reducers
+    (:attr:`~gradfed_ipfs.formats.roster.AgreedRecord.excluded` of the round's base record):
+    a roster listing one is refused.
+    """
     if roster.session != session or bytes(roster.genesis) != bytes(genesis):
         return "another session"
     if roster.round != round_number or bytes(roster.base) != bytes(base):
@@ -232,6 +246,10 @@ def roster_problem(
     members = set(config.members)
     if roster.coordinator not in members or not set(roster.peers) <= members:
         return "lists a non-member"
-    if len(roster.entries) < config.quorum:
-        return f"{len(roster.entries)} entries < min_peers {config.quorum}"
+    liars = sorted(set(roster.peers) & set(excluded))
+    if liars:
+        return f"lists proven lying reducer(s) {', '.join(liars)}"
+    quorum = effective_quorum(config, excluded)
+    if len(roster.entries) < quorum:
+        return f"{len(roster.entries)} entries < min_peers {quorum}"
     return ""

@@ -9,8 +9,7 @@ Given an agreed :class:`~gradfed_ipfs.formats.roster.Roster` of N contributions 
    peer of :func:`~.slices.reducer_ranking`; rank ``r`` takes over if no record of slice k
    arrived ``r · reducer_timeout`` after half of the slices had theirs (a silent reducer).
    The reducer fetches only the chunks covering slice k of every contribution, reduces them in
-   roster order
-   (:func:`~.slices.reduce_values`), puts the result block and a
+   roster order (:func:`~.slices.reduce_values`), puts the result block and a
    :class:`~gradfed_ipfs.formats.slices.SliceRecord` (no reducer name in it: two honest
    reducers write the same CID) and announces it on the :class:`SliceBoard`.
 2. **missing senders**: a contribution a reducer cannot fetch is listed ``missing``. The
@@ -20,12 +19,12 @@ Given an agreed :class:`~gradfed_ipfs.formats.roster.Roster` of N contributions 
 3. **check**: every peer publishes ``⟨z_k, g_i[k]⟩`` for every k, with ``z_k`` seeded from the
    hash of all final slice-record CIDs (:func:`~.slices.projection_seed`; unknown to reducers
    when they commit), and checks ``⟨z_k, R_k⟩`` against ``⟨z_k, base_k⟩ + lr·Σ (w_i/W)⟨z_k,
-   g_i[k]⟩`` within float32 rounding (``fedavg`` only; a median has no linear check). A slice
-   that fails is recomputed by the checker (d/N values of each input); a different CID is a
-   proven lie: the checker puts and announces a :class:`~gradfed_ipfs.formats.slices.FraudRecord`
-   (byte-identical from every honest checker), the next-ranked honest reducer announces the
-   correct record, and the liar is reported in :attr:`ReduceScatterResult.liars` for the next
-   rosters to exclude.
+   g_i[k]⟩`` within float32 rounding (``fedavg``; median and trimmed-mean slices are spot
+   checked at ``s`` coordinates of the same seed, :mod:`.slice_check`). A failing slice is
+   recomputed by the checker (d/N values of each input); a different CID is a proven lie: the
+   checker puts and announces a :class:`~gradfed_ipfs.formats.slices.FraudRecord` (the same
+   bytes from every honest checker), the next-ranked honest reducer announces the correct
+   record, and the liar is reported in :attr:`ReduceScatterResult.liars`.
 4. **all-gather**: every peer fetches the N slice results, concatenates them and puts the model
    (:func:`~gradfed_ipfs.storage.dag.put_gradient`): the CID is the same on every honest peer.
 
@@ -59,12 +58,11 @@ from ...storage.dag import (
     put_gradient,
 )
 from .encoded import encode_gradient
+from .slice_check import check_slices
 from .slice_io import CountingStore, MemorySliceBoard, PubsubSliceBoard, fetch_range
 from .slices import (
     plan_slices,
     projection_seed,
-    projection_tolerance,
-    projection_vector,
     reduce_values,
     reducer_rankings,
 )
@@ -439,55 +437,35 @@ class ReduceScatterPeer:
         chosen: list[tuple[CID, SliceRecord, str]],
         records: list[CID],
     ) -> tuple[list[FloatArray], set[str], list[CID], list[int]]:
-        """All-gather the slice results, check them by projection, recompute and prove lies.
-
-        A proven lie's slice record is replaced in ``records`` by the recomputed one.
-        """
+        """All-gather and check the slice results; a proven lie's ``records[k]`` is replaced."""
         results = list(await asyncio.gather(*(self._values(cid, rec) for cid, rec, _ in chosen)))
-        liars: set[str] = set()
-        frauds: list[CID] = []
-        redone: list[int] = []
-        if self.config.rule != "fedavg":
-            return results, liars, frauds, redone
+        liars, frauds, redone = set[str](), list[CID](), list[int]()
         seed = projection_seed([bytes(cid) for cid, _, _ in chosen])
-        zs = [projection_vector(seed, p.k, p.length) for p in parts]
-        mine = tuple(
-            float(z @ own[p.offset : p.offset + p.length].astype(np.float64))
-            for z, p in zip(zs, parts, strict=True)
-        )
-        await self.board.publish(SliceMessage("proj", self.peer, roster_cid, cid=None, values=mine))
-        inputs = {peer for _, rec, _ in chosen for peer, _ in rec.inputs}
-
-        def projections() -> dict[str, tuple[float, ...]]:
-            found: dict[str, tuple[float, ...]] = {}
-            for m in self.board.messages:  # a peer's first projections count
-                if m.kind == "proj" and m.roster == roster_cid and len(m.values) == len(parts):
-                    found.setdefault(m.sender, m.values)
-            return found
-
-        # A sender gone since its commit publishes none: its slices stay unverified, not stuck.
-        await self.board.wait_for(lambda: inputs <= set(projections()), self.config.fetch_timeout)
-        seen = projections()
         weights = {e.peer: e.weight for e in roster.entries}
-        for (cid, record, sender), p, z in zip(chosen, parts, zs, strict=True):
-            names = [peer for peer, _ in record.inputs]
-            if not all(n in seen for n in names):
-                continue  # unverifiable without every projection: kept as announced
-            total = sum(weights[n] for n in names)
-            lo, hi = p.offset, p.offset + p.length
-            expected = float(z @ base[lo:hi].astype(np.float64)) + self.config.learning_rate * sum(
-                (weights[n] / total) * seen[n][p.k] for n in names
-            )
-            got = float(z @ results[p.k].astype(np.float64))
-            if abs(got - expected) <= projection_tolerance(z, results[p.k], base[lo:hi]):
-                continue
+        suspects = await check_slices(
+            self.board,
+            self.peer,
+            roster_cid,
+            weights,
+            base,
+            own,
+            [(p.offset, p.length) for p in parts],
+            [rec for _, rec, _ in chosen],
+            results,
+            seed=seed,
+            rule=self.config.rule,
+            learning_rate=self.config.learning_rate,
+            timeout=self.config.fetch_timeout,
+        )  # slice_check: projections for fedavg, spot checks for median and trimmed mean
+        for k in suspects:
+            (cid, record, sender), p = chosen[k], parts[k]
             redone.append(p.k)
             fresh = _Slice(p.k, p.offset, p.length, p.ranking)
             correct, values = await self._reduce(
                 roster, roster_cid, base, own, fresh, set(record.missing)
             )
-            if correct == cid:
-                continue  # a peer published a false projection; the slice is right
+            if correct == cid or fresh.failed - set(record.missing):
+                continue  # a false projection (the slice is right), or the recompute failed
             results[p.k], records[p.k] = values, correct
             liars.add(sender)
             fraud = FraudRecord(roster_cid, p.k, sender, cid, correct)

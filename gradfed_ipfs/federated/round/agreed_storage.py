@@ -1,0 +1,96 @@
+"""How an :class:`~.agreed.AgreedSession` stores a finished round and reports it to retention.
+
+A mixin: after each round the roster, model (and rule state) and record are put off the
+critical path; under a ``retention=`` keeper (:mod:`~gradfed_ipfs.storage.retention`) rosters and
+records are pinned alone (direct pins: they link history) and the round's blocks are reported
+(:class:`~gradfed_ipfs.storage.retention.RoundBlocks`): an all-to-all round's contributions,
+or a reduce-scatter round's slice results and slice and fraud records
+(:mod:`.slice_retention`), plus this peer's own contribution.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar, cast
+
+from multiformats import CID
+
+from ...block import Block
+from ...formats.roster import Roster
+from ...storage.base import BlockStore
+from ...storage.retention import Collectable, RetentionHook, RoundBlocks
+from .agreed_slicing import SliceStep
+from .encoded import EncodedGradient
+
+__all__ = ["RoundStorage"]
+
+T = TypeVar("T")
+
+
+class RoundStorage:
+    """Storage steps of an agreed session; :class:`~.agreed.AgreedSession` provides the state."""
+
+    store: BlockStore
+    retention: RetentionHook | None
+    _slicing: SliceStep | None
+
+    async def _keep(self, block: Block) -> None:
+        """Pin a roster or record: alone under retention (it links history), else recursively."""
+        if self.retention is None:
+            await self.store.put(block)
+            return
+        await self.store.put(block, pin=False)  # inside the gate: no collection in between
+        await cast(Collectable, self.store).pin(block.cid, recursive=False)
+
+    async def _held(self, work: Awaitable[T]) -> T:
+        """Await ``work`` holding the retention gate (no collection mid-way through a put)."""
+        if self.retention is None:
+            return await work
+        async with self.retention.gate.transfer():
+            return await work
+
+    async def _store_round(
+        self,
+        roster_block: Block,
+        encoded: list[EncodedGradient],
+        record: Block,
+        roster: Roster,
+        r: int,
+        own: tuple[CID, asyncio.Future[CID]] | None,
+    ) -> None:
+        """Store a finished round's roster, model, rule state and record; report its blocks.
+
+        ``encoded`` is the model, then the update rule's state when there is one.
+        """
+        model = encoded[0]
+
+        async def put_all() -> None:
+            keep = self._keep
+            await asyncio.gather(
+                keep(roster_block), *(e.store(self.store) for e in encoded), keep(record)
+            )
+
+        await self._held(put_all())
+        if self.retention is None:
+            return
+        # A sliced round holds only a slice of each other contribution: it keeps the slice
+        # results instead (and its slice and fraud records, pinned alone).
+        held = (
+            None if self._slicing is None else self._slicing.held.pop(bytes(roster_block.cid), None)
+        )
+        contributions = (
+            [entry.contribution for entry in roster.entries] if held is None else [*held.results]
+        )
+        if own is not None:
+            own_cid, stored = own
+            await asyncio.wait([stored])  # its failure is run_round's to raise
+            if not stored.cancelled() and stored.exception() is None:
+                contributions.append(own_cid)
+        unique = {bytes(c): c for c in contributions}
+        await self.retention.round_done(
+            RoundBlocks(
+                r, tuple(unique.values()), roster_block.cid, record.cid, roster.base, model.cid,
+                () if held is None else held.records,
+            )
+        )  # fmt: skip

@@ -1,0 +1,161 @@
+"""The cheap checks of slice results, run by every peer once all slice records are committed.
+
+:func:`check_slices` returns the slices whose check fails; the caller recomputes each from the
+contribution blocks and proves a lie with a fraud record if the CID differs. Both checks share
+one seed, the hash of all slice-record CIDs (:func:`~.slices.projection_seed`), unknown to every
+reducer when it commits.
+
+``fedavg``: random projections. Every peer publishes ``⟨z_k, g_i[k]⟩`` for every slice ``k``
+(N floats) and checks ``⟨z_k, R_k⟩`` against ``⟨z_k, base_k⟩ + lr·Σ (w_i/W)⟨z_k, g_i[k]⟩``
+within float32 rounding (:func:`~.slices.projection_tolerance`).
+
+``median`` and ``trimmed_mean``: spot checks. These rules are not linear, but they are
+coordinate-wise, so a slice result can be re-derived exactly at a few coordinates from the
+inputs' values there. For each slice ``k`` of length ``L = d/N`` every peer takes the same
+``s`` distinct coordinates (:func:`spot_indices`, :func:`spot_count`), publishes its own values
+at them (``s·N`` floats in one ``proj`` message: :func:`spot_values`), recomputes the rule
+there from the inputs' published values (:func:`~.slices.reduce_values`, the same formula, so
+an honest slice matches bit for bit) and compares with the slice result.
+
+Detection. A reducer that alters ``m`` of the ``L`` values of its slice escapes the ``s``
+samples with probability ``C(L−m, s) / C(L, s) ≤ (1 − m/L)^s``: at ``s = 64`` about 0.1 %
+when it alters a tenth of the slice, ``10⁻¹⁹`` when it alters half (altering every value, as
+adding ε does, is always caught). The coordinates are the same for every checker (one seed),
+so this is the round's chance, not each peer's. Caveat: the reducer that commits last knows
+every other record; by re-making its lie ``G`` times (each changes the seed) it escapes with
+probability about ``G·(1 − m/L)^s``, so only lies of few values can be ground past the check
+(``(1 − m/L)^64 ≥ 2⁻²⁰`` needs ``m/L ≤ 20 %``). Verification afterwards
+(:func:`~.agreed_history.verify_agreed_round`) catches every lie.
+
+A peer that publishes false values at its own coordinates cannot frame an honest reducer: the
+mismatch costs one slice recompute from the contribution blocks, which gives the honest CID, so
+no fraud record follows (the false values differ from that peer's block at the sampled
+coordinates, which is how it can be told apart).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+import numpy as np
+from multiformats import CID
+from numpy.typing import NDArray
+
+from ..._types import FloatArray
+from ...formats.slices import SliceMessage, SliceRecord
+from .slice_io import MemorySliceBoard
+from .slices import projection_tolerance, projection_vector, reduce_values
+
+__all__ = ["SPOT_SAMPLES", "check_slices", "spot_count", "spot_indices", "spot_values"]
+
+SPOT_SAMPLES: Final = 64
+"""Coordinates sampled per slice (fewer when ``s·N`` would exceed one message's 1024 values)."""
+_MAX_VALUES: Final = 1024
+
+
+def spot_count(slices: int) -> int:
+    """Return ``s``, the coordinates sampled per slice for a round of ``slices`` slices."""
+    return max(1, min(SPOT_SAMPLES, _MAX_VALUES // max(1, slices)))
+
+
+def spot_indices(seed: bytes, k: int, length: int, count: int) -> NDArray[np.int64]:
+    """Return ``min(count, length)`` distinct sorted coordinates of slice ``k`` from ``seed``."""
+    rng = np.random.default_rng(
+        int.from_bytes(hashlib.sha256(b"gradfed/spot\0" + seed + k.to_bytes(8, "big")).digest())
+    )
+    chosen = rng.choice(length, size=min(count, length), replace=False)
+    return np.sort(chosen.astype(np.int64))
+
+
+def spot_values(
+    own: FloatArray, ranges: Sequence[tuple[int, int]], indices: Sequence[NDArray[np.int64]]
+) -> tuple[float, ...]:
+    """Return this peer's values at every slice's sampled coordinates, slice by slice."""
+    parts = [own[offset + ix] for (offset, _), ix in zip(ranges, indices, strict=True)]
+    return tuple(float(v) for v in np.concatenate(parts)) if parts else ()
+
+
+async def _exchange(
+    board: MemorySliceBoard,
+    peer: str,
+    roster_cid: CID,
+    mine: tuple[float, ...],
+    records: Sequence[SliceRecord],
+    timeout: float,
+) -> dict[str, tuple[float, ...]]:
+    """Publish this peer's check values; return every sender's first, once the inputs' are in.
+
+    A sender gone since its commit publishes none: its slices stay unchecked, not stuck (the
+    wait ends after ``timeout`` s).
+    """
+    await board.publish(SliceMessage("proj", peer, roster_cid, cid=None, values=mine))
+    inputs = {name for record in records for name, _ in record.inputs}
+
+    def published() -> dict[str, tuple[float, ...]]:
+        found: dict[str, tuple[float, ...]] = {}
+        for m in board.messages:  # a peer's first values count
+            if m.kind == "proj" and m.roster == roster_cid and len(m.values) == len(mine):
+                found.setdefault(m.sender, m.values)
+        return found
+
+    await board.wait_for(lambda: inputs <= set(published()), timeout)
+    return published()
+
+
+async def check_slices(
+    board: MemorySliceBoard,
+    peer: str,
+    roster_cid: CID,
+    weights: Mapping[str, int],
+    base: FloatArray,
+    own: FloatArray,
+    ranges: Sequence[tuple[int, int]],
+    records: Sequence[SliceRecord],
+    results: Sequence[FloatArray],
+    *,
+    seed: bytes,
+    rule: str,
+    learning_rate: float,
+    timeout: float,
+) -> list[int]:
+    """Publish this peer's check values, wait for the inputs', return the slices that fail.
+
+    ``ranges`` are the slices' ``(offset, length)``; ``records`` and ``results`` their chosen
+    slice records and result values (float32, ``length`` each); ``rule`` is the round's (not
+    the records': a lying record may name another); ``weights`` the roster's. A slice some
+    input published no values for is not checked. Waits at most ``timeout`` s.
+    """
+    if rule == "fedavg":
+        zs = [projection_vector(seed, k, n) for k, (_, n) in enumerate(ranges)]
+        checked = [own[o : o + n].astype(np.float64) for o, n in ranges]
+        mine = tuple(float(z @ v) for z, v in zip(zs, checked, strict=True))
+    else:
+        count = spot_count(len(ranges))
+        indices = [spot_indices(seed, k, n, count) for k, (_, n) in enumerate(ranges)]
+        starts = np.cumsum([0, *(len(ix) for ix in indices)])
+        mine = spot_values(own, ranges, indices)
+    seen = await _exchange(board, peer, roster_cid, mine, records, timeout)
+    suspects = []
+    for k, ((lo, n), record) in enumerate(zip(ranges, records, strict=True)):
+        names = [name for name, _ in record.inputs]
+        if not all(name in seen for name in names):
+            continue  # unverifiable without every input's values: kept as announced
+        if rule == "fedavg":
+            z, total = zs[k], sum(weights[name] for name in names)
+            expected = float(z @ base[lo : lo + n].astype(np.float64)) + learning_rate * sum(
+                (weights[name] / total) * seen[name][k] for name in names
+            )
+            got = float(z @ results[k].astype(np.float64))
+            if abs(got - expected) > projection_tolerance(z, results[k], base[lo : lo + n]):
+                suspects.append(k)
+            continue
+        ix, a, b = indices[k], int(starts[k]), int(starts[k + 1])
+        rows = [np.asarray(seen[name][a:b], np.float32) for name in names]
+        want = reduce_values(
+            rule, base[lo + ix], rows, [weights[name] for name in names], learning_rate
+        )
+        if want.tobytes() != np.ascontiguousarray(results[k][ix]).tobytes():
+            suspects.append(k)
+    return suspects

@@ -1,0 +1,146 @@
+"""Reduce-scatter rounds under retention: what a sliced round leaves in a repo, and its pins.
+
+A sliced round must not pin what it does not hold: a slice record links every contribution
+(whose chunks a peer holds only for its own slice), and a fraud record links slice records, so
+a recursive pin of either would make Kubo fetch whole contributions, or make ``repo/gc`` fail
+on the missing links. Under retention the reduce-scatter step therefore holds the keeper's gate
+for its whole run (no collection in between), puts everything unpinned through
+:class:`UnpinnedPuts`, and then :func:`keep_slice_blocks` pins
+
+- every slice and fraud record (own, fetched, and the lying records fraud records name)
+  **directly**: they are kept like rosters and round records (a few hundred bytes each);
+- this peer's own slice results **recursively** (a raw block, or a manifest of chunks it put):
+  they, and the fetched slice results, go to the keeper with the round's contributions and are
+  unpinned ``keep_rounds`` later, like the contributions of an all-to-all round.
+
+Other peers' contributions are not pinned at all (a peer holds only a slice of each): within
+``keep_rounds`` their owners keep them, so a sliced round re-aggregates from the network, not
+from this node alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import cast
+
+from multiformats import CID
+
+from ..._types import CIDLike
+from ...block import Block
+from ...cid import DAG_CBOR
+from ...errors import DecodeError
+from ...formats.slices import FraudRecord, SliceRecord
+from ...storage.base import UNSET, BlockStore, Unset
+from ...storage.retention import Collectable
+from .reduce_scatter import ReduceScatterResult
+
+__all__ = ["SliceBlocks", "UnpinnedPuts", "keep_slice_blocks"]
+
+
+class UnpinnedPuts:
+    """A :class:`~gradfed_ipfs.storage.BlockStore` that puts every block unpinned.
+
+    The blocks a caller asked to pin (roots: slice results, records) are remembered in
+    :attr:`roots` for :func:`keep_slice_blocks` to pin the right way.
+    """
+
+    def __init__(self, inner: BlockStore) -> None:
+        self.inner = inner
+        self.roots: dict[bytes, Block] = {}
+
+    async def put(self, block: Block, *, pin: bool = True) -> CID:
+        """Store ``block`` unpinned; remember it if it was to be pinned."""
+        cid = await self.inner.put(block, pin=False)
+        if pin:
+            self.roots[bytes(cid)] = block
+        return cid
+
+    async def get(self, cid: CIDLike, *, timeout: float | Unset = UNSET) -> Block:
+        """As the inner store's."""
+        return await self.inner.get(cid, timeout=timeout)
+
+    async def has(self, cid: CIDLike) -> bool:
+        """As the inner store's."""
+        return await self.inner.has(cid)
+
+    async def delete(self, cid: CIDLike) -> None:
+        """As the inner store's."""
+        await self.inner.delete(cid)
+
+    async def pin(self, cid: CIDLike) -> None:
+        """As the inner store's."""
+        await self.inner.pin(cid)
+
+    async def unpin(self, cid: CIDLike) -> None:
+        """As the inner store's."""
+        await self.inner.unpin(cid)
+
+    async def list_cids(self) -> list[CID]:
+        """As the inner store's."""
+        return await self.inner.list_cids()
+
+    async def aclose(self) -> None:
+        """Nothing: the inner store belongs to the caller."""
+
+
+@dataclass(frozen=True)
+class SliceBlocks:
+    """What a sliced round adds for the keeper.
+
+    Attributes
+    ----------
+    results
+        Slice result roots (own and fetched): kept ``keep_rounds``, then unpinned.
+    records
+        Slice records, fraud records and the records they prove wrong: kept, pinned directly.
+    """
+
+    results: tuple[CID, ...]
+    records: tuple[CID, ...]
+
+
+def _is_record(block: Block) -> bool:
+    if block.cid.codec.code != DAG_CBOR:
+        return False
+    for kind in (SliceRecord, FraudRecord):
+        try:
+            kind.from_block(block)
+        except DecodeError:
+            continue
+        return True
+    return False
+
+
+async def keep_slice_blocks(
+    store: BlockStore, puts: UnpinnedPuts, sliced: ReduceScatterResult, *, timeout: float
+) -> SliceBlocks:
+    """Pin what this peer put in a sliced round; return the round's blocks for the keeper.
+
+    ``store`` must be :class:`~gradfed_ipfs.storage.retention.Collectable` (as the session's
+    store under retention: direct pins); the round's final slice records and fraud records are
+    local (fetched or put by the step).
+
+    Raises
+    ------
+    BlockStoreError, DecodeError
+        If a record of the round cannot be read back.
+    """
+    records: dict[bytes, CID] = {}
+    results: dict[bytes, CID] = {}
+    for key, block in puts.roots.items():
+        if _is_record(block):
+            records[key] = block.cid
+        else:
+            results[key] = block.cid
+            await store.pin(block.cid)  # its chunks are local: this peer put them
+    for cid in sliced.records:
+        record = SliceRecord.from_block(await store.get(cid, timeout=timeout))
+        records[bytes(cid)] = cid
+        results.setdefault(bytes(record.result), record.result)
+    for cid in sliced.frauds:
+        fraud = FraudRecord.from_block(await store.get(cid, timeout=timeout))
+        records[bytes(cid)] = cid
+        records[bytes(fraud.claimed)] = fraud.claimed
+    for cid in records.values():
+        await cast(Collectable, store).pin(cid, recursive=False)
+    return SliceBlocks(tuple(results.values()), tuple(records.values()))
