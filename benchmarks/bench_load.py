@@ -133,6 +133,20 @@ Every run: equal CIDs on all peers, equal to the reference; no takeovers; per-pe
 instead of 102.6-186 s, but not linear: CPU from N = 16 to 64 grew 9-21x in both versions
 (N^1.6 to N^2.2, depending on the load), since each peer still makes ~5N calls and decodes
 N² items, and the 4 daemons (bitswap per block, ~N² blocks in all) share the 2 cores.
+
+Idle machine after the merge (2026-11-30 17:11, load 0.6 -> 3.3), ``--reduce-scatter
+8,16,32,64 --peer-clients --a2a-max 32 --connections 16``::
+
+    N   all-to-all round (CPU)   reduce-scatter round (CPU)   RS per-peer max   speed-up
+    8       2.83 s (  3.0 s)          1.05 s (  1.1 s)         1.76·d·4 B       2.7x
+   16      10.78 s ( 10.0 s)          2.37 s (  2.6 s)         1.89·d·4 B       4.5x
+   32      43.88 s ( 39.4 s)          6.04 s (  6.5 s)         1.98·d·4 B       7.3x
+   64      not run                   20.66 s ( 23.6 s)         2.12·d·4 B
+
+Reduce-scatter: x2.3, x2.5, x3.4 per doubling (N^1.26 from 8 to 32, N^1.43 to 64); CPU per
+simulated peer 0.14 / 0.16 / 0.20 / 0.37 s (~N^0.5: what one peer on its own machine spends).
+``--reduce-scatter 16 --faults --peer-clients --a2a-max 0`` (17:14, clean round 2.93 s): silent
+reducer +9.67 s (1 takeover), lying reducer caught +0.12 s, dropped sender excluded +39.3 s.
 """
 
 from __future__ import annotations
