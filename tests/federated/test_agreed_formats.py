@@ -247,3 +247,20 @@ async def test_encoded_gradient_has_put_gradients_cid_and_blocks() -> None:
     assert len(encoded.blocks) > 2
     assert await store.is_pinned(encoded.cid)
     np.testing.assert_array_equal(await fetch_gradient(store, encoded.cid), values)
+
+
+def test_board_keeps_an_early_heard_inline_roster_when_its_round_starts() -> None:
+    # A slow peer (still in round 3) hears round 4's roster, carried inline.
+    board = RoundBoard("s", GENESIS, "peer-c", PEERS)
+    board.advance(3)
+    cids = {}
+    for r in (2, 4):
+        roster = Roster.new("s", GENESIS, r, BASE, "peer-a", PEERS, {"peer-a": (C1, 1)}).to_block()
+        message = AgreedMessage("roster", "s", GENESIS, r, "peer-a", roster.cid, inline=roster.data)
+        assert board.accept(PubsubMessage("peer-a", message.encode())) is not None
+        cids[r] = bytes(roster.cid)
+    # Starting round 4 keeps round 4's bytes (its coordinator did not put them anywhere) and
+    # forgets round 2's.
+    board.advance(4)
+    assert board.inline[cids[4]][0] == 4
+    assert cids[2] not in board.inline

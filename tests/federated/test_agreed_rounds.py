@@ -8,9 +8,22 @@ from collections.abc import AsyncIterator, Sequence
 import numpy as np
 import pytest
 
-from gradfed_ipfs import AgreedConfig, AgreedRoundResult, AgreedSession, verify_agreed_history
-from gradfed_ipfs.errors import GenesisMismatch, QuorumNotReached, RoundMismatch
+from gradfed_ipfs import (
+    AgreedConfig,
+    AgreedRoundResult,
+    AgreedSession,
+    make_cid,
+    verify_agreed_history,
+)
+from gradfed_ipfs.errors import (
+    BlockNotFound,
+    BlockTimeout,
+    GenesisMismatch,
+    QuorumNotReached,
+    RoundMismatch,
+)
 from gradfed_ipfs.formats import PubsubMessage
+from gradfed_ipfs.formats.roster import AgreedMessage
 from gradfed_ipfs.kubo import MemoryPubsubBus, PubsubTransport
 from gradfed_ipfs.storage import MemoryBlockStore, fetch_gradient
 from tests.multiprocess.lossy import LossyPubsub
@@ -266,3 +279,34 @@ async def test_contributions_are_fetched_while_a_peer_is_between_rounds(
         assert all(r.roster.peers == PEERS for r in results)
     finally:
         await close(sessions)
+
+
+class KuboLikeStore(MemoryBlockStore):
+    """A missing block ends in ``BlockTimeout``, as a Kubo fetch does after its timeout."""
+
+    async def get(self, cid, *, timeout=None):  # type: ignore[no-untyped-def,override]
+        try:
+            return await super().get(cid)
+        except BlockNotFound as exc:
+            raise BlockTimeout(f"{cid}: still on its way, or nowhere") from exc
+
+
+async def test_a_roster_nobody_serves_does_not_hold_the_round() -> None:
+    # A member announces a roster CID that no daemon has (and no inline bytes); honest peers
+    # must give up on it after one fetch timeout and close the round with their own roster.
+    async with KuboLikeStore() as store:
+        bus = MemoryPubsubBus()
+        genesis = await AgreedSession.commit_genesis(store, initial_model())
+        sessions = await make_sessions(
+            store, [bus.endpoint(p) for p in PEERS[:2]], genesis, min_peers=2
+        )
+        bogus = make_cid(b"a roster nobody stored", "dag-cbor")
+        message = AgreedMessage("roster", "s1", genesis, 0, PEERS[2], bogus)
+        await bus.endpoint(PEERS[2]).publish(sessions[0].topic, message.encode())
+        try:
+            results = await run_all(sessions, [0, 1])
+        finally:
+            await close(sessions)
+    assert results[0].model == results[1].model
+    assert all(r.roster.peers == PEERS[:2] for r in results)
+    assert all(f"roster {bogus}" in r.rejected for r in results)

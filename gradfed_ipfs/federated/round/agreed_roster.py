@@ -16,7 +16,7 @@ from multiformats import CID
 
 from ..._types import FloatArray
 from ...block import Block
-from ...errors import BlockNotFound, BlockStoreError, DecodeError
+from ...errors import BlockNotFound, BlockStoreError, BlockTimeout, DecodeError
 from ...formats.pubsub import PubsubMessage
 from ...formats.roster import MAX_INLINE_BYTES, AgreedMessage, MessageKind, Roster
 from ...storage.base import BlockStore
@@ -196,6 +196,13 @@ class RosterPhase:
         """
         try:
             roster = await self._load_roster(cid)
+        except BlockTimeout as exc:
+            # Waited fetch_timeout for it: a coordinator puts its roster before announcing it
+            # (or sends it inline), so a member announcing one nobody serves must not hold the
+            # round until round_timeout; later ranks may now publish theirs.
+            tried.add(bytes(cid))
+            rejected[f"roster {cid}"] = f"not served: {exc}"
+            return None
         except (BlockNotFound, BlockStoreError) as exc:
             logger.debug("round %d: roster %s not fetched yet: %s", r, cid, exc)
             return None
@@ -257,9 +264,9 @@ class RosterPhase:
         """Decode a roster once: from its inline message, else fetched from the store."""
         known = self._rosters.get(bytes(cid))
         if known is None:
-            data = self.board.inline.get(bytes(cid))
-            if data is not None:
-                block = Block.from_parts(cid, data)
+            carried = self.board.inline.get(bytes(cid))
+            if carried is not None:
+                block = Block.from_parts(cid, carried[1])
             else:
                 block = await self.store.get(cid, timeout=self.config.fetch_timeout)
             known = self._rosters[bytes(cid)] = (Roster.from_block(block), block)

@@ -105,7 +105,8 @@ class RoundBoard:
         self.current = 0
         self.rounds: dict[int, RoundState] = {}
         self.heads: dict[str, Head] = {}
-        self.inline: dict[bytes, bytes] = {}  # roster CID -> block bytes carried in a message
+        # roster CID -> (round, block bytes carried in its message)
+        self.inline: dict[bytes, tuple[int, bytes]] = {}
         self.dropped: Counter[str] = Counter()
         self._event = asyncio.Event()
 
@@ -123,7 +124,10 @@ class RoundBoard:
         self.current = round_number
         for old in [r for r in self.rounds if r < round_number - 1]:
             del self.rounds[old]
-        self.inline.clear()
+        # Rosters of this round heard early (a slow peer hears the next round's) stay: their
+        # coordinator did not put them, and a fetch would wait for nothing until fetch_timeout.
+        for key in [k for k, (r, _) in self.inline.items() if r < round_number - 1]:
+            del self.inline[key]
 
     def accept(self, message: PubsubMessage) -> AgreedMessage | None:
         """Check one pubsub message and record it; return it, or ``None`` if dropped."""
@@ -159,7 +163,7 @@ class RoundBoard:
         elif decoded.kind == "roster":
             state.rosters.setdefault(decoded.peer, decoded.cid)
             if decoded.inline is not None and len(self.inline) < MAX_ROUNDS_AHEAD * 4:
-                self.inline[bytes(decoded.cid)] = decoded.inline
+                self.inline[bytes(decoded.cid)] = (decoded.round, decoded.inline)
         else:
             state.done[decoded.peer] = Head(
                 decoded.round, decoded.cid, decoded.record or decoded.cid
