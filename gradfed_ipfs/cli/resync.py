@@ -27,7 +27,7 @@ from ..errors import (
     RoundVerificationFailed,
 )
 from ..federated.round.agreed_config import agreed_topic
-from ..federated.round.agreed_history import load_head, verify_agreed_round
+from ..federated.round.agreed_history import check_exclusions, load_head, verify_agreed_round
 from ..federated.round.coordinator import Head, best_head
 from ..formats.pubsub import PubsubMessage
 from ..formats.roster import AgreedMessage, AgreedRecord
@@ -177,17 +177,18 @@ async def _adopt(
                     store, candidate, session=args.session, genesis=genesis,
                     history=(), length=length, timeout=args.timeout,
                 )  # fmt: skip
+                excluded = await check_exclusions(store, chain)  # fraud records: peers' data
                 custom = 0 if args.links_only else await _verify_rounds(store, chain)
         except (FederatedError, BlockStoreError, DecodeError, GradientError) as exc:
             if len(candidates) > 1:
                 err_console.print(f"head {candidate} refused: {exc}", soft_wrap=True)
             failure = exc
             continue
-        adopted = chain, model, custom
+        adopted = chain, model, custom, excluded
         break
     if adopted is None:
         raise failure or FederatedError("no head to adopt")
-    chain, model, custom = adopted
+    chain, model, custom, excluded = adopted
     last_cid, last = chain[-1]
     write_gradient_file(Path(args.output), model)
     if args.links_only:
@@ -200,6 +201,8 @@ async def _adopt(
     console.print(f"model CID  {last.result}")
     console.print(f"record CID {last_cid}")
     console.print(f"records verified: {len(chain)} ({how})")
+    if excluded:
+        console.print(f"proven lying reducers, excluded: {', '.join(sorted(excluded))}")
     console.print(f"wrote {args.output} ({model.size:,} float32 values)")
     return 0
 
