@@ -74,6 +74,10 @@ def find_cluster_binary() -> Path:
     return Path(result.stdout.strip())
 
 
+_PORT_ATTEMPTS: Final = 3
+"""Starts tried with fresh ports when a chosen port was taken before the peer bound it."""
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -159,20 +163,31 @@ class ClusterPeer:
         args = [str(self.binary), "daemon"]
         for address in bootstrap:
             args += ["--bootstrap", address]
-        self._log = (self.path / "daemon.log").open("ab")
-        self._process = subprocess.Popen(
-            args,
-            env=self._env(),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in range(_PORT_ATTEMPTS):
+            self._log = (self.path / "daemon.log").open("ab")
+            self._process = subprocess.Popen(
+                args,
+                env=self._env(),
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            try:
+                self._wait_ready()
+                break
+            except KuboStartError:
+                # The ports were free when chosen, then another process took one (a race no
+                # probe can close): choose new ones and start again.
+                if attempt + 1 < _PORT_ATTEMPTS and "address already in use" in self._log_tail():
+                    self._terminate()
+                    self._configure()
+                    continue
+                self.stop()
+                raise
+            except BaseException:
+                self.stop()
+                raise
         logger.info("cluster peer pid=%s api=%s id=%s", self.pid, self.api_url, self.peer_id)
         return self
 

@@ -7,6 +7,8 @@ killed, and the reader still fetches and re-verifies the whole round from the su
 
 from __future__ import annotations
 
+import secrets
+import socket
 from collections.abc import Iterator
 
 import numpy as np
@@ -14,7 +16,8 @@ import pytest
 
 from gradfed_ipfs import FedAvg, KuboBlockStore, KuboSwarm, put_gradient, verify_round
 from gradfed_ipfs.errors import KuboStartError
-from gradfed_ipfs.kubo.cluster import ClusterSwarm, find_cluster_binary
+from gradfed_ipfs.kubo import cluster as cluster_module
+from gradfed_ipfs.kubo.cluster import ClusterPeer, ClusterSwarm, find_cluster_binary
 from gradfed_ipfs.provenance import ContributionRef, commit_round
 from gradfed_ipfs.storage.replication import ClusterPinning
 
@@ -70,3 +73,26 @@ async def test_replication_factors_are_checked(cluster_binary: None) -> None:
                 replication_min=3,
                 replication_max=2,
             )
+
+
+def test_a_cluster_peer_whose_chosen_port_was_taken_starts_on_fresh_ports(
+    cluster_binary: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: the first port the peer chooses is held by another socket (the race between
+    # probing a free port and the peer binding it).
+    held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    taken = held.getsockname()[1]
+    choose = cluster_module._free_port
+    ports = iter([taken])
+    monkeypatch.setattr(cluster_module, "_free_port", lambda: next(ports, None) or choose())
+    try:
+        # Execute
+        with KuboSwarm(1) as daemons, ClusterPeer(daemons[0], secret=secrets.token_hex(32)) as peer:
+            # Assert: running on other ports, after the refused first start.
+            assert peer.swarm_port != taken
+            assert peer.rest("id")["id"] == peer.peer_id
+            assert "address already in use" in peer._log_tail(200)
+    finally:
+        held.close()
