@@ -204,9 +204,12 @@ class GcReport:
 class GcGate:
     """Fetches and puts hold a shared in-flight count; a collection waits until it is zero.
 
-    While a collection waits or runs, new transfers wait: a collection is bounded by its
-    ``timeout`` (then skipped) plus the ``repo/gc`` call's deadline. A transfer must not start
-    a nested transfer (it would wait out the collection's ``timeout``).
+    While a collection runs, new transfers wait (bounded by the ``repo/gc`` call's deadline).
+    While it only *waits* for a moment with nothing in flight, they do not: a fetch in flight
+    may be waiting for another peer's put, which waits for that peer's collection, which waits
+    for that peer's fetch of our put — held back, that cycle stood until ``timeout`` on every
+    peer (30 s by default). A collection that finds no such moment within ``timeout`` is
+    skipped (the next due one tries again).
     """
 
     def __init__(self) -> None:
@@ -231,19 +234,21 @@ class GcGate:
     async def collection(self, timeout: float) -> AsyncIterator[bool]:
         """Exclude transfers; yield ``True`` once none is in flight, ``False`` after ``timeout``."""
         async with self._cond:
-            await self._cond.wait_for(lambda: not self.collecting)  # one collection at a time
-            self.collecting = True
-            try:
-                await asyncio.wait_for(self._cond.wait_for(lambda: self.in_flight == 0), timeout)
-                clear = True
+            try:  # one collection at a time, and none while a transfer is in flight
+                await asyncio.wait_for(
+                    self._cond.wait_for(lambda: not self.collecting and self.in_flight == 0),
+                    timeout,
+                )
+                self.collecting = clear = True
             except TimeoutError:
                 clear = False
         try:
             yield clear
         finally:
-            async with self._cond:
-                self.collecting = False
-                self._cond.notify_all()
+            if clear:
+                async with self._cond:
+                    self.collecting = False
+                    self._cond.notify_all()
 
 
 class GatedStore:

@@ -317,3 +317,32 @@ async def test_kubo_unpin_and_gc_drop_the_bytes_and_kept_roots_still_verify(
     finally:
         for closing in (pubsub, quick, store):
             await closing.aclose()
+
+
+async def test_a_waiting_collection_does_not_hold_back_new_transfers() -> None:
+    # Prepare: a fetch in flight (it waits for another peer's put), and a collection waiting
+    # for it. That other peer's put waits for its own collection, which waits for its fetch of
+    # our put: our put must not wait for our collection, or both peers stall until gc_wait.
+    gate = GcGate()
+    first = gate.transfer()
+    await first.__aenter__()
+    collected = asyncio.Event()
+
+    async def collect() -> bool:
+        async with gate.collection(30.0) as clear:
+            collected.set()
+            return clear
+
+    collecting = asyncio.create_task(collect())
+    await settle()
+    # Execute: a put starts while the collection waits.
+    second = gate.transfer()
+    await asyncio.wait_for(second.__aenter__(), 1.0)
+    assert gate.in_flight == 2
+    assert not gate.collecting
+    assert not collected.is_set()
+    # Assert: the collection runs once nothing is in flight, and excludes transfers then.
+    await first.__aexit__(None, None, None)
+    await second.__aexit__(None, None, None)
+    assert await asyncio.wait_for(collecting, 5.0) is True
+    assert not gate.collecting
