@@ -20,6 +20,7 @@ from ..block import MAX_BLOCK_SIZE, Block
 __all__ = [
     "MAX_BLOCK_SIZE",
     "UNSET",
+    "StoreWrapper",
     "FETCH_CONCURRENCY",
     "AsyncClosing",
     "Block",
@@ -103,6 +104,47 @@ class BlockStore(Protocol):
     async def aclose(self) -> None:
         """Release connections; the store must not be used afterwards."""
         ...
+
+
+class StoreWrapper:
+    """A :class:`BlockStore` passing every call to ``store``; subclasses change some of them.
+
+    :meth:`aclose` does nothing: the wrapped store belongs to the caller.
+    """
+
+    def __init__(self, store: BlockStore) -> None:
+        self.store = store
+
+    async def put(self, block: Block, *, pin: bool = True) -> CID:
+        """As the wrapped store's."""
+        return await self.store.put(block, pin=pin)
+
+    async def get(self, cid: CIDLike, *, timeout: float | Unset = UNSET) -> Block:
+        """As the wrapped store's."""
+        return await self.store.get(cid, timeout=timeout)
+
+    async def has(self, cid: CIDLike) -> bool:
+        """As the wrapped store's."""
+        return await self.store.has(cid)
+
+    async def delete(self, cid: CIDLike) -> None:
+        """As the wrapped store's."""
+        await self.store.delete(cid)
+
+    async def pin(self, cid: CIDLike) -> None:
+        """As the wrapped store's."""
+        await self.store.pin(cid)
+
+    async def unpin(self, cid: CIDLike) -> None:
+        """As the wrapped store's."""
+        await self.store.unpin(cid)
+
+    async def list_cids(self) -> list[CID]:
+        """As the wrapped store's."""
+        return await self.store.list_cids()
+
+    async def aclose(self) -> None:
+        """Nothing: the wrapped store belongs to the caller."""
 
 
 FETCH_CONCURRENCY: Final = 16

@@ -56,7 +56,7 @@ from multiformats import CID
 from .._types import CIDLike
 from ..cid import parse_cid
 from ..errors import ConfigError
-from .base import UNSET, Block, BlockStore, Unset
+from .base import UNSET, Block, BlockStore, StoreWrapper, Unset
 
 __all__ = [
     "Collectable",
@@ -251,7 +251,7 @@ class GcGate:
                     self._cond.notify_all()
 
 
-class GatedStore:
+class GatedStore(StoreWrapper):
     """A :class:`~gradfed_ipfs.storage.BlockStore` whose ``get``, ``put`` and ``pin`` hold a gate.
 
     Give it to code whose calls are each complete on their own (a fetch keeps its bytes in
@@ -259,7 +259,7 @@ class GatedStore:
     """
 
     def __init__(self, store: BlockStore, gate: GcGate) -> None:
-        self.store = store
+        super().__init__(store)
         self.gate = gate
 
     async def put(self, block: Block, *, pin: bool = True) -> CID:
@@ -276,25 +276,6 @@ class GatedStore:
         """``pin`` inside the gate (a recursive pin may fetch)."""
         async with self.gate.transfer():
             await self.store.pin(cid)
-
-    async def has(self, cid: CIDLike) -> bool:
-        """As the store's."""
-        return await self.store.has(cid)
-
-    async def delete(self, cid: CIDLike) -> None:
-        """As the store's."""
-        await self.store.delete(cid)
-
-    async def unpin(self, cid: CIDLike) -> None:
-        """As the store's."""
-        await self.store.unpin(cid)
-
-    async def list_cids(self) -> list[CID]:
-        """As the store's."""
-        return await self.store.list_cids()
-
-    async def aclose(self) -> None:
-        """Nothing: the wrapped store belongs to the caller."""
 
 
 @dataclass

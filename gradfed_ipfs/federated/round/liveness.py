@@ -21,15 +21,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from multiformats import CID
-
 from ..._types import CIDLike
-from ...storage.base import UNSET, Block, BlockStore, Unset
+from ...storage.base import UNSET, Block, BlockStore, StoreWrapper, Unset
 
 __all__ = ["FetchWatch", "ProgressStore", "verdict"]
 
 
-class ProgressStore:
+class ProgressStore(StoreWrapper):
     """A :class:`BlockStore` view of ``store`` that records when blocks arrive and how many bytes.
 
     Parameters
@@ -48,7 +46,7 @@ class ProgressStore:
     """
 
     def __init__(self, store: BlockStore, clock: Callable[[], float] = time.monotonic) -> None:
-        self.store = store
+        super().__init__(store)
         self.clock = clock
         self.started = self.last = clock()
         self.received = 0
@@ -59,33 +57,6 @@ class ProgressStore:
         self.received += len(block.data)
         self.last = self.clock()
         return block
-
-    async def put(self, block: Block, *, pin: bool = True) -> CID:
-        """Pass through."""
-        return await self.store.put(block, pin=pin)
-
-    async def has(self, cid: CIDLike) -> bool:
-        """Pass through."""
-        return await self.store.has(cid)
-
-    async def delete(self, cid: CIDLike) -> None:
-        """Pass through."""
-        await self.store.delete(cid)
-
-    async def pin(self, cid: CIDLike) -> None:
-        """Pass through."""
-        await self.store.pin(cid)
-
-    async def unpin(self, cid: CIDLike) -> None:
-        """Pass through."""
-        await self.store.unpin(cid)
-
-    async def list_cids(self) -> list[CID]:
-        """Pass through."""
-        return await self.store.list_cids()
-
-    async def aclose(self) -> None:
-        """Nothing: the node's store outlives one fetch."""
 
 
 @dataclass

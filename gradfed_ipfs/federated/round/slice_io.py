@@ -22,7 +22,7 @@ from ...errors import DimensionMismatch, MalformedAnnouncement
 from ...formats.pubsub import PubsubMessage
 from ...formats.slices import SliceMessage
 from ...kubo.pubsub import PubsubTransport
-from ...storage.base import UNSET, BlockStore, Unset
+from ...storage.base import UNSET, BlockStore, StoreWrapper, Unset
 from ...storage.dag import (
     DEFAULT_CONCURRENCY,
     ChunkManifest,
@@ -171,45 +171,18 @@ class PubsubSliceBoard(MemorySliceBoard):
                     del self._posted[key]
 
 
-class CountingStore:
+class CountingStore(StoreWrapper):
     """A :class:`BlockStore` wrapper counting the bytes its ``get`` returns (downloads)."""
 
     def __init__(self, inner: BlockStore) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.downloaded = 0
-
-    async def put(self, block: Block, *, pin: bool = True) -> CID:
-        """Store a block; see :meth:`BlockStore.put`."""
-        return await self.inner.put(block, pin=pin)
 
     async def get(self, cid: CIDLike, *, timeout: float | Unset = UNSET) -> Block:
         """Return the verified block and count its bytes."""
-        block = await self.inner.get(cid, timeout=timeout)
+        block = await self.store.get(cid, timeout=timeout)
         self.downloaded += len(block.data)
         return block
-
-    async def has(self, cid: CIDLike) -> bool:
-        """Return whether the block is held locally."""
-        return await self.inner.has(cid)
-
-    async def delete(self, cid: CIDLike) -> None:
-        """Remove a block."""
-        await self.inner.delete(cid)
-
-    async def pin(self, cid: CIDLike) -> None:
-        """Pin a block."""
-        await self.inner.pin(cid)
-
-    async def unpin(self, cid: CIDLike) -> None:
-        """Unpin a block."""
-        await self.inner.unpin(cid)
-
-    async def list_cids(self) -> list[CID]:
-        """Return the locally held CIDs."""
-        return await self.inner.list_cids()
-
-    async def aclose(self) -> None:
-        """Leave the inner store open: its owner closes it."""
 
 
 async def fetch_range(

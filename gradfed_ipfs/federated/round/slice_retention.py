@@ -25,19 +25,18 @@ from typing import cast
 
 from multiformats import CID
 
-from ..._types import CIDLike
 from ...block import Block
 from ...cid import DAG_CBOR
 from ...errors import DecodeError
 from ...formats.slices import FraudRecord, SliceRecord
-from ...storage.base import UNSET, BlockStore, Unset
+from ...storage.base import BlockStore, StoreWrapper
 from ...storage.retention import Collectable
 from .reduce_scatter import ReduceScatterResult
 
 __all__ = ["SliceBlocks", "UnpinnedPuts", "keep_slice_blocks"]
 
 
-class UnpinnedPuts:
+class UnpinnedPuts(StoreWrapper):
     """A :class:`~gradfed_ipfs.storage.BlockStore` that puts every block unpinned.
 
     The blocks a caller asked to pin (roots: slice results, records) are remembered in
@@ -45,42 +44,15 @@ class UnpinnedPuts:
     """
 
     def __init__(self, inner: BlockStore) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.roots: dict[bytes, Block] = {}
 
     async def put(self, block: Block, *, pin: bool = True) -> CID:
         """Store ``block`` unpinned; remember it if it was to be pinned."""
-        cid = await self.inner.put(block, pin=False)
+        cid = await self.store.put(block, pin=False)
         if pin:
             self.roots[bytes(cid)] = block
         return cid
-
-    async def get(self, cid: CIDLike, *, timeout: float | Unset = UNSET) -> Block:
-        """As the inner store's."""
-        return await self.inner.get(cid, timeout=timeout)
-
-    async def has(self, cid: CIDLike) -> bool:
-        """As the inner store's."""
-        return await self.inner.has(cid)
-
-    async def delete(self, cid: CIDLike) -> None:
-        """As the inner store's."""
-        await self.inner.delete(cid)
-
-    async def pin(self, cid: CIDLike) -> None:
-        """As the inner store's."""
-        await self.inner.pin(cid)
-
-    async def unpin(self, cid: CIDLike) -> None:
-        """As the inner store's."""
-        await self.inner.unpin(cid)
-
-    async def list_cids(self) -> list[CID]:
-        """As the inner store's."""
-        return await self.inner.list_cids()
-
-    async def aclose(self) -> None:
-        """Nothing: the inner store belongs to the caller."""
 
 
 @dataclass(frozen=True)
