@@ -136,8 +136,9 @@ async def peer_main(args: argparse.Namespace) -> None:
         session = AgreedSession(store, pubsub, args.session, args.genesis, config)
         await session.start(initial_model(args.dim))
         for r in range(args.rounds):
+            gradient = delta(args.index, r, args.dim)  # test data: not part of the round's time
             t = time.monotonic()
-            result = await session.run_round(delta(args.index, r, args.dim), weight=1 + args.index)
+            result = await session.run_round(gradient, weight=1 + args.index)
             latencies.append((time.monotonic() - t, len(result.roster.entries)))
         await session.linger(timeout=30.0)
         await session.aclose()
@@ -156,11 +157,10 @@ async def peer_main(args: argparse.Namespace) -> None:
             ),
         )
         for r in range(args.rounds):
+            gradient = delta(args.index, r, args.dim)
             t = time.monotonic()
             try:
-                outcome = await runner.run_round(
-                    r, delta(args.index, r, args.dim), num_samples=1 + args.index
-                )
+                outcome = await runner.run_round(r, gradient, num_samples=1 + args.index)
                 latencies.append((time.monotonic() - t, outcome.stats.participants))
             except InsufficientPeers as exc:  # the round closed short at its deadline
                 latencies.append((time.monotonic() - t, 1 + exc.got))
@@ -218,6 +218,7 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--blocks", type=int, default=2)
+    parser.add_argument("--losses", type=float, nargs="+", default=[0.0, 0.2])
     args = parser.parse_args()
     if args.peer:
         asyncio.run(peer_main(args))
@@ -228,7 +229,7 @@ def main() -> None:
           f" {'p50 ratio':>9} {'p95 ratio':>9} {'short':>5}")  # fmt: skip
     for n in args.peers:
         with KuboSwarm(n) as swarm:
-            for loss in (0.0, 0.2):
+            for loss in args.losses:
                 runner: list[tuple[float, int]] = []
                 agreed: list[tuple[float, int]] = []
                 for block in range(args.blocks):  # alternated: both see the same load drift

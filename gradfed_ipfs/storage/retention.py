@@ -68,6 +68,7 @@ __all__ = [
     "RetentionHook",
     "RetentionKeeper",
     "RoundBlocks",
+    "put_pinned_alone",
 ]
 
 logger = logging.getLogger("gradfed_ipfs.storage.retention")
@@ -172,6 +173,26 @@ class Collectable(Protocol):
     async def repo_size(self) -> int:
         """Return the repo's size in bytes."""
         ...
+
+
+async def put_pinned_alone(store: BlockStore, block: Block) -> CID:
+    """Put a block that links blocks this peer may not hold; pin it alone where ``store`` can.
+
+    Records, rosters and slice records link history and other peers' blocks (a model this
+    peer is not a holder of, the parts of contributions a sliced round never fetched). A
+    recursive pin over a missing block makes Kubo's ``repo/gc`` fail on the whole daemon.
+    The put goes through ``store`` (wrappers count it); the direct pin goes to the first
+    :class:`Collectable` store under its :class:`~.base.StoreWrapper` layers. A store with
+    none (a plain :class:`BlockStore`) pins it as ``put`` does.
+    """
+    inner: object = store
+    while not isinstance(inner, Collectable) and isinstance(inner, StoreWrapper):
+        inner = inner.store
+    if not isinstance(inner, Collectable):
+        return await store.put(block)
+    cid = await store.put(block, pin=False)
+    await inner.pin(cid, recursive=False)
+    return cid
 
 
 class DurableProvider(Protocol):

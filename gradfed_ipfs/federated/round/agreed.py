@@ -66,7 +66,14 @@ from .agreed_roster import RosterPhase
 from .agreed_slicing import RootFetcher, SliceStep, slice_report
 from .agreed_storage import RoundStorage
 from .announcer import Reannouncer
-from .coordinator import Head, RoundBoard, best_head, coordinator_ranking, effective_quorum
+from .coordinator import (
+    Head,
+    RoundBoard,
+    best_head,
+    coordinator_ranking,
+    effective_quorum,
+    model_holders,
+)
 from .encoded import encode_gradient
 from .fetcher import ContributionFetcher
 from .reduce_scatter import ReduceScatterResult
@@ -329,12 +336,15 @@ class AgreedSession(RosterPhase, RoundStorage):
         record_cid = record.cid
         await self._post("done", self._message("done", r, result, record=record_cid))
         # Stored off the critical path (settled before the next round, resync or close): the
-        # roster (pinned here too: the record links it), the model and the record.
-        self._pending.append(
-            asyncio.ensure_future(
-                self._store_round(roster_block, stores, record, roster, r, self._own)
-            )
-        )
+        # roster (pinned here too: the record links it), the record, and on the model's
+        # holders the model and rule state.
+        holders = model_holders(
+            self.session, self.genesis, r, self.config.members, roster.peers,
+            self.config.model_replicas,
+        )  # fmt: skip
+        held = stores if self.peer_id in holders else []
+        storing = self._store_round(roster_block, result, held, record, roster, r, self._own)
+        self._pending.append(asyncio.ensure_future(storing))
         self.round, self.model, self.model_cid, self.head = r + 1, model, result, record_cid
         self.excluded = frozenset(excluded)  # the record's: no later roster may list them
         self.rule_state, self._adopted_state = self._adopted_state, None

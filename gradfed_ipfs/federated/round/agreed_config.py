@@ -104,6 +104,15 @@ class AgreedConfig:
         Chunk size of the contributions (slice boundaries follow it; the same on every member).
     reducer_timeout
         Reduce-scatter: delay per reducer rank before the next takes over a silent reducer.
+    model_replicas
+        How many roster peers put (and pin) each round's model and rule state: the first ones
+        of the round's coordinator ranking that are in the roster
+        (:func:`~.coordinator.model_holders`); ``None`` for every roster peer. Every peer
+        holds the model in memory either way; the others fetch it by CID from a holder when
+        they resync or verify. Each put costs ``4·d`` bytes of repo and write per peer and
+        round (at d = 10M and 100 peers, 4 GB a round with ``None``); 2 copies survive one
+        lost holder, and a durability provider (:class:`~gradfed_ipfs.storage.RetentionKeeper`'s
+        ``durable``) keeps them longer.
     """
 
     members: tuple[str, ...]
@@ -120,6 +129,7 @@ class AgreedConfig:
     aggregation: Aggregation = "all-to-all"
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     reducer_timeout: float = 5.0
+    model_replicas: int | None = 2
 
     def __post_init__(self) -> None:
         if not self.members or len(set(self.members)) != len(self.members):
@@ -135,6 +145,8 @@ class AgreedConfig:
                      "announce_interval", "max_announce_interval", "fetch_timeout"):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise InvalidGradient(f"{name} must be > 0 seconds")
+        if self.model_replicas is not None and self.model_replicas < 1:
+            raise InvalidGradient("model_replicas must be >= 1 or None (every roster peer)")
         if not self.done_timeout >= 0:
             raise InvalidGradient("done_timeout must be >= 0 seconds")
 

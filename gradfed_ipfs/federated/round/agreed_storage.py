@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import TypeVar, cast
+from typing import TypeVar
 
 from multiformats import CID
 
 from ...block import Block
 from ...formats.roster import Roster
 from ...storage.base import BlockStore
-from ...storage.retention import Collectable, RetentionHook, RoundBlocks
+from ...storage.retention import RetentionHook, RoundBlocks, put_pinned_alone
 from .agreed_slicing import SliceStep
 from .encoded import EncodedGradient
 
@@ -36,12 +36,8 @@ class RoundStorage:
     _slicing: SliceStep | None
 
     async def _keep(self, block: Block) -> None:
-        """Pin a roster or record: alone under retention (it links history), else recursively."""
-        if self.retention is None:
-            await self.store.put(block)
-            return
-        await self.store.put(block, pin=False)  # inside the gate: no collection in between
-        await cast(Collectable, self.store).pin(block.cid, recursive=False)
+        """Store a roster or record, pinned alone (under retention inside the gate)."""
+        await put_pinned_alone(self.store, block)
 
     async def _held(self, work: Awaitable[T]) -> T:
         """Await ``work`` holding the retention gate (no collection mid-way through a put)."""
@@ -53,6 +49,7 @@ class RoundStorage:
     async def _store_round(
         self,
         roster_block: Block,
+        model: CID,
         encoded: list[EncodedGradient],
         record: Block,
         roster: Roster,
@@ -61,9 +58,9 @@ class RoundStorage:
     ) -> None:
         """Store a finished round's roster, model, rule state and record; report its blocks.
 
-        ``encoded`` is the model, then the update rule's state when there is one.
+        ``encoded`` is the model (CID ``model``), then the update rule's state when there is
+        one; empty on a peer that does not hold this round's model.
         """
-        model = encoded[0]
 
         async def put_all() -> None:
             keep = self._keep
@@ -90,7 +87,7 @@ class RoundStorage:
         unique = {bytes(c): c for c in contributions}
         await self.retention.round_done(
             RoundBlocks(
-                r, tuple(unique.values()), roster_block.cid, record.cid, roster.base, model.cid,
+                r, tuple(unique.values()), roster_block.cid, record.cid, roster.base, model,
                 () if held is None else held.records,
             )
         )  # fmt: skip

@@ -37,6 +37,7 @@ __all__ = [
     "RoundBoard",
     "RoundState",
     "coordinator_ranking",
+    "model_holders",
 ]
 
 MAX_ROUNDS_AHEAD: Final = 16
@@ -53,6 +54,26 @@ def coordinator_ranking(
         return hashlib.sha256(text.encode()).digest()
 
     return sorted(set(members), key=lambda peer: (score(peer), peer))
+
+
+def model_holders(
+    session: str,
+    genesis: CID,
+    round_number: int,
+    members: tuple[str, ...],
+    roster_peers: Collection[str],
+    replicas: int | None,
+) -> tuple[str, ...]:
+    """Return the roster peers that store round ``round_number``'s model, in ranking order.
+
+    They are the first ``replicas`` roster peers of the round's :func:`coordinator_ranking`
+    (every roster peer when ``replicas`` is ``None``): every peer, and any third party that
+    knows the roster, names the same holders, so a reader knows whose daemon serves the model.
+    """
+    ranked = [
+        p for p in coordinator_ranking(session, genesis, round_number, members) if p in roster_peers
+    ]
+    return tuple(ranked if replicas is None else ranked[:replicas])
 
 
 @dataclass(frozen=True, slots=True)

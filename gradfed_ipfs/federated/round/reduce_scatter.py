@@ -57,6 +57,7 @@ from ...storage.dag import (
     fetch_gradient,
     put_gradient,
 )
+from ...storage.retention import put_pinned_alone
 from .encoded import encode_gradient
 from .slice_check import check_slices
 from .slice_io import CountingStore, MemorySliceBoard, PubsubSliceBoard, fetch_range
@@ -237,7 +238,7 @@ class ReduceScatterPeer:
             weight_sum=sum(e.weight for e in used),
             result=result,
         )
-        return await self.store.put(record.to_block()), values
+        return await put_pinned_alone(self.store, record.to_block()), values
 
     def _records(self, roster_cid: CID, phase: int, part: _Slice) -> list[SliceMessage]:
         """Slice messages of ``part`` from its ranked reducers, best rank first.
@@ -469,7 +470,7 @@ class ReduceScatterPeer:
             results[p.k], records[p.k] = values, correct
             liars.add(sender)
             fraud = FraudRecord(roster_cid, p.k, sender, cid, correct)
-            fraud_cid = await self.store.put(fraud.to_block())
+            fraud_cid = await put_pinned_alone(self.store, fraud.to_block())
             frauds.append(fraud_cid)
             await self.board.publish(
                 SliceMessage("fraud", self.peer, roster_cid, k=p.k, cid=fraud_cid)

@@ -56,6 +56,7 @@ from ...formats.roster import AgreedMessage, AgreedRecord
 from ...kubo.pubsub import PubsubTransport
 from ...storage.base import BlockStore
 from ...storage.dag import fetch_gradient
+from ...storage.retention import put_pinned_alone
 from .agreed import AgreedSession
 from .agreed_history import load_record, load_roster, model_cid, verify_agreed_round
 from .announcer import Reannouncer
@@ -221,7 +222,7 @@ class RegionalSession:
             encoded.cid,
         )  # fmt: skip
         await encoded.store(self.store)
-        record_cid = await self.store.put(top.to_block())
+        record_cid = await put_pinned_alone(self.store, top.to_block())
         return RegionalRoundResult(
             round=r,
             region=self.region,
