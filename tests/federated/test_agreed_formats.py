@@ -19,6 +19,7 @@ from gradfed_ipfs.errors import (
     ShapeMismatch,
 )
 from gradfed_ipfs.federated.round.coordinator import (
+    MAX_ROUNDS_AHEAD,
     Head,
     RoundBoard,
     best_head,
@@ -264,3 +265,21 @@ def test_board_keeps_an_early_heard_inline_roster_when_its_round_starts() -> Non
     board.advance(4)
     assert board.inline[cids[4]][0] == 4
     assert cids[2] not in board.inline
+
+
+def test_a_member_flooding_inline_rosters_keeps_one_per_round_and_pushes_nobody_out() -> None:
+    board = RoundBoard("s", GENESIS, "peer-c", PEERS)
+    board.advance(3)
+
+    def roster_message(peer: str, r: int, weight: int) -> tuple[bytes, bytes]:
+        roster = Roster.new("s", GENESIS, r, BASE, peer, PEERS, {peer: (C1, weight)}).to_block()
+        message = AgreedMessage("roster", "s", GENESIS, r, peer, roster.cid, inline=roster.data)
+        return bytes(roster.cid), message.encode()
+
+    for r in range(3, 3 + MAX_ROUNDS_AHEAD):
+        for weight in range(1, 20):  # 19 different rosters per round from one member
+            board.accept(PubsubMessage("peer-b", roster_message("peer-b", r, weight)[1]))
+    assert len(board.inline) == MAX_ROUNDS_AHEAD  # the first of each round
+    honest, data = roster_message("peer-a", 4, 1)
+    assert board.accept(PubsubMessage("peer-a", data)) is not None
+    assert board.inline[honest][0] == 4

@@ -182,9 +182,11 @@ class RoundBoard:
                     decoded.cid, decoded.weight, decoded.base
                 )
         elif decoded.kind == "roster":
-            state.rosters.setdefault(decoded.peer, decoded.cid)
-            if decoded.inline is not None and len(self.inline) < MAX_ROUNDS_AHEAD * 4:
-                self.inline[bytes(decoded.cid)] = (decoded.round, decoded.inline)
+            first = state.rosters.setdefault(decoded.peer, decoded.cid)
+            # Only the roster a member's state records keeps its bytes: at most one per member
+            # and round in the window, so a member flooding rosters cannot push others' out.
+            if decoded.inline is not None and bytes(first) == bytes(decoded.cid):
+                self.inline.setdefault(bytes(decoded.cid), (decoded.round, decoded.inline))
         else:
             state.done[decoded.peer] = Head(
                 decoded.round, decoded.cid, decoded.record or decoded.cid
