@@ -9,7 +9,7 @@ import multihash as pymultihash  # installed with py-cid
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from multiformats import CID, multihash
+from multiformats import CID, multihash, varint
 
 from gradfed_ipfs import BlockCorrupt, DecodeError
 from gradfed_ipfs.cid import (
@@ -73,6 +73,23 @@ def test_fast_paths_build_what_multiformats_builds(data: bytes, codec: str) -> N
     assert type(link) is CID
     assert link == CID.decode(bytes(reference))
     assert link.base.name == "base58btc"
+
+
+@pytest.mark.parametrize(
+    "cid",
+    [
+        make_cid(b"x"),
+        make_cid(b"x", "dag-cbor"),
+        CID("base32", 1, "dag-json", multihash.digest(b"x", "sha2-256")),  # code 0x0129: 2 bytes
+        CID("base58btc", 1, "raw", multihash.digest(b"x", "sha2-512")),
+        CID.decode("QmYwAPJzv5CZsnA625s3Xf2nemtYgPpHdWEz79ojWnPbdG"),  # v0: the multihash
+    ],
+)
+def test_cid_bytes_fast_path_gives_multiformats_bytes(cid: CID) -> None:
+    version, codec = varint.encode(cid.version), varint.encode(cid.codec.code)
+    expected = cid.digest if cid.version == 0 else version + codec + cid.digest
+    assert bytes(cid) == expected
+    assert CID.decode(bytes(cid)) == cid
 
 
 def test_other_cids_still_parse_through_multiformats() -> None:

@@ -33,7 +33,7 @@ from typing import Any, Final, Literal
 from multiformats import CID
 
 from ..block import Block
-from ..cid import DAG_CBOR, RAW, make_cid, parse_cid
+from ..cid import DAG_CBOR, RAW, cid_to_str, make_cid, parse_cid
 from ..errors import DecodeError, MalformedAnnouncement, MalformedManifest
 from .pubsub import decode_multibase, encode_multibase
 from .records import decode_record, encode_record, require
@@ -475,6 +475,5 @@ def _parse_text_cid(text: str) -> CID:
     return parse_cid(text)
 
 
-@functools.lru_cache(maxsize=4096)
 def _cid_text(cid: CID) -> str:
-    return str(cid)
+    return cid_to_str(cid)

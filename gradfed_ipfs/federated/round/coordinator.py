@@ -22,6 +22,7 @@ from typing import Final
 
 from multiformats import CID
 
+from ...cid import cid_to_str
 from ...errors import DecodeError
 from ...formats.pubsub import PubsubMessage
 from ...formats.roster import AgreedMessage, Roster
@@ -48,10 +49,10 @@ def coordinator_ranking(
     session: str, genesis: CID, round_number: int, members: tuple[str, ...]
 ) -> list[str]:
     """Return ``members`` in coordinator order for a round (rendezvous hashing, SHA-256)."""
+    prefix = f"{session}\0{cid_to_str(genesis)}\0{round_number}\0"  # str(CID): ~1 ms each
 
     def score(peer: str) -> bytes:
-        text = f"{session}\0{genesis}\0{round_number}\0{peer}"
-        return hashlib.sha256(text.encode()).digest()
+        return hashlib.sha256(f"{prefix}{peer}".encode()).digest()
 
     return sorted(set(members), key=lambda peer: (score(peer), peer))
 
