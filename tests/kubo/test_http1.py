@@ -109,6 +109,10 @@ async def test_a_connection_the_daemon_closed_is_replaced_transparently() -> Non
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",  # bad chunk size
         b"SMTP 220 hello\r\n\r\n",  # not HTTP
         b"HTTP/1.1 200 OK\r\n" + b"X: " + b"y" * MAX_HEAD_BYTES + b"\r\n\r\n",  # head too long
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXY0\r\n\r\n",  # no CRLF
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n"
+        + b"0" * (MAX_HEAD_BYTES + 10),  # chunk-size line too long
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n40000\r\nabc",  # cut chunk
     ],
 )
 async def test_hostile_answers_raise_protocol_errors(reply: bytes) -> None:
@@ -194,3 +198,51 @@ async def test_call_sends_the_encoded_request_and_caps_the_answer() -> None:
         b"--" + boundary + b'\r\nContent-Disposition: form-data; name="file"; filename="block"'
         b"\r\nContent-Type: application/x\r\n\r\n\x00bytes\r\n--" + boundary + b"--\r\n"
     )
+
+
+async def test_many_small_chunks_split_anywhere_decode_exactly_and_keep_the_connection() -> None:
+    # Kubo writes ~4 KiB chunks; TCP delivers them cut anywhere, mid-size-line and mid-CRLF.
+    payload = bytes(range(256)) * 4000  # 1,024,000 bytes
+    sizes = [4096, 1, 17, 65_536, 4096, 3] * 13  # 958,737 bytes: a last, longer chunk follows
+    body, at = b"", 0
+    for size in sizes:
+        piece = payload[at : at + size]
+        at += len(piece)
+        if piece:
+            body += b"%x\r\n" % len(piece) + piece + b"\r\n"
+    body += b"%x;ext=1\r\n" % (len(payload) - at) + payload[at:] + b"\r\n0\r\nX-T: 1\r\n\r\n"
+    cuts = [7, 4099, 4100, 4101, 70_000, 300_001, 300_002, len(body) - 3]
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for _ in range(2):
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            last = 0
+            for cut in [*cuts, len(body)]:
+                writer.write(body[last:cut])
+                await writer.drain()
+                await asyncio.sleep(0)  # let the client read what is there so far
+                last = cut
+        await reader.read()
+
+    async with server(answer) as port:
+        pool = Http1Pool("127.0.0.1", port)
+        assert await fetch(pool) == (200, payload)
+        assert await fetch(pool) == (200, payload)
+        assert pool.opened == 1  # the body ended exactly: the connection was reused
+        await pool.aclose()
+
+
+async def test_a_huge_declared_chunk_meets_the_cap_as_it_streams() -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n40000000\r\n")
+        writer.write(b"x" * 300_000)  # then nothing: the declared 1 GiB never comes
+        await writer.drain()
+        await reader.read()
+
+    async with server(answer) as port:
+        pool = Http1Pool("127.0.0.1", port)
+        with pytest.raises(Http1TooLarge):
+            await pool.call("POST", b"id", [(b"Content-Length", b"0")], b"", 100_000, 5.0, [0])
+        await pool.aclose()
