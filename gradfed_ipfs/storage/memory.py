@@ -9,7 +9,7 @@ import dag_cbor
 from multiformats import CID
 
 from .._types import CIDLike
-from ..cid import DAG_CBOR, parse_cid
+from ..cid import DAG_CBOR, cid_to_str, parse_cid
 from ..errors import BlockNotFound, BlockTooLarge
 from .base import MAX_BLOCK_SIZE, UNSET, AsyncClosing, Block, Unset
 
@@ -58,7 +58,9 @@ class MemoryBlockStore(AsyncClosing):
         try:
             _, data = self.blocks[bytes(parsed)]
         except KeyError:
-            raise BlockNotFound(f"Block not found for CID {parsed}", cid=parsed) from None
+            raise BlockNotFound(
+                f"Block not found for CID {cid_to_str(parsed)}", cid=parsed
+            ) from None
         return Block.from_parts(parsed, data)
 
     async def has(self, cid: CIDLike) -> bool:
@@ -70,7 +72,7 @@ class MemoryBlockStore(AsyncClosing):
         parsed = parse_cid(cid)
         key = bytes(parsed)
         if key not in self.blocks:
-            raise BlockNotFound(f"Block not found for CID {parsed}", cid=parsed)
+            raise BlockNotFound(f"Block not found for CID {cid_to_str(parsed)}", cid=parsed)
         del self.blocks[key]
         self.pins.discard(key)
         self.direct.discard(key)
@@ -79,7 +81,7 @@ class MemoryBlockStore(AsyncClosing):
         """Pin a stored block (a direct pin protects it alone); ``BlockNotFound`` if absent."""
         parsed = parse_cid(cid)
         if bytes(parsed) not in self.blocks:
-            raise BlockNotFound(f"cannot pin missing block {parsed}", cid=parsed)
+            raise BlockNotFound(f"cannot pin missing block {cid_to_str(parsed)}", cid=parsed)
         self.pins.add(bytes(parsed))
         if recursive:
             self.direct.discard(bytes(parsed))
