@@ -174,7 +174,8 @@ async def peer_main(args: argparse.Namespace) -> None:
 
 def run_protocol(
     swarm: KuboSwarm, protocol: str, dim: int, rounds: int, loss: float, tag: str
-) -> list[tuple[float, int]]:
+) -> list[list[tuple[float, int]]]:
+    """Run one block; return each round's (latency, participants) of every peer."""
     members = ",".join(d.peer_id for d in swarm)
     genesis = str(asyncio.run(model_cid(initial_model(dim))))
     procs = []
@@ -187,13 +188,34 @@ def run_protocol(
         ]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         procs.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env))
-    samples: list[tuple[float, int]] = []
+    by_round: list[list[tuple[float, int]]] = [[] for _ in range(rounds - 1)]
     for proc in procs:
         out, _ = proc.communicate(timeout=1800)
         if proc.returncode != 0:
             raise SystemExit(f"{protocol} peer failed with {proc.returncode}")
-        samples += [tuple(x) for x in json.loads(out.strip().splitlines()[-1])["latencies"][1:]]
-    return samples
+        latencies = json.loads(out.strip().splitlines()[-1])["latencies"][1:]
+        for group, (seconds, participants) in zip(by_round, latencies, strict=True):
+            group.append((seconds, participants))
+    return by_round
+
+
+def ratio_interval(
+    agreed: list[list[tuple[float, int]]], runner: list[list[tuple[float, int]]], q: float
+) -> tuple[float, float]:
+    """95 % bootstrap interval of the agreed/runner ratio of the q-th percentile.
+
+    Resamples whole rounds (a round's peers wait for each other, so their latencies are not
+    independent samples), 2,000 times, with a fixed seed.
+    """
+    rng = np.random.default_rng(0)
+
+    def resampled(groups: list[list[tuple[float, int]]]) -> float:
+        picked = rng.integers(0, len(groups), len(groups))
+        return float(np.percentile([s for i in picked for s, _ in groups[i]], q))
+
+    ratios = [resampled(agreed) / resampled(runner) for _ in range(2000)]
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return float(low), float(high)
 
 
 def load() -> str:
@@ -226,22 +248,29 @@ def main() -> None:
     print(f"round latency, one process + one Kubo daemon per peer, d = {args.dim:,} floats")
     print(f"{time.strftime('%Y-%m-%d %H:%M')}, load average {load()}")
     print(f"{'peers':>5} {'loss':>5} {'runner p50':>10} {'p95':>6} {'agreed p50':>10} {'p95':>6}"
-          f" {'p50 ratio':>9} {'p95 ratio':>9} {'short':>5}")  # fmt: skip
+          f" {'p50 ratio (95% CI)':>19} {'p95 ratio':>9} {'short':>5}")  # fmt: skip
     for n in args.peers:
         with KuboSwarm(n) as swarm:
             for loss in args.losses:
-                runner: list[tuple[float, int]] = []
-                agreed: list[tuple[float, int]] = []
+                runner_rounds: list[list[tuple[float, int]]] = []
+                agreed_rounds: list[list[tuple[float, int]]] = []
                 for block in range(args.blocks):  # alternated: both see the same load drift
                     tag = f"{n}-{loss}-{block}-{os.getpid()}"
-                    runner += run_protocol(swarm, "runner", args.dim, args.rounds, loss, f"r{tag}")
-                    agreed += run_protocol(swarm, "agreed", args.dim, args.rounds, loss, f"a{tag}")
+                    runner_rounds += run_protocol(
+                        swarm, "runner", args.dim, args.rounds, loss, f"r{tag}"
+                    )
+                    agreed_rounds += run_protocol(
+                        swarm, "agreed", args.dim, args.rounds, loss, f"a{tag}"
+                    )
+                runner = [x for group in runner_rounds for x in group]
+                agreed = [x for group in agreed_rounds for x in group]
                 short = sum(1 for _, k in runner if k < n) + sum(1 for _, k in agreed if k < n)
                 r50, r95 = percentile(runner, 50), percentile(runner, 95)
                 a50, a95 = percentile(agreed, 50), percentile(agreed, 95)
+                low, high = ratio_interval(agreed_rounds, runner_rounds, 50)
                 print(f"{n:>5} {loss:>5.0%} {r50:>10.3f} {r95:>6.3f} {a50:>10.3f} {a95:>6.3f}"
-                      f" {a50 / r50:>9.2f} {a95 / r95:>9.2f} {short:>5}  load {load()}",
-                      flush=True)  # fmt: skip
+                      f" {a50 / r50:>6.2f} ({low:.2f}-{high:.2f}) {a95 / r95:>9.2f} {short:>5}"
+                      f"  load {load()}", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
