@@ -15,6 +15,7 @@ from gradfed_ipfs.federated.round.slices import (
     MIN_SLICE_VALUES,
     can_slice,
     plan_slices,
+    projection,
     projection_seed,
     projection_tolerance,
     projection_vector,
@@ -154,6 +155,15 @@ def test_projection_catches_a_small_lie_and_passes_float32_rounding() -> None:
     lie = (honest + np.float32(1e-2)).astype(np.float32)
     assert abs(float(z @ lie.astype(np.float64)) - expected) > tol
     assert projection_seed([bytes(ROSTER)]) != projection_seed([bytes(OTHER)])
+
+
+def test_projection_is_the_float64_dot_product() -> None:
+    rng = np.random.default_rng(5)
+    z = projection_vector(projection_seed([bytes(ROSTER)]), 1, 3_001)
+    for values in (rng.standard_normal(3_001).astype(np.float32), rng.standard_normal(3_001)):
+        want = float(z @ values.astype(np.float64))
+        assert projection(z, values) == pytest.approx(want, rel=1e-12, abs=1e-12)
+    assert projection(z[:3], np.array([1.0, 0.0, 2.0], np.float32)) == z[0] + 2 * z[2]
 
 
 def test_slice_messages_round_trip_and_take_the_pubsub_sender() -> None:
