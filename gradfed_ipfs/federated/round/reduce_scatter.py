@@ -48,9 +48,10 @@ from ...errors import (
     DecodeError,
     GradientError,
     InvalidGradient,
+    MalformedManifest,
 )
 from ...formats.roster import Roster
-from ...formats.slices import FraudRecord, SliceMessage, SliceRecord
+from ...formats.slices import FraudRecord, SliceInputs, SliceMessage, SliceRecord
 from ...storage.base import BlockStore
 from ...storage.dag import (
     DEFAULT_CONCURRENCY,
@@ -291,9 +292,9 @@ class ReduceScatterPeer:
         self._local[cid] = values
         await self.board.publish(SliceMessage("slice", self.peer, roster_cid, phase, part.k, cid))
 
-    async def _load(self, cid: CID) -> SliceRecord:
+    async def _load(self, cid: CID, expected: SliceInputs | None = None) -> SliceRecord:
         block = await self.store.get(cid, timeout=self.config.fetch_timeout)
-        return SliceRecord.from_block(block)
+        return SliceRecord.from_block(block, expected)
 
     async def _values(self, record_cid: CID, record: SliceRecord) -> FloatArray:
         if record_cid in self._local:
@@ -406,11 +407,20 @@ class ReduceScatterPeer:
         finally:
             await asyncio.gather(*serving)
 
+        # What every record of this phase names unless its reducer missed a sender: checked
+        # once here instead of N times per record.
+        try:
+            expected: SliceInputs | None = SliceInputs.of(
+                (e.peer, e.contribution) for e in roster.entries if e.peer not in exclude
+            )
+        except MalformedManifest:  # a roster entry no record may name: decode each in full
+            expected = None
+
         async def best_valid(p: _Slice) -> tuple[CID, SliceRecord, str]:
             for m in self._records(roster_cid, phase, p):  # the best-ranked valid record
                 cid = cast(CID, m.cid)
                 try:
-                    record = await self._load(cid)
+                    record = await self._load(cid, expected)
                 except (BlockStoreError, DecodeError):
                     continue  # a reducer's garbage: the next-ranked record, if any, counts
                 if record.roster == roster_cid and (record.k, record.offset, record.length) == (
