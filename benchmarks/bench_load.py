@@ -167,6 +167,7 @@ from multiformats import CID
 
 from gradfed_ipfs.errors import DecodeError
 from gradfed_ipfs.federated.round import AccumulatorConfig, StreamingAccumulator
+from gradfed_ipfs.federated.round.encoded import encode_gradient
 from gradfed_ipfs.federated.round.reduce_scatter import (
     MemorySliceBoard,
     ReduceScatterConfig,
@@ -513,8 +514,9 @@ async def run_reduce_scatter(
     commits = asyncio.Semaphore(16)
 
     async def commit(i: int) -> CID:
-        async with commits:
-            return await put_gradient(peer_store[i], grads[i], chunk_bytes=chunk)
+        async with commits:  # as an agreed round commits: the N chunks in one block/put call
+            encoded = await encode_gradient(grads[i], chunk_bytes=chunk)
+            return await encoded.store(peer_store[i])
 
     lr = 1.0
     base = np.zeros(d, dtype=np.float32)

@@ -363,10 +363,8 @@ class ReduceScatterPeer:
             roster, roster_cid, base, own, parts, chosen, records
         )
         model = np.concatenate(results)
-        if put_model:
-            model_cid = await put_gradient(self.store, model)
-        else:
-            model_cid = (await encode_gradient(model)).cid
+        encoded = await encode_gradient(model)  # put_gradient's CID; its chunks in one batch
+        model_cid = await encoded.store(self.store) if put_model else encoded.cid
         return ReduceScatterResult(
             model=model,
             model_cid=model_cid,
