@@ -117,7 +117,9 @@ def _fast(data: bytes, offset: int, stop: int, max_length: int) -> ChunkManifest
         entry = _ENTRY.match(data, pos)
         if entry is None:
             raise _Slow
-        digest, length, start = entry.group(1), _uint(entry.group(2)), _uint(entry.group(3))
+        digest, raw_length, raw_start = entry.groups()
+        length = raw_length[0] if len(raw_length) == 1 else _uint(raw_length)
+        start = raw_start[0] if len(raw_start) == 1 else _uint(raw_start)
         if start != total or not 0 < length <= _MAX_CHUNK_VALUES or digest in digests:
             raise _Slow
         digests.add(digest)

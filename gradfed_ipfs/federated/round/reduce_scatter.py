@@ -253,9 +253,15 @@ class ReduceScatterPeer:
         ]
         return sorted(found, key=lambda m: rank[m.sender])
 
-    def _filled(self, roster_cid: CID, phase: int, parts: list[_Slice]) -> int:
-        """Return how many slices of ``phase`` have a record from one of their reducers."""
-        return sum(1 for p in parts if self._records(roster_cid, phase, p))
+    def _filled(self, roster_cid: CID, phase: int, parts: list[_Slice], count: int) -> bool:
+        """Return whether ``count`` slices of ``phase`` have a record from one of their reducers.
+
+        The board's own count (records from anyone) bounds it first: this runs on every board
+        message for each of a peer's N waiting slices.
+        """
+        if self.board.filled(roster_cid, phase) < count:
+            return False
+        return sum(1 for p in parts if self._records(roster_cid, phase, p)) >= count
 
     async def _serve(
         self,
@@ -281,7 +287,7 @@ class ReduceScatterPeer:
                 return bool(self._records(roster_cid, phase, part))
 
             def half() -> bool:
-                return mine() or 2 * self._filled(roster_cid, phase, parts) >= len(parts)
+                return mine() or self._filled(roster_cid, phase, parts, (len(parts) + 1) // 2)
 
             await self.board.wait_for(half, self.config.phase_timeout)
             if mine() or await self.board.wait_for(mine, rank * self.config.reducer_timeout):
@@ -397,7 +403,7 @@ class ReduceScatterPeer:
         ]
         try:
             ok = await self.board.wait_for(
-                lambda: self._filled(roster_cid, phase, parts) >= len(parts),
+                lambda: self._filled(roster_cid, phase, parts, len(parts)),
                 self.config.phase_timeout,
             )
             if not ok:
