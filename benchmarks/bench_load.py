@@ -653,6 +653,16 @@ def _cpu() -> float:
     return t.user + t.system
 
 
+def _daemon_cpu(nodes: list[Any]) -> float:
+    """CPU seconds (user + system) the daemons used so far (``/proc/<pid>/stat``; 0 if unknown)."""
+    total = 0
+    for node in nodes:
+        with contextlib.suppress(OSError, TypeError, IndexError, ValueError):
+            fields = Path(f"/proc/{node.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def _compare(nodes: list[Any], counts: list[int], args: argparse.Namespace) -> None:
     """Print all-to-all vs reduce-scatter rows (one round each) at each peer count."""
     for n, peers in enumerate(counts):
@@ -674,7 +684,7 @@ def _compare(nodes: list[Any], counts: list[int], args: argparse.Namespace) -> N
             )
             a2a_seconds, a2a_cpu = max(a2a.round_seconds), _cpu() - cpu
             assert a2a.max_error < 1e-4, a2a.max_error
-        cpu = _cpu()
+        cpu, daemons = _cpu(), _daemon_cpu(nodes)
         # Another seed: no block of the all-to-all run is reused.
         rs = asyncio.run(
             run_reduce_scatter(
@@ -689,13 +699,14 @@ def _compare(nodes: list[Any], counts: list[int], args: argparse.Namespace) -> N
                 peer_clients=args.peer_clients,
             )
         )
-        rs_cpu = _cpu() - cpu
+        rs_cpu, rs_daemons = _cpu() - cpu, _daemon_cpu(nodes) - daemons
         a2a_bytes = (peers - 1) * 4 * args.d
         print(
             f"peers={peers:>3} d={args.d:,} load={load:4.1f}->{os.getloadavg()[0]:4.1f}  "
             f"all-to-all round={a2a_seconds:7.2f}s (cpu {a2a_cpu:6.1f}s) "
             f"per-peer download={a2a_bytes / 1e6:7.1f} MB  |  reduce-scatter "
-            f"round={rs.seconds:7.2f}s (cpu {rs_cpu:6.1f}s, chunk {rs.chunk_bytes:,} B, "
+            f"round={rs.seconds:7.2f}s (cpu {rs_cpu:6.1f}s, daemons {rs_daemons:6.1f}s, "
+            f"chunk {rs.chunk_bytes:,} B, "
             f"takeovers {rs.takeovers}) per-peer max={max(rs.downloaded) / 1e6:6.2f} MB "
             f"({max(rs.downloaded) / (4 * args.d):.2f}·d·4B)  speed-up "
             f"{a2a_seconds / rs.seconds:4.1f}x  equal CIDs={rs.cids_equal} "
