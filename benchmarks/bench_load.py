@@ -25,128 +25,71 @@ reduce-scatter round each with a silent reducer, a lying reducer and a sender wh
 vanish after commit (detected / recovered, the final CID equal on every honest peer, extra
 time). The roster is built in process (its agreement is issue 13's, not timed here) and the
 slice board is in process; all gradient and slice bytes move through the daemons. The
-contributions are chunked at :func:`slice_chunk_bytes` (``4·d/N``: slice k is chunk k), and
-the line also prints this process's CPU seconds per mode, the load average, and how many
-slices a backup reducer redid (takeovers).
+contributions are committed as an agreed round commits them (``EncodedGradient.store``: the
+chunks in one ``block/put`` call), chunked at :func:`slice_chunk_bytes` (``4·d/N``: slice k is
+chunk k). The line also prints the CPU seconds of this process and of the daemons, the load
+average, and how many slices a backup reducer redid (takeovers).
 
-Measured 2026-11-30, ``nice -n 10 python benchmarks/bench_load.py --reduce-scatter 8,16,32``
-(4 daemons, d = 1M, one round per mode, the two modes back to back at each N) while the
-2-core machine ran at load average 11–16 from other work, so this process got 17–30 % of one
-core: the ratio and the CPU seconds mean more than the times. N = 64 (reduce-scatter only,
-``--connections 16``) ran next, at load 12 falling to 2::
+Reading the numbers. Every simulated peer is a task of this one process and the 4 daemons share
+the machine's 2 cores with it, so a round takes about (this process's CPU + the daemons' CPU)
+/ 2; the machine is shared, so CPU seconds are the measure and times move with the load.
+Reduce-scatter's per-peer bytes are constant (~2·d·4 B) but its per-peer *counts* grow with N:
+a commit is N chunks, a reducer reads N−1 manifests of N links and N−1 chunks, every peer reads
+N slice records of N inputs and N−1 slice results: ~4N blocks and ~N² decoded items per peer.
 
-    N   all-to-all round (CPU)   reduce-scatter round (CPU)   RS per-peer max   ratio
-    8     101.8 s (17.0 s)          24.9 s (  7.0 s)           1.76·d·4 B       4.1x
-   16     188.0 s (60.4 s)          68.5 s ( 20.7 s)           1.89·d·4 B       2.7x
-   32    1015.3 s (294.8 s)        372.0 s (108.6 s)           1.98·d·4 B       2.7x
-   64      not run                 980.1 s (475.2 s)           2.12·d·4 B
+Made cheaper, in order (each found with cProfile of one round at N = 16-64, 2026-11-30):
+RPC calls through ``gradfed_ipfs.kubo.http1`` (httpx + httpcore cost 1.3-2.8 ms of CPU a call
+and scanned their pool per request), one TLS context, a client per simulated peer
+(``--peer-clients``: one client shared by N/4 peers queued ~N²/4 requests); CIDs built and
+rendered without multiformats' run-time checks, and remembered; a strict dag-cbor fast path
+(``formats/fast_cbor.py``); reducer ranking hashed once per round. Then (branch ``rs-lin``):
 
-No takeovers; every reduce-scatter run ended with equal CIDs on all peers, equal to the
-all-to-all model. Bytes meet issue 14's goal (≤ 2.5·d·4 B at every N); time does not: 2.7x,
-not 6x, at N = 32, and reduce-scatter's CPU grows ~N² (7 → 21 → 109 → 475 s), not ~N. Both
-modes are CPU-bound in this one Python process (every simulated peer runs in it, so its time
-is the sum of the peers' work). Reduce-scatter's per-peer bytes are constant, but its per-peer
-*counts* grow with N: each peer decodes N−1 manifests listing N chunk CIDs and N slice records
-naming N input CIDs (N² CIDs per peer), and makes ~4N RPC calls, all N peers at once. A
-cProfile of one N = 24 round (the rest is bytes, projections, asyncio):
+- slice projections by ``einsum``, not BLAS: multi-threaded OpenBLAS woke and then spun its
+  threads for each of a peer's ~3N small dot products (at N = 64 holding it to one thread cut
+  this process's CPU from 30.6 to 21.3 s);
+- a reducer decodes only the links of the manifest chunks covering its slice
+  (``formats/manifest_window.py``; 64 manifests of 64 links, cold: 86 → 6.6 ms);
+- a phase's expected slice inputs are checked once and compared as bytes with each record's
+  (``SliceInputs``; 64 records of 64 inputs: 22.6 → 5.5 ms);
+- ``json_depth`` scans short texts in Python (NumPy's set-up was ~40 of the ~120 µs of decoding
+  one Arrow chunk; ~2N decodes per peer);
+- a commit's N chunks go in one ``block/put`` call (``put_many``); a waiting backup reducer
+  asks the board's count of filled slices before counting ranked records.
 
-- 32 %: httpcore's pool scanning its queue of waiting requests on every response (one RPC
-  client per daemon, shared by N/4 peers that each fetch N−1 inputs at once: ~N²/4 queued).
-  ``--peer-clients`` (a client per peer, as separate processes would have) cut reduce-scatter
-  CPU at N = 32 from 76.8 to 55.6 s (81.4 → 63.2 s round, load 2–3, back to back).
-- 21 %: dag-cbor decoding of manifests and slice records, nearly all in multiformats'
-  ``CID.decode`` (~1–4 ms each: its runtime ``typing_validation`` formats an error message
-  for every failed branch of a ``Union``; validation is 23 % of the whole profile).
-- 7 %: httpcore re-trying ``import sniffio`` (not installed) on every request, a
-  ``sys.path`` search each time; 4 %: ``str(CID)`` (base32 through ``bases``) per
-  ``block/get``.
+Back to back, ``--reduce-scatter 8,16,32,64 --peer-clients --a2a-max 32 --connections 16``,
+2026-11-30, ``main`` at 729a32b ("before") then this branch ("after"), twice; other
+developers' work kept the load at 3.6-6.5 (run 1, 19:02-19:07) and raised it from 0.5 to
+6.9 during run 2 (19:21-19:26). Reduce-scatter round (this process's CPU + the daemons')::
 
-On a quieter machine (load 3.5, the same day, ``--reduce-scatter 32 --peer-clients``): N = 32
-all-to-all 236.4 s (199.6 s CPU), reduce-scatter 69.4 s (62.9 s CPU), 1.98·d·4 B: 3.4x, still
-short of 6x.
+    N   before, run 1       after, run 1        before, run 2       after, run 2
+    8    2.41 s ( 1.7+1.1)   1.42 s ( 1.1+1.4)   1.07 s ( 1.2+0.8)   1.14 s ( 0.9+1.0)
+   16    4.94 s ( 3.6+2.2)   2.82 s ( 2.1+2.8)   3.45 s ( 3.2+2.0)   2.66 s ( 1.7+2.2)
+   32   16.97 s ( 9.8+5.9)   6.93 s ( 5.0+6.0)  16.41 s (11.6+5.7)  10.10 s ( 4.8+5.8)
+   64   36.11 s (29.2+14.5) 17.50 s (13.3+14.4) 33.01 s (27.8+14.3) 21.70 s (13.7+14.2)
 
-Stubbing the validation and sniffio (an experiment, not in the code) cut reduce-scatter CPU
-from 22.9 to 13.8 s at N = 16. Runs before this one were slower still because contributions
-were chunked at 64 KiB whatever N (66 CIDs per manifest, 66 ``block/put`` per commit: 52 s
-against 18 s at N = 8 in back-to-back runs).
+Every run: equal CIDs on all peers, equal to the reference, no takeovers, per-peer download
+1.76 / 1.89 / 1.98 / 2.12·d·4 B. At N = 64 this process's CPU halved (29.2 → 13.3 and 27.8 →
+13.7 s); the daemons' did not change (~14.3 s) and is now half of the total. From N = 8 to 64
+the total CPU grew 15.6x / 21x before and 11.1x / 14.7x after (the N = 8 totals are 1.9-2.8 s
+and noisy): closer to linear, short of the ~10x aimed at. CPU per simulated peer, after (run
+1): ours 0.14 / 0.13 / 0.16 / 0.21 s, the daemons' 0.18 / 0.18 / 0.19 / 0.23 s. All-to-all
+at N = 32 took 56.1 and 62.2 s (8.1x and 6.2x reduce-scatter's time). The idle-machine
+reference before this work (17:11, load 0.6-3.3) was 1.05 / 2.37 / 6.04 / 20.66 s with 1.1 /
+2.6 / 6.5 / 23.6 s of this process's CPU.
 
-Idle machine, 2026-11-30 15:01-15:10 (load 1.6-3.2), after the CID fast paths in
-``gradfed_ipfs.cid`` (and with sniffio installed), ``--peer-clients`` (N = 64: ``--a2a-max 16
---connections 16``)::
+What is left is per-block cost, about equal on both sides at N = 64. Ours: ~4N RPC calls per
+peer (a ``send`` and an asyncio exchange each, ~0.1-0.25 ms) and ~2N Arrow decodes (~0.2 ms
+each). The daemons' (pprof of one daemon during an N = 64 round): ~55 % serving RPC calls, of
+which ~20 % is flatfs writing each stored or fetched block as its own file (temp file, write,
+fsync, rename), ~8 % bitswap streams; ~2N block writes and ~4N calls per peer. Not done:
+slice records inline in board messages (no ``block/get`` of N records per peer) measured
+within the noise in an experiment (N = 64: 13.2 / 12.4 s of this process's CPU without,
+13.8 / 11.9 s with), so the records stay on every peer's daemon as before.
 
-    N   all-to-all round (CPU)   reduce-scatter round (CPU)   RS per-peer max   ratio
-    8      10.9 s ( 11.5 s)          3.5 s (  4.6 s)           1.76·d·4 B       3.1x
-   16      44.4 s ( 44.1 s)         10.4 s ( 12.6 s)           1.89·d·4 B       4.3x
-   32     203.0 s (197.8 s)         27.5 s ( 32.2 s)           1.98·d·4 B       7.4x
-   64      not run                 129.9 s (139.6 s)           2.12·d·4 B
-
-(N = 32 just before the fast paths, same machine: 226.8 s against 56.5 s, 4.0x.) The 6x goal
-at N = 32 is met there; reduce-scatter's time still grows about as N^1.7, not N.
-
-Then with every RPC connection kept alive and CIDs rebased/rendered without multiformats'
-checks (15:25-15:31, load 1.0-3.2)::
-
-    N   all-to-all round   reduce-scatter round   ratio
-    8        8.8 s               2.2 s             4.0x
-   16       42.4 s               6.5 s             6.5x
-   32      182.5 s              30.9 s             5.9x   (load 1.1 -> 3.1 during it)
-   64      not run             102.6 s
-
-So 7.4x and 5.9x at N = 32 in two runs; growth from N = 8 to 64 about N^1.8.
-
-Why it grew faster than N (cProfile of one round at N = 16, 32, 64, 16:00-16:30): per-peer
-*counts* grow with N, and every simulated peer runs in this process. Found and changed:
-
-- RPC calls: ~5N per peer (N chunk puts, N−1 manifests, N−1 chunks, N records, N−1 results),
-  1.3 ms (small block) to 2.8 ms (250 KB) of CPU each through httpx + httpcore (whose pool also
-  ``select()``s every idle connection at each request start and end): 60-70 % of the CPU.
-  ``gradfed_ipfs.kubo.http1`` now carries plain calls: 0.15-0.25 ms small, 0.7-1.0 ms 250 KB.
-- dag-cbor: each peer decodes N−1 manifests of N chunk links and N slice records of N inputs,
-  N² items per peer (N³ in this process), and multiformats built each CID in 10-25 µs. Now a
-  strict fast path (``formats/fast_cbor.py``, 2x; dag_cbor judges anything else) and CIDs
-  remembered by their bytes. Left: a real peer decodes ~33 ms (N = 32) / ~150 ms (N = 64) per
-  round with a cold CID cache; here the simulated peers share that cache, which flatters N = 64
-  by up to ~0.1 s per peer. It is the formats' N² (a manifest lists every chunk, a record every
-  input); changing them changes the records' CIDs.
-- Reducer ranking hashed every peer once per slice (N² sha256 per peer): now once per round.
-  httpx built a TLS context per client (30-80 ms each, one client per peer): now one.
-- Not a cost at these N: board wake-ups (each backup waiter's predicate ran ~twice per round,
-  the slice records arrive in a burst). Not changed: commits are N ``block/put`` calls (Kubo
-  takes several blocks per call); inlining slice records in board messages would save N calls
-  per peer but leave the records on the reducers' daemons only.
-
-Before (``main`` at fd5b4f4) and after, back to back, ``--reduce-scatter 8,16,32,64
---peer-clients --a2a-max 0 --connections 16``, reduce-scatter round (this process's CPU s);
-another developer's tests ran meanwhile, and CPU seconds here rise with the load too::
-
-    run (time, load)                 N = 8         16            32             64
-    before (16:36, 1.9 -> 3.5)     4.7 (4.0)    9.1 ( 8.6)   35.1 (28.7)   186.2 (173.2)
-    after  (16:40, 3.0 -> 3.9)     3.1 (2.6)    5.8 ( 5.0)   27.0 (24.5)   106.4 (100.2)
-    after  (16:43, 3.1 -> 3.5)     2.3 (1.7)    4.5 ( 3.5)   21.7 (19.4)    78.4 ( 72.8)
-    before (16:45, 3.0 -> 5.2)                 12.1 (11.4)   41.2 (39.1)   144.5 (110.7)
-    after  (16:49, 5.3 -> 6.6)                  6.3 ( 4.0)   16.9 ( 9.6)    46.2 ( 35.3)
-    after* (16:21, 0.5 -> 1.2)     1.5 (1.6)    3.2 ( 3.6)    8.8 (10.0)    31.7 ( 35.4)
-
-(* before the last change: plain calls still built httpx's request and response objects.)
-Every run: equal CIDs on all peers, equal to the reference; no takeovers; per-peer bytes
-1.76 / 1.89 / 1.98 / 2.12·d·4 B. So 2-3x less CPU at every N, and N = 64 in 31.7-106 s
-instead of 102.6-186 s, but not linear: CPU from N = 16 to 64 grew 9-21x in both versions
-(N^1.6 to N^2.2, depending on the load), since each peer still makes ~5N calls and decodes
-N² items, and the 4 daemons (bitswap per block, ~N² blocks in all) share the 2 cores.
-
-Idle machine after the merge (2026-11-30 17:11, load 0.6 -> 3.3), ``--reduce-scatter
-8,16,32,64 --peer-clients --a2a-max 32 --connections 16``::
-
-    N   all-to-all round (CPU)   reduce-scatter round (CPU)   RS per-peer max   speed-up
-    8       2.83 s (  3.0 s)          1.05 s (  1.1 s)         1.76·d·4 B       2.7x
-   16      10.78 s ( 10.0 s)          2.37 s (  2.6 s)         1.89·d·4 B       4.5x
-   32      43.88 s ( 39.4 s)          6.04 s (  6.5 s)         1.98·d·4 B       7.3x
-   64      not run                   20.66 s ( 23.6 s)         2.12·d·4 B
-
-Reduce-scatter: x2.3, x2.5, x3.4 per doubling (N^1.26 from 8 to 32, N^1.43 to 64); CPU per
-simulated peer 0.14 / 0.16 / 0.20 / 0.37 s (~N^0.5: what one peer on its own machine spends).
-``--reduce-scatter 16 --faults --peer-clients --a2a-max 0`` (17:14, clean round 2.93 s): silent
-reducer +9.67 s (1 takeover), lying reducer caught +0.12 s, dropped sender excluded +39.3 s.
+``--reduce-scatter 16 --faults --peer-clients --a2a-max 0`` (19:20, this branch, load 0.5-0.8,
+clean round 2.28 s): silent reducer +10.41 s (1 takeover), lying reducer caught +0.67 s,
+dropped sender excluded +39.77 s; every final CID equal on the honest peers and to the
+reference (17:14, before: +9.67 / +0.12 / +39.3 s).
 """
 
 from __future__ import annotations
@@ -167,6 +110,7 @@ from multiformats import CID
 
 from gradfed_ipfs.errors import DecodeError
 from gradfed_ipfs.federated.round import AccumulatorConfig, StreamingAccumulator
+from gradfed_ipfs.federated.round.encoded import encode_gradient
 from gradfed_ipfs.federated.round.reduce_scatter import (
     MemorySliceBoard,
     ReduceScatterConfig,
@@ -513,8 +457,9 @@ async def run_reduce_scatter(
     commits = asyncio.Semaphore(16)
 
     async def commit(i: int) -> CID:
-        async with commits:
-            return await put_gradient(peer_store[i], grads[i], chunk_bytes=chunk)
+        async with commits:  # as an agreed round commits: the N chunks in one block/put call
+            encoded = await encode_gradient(grads[i], chunk_bytes=chunk)
+            return await encoded.store(peer_store[i])
 
     lr = 1.0
     base = np.zeros(d, dtype=np.float32)
@@ -651,6 +596,16 @@ def _cpu() -> float:
     return t.user + t.system
 
 
+def _daemon_cpu(nodes: list[Any]) -> float:
+    """CPU seconds (user + system) the daemons used so far (``/proc/<pid>/stat``; 0 if unknown)."""
+    total = 0
+    for node in nodes:
+        with contextlib.suppress(OSError, TypeError, IndexError, ValueError):
+            fields = Path(f"/proc/{node.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def _compare(nodes: list[Any], counts: list[int], args: argparse.Namespace) -> None:
     """Print all-to-all vs reduce-scatter rows (one round each) at each peer count."""
     for n, peers in enumerate(counts):
@@ -672,7 +627,7 @@ def _compare(nodes: list[Any], counts: list[int], args: argparse.Namespace) -> N
             )
             a2a_seconds, a2a_cpu = max(a2a.round_seconds), _cpu() - cpu
             assert a2a.max_error < 1e-4, a2a.max_error
-        cpu = _cpu()
+        cpu, daemons = _cpu(), _daemon_cpu(nodes)
         # Another seed: no block of the all-to-all run is reused.
         rs = asyncio.run(
             run_reduce_scatter(
@@ -687,13 +642,14 @@ def _compare(nodes: list[Any], counts: list[int], args: argparse.Namespace) -> N
                 peer_clients=args.peer_clients,
             )
         )
-        rs_cpu = _cpu() - cpu
+        rs_cpu, rs_daemons = _cpu() - cpu, _daemon_cpu(nodes) - daemons
         a2a_bytes = (peers - 1) * 4 * args.d
         print(
             f"peers={peers:>3} d={args.d:,} load={load:4.1f}->{os.getloadavg()[0]:4.1f}  "
             f"all-to-all round={a2a_seconds:7.2f}s (cpu {a2a_cpu:6.1f}s) "
             f"per-peer download={a2a_bytes / 1e6:7.1f} MB  |  reduce-scatter "
-            f"round={rs.seconds:7.2f}s (cpu {rs_cpu:6.1f}s, chunk {rs.chunk_bytes:,} B, "
+            f"round={rs.seconds:7.2f}s (cpu {rs_cpu:6.1f}s, daemons {rs_daemons:6.1f}s, "
+            f"chunk {rs.chunk_bytes:,} B, "
             f"takeovers {rs.takeovers}) per-peer max={max(rs.downloaded) / 1e6:6.2f} MB "
             f"({max(rs.downloaded) / (4 * args.d):.2f}·d·4B)  speed-up "
             f"{a2a_seconds / rs.seconds:4.1f}x  equal CIDs={rs.cids_equal} "

@@ -9,12 +9,19 @@ bytes) without repeats, tag 42 over ``0x00``-prefixed bytes (decoded by the same
 ``dag_cbor`` uses), finite float64, ``false``/``true``/``null``, no trailing bytes. Anything
 else, valid or not (non-ASCII text, deep nesting, a truncated item), goes to ``dag_cbor.decode``,
 which stays the one judge of what is valid dag-cbor and of every error raised.
+
+``known`` skips work a caller has already done: a value of the top-level map whose bytes equal
+a known encoding may decode to the object given for it, unread (a CBOR item is self-delimiting,
+so bytes that start with a complete item's encoding hold exactly that item there); when the
+reference decoder answers instead, it is decoded as usual, so callers accept both. A round's N
+slice records name the same N inputs; their reader passes that list's encoding once.
 """
 
 from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Mapping
 from typing import Any, Final
 
 import dag_cbor
@@ -30,8 +37,16 @@ class _Slow(Exception):
     """Internal: not in the fast subset (or not valid); ``dag_cbor`` decides."""
 
 
-def decode_dag_cbor(data: bytes) -> Any:
+def decode_dag_cbor(data: bytes, known: Mapping[bytes, Any] | None = None) -> Any:
     """Return ``dag_cbor.decode(data)``, decoding the canonical subset without its overhead.
+
+    Parameters
+    ----------
+    data
+        The dag-cbor bytes.
+    known
+        Complete dag-cbor encodings of values and what to return for each when it is a value
+        of the top-level map (see the module docstring); only the fast path uses them.
 
     Raises
     ------
@@ -40,10 +55,18 @@ def decode_dag_cbor(data: bytes) -> Any:
     """
     data = bytes(data)
     try:
-        value, end = _item(data, 0, 0)
+        value, end = _item(data, 0, 0, known or None)
     except Exception:  # any surprise (truncation, a bad CID, ...): the reference decoder judges
         return dag_cbor.decode(data)
     return value if end == len(data) else dag_cbor.decode(data)
+
+
+def _known(data: bytes, pos: int, known: Mapping[bytes, Any]) -> tuple[Any, int] | None:
+    """Return ``(value, next position)`` if a known encoding starts at ``pos``."""
+    for encoded, value in known.items():
+        if data.startswith(encoded, pos):
+            return value, pos + len(encoded)
+    return None
 
 
 def _head(data: bytes, pos: int) -> tuple[int, int, int]:
@@ -65,7 +88,9 @@ def _head(data: bytes, pos: int) -> tuple[int, int, int]:
     return major, value, end
 
 
-def _item(data: bytes, pos: int, depth: int) -> tuple[Any, int]:
+def _item(
+    data: bytes, pos: int, depth: int, known: Mapping[bytes, Any] | None = None
+) -> tuple[Any, int]:
     lead = data[pos]
     if lead >= 0xE0:  # major type 7: simple values and floats
         if lead == 0xF4:
@@ -94,7 +119,7 @@ def _item(data: bytes, pos: int, depth: int) -> tuple[Any, int]:
         if not raw.isascii():
             raise _Slow
         return raw.decode("ascii"), end
-    if depth >= _MAX_DEPTH or arg > len(data) - pos:
+    if depth >= _MAX_DEPTH or (major != 6 and arg > len(data) - pos):  # a tag's arg: its number
         raise _Slow
     if major == 4:
         items = []
@@ -112,7 +137,8 @@ def _item(data: bytes, pos: int, depth: int) -> tuple[Any, int]:
             if key_major != 3 or end > len(data) or not key.isascii() or (size, key) <= previous:
                 raise _Slow  # not a text key, or out of canonical order, or repeated
             previous = (size, key)
-            value, pos = _item(data, end, depth + 1)
+            hit = None if known is None else _known(data, end, known)
+            value, pos = _item(data, end, depth + 1) if hit is None else hit
             mapping[key.decode("ascii")] = value
         return mapping, pos
     if major == 6 and arg == 42:

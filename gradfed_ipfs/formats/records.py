@@ -44,8 +44,13 @@ def encode_record(record: dict[str, Any]) -> Block:
     return Block.new(data, "dag-cbor")
 
 
-def decode_record(block: Block, record_type: str, version: int = 1) -> dict[str, Any]:
+def decode_record(
+    block: Block, record_type: str, version: int = 1, *, known: dict[bytes, Any] | None = None
+) -> dict[str, Any]:
     """Decode a dag-cbor block and check its ``type`` and ``version``.
+
+    ``known`` encodings of top-level values may come back as their given objects
+    (:func:`~gradfed_ipfs.formats.fast_cbor.decode_dag_cbor`).
 
     Raises
     ------
@@ -53,7 +58,7 @@ def decode_record(block: Block, record_type: str, version: int = 1) -> dict[str,
         If the bytes are not dag-cbor, or not a map of that type and version.
     """
     try:
-        record = decode_dag_cbor(block.data)
+        record = decode_dag_cbor(block.data, known)
     except Exception as exc:  # dag_cbor raises several unrelated types on bad input
         raise MalformedManifest(f"block {block.cid} is not dag-cbor: {exc}") from exc
     if not isinstance(record, dict) or record.get("type") != record_type:

@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final, Literal
 
+import dag_cbor
 from multiformats import CID
 
 from ..block import Block
@@ -45,6 +47,7 @@ __all__ = [
     "MAX_SLICE_RECORD_BYTES",
     "SLICE_RULES",
     "FraudRecord",
+    "SliceInputs",
     "SliceKind",
     "SliceMessage",
     "SliceRecord",
@@ -96,6 +99,12 @@ def _link(value: object, where: str, codecs: tuple[int, ...]) -> CID:
     return parse_cid(value)
 
 
+def _input(item: object, where: str) -> tuple[str, CID]:
+    if not isinstance(item, list) or len(item) != 2:
+        raise MalformedManifest(f"{where}: an input is not [peer, cid]")
+    return _peer(item[0], where), _link(item[1], where, (RAW, DAG_CBOR))
+
+
 def _count(value: object, where: str, low: int = 0) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value < _MAX_INDEX:
         raise MalformedManifest(f"{where}: not an integer >= {low}")
@@ -105,6 +114,35 @@ def _count(value: object, where: str, low: int = 0) -> int:
 def _block(block: Block, where: str) -> None:
     if len(block.data) > MAX_SLICE_RECORD_BYTES:
         raise MalformedManifest(f"{where}: {len(block.data)} bytes is too large")
+
+
+_KNOWN_INPUTS: Final = object()
+
+
+@dataclass(frozen=True)
+class SliceInputs:
+    """A slice record's expected ``inputs``, checked once, and their dag-cbor encoding.
+
+    Every slice record of a phase names the same N inputs (the roster minus the missing
+    senders); :meth:`SliceRecord.from_block` given them compares a record's ``inputs`` bytes
+    with :attr:`encoded` instead of decoding and checking N peer IDs and N CIDs again.
+    """
+
+    inputs: tuple[tuple[str, CID], ...]
+    encoded: bytes
+
+    @classmethod
+    def of(cls, inputs: Iterable[tuple[str, CID]]) -> SliceInputs:
+        """Check ``(peer, contribution)`` pairs as a record's inputs are checked; encode them.
+
+        Raises
+        ------
+        MalformedManifest
+            If a peer ID or CID is not one a slice record may name.
+        """
+        where = "expected slice inputs"
+        pairs = tuple((_peer(p, where), _link(c, where, (RAW, DAG_CBOR))) for p, c in inputs)
+        return cls(pairs, bytes(dag_cbor.encode([[p, c] for p, c in pairs])))
 
 
 @dataclass(frozen=True)
@@ -149,8 +187,11 @@ class SliceRecord:
         )
 
     @classmethod
-    def from_block(cls, block: Block) -> SliceRecord:
+    def from_block(cls, block: Block, expected: SliceInputs | None = None) -> SliceRecord:
         """Decode and check a slice record.
+
+        ``expected`` inputs (:class:`SliceInputs`), when the record names exactly those, are
+        not decoded again: the result and the errors are the same either way.
 
         Raises
         ------
@@ -161,22 +202,22 @@ class SliceRecord:
         """
         where = f"slice record {cid_to_str(block.cid)}"
         _block(block, where)
-        record = decode_record(block, _SLICE)
+        known = None if expected is None else {expected.encoded: _KNOWN_INPUTS}
+        record = decode_record(block, _SLICE, known=known)
         rule = require(record, "rule", str, where)
         if split_slice_rule(rule) is None:
             raise MalformedManifest(f"{where}: unknown rule {rule!r:.40}")
         rate = require(record, "learning_rate", float, where)
         if not math.isfinite(rate):
             raise MalformedManifest(f"{where}: learning rate is not finite")
-        inputs = require(record, "inputs", list, where)
+        known_inputs = None
+        if expected is not None and record.get("inputs") is _KNOWN_INPUTS:
+            known_inputs = expected.inputs  # checked by SliceInputs.of
+        inputs = known_inputs or require(record, "inputs", list, where)
         missing = require(record, "missing", list, where)
         if len(inputs) + len(missing) > MAX_ROSTER_ENTRIES or not inputs:
             raise MalformedManifest(f"{where}: 1..{MAX_ROSTER_ENTRIES} inputs required")
-        pairs = []
-        for item in inputs:
-            if not isinstance(item, list) or len(item) != 2:
-                raise MalformedManifest(f"{where}: an input is not [peer, cid]")
-            pairs.append((_peer(item[0], where), _link(item[1], where, (RAW, DAG_CBOR))))
+        pairs = list(known_inputs or (_input(item, where) for item in inputs))
         absent = tuple(_peer(p, where) for p in missing)
         names = [p for p, _ in pairs] + list(absent)
         if len(set(names)) != len(names) or list(absent) != sorted(absent):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Final, Protocol, Self, runtime_checkable
 
@@ -27,6 +27,7 @@ __all__ = [
     "BlockStore",
     "Unset",
     "fetch_all",
+    "put_many",
 ]
 
 
@@ -119,6 +120,16 @@ class StoreWrapper:
         """As the wrapped store's."""
         return await self.store.put(block, pin=pin)
 
+    async def put_many(self, blocks: Sequence[Block], *, pin: bool = True) -> list[CID]:
+        """As the wrapped store's :func:`put_many` unless a subclass changes ``put``.
+
+        A subclass that changes ``put`` (a gate, a forced ``pin=False``) gets its ``put`` per
+        block instead, so batching never bypasses it.
+        """
+        if type(self).put is not StoreWrapper.put:
+            return await _put_each(self, blocks, pin)
+        return await put_many(self.store, blocks, pin=pin)
+
     async def get(self, cid: CIDLike, *, timeout: float | Unset = UNSET) -> Block:
         """As the wrapped store's."""
         return await self.store.get(cid, timeout=timeout)
@@ -145,6 +156,23 @@ class StoreWrapper:
 
     async def aclose(self) -> None:
         """Nothing: the wrapped store belongs to the caller."""
+
+
+async def put_many(store: BlockStore, blocks: Sequence[Block], *, pin: bool = True) -> list[CID]:
+    """Store ``blocks`` and return their CIDs, in as few calls as ``store`` allows.
+
+    A store with a ``put_many`` method (:class:`~gradfed_ipfs.storage.KuboBlockStore`: one
+    ``block/put`` call for many blocks) is asked once; any other store gets concurrent ``put``
+    calls. Either way every block is stored, or the first failure is raised.
+    """
+    batched = getattr(store, "put_many", None)
+    if batched is not None:
+        return list(await batched(blocks, pin=pin))
+    return await _put_each(store, blocks, pin)
+
+
+async def _put_each(store: BlockStore, blocks: Sequence[Block], pin: bool) -> list[CID]:
+    return list(await asyncio.gather(*(store.put(block, pin=pin) for block in blocks)))
 
 
 FETCH_CONCURRENCY: Final = 16

@@ -58,6 +58,7 @@ from ..formats.manifest import (
     ChunkManifest,
     ChunkRef,
 )
+from ..formats.manifest_window import decode_manifest_window
 from ..tensor.types import DenseGradient
 from .base import MAX_BLOCK_SIZE, UNSET, Block, BlockStore, Unset
 
@@ -216,8 +217,12 @@ async def fetch_manifest(
     timeout: float | Unset = UNSET,
     retries: int = 2,
     max_length: int = MAX_DECODED_ELEMENTS,
+    window: tuple[int, int] | None = None,
 ) -> ChunkManifest:
     """Fetch and validate the manifest of a chunked gradient.
+
+    With ``window=(offset, stop)`` only the chunks overlapping those values are kept, and only
+    their links are decoded (:func:`~gradfed_ipfs.formats.manifest_window.decode_manifest_window`).
 
     Parameters
     ----------
@@ -244,6 +249,8 @@ async def fetch_manifest(
         store, parsed, timeout, retries, f"manifest {cid_to_str(parsed)}"
     )
     try:
+        if window is not None:
+            return decode_manifest_window(block.data, *window, max_length=max_length)
         return ChunkManifest.decode(block.data, max_length=max_length)
     except MalformedManifest as exc:
         raise MalformedManifest(f"{exc} (manifest {parsed})") from None

@@ -10,13 +10,16 @@ call has a total deadline. Facts about the RPC API this module respects:
   and our own deadline is that timeout plus :data:`~gradfed_ipfs.kubo.rpc.DEADLINE_GRACE`);
 - ``block/stat`` with ``offline=true`` answers from the local repo only (that is ``has``);
 - ``block/rm`` reports per-block errors inside an HTTP 200 NDJSON body;
-- ``block/put`` refuses blocks over 2 MiB, which we refuse before sending.
+- ``block/put`` refuses blocks over 2 MiB, which we refuse before sending;
+- ``block/put`` takes several multipart files in one call (one codec for all) and answers one
+  JSON line per stored block; a refused block ends the answer early (its error goes into a
+  trailer), so an answer with fewer lines than blocks is a refusal.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 from multiformats import CID
@@ -39,8 +42,17 @@ from ..formats.rpc import iter_ndjson
 from ..kubo.rpc import DEADLINE_GRACE, ErrorFamily, KuboRpc, Transport
 from .base import MAX_BLOCK_SIZE, UNSET, AsyncClosing, Block, Unset
 
-__all__ = ["STORE_ERRORS", "KuboBlockStore", "encode_block_put", "rpc_context"]
+__all__ = [
+    "MAX_PUT_BATCH_BYTES",
+    "STORE_ERRORS",
+    "KuboBlockStore",
+    "encode_block_put",
+    "encode_block_put_many",
+    "rpc_context",
+]
 
+MAX_PUT_BATCH_BYTES: Final = 8 * 1024 * 1024
+"""Most block bytes one batched ``block/put`` call carries (:meth:`KuboBlockStore.put_many`)."""
 GC_DEADLINE: Final = 600.0
 """Seconds one ``repo/gc`` may take (it walks every pin; the retention gate bounds the rest)."""
 
@@ -81,6 +93,21 @@ def encode_block_put(block: Block, *, pin: bool) -> tuple[dict[str, str], dict[s
         raise BlockStoreError(f"unsupported codec {block.cid.codec.name}", cid=block.cid)
     params = {"cid-codec": codec, "mhtype": "sha2-256", "pin": "true" if pin else "false"}
     files = {"file": ("block", block.data, "application/octet-stream")}
+    return params, files
+
+
+def encode_block_put_many(
+    blocks: Sequence[Block], *, pin: bool
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """Return the query parameters and multipart files of one ``block/put`` for ``blocks``.
+
+    Every block must have the first one's codec (``cid-codec`` is one parameter per call).
+    """
+    params, _ = encode_block_put(blocks[0], pin=pin)
+    if any(b.cid.codec.code != blocks[0].cid.codec.code for b in blocks):
+        raise BlockStoreError("one block/put call takes blocks of one codec", cid=blocks[0].cid)
+    kind = "application/octet-stream"
+    files = {f"file{i}": ("block", b.data, kind) for i, b in enumerate(blocks)}
     return params, files
 
 
@@ -169,6 +196,73 @@ class KuboBlockStore(AsyncClosing):
             if bytes(key) != bytes(block.cid):
                 raise BlockCorrupt(f"daemon stored the bytes as {key}, expected {block.cid}")
             return block.cid
+
+    async def put_many(self, blocks: Sequence[Block], *, pin: bool = True) -> list[CID]:
+        """``block/put`` several blocks per call (one codec and up to ``MAX_PUT_BATCH_BYTES``).
+
+        A commit of a chunked gradient is one call instead of one per chunk. Calls go one after
+        another; each checks that Kubo stored every block under the expected CID.
+
+        Raises
+        ------
+        BlockTooLarge
+            If a block is over ``max_block_size`` (nothing is sent).
+        BlockCorrupt
+            If Kubo computed a different CID for a block.
+        StoreRequestError
+            If Kubo refused a block (those before it in its call are stored).
+        StoreUnavailable
+            If the daemon is unreachable.
+        """
+        for block in blocks:
+            if len(block.data) > self.max_block_size:
+                with rpc_context(self.api_url, "block/put", block.cid):
+                    raise BlockTooLarge(
+                        f"block of {len(block.data)} bytes exceeds Kubo's "
+                        f"{self.max_block_size}-byte limit; nothing of the batch was sent"
+                    )
+        batch: list[Block] = []
+        size = 0
+        for block in blocks:
+            if batch and (
+                size + len(block.data) > MAX_PUT_BATCH_BYTES
+                or block.cid.codec.code != batch[0].cid.codec.code
+            ):
+                await self._put_batch(batch, pin)
+                batch, size = [], 0
+            batch.append(block)
+            size += len(block.data)
+        if batch:
+            await self._put_batch(batch, pin)
+        return [block.cid for block in blocks]
+
+    async def _put_batch(self, blocks: list[Block], pin: bool) -> None:
+        """One ``block/put`` call storing ``blocks`` (one codec); check every answer line."""
+        with rpc_context(self.api_url, "block/put", blocks[0].cid):
+            params, files = encode_block_put_many(blocks, pin=pin)
+            answers = await self.rpc.post_ndjson(
+                "block/put",
+                params,
+                files=files,
+                retries=self.retries,
+                backoff=self.backoff,
+                errors=STORE_ERRORS,
+                deadline=self.timeout + DEADLINE_GRACE,
+            )
+        for i, block in enumerate(blocks):
+            with rpc_context(self.api_url, "block/put", block.cid):
+                if i >= len(answers):
+                    raise StoreRequestError(
+                        f"Kubo stored {len(answers)} of {len(blocks)} blocks of one block/put "
+                        f"call and refused block {i} ({len(block.data)} bytes)"
+                    )
+                key = parse_cid(str(answers[i].get("Key", "")))
+                if bytes(key) != bytes(block.cid):
+                    raise BlockCorrupt(f"daemon stored the bytes as {key}, expected {block.cid}")
+        if len(answers) != len(blocks):
+            raise StoreRequestError(
+                f"Kubo answered {len(answers)} lines to a block/put of {len(blocks)} blocks"
+            )
 
     async def get(self, cid: CIDLike, *, timeout: float | Unset = UNSET) -> Block:
         """``block/get`` with a timeout, then re-hash the bytes against the CID.

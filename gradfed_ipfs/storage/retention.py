@@ -47,7 +47,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -56,7 +56,7 @@ from multiformats import CID
 from .._types import CIDLike
 from ..cid import parse_cid
 from ..errors import ConfigError
-from .base import UNSET, Block, BlockStore, StoreWrapper, Unset
+from .base import UNSET, Block, BlockStore, StoreWrapper, Unset, put_many
 
 __all__ = [
     "Collectable",
@@ -287,6 +287,11 @@ class GatedStore(StoreWrapper):
         """``put`` inside the gate."""
         async with self.gate.transfer():
             return await self.store.put(block, pin=pin)
+
+    async def put_many(self, blocks: Sequence[Block], *, pin: bool = True) -> list[CID]:
+        """:func:`~gradfed_ipfs.storage.base.put_many` inside the gate (one batch, one hold)."""
+        async with self.gate.transfer():
+            return await put_many(self.store, blocks, pin=pin)
 
     async def get(self, cid: CIDLike, *, timeout: float | Unset = UNSET) -> Block:
         """``get`` inside the gate."""

@@ -89,6 +89,9 @@ def test_nested_json_in_announcements_and_graph_checkpoints() -> None:
 def test_json_depth_ignores_brackets_inside_strings() -> None:
     assert json_depth('{"a": "[[[[[[[[", "b": [[1]]}') == 3
     assert json_depth(r'["\"[[[[", 1]') == 1
+    for n in (3, 200):  # short texts are scanned in Python, long ones in NumPy: one answer
+        text = "][" + "[" * n + '"]]]"' + "]" * n + "{"
+        assert json_depth(text) == json_depth(text + " " * 300) == n
     assert load_json("[[1, 2]]", "x") == [[1, 2]]
     with pytest.raises(DecodeError, match="nested 3 deep"):
         load_json("[[[1]]]", "x", max_depth=2)

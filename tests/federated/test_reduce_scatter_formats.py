@@ -7,6 +7,8 @@ from typing import Any
 import dag_cbor
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gradfed_ipfs.block import Block
 from gradfed_ipfs.cid import make_cid
@@ -15,6 +17,7 @@ from gradfed_ipfs.federated.round.slices import (
     MIN_SLICE_VALUES,
     can_slice,
     plan_slices,
+    projection,
     projection_seed,
     projection_tolerance,
     projection_vector,
@@ -22,7 +25,8 @@ from gradfed_ipfs.federated.round.slices import (
     reducer_ranking,
     reducer_rankings,
 )
-from gradfed_ipfs.formats.slices import FraudRecord, SliceMessage, SliceRecord
+from gradfed_ipfs.formats import slices as slice_formats
+from gradfed_ipfs.formats.slices import FraudRecord, SliceInputs, SliceMessage, SliceRecord
 from gradfed_ipfs.storage.dag import plan_chunks
 
 ROSTER = Block.new(dag_cbor.encode({"r": 1}), "dag-cbor").cid
@@ -79,6 +83,58 @@ def test_slice_record_round_trips_byte_identically() -> None:
 def test_slice_record_decoder_refuses_malformed_fields(changes: dict[str, Any]) -> None:
     with pytest.raises(MalformedManifest):
         SliceRecord.from_block(raw(**changes))
+
+
+EXPECTED = SliceInputs.of([("a", G1), ("b", G2)])
+
+
+def decoded(block: Block, expected: SliceInputs | None) -> tuple[str, Any]:
+    try:
+        return "ok", SliceRecord.from_block(block, expected)
+    except MalformedManifest as exc:
+        return "error", str(exc)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"inputs": [["a", G1]]},
+        {"inputs": [["b", G2], ["a", G1]]},
+        {"missing": ["a"]},  # the expected inputs, and one of them missing too
+        {"missing": []},
+        {"weight_sum": 0},
+        {"inputs": [["a", G1], ["b", G2]], "pad": 1},  # the known bytes, then an unknown key
+    ],
+)
+def test_expected_inputs_give_the_same_records_and_errors(changes: dict[str, Any]) -> None:
+    block = raw(**changes)
+    assert decoded(block, EXPECTED) == decoded(block, None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 10_000), st.binary(min_size=1, max_size=2), st.booleans())
+def test_mutated_records_decode_alike_with_or_without_expected_inputs(
+    position: int, patch: bytes, insert: bool
+) -> None:
+    data = bytearray(raw().data)
+    position %= len(data)
+    if insert:
+        data[position:position] = patch
+    else:
+        data[position] ^= patch[0] or 1
+    block = Block.new(bytes(data), "dag-cbor")
+    assert decoded(block, EXPECTED) == decoded(block, None)
+
+
+def test_expected_inputs_are_not_decoded_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without this, the tests above would pass with a decoder that ignores ``expected``."""
+    monkeypatch.setattr(slice_formats, "_input", None)  # decoding an input now raises
+    assert SliceRecord.from_block(record().to_block(), EXPECTED) == record()
+    with pytest.raises(TypeError):
+        SliceRecord.from_block(raw(inputs=[["a", G1]]), EXPECTED)
+    with pytest.raises(MalformedManifest, match="peer ID"):
+        SliceInputs.of([("", G1)])
 
 
 def test_slice_record_decoder_refuses_huge_blocks() -> None:
@@ -154,6 +210,15 @@ def test_projection_catches_a_small_lie_and_passes_float32_rounding() -> None:
     lie = (honest + np.float32(1e-2)).astype(np.float32)
     assert abs(float(z @ lie.astype(np.float64)) - expected) > tol
     assert projection_seed([bytes(ROSTER)]) != projection_seed([bytes(OTHER)])
+
+
+def test_projection_is_the_float64_dot_product() -> None:
+    rng = np.random.default_rng(5)
+    z = projection_vector(projection_seed([bytes(ROSTER)]), 1, 3_001)
+    for values in (rng.standard_normal(3_001).astype(np.float32), rng.standard_normal(3_001)):
+        want = float(z @ values.astype(np.float64))
+        assert projection(z, values) == pytest.approx(want, rel=1e-12, abs=1e-12)
+    assert projection(z[:3], np.array([1.0, 0.0, 2.0], np.float32)) == z[0] + 2 * z[2]
 
 
 def test_slice_messages_round_trip_and_take_the_pubsub_sender() -> None:

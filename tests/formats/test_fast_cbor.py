@@ -131,3 +131,15 @@ def test_records_and_manifests_take_the_fast_path(monkeypatch: pytest.MonkeyPatc
     assert [decode_dag_cbor(record.data), decode_dag_cbor(manifest.data)] == want
     assert SliceRecord.from_block(record).inputs[4] == ("peer-4", links[4])
     assert ChunkManifest.decode(manifest.data).chunks[2].cid == links[2]
+
+
+def test_known_encodings_stand_for_top_level_values_only() -> None:
+    inner = [["a", LINKS[0]], ["b", LINKS[1]]]
+    known = {bytes(dag_cbor.encode(inner)): "KNOWN"}
+    data = dag_cbor.encode({"x": inner, "y": {"z": inner}, "w": 1})
+    assert decode_dag_cbor(data, known) == {"w": 1, "x": "KNOWN", "y": {"z": inner}}
+    other = dag_cbor.encode({"x": inner[:1]})
+    assert decode_dag_cbor(other, known) == {"x": inner[:1]}
+    # Bytes that only start like a known value are still judged by dag_cbor.
+    broken = data[:-1]
+    assert outcome(lambda b: decode_dag_cbor(b, known), broken) == outcome(dag_cbor.decode, broken)

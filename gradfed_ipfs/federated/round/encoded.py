@@ -8,7 +8,6 @@ writes the same blocks to a real store (chunks unpinned, the root pinned: recurs
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import cast
 
@@ -17,7 +16,7 @@ from multiformats import CID
 
 from ..._types import CIDLike, GradientLike
 from ...block import Block
-from ...storage.base import UNSET, BlockStore, Unset
+from ...storage.base import UNSET, BlockStore, Unset, put_many
 from ...storage.dag import DEFAULT_CHUNK_BYTES, put_gradient
 
 __all__ = ["EncodedGradient", "encode_gradient"]
@@ -45,9 +44,17 @@ class EncodedGradient:
     blocks: tuple[tuple[Block, bool], ...]
 
     async def store(self, store: BlockStore) -> CID:
-        """Put every block into ``store`` (chunks concurrently, then the root); return the CID."""
+        """Put every block into ``store`` (the chunks in one batch, then the root); return the CID.
+
+        On Kubo the chunks go in one ``block/put`` call
+        (:func:`~gradfed_ipfs.storage.base.put_many`), not one per chunk: a sliced round's
+        contributions have N chunks each.
+        """
         *chunks, (root, pin) = self.blocks
-        await asyncio.gather(*(store.put(block, pin=p) for block, p in chunks))
+        for keep in (False, True):  # put_gradient puts chunks unpinned; grouped by pin anyway
+            group = [block for block, p in chunks if p is keep]
+            if group:
+                await put_many(store, group, pin=keep)
         await store.put(root, pin=pin)
         return self.cid
 

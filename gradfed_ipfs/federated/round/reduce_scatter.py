@@ -48,9 +48,10 @@ from ...errors import (
     DecodeError,
     GradientError,
     InvalidGradient,
+    MalformedManifest,
 )
 from ...formats.roster import Roster
-from ...formats.slices import FraudRecord, SliceMessage, SliceRecord
+from ...formats.slices import FraudRecord, SliceInputs, SliceMessage, SliceRecord
 from ...storage.base import BlockStore
 from ...storage.dag import (
     DEFAULT_CONCURRENCY,
@@ -253,9 +254,15 @@ class ReduceScatterPeer:
         ]
         return sorted(found, key=lambda m: rank[m.sender])
 
-    def _filled(self, roster_cid: CID, phase: int, parts: list[_Slice]) -> int:
-        """Return how many slices of ``phase`` have a record from one of their reducers."""
-        return sum(1 for p in parts if self._records(roster_cid, phase, p))
+    def _filled(self, roster_cid: CID, phase: int, parts: list[_Slice], count: int) -> bool:
+        """Return whether ``count`` slices of ``phase`` have a record from one of their reducers.
+
+        The board's own count (records from anyone) bounds it first: this runs on every board
+        message for each of a peer's N waiting slices.
+        """
+        if self.board.filled(roster_cid, phase) < count:
+            return False
+        return sum(1 for p in parts if self._records(roster_cid, phase, p)) >= count
 
     async def _serve(
         self,
@@ -281,7 +288,7 @@ class ReduceScatterPeer:
                 return bool(self._records(roster_cid, phase, part))
 
             def half() -> bool:
-                return mine() or 2 * self._filled(roster_cid, phase, parts) >= len(parts)
+                return mine() or self._filled(roster_cid, phase, parts, (len(parts) + 1) // 2)
 
             await self.board.wait_for(half, self.config.phase_timeout)
             if mine() or await self.board.wait_for(mine, rank * self.config.reducer_timeout):
@@ -292,9 +299,9 @@ class ReduceScatterPeer:
         self._local[cid] = values
         await self.board.publish(SliceMessage("slice", self.peer, roster_cid, phase, part.k, cid))
 
-    async def _load(self, cid: CID) -> SliceRecord:
+    async def _load(self, cid: CID, expected: SliceInputs | None = None) -> SliceRecord:
         block = await self.store.get(cid, timeout=self.config.fetch_timeout)
-        return SliceRecord.from_block(block)
+        return SliceRecord.from_block(block, expected)
 
     async def _values(self, record_cid: CID, record: SliceRecord) -> FloatArray:
         if record_cid in self._local:
@@ -363,10 +370,8 @@ class ReduceScatterPeer:
             roster, roster_cid, base, own, parts, chosen, records
         )
         model = np.concatenate(results)
-        if put_model:
-            model_cid = await put_gradient(self.store, model)
-        else:
-            model_cid = (await encode_gradient(model)).cid
+        encoded = await encode_gradient(model)  # put_gradient's CID; its chunks in one batch
+        model_cid = await encoded.store(self.store) if put_model else encoded.cid
         return ReduceScatterResult(
             model=model,
             model_cid=model_cid,
@@ -399,7 +404,7 @@ class ReduceScatterPeer:
         ]
         try:
             ok = await self.board.wait_for(
-                lambda: self._filled(roster_cid, phase, parts) >= len(parts),
+                lambda: self._filled(roster_cid, phase, parts, len(parts)),
                 self.config.phase_timeout,
             )
             if not ok:
@@ -407,11 +412,20 @@ class ReduceScatterPeer:
         finally:
             await asyncio.gather(*serving)
 
+        # What every record of this phase names unless its reducer missed a sender: checked
+        # once here instead of N times per record.
+        try:
+            expected: SliceInputs | None = SliceInputs.of(
+                (e.peer, e.contribution) for e in roster.entries if e.peer not in exclude
+            )
+        except MalformedManifest:  # a roster entry no record may name: decode each in full
+            expected = None
+
         async def best_valid(p: _Slice) -> tuple[CID, SliceRecord, str]:
             for m in self._records(roster_cid, phase, p):  # the best-ranked valid record
                 cid = cast(CID, m.cid)
                 try:
-                    record = await self._load(cid)
+                    record = await self._load(cid, expected)
                 except (BlockStoreError, DecodeError):
                     continue  # a reducer's garbage: the next-ranked record, if any, counts
                 if record.roster == roster_cid and (record.k, record.offset, record.length) == (

@@ -46,7 +46,7 @@ from numpy.typing import NDArray
 from ..._types import FloatArray
 from ...formats.slices import SliceMessage, SliceRecord
 from .slice_io import MemorySliceBoard
-from .slices import projection_tolerance, projection_vector, reduce_values
+from .slices import projection, projection_tolerance, projection_vector, reduce_values
 
 __all__ = ["SPOT_SAMPLES", "check_slices", "spot_count", "spot_indices", "spot_values"]
 
@@ -129,8 +129,7 @@ async def check_slices(
     """
     if rule == "fedavg":
         zs = [projection_vector(seed, k, n) for k, (_, n) in enumerate(ranges)]
-        checked = [own[o : o + n].astype(np.float64) for o, n in ranges]
-        mine = tuple(float(z @ v) for z, v in zip(zs, checked, strict=True))
+        mine = tuple(projection(z, own[o : o + n]) for z, (o, n) in zip(zs, ranges, strict=True))
     else:
         count = spot_count(len(ranges))
         indices = [spot_indices(seed, k, n, count) for k, (_, n) in enumerate(ranges)]
@@ -144,10 +143,10 @@ async def check_slices(
             continue  # unverifiable without every input's values: kept as announced
         if rule == "fedavg":
             z, total = zs[k], sum(weights[name] for name in names)
-            expected = float(z @ base[lo : lo + n].astype(np.float64)) + learning_rate * sum(
+            expected = projection(z, base[lo : lo + n]) + learning_rate * sum(
                 (weights[name] / total) * seen[name][k] for name in names
             )
-            got = float(z @ results[k].astype(np.float64))
+            got = projection(z, results[k])
             if abs(got - expected) > projection_tolerance(z, results[k], base[lo : lo + n]):
                 suspects.append(k)
             continue

@@ -25,7 +25,6 @@ from ...kubo.pubsub import PubsubTransport
 from ...storage.base import UNSET, BlockStore, StoreWrapper, Unset
 from ...storage.dag import (
     DEFAULT_CONCURRENCY,
-    ChunkManifest,
     ChunkRef,
     fetch_chunks,
     fetch_gradient,
@@ -209,17 +208,18 @@ async def fetch_range(
     if parsed.codec.code == RAW:
         whole = await fetch_gradient(store, parsed, timeout=timeout, expected_length=d)
         return np.ascontiguousarray(whole.reshape(-1)[offset:stop])
-    manifest = await fetch_manifest(store, parsed, timeout=timeout, max_length=d)
-    if manifest.length != d:
-        raise DimensionMismatch([d], [manifest.length])
+    # Only the covering chunks' links are decoded: a reducer reads N−1 manifests of N links.
+    partial = await fetch_manifest(
+        store, parsed, timeout=timeout, max_length=d, window=(offset, stop)
+    )
+    if partial.length != d:
+        raise DimensionMismatch([d], [partial.length])
     out = np.empty(length, dtype=np.float32)
-    needed = tuple(c for c in manifest.chunks if c.offset < stop and c.stop > offset)
 
     def into(ref: ChunkRef, values: FloatArray) -> None:
         lo, hi = max(ref.offset, offset), min(ref.stop, stop)
         out[lo - offset : hi - offset] = values[lo - ref.offset : hi - ref.offset]
 
-    partial = ChunkManifest(manifest.shape, manifest.length, needed)
     await fetch_chunks(
         store, partial, into, concurrency=concurrency, timeout=timeout, manifest_cid=parsed
     )

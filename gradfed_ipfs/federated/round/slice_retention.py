@@ -20,6 +20,7 @@ from this node alone.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -29,7 +30,7 @@ from ...block import Block
 from ...cid import DAG_CBOR
 from ...errors import DecodeError
 from ...formats.slices import FraudRecord, SliceRecord
-from ...storage.base import BlockStore, StoreWrapper
+from ...storage.base import BlockStore, StoreWrapper, put_many
 from ...storage.retention import Collectable
 from .reduce_scatter import ReduceScatterResult
 
@@ -53,6 +54,13 @@ class UnpinnedPuts(StoreWrapper):
         if pin:
             self.roots[bytes(cid)] = block
         return cid
+
+    async def put_many(self, blocks: Sequence[Block], *, pin: bool = True) -> list[CID]:
+        """Store ``blocks`` unpinned in one batch; remember them if they were to be pinned."""
+        cids = await put_many(self.store, blocks, pin=False)
+        if pin:
+            self.roots.update((bytes(b.cid), b) for b in blocks)
+        return cids
 
 
 @dataclass(frozen=True)
