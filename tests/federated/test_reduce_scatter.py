@@ -174,6 +174,7 @@ async def test_a_false_projection_costs_a_recompute_but_convicts_no_one() -> Non
     )
     assert {res.model_cid for res in results} == {await reference(r)}
     assert all(not res.liars and not res.frauds and res.recomputed for res in results)
+    assert all(res.false_values == {first} for res in results)  # told apart by its blocks
 
 
 async def test_median_is_reduced_per_slice() -> None:

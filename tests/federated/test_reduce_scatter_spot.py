@@ -98,6 +98,7 @@ async def test_honest_robust_rounds_raise_no_alarm(rule: str) -> None:
     results = await run(r, rule)
     assert {res.model_cid for res in results.values()} == {await reference(r, rule)}
     assert all(not res.recomputed and not res.liars for res in results.values())
+    assert all(not res.false_values for res in results.values())
 
 
 async def test_a_median_reducer_altering_a_quarter_of_its_slice_is_caught() -> None:
@@ -138,6 +139,7 @@ async def test_false_spot_values_cost_a_recompute_but_convict_no_one() -> None:
     results = await run(r, "median", board=board)
     assert {res.model_cid for res in results.values()} == {await reference(r, "median")}
     assert all(not res.liars and not res.frauds and res.recomputed for res in results.values())
+    assert all(res.false_values == {first} for res in results.values())
 
 
 async def test_an_agreed_median_round_catches_and_excludes_a_lying_reducer() -> None:

@@ -35,6 +35,7 @@ one process, the shared :class:`MemorySliceBoard`; its messages are tiny (CIDs a
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import cast
@@ -68,6 +69,8 @@ from .slices import (
     reduce_values,
     reducer_rankings,
 )
+
+logger = logging.getLogger("gradfed_ipfs.federated.reduce_scatter")
 
 __all__ = [
     "CountingStore",
@@ -110,6 +113,9 @@ class ReduceScatterResult:
     liars: set[str] = field(default_factory=set)
     frauds: list[CID] = field(default_factory=list)
     recomputed: list[int] = field(default_factory=list)
+    false_values: set[str] = field(default_factory=set)
+    """Senders whose published check values contradicted their own contribution blocks: each
+    cost a slice recompute (logged; they are not excluded, since only this peer saw it)."""
     downloaded: int = 0
     seconds: float = 0.0
 
@@ -366,7 +372,7 @@ class ReduceScatterPeer:
                 break
             exclude, phase = found, phase + 1
         records = [cid for cid, _, _ in chosen]
-        results, liars, frauds, redone = await self._check(
+        results, liars, frauds, redone, false_values = await self._check(
             roster, roster_cid, base, own, parts, chosen, records
         )
         model = np.concatenate(results)
@@ -380,6 +386,7 @@ class ReduceScatterPeer:
             liars=liars,
             frauds=frauds,
             recomputed=redone,
+            false_values=false_values,
             downloaded=self.store.downloaded - before,
             seconds=time.monotonic() - started,
         )
@@ -451,13 +458,17 @@ class ReduceScatterPeer:
         parts: list[_Slice],
         chosen: list[tuple[CID, SliceRecord, str]],
         records: list[CID],
-    ) -> tuple[list[FloatArray], set[str], list[CID], list[int]]:
-        """All-gather and check the slice results; a proven lie's ``records[k]`` is replaced."""
+    ) -> tuple[list[FloatArray], set[str], list[CID], list[int], set[str]]:
+        """All-gather and check the slice results; a proven lie's ``records[k]`` is replaced.
+
+        Returns the results, the proven liars, their fraud records, the recomputed slices, and
+        the senders whose published check values their own blocks contradict.
+        """
         results = list(await asyncio.gather(*(self._values(cid, rec) for cid, rec, _ in chosen)))
-        liars, frauds, redone = set[str](), list[CID](), list[int]()
+        liars, frauds, redone, false_values = set[str](), list[CID](), list[int](), set[str]()
         seed = projection_seed([bytes(cid) for cid, _, _ in chosen])
         weights = {e.peer: e.weight for e in roster.entries}
-        suspects = await check_slices(
+        check = await check_slices(
             self.board,
             self.peer,
             roster_cid,
@@ -472,15 +483,21 @@ class ReduceScatterPeer:
             learning_rate=self.config.learning_rate,
             timeout=self.config.fetch_timeout,
         )  # slice_check: projections for fedavg, spot checks for median and trimmed mean
-        for k in suspects:
+        for k in check.suspects:
             (cid, record, sender), p = chosen[k], parts[k]
             redone.append(p.k)
             fresh = _Slice(p.k, p.offset, p.length, p.ranking)
             correct, values = await self._reduce(
                 roster, roster_cid, base, own, fresh, set(record.missing)
             )
-            if correct == cid or fresh.failed - set(record.missing):
-                continue  # a false projection (the slice is right), or the recompute failed
+            if correct == cid:  # the slice is right: some sender published false values
+                false = check.false_publishers(k, fresh.rows)
+                if false:
+                    logger.warning("slice %d: false check values from %s", p.k, ", ".join(false))
+                false_values.update(false)
+                continue
+            if fresh.failed - set(record.missing):
+                continue  # the recompute failed
             results[p.k], records[p.k] = values, correct
             liars.add(sender)
             fraud = FraudRecord(roster_cid, p.k, sender, cid, correct)
@@ -494,4 +511,4 @@ class ReduceScatterPeer:
                 await self.board.publish(
                     SliceMessage("slice", self.peer, roster_cid, -1, p.k, correct)
                 )
-        return results, liars, frauds, redone
+        return results, liars, frauds, redone, false_values

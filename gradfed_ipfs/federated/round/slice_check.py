@@ -29,14 +29,18 @@ probability about ``G·(1 − m/L)^s``, so only lies of few values can be ground
 
 A peer that publishes false values at its own coordinates cannot frame an honest reducer: the
 mismatch costs one slice recompute from the contribution blocks, which gives the honest CID, so
-no fraud record follows (the false values differ from that peer's block at the sampled
-coordinates, which is how it can be told apart).
+no fraud record follows. The false values differ from that peer's block at the sampled
+coordinates (its projection from its slice), which is how it is told apart:
+:meth:`SliceCheck.false_publishers` names it, and the round's result lists it in
+``false_values``. It is not excluded from later rosters: its message is not a block anyone can
+re-check, so only the peers that saw it know.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
@@ -48,7 +52,14 @@ from ...formats.slices import SliceMessage, SliceRecord
 from .slice_io import MemorySliceBoard
 from .slices import projection, projection_tolerance, projection_vector, reduce_values
 
-__all__ = ["SPOT_SAMPLES", "check_slices", "spot_count", "spot_indices", "spot_values"]
+__all__ = [
+    "SPOT_SAMPLES",
+    "SliceCheck",
+    "check_slices",
+    "spot_count",
+    "spot_indices",
+    "spot_values",
+]
 
 SPOT_SAMPLES: Final = 64
 """Coordinates sampled per slice (fewer when ``s·N`` would exceed one message's 1024 values)."""
@@ -104,6 +115,46 @@ async def _exchange(
     return published()
 
 
+@dataclass(frozen=True)
+class SliceCheck:
+    """What :func:`check_slices` found: failed slices, and every sender's published values."""
+
+    suspects: list[int]
+    """Slices whose check failed (the caller recomputes them)."""
+    published: Mapping[str, tuple[float, ...]]
+    rule: str
+    seed: bytes
+    ranges: tuple[tuple[int, int], ...]
+
+    def false_publishers(self, k: int, rows: Mapping[str, FloatArray]) -> list[str]:
+        """Senders whose published values for slice ``k`` are not those of their slice ``rows``.
+
+        ``rows`` are the inputs' slice-``k`` values as fetched from their contribution blocks
+        (a recompute's). A projection is compared within float64 summation slack, a spot value
+        exactly.
+        """
+        _, length = self.ranges[k]
+        false = []
+        if self.rule == "fedavg":
+            z = projection_vector(self.seed, k, length)
+            for peer, row in rows.items():
+                if peer in self.published:
+                    mine = projection(z, row)
+                    slack = 2.0**-40 * projection(np.abs(z), np.abs(row)) + 1e-12
+                    if abs(self.published[peer][k] - mine) > slack:
+                        false.append(peer)
+            return sorted(false)
+        count = spot_count(len(self.ranges))
+        start = sum(min(count, n) for _, n in self.ranges[:k])
+        ix = spot_indices(self.seed, k, length, count)
+        for peer, row in rows.items():
+            if peer in self.published:
+                said = np.asarray(self.published[peer][start : start + len(ix)], np.float32)
+                if said.tobytes() != np.ascontiguousarray(row[ix], np.float32).tobytes():
+                    false.append(peer)
+        return sorted(false)
+
+
 async def check_slices(
     board: MemorySliceBoard,
     peer: str,
@@ -119,7 +170,7 @@ async def check_slices(
     rule: str,
     learning_rate: float,
     timeout: float,
-) -> list[int]:
+) -> SliceCheck:
     """Publish this peer's check values, wait for the inputs', return the slices that fail.
 
     ``ranges`` are the slices' ``(offset, length)``; ``records`` and ``results`` their chosen
@@ -157,4 +208,4 @@ async def check_slices(
         )
         if want.tobytes() != np.ascontiguousarray(results[k][ix]).tobytes():
             suspects.append(k)
-    return suspects
+    return SliceCheck(suspects, seen, rule, seed, tuple(ranges))
