@@ -257,6 +257,7 @@ class RosterPhase:
             raise RuntimeError("no model and no reduce-scatter step")
         sliced = await self._slicing.run(r, roster, roster_cid, self.model, own)
         rejected.update({p: "missing from the slices" for p in sliced.missing})
+        rejected.update({p: "published false slice-check values" for p in sliced.false_values})
         rejected.update({p: "proven lying reducer" for p in sliced.liars})
         return sliced.model, sliced
 
