@@ -19,7 +19,7 @@ call has a total deadline. Facts about the RPC API this module respects:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
 from multiformats import CID
@@ -124,6 +124,13 @@ def rpc_context(api_url: str, endpoint: str, cid: object | None = None) -> Itera
         raise
 
 
+def _check_stored(answer: Mapping[str, Any], block: Block) -> None:
+    """Raise ``BlockCorrupt`` unless Kubo's ``block/put`` answer names the block's CID."""
+    key = parse_cid(str(answer.get("Key", "")))
+    if bytes(key) != bytes(block.cid):
+        raise BlockCorrupt(f"daemon stored the bytes as {key}, expected {block.cid}")
+
+
 class KuboBlockStore(AsyncClosing):
     """A block store on a Kubo daemon, over one :class:`~gradfed_ipfs.kubo.rpc.KuboRpc`.
 
@@ -185,17 +192,18 @@ class KuboBlockStore(AsyncClosing):
             If the daemon is unreachable or refuses the block.
         """
         with rpc_context(self.api_url, "block/put", block.cid):
-            if len(block.data) > self.max_block_size:
-                raise BlockTooLarge(
-                    f"block of {len(block.data)} bytes exceeds Kubo's {self.max_block_size}-byte "
-                    "limit; commit large gradients as chunked DAGs"
-                )
+            self._refuse_oversized(block, "commit large gradients as chunked DAGs")
             params, files = encode_block_put(block, pin=pin)
-            answer = await self._post_json("block/put", params, files=files)
-            key = parse_cid(str(answer.get("Key", "")))
-            if bytes(key) != bytes(block.cid):
-                raise BlockCorrupt(f"daemon stored the bytes as {key}, expected {block.cid}")
+            _check_stored(await self._post_json("block/put", params, files=files), block)
             return block.cid
+
+    def _refuse_oversized(self, block: Block, advice: str) -> None:
+        """Raise ``BlockTooLarge`` for a block over ``max_block_size`` (before anything is sent)."""
+        if len(block.data) > self.max_block_size:
+            raise BlockTooLarge(
+                f"block of {len(block.data)} bytes exceeds Kubo's {self.max_block_size}-byte "
+                f"limit; {advice}"
+            )
 
     async def put_many(self, blocks: Sequence[Block], *, pin: bool = True) -> list[CID]:
         """``block/put`` several blocks per call (one codec and up to ``MAX_PUT_BATCH_BYTES``).
@@ -215,12 +223,8 @@ class KuboBlockStore(AsyncClosing):
             If the daemon is unreachable.
         """
         for block in blocks:
-            if len(block.data) > self.max_block_size:
-                with rpc_context(self.api_url, "block/put", block.cid):
-                    raise BlockTooLarge(
-                        f"block of {len(block.data)} bytes exceeds Kubo's "
-                        f"{self.max_block_size}-byte limit; nothing of the batch was sent"
-                    )
+            with rpc_context(self.api_url, "block/put", block.cid):
+                self._refuse_oversized(block, "nothing of the batch was sent")
         batch: list[Block] = []
         size = 0
         for block in blocks:
@@ -256,9 +260,7 @@ class KuboBlockStore(AsyncClosing):
                         f"Kubo stored {len(answers)} of {len(blocks)} blocks of one block/put "
                         f"call and refused block {i} ({len(block.data)} bytes)"
                     )
-                key = parse_cid(str(answers[i].get("Key", "")))
-                if bytes(key) != bytes(block.cid):
-                    raise BlockCorrupt(f"daemon stored the bytes as {key}, expected {block.cid}")
+                _check_stored(answers[i], block)
         if len(answers) != len(blocks):
             raise StoreRequestError(
                 f"Kubo answered {len(answers)} lines to a block/put of {len(blocks)} blocks"
