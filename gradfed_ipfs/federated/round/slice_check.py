@@ -122,9 +122,12 @@ class SliceCheck:
     suspects: list[int]
     """Slices whose check failed (the caller recomputes them)."""
     published: Mapping[str, tuple[float, ...]]
-    rule: str
-    seed: bytes
-    ranges: tuple[tuple[int, int], ...]
+    zs: Sequence[NDArray[np.float64]]
+    """Fedavg: each slice's projection vector (empty for the robust rules)."""
+    indices: Sequence[NDArray[np.int64]]
+    """Robust rules: each slice's sampled coordinates (empty for fedavg)."""
+    starts: Sequence[int]
+    """Robust rules: where each slice's values begin in a sender's published values."""
 
     def false_publishers(self, k: int, rows: Mapping[str, FloatArray]) -> list[str]:
         """Senders whose published values for slice ``k`` are not those of their slice ``rows``.
@@ -133,25 +136,21 @@ class SliceCheck:
         (a recompute's). A projection is compared within float64 summation slack, a spot value
         exactly.
         """
-        _, length = self.ranges[k]
         false = []
-        if self.rule == "fedavg":
-            z = projection_vector(self.seed, k, length)
-            for peer, row in rows.items():
-                if peer in self.published:
-                    mine = projection(z, row)
-                    slack = 2.0**-40 * projection(np.abs(z), np.abs(row)) + 1e-12
-                    if abs(self.published[peer][k] - mine) > slack:
-                        false.append(peer)
-            return sorted(false)
-        count = spot_count(len(self.ranges))
-        start = sum(min(count, n) for _, n in self.ranges[:k])
-        ix = spot_indices(self.seed, k, length, count)
         for peer, row in rows.items():
-            if peer in self.published:
-                said = np.asarray(self.published[peer][start : start + len(ix)], np.float32)
-                if said.tobytes() != np.ascontiguousarray(row[ix], np.float32).tobytes():
+            said = self.published.get(peer)
+            if said is None:
+                continue
+            if self.zs:
+                z = self.zs[k]
+                slack = 2.0**-40 * projection(np.abs(z), np.abs(row)) + 1e-12
+                if abs(said[k] - projection(z, row)) > slack:
                     false.append(peer)
+                continue
+            ix, start = self.indices[k], self.starts[k]
+            values = np.asarray(said[start : start + len(ix)], np.float32)
+            if values.tobytes() != np.ascontiguousarray(row[ix], np.float32).tobytes():
+                false.append(peer)
         return sorted(false)
 
 
@@ -178,13 +177,16 @@ async def check_slices(
     the records': a lying record may name another); ``weights`` the roster's. A slice some
     input published no values for is not checked. Waits at most ``timeout`` s.
     """
+    zs: list[NDArray[np.float64]] = []
+    indices: list[NDArray[np.int64]] = []
+    starts: list[int] = []
     if rule == "fedavg":
         zs = [projection_vector(seed, k, n) for k, (_, n) in enumerate(ranges)]
         mine = tuple(projection(z, own[o : o + n]) for z, (o, n) in zip(zs, ranges, strict=True))
     else:
         count = spot_count(len(ranges))
         indices = [spot_indices(seed, k, n, count) for k, (_, n) in enumerate(ranges)]
-        starts = np.cumsum([0, *(len(ix) for ix in indices)])
+        starts = [int(x) for x in np.cumsum([0, *(len(ix) for ix in indices)])]
         mine = spot_values(own, ranges, indices)
     seen = await _exchange(board, peer, roster_cid, mine, records, timeout)
     suspects = []
@@ -201,11 +203,11 @@ async def check_slices(
             if abs(got - expected) > projection_tolerance(z, results[k], base[lo : lo + n]):
                 suspects.append(k)
             continue
-        ix, a, b = indices[k], int(starts[k]), int(starts[k + 1])
+        ix, a, b = indices[k], starts[k], starts[k + 1]
         rows = [np.asarray(seen[name][a:b], np.float32) for name in names]
         want = reduce_values(
             rule, base[lo + ix], rows, [weights[name] for name in names], learning_rate
         )
         if want.tobytes() != np.ascontiguousarray(results[k][ix]).tobytes():
             suspects.append(k)
-    return SliceCheck(suspects, seen, rule, seed, tuple(ranges))
+    return SliceCheck(suspects, seen, zs, indices, starts)
