@@ -1,4 +1,4 @@
-"""A fast path for ``dag_cbor.decode``: the strict canonical subset our records are written in.
+"""Fast paths for ``dag_cbor.decode`` and ``dag_cbor.encode``: the canonical subset we write.
 
 Every peer of a sliced round decodes N−1 manifests of N chunk links and N slice records of N
 inputs: N² items per peer, and ``dag_cbor``'s pure-Python decoder spends ~20 µs on each
@@ -15,6 +15,13 @@ a known encoding may decode to the object given for it, unread (a CBOR item is s
 so bytes that start with a complete item's encoding hold exactly that item there); when the
 reference decoder answers instead, it is decoded as usual, so callers accept both. A round's N
 slice records name the same N inputs; their reader passes that list's encoding once.
+
+:func:`encode_dag_cbor` is the same idea for writing: ``dag_cbor.encode`` checks every value's
+type at run time and spends ~1.5 ms on a 4-chunk manifest (an agreed round encodes two
+manifests and two records per peer). It writes dicts with text keys (canonical order: length,
+then bytes), lists, text, bytes, integers within ±2⁶⁴, finite floats (always float64),
+booleans, ``None`` and CIDs (tag 42); anything else (tuples, NaN, NumPy integers, ...) goes to
+``dag_cbor.encode``, which raises its own errors or encodes it.
 """
 
 from __future__ import annotations
@@ -26,8 +33,9 @@ from typing import Any, Final
 
 import dag_cbor
 import dag_cbor.decoding
+from multiformats import CID
 
-__all__ = ["decode_dag_cbor"]
+__all__ = ["decode_dag_cbor", "encode_dag_cbor"]
 
 _MAX_DEPTH: Final = 64
 _FLOAT64: Final = struct.Struct(">d")
@@ -147,3 +155,92 @@ def _item(
             raise _Slow
         return dag_cbor.decoding.CID.decode(link[1:]), pos  # type: ignore[attr-defined]
     raise _Slow
+
+
+def encode_dag_cbor(value: Any) -> bytes:
+    """Return ``bytes(dag_cbor.encode(value))``, writing the canonical subset directly.
+
+    Raises
+    ------
+    Exception
+        Whatever ``dag_cbor.encode`` raises for ``value`` (the fast path never raises).
+    """
+    out = bytearray()
+    try:
+        _encode(value, out, 0)
+    except _Slow:
+        return bytes(dag_cbor.encode(value))
+    return bytes(out)
+
+
+def _put_head(major: int, arg: int, out: bytearray) -> None:
+    lead = major << 5
+    if arg < 24:
+        out.append(lead | arg)
+    elif arg < 0x100:
+        out += bytes((lead | 24, arg))
+    elif arg < 0x10000:
+        out.append(lead | 25)
+        out += arg.to_bytes(2, "big")
+    elif arg < 0x100000000:
+        out.append(lead | 26)
+        out += arg.to_bytes(4, "big")
+    else:
+        out.append(lead | 27)
+        out += arg.to_bytes(8, "big")
+
+
+def _key_bytes(key: object) -> bytes:
+    if type(key) is not str:
+        raise _Slow
+    return key.encode("utf-8")  # a lone surrogate raises UnicodeEncodeError: dag_cbor judges
+
+
+def _encode(value: Any, out: bytearray, depth: int) -> None:
+    kind = type(value)
+    if kind is str:
+        try:
+            raw = value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _Slow from None
+        _put_head(3, len(raw), out)
+        out += raw
+    elif kind is int:
+        if 0 <= value < 1 << 64:
+            _put_head(0, value, out)
+        elif -(1 << 64) <= value < 0:
+            _put_head(1, -1 - value, out)
+        else:
+            raise _Slow
+    elif value is None:
+        out.append(0xF6)
+    elif kind is bool:
+        out.append(0xF5 if value else 0xF4)
+    elif kind is float:
+        if not math.isfinite(value):
+            raise _Slow
+        out.append(0xFB)
+        out += _FLOAT64.pack(value)
+    elif kind is bytes:
+        _put_head(2, len(value), out)
+        out += value
+    elif depth >= _MAX_DEPTH:
+        raise _Slow
+    elif kind is list:
+        _put_head(4, len(value), out)
+        for item in value:
+            _encode(item, out, depth + 1)
+    elif kind is dict:
+        keys = sorted(((_key_bytes(k), k) for k in value), key=lambda pair: (len(pair[0]), pair[0]))
+        _put_head(5, len(keys), out)
+        for raw, key in keys:
+            _put_head(3, len(raw), out)
+            out += raw
+            _encode(value[key], out, depth + 1)
+    elif kind is CID:
+        link = b"\x00" + bytes(value)
+        out += b"\xd8\x2a"
+        _put_head(2, len(link), out)
+        out += link
+    else:
+        raise _Slow

@@ -18,13 +18,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, Final
 
-import dag_cbor
 from multiformats import CID
 
 from ..block import MAX_BLOCK_SIZE, Block
 from ..cid import RAW, parse_cid
 from ..errors import MalformedManifest
-from .fast_cbor import decode_dag_cbor
+from .fast_cbor import decode_dag_cbor, encode_dag_cbor
 from .limits import MAX_DECODED_ELEMENTS
 
 __all__ = ["MANIFEST_FORMAT", "MANIFEST_VERSION", "MAX_CHUNKS", "ChunkManifest", "ChunkRef"]
@@ -104,7 +103,7 @@ class ChunkManifest:
 
     def encode(self) -> bytes:
         """Return the dag-cbor bytes of the manifest (CIDs as tag-42 links)."""
-        return bytes(dag_cbor.encode(self.to_ipld()))
+        return encode_dag_cbor(self.to_ipld())
 
     def to_block(self) -> Block:
         """Return the manifest as a dag-cbor block (codec 0x71)."""

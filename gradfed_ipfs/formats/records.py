@@ -15,7 +15,7 @@ from multiformats import CID
 from ..block import Block
 from ..cid import parse_cid
 from ..errors import DecodeError, GraphSerializationError, MalformedManifest
-from .fast_cbor import decode_dag_cbor
+from .fast_cbor import decode_dag_cbor, encode_dag_cbor
 
 __all__ = [
     "decode_record",
@@ -38,7 +38,7 @@ def encode_record(record: dict[str, Any]) -> Block:
         If the encoding exceeds the 2 MiB block limit.
     """
     try:
-        data = dag_cbor.encode(record)
+        data = encode_dag_cbor(record)
     except (dag_cbor.encoding.CBOREncodingError, TypeError, ValueError) as exc:
         raise GraphSerializationError(f"record does not encode as dag-cbor: {exc}") from exc
     return Block.new(data, "dag-cbor")

@@ -32,12 +32,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final, Literal
 
-import dag_cbor
 from multiformats import CID
 
 from ..block import Block
 from ..cid import DAG_CBOR, RAW, cid_to_str, parse_cid
 from ..errors import DecodeError, MalformedAnnouncement, MalformedManifest
+from .fast_cbor import encode_dag_cbor
 from .limits import load_json
 from .records import decode_record, encode_record, require
 from .roster import MAX_PEER_ID_CHARS, MAX_ROSTER_ENTRIES, MAX_WEIGHT
@@ -142,7 +142,7 @@ class SliceInputs:
         """
         where = "expected slice inputs"
         pairs = tuple((_peer(p, where), _link(c, where, (RAW, DAG_CBOR))) for p, c in inputs)
-        return cls(pairs, bytes(dag_cbor.encode([[p, c] for p, c in pairs])))
+        return cls(pairs, encode_dag_cbor([[p, c] for p, c in pairs]))
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,14 @@ import math
 from typing import Any
 
 import dag_cbor
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.formats import fast_cbor
-from gradfed_ipfs.formats.fast_cbor import decode_dag_cbor
+from gradfed_ipfs.formats.fast_cbor import decode_dag_cbor, encode_dag_cbor
 from gradfed_ipfs.formats.manifest import ChunkManifest, ChunkRef
 from gradfed_ipfs.formats.slices import SliceRecord
 
@@ -143,3 +144,59 @@ def test_known_encodings_stand_for_top_level_values_only() -> None:
     # Bytes that only start like a known value are still judged by dag_cbor.
     broken = data[:-1]
     assert outcome(lambda b: decode_dag_cbor(b, known), broken) == outcome(dag_cbor.decode, broken)
+
+
+# Values dag_cbor encodes or refuses that the encoder's fast path must hand over, nested anywhere.
+odd_leaves = (
+    leaves
+    | st.floats()  # NaN and infinities: refused
+    | st.integers(min_value=-(2**66), max_value=2**66)  # beyond ±2^64: refused
+    | st.text(st.characters(codec=None), max_size=4)  # lone surrogates: refused
+    | st.sampled_from([np.float64(1.5), np.float32(2.0), np.int64(3), (1, 2), {1, 2}])
+)
+odd_values = st.recursive(
+    odd_leaves,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.text(max_size=6) | st.integers(0, 3), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+def encoded(encode: Any, value: Any) -> tuple[str, Any]:
+    """Return ``("ok", bytes)`` or ``("error", exception type)``."""
+    try:
+        return "ok", bytes(encode(value))
+    except Exception as exc:  # the reference raises several unrelated types
+        return "error", type(exc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(values)
+def test_encoder_writes_the_bytes_dag_cbor_writes(value: Any) -> None:
+    assert encode_dag_cbor(value) == bytes(dag_cbor.encode(value))
+
+
+@settings(max_examples=300, deadline=None)
+@given(odd_values)
+def test_encoder_encodes_or_fails_exactly_as_dag_cbor(value: Any) -> None:
+    assert encoded(encode_dag_cbor, value) == encoded(dag_cbor.encode, value)
+
+
+def test_records_and_manifests_are_written_by_the_fast_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without this, the tests above would pass with an encoder that always hands over."""
+    links = [make_cid(bytes([i, 7])) for i in range(5)]
+    chunks = tuple(ChunkRef(c, 10 * i, 10) for i, c in enumerate(links))
+    manifest = ChunkManifest((10, 5), 50, chunks)
+    record = SliceRecord(
+        LINKS[3], LINKS[0], 1, 10, 5, "fedavg", 0.5,
+        tuple((f"peer-{i}", c) for i, c in enumerate(links)), (), 9, LINKS[1],
+    )  # fmt: skip
+    want = [manifest.encode(), record.to_block().data]
+    monkeypatch.setattr(fast_cbor.dag_cbor, "encode", None)  # a hand-over would now raise
+    assert [manifest.encode(), record.to_block().data] == want
+    value = {"b": 1.5, "aa": [True, None, -3, b"x"], "a": "\u00e9"}
+    assert encode_dag_cbor(value).hex() == "a3616162c3a96162fb3ff800000000000062616184f5f6224178"
