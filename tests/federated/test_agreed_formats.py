@@ -227,6 +227,26 @@ def test_update_is_exact_float64_rule_in_roster_order() -> None:
     assert out.dtype == np.float32
 
 
+@pytest.mark.parametrize("learning_rate", [1.0, 0.5, -2.0])
+def test_update_is_bitwise_the_reference_formula_signed_zeros_included(
+    learning_rate: float,
+) -> None:
+    rng = np.random.default_rng(7)
+    d = DETERMINISTIC_BLOCK + 333
+    model = rng.standard_normal(d).astype(np.float32)
+    grads = [rng.standard_normal(d).astype(np.float32) for _ in range(3)]
+    model[:4] = -0.0  # all products -0.0: the sum from +0.0 is +0.0, so -0.0 + lr·(+0.0)
+    for g in grads:  # is +0.0 for lr > 0 and -0.0 for lr < 0 (a sum started at the first
+        g[:4] = -0.0  # product would be -0.0 and give -0.0 for every lr)
+    out = deterministic_update(model, grads, [1, 2, 3], learning_rate)
+    acc = np.zeros(d)
+    for w, g in zip([1 / 6, 2 / 6, 3 / 6], grads, strict=True):
+        acc = acc + w * g.astype(np.float64)
+    want = (model.astype(np.float64) + learning_rate * acc).astype(np.float32)
+    assert out.tobytes() == want.tobytes()
+    assert np.signbit(out[:4]).tolist() == [learning_rate < 0] * 4
+
+
 def test_update_refuses_bad_input() -> None:
     x = np.zeros(4, np.float32)
     with pytest.raises(EmptyGradientSet):
