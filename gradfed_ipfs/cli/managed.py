@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from ..errors import KuboRpcError
 from ..kubo.daemon import multiaddr_to_url
-from ..kubo.rpc import rpc_call_sync
+from ..kubo.rpc_sync import rpc_call_sync
 
 __all__ = [
     "LOG_FILE",

@@ -29,7 +29,7 @@ from typing import Any, Final, Self
 
 from ..errors import KuboRpcError, KuboStartError
 from .daemon import KuboDaemon
-from .rpc import rpc_call_sync
+from .rpc_sync import rpc_call_sync
 
 __all__ = [
     "CLUSTER_VERSION",

@@ -29,7 +29,7 @@ from typing import Any, Final, Self
 
 from ..errors import KuboRpcError, KuboStartError
 from .binary import find_kubo_binary
-from .rpc import rpc_call_sync
+from .rpc_sync import rpc_call_sync
 
 __all__ = [
     "LOOPBACK_CONFIG",
@@ -285,7 +285,7 @@ class KuboDaemon(_StartStop):
     def rpc(self, endpoint: str, timeout: float = 30.0, **params: str) -> Any:
         """POST ``/api/v0/<endpoint>`` to this daemon and return the decoded JSON answer.
 
-        Control-plane helper (sync, through :func:`~gradfed_ipfs.kubo.rpc.rpc_call_sync`):
+        Control-plane helper (sync, through :func:`~gradfed_ipfs.kubo.rpc_sync.rpc_call_sync`):
         data-plane calls go through ``KuboBlockStore``.
 
         Raises

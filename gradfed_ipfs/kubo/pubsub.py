@@ -40,7 +40,8 @@ from ..formats.pubsub import (
     parse_sub_line,
     session_topic,
 )
-from .rpc import MAX_PUBSUB_LINE_BYTES, ErrorFamily, KuboRpc, Transport
+from .rpc import MAX_PUBSUB_LINE_BYTES, KuboRpc, Transport
+from .rpc_errors import ErrorFamily
 
 __all__ = [
     "PUBSUB_ERRORS",

@@ -6,7 +6,8 @@ the block store, pubsub, daemon management, the CLI's node commands, :class:`~gr
 
 - **One error boundary.** ``httpx`` errors, Kubo error bodies (a non-200 status, or ``Error``
   lines inside a 200 NDJSON body such as ``block/rm``'s) and broken limits leave here as
-  typed errors of the caller's :class:`ErrorFamily` (block store, pubsub or Kubo control plane).
+  typed errors of the caller's :class:`~gradfed_ipfs.kubo.rpc_errors.ErrorFamily` (block
+  store, pubsub or Kubo control plane), built by :mod:`gradfed_ipfs.kubo.rpc_errors`.
 - **Limits on every answer.** A *total* deadline per call (``httpx`` timeouts bound each read,
   so a daemon trickling one byte per 0.5 s would never trip them) raises an
   :class:`~gradfed_ipfs.errors.RpcTimeout` saying how many bytes arrived; a size cap per
@@ -19,9 +20,7 @@ The parsing is pure and lives in :mod:`gradfed_ipfs.formats.rpc` (tested on byte
 transport is injectable (``httpx.MockTransport`` in unit tests); without one, plain calls to
 an ``http://`` daemon go through :class:`~gradfed_ipfs.kubo.http1.Http1Pool` (httpx and
 httpcore cost ~1-2 ms of CPU per call, most of a sliced round's), streams through httpx.
-
-Size: the client and its error families are one boundary (the only module importing httpx),
-a little over 500 lines.
+Synchronous code calls through :func:`~gradfed_ipfs.kubo.rpc_sync.rpc_call_sync`.
 """
 
 from __future__ import annotations
@@ -32,24 +31,14 @@ import functools
 import json
 import logging
 import ssl
-from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Callable, Mapping
 from types import TracebackType
-from typing import Any, Final, Self, TypeAlias, TypeVar
+from typing import Any, Final, Self, TypeAlias
 
 import httpx
 
 from ..block import MAX_BLOCK_SIZE
-from ..errors import (
-    BlockStoreError,
-    DecodeError,
-    GradfedError,
-    KuboRpcError,
-    PubsubError,
-    ResponseTooLarge,
-    RpcTimeout,
-)
+from ..errors import DecodeError, GradfedError
 from ..formats.announcement import MAX_MESSAGE_BYTES
 from ..formats.rpc import LineSplitter, iter_ndjson, parse_rpc_error
 from .http1 import (
@@ -60,23 +49,19 @@ from .http1 import (
     Http1TooLarge,
     encode_request,
 )
+from .rpc_errors import KUBO_ERRORS, ErrorFamily, rpc_error, timeout_error, too_large_error
 
 __all__ = [
     "CONNECT_TIMEOUT",
     "DEADLINE_GRACE",
     "DEFAULT_MAX_RESPONSE_BYTES",
-    "KUBO_ERRORS",
     "MAX_PUBSUB_LINE_BYTES",
-    "ErrorFamily",
     "KuboRpc",
     "Transport",
     "max_response_bytes",
-    "rpc_call_sync",
 ]
 
 logger = logging.getLogger("gradfed_ipfs.kubo.rpc")
-
-T = TypeVar("T")
 
 Transport: TypeAlias = httpx.AsyncBaseTransport
 """What ``transport=`` accepts (an ``httpx`` async transport), named so callers need no httpx."""
@@ -102,49 +87,6 @@ _MAX_RESPONSE_BYTES: Final[Mapping[str, int]] = {
 def max_response_bytes(endpoint: str) -> int:
     """Return the size cap, in bytes, of an answer from ``endpoint``."""
     return _MAX_RESPONSE_BYTES.get(endpoint, DEFAULT_MAX_RESPONSE_BYTES)
-
-
-# --------------------------------------------------------------------------- error families
-
-
-@dataclass(frozen=True)
-class ErrorFamily:
-    """Which of our errors a caller's failures become; each field builds one from a message.
-
-    Attributes
-    ----------
-    unavailable
-        The daemon cannot be reached, or a stream broke.
-    timeout
-        An answer did not complete within the deadline; should build an :class:`RpcTimeout`.
-    too_large
-        An answer exceeded its cap; should build a :class:`ResponseTooLarge`.
-    refused
-        Kubo answered with an error (its message is in the text); may classify it further
-        (the block store turns "not found" into ``BlockNotFound``).
-    """
-
-    unavailable: Callable[[str], GradfedError]
-    timeout: Callable[[str], GradfedError]
-    too_large: Callable[[str], GradfedError]
-    refused: Callable[[str], GradfedError]
-
-
-class _KuboRpcTimeout(KuboRpcError, RpcTimeout):
-    """A control-plane call's answer did not complete within its deadline."""
-
-
-class _KuboRpcTooLarge(KuboRpcError, ResponseTooLarge):
-    """A control-plane call's answer exceeded its endpoint's cap."""
-
-
-KUBO_ERRORS: Final = ErrorFamily(
-    unavailable=KuboRpcError,
-    timeout=_KuboRpcTimeout,
-    too_large=_KuboRpcTooLarge,
-    refused=KuboRpcError,
-)
-"""The control plane's family (``id``, ``swarm/*``): every failure is a ``KuboRpcError``."""
 
 
 class _Abort(Exception):
@@ -314,9 +256,10 @@ class KuboRpc:
                 Http1ProtocolError,
             ) as exc:
                 if attempt == retries:
-                    raise self._error(
+                    raise rpc_error(
                         family.unavailable,
                         f"Kubo daemon unreachable after {attempt + 1} attempts: {exc}",
+                        self.api_url,
                         endpoint,
                     ) from exc
                 logger.debug("%s %s failed (%s); retrying in %.2fs", method, endpoint, exc, delay)
@@ -324,19 +267,27 @@ class KuboRpc:
                 delay *= 2
                 continue
             except httpx.TimeoutException as exc:
-                raise self._error(
-                    family.timeout, f"Kubo did not answer {endpoint} in time: {exc!r}", endpoint
+                raise rpc_error(
+                    family.timeout,
+                    f"Kubo did not answer {endpoint} in time: {exc!r}",
+                    self.api_url,
+                    endpoint,
                 ) from exc
             except (httpx.HTTPError, httpx.InvalidURL) as exc:
-                raise self._error(
-                    family.unavailable, f"HTTP error calling {endpoint}: {exc!r}", endpoint
+                raise rpc_error(
+                    family.unavailable,
+                    f"HTTP error calling {endpoint}: {exc!r}",
+                    self.api_url,
+                    endpoint,
                 ) from exc
             except _Abort as abort:
                 raise abort.error from None
             logger.debug("%s %s %s -> %d", method, endpoint, (params or {}).get("arg", ""), status)
             message = parse_rpc_error(status, body, streamed=streamed)
             if message is not None:
-                raise self._error(family.refused, f"Kubo refused {endpoint}: {message}", endpoint)
+                raise rpc_error(
+                    family.refused, f"Kubo refused {endpoint}: {message}", self.api_url, endpoint
+                )
             return body
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -358,8 +309,11 @@ class KuboRpc:
             return json.loads(text)
         except (ValueError, RecursionError):
             family = options.get("errors") or self.errors
-            raise self._error(
-                family.refused, f"{endpoint} answered non-JSON: {text[:200]!r}", endpoint
+            raise rpc_error(
+                family.refused,
+                f"{endpoint} answered non-JSON: {text[:200]!r}",
+                self.api_url,
+                endpoint,
             ) from None
 
     async def post_ndjson(
@@ -371,7 +325,7 @@ class KuboRpc:
             return list(iter_ndjson(body))
         except DecodeError as exc:
             family = options.get("errors") or self.errors
-            raise self._error(family.refused, f"{endpoint}: {exc}", endpoint) from None
+            raise rpc_error(family.refused, f"{endpoint}: {exc}", self.api_url, endpoint) from None
 
     async def stream_lines(
         self,
@@ -405,12 +359,16 @@ class KuboRpc:
         try:
             response = await self._client.send(request, stream=True)
         except httpx.HTTPError as exc:
-            raise self._error(family.unavailable, f"{endpoint} failed: {exc!r}", endpoint) from exc
+            raise rpc_error(
+                family.unavailable, f"{endpoint} failed: {exc!r}", self.api_url, endpoint
+            ) from exc
         try:
             if response.status_code != 200:
                 body = await _read_capped(response, DEFAULT_MAX_RESPONSE_BYTES)
                 message = parse_rpc_error(response.status_code, body) or "error"
-                raise self._error(family.refused, f"Kubo refused {endpoint}: {message}", endpoint)
+                raise rpc_error(
+                    family.refused, f"Kubo refused {endpoint}: {message}", self.api_url, endpoint
+                )
             async for chunk in response.aiter_bytes():
                 before = splitter.oversized
                 lines = splitter.feed(chunk)
@@ -424,8 +382,8 @@ class KuboRpc:
                 if line.strip():
                     yield line
         except httpx.HTTPError as exc:
-            raise self._error(
-                family.unavailable, f"{endpoint} stream broke: {exc!r}", endpoint
+            raise rpc_error(
+                family.unavailable, f"{endpoint} stream broke: {exc!r}", self.api_url, endpoint
             ) from exc
         finally:
             with contextlib.suppress(httpx.HTTPError):
@@ -455,7 +413,9 @@ class KuboRpc:
                             method, *request, cap, min(CONNECT_TIMEOUT, seconds), received
                         )
                     except Http1TooLarge as exc:
-                        raise _Abort(self._too_large(family, endpoint, cap, exc.seen)) from None
+                        raise _Abort(
+                            too_large_error(family, self.api_url, endpoint, cap, exc.seen)
+                        ) from None
                 built = self._client.build_request(
                     method,
                     f"/{endpoint}",
@@ -467,52 +427,26 @@ class KuboRpc:
                 try:
                     declared = response.headers.get("content-length", "")
                     if declared.isdigit() and int(declared) > cap:
-                        raise _Abort(self._too_large(family, endpoint, cap, int(declared)))
+                        raise _Abort(
+                            too_large_error(family, self.api_url, endpoint, cap, int(declared))
+                        )
                     chunks: list[bytes] = []
                     async for chunk in response.aiter_bytes():
                         received[0] += len(chunk)
                         if received[0] > cap:
-                            raise _Abort(self._too_large(family, endpoint, cap, received[0]))
+                            raise _Abort(
+                                too_large_error(family, self.api_url, endpoint, cap, received[0])
+                            )
                         chunks.append(chunk)
                 finally:
                     await response.aclose()
         except TimeoutError:
             if not scope.expired():
                 raise
-            error = self._error(
-                family.timeout,
-                f"{endpoint}: no complete answer within {seconds:.1f}s "
-                f"({received[0]} bytes of it arrived)",
-                endpoint,
-            )
-            if isinstance(error, RpcTimeout):
-                error.received = received[0]
-                error.deadline = seconds
-            raise _Abort(error) from None
+            raise _Abort(
+                timeout_error(family, self.api_url, endpoint, seconds, received[0])
+            ) from None
         return response.status_code, b"".join(chunks)
-
-    def _too_large(self, family: ErrorFamily, endpoint: str, cap: int, seen: int) -> GradfedError:
-        error = self._error(
-            family.too_large,
-            f"{endpoint} answer exceeds its {cap}-byte cap ({seen} bytes seen); reading stopped",
-            endpoint,
-        )
-        if isinstance(error, ResponseTooLarge):
-            error.rpc_endpoint = endpoint
-            error.cap = cap
-        return error
-
-    def _error(
-        self, build: Callable[[str], GradfedError], message: str, endpoint: str
-    ) -> GradfedError:
-        """Build an error of the family and stamp where it happened on it."""
-        error = build(message)
-        if isinstance(error, BlockStoreError):
-            error.api_url = error.api_url or self.api_url
-            error.endpoint = error.endpoint or endpoint
-        elif isinstance(error, (PubsubError, KuboRpcError)):
-            error.api_url = error.api_url or self.api_url
-        return error
 
 
 async def _read_capped(response: httpx.Response, cap: int) -> bytes:
@@ -525,43 +459,3 @@ async def _read_capped(response: httpx.Response, cap: int) -> bytes:
         if size >= cap:
             break
     return b"".join(chunks)
-
-
-# --------------------------------------------------------------------------- sync callers
-
-
-def rpc_call_sync(
-    api_url: str,
-    endpoint: str,
-    params: Mapping[str, str] | None = None,
-    *,
-    timeout: float = 30.0,
-    errors: ErrorFamily = KUBO_ERRORS,
-    base_path: str = "/api/v0",
-    method: str = "POST",
-) -> Any:
-    """One JSON call from synchronous code (daemon management, ``node start``).
-
-    Runs :meth:`KuboRpc.post_json` on a private event loop (in a worker thread when the
-    calling thread already runs one) and returns the decoded answer.
-
-    Raises
-    ------
-    GradfedError
-        Of ``errors``' family (default :class:`~gradfed_ipfs.errors.KuboRpcError`).
-    """
-
-    async def call() -> Any:
-        async with KuboRpc(api_url, timeout=timeout, errors=errors, base_path=base_path) as rpc:
-            return await rpc.post_json(endpoint, params, method=method)
-
-    return _run_blocking(call)
-
-
-def _run_blocking(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(make())
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(lambda: asyncio.run(make())).result()

@@ -39,7 +39,8 @@ from ..errors import (
     StoreUnavailable,
 )
 from ..formats.rpc import iter_ndjson
-from ..kubo.rpc import DEADLINE_GRACE, ErrorFamily, KuboRpc, Transport
+from ..kubo.rpc import DEADLINE_GRACE, KuboRpc, Transport
+from ..kubo.rpc_errors import ErrorFamily
 from .base import MAX_BLOCK_SIZE, UNSET, AsyncClosing, Block, Unset
 
 __all__ = [

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gradfed_ipfs.cli.known_peers import load_peers, loopback_addresses, remember_peers
-from gradfed_ipfs.kubo.rpc import rpc_call_sync
+from gradfed_ipfs.kubo.rpc_sync import rpc_call_sync
 from tests.cli.test_cli import no_env_api, own_home, run_cli
 from tests.polling import poll_until
 

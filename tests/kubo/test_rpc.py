@@ -31,15 +31,9 @@ from gradfed_ipfs.errors import (
 from gradfed_ipfs.formats.rpc import LineSplitter, iter_ndjson, parse_rpc_error
 from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.kubo.pubsub import PUBSUB_ERRORS
-from gradfed_ipfs.kubo.rpc import (
-    DEADLINE_GRACE,
-    KUBO_ERRORS,
-    MAX_PUBSUB_LINE_BYTES,
-    ErrorFamily,
-    KuboRpc,
-    max_response_bytes,
-    rpc_call_sync,
-)
+from gradfed_ipfs.kubo.rpc import DEADLINE_GRACE, MAX_PUBSUB_LINE_BYTES, KuboRpc, max_response_bytes
+from gradfed_ipfs.kubo.rpc_errors import KUBO_ERRORS, ErrorFamily
+from gradfed_ipfs.kubo.rpc_sync import rpc_call_sync
 from gradfed_ipfs.storage import MAX_BLOCK_SIZE, Block, KuboBlockStore
 from gradfed_ipfs.storage.kubo import STORE_ERRORS
 
