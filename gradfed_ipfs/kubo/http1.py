@@ -197,7 +197,7 @@ class Http1Answer:
         conn, self._conn = self._conn, None
         if conn is None:
             return
-        if self._done and self._keep:
+        if self._done and self._keep and not self._pool.closed:
             conn.reused = True
             self._pool._idle.append(conn)
         else:
@@ -229,6 +229,8 @@ class Http1Pool:
         self._idle: list[_Connection] = []
         self.opened = 0
         """Connections opened so far (tests check reuse)."""
+        self.closed = False
+        """Set by :meth:`aclose`; answers that end afterwards close their connections."""
 
     async def request(
         self,
@@ -365,6 +367,7 @@ class Http1Pool:
 
     async def aclose(self) -> None:
         """Close the idle connections (busy ones close when their answers do)."""
+        self.closed = True
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()

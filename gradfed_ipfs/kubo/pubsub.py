@@ -152,6 +152,7 @@ class KuboPubsub:
         self.bad_lines = 0
         self._peer_id: str | None = None
         self._closed = False
+        self._publishing = asyncio.Lock()
         self._owns_rpc = rpc is None
         self.rpc = rpc or KuboRpc(
             self.api_url, timeout=timeout, errors=PUBSUB_ERRORS, transport=transport
@@ -172,6 +173,10 @@ class KuboPubsub:
     async def publish(self, topic: str, data: bytes) -> None:
         """``pubsub/pub``: the topic in multibase, the data as a multipart file.
 
+        Publications through one transport go one at a time: Kubo's seqno validator ignores a
+        local message that a later one of the same daemon overtook (see below), so this
+        transport's own publications (a re-publisher beside a new post, say) never race.
+
         Raises
         ------
         PubsubUnavailable, PubsubRequestError
@@ -180,17 +185,19 @@ class KuboPubsub:
         """
         files = {"file": ("data", data, "application/octet-stream")}
         params = {"arg": encode_topic(topic)}
-        for attempt in range(1, PUBLISH_ATTEMPTS + 1):
-            try:
-                await self._post("pubsub/pub", params, files=files)
-                return
-            except PubsubRequestError as exc:
-                # Kubo's seqno validator ignores a local message whose seqno is not above the
-                # last one it validated; two publishes racing on one daemon can hit that. The
-                # ignored message went nowhere, and a new publish gets a new seqno.
-                if _SEQNO_IGNORED not in str(exc) or attempt == PUBLISH_ATTEMPTS:
-                    raise
-                logger.debug("pubsub/pub %s: %s, publishing again", topic, _SEQNO_IGNORED)
+        async with self._publishing:
+            for attempt in range(1, PUBLISH_ATTEMPTS + 1):
+                try:
+                    await self._post("pubsub/pub", params, files=files)
+                    return
+                except PubsubRequestError as exc:
+                    # Kubo's seqno validator ignores a local message whose seqno is not above
+                    # the last one it validated; publishes racing on one daemon (from other
+                    # clients) can hit that. The ignored message went nowhere, and a new
+                    # publish gets a new seqno.
+                    if _SEQNO_IGNORED not in str(exc) or attempt == PUBLISH_ATTEMPTS:
+                        raise
+                    logger.debug("pubsub/pub %s: %s, publishing again", topic, _SEQNO_IGNORED)
 
     async def topics(self) -> list[str]:
         """``pubsub/ls``: the topics this daemon subscribes to (decoded)."""

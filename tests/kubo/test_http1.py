@@ -88,6 +88,30 @@ async def test_keep_alive_reuses_one_connection_for_length_and_chunked_bodies() 
         await pool.aclose()
 
 
+async def test_an_answer_ending_after_the_pool_closed_closes_its_connection() -> None:
+    # A request still in flight when its client closes (a re-publisher being cancelled, say)
+    # must not park its connection in the closed pool, where nothing would ever close it.
+    hung_up = asyncio.Event()
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+        await writer.drain()
+        await reader.read()  # until the client hangs up
+        hung_up.set()
+
+    async with server(answer) as port:
+        pool = Http1Pool("127.0.0.1", port)
+        answer_ = await pool.request(
+            "POST", b"/x", [(b"Host", b"h"), (b"Content-Length", b"0")], empty()
+        )
+        await pool.aclose()
+        assert b"".join([chunk async for chunk in answer_.body()]) == b"hello"
+        await answer_.aclose()
+        assert pool._idle == []
+        await asyncio.wait_for(hung_up.wait(), 5.0)
+
+
 async def test_a_connection_the_daemon_closed_is_replaced_transparently() -> None:
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)

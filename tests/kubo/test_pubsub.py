@@ -182,6 +182,31 @@ async def test_publish_retries_a_seqno_race_then_gives_up(ignored_answers: int) 
     await client.aclose()
 
 
+async def test_publishes_through_one_transport_go_one_at_a_time() -> None:
+    # Two publishes of one daemon in flight at once can race past its seqno validator (one of
+    # them is then "ignored"), so a transport never has two in flight.
+    in_flight: list[bytes] = []
+    overlaps = 0
+    served: list[bytes] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal overlaps
+        body = request.read()
+        overlaps += bool(in_flight)
+        in_flight.append(body)
+        for _ in range(5):  # hand the loop to the other publishers
+            await asyncio.sleep(0)
+        in_flight.remove(body)
+        served.append(body)
+        return httpx.Response(200, text="")
+
+    client = KuboPubsub("http://127.0.0.1:1", transport=httpx.MockTransport(handler))
+    await asyncio.gather(*(client.publish("t", f"message {i}".encode()) for i in range(4)))
+    await client.aclose()
+    assert len(served) == 4
+    assert overlaps == 0
+
+
 async def test_publish_does_not_retry_other_refusals() -> None:
     calls: list[int] = []
 

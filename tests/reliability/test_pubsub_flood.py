@@ -10,9 +10,13 @@ then dropped by the consumer (``other_round``, ``missing_block``) or processed (
 The counts add up to the number sent; no exception escapes; the de-duplication memory stays at
 its cap. Message count: ``tests/reliability/profile.py`` (CI 1,000, full 10,000).
 
-The attacker publishes in windows of 128 messages and lets A's filter catch up after each.
-Gossipsub itself loses an occasional message (about 1 in 1,000 here), so the accounting is
-over what A's subscription delivered (recorded at the transport), and the loss is bounded.
+Kubo loses part of a burst on its own: A validates incoming messages concurrently, and its
+seqno validator ignores a message of C's once a later one of C's got through first (C's
+messages arrive in publication order, with gaps, often runs of a few). That was 0.3 to 9 % of
+this flood on a 2-core machine, more the busier the machine. So the accounting is over what A's
+subscription delivered (recorded at the transport, whose stream never broke), most of the flood
+must arrive, and the honest peer re-publishes its announcement until A has it, as announcers do
+in a round (the copies are ``duplicate``).
 """
 
 from __future__ import annotations
@@ -44,7 +48,6 @@ from .profile import FLOOD_MESSAGES
 pytestmark = pytest.mark.kubo
 
 ROUND = 1_000_000
-WINDOW = 128
 MAX_SEEN = 64  # below the distinct (peer, round) pairs of even the CI flood
 
 # kind -> the reason it must end up counted under
@@ -77,10 +80,20 @@ class RecordingPubsub(KuboPubsub):
     def __init__(self, api_url: str) -> None:
         super().__init__(api_url)
         self.received: list[bytes] = []
+        self._watched: dict[bytes, asyncio.Event] = {}
+
+    def arrival_of(self, data: bytes) -> asyncio.Event:
+        """An event set once a message carrying ``data`` is delivered."""
+        event = self._watched.setdefault(data, asyncio.Event())
+        if data in self.received:
+            event.set()
+        return event
 
     async def subscribe(self, topic: str) -> AsyncIterator[PubsubMessage]:
         async for message in super().subscribe(topic):
             self.received.append(message.data)
+            if message.data in self._watched:
+                self._watched[message.data].set()
             yield message
 
 
@@ -156,6 +169,8 @@ async def test_pubsub_flood_every_message_dropped_and_counted(kubo_swarm3) -> No
                 outcomes["processed"] += 1
 
     consumer = asyncio.create_task(consume())
+    honest_sender = GossipModelSync(node_b.peer_id, pubsub_b, session_id=session)
+    honest_sent = 0
     try:
         await receiver.start()
         for publisher in (pubsub_b, pubsub_c):
@@ -164,34 +179,31 @@ async def test_pubsub_flood_every_message_dropped_and_counted(kubo_swarm3) -> No
                 return node_a.peer_id in await p.peers(receiver.topic)
 
             await apoll_until(sees_a, timeout=30, what="A subscribed, seen by the publishers")
-        accumulator.config.timeout = 1.0  # missing blocks: give up after a second
+        # A missing block costs this once (later copies are duplicates); the honest block is
+        # one bitswap hop away and takes milliseconds, unless the machine is very busy.
+        accumulator.config.timeout = 10.0
 
         honest_cid = await store_b.put(Block.new(_arrow(honest_gradient)))
         honest = Announcement.new(session, ROUND, node_b.peer_id, honest_cid, length=8)
         messages = flood(FLOOD_MESSAGES, session, node_c.peer_id, node_b.peer_id, random.Random(8))
-        sent = 0
+        half = len(messages) // 2
+        for _, data in messages[:half]:
+            await pubsub_c.publish(receiver.topic, data)
+        # The honest peer, mid-flood, re-publishes until A's subscription has its announcement.
+        honest_sent = await honest_sender.announce_until(
+            honest, pubsub_a.arrival_of(honest.encode()), interval=1.0, max_count=30
+        )
+        for _, data in messages[half:]:
+            await pubsub_c.publish(receiver.topic, data)
 
-        def accounted() -> int:
-            return sum(receiver.drops.values()) + receiver.filter.accepted
+        async def all_arrived() -> bool:
+            return len(pubsub_a.received) >= len(messages) + honest_sent
 
-        async def caught_up() -> bool:
-            return accounted() >= len(pubsub_a.received)
-
-        async def window_arrived() -> bool:
-            return len(pubsub_a.received) >= sent
-
-        for start in range(0, len(messages), WINDOW):
-            for _, data in messages[start : start + WINDOW]:
-                await pubsub_c.publish(receiver.topic, data)
-                sent += 1
-            if start == (len(messages) // (2 * WINDOW)) * WINDOW:  # the honest peer, mid-flood
-                await pubsub_b.publish(receiver.topic, honest.encode())
-                sent += 1
-            await apoll_until(caught_up, timeout=30, what="A's filter catching up")
-
-        with contextlib.suppress(TimeoutError):  # what gossipsub lost never arrives
-            await apoll_until(window_arrived, timeout=5.0, what="every message")
-        await apoll_until(caught_up, timeout=30, what="A's filter catching up")
+        with contextlib.suppress(TimeoutError):  # what Kubo ignored never arrives
+            await apoll_until(all_arrived, timeout=5.0, what="every message")
+        # Stop A's reader: what arrived is final, and every arrival went through the filter
+        # (the transport records a message and the filter takes it in one step).
+        await receiver.aclose()
 
         async def all_classified() -> bool:
             pending = receiver.filter.accepted - receiver.drops["overflow"]
@@ -202,27 +214,33 @@ async def test_pubsub_flood_every_message_dropped_and_counted(kubo_swarm3) -> No
         stop.set()
         await consumer
         await receiver.aclose()
+        await honest_sender.aclose()
         for closable in (store_a, store_b, pubsub_a, pubsub_b, pubsub_c):
             await closable.aclose()
 
     # Nothing escaped: the reader never failed and no message that arrived went uncounted.
     assert receiver.drops["error"] == 0
     assert pubsub_a.bad_lines == 0
+    assert pubsub_a.reconnects == 0  # A's stream never broke: nothing was lost on our side
     kind_of = {data: kind for kind, data in messages} | {honest.encode(): "honest"}
     arrived = [kind_of[data] for data in pubsub_a.received]
     expected = Counter(KINDS.get(kind, "processed") for kind in arrived)
-    if expected["missing_block"]:
-        expected["duplicate"] = expected["missing_block"] - 1
-        expected["missing_block"] = 1
+    for reason in ("missing_block", "processed"):  # one (peer, round) each: the rest duplicates
+        if expected[reason] > 1:
+            expected["duplicate"] += expected[reason] - 1
+            expected[reason] = 1
     got = +Counter({**receiver.drops, **outcomes})
     assert got == +expected, (got, expected)
     assert sum(got.values()) == len(arrived)
-    lost = FLOOD_MESSAGES + 1 - len(arrived)
+    lost = len(messages) + honest_sent - len(arrived)
     print(
-        f"flood: sent {FLOOD_MESSAGES + 1}, arrived {len(arrived)} (gossipsub lost {lost}): {got}"
+        f"flood: sent {len(messages)} + {honest_sent} honest, arrived {len(arrived)}"
+        f" (Kubo ignored {lost}): {got}"
     )
-    assert lost <= 0.05 * FLOOD_MESSAGES
-    assert "honest" in arrived
+    # Most of the flood, every kind of it, went through A's filter: Kubo's loss (above) stays
+    # well under a quarter even on a busy machine.
+    assert len(arrived) >= 0.75 * len(messages)
+    assert set(KINDS) | {"honest"} == set(arrived)
     # The honest announcement, sent mid-flood, was processed: its gradient verified.
     np.testing.assert_array_equal(accumulator.peer_gradients[node_b.peer_id], honest_gradient)
     assert accumulator.is_ready(1)
