@@ -11,39 +11,46 @@ shared machine's load. Per-round latency is measured on every peer from the star
 peer-rounds (the first round of each block excluded: subscriptions warm up) and the
 agreed/runner ratios are printed, with a 95 % bootstrap interval of the p50 ratio (whole rounds
 resampled: a round's peers wait for each other), the date and the load average (1, 5, 15 min).
-The test data (each round's delta) is made before the round's clock starts.
+A second line gives the mean latencies, the p50 start skew of a round (first peer's start to
+the last one's) and a third the CPU seconds per round of the peers and of their daemons
+(``/proc/<pid>/stat`` after each round; summed over peers). The test data (each round's delta)
+is made before the round's clock starts. ``--done-timeout`` sets ``AgreedConfig.done_timeout``.
 
     python benchmarks/bench_rounds.py                      # 3 and 8 peers, d = 1M
     python benchmarks/bench_rounds.py --peers 3 --rounds 12 --blocks 5 --losses 0
 
-Idle 2-core VM, 2026-11-30 20:00 (the benchmark's own load only), after the model is put by 2
-holders instead of every peer (``AgreedConfig.model_replicas``), CIDs' bytes without
-multiformats' run-time checks and batched ``block/put``, seconds::
+Idle 2-core VM, 2026-12-01 00:05 (the benchmark's own load only), ``main`` with the model put
+by 2 holders, dag-cbor written by ``fast_cbor.encode_dag_cbor``, seconds::
 
-    peers  loss  runner p50   p95  agreed p50   p95  p50 ratio (95% CI)  p95 ratio  rounds
-        3    0%       0.154  0.301      0.191  0.354   1.24 (1.08-1.33)       1.18   55+55
-        8    0%       1.174  2.558      1.181  1.741   1.01 (0.60-1.16)       0.68   15+15
+    peers loss  runner p50   p95  agreed p50   p95  p50 ratio (95% CI)  p95  mean ratio  CPU ratio
+        3   0%       0.138 0.272       0.175 0.291   1.26 (1.09-1.38)  1.07        1.17       1.16
+        3   0%       0.140 0.227       0.168 0.279   1.19 (1.09-1.31)  1.23        1.22       1.25
+        3  20%       0.231 10.04       0.212 0.402   0.92 (0.80-1.14)  0.04        0.08       0.82
+        8   0%       1.565 2.989       1.249 1.772   0.80 (0.49-1.24)  0.59        0.68       0.66
 
-Two more 3-peer runs right after (``--rounds 10 --blocks 4``, 36 rounds each): 1.21 (1.04-1.40)
-and 1.18 (1.02-1.31). The <= 1.2x goal holds at 8 peers and not reliably at 3 (25-37 ms above
-the runner's p50; every 95 % interval reaches above 1.2). Earlier
-runs, with the delta's generation (~25 ms) inside the timed round, which lowers the ratio for the
-same gap: 3 peers 1.13, 1.21, 1.33, 1.12, 1.29 at idle; 1.22 at load 10-15; 8 peers 1.10-1.12.
-With 20 % of one peer's announcements lost, agreed rounds stay complete while the runner closes
-rounds short at its 10 s deadline (3 of 42 at idle; its p95 ~10 s), so the p95 ratio is ~0.1.
+(3 peers: ``--rounds 12 --blocks 5``, 55 rounds each; with loss ``--blocks 3``, the runner
+closed 7 rounds short at its 10 s deadline; 8 peers: ``--rounds 8 --blocks 2``.) The <= 1.2x
+goal holds at 8 peers and with loss, and not reliably at 3 peers without loss. Earlier runs at
+3 peers: 1.24, 1.21, 1.18 (2026-11-30 20:00), 1.14 and 1.23 (today, 22:50).
 
-Where the 3-peer gap is (timelines of ``run_round`` start and end on every peer, 3 blocks):
-from the last peer's start to each peer's end, agreed rounds are as fast as the runner's (p50
-0.167 vs 0.173 s), but agreed peers start each round 91 ms apart at p50 against the runner's
-44 ms. An agreed peer that starts last already holds the others' contributions (fetched as soon
-as heard, the next round's too) and finishes first, so the order rotates and the early
-starters wait; the runner's late starter picks up the others' announcements only when it
-starts, so its peers stay in step. What agreed rounds add on 2 shared cores: the deterministic
-float64 update (~5 ms), hashing the new model (~8 ms), and on the model's 2 holders a 4 MB put
-(~5 ms of Python, ~20 ms of daemon CPU). Deferring the model's put past the next announcement,
-or skipping it altogether (measured only to size it), moved the ratio less than the noise; so
-did fetching the next round's contributions only once that round starts (1.22 and 1.36 against
-1.21 and 1.18 alternated), which would keep the peers in step as the runner's are.
+Why, from the CPU lines: with 3 peers and 3 daemons on 2 cores, rounds are CPU-bound (the CPU
+per round is ~2 cores x the mean round period), so the mean ratio follows the CPU ratio. An
+agreed peer uses ~17 ms more CPU per round than a runner peer, spread over what the protocol
+adds: hashing and Arrow-encoding the new model (~6 ms), the deterministic float64 update
+(3.6 ms against BLAS's 1.6 ms at idle), the model's put on 2 of 3 peers, records and messages.
+The model's put is not the gap: with ``model_replicas=1`` the CPU ratio was 1.17 and the p50
+ratio 1.30. At 8 peers the runner's daemons spend twice the agreed ones' CPU (every peer
+re-publishes its announcement every 0.25 s until the round ends), and the ratio turns.
+Waiting for the others' ``done`` (``--done-timeout 2``) brings the peers' starts together (43
+against 71 ms of skew) but adds a pubsub delivery to every round: p50 ratio 1.32, mean 1.35.
+
+On top of the CPU, the p50 of 3 peers is skewed by the order of starts: agreed peers start
+each round ~65 ms apart (runner ~40 ms). An agreed peer that starts last already holds the
+others' contributions (fetched as soon as heard, the next round's too) and finishes first, so
+the order rotates and 2 of 3 peer-rounds include a wait; hence a p50 ratio above the mean
+ratio in most runs. Deferring the model's put past the next announcement, or fetching the next
+round's contributions only once that round starts, moved the ratio less than the noise
+(2026-11-30).
 """
 
 from __future__ import annotations
@@ -71,6 +78,12 @@ from gradfed_ipfs.storage import KuboBlockStore  # noqa: E402
 from tests.multiprocess.lossy import LossyPubsub  # noqa: E402
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` used so far (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def initial_model(dim: int) -> np.ndarray:
     return np.random.default_rng(0).standard_normal(dim).astype(np.float32)
 
@@ -87,11 +100,18 @@ async def peer_main(args: argparse.Namespace) -> None:
     if args.loss > 0:
         pubsub = LossyPubsub(pubsub, args.loss, seed=args.index)
     members = args.members.split(",")
-    latencies = []
+    latencies: list[tuple[float, int]] = []
+    starts: list[float] = []  # wall clock: the peers share this machine's
+    cpu: list[tuple[float, float]] = []  # (this process, its daemon) after each round
+
+    def count_cpu() -> None:
+        cpu.append((cpu_seconds(os.getpid()), cpu_seconds(args.daemon_pid)))
+
     if args.protocol == "agreed":
         config = AgreedConfig(
-            tuple(members), collect_timeout=30.0, round_timeout=120.0, fetch_timeout=60.0
-        )
+            tuple(members), collect_timeout=30.0, round_timeout=120.0, fetch_timeout=60.0,
+            done_timeout=args.done_timeout,
+        )  # fmt: skip
         session = AgreedSession(store, pubsub, args.session, args.genesis, config)
         await session.start(initial_model(args.dim))
         for r in range(args.rounds):
@@ -99,6 +119,8 @@ async def peer_main(args: argparse.Namespace) -> None:
             t = time.monotonic()
             result = await session.run_round(gradient, weight=1 + args.index)
             latencies.append((time.monotonic() - t, len(result.roster.entries)))
+            starts.append(time.time() - latencies[-1][0])
+            count_cpu()
         await session.linger(timeout=30.0)
         await session.aclose()
     else:
@@ -123,18 +145,30 @@ async def peer_main(args: argparse.Namespace) -> None:
                 latencies.append((time.monotonic() - t, outcome.stats.participants))
             except InsufficientPeers as exc:  # the round closed short at its deadline
                 latencies.append((time.monotonic() - t, 1 + exc.got))
+            starts.append(time.time() - latencies[-1][0])
+            count_cpu()
         await asyncio.sleep(3.0)  # keep serving blocks and announcements to slower peers
         await runner.aclose()
         await gossip.aclose()
     await pubsub.aclose()
     await store.aclose()
-    print(json.dumps({"latencies": latencies}), flush=True)
+    # CPU of rounds 2.. (the first is excluded like its latency)
+    used = [b - a for a, b in zip(cpu[0], cpu[-1], strict=True)]
+    print(json.dumps({"latencies": latencies, "starts": starts, "cpu": used}), flush=True)
 
 
 def run_protocol(
-    swarm: KuboSwarm, protocol: str, dim: int, rounds: int, loss: float, tag: str
-) -> list[list[tuple[float, int]]]:
-    """Run one block; return each round's (latency, participants) of every peer."""
+    swarm: KuboSwarm,
+    protocol: str,
+    dim: int,
+    rounds: int,
+    loss: float,
+    tag: str,
+    done_timeout: float,
+) -> tuple[list[list[tuple[float, int]]], list[float], np.ndarray]:
+    """Run one block; return each round's (latency, participants) of every peer, each round's
+    start skew (seconds from the first peer's start to the last one's) and the CPU seconds the
+    peers and their daemons used over the timed rounds (summed over peers)."""
     members = ",".join(d.peer_id for d in swarm)
     genesis = str(asyncio.run(model_cid(initial_model(dim))))
     procs = []
@@ -144,18 +178,24 @@ def run_protocol(
             sys.executable, __file__, "--peer", "--protocol", protocol, "--api", daemon.api_url,
             "--index", str(index), "--members", members, "--session", f"bench-{tag}",
             "--genesis", genesis, "--dim", str(dim), "--rounds", str(rounds), *lossy,
+            "--done-timeout", str(done_timeout), "--daemon-pid", str(daemon.pid),
         ]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         procs.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env))
     by_round: list[list[tuple[float, int]]] = [[] for _ in range(rounds - 1)]
+    starts: list[list[float]] = [[] for _ in range(rounds - 1)]
+    cpu = np.zeros(2)
     for proc in procs:
         out, _ = proc.communicate(timeout=1800)
         if proc.returncode != 0:
             raise SystemExit(f"{protocol} peer failed with {proc.returncode}")
-        latencies = json.loads(out.strip().splitlines()[-1])["latencies"][1:]
-        for group, (seconds, participants) in zip(by_round, latencies, strict=True):
+        report = json.loads(out.strip().splitlines()[-1])
+        for group, (seconds, participants) in zip(by_round, report["latencies"][1:], strict=True):
             group.append((seconds, participants))
-    return by_round
+        for group, start in zip(starts, report["starts"][1:], strict=True):
+            group.append(start)
+        cpu += report["cpu"]
+    return by_round, [max(s) - min(s) for s in starts], cpu
 
 
 def ratio_interval(
@@ -200,6 +240,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--blocks", type=int, default=2)
     parser.add_argument("--losses", type=float, nargs="+", default=[0.0, 0.2])
+    parser.add_argument("--daemon-pid", type=int, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--done-timeout", type=float, default=AgreedConfig.done_timeout,
+        help="agreed peers wait up to this for the others' done (AgreedConfig.done_timeout)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.peer:
         asyncio.run(peer_main(args))
@@ -213,14 +258,18 @@ def main() -> None:
             for loss in args.losses:
                 runner_rounds: list[list[tuple[float, int]]] = []
                 agreed_rounds: list[list[tuple[float, int]]] = []
+                skews: dict[str, list[float]] = {"runner": [], "agreed": []}
+                cpu = {"runner": np.zeros(2), "agreed": np.zeros(2)}
                 for block in range(args.blocks):  # alternated: both see the same load drift
                     tag = f"{n}-{loss}-{block}-{os.getpid()}"
-                    runner_rounds += run_protocol(
-                        swarm, "runner", args.dim, args.rounds, loss, f"r{tag}"
-                    )
-                    agreed_rounds += run_protocol(
-                        swarm, "agreed", args.dim, args.rounds, loss, f"a{tag}"
-                    )
+                    for protocol, rounds in (("runner", runner_rounds), ("agreed", agreed_rounds)):
+                        groups, skew, used = run_protocol(
+                            swarm, protocol, args.dim, args.rounds, loss, f"{protocol[0]}{tag}",
+                            args.done_timeout,
+                        )  # fmt: skip
+                        rounds += groups
+                        skews[protocol] += skew
+                        cpu[protocol] += used / (args.rounds - 1)
                 runner = [x for group in runner_rounds for x in group]
                 agreed = [x for group in agreed_rounds for x in group]
                 short = sum(1 for _, k in runner if k < n) + sum(1 for _, k in agreed if k < n)
@@ -230,6 +279,16 @@ def main() -> None:
                 print(f"{n:>5} {loss:>5.0%} {r50:>10.3f} {r95:>6.3f} {a50:>10.3f} {a95:>6.3f}"
                       f" {a50 / r50:>6.2f} ({low:.2f}-{high:.2f}) {a95 / r95:>9.2f} {short:>5}"
                       f"  load {load()}", flush=True)  # fmt: skip
+                mean_r = float(np.mean([x for x, _ in runner]))
+                mean_a = float(np.mean([x for x, _ in agreed]))
+                print(f"{'':>11} mean {mean_r:.3f} / {mean_a:.3f} s (ratio {mean_a / mean_r:.2f}),"
+                      f" start skew p50 {np.median(skews['runner']) * 1e3:.0f} /"
+                      f" {np.median(skews['agreed']) * 1e3:.0f} ms (runner / agreed)",
+                      flush=True)  # fmt: skip
+                (rp, rd), (ap, ad) = cpu["runner"] / args.blocks, cpu["agreed"] / args.blocks
+                print(f"{'':>11} CPU per round (peers + daemons): runner {rp:.3f} + {rd:.3f} s,"
+                      f" agreed {ap:.3f} + {ad:.3f} s (ratio {(ap + ad) / (rp + rd):.2f})",
+                      flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
