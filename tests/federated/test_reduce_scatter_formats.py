@@ -212,6 +212,28 @@ def test_projection_catches_a_small_lie_and_passes_float32_rounding() -> None:
     assert projection_seed([bytes(ROSTER)]) != projection_seed([bytes(OTHER)])
 
 
+def test_projection_vectors_are_seeded_uniform_and_catch_a_one_value_lie() -> None:
+    seed = projection_seed([bytes(ROSTER)])
+    z = projection_vector(seed, 2, 50_000)
+    assert np.array_equal(z, projection_vector(seed, 2, 50_000))  # every peer draws the same
+    assert not np.array_equal(z[:100], projection_vector(seed, 3, 100))
+    assert z.dtype == np.float64
+    assert z.min() >= -1.0
+    assert z.max() < 1.0
+    assert abs(z.mean()) < 0.02
+    assert 0.3 < float(np.mean(z * z)) < 0.37  # uniform on [-1, 1): variance 1/3
+    rng = np.random.default_rng(9)
+    base = rng.standard_normal(50_000).astype(np.float32)
+    honest = (base + rng.standard_normal(50_000).astype(np.float32)).astype(np.float32)
+    tol = projection_tolerance(z, honest, base)
+    caught = 0
+    for i in rng.choice(50_000, 200, replace=False):  # a lie of 1.0 at one coordinate
+        lie = honest.copy()
+        lie[i] += np.float32(1.0)
+        caught += abs(projection(z, lie) - projection(z, honest)) > tol
+    assert caught >= 195  # misses only where |z_i| < tolerance (~1 % of coordinates here)
+
+
 def test_projection_is_the_float64_dot_product() -> None:
     rng = np.random.default_rng(5)
     z = projection_vector(projection_seed([bytes(ROSTER)]), 1, 3_001)

@@ -183,11 +183,20 @@ def projection_seed(record_cids: Sequence[bytes]) -> bytes:
 
 
 def projection_vector(seed: bytes, k: int, length: int) -> NDArray[np.float64]:
-    """Return ``z_k``: ``length`` standard-normal float64 values from ``(seed, k)``."""
+    """Return ``z_k``: ``length`` float64 values uniform on [-1, 1) from ``(seed, k)``.
+
+    Any continuous distribution catches a lie ``e ≠ 0`` the liar could not aim at ``z``:
+    ``⟨z, e⟩`` has a density, so it falls inside the honest tolerance with probability
+    ~tolerance / ‖e‖. Uniform values cost 2.7 ms per million against 12.6 for standard-normal
+    ones, and every peer draws ``d`` of them per round (``bench_load.py``: ~10 % of a sliced
+    round's CPU with normals).
+    """
     rng = np.random.default_rng(
         int.from_bytes(hashlib.sha256(seed + k.to_bytes(8, "big")).digest())
     )
-    z: NDArray[np.float64] = rng.standard_normal(length)
+    z: NDArray[np.float64] = rng.random(length)
+    z *= 2.0
+    z -= 1.0
     return z
 
 
