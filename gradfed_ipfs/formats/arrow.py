@@ -76,6 +76,7 @@ from .arrow_fields import (
     quantized_column,
 )
 from .arrow_footer import scan_arrow_file
+from .arrow_template import DenseLayout, template_for
 from .limits import MAX_ARROW_BATCHES, MAX_DECODED_ELEMENTS, check_elements
 
 __all__ = [
@@ -92,6 +93,7 @@ __all__ = [
     "META_SHAPE",
     "META_ZERO_POINT",
     "DecodedGradient",
+    "decode_dense_block",
     "decode_gradient",
     "encode_arrow_file",
     "load_gradient_from_arrow",
@@ -102,6 +104,8 @@ __all__ = [
 ]
 
 ARROW_MAGIC: Final = b"ARROW1"
+_MAX_FRAMING: Final = 64 * 1024
+"""Most bytes a canonical dense block holds besides its values (~900 with a chunk offset)."""
 _UINT32_LIMIT: Final = 2**32
 
 ENCODINGS: Final = ("dense", "sparse", "quantized", "sparse-quantized")
@@ -169,6 +173,41 @@ def store_gradient_as_arrow(
     flat = np.ascontiguousarray(array).reshape(-1)
     if math.prod(recorded) != flat.size:
         raise MalformedArrow(f"shape {list(recorded)} does not hold {flat.size} values")
+    if layer is None:
+        template = template_for((flat.size, recorded, offset), _encode_layout)
+        if template is not None:
+            return template.encode(flat)
+    return _encode_dense(flat, recorded, layer, offset)
+
+
+def decode_dense_block(
+    data: bytes | bytearray | memoryview,
+    length: int,
+    *,
+    shape: tuple[int, ...] | None = None,
+    offset: int | None = None,
+) -> FloatArray | None:
+    """Return the values of a canonical dense block of this layout, else ``None``.
+
+    A read-only view on ``data`` when its bytes are exactly what :func:`store_gradient_as_arrow`
+    writes for ``length`` values of ``shape`` (default ``(length,)``) at chunk ``offset``
+    (:mod:`~gradfed_ipfs.formats.arrow_template`); ``None`` means "use the full decoder",
+    which alone raises for malformed blocks.
+    """
+    if not 4 * length <= len(data) <= 4 * length + _MAX_FRAMING:
+        return None  # not this layout: no template is cut for a length the bytes cannot hold
+    layout = (length, (length,) if shape is None else shape, offset)
+    template = template_for(layout, _encode_layout)
+    return None if template is None else template.decode(data)
+
+
+def _encode_layout(flat: FloatArray, layout: DenseLayout) -> bytes:
+    return _encode_dense(flat, layout[1], None, layout[2])
+
+
+def _encode_dense(
+    flat: FloatArray, recorded: tuple[int, ...], layer: str | None, offset: int | None
+) -> bytes:
     metadata = {
         META_ENCODING: "dense",
         META_SHAPE: json.dumps(list(recorded)),

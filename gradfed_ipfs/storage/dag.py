@@ -46,6 +46,7 @@ from ..errors import (
 )
 from ..formats.arrow import (
     META_OFFSET,
+    decode_dense_block,
     decode_gradient,
     load_layer_from_arrow,
     store_gradient_as_arrow,
@@ -314,33 +315,45 @@ async def fetch_chunks(
         nonlocal done
         what = f"chunk {index}{where}"
         block = await _get_with_retries(store, ref.cid, timeout, retries, what, arrivals)
-        try:
-            decoded = decode_gradient(
-                block.data, max_elements=ref.length, expected_length=ref.length
-            )
-        except MalformedArrow as exc:
-            raise BlockCorrupt(
-                f"chunk {index}{where} is not a gradient block: {exc}", cid=ref.cid
-            ) from exc
-        recorded_offset = decoded.metadata.get(META_OFFSET, str(ref.offset))
-        if recorded_offset != str(ref.offset):
-            raise BlockCorrupt(
-                f"chunk {index}{where} was written for offset {recorded_offset!r:.24}, "
-                f"the manifest puts it at {ref.offset}",
-                cid=ref.cid,
-            )
-        if decoded.encoding != "dense" or decoded.values.size != ref.length:
-            raise BlockCorrupt(
-                f"chunk {index}{where} holds {decoded.values.size} {decoded.encoding} values, "
-                f"the manifest says {ref.length} dense",
-                cid=ref.cid,
-            )
-        sink(ref, decoded.values)
+        values = decode_dense_block(block.data, ref.length, offset=ref.offset)
+        if values is None:  # not the canonical bytes of this chunk: the full decoder's turn
+            values = _decode_chunk(block, index, ref, where)
+        sink(ref, values)
         done += 4 * ref.length
         if progress is not None:
             progress(done, manifest.nbytes)
 
     await _bounded(concurrency, (fetch_one(i, ref) for i, ref in enumerate(manifest.chunks)))
+
+
+def _decode_chunk(block: Block, index: int, ref: ChunkRef, where: str) -> FloatArray:
+    """Decode chunk ``index`` in full: a dense block of ``ref.length`` values at ``ref.offset``.
+
+    Raises
+    ------
+    BlockCorrupt
+        If it is not (malformed, another encoding, length or offset).
+    """
+    try:
+        decoded = decode_gradient(block.data, max_elements=ref.length, expected_length=ref.length)
+    except MalformedArrow as exc:
+        raise BlockCorrupt(
+            f"chunk {index}{where} is not a gradient block: {exc}", cid=ref.cid
+        ) from exc
+    recorded_offset = decoded.metadata.get(META_OFFSET, str(ref.offset))
+    if recorded_offset != str(ref.offset):
+        raise BlockCorrupt(
+            f"chunk {index}{where} was written for offset {recorded_offset!r:.24}, "
+            f"the manifest puts it at {ref.offset}",
+            cid=ref.cid,
+        )
+    if decoded.encoding != "dense" or decoded.values.size != ref.length:
+        raise BlockCorrupt(
+            f"chunk {index}{where} holds {decoded.values.size} {decoded.encoding} values, "
+            f"the manifest says {ref.length} dense",
+            cid=ref.cid,
+        )
+    return decoded.values
 
 
 class _Arrivals:
@@ -450,6 +463,12 @@ async def fetch_gradient(
         block = await _get_with_retries(
             store, parsed, timeout, retries, f"block {cid_to_str(parsed)}"
         )
+        if expected_length is not None and expected_length <= max_length:
+            values = decode_dense_block(block.data, expected_length)
+            if values is not None:  # the canonical bytes of a flat gradient of that length
+                if progress is not None:
+                    progress(values.nbytes, values.nbytes)
+                return values
         # Not densified before the encoding is checked: a small sparse block may declare a
         # large shape.
         layer, _ = load_layer_from_arrow(block.data, max_elements=max_length)

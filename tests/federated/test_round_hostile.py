@@ -231,15 +231,17 @@ async def test_round_without_min_peers_raises_after_its_deadline() -> None:
 
 @pytest.mark.parametrize("error", [RecursionError, MemoryError, OverflowError, ValueError])
 @pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("decoder", ["template", "full"])
 async def test_decoder_raising_anything_rejects_that_peer_not_the_round(
-    monkeypatch: pytest.MonkeyPatch, error: type[Exception], streaming: bool
+    monkeypatch: pytest.MonkeyPatch, error: type[Exception], streaming: bool, decoder: str
 ) -> None:
-    # Prepare: the decoder raises a foreign error on the attacker's block only.
+    # Prepare: a decoder (the canonical-bytes template or the full one) raises a foreign
+    # error on the attacker's block only.
     store, bus = MemoryBlockStore(), MemoryPubsubBus()
-    a, b, evil = nodes(bus, ["a", "b", "evil"], f"decoder-{error.__name__}")
+    a, b, evil = nodes(bus, ["a", "b", "evil"], f"decoder-{error.__name__}-{decoder}")
     poison = np.full(4, 7.0, dtype=np.float32)
     evil_cid = await put_gradient(store, poison)
-    real = dag.load_layer_from_arrow
+    real, real_template = dag.load_layer_from_arrow, dag.decode_dense_block
 
     def decode(data: bytes, **limits: Any) -> Any:
         layer, rest = real(data, **limits)
@@ -247,7 +249,16 @@ async def test_decoder_raising_anything_rejects_that_peer_not_the_round(
             raise error("decoder blew up on hostile bytes")
         return layer, rest
 
+    def template(data: bytes, length: int, **layout: Any) -> Any:
+        values = real_template(data, length, **layout)
+        if values is not None and np.array_equal(values, poison):
+            if decoder == "template":
+                raise error("template blew up on hostile bytes")
+            return None  # the full decoder's turn
+        return values
+
     monkeypatch.setattr(dag, "load_layer_from_arrow", decode)
+    monkeypatch.setattr(dag, "decode_dense_block", template)
     closed = asyncio.Event()
     announcing = asyncio.create_task(
         evil.announce_until(evil.make_announcement(evil_cid, 0, length=4), closed, interval=0.02)
