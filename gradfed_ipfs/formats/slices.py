@@ -14,7 +14,8 @@ Two dag-cbor records (keys sorted canonically, CIDs as tag-42 links):
     same inputs). Honest detectors write byte-identical fraud records.
 
 And one small JSON pubsub message, :class:`SliceMessage`, of three kinds: ``slice`` (a slice
-record CID for slice ``k`` in ``phase``), ``proj`` (the sender's check values: projections
+record CID for slice ``k`` in ``phase``, with the record's bytes in base64 when they fit, so
+that readers need not fetch them), ``proj`` (the sender's check values: projections
 ``⟨z_k, g[k]⟩``, one float per slice, or for median and trimmed-mean rounds its values at the
 ``s`` spot-checked coordinates of every slice) and ``fraud`` (a fraud record CID). The sender
 is pubsub's ``from``.
@@ -26,17 +27,19 @@ Decoders check sizes, types, counts and order and raise
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from multiformats import CID
 
 from ..block import Block
-from ..cid import DAG_CBOR, RAW, cid_to_str, parse_cid
-from ..errors import DecodeError, MalformedAnnouncement, MalformedManifest
+from ..cid import DAG_CBOR, RAW, cid_to_str, parse_cid, verify_cid
+from ..errors import BlockCorrupt, DecodeError, MalformedAnnouncement, MalformedManifest
 from .fast_cbor import encode_dag_cbor
 from .limits import load_json
 from .records import decode_record, encode_record, require
@@ -309,10 +312,13 @@ class SliceMessage:
     k: int = 0
     cid: CID | None = None
     values: tuple[float, ...] = ()
+    block: bytes | None = field(default=None, compare=False, repr=False)
+    """A ``slice`` message's record bytes (they hash to ``cid``): readers need not fetch them.
+    Sent only when the message stays within :data:`MAX_SLICE_MESSAGE_BYTES`."""
 
     def encode(self) -> bytes:
-        """Return the JSON bytes (without the sender)."""
-        body = {
+        """Return the JSON bytes (without the sender); the record's bytes only if they fit."""
+        body: dict[str, object] = {
             "t": _MESSAGE,
             "kind": self.kind,
             "roster": str(self.roster),
@@ -321,7 +327,13 @@ class SliceMessage:
             "cid": None if self.cid is None else str(self.cid),
             "values": list(self.values),
         }
-        return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+        bare = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+        if self.block is None or len(bare) + 12 + 4 * (len(self.block) + 2) // 3 > (
+            MAX_SLICE_MESSAGE_BYTES
+        ):
+            return bare
+        inline = base64.b64encode(self.block).decode()
+        return bare[:-1] + b',"block":"' + inline.encode() + b'"}'
 
     @classmethod
     def decode(cls, data: bytes, sender: str) -> SliceMessage:
@@ -366,4 +378,27 @@ class SliceMessage:
             raise MalformedAnnouncement(f"slice message: {exc}") from None
         if roster.codec.code != DAG_CBOR or (cid is not None and cid.codec.code != DAG_CBOR):
             raise MalformedAnnouncement("slice message: links must be dag-cbor records")
-        return cls(kind, sender, roster, phase, k, cid, tuple(float(v) for v in values))
+        block = _inline_block(body.get("block"), cid, kind)
+        return cls(kind, sender, roster, phase, k, cid, tuple(float(v) for v in values), block)
+
+
+def _inline_block(text: object, cid: CID | None, kind: str) -> bytes | None:
+    """Return a ``slice`` message's inline record bytes, checked against its CID.
+
+    Raises
+    ------
+    MalformedAnnouncement
+        If they are not base64, come with another kind, or do not hash to ``cid``.
+    """
+    if text is None:
+        return None
+    if kind != "slice" or cid is None or not isinstance(text, str):
+        raise MalformedAnnouncement(f"slice message: a {kind} message with inline bytes")
+    try:
+        block = base64.b64decode(text, validate=True)
+        verify_cid(cid, block)
+    except BlockCorrupt:
+        raise MalformedAnnouncement("slice message: inline bytes do not hash to its CID") from None
+    except (binascii.Error, ValueError) as exc:
+        raise MalformedAnnouncement(f"slice message: inline record bytes: {exc}") from None
+    return block

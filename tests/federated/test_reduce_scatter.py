@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from multiformats import CID
 
+from gradfed_ipfs._types import CIDLike
+from gradfed_ipfs.block import Block
 from gradfed_ipfs.federated.round.reduce_scatter import (
     CountingStore,
     MemorySliceBoard,
@@ -25,6 +27,7 @@ from gradfed_ipfs.formats.roster import Roster
 from gradfed_ipfs.formats.slices import FraudRecord, SliceRecord
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore
+from gradfed_ipfs.storage.base import UNSET, StoreWrapper, Unset
 from gradfed_ipfs.storage.dag import fetch_manifest, put_gradient, values_per_chunk
 from gradfed_ipfs.tensor.deterministic import deterministic_update
 
@@ -271,3 +274,52 @@ async def test_well_formed_slice_messages_from_outside_the_roster_are_ignored() 
         for board in boards:
             await board.__aexit__(None, None, None)
     assert {res.model_cid for res in results} == {await reference(r)}
+
+
+class _Fetches(StoreWrapper):
+    """Logs every ``get``."""
+
+    def __init__(self, store: MemoryBlockStore) -> None:
+        super().__init__(store)
+        self.fetched: list[CID] = []
+
+    async def get(self, cid: CIDLike, *, timeout: float | Unset = UNSET) -> Block:
+        block = await super().get(cid, timeout=timeout)
+        self.fetched.append(block.cid)
+        return block
+
+
+@pytest.mark.parametrize("over", ["memory", "pubsub"])
+async def test_slice_records_arrive_with_their_messages_and_are_not_fetched(over: str) -> None:
+    r = await make_round(5)
+    store = _Fetches(r.store)
+    config = ReduceScatterConfig(chunk_bytes=CHUNK, learning_rate=LR, phase_timeout=20)
+    bus, topic = MemoryPubsubBus(), "gradfed/v1/s/slices"
+    shared = MemorySliceBoard()
+    boards = [
+        PubsubSliceBoard(bus.endpoint(p), topic, p) if over == "pubsub" else shared
+        for p in r.roster.peers
+    ]
+    for board in boards:
+        if isinstance(board, PubsubSliceBoard):
+            await board.__aenter__()
+    try:
+        results = await asyncio.gather(
+            *(
+                ReduceScatterPeer(p, store, b, config).run(
+                    r.roster, r.roster_cid, r.base, r.grads[p]
+                )
+                for p, b in zip(r.roster.peers, boards, strict=True)
+            )
+        )
+    finally:
+        for board in boards:
+            if isinstance(board, PubsubSliceBoard):
+                await board.__aexit__(None, None, None)
+    assert {res.model_cid for res in results} == {await reference(r)}
+    records = set(results[0].records)
+    assert len(records) == 5
+    assert not records & set(store.fetched)  # every peer read them from the board
+    assert {SliceRecord.from_block(await r.store.get(c)).result for c in records} <= set(
+        store.fetched
+    )  # the slice results themselves are still fetched by CID

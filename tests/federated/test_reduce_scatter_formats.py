@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import dag_cbor
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from multiformats import CID
 
 from gradfed_ipfs.block import Block
 from gradfed_ipfs.cid import make_cid
@@ -26,7 +28,13 @@ from gradfed_ipfs.federated.round.slices import (
     reducer_rankings,
 )
 from gradfed_ipfs.formats import slices as slice_formats
-from gradfed_ipfs.formats.slices import FraudRecord, SliceInputs, SliceMessage, SliceRecord
+from gradfed_ipfs.formats.slices import (
+    MAX_SLICE_MESSAGE_BYTES,
+    FraudRecord,
+    SliceInputs,
+    SliceMessage,
+    SliceRecord,
+)
 from gradfed_ipfs.storage.dag import plan_chunks
 
 ROSTER = Block.new(dag_cbor.encode({"r": 1}), "dag-cbor").cid
@@ -254,6 +262,35 @@ def test_slice_messages_round_trip_and_take_the_pubsub_sender() -> None:
             message.kind, "b", message.roster, message.phase, message.k, message.cid,
             message.values,
         )  # fmt: skip
+
+
+def test_a_slice_message_carries_its_records_bytes_when_they_fit() -> None:
+    block = record().to_block()
+    message = SliceMessage("slice", "a", ROSTER, 0, 1, block.cid, block=block.data)
+    decoded = SliceMessage.decode(message.encode(), "b")
+    assert decoded.block == block.data
+    assert decoded == SliceMessage("slice", "b", ROSTER, 0, 1, block.cid)  # bytes not compared
+    big = b"\0" * MAX_SLICE_MESSAGE_BYTES  # its CID need not match: it is never sent
+    assert b"block" not in SliceMessage("slice", "a", ROSTER, 0, 1, block.cid, block=big).encode()
+
+
+def _with_block(kind: str, cid: CID, text: str) -> bytes:
+    bare = SliceMessage(kind, "a", ROSTER, 0, 1, cid).encode()  # type: ignore[arg-type]
+    return bare[:-1] + b',"block":"' + text.encode() + b'"}'
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        _with_block("slice", record().to_block().cid, base64.b64encode(b"forged").decode()),
+        _with_block("slice", record().to_block().cid, "not base64!"),
+        _with_block("fraud", record().to_block().cid, base64.b64encode(b"x").decode()),
+    ],
+    ids=["wrong-hash", "not-base64", "fraud-kind"],
+)
+def test_inline_record_bytes_that_do_not_hash_to_the_cid_are_refused(data: bytes) -> None:
+    with pytest.raises(MalformedAnnouncement):
+        SliceMessage.decode(data, "b")
 
 
 @pytest.mark.parametrize(

@@ -33,16 +33,17 @@ class PartialLiar(ReduceScatterPeer):
     altered = 0
 
     async def _reduce(self, roster, roster_cid, base, own, part, exclude, lie=0.0):  # type: ignore[no-untyped-def]
-        cid, values = await super()._reduce(roster, roster_cid, base, own, part, exclude)
+        block, values = await super()._reduce(roster, roster_cid, base, own, part, exclude)
         if not lie:
-            return cid, values
-        record = SliceRecord.from_block(await self.store.get(cid))
+            return block, values
+        record = SliceRecord.from_block(block)
         wrong = values.copy()
         where = np.random.default_rng(part.k).choice(wrong.size, self.altered, replace=False)
         wrong[where] += np.float32(1.0)
         result = await put_gradient(self.store, wrong, chunk_bytes=self.config.chunk_bytes)
-        forged = dataclasses.replace(record, result=result)
-        return await self.store.put(forged.to_block()), wrong
+        forged = dataclasses.replace(record, result=result).to_block()
+        await self.store.put(forged)
+        return forged, wrong
 
 
 async def run(

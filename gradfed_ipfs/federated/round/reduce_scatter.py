@@ -29,12 +29,14 @@ Given an agreed :class:`~gradfed_ipfs.formats.roster.Roster` of N contributions 
    (:func:`~gradfed_ipfs.storage.dag.put_gradient`): the CID is the same on every honest peer.
 
 The board is :class:`PubsubSliceBoard` (one per peer, over pubsub) or, for peers simulated in
-one process, the shared :class:`MemorySliceBoard`; its messages are tiny (CIDs and N floats).
+one process, the shared :class:`MemorySliceBoard`; its messages are small (CIDs, N floats, and
+a slice record's bytes, which spare every reader one fetch per slice).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -45,6 +47,7 @@ from multiformats import CID
 
 from ..._types import FloatArray
 from ...errors import (
+    BlockCorrupt,
     BlockStoreError,
     DecodeError,
     GradientError,
@@ -53,14 +56,11 @@ from ...errors import (
 )
 from ...formats.roster import Roster
 from ...formats.slices import FraudRecord, SliceInputs, SliceMessage, SliceRecord
-from ...storage.base import BlockStore
-from ...storage.dag import (
-    DEFAULT_CONCURRENCY,
-    fetch_gradient,
-    put_gradient,
-)
+from ...storage.base import Block, BlockStore
+from ...storage.dag import fetch_gradient, put_gradient
 from ...storage.retention import put_pinned_alone
 from .encoded import encode_gradient
+from .reduce_scatter_config import ReduceScatterConfig, ReduceScatterResult
 from .slice_check import check_slices
 from .slice_io import CountingStore, MemorySliceBoard, PubsubSliceBoard, fetch_range
 from .slices import (
@@ -82,42 +82,6 @@ __all__ = [
     "SliceMessage",
     "fetch_range",
 ]
-
-
-@dataclass(frozen=True)
-class ReduceScatterConfig:
-    """Settings every roster peer must share (slicing, rule) and local timeouts (seconds)."""
-
-    chunk_bytes: int = 65_536
-    """The contributions' chunk size: slice boundaries follow its grid."""
-    rule: str = "fedavg"
-    learning_rate: float = 1.0
-    fetch_timeout: float = 10.0
-    """Seconds one input slice may take before its sender is recorded missing; also the wait
-    for every input's projections."""
-    reducer_timeout: float = 10.0
-    """Seconds before the next-ranked peer takes over a silent reducer's slice."""
-    phase_timeout: float = 120.0
-    """Longest wait for any one step (all slice records, all projections)."""
-    concurrency: int = DEFAULT_CONCURRENCY
-
-
-@dataclass
-class ReduceScatterResult:
-    """What one peer ends a reduce-scatter round with."""
-
-    model: FloatArray
-    model_cid: CID
-    records: list[CID]
-    missing: tuple[str, ...]
-    liars: set[str] = field(default_factory=set)
-    frauds: list[CID] = field(default_factory=list)
-    recomputed: list[int] = field(default_factory=list)
-    false_values: set[str] = field(default_factory=set)
-    """Senders whose published check values contradicted their own contribution blocks: each
-    cost a slice recompute (logged; they are not excluded, since only this peer saw it)."""
-    downloaded: int = 0
-    seconds: float = 0.0
 
 
 @dataclass
@@ -215,7 +179,7 @@ class ReduceScatterPeer:
         part: _Slice,
         exclude: set[str],
         lie: float = 0.0,
-    ) -> tuple[CID, FloatArray]:
+    ) -> tuple[Block, FloatArray]:
         """Reduce slice ``part`` without the ``exclude`` senders; put and return its record."""
         await self._rows(roster, part, own, base.size, exclude)
         missing = exclude | part.failed
@@ -245,7 +209,9 @@ class ReduceScatterPeer:
             weight_sum=sum(e.weight for e in used),
             result=result,
         )
-        return await put_pinned_alone(self.store, record.to_block()), values
+        block = record.to_block()
+        await put_pinned_alone(self.store, block)
+        return block, values
 
     def _records(self, roster_cid: CID, phase: int, part: _Slice) -> list[SliceMessage]:
         """Slice messages of ``part`` from its ranked reducers, best rank first.
@@ -301,11 +267,20 @@ class ReduceScatterPeer:
                 return
         if self.silent:
             return
-        cid, values = await self._reduce(roster, roster_cid, base, own, part, exclude, self.lie)
-        self._local[cid] = values
-        await self.board.publish(SliceMessage("slice", self.peer, roster_cid, phase, part.k, cid))
+        block, values = await self._reduce(roster, roster_cid, base, own, part, exclude, self.lie)
+        self._local[block.cid] = values
+        await self.board.publish(
+            SliceMessage("slice", self.peer, roster_cid, phase, part.k, block.cid, block=block.data)
+        )
 
-    async def _load(self, cid: CID, expected: SliceInputs | None = None) -> SliceRecord:
+    async def _load(
+        self, message: SliceMessage, expected: SliceInputs | None = None
+    ) -> SliceRecord:
+        """Return the record a ``slice`` message names: its inline bytes, else fetched by CID."""
+        cid = cast(CID, message.cid)
+        if message.block is not None:
+            with contextlib.suppress(BlockCorrupt):  # a forged inline copy: fetch the record
+                return SliceRecord.from_block(Block.from_parts(cid, message.block), expected)
         block = await self.store.get(cid, timeout=self.config.fetch_timeout)
         return SliceRecord.from_block(block, expected)
 
@@ -432,7 +407,7 @@ class ReduceScatterPeer:
             for m in self._records(roster_cid, phase, p):  # the best-ranked valid record
                 cid = cast(CID, m.cid)
                 try:
-                    record = await self._load(cid, expected)
+                    record = await self._load(m, expected)
                 except (BlockStoreError, DecodeError):
                     continue  # a reducer's garbage: the next-ranked record, if any, counts
                 if record.roster == roster_cid and (record.k, record.offset, record.length) == (
@@ -487,9 +462,10 @@ class ReduceScatterPeer:
             (cid, record, sender), p = chosen[k], parts[k]
             redone.append(p.k)
             fresh = _Slice(p.k, p.offset, p.length, p.ranking)
-            correct, values = await self._reduce(
+            recomputed, values = await self._reduce(
                 roster, roster_cid, base, own, fresh, set(record.missing)
             )
+            correct = recomputed.cid
             if correct == cid:  # the slice is right: some sender published false values
                 false = check.false_publishers(k, fresh.rows)
                 if false:
@@ -509,6 +485,8 @@ class ReduceScatterPeer:
             honest = [r for r in p.ranking if r != sender]
             if honest and honest[0] == self.peer:  # the next reducer re-announces the slice
                 await self.board.publish(
-                    SliceMessage("slice", self.peer, roster_cid, -1, p.k, correct)
+                    SliceMessage(
+                        "slice", self.peer, roster_cid, -1, p.k, correct, block=recomputed.data
+                    )
                 )
         return results, liars, frauds, redone, false_values

@@ -1,0 +1,48 @@
+"""Reduce-scatter settings and a peer's result (:mod:`.reduce_scatter`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from multiformats import CID
+
+from ..._types import FloatArray
+from ...storage.dag import DEFAULT_CONCURRENCY
+
+__all__ = ["ReduceScatterConfig", "ReduceScatterResult"]
+
+
+@dataclass(frozen=True)
+class ReduceScatterConfig:
+    """Settings every roster peer must share (slicing, rule) and local timeouts (seconds)."""
+
+    chunk_bytes: int = 65_536
+    """The contributions' chunk size: slice boundaries follow its grid."""
+    rule: str = "fedavg"
+    learning_rate: float = 1.0
+    fetch_timeout: float = 10.0
+    """Seconds one input slice may take before its sender is recorded missing; also the wait
+    for every input's projections."""
+    reducer_timeout: float = 10.0
+    """Seconds before the next-ranked peer takes over a silent reducer's slice."""
+    phase_timeout: float = 120.0
+    """Longest wait for any one step (all slice records, all projections)."""
+    concurrency: int = DEFAULT_CONCURRENCY
+
+
+@dataclass
+class ReduceScatterResult:
+    """What one peer ends a reduce-scatter round with."""
+
+    model: FloatArray
+    model_cid: CID
+    records: list[CID]
+    missing: tuple[str, ...]
+    liars: set[str] = field(default_factory=set)
+    frauds: list[CID] = field(default_factory=list)
+    recomputed: list[int] = field(default_factory=list)
+    false_values: set[str] = field(default_factory=set)
+    """Senders whose published check values contradicted their own contribution blocks: each
+    cost a slice recompute (logged; they are not excluded, since only this peer saw it)."""
+    downloaded: int = 0
+    seconds: float = 0.0
