@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Final
 
@@ -36,13 +35,11 @@ from .._types import CIDLike, FloatArray, GradientLike
 from ..cid import DAG_CBOR, RAW, cid_to_str, parse_cid
 from ..errors import (
     BlockCorrupt,
-    BlockTimeout,
     DecodeError,
     DimensionMismatch,
     InvalidGradient,
     MalformedArrow,
     MalformedManifest,
-    StoreUnavailable,
 )
 from ..formats.arrow import (
     META_OFFSET,
@@ -62,6 +59,7 @@ from ..formats.manifest import (
 from ..formats.manifest_window import decode_manifest_window
 from ..tensor.types import DenseGradient
 from .base import MAX_BLOCK_SIZE, UNSET, Block, BlockStore, Unset
+from .fetch_retries import Arrivals, get_with_retries
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -246,7 +244,7 @@ async def fetch_manifest(
     parsed = parse_cid(cid)
     if parsed.codec.code != DAG_CBOR:
         raise MalformedManifest(f"{parsed} is not a dag-cbor CID")
-    block = await _get_with_retries(
+    block = await get_with_retries(
         store, parsed, timeout, retries, f"manifest {cid_to_str(parsed)}"
     )
     try:
@@ -309,12 +307,12 @@ async def fetch_chunks(
         raise InvalidGradient(f"concurrency must be >= 1, got {concurrency}")
     done = 0
     where = f" of {cid_to_str(manifest_cid)}" if manifest_cid is not None else ""
-    arrivals = _Arrivals()
+    arrivals = Arrivals()
 
     async def fetch_one(index: int, ref: ChunkRef) -> None:
         nonlocal done
         what = f"chunk {index}{where}"
-        block = await _get_with_retries(store, ref.cid, timeout, retries, what, arrivals)
+        block = await get_with_retries(store, ref.cid, timeout, retries, what, arrivals)
         values = decode_dense_block(block.data, ref.length, offset=ref.offset)
         if values is None:  # not the canonical bytes of this chunk: the full decoder's turn
             values = _decode_chunk(block, index, ref, where)
@@ -354,63 +352,6 @@ def _decode_chunk(block: Block, index: int, ref: ChunkRef, where: str) -> FloatA
             cid=ref.cid,
         )
     return decoded.values
-
-
-class _Arrivals:
-    """The blocks of one gradient that arrived so far: their bytes, and when the last came."""
-
-    def __init__(self) -> None:
-        self.received = 0
-        self.last = time.monotonic()
-
-    def arrived(self, block: Block) -> None:
-        self.received += len(block.data)
-        self.last = time.monotonic()
-
-
-async def _get_with_retries(
-    store: BlockStore,
-    cid: CID,
-    timeout: float | Unset,
-    retries: int,
-    what: str,
-    arrivals: _Arrivals | None = None,
-) -> Block:
-    """``store.get``, retrying transient errors and timeouts while ``arrivals`` grow.
-
-    A block that timed out while others of the gradient arrived waited behind them: slow.
-    """
-    delay = 0.05
-    attempt = 0
-    while True:
-        started = time.monotonic()
-        try:
-            block = await store.get(cid, timeout=timeout)
-        except BlockCorrupt as exc:
-            raise BlockCorrupt(f"{what} is corrupt: {exc}", cid=cid) from exc
-        except BlockTimeout as exc:
-            if arrivals is not None and arrivals.last > started:
-                logger.debug("%s: timed out while other blocks arrived; asking again", what)
-                continue
-            received = arrivals.received if arrivals is not None else 0
-            raise BlockTimeout(
-                f"{what} timed out with nothing else arriving meanwhile ({received} bytes of "
-                f"the gradient had arrived): {exc.args[0]}",
-                cid=cid,
-                received=received,
-                deadline=exc.deadline,
-            ) from exc
-        except StoreUnavailable:
-            if attempt == retries:
-                raise
-            attempt += 1
-            logger.debug("%s: transient failure, retry %d", what, attempt)
-            await asyncio.sleep(delay)  # backoff before a retry, not a synchronisation
-            delay *= 2
-            continue
-        if arrivals is not None:
-            arrivals.arrived(block)
-        return block
 
 
 async def fetch_gradient(
@@ -460,7 +401,7 @@ async def fetch_gradient(
     """
     parsed = parse_cid(cid)
     if parsed.codec.code == RAW:
-        block = await _get_with_retries(
+        block = await get_with_retries(
             store, parsed, timeout, retries, f"block {cid_to_str(parsed)}"
         )
         if expected_length is not None and expected_length <= max_length:
