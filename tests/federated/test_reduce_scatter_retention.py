@@ -6,13 +6,17 @@ import asyncio
 import dataclasses
 
 import dag_cbor
+import numpy as np
 import pytest
 from multiformats import CID
 
 from gradfed_ipfs import AgreedConfig, AgreedRoundResult, AgreedSession, verify_agreed_history
+from gradfed_ipfs.block import Block
 from gradfed_ipfs.cid import DAG_CBOR
 from gradfed_ipfs.errors import RoundVerificationFailed
 from gradfed_ipfs.federated.round.agreed_history import load_record, verify_agreed_round
+from gradfed_ipfs.federated.round.reduce_scatter import ReduceScatterResult
+from gradfed_ipfs.federated.round.slice_retention import UnpinnedPuts, keep_slice_blocks
 from gradfed_ipfs.formats.slices import FraudRecord, SliceRecord
 from gradfed_ipfs.kubo import KuboPubsub, MemoryPubsubBus
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore, Retention, RetentionKeeper
@@ -169,3 +173,25 @@ async def test_sliced_rounds_with_gc_on_kubo_keep_the_repo_collectable(kubo_swar
             await pubsub.aclose()
         for store in stores:
             await store.aclose()
+
+
+async def test_the_keeper_stores_records_read_from_announcements_instead_of_fetching_them() -> None:
+    store = MemoryBlockStore()
+    result = await store.put(Block.new(b"slice result"))
+    roster = await store.put(Block.new(dag_cbor.encode({"roster": 1}), "dag-cbor"))
+    record = SliceRecord(
+        roster=roster, base=roster, k=0, offset=0, length=3, rule="fedavg", learning_rate=1.0,
+        inputs=(("a", result),), missing=(), weight_sum=1, result=result,
+    ).to_block()  # fmt: skip
+    sliced = ReduceScatterResult(
+        model=np.zeros(3, np.float32),
+        model_cid=result,
+        records=[record.cid],
+        missing=(),
+        record_blocks={bytes(record.cid): record},
+    )
+    assert not await store.has(record.cid)  # only its announcement brought it
+    kept = await keep_slice_blocks(store, UnpinnedPuts(store), sliced, timeout=0.1)
+    assert kept.records == (record.cid,)
+    assert await store.has(record.cid)
+    assert bytes(record.cid) in store.direct  # pinned alone: it links blocks not held here

@@ -278,11 +278,15 @@ class ReduceScatterPeer:
     ) -> SliceRecord:
         """Return the record a ``slice`` message names: its inline bytes, else fetched by CID."""
         cid = cast(CID, message.cid)
+        block = None
         if message.block is not None:
             with contextlib.suppress(BlockCorrupt):  # a forged inline copy: fetch the record
-                return SliceRecord.from_block(Block.from_parts(cid, message.block), expected)
-        block = await self.store.get(cid, timeout=self.config.fetch_timeout)
-        return SliceRecord.from_block(block, expected)
+                block = Block.from_parts(cid, message.block)
+        if block is None:
+            block = await self.store.get(cid, timeout=self.config.fetch_timeout)
+        record = SliceRecord.from_block(block, expected)
+        self._records_read[bytes(cid)] = block  # for the retention keeper: put, not fetched
+        return record
 
     async def _values(self, record_cid: CID, record: SliceRecord) -> FloatArray:
         if record_cid in self._local:
@@ -332,6 +336,7 @@ class ReduceScatterPeer:
         own = np.ascontiguousarray(own, np.float32).reshape(-1)
         d, peers = base.size, roster.peers
         self._local: dict[CID, FloatArray] = {}
+        self._records_read: dict[bytes, Block] = {}
         plan = plan_slices(d, len(peers), self.config.chunk_bytes)
         rankings = reducer_rankings(bytes(roster_cid), len(plan), peers)
         parts = [
@@ -364,6 +369,11 @@ class ReduceScatterPeer:
             false_values=false_values,
             downloaded=self.store.downloaded - before,
             seconds=time.monotonic() - started,
+            record_blocks={
+                bytes(c): self._records_read[bytes(c)]
+                for c in records
+                if bytes(c) in self._records_read
+            },
         )
 
     async def _phase(
@@ -475,6 +485,7 @@ class ReduceScatterPeer:
             if fresh.failed - set(record.missing):
                 continue  # the recompute failed
             results[p.k], records[p.k] = values, correct
+            self._records_read[bytes(correct)] = recomputed
             liars.add(sender)
             fraud = FraudRecord(roster_cid, p.k, sender, cid, correct)
             fraud_cid = await put_pinned_alone(self.store, fraud.to_block())

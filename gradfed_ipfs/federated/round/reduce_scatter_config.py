@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from multiformats import CID
 
 from ..._types import FloatArray
+from ...block import Block
 from ...storage.dag import DEFAULT_CONCURRENCY
 
 __all__ = ["ReduceScatterConfig", "ReduceScatterResult"]
@@ -46,3 +47,6 @@ class ReduceScatterResult:
     cost a slice recompute (logged; they are not excluded, since only this peer saw it)."""
     downloaded: int = 0
     seconds: float = 0.0
+    record_blocks: dict[bytes, Block] = field(default_factory=dict, repr=False)
+    """The final slice records' blocks as read (from their announcements, or fetched), by CID
+    bytes: a keeper stores them locally instead of fetching them again."""

@@ -97,8 +97,9 @@ async def keep_slice_blocks(
     """Pin what this peer put in a sliced round; return the round's blocks for the keeper.
 
     ``store`` must be :class:`~gradfed_ipfs.storage.retention.Collectable` (as the session's
-    store under retention: direct pins); the round's final slice records and fraud records are
-    local (fetched or put by the step).
+    store under retention: direct pins). The round's final slice records are stored from the
+    blocks the step read (announcements carry them) or fetched; fraud records are local (put or
+    fetched by the step).
 
     Raises
     ------
@@ -114,7 +115,12 @@ async def keep_slice_blocks(
             results[key] = block.cid
             await store.pin(block.cid)  # its chunks are local: this peer put them
     for cid in sliced.records:
-        record = SliceRecord.from_block(await store.get(cid, timeout=timeout))
+        read = sliced.record_blocks.get(bytes(cid))
+        if read is None:
+            read = await store.get(cid, timeout=timeout)
+        else:  # read from its announcement: stored here so that the direct pin finds it
+            await store.put(read, pin=False)
+        record = SliceRecord.from_block(read)
         records[bytes(cid)] = cid
         results.setdefault(bytes(record.result), record.result)
     for cid in sliced.frauds:
