@@ -81,10 +81,15 @@ What is left is per-block cost, about equal on both sides at N = 64. Ours: ~4N R
 peer (a ``send`` and an asyncio exchange each, ~0.1-0.25 ms) and ~2N Arrow decodes (~0.2 ms
 each). The daemons' (pprof of one daemon during an N = 64 round): ~55 % serving RPC calls, of
 which ~20 % is flatfs writing each stored or fetched block as its own file (temp file, write,
-fsync, rename), ~8 % bitswap streams; ~2N block writes and ~4N calls per peer. Not done:
-slice records inline in board messages (no ``block/get`` of N records per peer) measured
-within the noise in an experiment (N = 64: 13.2 / 12.4 s of this process's CPU without,
-13.8 / 11.9 s with), so the records stay on every peer's daemon as before.
+fsync, rename), ~8 % bitswap streams; ~2N block writes and ~4N calls per peer. Slice records
+inline in board messages (no ``block/get`` of N records per peer) measured within the noise in
+a first experiment (N = 64: 13.2 / 12.4 s of this process's CPU without, 13.8 / 11.9 s with).
+They are in since 2026-12-01 (with dense blocks by template): 3N - 2 calls per peer; alternated
+back to back, N = 32 6.64 / 6.42 s before and 5.43 / 5.73 s after, N = 64 14.53 / 14.48 before
+and 14.82 / 14.34 after (the daemons, 15-16 s of CPU, dominate there: a flatfs file create
+costs 0.39 ms on this VM's disk). Under retention the keeper stores the records a peer read
+from announcements and pins them alone, so every daemon still keeps them. At d = 4M
+(``--d 4000000``) the growth is linear: 4.37 / 7.53 / 17.03 / 36.87 s at N = 8..64.
 
 ``--reduce-scatter 16 --faults --peer-clients --a2a-max 0`` (19:20, this branch, load 0.5-0.8,
 clean round 2.28 s): silent reducer +10.41 s (1 takeover), lying reducer caught +0.67 s,
