@@ -24,7 +24,10 @@ dense float32 tensor; :func:`load_layer_from_arrow` returns the stored represent
 (:class:`~gradfed_ipfs.tensor.types.SparseGradient` etc.). The loader also accepts the seed's
 layout (an Int32 ``index`` column beside ``value`` and no metadata) and any number of record
 batches. Decoding a single-batch dense file is zero-copy: the returned array is a read-only
-view on the input buffer.
+view on the input buffer. Dense blocks are written, and when a caller knows the layout it
+expects (:func:`decode_dense_block`: length, shape, chunk offset) read, by template
+(:mod:`~gradfed_ipfs.formats.arrow_template`): only bytes identical to this writer's canonical
+encoding of that layout take that path; everything else comes here.
 
 Every byte given to the loader is untrusted: the footer and batch headers are checked before
 pyarrow reads a batch (:mod:`~gradfed_ipfs.formats.arrow_footer`: no compressed bodies, no
