@@ -327,13 +327,13 @@ class SliceMessage:
             "cid": None if self.cid is None else str(self.cid),
             "values": list(self.values),
         }
-        bare = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
-        if self.block is None or len(bare) + 12 + 4 * (len(self.block) + 2) // 3 > (
-            MAX_SLICE_MESSAGE_BYTES
-        ):
-            return bare
-        inline = base64.b64encode(self.block).decode()
-        return bare[:-1] + b',"block":"' + inline.encode() + b'"}'
+        if self.block is not None:
+            body["block"] = base64.b64encode(self.block).decode()
+            data = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+            if len(data) <= MAX_SLICE_MESSAGE_BYTES:
+                return data
+            del body["block"]  # too large to ride along: readers fetch the record by CID
+        return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
 
     @classmethod
     def decode(cls, data: bytes, sender: str) -> SliceMessage:
