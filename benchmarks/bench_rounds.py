@@ -14,7 +14,8 @@ resampled: a round's peers wait for each other), the date and the load average (
 A second line gives the mean latencies, the p50 start skew of a round (first peer's start to
 the last one's) and a third the CPU seconds per round of the peers and of their daemons
 (``/proc/<pid>/stat`` after each round; summed over peers). The test data (each round's delta)
-is made before the round's clock starts. ``--done-timeout`` sets ``AgreedConfig.done_timeout``.
+is made before the round's clock starts. ``--done-timeout`` sets ``AgreedConfig.done_timeout``
+and ``--aggregation`` the agreed peers' ``AgreedConfig.aggregation`` (all-to-all by default).
 
     python benchmarks/bench_rounds.py                      # 3 and 8 peers, d = 1M
     python benchmarks/bench_rounds.py --peers 3 --rounds 12 --blocks 5 --losses 0
@@ -55,6 +56,16 @@ the order rotates and 2 of 3 peer-rounds include a wait; hence a p50 ratio above
 ratio in most runs. Deferring the model's put past the next announcement, or fetching the next
 round's contributions only once that round starts, moved the ratio less than the noise
 (2026-11-30).
+
+Reduce-scatter at 3 peers (``--aggregation reduce-scatter``, 2026-12-01 05:38): p50 0.281 s
+against the runner's 0.160 (ratio 1.76), mean 0.296 s, CPU ratio 1.59: with 3 peers each still
+downloads 4/3·d instead of 2·d, but a round has three more pubsub steps (slice records,
+projections) and N more blocks to put; it pays from tens of peers on (``bench_load.py``), so
+``all-to-all`` stays the default. Before 2026-12-01 the same run stalled in about 1 round of 30
+until the round timeout (mean 1.4 s; blocks aborted on ``QuorumNotReached``): a peer that had
+every contribution derived the complete roster before the coordinator published it and stopped
+re-announcing its contribution, which the others had lost; now it re-announces it until the
+next round (``tests/multiprocess``, ``test_reduce_scatter_agreed.py``).
 """
 
 from __future__ import annotations
@@ -114,7 +125,7 @@ async def peer_main(args: argparse.Namespace) -> None:
     if args.protocol == "agreed":
         config = AgreedConfig(
             tuple(members), collect_timeout=30.0, round_timeout=120.0, fetch_timeout=60.0,
-            done_timeout=args.done_timeout,
+            done_timeout=args.done_timeout, aggregation=args.aggregation,
         )  # fmt: skip
         session = AgreedSession(store, pubsub, args.session, args.genesis, config)
         await session.start(initial_model(args.dim))
@@ -169,6 +180,7 @@ def run_protocol(
     loss: float,
     tag: str,
     done_timeout: float,
+    aggregation: str = "all-to-all",
 ) -> tuple[list[list[tuple[float, int]]], list[float], np.ndarray]:
     """Run one block; return each round's (latency, participants) of every peer, each round's
     start skew (seconds from the first peer's start to the last one's) and the CPU seconds the
@@ -183,6 +195,7 @@ def run_protocol(
             "--index", str(index), "--members", members, "--session", f"bench-{tag}",
             "--genesis", genesis, "--dim", str(dim), "--rounds", str(rounds), *lossy,
             "--done-timeout", str(done_timeout), "--daemon-pid", str(daemon.pid),
+            "--aggregation", aggregation,
         ]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         procs.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env))
@@ -249,6 +262,12 @@ def main() -> None:
         "--done-timeout", type=float, default=AgreedConfig.done_timeout,
         help="agreed peers wait up to this for the others' done (AgreedConfig.done_timeout)",
     )  # fmt: skip
+    parser.add_argument(
+        "--aggregation",
+        choices=["all-to-all", "reduce-scatter", "auto"],
+        default="all-to-all",
+        help="the agreed peers' AgreedConfig.aggregation",
+    )
     args = parser.parse_args()
     if args.peer:
         asyncio.run(peer_main(args))
@@ -269,7 +288,7 @@ def main() -> None:
                     for protocol, rounds in (("runner", runner_rounds), ("agreed", agreed_rounds)):
                         groups, skew, used = run_protocol(
                             swarm, protocol, args.dim, args.rounds, loss, f"{protocol[0]}{tag}",
-                            args.done_timeout,
+                            args.done_timeout, args.aggregation,
                         )  # fmt: skip
                         rounds += groups
                         skews[protocol] += skew

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import numpy as np
 import pytest
@@ -12,17 +12,20 @@ from gradfed_ipfs import AgreedConfig, AgreedRoundResult, AgreedSession, verify_
 from gradfed_ipfs.errors import RoundVerificationFailed
 from gradfed_ipfs.federated.round.agreed_history import verify_agreed_round
 from gradfed_ipfs.federated.round.agreed_slicing import RobustRule, choose_slicing
+from gradfed_ipfs.federated.round.coordinator import coordinator_ranking
 from gradfed_ipfs.federated.round.reduce_scatter import CountingStore
 from gradfed_ipfs.federated.round.slices import reduce_values
+from gradfed_ipfs.formats import PubsubMessage
 from gradfed_ipfs.formats.roster import AgreedMessage, AgreedRecord
 from gradfed_ipfs.formats.slices import SliceRecord
-from gradfed_ipfs.kubo import MemoryPubsubBus
+from gradfed_ipfs.kubo import MemoryPubsubBus, PubsubTransport
 from gradfed_ipfs.storage import MemoryBlockStore, put_gradient
 from gradfed_ipfs.storage.dag import fetch_manifest
 from gradfed_ipfs.tensor.aggregation import Krum, MultiKrum, TrimmedMean
 from gradfed_ipfs.tensor.bulyan import Bulyan
 from gradfed_ipfs.tensor.deterministic import deterministic_update
 from gradfed_ipfs.tensor.robust import coordinate_median, trimmed_mean
+from tests.multiprocess.lossy import LossyPubsub
 
 PEERS = ("peer-a", "peer-b", "peer-c", "peer-d")
 D = 131_072  # 9 chunks of 64 KiB: four chunk-aligned slices
@@ -332,3 +335,55 @@ async def test_a_member_left_out_of_the_roster_assembles_the_same_model_from_the
     assert not mine.included
     assert mine.roster.peers == PEERS[:3]
     assert mine.aggregation == "reduce-scatter"
+
+
+class DropFirstContributions(LossyPubsub):
+    """Drops the first ``count`` ``contrib`` messages of ``sender`` (nothing else)."""
+
+    def __init__(self, inner: PubsubTransport, sender: str, count: int) -> None:
+        super().__init__(inner, loss=0.0, seed=0)
+        self.sender, self.count = sender, count
+
+    async def _lossy(self, messages: AsyncIterator[PubsubMessage]) -> AsyncIterator[PubsubMessage]:
+        async for message in messages:
+            mine = message.from_peer == self.sender and b'"kind":"contrib"' in message.data
+            if mine and self.count > 0:
+                self.count -= 1
+                continue
+            yield message
+
+
+async def test_a_peer_that_derives_the_roster_first_keeps_announcing_its_contribution() -> None:
+    """Seen across processes (bench_rounds): a peer that heard every contribution first derives
+    the complete roster (min_peers = all) and moves on to reduce its slice; if the others lost
+    its contribution's announcements, they can only learn it from further re-announcements
+    (nobody published the roster yet), so those must go on until the round's done."""
+    store, bus = MemoryBlockStore(), MemoryPubsubBus()
+    members = PEERS[:3]
+    genesis = await AgreedSession.commit_genesis(store, initial_model())
+    ranking = coordinator_ranking("rs", genesis, 0, members)
+    early = ranking[1]  # not the coordinator: it derives the roster, nobody publishes it
+    config = AgreedConfig(
+        members=members, aggregation="reduce-scatter", **{**FAST, "round_timeout": 6.0}
+    )  # type: ignore[arg-type]
+    sessions, lossy = [], []
+    for peer in members:
+        endpoint = bus.endpoint(peer)
+        transport: PubsubTransport = endpoint
+        if peer != early:
+            transport = DropFirstContributions(endpoint, early, 2)
+            lossy.append(transport)
+        session = AgreedSession(store, transport, "rs", genesis, config)
+        await session.start(initial_model())
+        sessions.append(session)
+    try:
+        results = await asyncio.gather(
+            *(s.run_round(gradient(PEERS.index(s.peer_id), 0), weight=1) for s in sessions)
+        )
+        assert len({(r.model, r.record) for r in results}) == 1
+        assert all(len(r.roster.entries) == 3 for r in results)
+        assert {r.aggregation for r in results} == {"reduce-scatter"}
+        assert [t.count for t in lossy] == [0, 0]  # both lost the first two announcements
+    finally:
+        for session in sessions:
+            await session.aclose()

@@ -62,6 +62,7 @@ async def run(args: argparse.Namespace) -> int:
         round_timeout=args.round_timeout,
         announce_interval=0.2,
         fetch_timeout=10.0,
+        aggregation=args.aggregation,
     )
     session = AgreedSession(store, pubsub, args.session, args.genesis, config)
     try:
@@ -93,6 +94,7 @@ async def run(args: argparse.Namespace) -> int:
                 included=result.included,
                 matched=result.matched,
                 seconds=round(result.seconds, 3),
+                aggregation=result.aggregation,
             )
         finished = await session.linger(timeout=args.linger)
         emit(
@@ -134,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resync", action="store_true")
     parser.add_argument(
         "--all-from", type=int, default=None, help="from this round on, min_peers = all members"
+    )
+    parser.add_argument(
+        "--aggregation", choices=["all-to-all", "reduce-scatter", "auto"], default="all-to-all"
     )
     args = parser.parse_args(argv)
     profile_to = os.environ.get("GRADFED_PEER_PROFILE")

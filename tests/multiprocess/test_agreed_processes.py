@@ -30,6 +30,7 @@ pytestmark = pytest.mark.kubo
 ROOT = Path(__file__).resolve().parents[2]
 DIM = 10_000
 ROUNDS = 20
+SLICED_DIM = 3 * 8192  # reduce-scatter slices at least 4,096 values per peer
 # Fault runs: min_peers = 2 of 3 until round ``--all-from``, then all three: the rounds without
 # the missing peer close at the collect timeout, and from then on the others wait for it (a
 # peer process takes seconds to start on a loaded machine), so it surely contributes again.
@@ -94,21 +95,27 @@ def spawn(
 ) -> Iterator[Any]:
     members = ",".join(node.peer_id for node in kubo_swarm3)
     session = f"mp-{request.node.name}-{os.getpid()}"
-    genesis = str(asyncio.run(model_cid(initial_model(DIM))))
+    geneses: dict[int, str] = {}
     started: list[PeerProcess] = []
 
-    def start(index: int, *extra: str) -> PeerProcess:
+    def genesis_of(dim: int) -> str:
+        if dim not in geneses:
+            geneses[dim] = str(asyncio.run(model_cid(initial_model(dim))))
+        return geneses[dim]
+
+    def start(index: int, *extra: str, dim: int = DIM) -> PeerProcess:
         args = [
             "--api", kubo_swarm3[index].api_url, "--index", str(index), "--members", members,
-            "--session", session, "--genesis", genesis, "--rounds", str(ROUNDS),
-            "--dim", str(DIM), *extra,
+            "--session", session, "--genesis", genesis_of(dim), "--rounds", str(ROUNDS),
+            "--dim", str(dim), *extra,
         ]  # fmt: skip
         peer = PeerProcess(args, tmp_path / f"peer{index}-{len(started)}.log")
         started.append(peer)
         return peer
 
     start.session = session  # type: ignore[attr-defined]
-    start.genesis = genesis  # type: ignore[attr-defined]
+    start.genesis = genesis_of(DIM)  # type: ignore[attr-defined]
+    start.genesis_of = genesis_of  # type: ignore[attr-defined]
     try:
         yield start
     finally:
@@ -165,6 +172,39 @@ def test_three_processes_end_identical(
         assert peers[2].final()["lost"] > 0  # type: ignore[index]
     head = peers[0].final()["head"]  # type: ignore[index]
     assert verify_history(kubo_swarm3[1], head, spawn.session, spawn.genesis) == ROUNDS
+
+
+def test_three_processes_reduce_scatter_with_loss_end_identical(
+    spawn: Any, kubo_swarm3: list[KuboNode]
+) -> None:
+    """Reduce-scatter rounds across processes, one peer losing 20 % of what it hears.
+
+    A peer that heard every contribution first derives the complete roster before anyone
+    publishes it; the others then learn its contribution only from its re-announcements, and
+    in a reduce-scatter round nothing else tells them (it waits for their slices): before that
+    was fixed, such a round stalled until the round timeout (about 1 round in 30 here).
+    """
+    rounds = 8
+    run = ["--aggregation", "reduce-scatter", "--rounds", str(rounds)]
+    peers = [
+        spawn(0, *run, dim=SLICED_DIM),
+        spawn(1, *run, dim=SLICED_DIM),
+        spawn(2, *run, "--loss", "0.2", dim=SLICED_DIM),
+    ]
+    wait_final(peers, timeout=90)
+    assert len({peer.final()["model"] for peer in peers}) == 1  # type: ignore[index]
+    everyone = sorted(node.peer_id for node in kubo_swarm3)
+    for peer in peers:
+        assert not peer.of("error")
+        assert sorted(peer.rounds()) == list(range(rounds))
+        for event in peer.rounds().values():
+            assert event["roster"] == everyone
+            assert event["aggregation"] == "reduce-scatter"
+    for r in range(rounds):
+        assert len({peer.rounds()[r]["record"] for peer in peers}) == 1
+    head = peers[0].final()["head"]  # type: ignore[index]
+    genesis = spawn.genesis_of(SLICED_DIM)
+    assert verify_history(kubo_swarm3[1], head, spawn.session, genesis) == rounds
 
 
 def test_killed_peer_is_absent_then_resyncs(spawn: Any, kubo_swarm3: list[KuboNode]) -> None:

@@ -269,6 +269,7 @@ class AgreedSession(RosterPhase, RoundStorage):
         )
         rejected: dict[str, str] = {}
         tried: set[bytes] = set()
+        derived: bytes | None = None  # the coordinator's roster, derived here before heard
         while True:
             event = board.changed
             state = board.state(r)
@@ -286,7 +287,7 @@ class AgreedSession(RosterPhase, RoundStorage):
                     if rank == 0:
                         await self._publish_roster(r, ready)
                     else:
-                        self._derive_roster(r, ranking[0], ready)
+                        derived = bytes(self._derive_roster(r, ranking[0], ready))
                     continue
             if not state.rosters or all(bytes(c) in tried for c in state.rosters.values()):
                 ready = self._ready(r, own, rejected)
@@ -301,7 +302,11 @@ class AgreedSession(RosterPhase, RoundStorage):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), _TICK)
         roster_cid, roster, model = adopted
-        self._announcer.withdraw("contrib")  # the roster settled the contributions
+        if bytes(roster_cid) != derived:
+            self._announcer.withdraw("contrib")  # a published roster settled the contributions
+        # else nobody has published it yet: the peers that lost this contribution's messages
+        # learn it only from these re-announcements (until the next round's, or forever in a
+        # reduce-scatter round, which waits for their slices: seen across processes).
         logger.debug("round %d: adopted %s after %.3fs", r, roster_cid, time.monotonic() - started)
         model, sliced = await self._sliced(r, roster_cid, roster, model, own_values, rejected)
         return await self._finish(r, roster_cid, roster, model, rejected, started, sliced)
