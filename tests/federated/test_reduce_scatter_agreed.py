@@ -11,7 +11,11 @@ import pytest
 from gradfed_ipfs import AgreedConfig, AgreedRoundResult, AgreedSession, verify_agreed_history
 from gradfed_ipfs.errors import RoundVerificationFailed
 from gradfed_ipfs.federated.round.agreed_history import verify_agreed_round
-from gradfed_ipfs.federated.round.agreed_slicing import RobustRule, choose_slicing
+from gradfed_ipfs.federated.round.agreed_slicing import (
+    AUTO_MIN_MEMBERS,
+    RobustRule,
+    choose_slicing,
+)
 from gradfed_ipfs.federated.round.coordinator import coordinator_ranking
 from gradfed_ipfs.federated.round.reduce_scatter import CountingStore
 from gradfed_ipfs.federated.round.slices import reduce_values
@@ -161,7 +165,7 @@ async def test_a_record_whose_slices_do_not_fit_its_roster_fails_verification() 
 async def test_trimmed_mean_round_is_sliced_and_equals_its_all_to_all_round() -> None:
     rule = RobustRule(TrimmedMean(beta=0.25))
     assert rule.slice_rule == "trimmed_mean:0.25"
-    sliced, peers, genesis = await run_rounds("auto", rule=rule)
+    sliced, peers, genesis = await run_rounds("reduce-scatter", rule=rule)
     whole, _, _ = await run_rounds("all-to-all", rule=rule)
     assert {res.aggregation for res in sliced[0]} == {"reduce-scatter"}
     assert {res.model for res in sliced[0]} == {whole[0][0].model}
@@ -194,7 +198,13 @@ def test_choose_slicing_falls_back_for_whole_vector_rules_and_small_gradients() 
     def config(aggregation: str, **more: object) -> AgreedConfig:
         return AgreedConfig(members=PEERS, aggregation=aggregation, **more)  # type: ignore[arg-type]
 
-    assert choose_slicing(config("auto"), D)[0] == "fedavg"
+    rule, reason = choose_slicing(config("auto"), D)  # 4 members: all-to-all is as fast
+    assert rule is None
+    assert f"4 members < {AUTO_MIN_MEMBERS}" in reason
+    eight = tuple(f"peer-{i}" for i in range(AUTO_MIN_MEMBERS))
+    many = AgreedConfig(members=eight, aggregation="auto")
+    assert choose_slicing(many, AUTO_MIN_MEMBERS * 4096)[0] == "fedavg"
+    assert choose_slicing(config("reduce-scatter"), D)[0] == "fedavg"  # forced: any N
     rule, reason = choose_slicing(config("auto"), 1000)
     assert rule is None
     assert "too small" in reason

@@ -99,7 +99,8 @@ class AgreedConfig:
         ``"all-to-all"`` (every peer fetches every contribution), ``"reduce-scatter"`` (each
         roster peer reduces one slice of every contribution; any coordinate-wise rule) or
         ``"auto"`` (reduce-scatter when :func:`~.slices.can_slice` holds for the rule, d and
-        the members). Every member must use the same setting.
+        the members, from 8 members on: ``AUTO_MIN_MEMBERS``). Every member must use the same
+        setting.
     chunk_bytes
         Chunk size of the contributions (slice boundaries follow it; the same on every member).
     reducer_timeout

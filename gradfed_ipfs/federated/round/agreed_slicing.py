@@ -12,8 +12,9 @@ An :class:`~gradfed_ipfs.federated.round.agreed.AgreedSession` whose ``aggregati
   (slices fetched chunk by chunk; a chunk that never arrives makes its sender ``missing`` from
   every slice) and the model is the concatenation of the slice results.
 * ``auto`` slices only when :func:`~.slices.can_slice` holds for the rule, ``d`` and the
-  members (else all-to-all, the reason logged and reported in each round's result): Krum,
-  Multi-Krum, Bulyan and custom rules need whole vectors; small gradients are not worth it.
+  members and there are at least :data:`AUTO_MIN_MEMBERS` members (else all-to-all, the
+  reason logged and reported in each round's result): Krum, Multi-Krum, Bulyan and custom
+  rules need whole vectors; small gradients and small sessions are not worth it.
   ``reduce-scatter`` slices any coordinate-wise rule whatever ``d`` (falling back likewise for
   a whole-vector rule).
 
@@ -66,6 +67,7 @@ from .slice_retention import SliceBlocks, UnpinnedPuts, keep_slice_blocks
 from .slices import reduce_values, slice_refusal
 
 __all__ = [
+    "AUTO_MIN_MEMBERS",
     "RobustRule",
     "RootFetcher",
     "SliceStep",
@@ -79,6 +81,13 @@ __all__ = [
 ]
 
 logger = logging.getLogger("gradfed_ipfs.federated.agreed")
+
+AUTO_MIN_MEMBERS: Final = 8
+"""Fewest members for which ``aggregation="auto"`` slices. Measured across processes
+(``benchmarks/bench_rounds.py --aggregation``, d = 1M, 2 cores, 2026-12-01): at 3 peers a sliced
+round took 1.76x an all-to-all one (three more pubsub steps, N more blocks to put, for 4/3·d
+instead of 2·d downloaded), at 8 peers the same (p50 1.22 / 1.20 s); from there on each peer's
+download stays ~2·d while all-to-all's grows as (N-1)·d (``bench_load.py``: 5.7x at 16)."""
 
 _NOTHING: Final = np.zeros(0, np.float32)
 
@@ -148,6 +157,8 @@ def choose_slicing(config: AgreedConfig, d: int) -> tuple[str | None, str]:
         return None, "all-to-all configured"
     rule = slice_rule_of(config.rule)
     refusal = slice_refusal(rule, d, n)
+    if refusal is None and config.aggregation == "auto" and n < AUTO_MIN_MEMBERS:
+        refusal = f"{n} members < {AUTO_MIN_MEMBERS}: all-to-all is as fast or faster"
     if split_slice_rule(rule) is None or d < n:
         return None, f"{config.aggregation} falls back to all-to-all: {refusal}"
     if config.aggregation == "auto" and refusal is not None:
