@@ -202,11 +202,19 @@ def run_protocol(
     by_round: list[list[tuple[float, int]]] = [[] for _ in range(rounds - 1)]
     starts: list[list[float]] = [[] for _ in range(rounds - 1)]
     cpu = np.zeros(2)
-    for proc in procs:
-        out, _ = proc.communicate(timeout=1800)
-        if proc.returncode != 0:
-            raise SystemExit(f"{protocol} peer failed with {proc.returncode}")
-        report = json.loads(out.strip().splitlines()[-1])
+    reports = []
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=1800)
+            if proc.returncode != 0:
+                raise SystemExit(f"{protocol} peer failed with {proc.returncode}")
+            reports.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for proc in procs:  # a failed block's other peers: stopped here, not by a dead daemon
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for report in reports:
         for group, (seconds, participants) in zip(by_round, report["latencies"][1:], strict=True):
             group.append((seconds, participants))
         for group, start in zip(starts, report["starts"][1:], strict=True):
