@@ -347,18 +347,20 @@ async def test_a_member_left_out_of_the_roster_assembles_the_same_model_from_the
     assert mine.aggregation == "reduce-scatter"
 
 
-class DropFirstContributions(LossyPubsub):
-    """Drops the first ``count`` ``contrib`` messages of ``sender`` (nothing else)."""
+class DropMessages(LossyPubsub):
+    """Drops ``sender``'s incoming messages of ``kind``: the first ``count``, or all (``None``)."""
 
-    def __init__(self, inner: PubsubTransport, sender: str, count: int) -> None:
+    def __init__(self, inner: PubsubTransport, sender: str, kind: str, count: int | None) -> None:
         super().__init__(inner, loss=0.0, seed=0)
-        self.sender, self.count = sender, count
+        self.sender, self.tag, self.count = sender, f'"kind":"{kind}"'.encode(), count
 
     async def _lossy(self, messages: AsyncIterator[PubsubMessage]) -> AsyncIterator[PubsubMessage]:
         async for message in messages:
-            mine = message.from_peer == self.sender and b'"kind":"contrib"' in message.data
-            if mine and self.count > 0:
-                self.count -= 1
+            mine = message.from_peer == self.sender and self.tag in message.data
+            if mine and (self.count is None or self.count > 0):
+                self.dropped += 1
+                if self.count is not None:
+                    self.count -= 1
                 continue
             yield message
 
@@ -381,7 +383,7 @@ async def test_a_peer_that_derives_the_roster_first_keeps_announcing_its_contrib
         endpoint = bus.endpoint(peer)
         transport: PubsubTransport = endpoint
         if peer != early:
-            transport = DropFirstContributions(endpoint, early, 2)
+            transport = DropMessages(endpoint, early, "contrib", 2)
             lossy.append(transport)
         session = AgreedSession(store, transport, "rs", genesis, config)
         await session.start(initial_model())
@@ -393,7 +395,39 @@ async def test_a_peer_that_derives_the_roster_first_keeps_announcing_its_contrib
         assert len({(r.model, r.record) for r in results}) == 1
         assert all(len(r.roster.entries) == 3 for r in results)
         assert {r.aggregation for r in results} == {"reduce-scatter"}
-        assert [t.count for t in lossy] == [0, 0]  # both lost the first two announcements
+        assert [t.dropped for t in lossy] == [2, 2]  # both lost the first two announcements
     finally:
         for session in sessions:
             await session.aclose()
+
+
+async def test_a_lie_is_caught_when_a_colluding_sender_withholds_its_check_values() -> None:
+    """Every slice has every sender as an input: a sender publishing no check values used to
+    leave every slice unchecked. Its contribution is fetched and its values computed instead."""
+    store, bus = MemoryBlockStore(), MemoryPubsubBus()
+    genesis = await AgreedSession.commit_genesis(store, initial_model())
+    config = AgreedConfig(members=PEERS, aggregation="reduce-scatter", **FAST)  # type: ignore[arg-type]
+    liar, withholder = PEERS[2], PEERS[3]
+    sessions, lossy = [], []
+    for peer in PEERS:
+        transport: PubsubTransport = bus.endpoint(peer)
+        if peer != withholder:  # nobody hears the withholder's check values
+            transport = DropMessages(transport, withholder, "proj", None)
+            lossy.append(transport)
+        session = AgreedSession(store, transport, "rs", genesis, config)
+        await session.start(initial_model())
+        sessions.append(session)
+    sessions[2]._slicing.lie = 1e-2  # type: ignore[union-attr]
+    try:
+        results = await asyncio.gather(
+            *(s.run_round(gradient(i, 0), weight=1 + i) for i, s in enumerate(sessions))
+        )
+    finally:
+        for session in sessions:
+            await session.aclose()
+    assert all(t.dropped > 0 for t in lossy)
+    honest = [res for peer, res in zip(PEERS, results, strict=True) if peer != liar]
+    want = await reference(results[0], initial_model(), 0)
+    assert {res.model for res in honest} == {await put_gradient(MemoryBlockStore(), want)}
+    assert all(res.liars == (liar,) for res in honest)
+    await verify_agreed_history(store, honest[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]

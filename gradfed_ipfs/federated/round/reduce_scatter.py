@@ -62,7 +62,13 @@ from ...storage.retention import put_pinned_alone
 from .encoded import encode_gradient
 from .reduce_scatter_config import ReduceScatterConfig, ReduceScatterResult
 from .slice_check import check_slices
-from .slice_io import CountingStore, MemorySliceBoard, PubsubSliceBoard, fetch_range
+from .slice_io import (
+    CountingStore,
+    MemorySliceBoard,
+    PubsubSliceBoard,
+    fetch_range,
+    fetch_whole,
+)
 from .slices import (
     plan_slices,
     projection_seed,
@@ -453,6 +459,12 @@ class ReduceScatterPeer:
         liars, frauds, redone, false_values = set[str](), list[CID](), list[int](), set[str]()
         seed = projection_seed([bytes(cid) for cid, _, _ in chosen])
         weights = {e.peer: e.weight for e in roster.entries}
+        contributions = {e.peer: e.contribution for e in roster.entries}
+
+        async def fetch_absent(names: set[str]) -> dict[str, FloatArray]:
+            wanted = {name: contributions[name] for name in names}
+            return await fetch_whole(self.store, wanted, base.size, self.config.fetch_timeout)
+
         check = await check_slices(
             self.board,
             self.peer,
@@ -467,6 +479,7 @@ class ReduceScatterPeer:
             rule=self.config.rule,
             learning_rate=self.config.learning_rate,
             timeout=self.config.fetch_timeout,
+            fetch_absent=fetch_absent,
         )  # slice_check: projections for fedavg, spot checks for median and trimmed mean
         for k in check.suspects:
             (cid, record, sender), p = chosen[k], parts[k]

@@ -39,7 +39,7 @@ re-check, so only the peers that saw it know.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -169,26 +169,40 @@ async def check_slices(
     rule: str,
     learning_rate: float,
     timeout: float,
+    fetch_absent: Callable[[set[str]], Awaitable[dict[str, FloatArray]]] | None = None,
 ) -> SliceCheck:
     """Publish this peer's check values, wait for the inputs', return the slices that fail.
 
     ``ranges`` are the slices' ``(offset, length)``; ``records`` and ``results`` their chosen
     slice records and result values (float32, ``length`` each); ``rule`` is the round's (not
-    the records': a lying record may name another); ``weights`` the roster's. A slice some
-    input published no values for is not checked. Waits at most ``timeout`` s.
+    the records': a lying record may name another); ``weights`` the roster's. Waits at most
+    ``timeout`` s. An input that published no values (gone since its commit, or withholding
+    them so that a colluding reducer's slice goes unchecked) is fetched whole with
+    ``fetch_absent`` (names → d float32 values each; fetches that fail are left out) and its
+    values computed here; a slice an input still has no values for is not checked.
     """
     zs: list[NDArray[np.float64]] = []
     indices: list[NDArray[np.int64]] = []
     starts: list[int] = []
     if rule == "fedavg":
         zs = [projection_vector(seed, k, n) for k, (_, n) in enumerate(ranges)]
-        mine = tuple(projection(z, own[o : o + n]) for z, (o, n) in zip(zs, ranges, strict=True))
     else:
         count = spot_count(len(ranges))
         indices = [spot_indices(seed, k, n, count) for k, (_, n) in enumerate(ranges)]
         starts = [int(x) for x in np.cumsum([0, *(len(ix) for ix in indices)])]
-        mine = spot_values(own, ranges, indices)
-    seen = await _exchange(board, peer, roster_cid, mine, records, timeout)
+
+    def values_of(vector: FloatArray) -> tuple[float, ...]:
+        """Return the check values an honest sender of ``vector`` (d values) publishes."""
+        if rule == "fedavg":
+            return tuple(
+                projection(z, vector[o : o + n]) for z, (o, n) in zip(zs, ranges, strict=True)
+            )
+        return spot_values(vector, ranges, indices)
+
+    seen = await _exchange(board, peer, roster_cid, values_of(own), records, timeout)
+    absent = {name for record in records for name, _ in record.inputs} - set(seen)
+    if absent and fetch_absent is not None:
+        seen = {**seen, **{name: values_of(v) for name, v in (await fetch_absent(absent)).items()}}
     suspects = []
     for k, ((lo, n), record) in enumerate(zip(ranges, records, strict=True)):
         names = [name for name, _ in record.inputs]

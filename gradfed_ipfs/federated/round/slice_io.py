@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 
 import numpy as np
@@ -18,7 +19,13 @@ from multiformats import CID
 from ..._types import CIDLike, FloatArray
 from ...block import Block
 from ...cid import RAW, parse_cid
-from ...errors import DimensionMismatch, MalformedAnnouncement
+from ...errors import (
+    BlockStoreError,
+    DecodeError,
+    DimensionMismatch,
+    GradientError,
+    MalformedAnnouncement,
+)
 from ...formats.pubsub import PubsubMessage
 from ...formats.slices import SliceMessage
 from ...kubo.pubsub import PubsubTransport
@@ -32,7 +39,13 @@ from ...storage.dag import (
 )
 from .announcer import Reannouncer
 
-__all__ = ["CountingStore", "MemorySliceBoard", "PubsubSliceBoard", "fetch_range"]
+__all__ = [
+    "CountingStore",
+    "MemorySliceBoard",
+    "PubsubSliceBoard",
+    "fetch_range",
+    "fetch_whole",
+]
 
 
 def _key(cid: CID) -> tuple[int, bytes]:
@@ -224,3 +237,24 @@ async def fetch_range(
         store, partial, into, concurrency=concurrency, timeout=timeout, manifest_cid=parsed
     )
     return out
+
+
+async def fetch_whole(
+    store: BlockStore, contributions: dict[str, CID], d: int, timeout: float
+) -> dict[str, FloatArray]:
+    """Fetch whole d-value contributions by sender, concurrently; a failed one is left out.
+
+    For the check of inputs that published no check values (:func:`~.slice_check.check_slices`):
+    a failure is logged, not raised (those inputs' slices then stay unchecked).
+    """
+
+    async def one(name: str, cid: CID) -> tuple[str, FloatArray | None]:
+        try:
+            values = await fetch_gradient(store, cid, timeout=timeout, expected_length=d)
+        except (BlockStoreError, DecodeError, GradientError, TimeoutError) as exc:
+            logging.getLogger(__name__).warning("contribution of %s unavailable: %s", name, exc)
+            return name, None
+        return name, values.reshape(-1)
+
+    fetched = await asyncio.gather(*(one(n, c) for n, c in sorted(contributions.items())))
+    return {name: values for name, values in fetched if values is not None}
