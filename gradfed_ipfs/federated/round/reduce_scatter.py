@@ -459,12 +459,15 @@ class ReduceScatterPeer:
         liars, frauds, redone, false_values = set[str](), list[CID](), list[int](), set[str]()
         seed = projection_seed([bytes(cid) for cid, _, _ in chosen])
         weights = {e.peer: e.weight for e in roster.entries}
-        contributions = {e.peer: e.contribution for e in roster.entries}
 
         async def fetch_absent(names: set[str]) -> dict[str, FloatArray]:
-            wanted = {name: contributions[name] for name in names}
+            wanted = {e.peer: e.contribution for e in roster.entries if e.peer in names}
             return await fetch_whole(self.store, wanted, base.size, self.config.fetch_timeout)
 
+        # First reducers a backup replaced: likely gone, so their check values are not awaited.
+        taken_over = frozenset(
+            p.ranking[0] for p, (_, _, by) in zip(parts, chosen, strict=True) if by != p.ranking[0]
+        )
         check = await check_slices(
             self.board,
             self.peer,
@@ -480,6 +483,7 @@ class ReduceScatterPeer:
             learning_rate=self.config.learning_rate,
             timeout=self.config.fetch_timeout,
             fetch_absent=fetch_absent,
+            silent=taken_over,
         )  # slice_check: projections for fedavg, spot checks for median and trimmed mean
         for k in check.suspects:
             (cid, record, sender), p = chosen[k], parts[k]

@@ -95,14 +95,15 @@ async def _exchange(
     mine: tuple[float, ...],
     records: Sequence[SliceRecord],
     timeout: float,
+    silent: set[str],
 ) -> dict[str, tuple[float, ...]]:
     """Publish this peer's check values; return every sender's first, once the inputs' are in.
 
-    A sender gone since its commit publishes none: its slices stay unchecked, not stuck (the
-    wait ends after ``timeout`` s).
+    A sender gone since its commit publishes none: the wait ends after ``timeout`` s, or is not
+    made for the ``silent`` (their values are computed from their contributions instead).
     """
     await board.publish(SliceMessage("proj", peer, roster_cid, cid=None, values=mine))
-    inputs = {name for record in records for name, _ in record.inputs}
+    inputs = {name for record in records for name, _ in record.inputs} - silent
 
     def published() -> dict[str, tuple[float, ...]]:
         found: dict[str, tuple[float, ...]] = {}
@@ -170,6 +171,7 @@ async def check_slices(
     learning_rate: float,
     timeout: float,
     fetch_absent: Callable[[set[str]], Awaitable[dict[str, FloatArray]]] | None = None,
+    silent: frozenset[str] = frozenset(),
 ) -> SliceCheck:
     """Publish this peer's check values, wait for the inputs', return the slices that fail.
 
@@ -179,7 +181,9 @@ async def check_slices(
     ``timeout`` s. An input that published no values (gone since its commit, or withholding
     them so that a colluding reducer's slice goes unchecked) is fetched whole with
     ``fetch_absent`` (names → d float32 values each; fetches that fail are left out) and its
-    values computed here; a slice an input still has no values for is not checked.
+    values computed here; a slice an input still has no values for is not checked. Inputs in
+    ``silent`` (reducers whose slice another peer had to take over: likely gone) are not waited
+    for when ``fetch_absent`` is given.
     """
     zs: list[NDArray[np.float64]] = []
     indices: list[NDArray[np.int64]] = []
@@ -199,7 +203,8 @@ async def check_slices(
             )
         return spot_values(vector, ranges, indices)
 
-    seen = await _exchange(board, peer, roster_cid, values_of(own), records, timeout)
+    skip = set(silent) if fetch_absent is not None else set()
+    seen = await _exchange(board, peer, roster_cid, values_of(own), records, timeout, skip)
     absent = {name for record in records for name, _ in record.inputs} - set(seen)
     if absent and fetch_absent is not None:
         seen = {**seen, **{name: values_of(v) for name, v in (await fetch_absent(absent)).items()}}
