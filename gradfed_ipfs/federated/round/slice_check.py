@@ -93,17 +93,14 @@ async def _exchange(
     peer: str,
     roster_cid: CID,
     mine: tuple[float, ...],
-    records: Sequence[SliceRecord],
+    inputs: set[str],
     timeout: float,
-    silent: set[str],
 ) -> dict[str, tuple[float, ...]]:
-    """Publish this peer's check values; return every sender's first, once the inputs' are in.
+    """Publish this peer's check values; return every sender's first, once ``inputs``' are in.
 
-    A sender gone since its commit publishes none: the wait ends after ``timeout`` s, or is not
-    made for the ``silent`` (their values are computed from their contributions instead).
+    A sender gone since its commit publishes none: the wait ends after ``timeout`` s.
     """
     await board.publish(SliceMessage("proj", peer, roster_cid, cid=None, values=mine))
-    inputs = {name for record in records for name, _ in record.inputs} - silent
 
     def published() -> dict[str, tuple[float, ...]]:
         found: dict[str, tuple[float, ...]] = {}
@@ -203,9 +200,10 @@ async def check_slices(
             )
         return spot_values(vector, ranges, indices)
 
-    skip = set(silent) if fetch_absent is not None else set()
-    seen = await _exchange(board, peer, roster_cid, values_of(own), records, timeout, skip)
-    absent = {name for record in records for name, _ in record.inputs} - set(seen)
+    inputs = {name for record in records for name, _ in record.inputs}
+    awaited = inputs - silent if fetch_absent is not None else inputs
+    seen = await _exchange(board, peer, roster_cid, values_of(own), awaited, timeout)
+    absent = inputs - set(seen)
     if absent and fetch_absent is not None:
         seen = {**seen, **{name: values_of(v) for name, v in (await fetch_absent(absent)).items()}}
     suspects = []
