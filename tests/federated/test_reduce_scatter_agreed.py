@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
+from functools import partial
 
 import numpy as np
 import pytest
 
 from gradfed_ipfs import AgreedConfig, AgreedRoundResult, AgreedSession, verify_agreed_history
 from gradfed_ipfs.errors import RoundVerificationFailed
-from gradfed_ipfs.federated.round.agreed_history import verify_agreed_round
+from gradfed_ipfs.federated.round.agreed_history import check_finished_round, verify_agreed_round
 from gradfed_ipfs.federated.round.agreed_slicing import (
     AUTO_MIN_MEMBERS,
     RobustRule,
@@ -348,15 +350,19 @@ async def test_a_member_left_out_of_the_roster_assembles_the_same_model_from_the
 
 
 class DropMessages(LossyPubsub):
-    """Drops ``sender``'s incoming messages of ``kind``: the first ``count``, or all (``None``)."""
+    """Drops ``sender``'s (``None``: anyone's) incoming messages of ``kind``: the first
+    ``count``, or all (``None``)."""
 
-    def __init__(self, inner: PubsubTransport, sender: str, kind: str, count: int | None) -> None:
+    def __init__(
+        self, inner: PubsubTransport, sender: str | None, kind: str, count: int | None
+    ) -> None:
         super().__init__(inner, loss=0.0, seed=0)
         self.sender, self.tag, self.count = sender, f'"kind":"{kind}"'.encode(), count
 
     async def _lossy(self, messages: AsyncIterator[PubsubMessage]) -> AsyncIterator[PubsubMessage]:
         async for message in messages:
-            mine = message.from_peer == self.sender and self.tag in message.data
+            sent = self.sender is None or message.from_peer == self.sender
+            mine = sent and self.tag in message.data
             if mine and (self.count is None or self.count > 0):
                 self.dropped += 1
                 if self.count is not None:
@@ -431,3 +437,62 @@ async def test_a_lie_is_caught_when_a_colluding_sender_withholds_its_check_value
     assert {res.model for res in honest} == {await put_gradient(MemoryBlockStore(), want)}
     assert all(res.liars == (liar,) for res in honest)
     await verify_agreed_history(store, honest[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
+
+
+async def test_a_peer_joining_a_round_the_others_finished_checks_their_record_instead() -> None:
+    """Seen across processes: a restarted peer joined a sliced round after the others had moved
+    on, so no slice message of it was announced any more, and it waited until the round timeout.
+    It now re-aggregates the round from their record and writes the same one."""
+    store, bus = MemoryBlockStore(), MemoryPubsubBus()
+    genesis = await AgreedSession.commit_genesis(store, initial_model())
+    config = AgreedConfig(
+        members=PEERS, aggregation="reduce-scatter", min_peers=3, **{**FAST, "collect_timeout": 0.5}
+    )  # type: ignore[arg-type]
+    sessions = []
+    for peer in PEERS:
+        transport: PubsubTransport = bus.endpoint(peer)
+        if peer == PEERS[3]:  # it hears no slice message: as if it was not there then
+            transport = DropMessages(transport, None, "slice", None)
+        session = AgreedSession(store, transport, "rs", genesis, config)
+        await session.start(initial_model())
+        sessions.append(session)
+    early, late = sessions[:3], sessions[3]
+    try:
+        first = await asyncio.gather(*(s.run_round(gradient(i, 0)) for i, s in enumerate(early)))
+        await asyncio.gather(*(s.run_round(gradient(i, 1)) for i, s in enumerate(early)))
+        # Round 0 is long over (its slices no longer announced); the late peer joins it now.
+        mine = await asyncio.wait_for(late.run_round(gradient(3, 0)), 10.0)
+    finally:
+        for session in sessions:
+            await session.aclose()
+    assert (mine.model, mine.record, mine.slices) == (
+        first[0].model,
+        first[0].record,
+        first[0].slices,
+    )
+    assert not mine.included
+    assert mine.aggregation == "reduce-scatter"
+    assert mine.roster.peers == PEERS[:3]
+    assert not mine.rejected
+
+
+async def test_a_finished_round_that_does_not_verify_is_refused() -> None:
+    results, peers, _ = await run_rounds("reduce-scatter", rounds=2)
+    store, first, second = peers.store, results[0][0], results[1][0]
+    roster = second.roster
+    check = partial(check_finished_round, store, second.record, roster, second.roster_cid)
+    finished = await check(prev=first.record)
+    assert bytes(await put_gradient(MemoryBlockStore(), finished.model)) == bytes(second.model)
+    assert finished.records == second.slices
+    assert not finished.liars
+    assert not finished.missing
+    with pytest.raises(RoundVerificationFailed, match="not a sliced record"):
+        await check(prev=None)  # it follows round 0, not the genesis
+    with pytest.raises(RoundVerificationFailed, match="not a sliced record"):
+        await check_finished_round(store, first.record, roster, second.roster_cid, prev=None)
+    # A forged record of the same round: another result, its slices unchanged.
+    record = AgreedRecord.from_block(await store.get(second.record))
+    other = await put_gradient(store, initial_model())
+    forged = await store.put(dataclasses.replace(record, result=other).to_block())
+    with pytest.raises(RoundVerificationFailed, match="re-aggregates"):
+        await check_finished_round(store, forged, roster, second.roster_cid, prev=first.record)

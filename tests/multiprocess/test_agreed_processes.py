@@ -207,16 +207,20 @@ def test_three_processes_reduce_scatter_with_loss_end_identical(
     assert verify_history(kubo_swarm3[1], head, spawn.session, genesis) == rounds
 
 
-def test_killed_peer_is_absent_then_resyncs(spawn: Any, kubo_swarm3: list[KuboNode]) -> None:
+@pytest.mark.parametrize("aggregation", ["all-to-all", "reduce-scatter"])
+def test_killed_peer_is_absent_then_resyncs(
+    spawn: Any, kubo_swarm3: list[KuboNode], aggregation: str
+) -> None:
     """SIGKILL one peer process; the others close rounds without it, it restarts and resyncs.
 
-    All-to-all rounds only: in reduce-scatter rounds the restarted peer can join a round the
-    others already finished, and then waits for slice announcements that no longer come
-    (``InsufficientPeers`` after the phase timeout; see the stop notes of 2026-12-01).
+    In a reduce-scatter round the victim was in, its slice is reduced by the next-ranked peer;
+    a round the restarted peer joins after the others finished it is re-verified from their
+    record (it failed 1 of 13 runs before that).
     """
-    fast = KILL_RUN
-    peers = [spawn(0, *fast), spawn(1, *fast)]
-    victim = spawn(2, *fast)
+    fast = [*KILL_RUN, "--aggregation", aggregation]
+    dim = SLICED_DIM if aggregation == "reduce-scatter" else DIM
+    peers = [spawn(0, *fast, dim=dim), spawn(1, *fast, dim=dim)]
+    victim = spawn(2, *fast, dim=dim)
     poll_until(lambda: len(victim.rounds()) >= 5, timeout=30, what="five rounds")
     victim.kill()
     gone, killed_at = kubo_swarm3[2].peer_id, len(peers[0].rounds())
@@ -230,7 +234,7 @@ def test_killed_peer_is_absent_then_resyncs(spawn: Any, kubo_swarm3: list[KuboNo
         timeout=30,
         what="a round closed without the killed peer",
     )
-    restarted = spawn(2, *fast, "--resync")
+    restarted = spawn(2, *fast, "--resync", dim=dim)
     wait_final([*peers, restarted], timeout=55)
     print([[(e["round"], e["seconds"]) for e in p.of("round")] for p in [*peers, restarted]])
     assert closed_without_victim()

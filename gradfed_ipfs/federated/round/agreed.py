@@ -25,7 +25,9 @@ genesis is the CID of the initial model, committed once; the topic is
    different record raises :class:`~gradfed_ipfs.errors.RoundMismatch`; the cure is
    :meth:`AgreedSession.resync` (also how a restarted or late peer catches up).
 
-A peer that misses the roster message learns the roster from another peer's ``done`` record.
+A peer that misses the roster message learns the roster from another peer's ``done`` record;
+in a reduce-scatter round the others have finished it also re-verifies that record instead of
+waiting for slices nobody announces any more (``RosterPhase._slices_or_record``).
 No roster with ``min_peers`` contributions by ``round_timeout`` raises
 :class:`~gradfed_ipfs.errors.QuorumNotReached`. The coordinator is trusted to list only
 contributions that were announced (peers do check that it lists members' verified blocks).

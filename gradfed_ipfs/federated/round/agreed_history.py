@@ -18,8 +18,9 @@ lists a peer excluded before its round. It needs only records, rosters, fraud an
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Collection
-from typing import Final
+from typing import Final, NamedTuple
 
 import numpy as np
 from multiformats import CID
@@ -34,6 +35,7 @@ from ...errors import (
     ShapeMismatch,
 )
 from ...formats.roster import AgreedRecord, Roster
+from ...formats.slices import FraudRecord
 from ...storage.base import BlockStore
 from ...storage.dag import fetch_gradient
 from ...tensor.deterministic import deterministic_update
@@ -43,7 +45,9 @@ from .encoded import encode_gradient
 
 __all__ = [
     "MAX_CHAIN_ROUNDS",
+    "FinishedRound",
     "check_exclusions",
+    "check_finished_round",
     "load_chain",
     "load_head",
     "load_record",
@@ -228,13 +232,15 @@ async def load_round_inputs(
         if record.slices is not None:
             roster = await sliced_roster(store, record, roster)
         model = await fetch_gradient(store, record.base)
-        gradients = [
-            await fetch_gradient(store, entry.contribution, expected_length=model.size)
-            for entry in roster.entries
-        ]
+        gradients = await asyncio.gather(
+            *(
+                fetch_gradient(store, entry.contribution, expected_length=model.size)
+                for entry in roster.entries
+            )
+        )  # concurrently: one after another, N fetches cost N bitswap round trips
     except (BlockStoreError, DecodeError, ShapeMismatch) as exc:
         raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
-    return roster, np.asarray(model, np.float32).reshape(-1), gradients
+    return roster, np.asarray(model, np.float32).reshape(-1), list(gradients)
 
 
 async def recompute_round(
@@ -287,7 +293,15 @@ async def verify_agreed_round(
         record = await load_record(store, cid)
     except (BlockStoreError, DecodeError) as exc:
         raise RoundVerificationFailed(f"record {cid}: {exc}") from exc
-    _, model = await recompute_round(store, record, rule)
+    await _verified_model(store, record, rule)
+    return record
+
+
+async def _verified_model(
+    store: BlockStore, record: AgreedRecord, rule: UpdateRule | None
+) -> tuple[Roster, FloatArray]:
+    """Recompute a record's model, check its CID and slice results; return roster and model."""
+    roster, model = await recompute_round(store, record, rule)
     recomputed = await model_cid(model)
     if bytes(recomputed) != bytes(record.result):
         raise RoundVerificationFailed(
@@ -296,7 +310,72 @@ async def verify_agreed_round(
         )
     if record.slices is not None:
         await check_slice_results(store, record, model)
-    return record
+    return roster, model
+
+
+class FinishedRound(NamedTuple):
+    """Another peer's record of a sliced round, re-verified by :func:`check_finished_round`."""
+
+    record: AgreedRecord
+    model: FloatArray
+    """The recomputed model (float32, ``(d,)``); it hashes to ``record.result``."""
+    missing: tuple[str, ...]
+    """Roster peers the slice records leave out."""
+    liars: frozenset[str]
+    """Reducers the record's fraud records prove lying."""
+    records: tuple[CID, ...]
+    """Its slice and fraud records and the lies these name (what a keeper pins alone)."""
+
+
+async def check_finished_round(
+    store: BlockStore,
+    record_cid: CIDLike,
+    roster: Roster,
+    roster_cid: CID,
+    *,
+    prev: CID | None,
+    rule: UpdateRule | None = None,
+) -> FinishedRound:
+    """Re-verify a peer's record of a sliced round of ``roster`` that follows ``prev``.
+
+    For a peer that joins a reduce-scatter round the others have finished: it hears none of
+    the round's slice messages any more, so it re-aggregates the round from the record (every
+    contribution fetched whole, as :func:`verify_agreed_round`) and checks its fraud records
+    (:func:`~.agreed_slicing.proven_liars`) instead.
+
+    Raises
+    ------
+    RoundVerificationFailed
+        If the record is not a sliced record of ``roster_cid`` after ``prev`` (same session,
+        genesis, round and base), or does not verify.
+    """
+    cid = parse_cid(record_cid)
+    try:
+        record = await load_record(store, cid)
+    except (BlockStoreError, DecodeError) as exc:
+        raise RoundVerificationFailed(f"record {cid}: {exc}") from exc
+    if (
+        record.slices is None
+        or (record.session, record.round) != (roster.session, roster.round)
+        or bytes(record.genesis) != bytes(roster.genesis)
+        or bytes(record.base) != bytes(roster.base)
+        or bytes(record.roster) != bytes(roster_cid)
+        or (None if record.prev is None else bytes(record.prev))
+        != (None if prev is None else bytes(prev))
+    ):
+        raise RoundVerificationFailed(
+            f"record {cid} is not a sliced record of roster {roster_cid} after {prev}"
+        )
+    used, model = await _verified_model(store, record, rule)
+    liars = await proven_liars(store, record, roster)
+    records = [*record.slices, *(record.frauds or ())]
+    try:  # proven_liars fetched them: local now
+        for fraud in record.frauds or ():
+            records.append(FraudRecord.from_block(await store.get(fraud)).claimed)
+    except (BlockStoreError, DecodeError) as exc:
+        raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
+    missing = tuple(p for p in roster.peers if p not in set(used.peers))
+    return FinishedRound(record, model, missing, liars, tuple(records))
 
 
 async def verify_agreed_history(

@@ -9,29 +9,42 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
+from typing import Final, cast
 
 import numpy as np
 from multiformats import CID
 
 from ..._types import FloatArray
 from ...block import Block
-from ...errors import BlockNotFound, BlockStoreError, BlockTimeout, DecodeError
+from ...errors import (
+    BlockNotFound,
+    BlockStoreError,
+    BlockTimeout,
+    DecodeError,
+    RoundVerificationFailed,
+)
 from ...formats.pubsub import PubsubMessage
 from ...formats.roster import MAX_INLINE_BYTES, AgreedMessage, MessageKind, Roster
 from ...storage.base import BlockStore
 from ...tensor.deterministic import deterministic_update
 from .agreed_config import AgreedConfig
-from .agreed_history import load_record
+from .agreed_history import check_finished_round, load_record
 from .agreed_slicing import SliceStep
 from .announcer import Reannouncer
 from .coordinator import RoundBoard, roster_problem
 from .fetcher import ContributionFetcher, is_transient
 from .reduce_scatter import ReduceScatterResult
+from .slice_io import CountingStore
+from .slice_retention import SliceBlocks
 
 __all__ = ["RosterPhase"]
 
 logger = logging.getLogger("gradfed_ipfs.federated.agreed")
+
+_TICK: Final = 0.05
+"""Longest wait between checks for other peers' records of a sliced round (seconds)."""
 
 
 class RosterPhase:
@@ -45,6 +58,7 @@ class RosterPhase:
     round: int
     model: FloatArray
     model_cid: CID
+    head: CID | None
     _board: RoundBoard | None
     _announcer: Reannouncer
     _fetcher: ContributionFetcher
@@ -255,11 +269,84 @@ class RosterPhase:
             return model, None
         if self._slicing is None:  # pragma: no cover - _adopt returns None only when slicing
             raise RuntimeError("no model and no reduce-scatter step")
-        sliced = await self._slicing.run(r, roster, roster_cid, self.model, own)
+        run = asyncio.ensure_future(self._slicing.run(r, roster, roster_cid, self.model, own))
+        try:
+            sliced = await self._slices_or_record(r, roster_cid, roster, run, rejected)
+        finally:
+            if not run.done():
+                run.cancel()
+                await asyncio.gather(run, return_exceptions=True)
         rejected.update({p: "missing from the slices" for p in sliced.missing})
         rejected.update({p: "published false slice-check values" for p in sliced.false_values})
         rejected.update({p: "proven lying reducer" for p in sliced.liars})
         return sliced.model, sliced
+
+    async def _slices_or_record(
+        self,
+        r: int,
+        roster_cid: CID,
+        roster: Roster,
+        run: asyncio.Future[ReduceScatterResult],
+        rejected: dict[str, str],
+    ) -> ReduceScatterResult:
+        """Await the reduce-scatter ``run``, or re-verify another peer's record of the round.
+
+        A peer that joins a sliced round the others have finished hears none of its slice
+        messages (each is re-announced only until its reducer's next round starts). So once
+        another peer's ``done`` of round ``r`` has been known for a grace (twice
+        ``max_announce_interval`` if no slice message of this roster was heard, else
+        ``reducer_timeout``) and ``run`` has not ended, this peer re-aggregates the round
+        from that record (:func:`~.agreed_history.check_finished_round`: every contribution
+        fetched whole) and takes its slices, frauds and proven liars.
+        """
+        step = cast(SliceStep, self._slicing)
+        config = self.config
+        tried: set[bytes] = set()
+        since: float | None = None
+        while not run.done():
+            heads = [
+                (peer, head.record)
+                for peer, head in list(self.board.state(r).done.items())
+                if peer != self.peer_id and bytes(head.record) not in tried
+            ]
+            now = time.monotonic()
+            since = None if not heads else (now if since is None else since)
+            heard = step.heard(roster_cid)
+            grace = config.reducer_timeout if heard else 2 * config.max_announce_interval
+            if since is None or now - since < grace:
+                await asyncio.wait({run}, timeout=_TICK)
+                continue
+            for peer, record_cid in heads:
+                tried.add(bytes(record_cid))
+                counted = CountingStore(self.store)
+                try:
+                    finished = await check_finished_round(
+                        counted, record_cid, roster, roster_cid, prev=self.head,
+                        rule=config.rule,
+                    )  # fmt: skip
+                except RoundVerificationFailed as exc:
+                    rejected[peer] = f"record {record_cid}: {exc}"
+                    continue
+                logger.info(
+                    "round %d: %s took %s's record %s (no slices heard %.1fs after it)",
+                    r, self.peer_id, peer, record_cid, now - since,
+                )  # fmt: skip
+                if step.gate is not None:  # kept like the blocks of a run (slice_retention)
+                    kept = tuple(e.contribution for e in roster.entries)
+                    step.held[bytes(roster_cid)] = SliceBlocks(kept, finished.records)
+                record = finished.record
+                return ReduceScatterResult(
+                    model=finished.model,
+                    model_cid=record.result,
+                    records=list(record.slices or ()),
+                    missing=finished.missing,
+                    liars=set(finished.liars),
+                    frauds=list(record.frauds or ()),
+                    downloaded=counted.downloaded,
+                    seconds=time.monotonic() - now,
+                )
+            since = None
+        return run.result()
 
     async def _load_roster(self, cid: CID) -> Roster:
         """Decode a roster once: from its inline message, else fetched from the store."""

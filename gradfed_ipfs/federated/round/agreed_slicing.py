@@ -299,6 +299,10 @@ class SliceStep:
         await self._board.__aenter__()
         self._task = asyncio.create_task(self._announcer.run())
 
+    def heard(self, roster_cid: CID) -> bool:
+        """Return whether a slice message of ``roster_cid`` has reached this peer's board."""
+        return self._board is not None and self._board.filled(roster_cid, 0) > 0
+
     async def aclose(self) -> None:
         """Stop listening and re-announcing."""
         if self._task is not None:
