@@ -22,7 +22,7 @@ from gradfed_ipfs.federated.round.reduce_scatter import (
     SliceMessage,
     fetch_range,
 )
-from gradfed_ipfs.federated.round.slices import reduce_values
+from gradfed_ipfs.federated.round.slices import plan_slices, reduce_values, reducer_rankings
 from gradfed_ipfs.formats.roster import Roster
 from gradfed_ipfs.formats.slices import FraudRecord, SliceRecord
 from gradfed_ipfs.kubo import MemoryPubsubBus
@@ -274,6 +274,59 @@ async def test_well_formed_slice_messages_from_outside_the_roster_are_ignored() 
         for board in boards:
             await board.__aexit__(None, None, None)
     assert {res.model_cid for res in results} == {await reference(r)}
+
+
+class _Attempts(StoreWrapper):
+    """Logs every ``get`` asked for, answered or not."""
+
+    def __init__(self, store: MemoryBlockStore) -> None:
+        super().__init__(store)
+        self.asked: list[bytes] = []
+
+    async def get(self, cid: CIDLike, *, timeout: float | Unset = UNSET) -> Block:
+        self.asked.append(bytes(CID.decode(cid) if isinstance(cid, str) else cid))
+        return await super().get(cid, timeout=timeout)
+
+
+async def test_a_dead_sender_costs_no_second_fetch_and_no_takeover_wait() -> None:
+    """A sender gone after its commit (every chunk unfetchable) is also a dead reducer: its
+    slice's backup, having failed to fetch it already, takes over at once and does not fetch
+    it again, in both phases (before: ``reducer_timeout`` per phase and a fetch timeout more)."""
+    r = await make_round(4)
+    dead = r.roster.peers[2]
+    manifest = await fetch_manifest(r.store, r.roster.entries[2].contribution)
+    for chunk in manifest.chunks:
+        await r.store.delete(chunk.cid)
+    config = ReduceScatterConfig(
+        chunk_bytes=CHUNK, learning_rate=LR, reducer_timeout=60.0, phase_timeout=10.0
+    )  # waiting reducer_timeout once would fail the phase
+    board = MemorySliceBoard()
+    live = [p for p in r.roster.peers if p != dead]
+    stores = {p: _Attempts(r.store) for p in live}
+    peers = {p: ReduceScatterPeer(p, stores[p], board, config) for p in live}
+    results = await asyncio.gather(
+        *(peer.run(r.roster, r.roster_cid, r.base, r.grads[p]) for p, peer in peers.items())
+    )
+    assert {res.model_cid for res in results} == {await reference(r, without=(dead,))}
+    assert all(res.missing == (dead,) for res in results)
+    assert dead not in {m.sender for m in board.messages if m.kind == "slice"}
+    # Each live peer asked for the dead sender's chunks of the slice it reduces first, once;
+    # nobody asked for those of the dead reducer's own slice.
+    plan = plan_slices(D, 4, CHUNK)
+    rankings = reducer_rankings(bytes(r.roster_cid), 4, r.roster.peers)
+    per_chunk = values_per_chunk(CHUNK)
+
+    def chunks_of(k: int) -> set[bytes]:
+        offset, length = plan[k]
+        first, last = offset // per_chunk, (offset + length - 1) // per_chunk
+        return {bytes(c.cid) for c in manifest.chunks[first : last + 1]}
+
+    first = {ranking[0]: k for k, ranking in enumerate(rankings)}
+    everything = {bytes(c.cid) for c in manifest.chunks}
+    for p in live:
+        asked = sorted(c for c in stores[p].asked if c in everything)
+        assert asked == sorted(chunks_of(first[p]))
+    assert chunks_of(first[dead])  # a slice nobody asked for
 
 
 class _Fetches(StoreWrapper):

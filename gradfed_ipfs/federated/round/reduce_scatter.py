@@ -39,7 +39,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import cast
 
 import numpy as np
@@ -60,7 +59,7 @@ from ...storage.base import Block, BlockStore
 from ...storage.dag import fetch_gradient, put_gradient
 from ...storage.retention import put_pinned_alone
 from .encoded import encode_gradient
-from .reduce_scatter_config import ReduceScatterConfig, ReduceScatterResult
+from .reduce_scatter_config import ReduceScatterConfig, ReduceScatterResult, SliceWork
 from .slice_check import check_slices
 from .slice_io import (
     CountingStore,
@@ -88,21 +87,6 @@ __all__ = [
     "SliceMessage",
     "fetch_range",
 ]
-
-
-@dataclass
-class _Slice:
-    k: int
-    offset: int
-    length: int
-    ranking: list[str]
-    rows: dict[str, FloatArray] = field(default_factory=dict)
-    failed: set[str] = field(default_factory=set)
-    rank: dict[str, int] = field(default_factory=dict)
-    """``ranking`` inverted (peer -> rank): an O(1) look-up per board message."""
-
-    def __post_init__(self) -> None:
-        self.rank = {peer: r for r, peer in enumerate(self.ranking)}
 
 
 class ReduceScatterPeer:
@@ -144,13 +128,16 @@ class ReduceScatterPeer:
     # ------------------------------------------------------------------ reduce
 
     async def _rows(
-        self, roster: Roster, part: _Slice, own: FloatArray, d: int, exclude: set[str]
+        self, roster: Roster, part: SliceWork, own: FloatArray, d: int, exclude: set[str]
     ) -> None:
         """Fetch slice ``part`` of every roster input not yet held, failed or excluded."""
 
         async def one(peer: str, cid: CID) -> None:
             if peer == self.peer:
                 part.rows[peer] = own[part.offset : part.offset + part.length]
+                return
+            if peer in self._unfetchable:  # missing from one slice is missing from all anyway
+                part.failed.add(peer)  # (the next phase's exclusion): no second fetch timeout
                 return
             try:
                 values = await fetch_range(
@@ -167,6 +154,7 @@ class ReduceScatterPeer:
                 part.rows[peer] = values
             except (BlockStoreError, DecodeError, GradientError):
                 part.failed.add(peer)  # the sender's fault: it is excluded, not the round
+                self._unfetchable.add(peer)
 
         await asyncio.gather(
             *(
@@ -182,7 +170,7 @@ class ReduceScatterPeer:
         roster_cid: CID,
         base: FloatArray,
         own: FloatArray,
-        part: _Slice,
+        part: SliceWork,
         exclude: set[str],
         lie: float = 0.0,
     ) -> tuple[Block, FloatArray]:
@@ -219,7 +207,7 @@ class ReduceScatterPeer:
         await put_pinned_alone(self.store, block)
         return block, values
 
-    def _records(self, roster_cid: CID, phase: int, part: _Slice) -> list[SliceMessage]:
+    def _records(self, roster_cid: CID, phase: int, part: SliceWork) -> list[SliceMessage]:
         """Slice messages of ``part`` from its ranked reducers, best rank first.
 
         Anyone may publish on the board: a sender outside the roster is ignored.
@@ -232,7 +220,7 @@ class ReduceScatterPeer:
         ]
         return sorted(found, key=lambda m: rank[m.sender])
 
-    def _filled(self, roster_cid: CID, phase: int, parts: list[_Slice], count: int) -> bool:
+    def _filled(self, roster_cid: CID, phase: int, parts: list[SliceWork], count: int) -> bool:
         """Return whether ``count`` slices of ``phase`` have a record from one of their reducers.
 
         The board's own count (records from anyone) bounds it first: this runs on every board
@@ -248,16 +236,19 @@ class ReduceScatterPeer:
         roster_cid: CID,
         base: FloatArray,
         own: FloatArray,
-        part: _Slice,
+        part: SliceWork,
         phase: int,
         exclude: set[str],
-        parts: list[_Slice],
+        parts: list[SliceWork],
     ) -> None:
         """Reduce slice ``part`` in ``phase`` if no better-ranked reducer did in time.
 
-        Rank ``r ≥ 1`` takes over only ``r · reducer_timeout`` after half of the slices have
-        their records: on a slow machine every reducer is slow alike, and a clock started at
-        the phase's beginning would have backups redo every slice.
+        Rank ``r ≥ 1`` takes over only ``a · reducer_timeout`` after half of the slices have
+        their records, ``a`` being the better-ranked reducers not known gone (on a slow machine
+        every reducer is slow alike, and a clock started at the phase's beginning would have
+        backups redo every slice). Known gone: a sender whose contribution this peer could not
+        fetch, or excluded, or a first reducer replaced in an earlier phase; a dead reducer
+        costs ``reducer_timeout`` once a round, not once a phase.
         """
         rank = part.rank[self.peer]
         if rank:
@@ -268,8 +259,15 @@ class ReduceScatterPeer:
             def half() -> bool:
                 return mine() or self._filled(roster_cid, phase, parts, (len(parts) + 1) // 2)
 
+            def ahead() -> int:
+                gone = self._unfetchable | self._replaced | exclude
+                return sum(1 for p in part.ranking[:rank] if p not in gone)
+
             await self.board.wait_for(half, self.config.phase_timeout)
-            if mine() or await self.board.wait_for(mine, rank * self.config.reducer_timeout):
+            await self.board.wait_for(
+                lambda: mine() or not ahead(), ahead() * self.config.reducer_timeout
+            )
+            if mine():
                 return
         if self.silent:
             return
@@ -343,10 +341,12 @@ class ReduceScatterPeer:
         d, peers = base.size, roster.peers
         self._local: dict[CID, FloatArray] = {}
         self._records_read: dict[bytes, Block] = {}
+        self._unfetchable: set[str] = set()  # senders a fetch of this peer failed for
+        self._replaced: set[str] = set()  # first reducers a backup replaced, earlier phases
         plan = plan_slices(d, len(peers), self.config.chunk_bytes)
         rankings = reducer_rankings(bytes(roster_cid), len(plan), peers)
         parts = [
-            _Slice(k, off, n, ranking)
+            SliceWork(k, off, n, ranking)
             for k, ((off, n), ranking) in enumerate(zip(plan, rankings, strict=True))
         ]
         exclude: set[str] = set()
@@ -354,6 +354,8 @@ class ReduceScatterPeer:
         while True:
             chosen = await self._phase(roster, roster_cid, base, own, parts, phase, exclude)
             found = set().union(*(set(r.missing) for _, r, _ in chosen))
+            pairs = zip(parts, chosen, strict=True)
+            self._replaced |= {p.ranking[0] for p, (_, _, by) in pairs if by != p.ranking[0]}
             if found == exclude:
                 break
             exclude, phase = found, phase + 1
@@ -388,7 +390,7 @@ class ReduceScatterPeer:
         roster_cid: CID,
         base: FloatArray,
         own: FloatArray,
-        parts: list[_Slice],
+        parts: list[SliceWork],
         phase: int,
         exclude: set[str],
     ) -> list[tuple[CID, SliceRecord, str]]:
@@ -419,7 +421,7 @@ class ReduceScatterPeer:
         except MalformedManifest:  # a roster entry no record may name: decode each in full
             expected = None
 
-        async def best_valid(p: _Slice) -> tuple[CID, SliceRecord, str]:
+        async def best_valid(p: SliceWork) -> tuple[CID, SliceRecord, str]:
             for m in self._records(roster_cid, phase, p):  # the best-ranked valid record
                 cid = cast(CID, m.cid)
                 try:
@@ -446,7 +448,7 @@ class ReduceScatterPeer:
         roster_cid: CID,
         base: FloatArray,
         own: FloatArray,
-        parts: list[_Slice],
+        parts: list[SliceWork],
         chosen: list[tuple[CID, SliceRecord, str]],
         records: list[CID],
     ) -> tuple[list[FloatArray], set[str], list[CID], list[int], set[str]]:
@@ -464,10 +466,6 @@ class ReduceScatterPeer:
             wanted = {e.peer: e.contribution for e in roster.entries if e.peer in names}
             return await fetch_whole(self.store, wanted, base.size, self.config.fetch_timeout)
 
-        # First reducers a backup replaced: likely gone, so their check values are not awaited.
-        taken_over = frozenset(
-            p.ranking[0] for p, (_, _, by) in zip(parts, chosen, strict=True) if by != p.ranking[0]
-        )
         check = await check_slices(
             self.board,
             self.peer,
@@ -483,12 +481,12 @@ class ReduceScatterPeer:
             learning_rate=self.config.learning_rate,
             timeout=self.config.fetch_timeout,
             fetch_absent=fetch_absent,
-            silent=taken_over,
+            silent=frozenset(self._replaced),  # likely gone: their values are not awaited
         )  # slice_check: projections for fedavg, spot checks for median and trimmed mean
         for k in check.suspects:
             (cid, record, sender), p = chosen[k], parts[k]
             redone.append(p.k)
-            fresh = _Slice(p.k, p.offset, p.length, p.ranking)
+            fresh = SliceWork(p.k, p.offset, p.length, p.ranking)
             recomputed, values = await self._reduce(
                 roster, roster_cid, base, own, fresh, set(record.missing)
             )

@@ -1,4 +1,4 @@
-"""Reduce-scatter settings and a peer's result (:mod:`.reduce_scatter`)."""
+"""Reduce-scatter settings, a peer's work on one slice, and its result (:mod:`.reduce_scatter`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from ..._types import FloatArray
 from ...block import Block
 from ...storage.dag import DEFAULT_CONCURRENCY
 
-__all__ = ["ReduceScatterConfig", "ReduceScatterResult"]
+__all__ = ["ReduceScatterConfig", "ReduceScatterResult", "SliceWork"]
 
 
 @dataclass(frozen=True)
@@ -50,3 +50,22 @@ class ReduceScatterResult:
     record_blocks: dict[bytes, Block] = field(default_factory=dict, repr=False)
     """The final slice records' blocks as read (from their announcements, or fetched), by CID
     bytes: a keeper stores them locally instead of fetching them again."""
+
+
+@dataclass
+class SliceWork:
+    """One slice as a peer works on it: its place, reducer ranking, and the rows fetched."""
+
+    k: int
+    offset: int
+    length: int
+    ranking: list[str]
+    rows: dict[str, FloatArray] = field(default_factory=dict)
+    """Input values of this slice by sender (``length`` float32 each)."""
+    failed: set[str] = field(default_factory=set)
+    """Senders whose slice could not be fetched."""
+    rank: dict[str, int] = field(default_factory=dict)
+    """``ranking`` inverted (peer -> rank): an O(1) look-up per board message."""
+
+    def __post_init__(self) -> None:
+        self.rank = {peer: r for r, peer in enumerate(self.ranking)}
