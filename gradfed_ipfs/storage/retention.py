@@ -350,6 +350,11 @@ class RetentionKeeper:
         self._window = _Window()
         self._window.kept.update(bytes(parse_cid(c)) for c in keep)
         self._rounds_seen = 0
+        # One report at a time: a session stores round r+1 while round r's store (and report)
+        # may still be running; interleaved, the schedule counter was read after another
+        # report had moved it (an extra collection, seen under load) and the window's order
+        # could follow finishing times instead of rounds.
+        self._reporting = asyncio.Lock()
 
     @property
     def kept_rounds(self) -> list[int]:
@@ -360,9 +365,13 @@ class RetentionKeeper:
         """Pin and hand over ``blocks``, unpin what fell out of the window, collect if due.
 
         Several sessions may share one store and keeper: their reports of one round merge,
-        and a collection is due on the first report of a round. Returns the collection's
-        report when one ran.
+        and a collection is due on the first report of a round. Reports run one at a time, in
+        the order they are made. Returns the collection's report when one ran.
         """
+        async with self._reporting:
+            return await self._round_done(blocks)
+
+    async def _round_done(self, blocks: RoundBlocks) -> GcReport | None:
         policy, window = self.policy, self._window
         if policy.pin_fetched:
             for cid in blocks.contributions:

@@ -8,7 +8,9 @@ from collections.abc import AsyncIterator, Sequence
 import numpy as np
 import pytest
 
+from gradfed_ipfs._types import CIDLike
 from gradfed_ipfs.block import Block
+from gradfed_ipfs.cid import parse_cid
 from gradfed_ipfs.errors import ConfigError, RoundVerificationFailed
 from gradfed_ipfs.federated.round.agreed import AgreedConfig, AgreedSession
 from gradfed_ipfs.federated.round.agreed_history import (
@@ -143,6 +145,42 @@ async def test_collection_schedule_every_g_rounds_and_above_size(store: MemoryBl
         assert await sized.round_done(await fake_round(other, 0, [1])) is not None
         big = RetentionKeeper(other, Retention(gc_every=None, gc_above_bytes=10**9))
         assert await big.round_done(await fake_round(other, 1, [2])) is None
+
+
+class SlowUnpinStore(MemoryBlockStore):
+    """A memory store whose ``unpin`` of a ``held`` CID waits for the test's event."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: set[bytes] = set()
+        self.release_unpin = asyncio.Event()
+        self.unpinning = asyncio.Event()
+
+    async def unpin(self, cid: CIDLike) -> None:
+        if bytes(parse_cid(cid)) in self.held:
+            self.unpinning.set()
+            await self.release_unpin.wait()
+        await super().unpin(cid)
+
+
+async def test_overlapping_reports_keep_the_schedule_and_the_round_order() -> None:
+    """A session reports round r+1 while round r's report may still be running (both stores run
+    in the background): seen under load, the schedule counter was read after the next report
+    moved it, and an extra collection ran."""
+    async with SlowUnpinStore() as store:
+        keeper = RetentionKeeper(store, Retention(keep_rounds=1, gc_every=2))
+        rounds = [await fake_round(store, r, [r]) for r in range(3)]
+        assert await keeper.round_done(rounds[0]) is None
+        store.held = {bytes(c) for c in rounds[0].contributions}
+        first = asyncio.ensure_future(keeper.round_done(rounds[1]))  # unpins round 0's: waits
+        await asyncio.wait_for(store.unpinning.wait(), 5.0)
+        second = asyncio.ensure_future(keeper.round_done(rounds[2]))
+        await settle()
+        store.release_unpin.set()
+        reports = [await first, await second]
+    assert [r is not None for r in reports] == [True, False]
+    assert [c.round for c in keeper.collections] == [1]
+    assert keeper.kept_rounds == [2]
 
 
 async def test_durable_provider_gets_roots_and_models(store: MemoryBlockStore) -> None:
