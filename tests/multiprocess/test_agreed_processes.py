@@ -246,11 +246,17 @@ def test_killed_peer_is_absent_then_resyncs(
     assert later, "the restarted peer never contributed again"
 
 
-def test_late_peer_catches_up_then_contributes(spawn: Any, kubo_swarm3: list[KuboNode]) -> None:
-    fast = LATE_RUN
-    peers = [spawn(0, *fast), spawn(1, *fast)]
+@pytest.mark.parametrize("aggregation", ["all-to-all", "reduce-scatter"])
+def test_late_peer_catches_up_then_contributes(
+    spawn: Any, kubo_swarm3: list[KuboNode], aggregation: str
+) -> None:
+    """A peer started 5 rounds late resyncs, then contributes; with reduce-scatter the round it
+    joins may be one the others already finished (re-verified from their record)."""
+    fast = [*LATE_RUN, "--aggregation", aggregation]
+    dim = SLICED_DIM if aggregation == "reduce-scatter" else DIM
+    peers = [spawn(0, *fast, dim=dim), spawn(1, *fast, dim=dim)]
     poll_until(lambda: len(peers[0].rounds()) >= 5, timeout=30, what="five rounds")
-    late = spawn(2, *fast, "--resync")
+    late = spawn(2, *fast, "--resync", dim=dim)
     wait_final([*peers, late], timeout=55)
     assert late.of("resync")[0]["round"] == 5
     assert min(late.rounds()) == 5
