@@ -20,7 +20,13 @@ from gradfed_ipfs.federated.round.slice_retention import UnpinnedPuts, keep_slic
 from gradfed_ipfs.formats.slices import FraudRecord, SliceRecord
 from gradfed_ipfs.kubo import KuboPubsub, MemoryPubsubBus
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore, Retention, RetentionKeeper
-from tests.federated.test_reduce_scatter_agreed import FAST, PEERS, gradient, initial_model
+from tests.federated.test_reduce_scatter_agreed import (
+    FAST,
+    PEERS,
+    DropMessages,
+    gradient,
+    initial_model,
+)
 
 ROUNDS = 5
 K = 2
@@ -195,3 +201,43 @@ async def test_the_keeper_stores_records_read_from_announcements_instead_of_fetc
     assert kept.records == (record.cid,)
     assert await store.has(record.cid)
     assert bytes(record.cid) in store.direct  # pinned alone: it links blocks not held here
+
+
+async def test_a_late_peer_that_checks_the_others_record_keeps_what_a_sliced_round_keeps() -> None:
+    """The late peer of a sliced round re-aggregates it from the others' record
+    (``check_finished_round``); under retention it pins the slice records alone and the whole
+    contributions it fetched, with no recursive pin missing a link."""
+    shared, bus = MemoryBlockStore(), MemoryPubsubBus()
+    genesis = await AgreedSession.commit_genesis(shared, initial_model())
+    own = MemoryBlockStore()  # the late peer's pins; its blocks are everyone's (one "network")
+    own.blocks = shared.blocks
+    keeper = RetentionKeeper(own, Retention(keep_rounds=K, gc_every=None), keep=[genesis])
+    config = AgreedConfig(
+        members=PEERS,
+        aggregation="reduce-scatter",
+        min_peers=3,
+        **{**FAST, "collect_timeout": 0.5},  # type: ignore[arg-type]
+    )
+    sessions = []
+    for peer in PEERS:
+        if peer == PEERS[3]:  # hears no slice message: as if it was not there then
+            transport = DropMessages(bus.endpoint(peer), None, "slice", None)
+            session = AgreedSession(own, transport, "rs", genesis, config, retention=keeper)
+        else:
+            session = AgreedSession(shared, bus.endpoint(peer), "rs", genesis, config)
+        await session.start(initial_model())
+        sessions.append(session)
+    try:
+        for r in range(2):
+            await asyncio.gather(*(s.run_round(gradient(i, r)) for i, s in enumerate(sessions[:3])))
+        mine = await asyncio.wait_for(sessions[3].run_round(gradient(3, 0)), 10.0)
+    finally:
+        for session in sessions:
+            await session.aclose()  # stores every pending round: the late one is reported too
+    assert not mine.included
+    assert mine.slices
+    for cid in (*mine.slices, mine.record, mine.roster_cid):
+        assert bytes(cid) in own.direct
+    for entry in mine.roster.entries:
+        assert bytes(entry.contribution) in own.pins - own.direct
+    assert dangling_recursive_pins(own) == []
