@@ -10,6 +10,14 @@ float64 → float32 rounding at the end), in roster order, block by block on one
 The sum runs in roster order; ``w_i / W`` and ``lr · acc`` are float64. No BLAS (whose
 kernels pick FMA or not by CPU) and no thread-dependent reduction order is involved.
 
+The sum may also be split along the roster: :func:`partial_update` carries the float64
+accumulator over consecutive runs of contributions (``None`` starts it at +0.0, as here) and
+:func:`finish_update` applies ``lr`` and the model; chained over any split of the roster, in
+order, with :func:`update_coefficients` of the whole roster, they give the same bits as
+:func:`deterministic_update` (the same operations on every value, in the same order). A
+chained reduce-scatter can thus pass float64 partial sums from peer to peer (see
+``benchmarks/bench_chain.py``).
+
 Cost against :func:`~gradfed_ipfs.tensor.kernels.weighted_sum` (multi-threaded BLAS saxpy,
 float32, plus the model add): each input is read once either way, but the float64 widening
 doubles the arithmetic traffic per value and the loop runs on one core. Measured at d = 1M on
@@ -27,7 +35,13 @@ import numpy as np
 from .._types import FloatArray
 from ..errors import EmptyGradientSet, InvalidGradient, ShapeMismatch
 
-__all__ = ["DETERMINISTIC_BLOCK", "deterministic_update"]
+__all__ = [
+    "DETERMINISTIC_BLOCK",
+    "deterministic_update",
+    "finish_update",
+    "partial_update",
+    "update_coefficients",
+]
 
 DETERMINISTIC_BLOCK: Final = 1 << 16
 """Values per block (512 KiB of float64 accumulator): small enough to stay in cache."""
@@ -70,16 +84,10 @@ def deterministic_update(
         raise EmptyGradientSet()
     if len(weights) != len(gradients) or any(int(w) <= 0 for w in weights):
         raise InvalidGradient(f"need {len(gradients)} positive weights, got {list(weights)}")
-    if not np.isfinite(learning_rate):
-        raise InvalidGradient(f"learning_rate must be finite, got {learning_rate}")
+    coefficients = update_coefficients(weights)
+    lr = _learning_rate(learning_rate)
     base = np.ascontiguousarray(model, dtype=np.float32).reshape(-1)
-    rows = [np.ascontiguousarray(g, dtype=np.float32).reshape(-1) for g in gradients]
-    for row in rows:
-        if row.size != base.size:
-            raise ShapeMismatch([base.size], [row.size])
-    total = sum(int(w) for w in weights)
-    coefficients = [int(w) / total for w in weights]  # float64, exactly rounded
-    lr = float(learning_rate)
+    rows = _rows(gradients, base.size)
     out = np.empty(base.size, dtype=np.float32)
     acc = np.empty(min(DETERMINISTIC_BLOCK, base.size), dtype=np.float64)
     tmp = np.empty_like(acc)
@@ -97,3 +105,88 @@ def deterministic_update(
         a += t
         out[start:stop] = a  # one round-to-nearest-even float64 -> float32 per value
     return out
+
+
+def update_coefficients(weights: Sequence[int]) -> list[float]:
+    """Return ``w_i / W`` (float64, exactly rounded) for positive integer weights, in order.
+
+    Raises
+    ------
+    InvalidGradient
+        If there is no weight or one is not positive.
+    """
+    if not weights or any(int(w) <= 0 for w in weights):
+        raise InvalidGradient(f"need positive weights, got {list(weights)}")
+    total = sum(int(w) for w in weights)
+    return [int(w) / total for w in weights]
+
+
+def partial_update(
+    partial: np.ndarray | None, gradients: Sequence[FloatArray], coefficients: Sequence[float]
+) -> np.ndarray:
+    """Return ``partial + Σ_i c_i · float64(g_i)``, accumulated in order (float64, ``(d,)``).
+
+    ``partial`` is the float64 accumulator of the contributions before these (``None``: none,
+    +0.0); ``coefficients`` are these contributions' :func:`update_coefficients` of the whole
+    roster. ``partial`` is not modified.
+
+    Raises
+    ------
+    EmptyGradientSet
+        If there is neither a partial sum nor a contribution.
+    InvalidGradient, ShapeMismatch
+        If the counts or lengths disagree, or ``partial`` is not float64.
+    """
+    if len(coefficients) != len(gradients):
+        raise InvalidGradient(f"need {len(gradients)} coefficients, got {len(coefficients)}")
+    if partial is not None and partial.dtype != np.float64:
+        raise InvalidGradient(f"a partial sum is float64, got {partial.dtype}")
+    if partial is None and not gradients:
+        raise EmptyGradientSet()
+    size = partial.size if partial is not None else np.asarray(gradients[0]).size
+    rows = _rows(gradients, size)
+    acc = np.zeros(size, np.float64) if partial is None else partial.reshape(-1).copy()
+    tmp = np.empty(min(DETERMINISTIC_BLOCK, size), dtype=np.float64)
+    for start in range(0, size, DETERMINISTIC_BLOCK):
+        stop = min(start + DETERMINISTIC_BLOCK, size)
+        a, t = acc[start:stop], tmp[: stop - start]
+        for coefficient, row in zip(coefficients, rows, strict=True):
+            t[...] = row[start:stop]
+            t *= coefficient
+            a += t
+    return acc
+
+
+def finish_update(partial: np.ndarray, model: FloatArray, learning_rate: float) -> FloatArray:
+    """Return ``float32(float64(model) + lr · partial)``, as :func:`deterministic_update` ends.
+
+    Raises
+    ------
+    InvalidGradient, ShapeMismatch
+        If ``learning_rate`` is not finite, ``partial`` is not float64, or the lengths differ.
+    """
+    lr = _learning_rate(learning_rate)
+    if partial.dtype != np.float64:
+        raise InvalidGradient(f"a partial sum is float64, got {partial.dtype}")
+    base = np.ascontiguousarray(model, dtype=np.float32).reshape(-1)
+    if partial.size != base.size:
+        raise ShapeMismatch([base.size], [partial.size])
+    acc = partial.reshape(-1).copy()
+    if lr != 1.0:  # x · 1.0 is x, bit for bit
+        acc *= lr
+    acc += base.astype(np.float64)
+    return acc.astype(np.float32)
+
+
+def _learning_rate(learning_rate: float) -> float:
+    if not np.isfinite(learning_rate):
+        raise InvalidGradient(f"learning_rate must be finite, got {learning_rate}")
+    return float(learning_rate)
+
+
+def _rows(gradients: Sequence[FloatArray], size: int) -> list[FloatArray]:
+    rows = [np.ascontiguousarray(g, dtype=np.float32).reshape(-1) for g in gradients]
+    for row in rows:
+        if row.size != size:
+            raise ShapeMismatch([size], [row.size])
+    return rows
