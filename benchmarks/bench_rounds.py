@@ -63,7 +63,9 @@ same for agreed), and every run above started with a runner block: that flattere
 Since then each swarm first runs an unmeasured warm-up block of each protocol
 (``WARMUP_ROUNDS``). 2026-12-01 08:42, 3 peers, ``--rounds 12 --blocks 5 --losses 0``: runner
 p50 0.109 (p95 0.236), agreed 0.140 (0.225) s, ratio 1.29 (95 % CI 1.22-1.38), mean ratio 1.19,
-CPU ratio 1.20: the steady-state gap is about the agreed peers' extra CPU.
+CPU ratio 1.20: the steady-state gap is about the agreed peers' extra CPU. 8 peers (08:45,
+``--rounds 8 --blocks 2``): 0.864 (2.347) against 0.954 (1.666) s, ratio 1.10 (0.73-1.26),
+mean ratio 0.85, CPU ratio 0.84.
 
 Reduce-scatter at 3 peers (``--aggregation reduce-scatter``, 2026-12-01 05:38): p50 0.281 s
 against the runner's 0.160 (ratio 1.76), mean 0.296 s, CPU ratio 1.59: with 3 peers each still
