@@ -273,9 +273,8 @@ class RosterPhase:
         try:
             sliced = await self._slices_or_record(r, roster_cid, roster, run, rejected)
         finally:
-            if not run.done():
-                run.cancel()
-                await asyncio.gather(run, return_exceptions=True)
+            run.cancel()  # a no-op once done; gathered so that its error is retrieved
+            await asyncio.gather(run, return_exceptions=True)
         rejected.update({p: "missing from the slices" for p in sliced.missing})
         rejected.update({p: "published false slice-check values" for p in sliced.false_values})
         rejected.update({p: "proven lying reducer" for p in sliced.liars})
@@ -328,7 +327,7 @@ class RosterPhase:
                     rejected[peer] = f"record {record_cid}: {exc}"
                     continue
                 logger.info(
-                    "round %d: %s took %s's record %s (no slices heard %.1fs after it)",
+                    "round %d: %s re-verified %s's record %s (its slices incomplete %.1fs after)",
                     r, self.peer_id, peer, record_cid, now - since,
                 )  # fmt: skip
                 if step.gate is not None:  # kept like the blocks of a run (slice_retention)

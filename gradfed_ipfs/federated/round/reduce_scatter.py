@@ -458,6 +458,7 @@ class ReduceScatterPeer:
         the senders whose published check values their own blocks contradict.
         """
         results = list(await asyncio.gather(*(self._values(cid, rec) for cid, rec, _ in chosen)))
+        self._unfetchable.clear()  # a recompute excludes the records' missing, tries the rest
         liars, frauds, redone, false_values = set[str](), list[CID](), list[int](), set[str]()
         seed = projection_seed([bytes(cid) for cid, _, _ in chosen])
         weights = {e.peer: e.weight for e in roster.entries}
