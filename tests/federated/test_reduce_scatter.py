@@ -329,6 +329,34 @@ async def test_a_dead_sender_costs_no_second_fetch_and_no_takeover_wait() -> Non
     assert chunks_of(first[dead])  # a slice nobody asked for
 
 
+async def test_a_peer_dead_after_its_slice_costs_no_fetch_timeout() -> None:
+    """Its check values never come: once the others' have arrived and none more for
+    ``reducer_timeout``, its values are computed from its blocks (before: ``fetch_timeout``)."""
+    r = await make_round(4)
+    dying = r.roster.peers[1]
+    config = ReduceScatterConfig(
+        chunk_bytes=CHUNK, learning_rate=LR, fetch_timeout=60.0, reducer_timeout=0.3
+    )
+    board = MemorySliceBoard()
+    peers = {p: ReduceScatterPeer(p, r.store, board, config) for p in r.roster.peers}
+    runs = {
+        p: asyncio.ensure_future(peer.run(r.roster, r.roster_cid, r.base, r.grads[p]))
+        for p, peer in peers.items()
+    }
+
+    def announced() -> bool:
+        return any(m.kind == "slice" and m.sender == dying for m in board.messages)
+
+    assert await board.wait_for(announced, 10.0)
+    runs[dying].cancel()  # dead after its slice, before its check values
+    live = [p for p in r.roster.peers if p != dying]
+    results = await asyncio.wait_for(asyncio.gather(*(runs[p] for p in live)), 20.0)
+    await asyncio.gather(runs[dying], return_exceptions=True)
+    assert {res.model_cid for res in results} == {await reference(r)}
+    assert all(not res.liars and not res.missing for res in results)
+    assert not any(m.kind == "proj" and m.sender == dying for m in board.messages)
+
+
 class _Fetches(StoreWrapper):
     """Logs every ``get``."""
 

@@ -483,6 +483,7 @@ class ReduceScatterPeer:
             timeout=self.config.fetch_timeout,
             fetch_absent=fetch_absent,
             silent=frozenset(self._replaced),  # likely gone: their values are not awaited
+            stall=self.config.reducer_timeout,
         )  # slice_check: projections for fedavg, spot checks for median and trimmed mean
         for k in check.suspects:
             (cid, record, sender), p = chosen[k], parts[k]

@@ -39,6 +39,7 @@ re-check, so only the peers that saw it know.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -95,10 +96,13 @@ async def _exchange(
     mine: tuple[float, ...],
     inputs: set[str],
     timeout: float,
+    stall: float | None = None,
 ) -> dict[str, tuple[float, ...]]:
     """Publish this peer's check values; return every sender's first, once ``inputs``' are in.
 
-    A sender gone since its commit publishes none: the wait ends after ``timeout`` s.
+    A sender gone since its commit publishes none: the wait ends after ``timeout`` s, or
+    (``stall``) once another input's values arrived and then none for ``stall`` s: the values
+    come in a burst once the slices are known, and a straggler's are computed from its blocks.
     """
     await board.publish(SliceMessage("proj", peer, roster_cid, cid=None, values=mine))
 
@@ -109,7 +113,25 @@ async def _exchange(
                 found.setdefault(m.sender, m.values)
         return found
 
-    await board.wait_for(lambda: inputs <= set(published()), timeout)
+    def heard() -> int:
+        return len((inputs - {peer}) & set(published()))
+
+    deadline = time.monotonic() + timeout
+    count = heard()
+    while not inputs <= set(published()):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        window = left if stall is None or count == 0 else min(left, stall)
+        last = count
+
+        def moved(last: int = last) -> bool:
+            return heard() > last or inputs <= set(published())
+
+        await board.wait_for(moved, window)
+        count = heard()
+        if count == last and window < left:
+            break  # no progress for ``stall`` s: the rest are not waited for
     return published()
 
 
@@ -169,6 +191,7 @@ async def check_slices(
     timeout: float,
     fetch_absent: Callable[[set[str]], Awaitable[dict[str, FloatArray]]] | None = None,
     silent: frozenset[str] = frozenset(),
+    stall: float | None = None,
 ) -> SliceCheck:
     """Publish this peer's check values, wait for the inputs', return the slices that fail.
 
@@ -180,7 +203,8 @@ async def check_slices(
     ``fetch_absent`` (names → d float32 values each; fetches that fail are left out) and its
     values computed here; a slice an input still has no values for is not checked. Inputs in
     ``silent`` (reducers whose slice another peer had to take over: likely gone) are not waited
-    for when ``fetch_absent`` is given.
+    for when ``fetch_absent`` is given, nor, with ``stall``, inputs still silent ``stall`` s
+    after the last other input's values arrived (a peer dead since it announced its slice).
     """
     zs: list[NDArray[np.float64]] = []
     indices: list[NDArray[np.int64]] = []
@@ -202,7 +226,8 @@ async def check_slices(
 
     inputs = {name for record in records for name, _ in record.inputs}
     awaited = inputs - silent if fetch_absent is not None else inputs
-    seen = await _exchange(board, peer, roster_cid, values_of(own), awaited, timeout)
+    stall = stall if fetch_absent is not None else None  # else waiting is the only way
+    seen = await _exchange(board, peer, roster_cid, values_of(own), awaited, timeout, stall)
     absent = inputs - set(seen)
     if absent and fetch_absent is not None:
         seen = {**seen, **{name: values_of(v) for name, v in (await fetch_absent(absent)).items()}}
