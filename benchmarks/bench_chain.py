@@ -43,6 +43,11 @@ grows x2.1, x2.2, x2.9 (13.3x); at N = 64 it is 2.8x faster (a first run, 08:31:
 2.10 / 5.33 s against 0.88 / 1.77 / 5.22 / 15.74, 3.0x). Every model was bit-identical to
 ``deterministic_update``. Per-peer bytes stay within 2.5·d·4 B (the partial is float64: 2·d/S
 more). Its latency has G sequential steps per slice.
+
+``--peers 64,128`` (09:01, load 0.6 rising to 6.2): N = 64 5.75 s against 14.88 s; N = 128
+(G = 8, S = 16) 9.94 s (1.7x N = 64's, per-peer 2.14·d·4 B) against 53.56 s (3.6x), where the
+one-level mode also read 5.12·d·4 B per peer: its slices of d/128 values are smaller than the
+64 KiB minimum chunk, so each reducer reads whole chunks for half-chunk slices.
 """
 
 from __future__ import annotations
