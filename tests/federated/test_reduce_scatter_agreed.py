@@ -439,10 +439,14 @@ async def test_a_lie_is_caught_when_a_colluding_sender_withholds_its_check_value
     await verify_agreed_history(store, honest[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
 
 
-async def test_a_peer_joining_a_round_the_others_finished_checks_their_record_instead() -> None:
+@pytest.mark.parametrize("forged", [False, True])
+async def test_a_peer_joining_a_round_the_others_finished_checks_their_record_instead(
+    forged: bool,
+) -> None:
     """Seen across processes: a restarted peer joined a sliced round after the others had moved
     on, so no slice message of it was announced any more, and it waited until the round timeout.
-    It now re-aggregates the round from their record and writes the same one."""
+    It now re-aggregates the round from their record and writes the same one; a member's
+    forged record (another result) is refused and that member rejected."""
     store, bus = MemoryBlockStore(), MemoryPubsubBus()
     genesis = await AgreedSession.commit_genesis(store, initial_model())
     config = AgreedConfig(
@@ -460,6 +464,16 @@ async def test_a_peer_joining_a_round_the_others_finished_checks_their_record_in
     try:
         first = await asyncio.gather(*(s.run_round(gradient(i, 0)) for i, s in enumerate(early)))
         await asyncio.gather(*(s.run_round(gradient(i, 1)) for i, s in enumerate(early)))
+        liar = next(iter(late.board.state(0).done))  # the first record the late peer would try
+        if forged:
+            record = AgreedRecord.from_block(await store.get(first[0].record))
+            other = await put_gradient(store, initial_model())
+            fake = await store.put(dataclasses.replace(record, result=other).to_block())
+            message = AgreedMessage("done", "rs", genesis, 0, liar, other, record=fake)
+            await bus.endpoint(liar).publish(late.topic, message.encode())
+            await late.board.wait_until(
+                lambda: bytes(late.board.state(0).done[liar].record) == bytes(fake), 5.0
+            )
         # Round 0 is long over (its slices no longer announced); the late peer joins it now.
         mine = await asyncio.wait_for(late.run_round(gradient(3, 0)), 10.0)
     finally:
@@ -473,7 +487,11 @@ async def test_a_peer_joining_a_round_the_others_finished_checks_their_record_in
     assert not mine.included
     assert mine.aggregation == "reduce-scatter"
     assert mine.roster.peers == PEERS[:3]
-    assert not mine.rejected
+    if forged:  # tried first and refused (else the record would be the fake one), then rejected
+        assert set(mine.rejected) == {liar}
+        assert str(fake) in mine.rejected[liar]
+    else:
+        assert not mine.rejected
 
 
 async def test_a_finished_round_that_does_not_verify_is_refused() -> None:

@@ -300,13 +300,14 @@ class RosterPhase:
         """
         step = cast(SliceStep, self._slicing)
         config = self.config
-        tried: set[bytes] = set()
+        tried: set[str] = set()  # one re-verification (N·d fetched) per peer and round, at most
+        refused: dict[bytes, str] = {}
         since: float | None = None
         while not run.done():
             heads = [
                 (peer, head.record)
                 for peer, head in list(self.board.state(r).done.items())
-                if peer != self.peer_id and bytes(head.record) not in tried
+                if peer != self.peer_id and peer not in tried
             ]
             now = time.monotonic()
             since = None if not heads else (now if since is None else since)
@@ -316,7 +317,10 @@ class RosterPhase:
                 await asyncio.wait({run}, timeout=_TICK)
                 continue
             for peer, record_cid in heads:
-                tried.add(bytes(record_cid))
+                tried.add(peer)
+                if bytes(record_cid) in refused:
+                    rejected[peer] = refused[bytes(record_cid)]
+                    continue
                 counted = CountingStore(self.store)
                 try:
                     finished = await check_finished_round(
@@ -324,7 +328,7 @@ class RosterPhase:
                         rule=config.rule,
                     )  # fmt: skip
                 except RoundVerificationFailed as exc:
-                    rejected[peer] = f"record {record_cid}: {exc}"
+                    rejected[peer] = refused[bytes(record_cid)] = f"record {record_cid}: {exc}"
                     continue
                 logger.info(
                     "round %d: %s re-verified %s's record %s (its slices incomplete %.1fs after)",
