@@ -16,15 +16,16 @@ Given an agreed :class:`~gradfed_ipfs.formats.roster.Roster` of N contributions 
    exclusion set of phase ``p+1`` is the union of ``missing`` over every phase-``p`` record;
    reducers redo their slice with it (from the rows they already hold) until a phase adds no
    one, so every slice of the result excludes the same senders and the weights agree.
-3. **check**: every peer publishes ``⟨z_k, g_i[k]⟩`` for every k, with ``z_k`` seeded from the
-   hash of all final slice-record CIDs (:func:`~.slices.projection_seed`; unknown to reducers
-   when they commit), and checks ``⟨z_k, R_k⟩`` against ``⟨z_k, base_k⟩ + lr·Σ (w_i/W)⟨z_k,
-   g_i[k]⟩`` within float32 rounding (``fedavg``; median and trimmed-mean slices are spot
-   checked at ``s`` coordinates of the same seed, :mod:`.slice_check`). A failing slice is
-   recomputed by the checker (d/N values of each input); a different CID is a proven lie: the
-   checker puts and announces a :class:`~gradfed_ipfs.formats.slices.FraudRecord` (the same
-   bytes from every honest checker), the next-ranked honest reducer announces the correct
-   record, and the liar is reported in :attr:`ReduceScatterResult.liars`.
+3. **check** (:mod:`.reduce_scatter_check`): every peer publishes ``⟨z_k, g_i[k]⟩`` for every
+   k, with ``z_k`` seeded from the hash of all final slice-record CIDs
+   (:func:`~.slices.projection_seed`; unknown to reducers when they commit), and checks
+   ``⟨z_k, R_k⟩`` against ``⟨z_k, base_k⟩ + lr·Σ (w_i/W)⟨z_k, g_i[k]⟩`` within float32
+   rounding (``fedavg``; median and trimmed-mean slices are spot checked at ``s`` coordinates
+   of the same seed, :mod:`.slice_check`). A failing slice is recomputed by the checker (d/N
+   values of each input); a different CID is a proven lie: the checker puts and announces a
+   :class:`~gradfed_ipfs.formats.slices.FraudRecord` (the same bytes from every honest
+   checker), the next-ranked honest reducer announces the correct record, and the liar is
+   reported in :attr:`ReduceScatterResult.liars`.
 4. **all-gather**: every peer fetches the N slice results, concatenates them and puts the model
    (:func:`~gradfed_ipfs.storage.dag.put_gradient`): the CID is the same on every honest peer.
 
@@ -54,23 +55,21 @@ from ...errors import (
     MalformedManifest,
 )
 from ...formats.roster import Roster
-from ...formats.slices import FraudRecord, SliceInputs, SliceMessage, SliceRecord
+from ...formats.slices import SliceInputs, SliceMessage, SliceRecord
 from ...storage.base import Block, BlockStore
-from ...storage.dag import fetch_gradient, put_gradient
+from ...storage.dag import put_gradient
 from ...storage.retention import put_pinned_alone
 from .encoded import encode_gradient
+from .reduce_scatter_check import SliceChecks
 from .reduce_scatter_config import ReduceScatterConfig, ReduceScatterResult, SliceWork
-from .slice_check import check_slices
 from .slice_io import (
     CountingStore,
     MemorySliceBoard,
     PubsubSliceBoard,
     fetch_range,
-    fetch_whole,
 )
 from .slices import (
     plan_slices,
-    projection_seed,
     reduce_values,
     reducer_rankings,
 )
@@ -89,7 +88,7 @@ __all__ = [
 ]
 
 
-class ReduceScatterPeer:
+class ReduceScatterPeer(SliceChecks):
     """One roster peer's side of a reduce-scatter round; see the module docstring.
 
     Parameters
@@ -292,17 +291,6 @@ class ReduceScatterPeer:
         self._records_read[bytes(cid)] = block  # for the retention keeper: put, not fetched
         return record
 
-    async def _values(self, record_cid: CID, record: SliceRecord) -> FloatArray:
-        if record_cid in self._local:
-            return self._local[record_cid]
-        values = await fetch_gradient(
-            self.store,
-            record.result,
-            timeout=self.config.fetch_timeout,
-            expected_length=record.length,
-        )
-        return np.asarray(values, np.float32).reshape(-1)
-
     # ------------------------------------------------------------------ round
 
     async def run(
@@ -439,82 +427,3 @@ class ReduceScatterPeer:
         # Concurrently: one after another, N small fetches cost N bitswap round trips.
         chosen = list(await asyncio.gather(*(best_valid(p) for p in parts)))
         return chosen
-
-    # ------------------------------------------------------------------ check
-
-    async def _check(
-        self,
-        roster: Roster,
-        roster_cid: CID,
-        base: FloatArray,
-        own: FloatArray,
-        parts: list[SliceWork],
-        chosen: list[tuple[CID, SliceRecord, str]],
-        records: list[CID],
-    ) -> tuple[list[FloatArray], set[str], list[CID], list[int], set[str]]:
-        """All-gather and check the slice results; a proven lie's ``records[k]`` is replaced.
-
-        Returns the results, the proven liars, their fraud records, the recomputed slices, and
-        the senders whose published check values their own blocks contradict.
-        """
-        results = list(await asyncio.gather(*(self._values(cid, rec) for cid, rec, _ in chosen)))
-        self._unfetchable.clear()  # a recompute excludes the records' missing, tries the rest
-        liars, frauds, redone, false_values = set[str](), list[CID](), list[int](), set[str]()
-        seed = projection_seed([bytes(cid) for cid, _, _ in chosen])
-        weights = {e.peer: e.weight for e in roster.entries}
-
-        async def fetch_absent(names: set[str]) -> dict[str, FloatArray]:
-            wanted = {e.peer: e.contribution for e in roster.entries if e.peer in names}
-            return await fetch_whole(self.store, wanted, base.size, self.config.fetch_timeout)
-
-        check = await check_slices(
-            self.board,
-            self.peer,
-            roster_cid,
-            weights,
-            base,
-            own,
-            [(p.offset, p.length) for p in parts],
-            [rec for _, rec, _ in chosen],
-            results,
-            seed=seed,
-            rule=self.config.rule,
-            learning_rate=self.config.learning_rate,
-            timeout=self.config.fetch_timeout,
-            fetch_absent=fetch_absent,
-            silent=frozenset(self._replaced),  # likely gone: their values are not awaited
-            stall=self.config.reducer_timeout,
-        )  # slice_check: projections for fedavg, spot checks for median and trimmed mean
-        for k in check.suspects:
-            (cid, record, sender), p = chosen[k], parts[k]
-            redone.append(p.k)
-            fresh = SliceWork(p.k, p.offset, p.length, p.ranking)
-            recomputed, values = await self._reduce(
-                roster, roster_cid, base, own, fresh, set(record.missing)
-            )
-            correct = recomputed.cid
-            if correct == cid:  # the slice is right: some sender published false values
-                false = check.false_publishers(k, fresh.rows)
-                if false:
-                    logger.warning("slice %d: false check values from %s", p.k, ", ".join(false))
-                false_values.update(false)
-                continue
-            if fresh.failed - set(record.missing):
-                continue  # the recompute failed
-            results[p.k], records[p.k] = values, correct
-            self._records_read[bytes(correct)] = recomputed
-            liars.add(sender)
-            fraud = FraudRecord(roster_cid, p.k, sender, cid, correct)
-            fraud_cid = await put_pinned_alone(self.store, fraud.to_block())
-            frauds.append(fraud_cid)
-            await self.board.publish(
-                SliceMessage("fraud", self.peer, roster_cid, k=p.k, cid=fraud_cid)
-            )
-            honest = [r for r in p.ranking if r != sender]
-            if honest and honest[0] == self.peer:  # the next reducer re-announces the slice
-                await self.board.publish(
-                    SliceMessage(
-                        "slice", self.peer, roster_cid, -1, p.k, correct, block=recomputed.data
-                    )
-                )
-        return results, liars, frauds, redone, false_values

@@ -1,0 +1,148 @@
+"""The check step of a reduce-scatter round: all-gather the slice results, check, prove lies.
+
+A mixin of :class:`~.reduce_scatter.ReduceScatterPeer` (see that module's docstring, steps 3
+and 4): every peer fetches the chosen slice results, checks them with
+:func:`~.slice_check.check_slices` (projections for fedavg, spot checks for median and trimmed
+mean; an input without published values has them computed from its blocks), and recomputes
+each suspect slice from the contribution blocks. A different CID is a proven lie: a
+:class:`~gradfed_ipfs.formats.slices.FraudRecord` is put and announced, the next honest reducer
+re-announces the correct record, and the liar is returned; the same CID means some sender
+published false check values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import numpy as np
+from multiformats import CID
+
+from ..._types import FloatArray
+from ...formats.roster import Roster
+from ...formats.slices import FraudRecord, SliceMessage, SliceRecord
+from ...storage.base import Block
+from ...storage.dag import fetch_gradient
+from ...storage.retention import put_pinned_alone
+from .reduce_scatter_config import ReduceScatterConfig, SliceWork
+from .slice_check import check_slices
+from .slice_io import CountingStore, MemorySliceBoard, fetch_whole
+from .slices import projection_seed
+
+__all__ = ["SliceChecks"]
+
+logger = logging.getLogger("gradfed_ipfs.federated.reduce_scatter")
+
+
+class SliceChecks:
+    """The all-gather and check of :class:`~.reduce_scatter.ReduceScatterPeer` (its state)."""
+
+    peer: str
+    store: CountingStore
+    board: MemorySliceBoard
+    config: ReduceScatterConfig
+    _local: dict[CID, FloatArray]
+    _records_read: dict[bytes, Block]
+    _unfetchable: set[str]
+    _replaced: set[str]
+
+    async def _reduce(
+        self,
+        roster: Roster,
+        roster_cid: CID,
+        base: FloatArray,
+        own: FloatArray,
+        part: SliceWork,
+        exclude: set[str],
+        lie: float = 0.0,
+    ) -> tuple[Block, FloatArray]:
+        """Reduce one slice (:class:`~.reduce_scatter.ReduceScatterPeer`'s)."""
+        raise NotImplementedError
+
+    async def _values(self, record_cid: CID, record: SliceRecord) -> FloatArray:
+        if record_cid in self._local:
+            return self._local[record_cid]
+        values = await fetch_gradient(
+            self.store,
+            record.result,
+            timeout=self.config.fetch_timeout,
+            expected_length=record.length,
+        )
+        return np.asarray(values, np.float32).reshape(-1)
+
+    async def _check(
+        self,
+        roster: Roster,
+        roster_cid: CID,
+        base: FloatArray,
+        own: FloatArray,
+        parts: list[SliceWork],
+        chosen: list[tuple[CID, SliceRecord, str]],
+        records: list[CID],
+    ) -> tuple[list[FloatArray], set[str], list[CID], list[int], set[str]]:
+        """All-gather and check the slice results; a proven lie's ``records[k]`` is replaced.
+
+        Returns the results, the proven liars, their fraud records, the recomputed slices, and
+        the senders whose published check values their own blocks contradict.
+        """
+        results = list(await asyncio.gather(*(self._values(cid, rec) for cid, rec, _ in chosen)))
+        self._unfetchable.clear()  # a recompute excludes the records' missing, tries the rest
+        liars, frauds, redone, false_values = set[str](), list[CID](), list[int](), set[str]()
+        seed = projection_seed([bytes(cid) for cid, _, _ in chosen])
+        weights = {e.peer: e.weight for e in roster.entries}
+
+        async def fetch_absent(names: set[str]) -> dict[str, FloatArray]:
+            wanted = {e.peer: e.contribution for e in roster.entries if e.peer in names}
+            return await fetch_whole(self.store, wanted, base.size, self.config.fetch_timeout)
+
+        check = await check_slices(
+            self.board,
+            self.peer,
+            roster_cid,
+            weights,
+            base,
+            own,
+            [(p.offset, p.length) for p in parts],
+            [rec for _, rec, _ in chosen],
+            results,
+            seed=seed,
+            rule=self.config.rule,
+            learning_rate=self.config.learning_rate,
+            timeout=self.config.fetch_timeout,
+            fetch_absent=fetch_absent,
+            silent=frozenset(self._replaced),  # likely gone: their values are not awaited
+            stall=self.config.reducer_timeout,
+        )  # slice_check: projections for fedavg, spot checks for median and trimmed mean
+        for k in check.suspects:
+            (cid, record, sender), p = chosen[k], parts[k]
+            redone.append(p.k)
+            fresh = SliceWork(p.k, p.offset, p.length, p.ranking)
+            recomputed, values = await self._reduce(
+                roster, roster_cid, base, own, fresh, set(record.missing)
+            )
+            correct = recomputed.cid
+            if correct == cid:  # the slice is right: some sender published false values
+                false = check.false_publishers(k, fresh.rows)
+                if false:
+                    logger.warning("slice %d: false check values from %s", p.k, ", ".join(false))
+                false_values.update(false)
+                continue
+            if fresh.failed - set(record.missing):
+                continue  # the recompute failed
+            results[p.k], records[p.k] = values, correct
+            self._records_read[bytes(correct)] = recomputed
+            liars.add(sender)
+            fraud = FraudRecord(roster_cid, p.k, sender, cid, correct)
+            fraud_cid = await put_pinned_alone(self.store, fraud.to_block())
+            frauds.append(fraud_cid)
+            await self.board.publish(
+                SliceMessage("fraud", self.peer, roster_cid, k=p.k, cid=fraud_cid)
+            )
+            honest = [r for r in p.ranking if r != sender]
+            if honest and honest[0] == self.peer:  # the next reducer re-announces the slice
+                await self.board.publish(
+                    SliceMessage(
+                        "slice", self.peer, roster_cid, -1, p.k, correct, block=recomputed.data
+                    )
+                )
+        return results, liars, frauds, redone, false_values
