@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from functools import partial
 from typing import cast
 
 import numpy as np
@@ -349,8 +350,9 @@ class ReduceScatterPeer(SliceChecks):
             exclude, phase = found, phase + 1
         records = [cid for cid, _, _ in chosen]
         results, liars, frauds, redone, false_values = await self._check(
-            roster, roster_cid, base, own, parts, chosen, records
-        )
+            roster, roster_cid, base, own, parts, chosen, records,
+            partial(self._reduce, roster, roster_cid, base, own),
+        )  # fmt: skip
         model = np.concatenate(results)
         encoded = await encode_gradient(model)  # put_gradient's CID; its chunks in one batch
         model_cid = await encoded.store(self.store) if put_model else encoded.cid

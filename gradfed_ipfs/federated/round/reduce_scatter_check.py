@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 import numpy as np
 from multiformats import CID
@@ -46,19 +47,6 @@ class SliceChecks:
     _unfetchable: set[str]
     _replaced: set[str]
 
-    async def _reduce(
-        self,
-        roster: Roster,
-        roster_cid: CID,
-        base: FloatArray,
-        own: FloatArray,
-        part: SliceWork,
-        exclude: set[str],
-        lie: float = 0.0,
-    ) -> tuple[Block, FloatArray]:
-        """Reduce one slice (:class:`~.reduce_scatter.ReduceScatterPeer`'s)."""
-        raise NotImplementedError
-
     async def _values(self, record_cid: CID, record: SliceRecord) -> FloatArray:
         if record_cid in self._local:
             return self._local[record_cid]
@@ -79,8 +67,11 @@ class SliceChecks:
         parts: list[SliceWork],
         chosen: list[tuple[CID, SliceRecord, str]],
         records: list[CID],
+        reduce: Callable[[SliceWork, set[str]], Awaitable[tuple[Block, FloatArray]]],
     ) -> tuple[list[FloatArray], set[str], list[CID], list[int], set[str]]:
         """All-gather and check the slice results; a proven lie's ``records[k]`` is replaced.
+
+        ``reduce(part, exclude)`` recomputes a slice from the contribution blocks (the peer's).
 
         Returns the results, the proven liars, their fraud records, the recomputed slices, and
         the senders whose published check values their own blocks contradict.
@@ -117,9 +108,7 @@ class SliceChecks:
             (cid, record, sender), p = chosen[k], parts[k]
             redone.append(p.k)
             fresh = SliceWork(p.k, p.offset, p.length, p.ranking)
-            recomputed, values = await self._reduce(
-                roster, roster_cid, base, own, fresh, set(record.missing)
-            )
+            recomputed, values = await reduce(fresh, set(record.missing))
             correct = recomputed.cid
             if correct == cid:  # the slice is right: some sender published false values
                 false = check.false_publishers(k, fresh.rows)

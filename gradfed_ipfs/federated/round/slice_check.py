@@ -113,12 +113,16 @@ async def _exchange(
                 found.setdefault(m.sender, m.values)
         return found
 
-    def heard() -> int:
-        return len((inputs - {peer}) & set(published()))
+    others = inputs - {peer}
+
+    def progress() -> tuple[int, bool]:
+        """How many other inputs' values are in, and whether every input's is."""
+        found = set(published())
+        return len(others & found), inputs <= found
 
     deadline = time.monotonic() + timeout
-    count = heard()
-    while not inputs <= set(published()):
+    count, complete = progress()
+    while not complete:
         left = deadline - time.monotonic()
         if left <= 0:
             break
@@ -126,11 +130,12 @@ async def _exchange(
         last = count
 
         def moved(last: int = last) -> bool:
-            return heard() > last or inputs <= set(published())
+            n, done = progress()
+            return n > last or done
 
         await board.wait_for(moved, window)
-        count = heard()
-        if count == last and window < left:
+        count, complete = progress()
+        if not complete and count == last and window < left:
             break  # no progress for ``stall`` s: the rest are not waited for
     return published()
 
