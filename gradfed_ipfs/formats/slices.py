@@ -293,7 +293,7 @@ class FraudRecord:
         )
 
 
-SliceKind = Literal["slice", "proj", "fraud"]
+SliceKind = Literal["slice", "partial", "proj", "fraud"]
 _MESSAGE: Final = "gradfed.slice-msg"
 
 
@@ -301,8 +301,10 @@ _MESSAGE: Final = "gradfed.slice-msg"
 class SliceMessage:
     """One slice-board message: a slice record (``cid``), projections (``values``) or a fraud.
 
-    ``phase`` is the missing-set phase of a ``slice`` message (``-1``: a slice recomputed after
-    a proven lie); ``sender`` is pubsub's authenticated ``from`` and is not encoded.
+    ``phase`` is the missing-set phase of a ``slice`` or ``partial`` message (``-1``: a slice
+    recomputed after a proven lie); ``sender`` is pubsub's authenticated ``from`` and is not
+    encoded. A ``partial`` message names a chained round's partial-sum record
+    (:class:`~gradfed_ipfs.formats.partials.PartialRecord`) of step ``k = slice · G + j``.
     """
 
     kind: SliceKind
@@ -313,7 +315,8 @@ class SliceMessage:
     cid: CID | None = None
     values: tuple[float, ...] = ()
     block: bytes | None = field(default=None, compare=False, repr=False)
-    """A ``slice`` message's record bytes (they hash to ``cid``): readers need not fetch them.
+    """A ``slice`` (or ``partial``) message's record bytes (they hash to ``cid``): readers need
+    not fetch them.
     Sent only when the message stays within :data:`MAX_SLICE_MESSAGE_BYTES`."""
 
     def encode(self) -> bytes:
@@ -351,7 +354,7 @@ class SliceMessage:
         if not isinstance(body, dict) or body.get("t") != _MESSAGE:
             raise MalformedAnnouncement("not a slice message")
         kind = body.get("kind")
-        if kind not in ("slice", "proj", "fraud"):
+        if kind not in ("slice", "partial", "proj", "fraud"):
             raise MalformedAnnouncement(f"unknown slice message kind {kind!r:.20}")
         numbers = []
         for key in ("phase", "k"):
@@ -392,7 +395,7 @@ def _inline_block(text: object, cid: CID | None, kind: str) -> bytes | None:
     """
     if text is None:
         return None
-    if kind != "slice" or cid is None or not isinstance(text, str):
+    if kind not in ("slice", "partial") or cid is None or not isinstance(text, str):
         raise MalformedAnnouncement(f"slice message: a {kind} message with inline bytes")
     try:
         block = base64.b64decode(text, validate=True)

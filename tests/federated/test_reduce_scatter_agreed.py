@@ -514,3 +514,40 @@ async def test_a_finished_round_that_does_not_verify_is_refused() -> None:
     forged = await store.put(dataclasses.replace(record, result=other).to_block())
     with pytest.raises(RoundVerificationFailed, match="re-aggregates"):
         await check_finished_round(store, forged, roster, second.roster_cid, prev=first.record)
+
+
+async def test_chained_rounds_equal_all_to_all_and_reverify() -> None:
+    chained, peers, genesis = await run_rounds("reduce-scatter", rounds=2, chained=True)
+    whole, _, _ = await run_rounds("all-to-all", rounds=2)
+    for r in range(2):
+        assert {res.model for res in chained[r]} == {whole[r][0].model}
+        assert len({res.record for res in chained[r]}) == 1
+        assert all(len(res.slices) == 2 for res in chained[r])  # G = 2 groups, S = 2 slices
+    records = await verify_agreed_history(
+        peers.store,
+        chained[1][0].record,
+        session="rs",
+        genesis=genesis,  # type: ignore[arg-type]
+    )
+    assert [rec.round for rec in records] == [0, 1]
+
+
+@pytest.mark.parametrize("liar_index", [0, 1, 2, 3])
+async def test_a_lying_step_of_a_chained_round_is_excluded_and_the_record_reverifies(
+    liar_index: int,
+) -> None:
+    store, bus = MemoryBlockStore(), MemoryPubsubBus()
+    peers = Peers(store, bus)
+    genesis = await peers.start(PEERS, aggregation="reduce-scatter", chained=True)
+    liar = peers.sessions[liar_index]
+    liar._slicing.lie = 1e-2  # type: ignore[union-attr]
+    try:
+        results = await peers.round(0)
+    finally:
+        await peers.close()
+    honest = [res for s, res in zip(peers.sessions, results, strict=True) if s is not liar]
+    want = await reference(results[0], initial_model(), 0)
+    assert {res.model for res in honest} == {await put_gradient(MemoryBlockStore(), want)}
+    assert all(res.liars == (liar.peer_id,) for res in honest)
+    # Whether its step was a partial sum or a slice record, the record proves it again.
+    await verify_agreed_history(store, honest[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]

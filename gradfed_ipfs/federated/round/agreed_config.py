@@ -114,6 +114,11 @@ class AgreedConfig:
         round (at d = 10M and 100 peers, 4 GB a round with ``None``); 2 copies survive one
         lost holder, and a durability provider (:class:`~gradfed_ipfs.storage.RetentionKeeper`'s
         ``durable``) keeps them longer.
+    chained
+        Reduce-scatter with ``fedavg``: reduce each slice in about √N steps along the roster
+        (:mod:`~.reduce_chain`): N^1.5 blocks a round instead of 2·N², which is what makes a
+        round's time grow linearly in N at d = 1M. The same model and records; every member
+        must use the same setting. Median and trimmed-mean rounds stay one-level.
     """
 
     members: tuple[str, ...]
@@ -131,6 +136,7 @@ class AgreedConfig:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     reducer_timeout: float = 5.0
     model_replicas: int | None = 2
+    chained: bool = False
 
     def __post_init__(self) -> None:
         if not self.members or len(set(self.members)) != len(self.members):

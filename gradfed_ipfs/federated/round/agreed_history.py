@@ -42,6 +42,7 @@ from ...tensor.deterministic import deterministic_update
 from .agreed_config import UpdateRule
 from .agreed_slicing import check_slice_results, proven_liars, sliced_roster
 from .encoded import encode_gradient
+from .reduce_chain import check_partial_frauds
 
 __all__ = [
     "MAX_CHAIN_ROUNDS",
@@ -310,6 +311,12 @@ async def _verified_model(
         )
     if record.slices is not None:
         await check_slice_results(store, record, model)
+    if record.frauds:
+        try:
+            full = await load_roster(store, record.roster)
+        except (BlockStoreError, DecodeError) as exc:
+            raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
+        await check_partial_frauds(store, record.frauds, full, model.size)
     return roster, model
 
 

@@ -50,6 +50,7 @@ from ...errors import (
     InvalidGradient,
     RoundVerificationFailed,
 )
+from ...formats.partials import PartialRecord
 from ...formats.pubsub import session_topic
 from ...formats.roster import AgreedRecord, Roster
 from ...formats.slices import FraudRecord, SliceRecord, split_slice_rule
@@ -61,6 +62,7 @@ from ...tensor.aggregation import AggregationStrategy, Contribution, Median, Tri
 from .agreed_config import AgreedConfig, UpdateRule
 from .announcer import Reannouncer
 from .fetcher import ContributionFetcher
+from .reduce_chain import partial_fraud_fits
 from .reduce_scatter import ReduceScatterConfig, ReduceScatterPeer, ReduceScatterResult
 from .slice_io import PubsubSliceBoard
 from .slice_retention import SliceBlocks, UnpinnedPuts, keep_slice_blocks
@@ -357,6 +359,7 @@ class SliceStep:
                 fetch_timeout=config.fetch_timeout,
                 reducer_timeout=config.reducer_timeout,
                 phase_timeout=config.round_timeout,
+                chained=config.chained,
             ),
             lie=self.lie,
             silent=self.silent,
@@ -441,7 +444,11 @@ async def proven_liars(store: BlockStore, record: AgreedRecord, roster: Roster) 
     is its ``correct`` one, a roster peer as reducer, and a ``claimed`` slice record of the same
     roster, slice, range and ``missing`` senders with other bytes. An honest reducer of that
     slice writes exactly ``correct`` (which :func:`check_slice_results` re-checks against the
-    recomputed model), so ``claimed`` is a lie. Who announced ``claimed`` is what the peers
+    recomputed model), so ``claimed`` is a lie. In a chained round ``claimed`` may instead be a
+    :class:`~gradfed_ipfs.formats.partials.PartialRecord` of that slice
+    (:func:`~.reduce_chain.partial_fraud_fits`) whose values
+    :func:`~.reduce_chain.check_partial_frauds` re-checks from the contributions when the round
+    is recomputed (they are not kept under retention). Who announced ``claimed`` is what the peers
     that wrote the record heard (pubsub's authenticated ``from``): blocks cannot prove it, so
     the exclusion is exactly as agreed as the record itself.
 
@@ -452,23 +459,28 @@ async def proven_liars(store: BlockStore, record: AgreedRecord, roster: Roster) 
     """
     frauds, slices = record.frauds or (), record.slices or ()
     liars = set()
+
+    def place(s: SliceRecord) -> tuple[bytes, int, int, int, tuple[str, ...]]:
+        return bytes(s.roster), s.k, s.offset, s.length, s.missing
+
     for cid in frauds:
         try:
             fraud = FraudRecord.from_block(await store.get(cid))
-            claimed = SliceRecord.from_block(await store.get(fraud.claimed))
+            block = await store.get(fraud.claimed)
             correct = SliceRecord.from_block(await store.get(fraud.correct))
+            try:  # a chained round's lie may be a partial sum
+                fits = partial_fraud_fits(PartialRecord.from_block(block), correct, roster)
+            except DecodeError:
+                fits = place(SliceRecord.from_block(block)) == place(correct)
         except (BlockStoreError, DecodeError) as exc:
             raise RoundVerificationFailed(f"round {record.round}: fraud {cid}: {exc}") from exc
-
-        def place(s: SliceRecord) -> tuple[bytes, int, int, int, tuple[str, ...]]:
-            return bytes(s.roster), s.k, s.offset, s.length, s.missing
-
         if (
             bytes(fraud.roster) != bytes(record.roster)
             or fraud.k >= len(slices)
             or bytes(slices[fraud.k]) != bytes(fraud.correct)
             or fraud.reducer not in roster.peers
-            or (correct.k, place(claimed)) != (fraud.k, place(correct))
+            or correct.k != fraud.k
+            or not fits
         ):
             raise RoundVerificationFailed(
                 f"round {record.round}: fraud record {cid} does not prove a lie in this round"

@@ -61,6 +61,7 @@ from ...storage.base import Block, BlockStore
 from ...storage.dag import put_gradient
 from ...storage.retention import put_pinned_alone
 from .encoded import encode_gradient
+from .reduce_chain import ChainSteps
 from .reduce_scatter_check import SliceChecks
 from .reduce_scatter_config import ReduceScatterConfig, ReduceScatterResult, SliceWork
 from .slice_io import (
@@ -70,6 +71,7 @@ from .slice_io import (
     fetch_range,
 )
 from .slices import (
+    chain_groups,
     plan_slices,
     reduce_values,
     reducer_rankings,
@@ -89,7 +91,7 @@ __all__ = [
 ]
 
 
-class ReduceScatterPeer(SliceChecks):
+class ReduceScatterPeer(SliceChecks, ChainSteps):
     """One roster peer's side of a reduce-scatter round; see the module docstring.
 
     Parameters
@@ -160,7 +162,10 @@ class ReduceScatterPeer(SliceChecks):
             *(
                 one(e.peer, e.contribution)
                 for e in roster.entries
-                if e.peer not in part.rows and e.peer not in part.failed and e.peer not in exclude
+                if e.peer not in part.rows
+                and e.peer not in part.failed
+                and e.peer not in exclude
+                and (part.senders is None or e.peer in part.senders)
             )
         )
 
@@ -213,11 +218,11 @@ class ReduceScatterPeer(SliceChecks):
         Anyone may publish on the board: a sender outside the roster is ignored.
         """
         rank = part.rank
-        found = [
-            m
-            for m in self.board.records(roster_cid, phase, part.k)
-            if m.sender in rank and m.cid is not None
-        ]
+        if part.step is None:
+            heard = self.board.records(roster_cid, phase, part.k)
+        else:
+            heard = self.board.records(roster_cid, phase, part.step, "partial")
+        found = [m for m in heard if m.sender in rank and m.cid is not None]
         return sorted(found, key=lambda m: rank[m.sender])
 
     def _filled(self, roster_cid: CID, phase: int, parts: list[SliceWork], count: int) -> bool:
@@ -332,16 +337,21 @@ class ReduceScatterPeer(SliceChecks):
         self._records_read: dict[bytes, Block] = {}
         self._unfetchable: set[str] = set()  # senders a fetch of this peer failed for
         self._replaced: set[str] = set()  # first reducers a backup replaced, earlier phases
-        plan = plan_slices(d, len(peers), self.config.chunk_bytes)
-        rankings = reducer_rankings(bytes(roster_cid), len(plan), peers)
-        parts = [
-            SliceWork(k, off, n, ranking)
-            for k, ((off, n), ranking) in enumerate(zip(plan, rankings, strict=True))
-        ]
+        chains = None
+        if self.config.chained and self.config.rule == "fedavg" and chain_groups(len(peers)) > 1:
+            chains = self._chains(roster, roster_cid, d)
+            parts = [chain[-1] for chain in chains]  # the steps that write the slice records
+        else:
+            plan = plan_slices(d, len(peers), self.config.chunk_bytes)
+            rankings = reducer_rankings(bytes(roster_cid), len(plan), peers)
+            parts = [
+                SliceWork(k, off, n, ranking)
+                for k, ((off, n), ranking) in enumerate(zip(plan, rankings, strict=True))
+            ]
         exclude: set[str] = set()
         phase = 0
         while True:
-            chosen = await self._phase(roster, roster_cid, base, own, parts, phase, exclude)
+            chosen = await self._phase(roster, roster_cid, base, own, parts, phase, exclude, chains)
             found = set().union(*(set(r.missing) for _, r, _ in chosen))
             pairs = zip(parts, chosen, strict=True)
             self._replaced |= {p.ranking[0] for p, (_, _, by) in pairs if by != p.ranking[0]}
@@ -349,9 +359,10 @@ class ReduceScatterPeer(SliceChecks):
                 break
             exclude, phase = found, phase + 1
         records = [cid for cid, _, _ in chosen]
+        blame = None if chains is None else partial(self._blame, roster, roster_cid, chains, phase)
         results, liars, frauds, redone, false_values = await self._check(
             roster, roster_cid, base, own, parts, chosen, records,
-            partial(self._reduce, roster, roster_cid, base, own),
+            partial(self._reduce, roster, roster_cid, base, own), blame,
         )  # fmt: skip
         model = np.concatenate(results)
         encoded = await encode_gradient(model)  # put_gradient's CID; its chunks in one batch
@@ -383,15 +394,29 @@ class ReduceScatterPeer(SliceChecks):
         parts: list[SliceWork],
         phase: int,
         exclude: set[str],
+        chains: list[list[SliceWork]] | None = None,
     ) -> list[tuple[CID, SliceRecord, str]]:
-        """Serve this peer's slices of ``phase``; return every slice's record (best-ranked)."""
-        serving = [
-            asyncio.create_task(
-                self._serve(roster, roster_cid, base, own, p, phase, exclude, parts)
-            )
-            for p in parts
-            if self.peer in p.rank
-        ]
+        """Serve this peer's slices (or chain steps) of ``phase``; return each slice's record."""
+        if chains is None:
+            serving = [
+                asyncio.create_task(
+                    self._serve(roster, roster_cid, base, own, p, phase, exclude, parts)
+                )
+                for p in parts
+                if self.peer in p.rank
+            ]
+        else:
+            firsts = [chain[0] for chain in chains]
+            serving = [
+                asyncio.create_task(
+                    self._serve_step(
+                        roster, roster_cid, base, own, chain, step.j, phase, exclude, firsts
+                    )
+                )
+                for chain in chains
+                for step in chain
+                if self.peer in step.rank
+            ]
         try:
             ok = await self.board.wait_for(
                 lambda: self._filled(roster_cid, phase, parts, len(parts)),

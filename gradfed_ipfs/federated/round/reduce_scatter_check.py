@@ -30,7 +30,10 @@ from .slice_check import check_slices
 from .slice_io import CountingStore, MemorySliceBoard, fetch_whole
 from .slices import projection_seed
 
-__all__ = ["SliceChecks"]
+__all__ = ["Blame", "SliceChecks"]
+
+Blame = Callable[[int, dict[str, FloatArray], tuple[str, ...]], Awaitable[tuple[str, CID] | None]]
+"""``blame(k, rows, missing)`` of a chained round (:meth:`~.reduce_chain.ChainSteps._blame`)."""
 
 logger = logging.getLogger("gradfed_ipfs.federated.reduce_scatter")
 
@@ -68,10 +71,13 @@ class SliceChecks:
         chosen: list[tuple[CID, SliceRecord, str]],
         records: list[CID],
         reduce: Callable[[SliceWork, set[str]], Awaitable[tuple[Block, FloatArray]]],
+        blame: Blame | None = None,
     ) -> tuple[list[FloatArray], set[str], list[CID], list[int], set[str]]:
         """All-gather and check the slice results; a proven lie's ``records[k]`` is replaced.
 
         ``reduce(part, exclude)`` recomputes a slice from the contribution blocks (the peer's).
+        ``blame(k, rows, missing)`` (chained rounds) returns the announcer and CID of a wrong
+        partial sum of slice ``k`` the wrong record was built on, if any: that one is the lie.
 
         Returns the results, the proven liars, their fraud records, the recomputed slices, and
         the senders whose published check values their own blocks contradict.
@@ -120,14 +126,17 @@ class SliceChecks:
                 continue  # the recompute failed
             results[p.k], records[p.k] = values, correct
             self._records_read[bytes(correct)] = recomputed
-            liars.add(sender)
-            fraud = FraudRecord(roster_cid, p.k, sender, cid, correct)
+            liar, claimed = sender, cid
+            if blame is not None:
+                liar, claimed = await blame(p.k, fresh.rows, record.missing) or (liar, claimed)
+            liars.add(liar)
+            fraud = FraudRecord(roster_cid, p.k, liar, claimed, correct)
             fraud_cid = await put_pinned_alone(self.store, fraud.to_block())
             frauds.append(fraud_cid)
             await self.board.publish(
                 SliceMessage("fraud", self.peer, roster_cid, k=p.k, cid=fraud_cid)
             )
-            honest = [r for r in p.ranking if r != sender]
+            honest = [r for r in p.ranking if r not in (sender, liar)]
             if honest and honest[0] == self.peer:  # the next reducer re-announces the slice
                 await self.board.publish(
                     SliceMessage(

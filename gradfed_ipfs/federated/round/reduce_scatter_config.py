@@ -29,6 +29,10 @@ class ReduceScatterConfig:
     phase_timeout: float = 120.0
     """Longest wait for any one step (all slice records, all projections)."""
     concurrency: int = DEFAULT_CONCURRENCY
+    chained: bool = False
+    """Reduce each slice in :func:`~.slices.chain_groups` steps along the roster
+    (:mod:`.reduce_chain`; N^1.5 blocks a round instead of 2·N², the same model and records).
+    ``fedavg`` only (other rules, and rosters under 4 peers, run one-level)."""
 
 
 @dataclass
@@ -66,6 +70,13 @@ class SliceWork:
     """Senders whose slice could not be fetched."""
     rank: dict[str, int] = field(default_factory=dict)
     """``ranking`` inverted (peer -> rank): an O(1) look-up per board message."""
+    senders: frozenset[str] | None = None
+    """A chained step's group of senders (``None``: every roster peer)."""
+    step: int | None = None
+    """A chained step's board index ``k·G + j`` when it writes a partial sum (``None``: the
+    step writes the slice record)."""
+    j: int = 0
+    """A chained step's place in its slice's chain."""
 
     def __post_init__(self) -> None:
         self.rank = {peer: r for r, peer in enumerate(self.ranking)}

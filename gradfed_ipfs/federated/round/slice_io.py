@@ -68,13 +68,13 @@ class MemorySliceBoard:
     def __init__(self) -> None:
         self.messages: list[SliceMessage] = []
         self._seen: set[tuple[object, ...]] = set()
-        self._slices: dict[tuple[tuple[int, bytes], int, int], list[SliceMessage]] = {}
+        self._slices: dict[tuple[tuple[int, bytes], int, int, str], list[SliceMessage]] = {}
         self._filled: dict[tuple[tuple[int, bytes], int], int] = {}
         self._changed = asyncio.Condition()
 
-    def records(self, roster: CID, phase: int, k: int) -> list[SliceMessage]:
-        """Return the ``slice`` messages of slice ``k`` in ``phase`` of a roster, in order."""
-        return self._slices.get((_key(roster), phase, k), [])
+    def records(self, roster: CID, phase: int, k: int, kind: str = "slice") -> list[SliceMessage]:
+        """Return the ``slice`` (or ``partial``) messages of ``k`` in ``phase`` of a roster."""
+        return self._slices.get((_key(roster), phase, k, kind), [])
 
     def filled(self, roster: CID, phase: int) -> int:
         """Return how many slices of ``phase`` of a roster have at least one record."""
@@ -98,9 +98,9 @@ class MemorySliceBoard:
         async with self._changed:
             self._seen.add(heard)
             self.messages.append(message)
-            if message.kind == "slice":
-                key = (_key(message.roster), message.phase, message.k)
-                if key not in self._slices:
+            if message.kind in ("slice", "partial"):
+                key = (_key(message.roster), message.phase, message.k, message.kind)
+                if key not in self._slices and message.kind == "slice":
                     self._filled[key[:2]] = self._filled.get(key[:2], 0) + 1
                 self._slices.setdefault(key, []).append(message)
             self._changed.notify_all()

@@ -6,6 +6,8 @@
 * :func:`reducer_ranking` orders the roster's peers for slice ``k`` from a hash of
   ``(roster CID, peer)``, rotated by ``k``: rank 0 reduces the slice, rank 1 takes over after
   a timeout..., and every peer is rank 0 of exactly one slice.
+* :func:`chain_groups` / :func:`chain_senders`: a chained round's ``G`` groups of consecutive
+  roster peers (:mod:`.reduce_chain`).
 * :func:`reduce_values` is the slice aggregate. For ``fedavg`` it is
   :func:`~gradfed_ipfs.tensor.deterministic.deterministic_update` on the slice, which is
   coordinate-wise, so the concatenated slices are bit-identical to the whole-vector update;
@@ -40,6 +42,8 @@ __all__ = [
     "MIN_SLICE_VALUES",
     "UNSLICEABLE_RULES",
     "can_slice",
+    "chain_groups",
+    "chain_senders",
     "plan_slices",
     "projection",
     "projection_seed",
@@ -135,6 +139,24 @@ def _reducer_order(roster: bytes, peers: Sequence[str]) -> list[str]:
         return hashlib.sha256(b"gradfed/reducer\0" + roster + peer.encode()).digest()
 
     return sorted(peers, key=score)
+
+
+def chain_groups(n: int) -> int:
+    """Return ``G`` for a chained round of ``n`` peers: the largest power of two ``≤ √n``.
+
+    ``S = ⌈n/G⌉`` slices and ``S·G ≥ n`` steps, about one per peer; fewer than 4 peers give
+    ``G = 1`` (no chain: one level). Powers of two keep ``S·G = n`` for rosters of 2^m peers.
+    """
+    groups = 1
+    while (2 * groups) ** 2 <= n:
+        groups *= 2
+    return groups
+
+
+def chain_senders(peers: Sequence[str], groups: int) -> list[frozenset[str]]:
+    """Return the ``groups`` runs of consecutive roster peers a chained slice adds in turn."""
+    n = len(peers)
+    return [frozenset(peers[j * n // groups : (j + 1) * n // groups]) for j in range(groups)]
 
 
 def reduce_values(

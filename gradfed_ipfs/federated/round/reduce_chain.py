@@ -1,0 +1,449 @@
+"""Chained reduce-scatter: each slice reduced in steps along the roster (issue 14).
+
+The one-level round (:mod:`.reduce_scatter`) has each of N reducers read its slice from each of
+N senders: 2·N² blocks of d/N values a round (N² pieces, N² in the all-gather), and at d = 1M
+that per-block cost, not the bytes, is what grows (N^1.3–1.4 per round at N = 8…64).
+
+Chained (``ReduceScatterConfig(chained=True)``, ``fedavg`` only): the roster is cut into
+``G = chain_groups(N)`` runs of consecutive peers (≈ √N, :func:`~.slices.chain_senders`) and d
+into ``S = ⌈N/G⌉`` slices. Slice ``k`` is reduced in ``G`` steps: step ``(k, j)`` reads slice
+``k`` of group ``j``'s senders, adds them in roster order to the float64 partial sum step
+``(k, j−1)`` left (:func:`~gradfed_ipfs.tensor.deterministic.partial_update`, coefficients
+``w_i / W`` of the whole roster), and puts a
+:class:`~gradfed_ipfs.formats.partials.PartialRecord` (announced as a ``partial`` message of
+index ``k·G + j``); the last step finishes the slice
+(:func:`~gradfed_ipfs.tensor.deterministic.finish_update`) and writes the ordinary
+:class:`~gradfed_ipfs.formats.slices.SliceRecord`. The same float64 operations run in the same
+order as :func:`~gradfed_ipfs.tensor.deterministic.deterministic_update`, so the slice record,
+the model and the round record are byte-identical to the one-level round's (with ``S`` slices):
+checks, verification and resync are unchanged. Blocks a round: N·S pieces, N·S partials and
+N·S results, N^1.5 at G = √N; bytes per peer ≈ d (pieces) + 2·d/S (the partial) + d (results).
+Latency: ``G`` sequential steps per slice.
+
+Each step has its own reducer ranking (:func:`~.slices.reducer_rankings` over ``S·G`` steps:
+about one step per peer). A backup takes over step ``(k, j)`` when its better-ranked peers
+have not announced ``reducer_timeout`` after the step's input was ready (for ``j = 0``: half
+of the first steps announced; for ``j > 0``: a valid partial of ``(k, j−1)``). A sender a step
+cannot fetch is ``missing`` in its partial and every later one, so the slice record lists it
+and the next phase excludes it everywhere, as in the one-level round.
+
+A lie anywhere in a chain makes the slice result wrong, which the check step catches
+(:mod:`.reduce_scatter_check`). The checker then recomputes the slice from the contribution
+blocks and, with the same rows, every partial sum of the chain (:meth:`ChainSteps._blame`):
+the announced partial of the earliest step whose values differ from the recomputed ones is
+the lie (it was built on right values, or on values never announced), so its announcer, not
+the honest steps after it, is named in the fraud record (``claimed`` = that partial record).
+:func:`partial_fraud_fits` is what a fraud record naming a partial must fit (checked with every
+record, like a one-level fraud record); :func:`check_partial_frauds` re-checks its values from
+the contributions when a round is recomputed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import cast
+
+import numpy as np
+from multiformats import CID
+
+from ..._types import FloatArray
+from ...errors import (
+    BlockCorrupt,
+    BlockStoreError,
+    DecodeError,
+    GradientError,
+    RoundVerificationFailed,
+)
+from ...formats.partials import PartialRecord, partial_blocks, partial_values
+from ...formats.roster import Roster, RosterEntry
+from ...formats.slices import FraudRecord, SliceMessage, SliceRecord
+from ...storage.base import Block, BlockStore, put_many
+from ...storage.dag import put_gradient
+from ...storage.retention import put_pinned_alone
+from ...tensor.deterministic import finish_update, partial_update
+from .reduce_scatter_config import ReduceScatterConfig, SliceWork
+from .slice_io import CountingStore, MemorySliceBoard, fetch_range
+from .slices import chain_groups, chain_senders, plan_slices, reducer_rankings
+
+__all__ = [
+    "ChainSteps",
+    "chain_sum",
+    "check_partial_frauds",
+    "partial_fraud_fits",
+    "partial_lie_proven",
+]
+
+logger = logging.getLogger("gradfed_ipfs.federated.reduce_scatter")
+
+_Loaded = tuple[CID, PartialRecord, np.ndarray]
+
+
+def chain_sum(
+    prev: np.ndarray | None,
+    rows: Sequence[FloatArray],
+    weights: Sequence[int],
+    weight_sum: int,
+    length: int,
+) -> np.ndarray:
+    """Return ``prev + Σ (w_i / weight_sum) · float64(row_i)`` in order (float64, ``length``).
+
+    ``prev`` ``None`` starts at +0.0, as :func:`~gradfed_ipfs.tensor.deterministic.
+    deterministic_update` does; a step whose senders are all missing passes ``prev`` on.
+    """
+    if prev is None and not rows:
+        return np.zeros(length, np.float64)
+    if not rows:
+        return cast(np.ndarray, prev)
+    return partial_update(prev, rows, [int(w) / weight_sum for w in weights])
+
+
+class ChainSteps:
+    """The chained steps of :class:`~.reduce_scatter.ReduceScatterPeer` (a mixin: its state)."""
+
+    peer: str
+    store: CountingStore
+    board: MemorySliceBoard
+    config: ReduceScatterConfig
+    lie: float
+    silent: bool
+    _local: dict[CID, FloatArray]
+    _records_read: dict[bytes, Block]
+    _unfetchable: set[str]
+    _replaced: set[str]
+
+    # ReduceScatterPeer's: fetch a step's rows; the ranked announcements of a step.
+    _rows: Callable[[Roster, SliceWork, FloatArray, int, set[str]], Awaitable[None]]
+    _records: Callable[[CID, int, SliceWork], list[SliceMessage]]
+
+    def _chains(self, roster: Roster, roster_cid: CID, d: int) -> list[list[SliceWork]]:
+        """Return every slice's steps, in chain order (the last one writes the slice record)."""
+        peers = roster.peers
+        groups = chain_groups(len(peers))
+        count = -(-len(peers) // groups)
+        rankings = reducer_rankings(bytes(roster_cid), count * groups, peers)
+        senders = chain_senders(peers, groups)
+        self._partials: dict[bytes, np.ndarray] = {}  # this peer's own partial sums, by CID
+        return [
+            [
+                SliceWork(
+                    k,
+                    offset,
+                    length,
+                    rankings[k * groups + j],
+                    senders=senders[j],
+                    step=k * groups + j if j < groups - 1 else None,
+                    j=j,
+                )
+                for j in range(groups)
+            ]
+            for k, (offset, length) in enumerate(plan_slices(d, count, self.config.chunk_bytes))
+        ]
+
+    async def _serve_step(
+        self,
+        roster: Roster,
+        roster_cid: CID,
+        base: FloatArray,
+        own: FloatArray,
+        chain: list[SliceWork],
+        j: int,
+        phase: int,
+        exclude: set[str],
+        firsts: list[SliceWork],
+    ) -> None:
+        """Run step ``j`` of a chain in ``phase`` if no better-ranked peer did in time."""
+        step = chain[j]
+        rank = step.rank[self.peer]
+        if rank:
+
+            def mine() -> bool:
+                return bool(self._records(roster_cid, phase, step))
+
+            def ready() -> bool:  # the step's input is there (announced: a backup loads it last)
+                if j:
+                    return mine() or bool(self._records(roster_cid, phase, chain[j - 1]))
+                heard = sum(1 for f in firsts if self._records(roster_cid, phase, f))
+                return mine() or heard >= (len(firsts) + 1) // 2
+
+            def ahead() -> int:
+                gone = self._unfetchable | self._replaced | exclude
+                return sum(1 for p in step.ranking[:rank] if p not in gone)
+
+            await self.board.wait_for(ready, self.config.phase_timeout)
+            await self.board.wait_for(
+                lambda: mine() or not ahead(), ahead() * self.config.reducer_timeout
+            )
+            if mine():
+                return
+        if self.silent:
+            return
+        prev = await self._prev(roster_cid, phase, chain[j - 1], exclude) if j else None
+        await self._rows(roster, step, own, base.size, exclude)
+        used = [e for e in roster.entries if e.peer not in exclude]
+        weight_sum = sum(e.weight for e in used)
+        group = [e for e in used if e.peer in cast(frozenset[str], step.senders)]
+        group = [e for e in group if e.peer not in step.failed]
+        acc = chain_sum(
+            None if prev is None else prev[2],
+            [step.rows[e.peer] for e in group],
+            [e.weight for e in group],
+            weight_sum,
+            step.length,
+        )
+        missing = set(exclude) | step.failed | set(() if prev is None else prev[1].missing)
+        if step.step is not None:
+            await self._put_partial(roster_cid, phase, step, prev, group, missing, weight_sum, acc)
+        else:
+            await self._put_slice(roster, roster_cid, phase, step, base, acc, missing)
+
+    async def _put_partial(
+        self,
+        roster_cid: CID,
+        phase: int,
+        step: SliceWork,
+        prev: _Loaded | None,
+        group: list[RosterEntry],
+        missing: set[str],
+        weight_sum: int,
+        acc: np.ndarray,
+    ) -> None:
+        if self.lie:
+            acc = acc + self.lie
+        blocks = partial_blocks(acc)
+        await put_many(self.store, blocks, pin=False)  # transient: a round's retention drops it
+        record = PartialRecord(
+            roster=roster_cid,
+            k=step.k,
+            j=step.j,
+            offset=step.offset,
+            length=step.length,
+            prev=None if prev is None else prev[0],
+            inputs=tuple((e.peer, e.contribution) for e in group),
+            missing=tuple(sorted(missing)),
+            weight_sum=weight_sum,
+            values=tuple(b.cid for b in blocks),
+        )
+        block = record.to_block()
+        await self.store.put(block, pin=False)
+        self._partials[bytes(block.cid)] = acc
+        await self.board.publish(
+            SliceMessage(
+                "partial", self.peer, roster_cid, phase, cast(int, step.step), block.cid,
+                block=block.data,
+            )
+        )  # fmt: skip
+
+    async def _put_slice(
+        self,
+        roster: Roster,
+        roster_cid: CID,
+        phase: int,
+        step: SliceWork,
+        base: FloatArray,
+        acc: np.ndarray,
+        missing: set[str],
+    ) -> None:
+        values = finish_update(
+            acc, base[step.offset : step.offset + step.length], self.config.learning_rate
+        )
+        if self.lie:
+            values = (values + np.float32(self.lie)).astype(np.float32)
+        result = await put_gradient(self.store, values, chunk_bytes=self.config.chunk_bytes)
+        used = [e for e in roster.entries if e.peer not in missing]
+        record = SliceRecord(
+            roster=roster_cid,
+            base=roster.base,
+            k=step.k,
+            offset=step.offset,
+            length=step.length,
+            rule=self.config.rule,
+            learning_rate=float(self.config.learning_rate),
+            inputs=tuple((e.peer, e.contribution) for e in used),
+            missing=tuple(sorted(missing)),
+            weight_sum=sum(e.weight for e in used),
+            result=result,
+        )
+        block = record.to_block()
+        await put_pinned_alone(self.store, block)
+        self._local[block.cid] = values
+        await self.board.publish(
+            SliceMessage("slice", self.peer, roster_cid, phase, step.k, block.cid, block=block.data)
+        )
+
+    async def _prev(
+        self, roster_cid: CID, phase: int, step: SliceWork, exclude: set[str]
+    ) -> _Loaded:
+        """Wait for the best-ranked valid partial sum of ``step`` in ``phase``.
+
+        Raises
+        ------
+        TimeoutError
+            If none arrived within ``phase_timeout``.
+        """
+        tried: set[bytes] = set()
+        deadline = time.monotonic() + self.config.phase_timeout
+
+        def untried() -> list[SliceMessage]:
+            return [
+                m for m in self._records(roster_cid, phase, step) if bytes(cast(CID, m.cid))
+                not in tried
+            ]  # fmt: skip
+
+        while True:
+            for message in untried():
+                tried.add(bytes(cast(CID, message.cid)))
+                loaded = await self._load_partial(message, roster_cid, step)
+                if loaded is not None and set(exclude) <= set(loaded[1].missing):
+                    if message.sender != step.ranking[0]:
+                        self._replaced.add(step.ranking[0])
+                    return loaded
+            left = deadline - time.monotonic()
+            if left <= 0 or not await self.board.wait_for(lambda: bool(untried()), left):
+                raise TimeoutError(
+                    f"phase {phase}: no partial sum of slice {step.k} step {step.j} arrived"
+                )
+
+    async def _load_partial(
+        self, message: SliceMessage, roster_cid: CID, step: SliceWork
+    ) -> _Loaded | None:
+        """Return an announced partial sum of ``step`` with its values; ``None`` if it is not."""
+        cid = cast(CID, message.cid)
+        try:
+            block = None
+            if message.block is not None:
+                with contextlib.suppress(BlockCorrupt):
+                    block = Block.from_parts(cid, message.block)
+            if block is None:
+                block = await self.store.get(cid, timeout=self.config.fetch_timeout)
+            record = PartialRecord.from_block(block)
+            place = (record.roster, record.k, record.j, record.offset, record.length)
+            if place != (roster_cid, step.k, step.j, step.offset, step.length):
+                return None
+            values = self._partials.get(bytes(cid))
+            if values is None:
+                blocks = await asyncio.gather(
+                    *(self.store.get(c, timeout=self.config.fetch_timeout) for c in record.values)
+                )
+                values = partial_values(blocks, record.length)
+        except (BlockStoreError, DecodeError, GradientError, TimeoutError) as exc:
+            logger.warning("partial %s from %s refused: %s", cid, message.sender, exc)
+            return None
+        return cid, record, values
+
+    async def _blame(
+        self,
+        roster: Roster,
+        roster_cid: CID,
+        chains: list[list[SliceWork]],
+        phase: int,
+        k: int,
+        rows: dict[str, FloatArray],
+        missing: Sequence[str],
+    ) -> tuple[str, CID] | None:
+        """Return the announcer and CID of the earliest wrong partial of slice ``k``'s chain.
+
+        ``rows`` are every used sender's values of slice ``k`` (the check's recompute);
+        ``None`` if every announced partial is right (the slice record's author lied).
+        """
+        used = [e for e in roster.entries if e.peer not in missing]
+        weight_sum = sum(e.weight for e in used)
+        acc: np.ndarray | None = None
+        for step in chains[k][:-1]:
+            group = [e for e in used if e.peer in cast(frozenset[str], step.senders)]
+            acc = chain_sum(
+                acc, [rows[e.peer] for e in group], [e.weight for e in group], weight_sum,
+                step.length,
+            )  # fmt: skip
+            for message in self._records(roster_cid, phase, step):
+                loaded = await self._load_partial(message, roster_cid, step)
+                if loaded is None or loaded[1].missing != tuple(sorted(missing)):
+                    continue  # refused by every step after it, or of another exclusion set
+                if loaded[2].tobytes() != acc.tobytes():
+                    return message.sender, loaded[0]
+        return None
+
+
+def partial_fraud_fits(claimed: PartialRecord, correct: SliceRecord, roster: Roster) -> bool:
+    """Return whether ``claimed`` is an earlier step of ``correct``'s slice (same exclusions).
+
+    That is: the same roster, slice and range, ``missing`` senders and weight sum, and a step
+    ``j`` before the last of a chained round on ``roster``.
+    """
+    return (
+        claimed.roster == correct.roster
+        and (claimed.k, claimed.offset, claimed.length)
+        == (correct.k, correct.offset, correct.length)
+        and claimed.missing == correct.missing
+        and claimed.weight_sum == correct.weight_sum
+        and claimed.j < chain_groups(len(roster.entries)) - 1
+    )
+
+
+async def partial_lie_proven(
+    store: BlockStore, claimed: PartialRecord, correct: SliceRecord, roster: Roster, d: int
+) -> bool:
+    """Return whether partial sum ``claimed`` differs from what its step honestly sums.
+
+    ``correct`` is the round's agreed record of the same slice (its ``missing`` and weights),
+    ``d`` the model's length; the honest partial of step ``j`` is the sum over groups
+    ``0 … j`` of ``roster`` (:func:`~.slices.chain_senders`), recomputed from the
+    contributions' slices. ``False`` when :func:`partial_fraud_fits` is not true or the
+    values are right.
+
+    Raises
+    ------
+    BlockStoreError, DecodeError
+        If a contribution slice or a block of ``claimed`` cannot be fetched.
+    """
+    if not partial_fraud_fits(claimed, correct, roster):
+        return False
+    groups = chain_groups(len(roster.entries))
+    senders = frozenset().union(*chain_senders(roster.peers, groups)[: claimed.j + 1])
+    used = [e for e in roster.entries if e.peer in senders and e.peer not in correct.missing]
+    rows = [
+        await fetch_range(store, e.contribution, correct.offset, correct.length, d) for e in used
+    ]
+    honest = chain_sum(None, rows, [e.weight for e in used], correct.weight_sum, claimed.length)
+    blocks = [await store.get(c) for c in claimed.values]
+    try:
+        values = partial_values(blocks, claimed.length)
+    except DecodeError:
+        return True  # not a partial sum at all: no honest step writes it
+    return values.tobytes() != honest.tobytes()
+
+
+async def check_partial_frauds(
+    store: BlockStore, frauds: Sequence[CID], roster: Roster, d: int
+) -> None:
+    """Re-check, from the contributions, every fraud record among ``frauds`` naming a partial.
+
+    Raises
+    ------
+    RoundVerificationFailed
+        If a block cannot be fetched or decoded, or a claimed partial sum is right after all.
+    """
+    for cid in frauds:
+        try:
+            fraud = FraudRecord.from_block(await store.get(cid))
+            block = await store.get(fraud.claimed)
+            if _is_slice_record(block):
+                continue  # the one-level proof: the slice results are checked against the model
+            claimed = PartialRecord.from_block(block)
+            correct = SliceRecord.from_block(await store.get(fraud.correct))
+            proven = await partial_lie_proven(store, claimed, correct, roster, d)
+        except (BlockStoreError, DecodeError, GradientError) as exc:
+            raise RoundVerificationFailed(f"fraud record {cid}: {exc}") from exc
+        if not proven:
+            raise RoundVerificationFailed(f"fraud record {cid}: its partial sum is right")
+
+
+def _is_slice_record(block: Block) -> bool:
+    try:
+        SliceRecord.from_block(block)
+    except DecodeError:
+        return False
+    return True

@@ -1,0 +1,140 @@
+"""Chained reduce-scatter in memory: the same model, fewer blocks, missing senders, silent and
+lying steps, and the fraud proof of a lying partial sum (issue 14)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from gradfed_ipfs.errors import RoundVerificationFailed
+from gradfed_ipfs.federated.round.reduce_chain import (
+    chain_sum,
+    check_partial_frauds,
+    partial_fraud_fits,
+    partial_lie_proven,
+)
+from gradfed_ipfs.federated.round.reduce_scatter import ReduceScatterConfig
+from gradfed_ipfs.federated.round.slices import (
+    chain_groups,
+    chain_senders,
+    reducer_rankings,
+)
+from gradfed_ipfs.formats.partials import PartialRecord, partial_blocks
+from gradfed_ipfs.formats.slices import FraudRecord, SliceRecord
+from gradfed_ipfs.storage.dag import fetch_manifest
+from tests.federated.test_reduce_scatter import CHUNK, LR, make_round, reference, run_all
+
+D = 262_144  # 16 chunks of 64 KiB: chunk-aligned slices up to S = 16
+
+
+def chained(**more: float) -> ReduceScatterConfig:
+    settings = {"phase_timeout": 20.0, "reducer_timeout": 0.3, **more}
+    return ReduceScatterConfig(chunk_bytes=CHUNK, learning_rate=LR, chained=True, **settings)  # type: ignore[arg-type]
+
+
+def test_chain_shape_is_about_the_square_root_and_groups_follow_the_roster() -> None:
+    assert [chain_groups(n) for n in (1, 3, 4, 8, 15, 16, 32, 64, 128)] == [
+        1, 1, 2, 2, 2, 4, 4, 8, 8,
+    ]  # fmt: skip
+    peers = [f"p{i}" for i in range(10)]
+    groups = chain_senders(peers, 3)
+    assert [sorted(g) for g in groups] == [peers[0:3], peers[3:6], peers[6:10]]
+
+
+@pytest.mark.parametrize("n", [4, 8, 9])
+async def test_a_chained_round_gives_the_all_to_all_model_with_n_to_the_1_5_blocks(n: int) -> None:
+    r = await make_round(n, d=D)
+    results, board = await run_all(r, config=chained())
+    assert {res.model_cid for res in results.values()} == {await reference(r)}
+    groups = chain_groups(n)
+    slices = -(-n // groups)
+    assert len({tuple(res.records) for res in results.values()}) == 1
+    assert all(len(res.records) == slices and not res.liars for res in results.values())
+    partials = [m for m in board.messages if m.kind == "partial"]
+    assert sorted(m.k for m in partials) == sorted(
+        k * groups + j for k in range(slices) for j in range(groups - 1)
+    )  # one partial per step but the last: no backup took over
+    # The slice records are ordinary ones: the whole roster as inputs, W over it.
+    record = SliceRecord.from_block(await r.store.get(results[r.roster.peers[0]].records[0]))
+    assert record.inputs == tuple((e.peer, e.contribution) for e in r.roster.entries)
+    assert record.weight_sum == sum(r.weights.values())
+    if n == 8:  # S = 4 chunk-aligned slices: pieces d, the partial 2·d/S, results d
+        assert max(res.downloaded for res in results.values()) <= 2.6 * D * 4
+
+
+async def test_median_rounds_stay_one_level_when_chained_is_asked() -> None:
+    r = await make_round(4, d=D)
+    results, board = await run_all(r, config=chained(rule="median"))  # type: ignore[arg-type]
+    assert not [m for m in board.messages if m.kind == "partial"]
+    assert all(len(res.records) == 4 for res in results.values())
+
+
+async def test_a_sender_missing_from_one_step_is_excluded_from_every_slice() -> None:
+    r = await make_round(8, d=D)
+    dropped = r.roster.peers[5]
+    manifest = await fetch_manifest(r.store, r.roster.entries[5].contribution)
+    await r.store.delete(manifest.chunks[-1].cid)  # only the last slice's step misses it
+    results, board = await run_all(r, skip=(dropped,), config=chained(fetch_timeout=1.0))
+    want = await reference(r, without=(dropped,))
+    assert {res.model_cid for res in results.values()} == {want}
+    assert all(res.missing == (dropped,) for res in results.values())
+    assert max(m.phase for m in board.messages if m.kind == "slice") == 1
+    final = [m for m in board.messages if m.kind == "partial" and m.phase == 1]
+    for message in final:
+        partial = PartialRecord.from_block(await r.store.get(message.cid))  # type: ignore[arg-type]
+        assert partial.missing == (dropped,)
+        assert partial.weight_sum == sum(w for p, w in r.weights.items() if p != dropped)
+
+
+async def test_a_silent_first_step_is_taken_over_by_its_next_ranked_peer() -> None:
+    r = await make_round(8, d=D)
+    groups = chain_groups(8)
+    rankings = reducer_rankings(bytes(r.roster_cid), 4 * groups, r.roster.peers)
+    quiet = rankings[0][0]  # step (0, 0): the chain of slice 0 waits for its partial
+    results, board = await run_all(r, silent=(quiet,), config=chained())
+    assert {res.model_cid for res in results.values()} == {await reference(r)}
+    assert quiet not in {m.sender for m in board.messages if m.kind in ("partial", "slice")}
+    (taken,) = [m for m in board.messages if m.kind == "partial" and m.k == 0]
+    assert taken.sender == rankings[0][1]
+
+
+async def test_a_lying_partial_is_blamed_on_its_author_and_the_fraud_record_proves_it() -> None:
+    r = await make_round(8, d=D)
+    groups = chain_groups(8)
+    rankings = reducer_rankings(bytes(r.roster_cid), 4 * groups, r.roster.peers)
+    liar = rankings[0][0]  # step (0, 0) only: the record of slice 0 is written by an honest peer
+    writer = rankings[groups - 1][0]
+    assert writer != liar
+    results, _ = await run_all(r, lie={liar: 1e-3}, config=chained())
+    honest = {p: res for p, res in results.items() if p != liar}
+    assert {res.model_cid for res in honest.values()} == {await reference(r)}
+    assert all(res.liars == {liar} for res in honest.values())  # not the slice's writer
+    (fraud_cid,) = {c for res in honest.values() for c in res.frauds}
+    fraud = FraudRecord.from_block(await r.store.get(fraud_cid))
+    assert (fraud.reducer, fraud.k) == (liar, 0)
+    claimed = PartialRecord.from_block(await r.store.get(fraud.claimed))
+    correct = SliceRecord.from_block(await r.store.get(fraud.correct))
+    assert claimed.j == 0
+    assert fraud.correct == honest[writer].records[0]
+    assert partial_fraud_fits(claimed, correct, r.roster)
+    assert await partial_lie_proven(r.store, claimed, correct, r.roster, D)
+    await check_partial_frauds(r.store, [fraud_cid], r.roster, D)  # does not raise
+
+    # The honest partial of that step, named as a lie, proves nothing.
+    senders = [e for e in r.roster.entries if e.peer in chain_senders(r.roster.peers, groups)[0]]
+    rows = [r.grads[e.peer][claimed.offset : claimed.offset + claimed.length] for e in senders]
+    right = chain_sum(None, rows, [e.weight for e in senders], claimed.weight_sum, claimed.length)
+    blocks = partial_blocks(right)
+    for block in blocks:
+        await r.store.put(block)
+    honest_partial = dataclasses.replace(claimed, values=tuple(b.cid for b in blocks))
+    assert honest_partial != claimed
+    honest_cid = await r.store.put(honest_partial.to_block())
+    framed = FraudRecord(r.roster_cid, 0, writer, honest_cid, fraud.correct)
+    framed_cid = await r.store.put(framed.to_block())
+    with pytest.raises(RoundVerificationFailed, match="right"):
+        await check_partial_frauds(r.store, [framed_cid], r.roster, D)
+    # A partial of another exclusion set or of the last step does not fit the slice.
+    assert not partial_fraud_fits(dataclasses.replace(claimed, missing=("x",)), correct, r.roster)
+    assert not partial_fraud_fits(dataclasses.replace(claimed, j=groups - 1), correct, r.roster)
