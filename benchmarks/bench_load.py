@@ -30,6 +30,19 @@ chunks in one ``block/put`` call), chunked at :func:`slice_chunk_bytes` (``4·d/
 chunk k). The line also prints the CPU seconds of this process and of the daemons, the load
 average, and how many slices a backup reducer redid (takeovers).
 
+``--chained`` adds a chained round (:mod:`~gradfed_ipfs.federated.round.reduce_chain`: each
+slice reduced in G ≈ √N steps along the roster, float64 partial sums passed by CID) after the
+one-level one at each N, and runs ``--faults`` chained. 2026-12-01 10:31 (idle, load 0.5
+rising to 6.1), ``--reduce-scatter 8,16,32,64 --chained --peer-clients --a2a-max 32
+--connections 16``: chained 1.41 / 2.14 / 3.92 / 8.24 s against one-level 1.41 / 2.48 / 5.61 /
+13.70 s and all-to-all 3.35 / 11.29 / 45.56 s (N = 32: 11.6× all-to-all); per-peer
+2.25 / 2.50 / 2.26 / 2.26·d·4 B; equal CIDs, equal to the reference. (The data path alone,
+measured before the mode existed with a prototype, had 0.76 / 1.40 / 2.31 / 4.76 s, and at
+N = 128 9.94 s against one-level 53.56 s.) Chained faults at N = 16 (10:35, clean 1.89 s):
+silent +9.60 s (1 takeover), lying +1.88 s (every checker recomputes the slice: G·d values,
+7.76·d·4 B per peer), dropped +29.84 s (6 takeovers), killed +10.08 s; equal CIDs on every
+honest peer.
+
 Reading the numbers. Every simulated peer is a task of this one process and the 4 daemons share
 the machine's 2 cores with it, so a round takes about (this process's CPU + the daemons' CPU)
 / 2; the machine is shared, so CPU seconds are the measure and times move with the load.
@@ -127,7 +140,7 @@ from gradfed_ipfs.federated.round.reduce_scatter import (
     ReduceScatterConfig,
     ReduceScatterPeer,
 )
-from gradfed_ipfs.federated.round.slices import reducer_ranking
+from gradfed_ipfs.federated.round.slices import chain_groups, reducer_rankings
 from gradfed_ipfs.formats.announcement import Announcement
 from gradfed_ipfs.formats.roster import Roster
 from gradfed_ipfs.kubo.pubsub import KuboPubsub, session_topic
@@ -438,6 +451,7 @@ async def run_reduce_scatter(
     chunk_bytes: int | None = None,
     connections: int = 64,
     peer_clients: bool = False,
+    chained: bool = False,
 ) -> ReduceScatterRun:
     """One reduce-scatter round of ``peers`` simulated peers over ``nodes``; ``fault`` is
     ``none``, ``silent`` (one reducer never answers), ``lying`` (one adds 1e-2 to its slice),
@@ -447,8 +461,12 @@ async def run_reduce_scatter(
     client keeps ``connections`` connections (Kubo's RPC clients keep 16 alive and reconnect
     for the others: at 64 peers those reconnections timed out under load). ``peer_clients``
     gives each peer its own RPC client, as separate processes would have: one client shared
-    by N/4 peers queues ~N²/4 requests, and httpcore scans that queue on every response."""
-    chunk = slice_chunk_bytes(d, peers) if chunk_bytes is None else chunk_bytes
+    by N/4 peers queues ~N²/4 requests, and httpcore scans that queue on every response.
+    ``chained`` runs :mod:`~gradfed_ipfs.federated.round.reduce_chain` (S = ⌈N/G⌉ slices of
+    G steps; the default chunk is then one per slice of S)."""
+    groups = chain_groups(peers) if chained else 1
+    slices = -(-peers // groups)
+    chunk = slice_chunk_bytes(d, slices) if chunk_bytes is None else chunk_bytes
     host = [i % len(nodes) for i in range(peers)]
     names = [f"peer-{i:03d}" for i in range(peers)]
     rpcs = [
@@ -499,6 +517,7 @@ async def run_reduce_scatter(
             fetch_timeout=10.0 if fault == "dropped" else timeout,
             reducer_timeout=reducer_timeout,
             phase_timeout=timeout,
+            chained=chained,
         )
         board = MemorySliceBoard()
         runners = {
@@ -520,7 +539,9 @@ async def run_reduce_scatter(
         if fault == "killed":  # dead once its slice is announced, before its check values
 
             def announced() -> bool:
-                return any(m.kind == "slice" and m.sender == odd for m in board.messages)
+                return any(
+                    m.kind in ("slice", "partial") and m.sender == odd for m in board.messages
+                )
 
             await board.wait_for(announced, timeout)
             runs.pop(odd).cancel()
@@ -536,9 +557,16 @@ async def run_reduce_scatter(
     used = [i for i in range(peers) if not (fault == "dropped" and names[i] == odd)]
     model = deterministic_update(base, [grads[i] for i in used], [samples_of(i) for i in used], lr)
     want = await put_gradient(MemoryBlockStore(), model)
-    first = {k: reducer_ranking(bytes(roster_cid), k, names)[0] for k in range(peers)}
+    # Rank 0 of each slice (one-level) or step (chained: a slice record is step k·G + G−1).
+    first = [r[0] for r in reducer_rankings(bytes(roster_cid), slices * groups, names)]
     takeovers = sum(
-        1 for m in board.messages if m.kind == "slice" and m.phase >= 0 and m.sender != first[m.k]
+        1
+        for m in board.messages
+        if m.phase >= 0
+        and (
+            (m.kind == "slice" and m.sender != first[m.k * groups + groups - 1])
+            or (m.kind == "partial" and m.sender != first[m.k])
+        )
     )
     return ReduceScatterRun(
         fault,
@@ -568,6 +596,11 @@ def main() -> None:
         help="compare all-to-all with reduce-scatter at these peer counts (e.g. 8,16,32,64)",
     )
     parser.add_argument("--faults", action="store_true", help="with --reduce-scatter: faults")
+    parser.add_argument(
+        "--chained",
+        action="store_true",
+        help="with --reduce-scatter: also chained rounds (and --faults in chained mode)",
+    )
     parser.add_argument(
         "--a2a-max", type=int, default=1 << 30, help="with --reduce-scatter: all-to-all up to N"
     )
@@ -649,35 +682,43 @@ def _compare(nodes: list[Any], counts: list[int], args: argparse.Namespace) -> N
             )
             a2a_seconds, a2a_cpu = max(a2a.round_seconds), _cpu() - cpu
             assert a2a.max_error < 1e-4, a2a.max_error
-        cpu, daemons = _cpu(), _daemon_cpu(nodes)
-        # Another seed: no block of the all-to-all run is reused.
-        rs = asyncio.run(
-            run_reduce_scatter(
-                nodes,
-                peers=peers,
-                d=args.d,
-                seed=1000 + n,
-                timeout=args.timeout,
-                reducer_timeout=args.reducer_timeout,
-                chunk_bytes=args.chunk_bytes,
-                connections=args.connections,
-                peer_clients=args.peer_clients,
-            )
-        )
-        rs_cpu, rs_daemons = _cpu() - cpu, _daemon_cpu(nodes) - daemons
         a2a_bytes = (peers - 1) * 4 * args.d
         print(
-            f"peers={peers:>3} d={args.d:,} load={load:4.1f}->{os.getloadavg()[0]:4.1f}  "
-            f"all-to-all round={a2a_seconds:7.2f}s (cpu {a2a_cpu:6.1f}s) "
-            f"per-peer download={a2a_bytes / 1e6:7.1f} MB  |  reduce-scatter "
-            f"round={rs.seconds:7.2f}s (cpu {rs_cpu:6.1f}s, daemons {rs_daemons:6.1f}s, "
-            f"chunk {rs.chunk_bytes:,} B, "
-            f"takeovers {rs.takeovers}) per-peer max={max(rs.downloaded) / 1e6:6.2f} MB "
-            f"({max(rs.downloaded) / (4 * args.d):.2f}·d·4B)  speed-up "
-            f"{a2a_seconds / rs.seconds:4.1f}x  equal CIDs={rs.cids_equal} "
-            f"= reference={rs.matches_reference}",
+            f"peers={peers:>3} d={args.d:,} load={load:4.1f}  all-to-all "
+            f"round={a2a_seconds:7.2f}s (cpu {a2a_cpu:6.1f}s) per-peer download="
+            f"{a2a_bytes / 1e6:7.1f} MB ({peers - 1}·d·4B)",
             flush=True,
         )
+        clean: dict[bool, float] = {}
+        for chained in (False, True) if args.chained else (False,):
+            cpu, daemons = _cpu(), _daemon_cpu(nodes)
+            # Another seed: no block of the all-to-all run is reused.
+            rs = asyncio.run(
+                run_reduce_scatter(
+                    nodes,
+                    peers=peers,
+                    d=args.d,
+                    seed=1000 + n + (500 if chained else 0),
+                    timeout=args.timeout,
+                    reducer_timeout=args.reducer_timeout,
+                    chunk_bytes=args.chunk_bytes,
+                    connections=args.connections,
+                    peer_clients=args.peer_clients,
+                    chained=chained,
+                )
+            )
+            clean[chained] = rs.seconds
+            rs_cpu, rs_daemons = _cpu() - cpu, _daemon_cpu(nodes) - daemons
+            print(
+                f"  {'chained' if chained else 'one-level'} reduce-scatter "
+                f"round={rs.seconds:7.2f}s (cpu {rs_cpu:6.1f}s, daemons {rs_daemons:6.1f}s, "
+                f"chunk {rs.chunk_bytes:,} B, takeovers {rs.takeovers}) per-peer "
+                f"max={max(rs.downloaded) / 1e6:6.2f} MB "
+                f"({max(rs.downloaded) / (4 * args.d):.2f}·d·4B)  speed-up over all-to-all "
+                f"{a2a_seconds / rs.seconds:4.1f}x  equal CIDs={rs.cids_equal} "
+                f"= reference={rs.matches_reference}  load {os.getloadavg()[0]:4.1f}",
+                flush=True,
+            )
         if args.faults and n == 0:
             # Fresh gradients per run (round_id): equal blocks of an earlier run would still be
             # on the daemons, and a "dropped" sender's chunks would be found there.
@@ -692,9 +733,11 @@ def _compare(nodes: list[Any], counts: list[int], args: argparse.Namespace) -> N
                         fault=fault,
                         timeout=args.timeout,
                         chunk_bytes=args.chunk_bytes,
+                        chained=args.chained,
                     )
                 )
-                print(run.summary(args.d) + f"  extra={run.seconds - rs.seconds:+.2f}s", flush=True)
+                extra = run.seconds - clean[args.chained]
+                print(run.summary(args.d) + f"  extra={extra:+.2f}s", flush=True)
 
 
 if __name__ == "__main__":

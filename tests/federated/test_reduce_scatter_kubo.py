@@ -1,4 +1,4 @@
-"""One reduce-scatter round over three real Kubo daemons (bitswap between them)."""
+"""One reduce-scatter round (one-level and chained) over three real Kubo daemons (bitswap)."""
 
 from __future__ import annotations
 
@@ -22,15 +22,20 @@ CHUNK = 65_536
 
 
 @pytest.mark.kubo
+@pytest.mark.parametrize("chained", [False, True])
 async def test_reduce_scatter_round_over_kubo_downloads_under_two_and_a_half_d(
     kubo_swarm3,  # type: ignore[no-untyped-def]
+    chained: bool,
 ) -> None:
     rng = np.random.default_rng(14)
     base = rng.standard_normal(D).astype(np.float32)
     peers = [n.peer_id for n in kubo_swarm3]
+    stores = [KuboBlockStore(n.api_url, timeout=30.0) for n in kubo_swarm3]
+    if chained:  # a chain needs 4 peers: the fourth shares the first daemon
+        peers.append("peer-beside-0")
+        stores.append(KuboBlockStore(kubo_swarm3[0].api_url, timeout=30.0))
     grads = {p: rng.standard_normal(D).astype(np.float32) for p in peers}
     weights = {p: i + 1 for i, p in enumerate(peers)}
-    stores = [KuboBlockStore(n.api_url, timeout=30.0) for n in kubo_swarm3]
     try:
         entries = {}
         for p, store in zip(peers, stores, strict=True):
@@ -41,7 +46,11 @@ async def test_reduce_scatter_round_over_kubo_downloads_under_two_and_a_half_d(
             roster_cid = await store.put(roster.to_block())
         board = MemorySliceBoard()
         config = ReduceScatterConfig(
-            chunk_bytes=CHUNK, learning_rate=0.25, fetch_timeout=30.0, phase_timeout=60.0
+            chunk_bytes=CHUNK,
+            learning_rate=0.25,
+            fetch_timeout=30.0,
+            phase_timeout=60.0,
+            chained=chained,
         )
         results = await asyncio.gather(
             *(
@@ -63,3 +72,5 @@ async def test_reduce_scatter_round_over_kubo_downloads_under_two_and_a_half_d(
         assert r.downloaded <= 2.5 * D * 4
         assert not r.missing
         assert not r.liars
+        assert len(r.records) == (2 if chained else 3)  # chained: G = 2 steps of S = 2 slices
+    assert any(m.kind == "partial" for m in board.messages) == chained
