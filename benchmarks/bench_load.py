@@ -510,7 +510,9 @@ async def run_reduce_scatter(
         roster = Roster.new(
             f"rs-{seed}", base_cids[0], round_id, base_cids[0], names[0], names, entries
         )
-        roster_cid = (await asyncio.gather(*(s.put(roster.to_block()) for s in stores)))[0]
+        roster_cid = (await asyncio.gather(*(s.put(roster.to_block(), pin=False) for s in stores)))[
+            0
+        ]
         config = ReduceScatterConfig(
             chunk_bytes=chunk,
             learning_rate=lr,

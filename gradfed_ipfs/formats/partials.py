@@ -5,8 +5,10 @@ A chained round (:mod:`gradfed_ipfs.federated.round.reduce_chain`) reduces slice
 step ``j − 1`` left. Each step but the last writes one dag-cbor record:
 
 ``gradfed.slice-partial`` v1
-    ``{roster, k, j, offset, length, prev, inputs: [[peer, contribution]...], missing: [peer...],
-    weight_sum, values: [raw CID...]}``: ``prev`` (a link, or null for ``j = 0``) plus
+    ``{roster, k, j, groups, offset, length, prev, inputs: [[peer, contribution]...],
+    missing: [peer...], weight_sum, values: [raw CID...]}``: step ``j`` of ``groups`` (the
+    roster cut into ``groups`` runs of consecutive peers; the last step writes the slice record,
+    so ``j ≤ groups − 2``); ``prev`` (a link, or null for ``j = 0``) plus
     ``Σ (w_i / weight_sum) · float64(g_i[offset : offset+length])`` over ``inputs`` in roster
     order, as :func:`~gradfed_ipfs.tensor.deterministic.partial_update` computes it. The values
     are little-endian float64 cut into raw blocks of :data:`PARTIAL_BLOCK_VALUES` (8 MiB of a
@@ -95,6 +97,7 @@ class PartialRecord:
     roster: CID
     k: int
     j: int
+    groups: int
     offset: int
     length: int
     prev: CID | None
@@ -112,6 +115,7 @@ class PartialRecord:
                 "roster": self.roster,
                 "k": self.k,
                 "j": self.j,
+                "groups": self.groups,
                 "offset": self.offset,
                 "length": self.length,
                 "prev": self.prev,
@@ -146,6 +150,9 @@ class PartialRecord:
         if len(set(names)) != len(names) or list(absent) != sorted(absent):
             raise MalformedManifest(f"{where}: peers repeat or missing peers are not sorted")
         j = _count(record.get("j"), where)
+        groups = _count(record.get("groups"), where, 2)
+        if groups > MAX_ROSTER_ENTRIES or j > groups - 2:
+            raise MalformedManifest(f"{where}: step {j} of {groups} is not a partial step")
         raw_prev = record.get("prev")
         if (raw_prev is None) != (j == 0):
             raise MalformedManifest(f"{where}: step {j} with(out) a previous partial")
@@ -161,6 +168,7 @@ class PartialRecord:
             roster=_link(record.get("roster"), where, (DAG_CBOR,)),
             k=_count(record.get("k"), where),
             j=j,
+            groups=groups,
             offset=_count(record.get("offset"), where),
             length=length,
             prev=prev,

@@ -8,8 +8,7 @@ import dataclasses
 import pytest
 
 from gradfed_ipfs.errors import RoundVerificationFailed
-from gradfed_ipfs.federated.round.reduce_chain import (
-    chain_sum,
+from gradfed_ipfs.federated.round.chain_proof import (
     check_partial_frauds,
     partial_fraud_fits,
     partial_lie_proven,
@@ -18,6 +17,7 @@ from gradfed_ipfs.federated.round.reduce_scatter import ReduceScatterConfig
 from gradfed_ipfs.federated.round.slices import (
     chain_groups,
     chain_senders,
+    chain_sum,
     reducer_rankings,
 )
 from gradfed_ipfs.formats.partials import PartialRecord, partial_blocks
@@ -29,25 +29,30 @@ D = 262_144  # 16 chunks of 64 KiB: chunk-aligned slices up to S = 16
 
 
 def chained(**more: float) -> ReduceScatterConfig:
-    settings = {"phase_timeout": 20.0, "reducer_timeout": 0.3, **more}
+    """Chained settings; ``G = 2`` unless ``chain_groups`` is given (``None``: the default)."""
+    settings = {"phase_timeout": 20.0, "reducer_timeout": 0.3, "chain_groups": 2, **more}
     return ReduceScatterConfig(chunk_bytes=CHUNK, learning_rate=LR, chained=True, **settings)  # type: ignore[arg-type]
 
 
 def test_chain_shape_is_about_the_square_root_and_groups_follow_the_roster() -> None:
-    assert [chain_groups(n) for n in (1, 3, 4, 8, 15, 16, 32, 64, 128)] == [
-        1, 1, 2, 2, 2, 4, 4, 8, 8,
+    assert [chain_groups(n) for n in (1, 4, 9, 10, 16, 31, 32, 64, 128, 256)] == [
+        1, 1, 1, 2, 2, 4, 4, 8, 8, 16,
     ]  # fmt: skip
+    for n in range(2, 300):  # at least 5 slices: the float64 partial adds at most 0.4·d
+        assert chain_groups(n) == 1 or -(-n // chain_groups(n)) >= 5
     peers = [f"p{i}" for i in range(10)]
     groups = chain_senders(peers, 3)
     assert [sorted(g) for g in groups] == [peers[0:3], peers[3:6], peers[6:10]]
 
 
-@pytest.mark.parametrize("n", [4, 8, 9])
-async def test_a_chained_round_gives_the_all_to_all_model_with_n_to_the_1_5_blocks(n: int) -> None:
+@pytest.mark.parametrize(("n", "groups"), [(4, 2), (8, 2), (9, 2), (10, None), (16, 4)])
+async def test_a_chained_round_gives_the_all_to_all_model_with_n_to_the_1_5_blocks(
+    n: int, groups: int | None
+) -> None:
     r = await make_round(n, d=D)
-    results, board = await run_all(r, config=chained())
+    results, board = await run_all(r, config=chained(chain_groups=groups))  # type: ignore[arg-type]
     assert {res.model_cid for res in results.values()} == {await reference(r)}
-    groups = chain_groups(n)
+    groups = groups or chain_groups(n)
     slices = -(-n // groups)
     assert len({tuple(res.records) for res in results.values()}) == 1
     assert all(len(res.records) == slices and not res.liars for res in results.values())
@@ -89,7 +94,7 @@ async def test_a_sender_missing_from_one_step_is_excluded_from_every_slice() -> 
 
 async def test_a_silent_first_step_is_taken_over_by_its_next_ranked_peer() -> None:
     r = await make_round(8, d=D)
-    groups = chain_groups(8)
+    groups = 2
     rankings = reducer_rankings(bytes(r.roster_cid), 4 * groups, r.roster.peers)
     quiet = rankings[0][0]  # step (0, 0): the chain of slice 0 waits for its partial
     results, board = await run_all(r, silent=(quiet,), config=chained())
@@ -101,7 +106,7 @@ async def test_a_silent_first_step_is_taken_over_by_its_next_ranked_peer() -> No
 
 async def test_a_lying_partial_is_blamed_on_its_author_and_the_fraud_record_proves_it() -> None:
     r = await make_round(8, d=D)
-    groups = chain_groups(8)
+    groups = 2
     rankings = reducer_rankings(bytes(r.roster_cid), 4 * groups, r.roster.peers)
     liar = rankings[0][0]  # step (0, 0) only: the record of slice 0 is written by an honest peer
     writer = rankings[groups - 1][0]

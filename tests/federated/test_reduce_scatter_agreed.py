@@ -517,7 +517,9 @@ async def test_a_finished_round_that_does_not_verify_is_refused() -> None:
 
 
 async def test_chained_rounds_equal_all_to_all_and_reverify() -> None:
-    chained, peers, genesis = await run_rounds("reduce-scatter", rounds=2, chained=True)
+    chained, peers, genesis = await run_rounds(
+        "reduce-scatter", rounds=2, chained=True, chain_groups=2
+    )
     whole, _, _ = await run_rounds("all-to-all", rounds=2)
     for r in range(2):
         assert {res.model for res in chained[r]} == {whole[r][0].model}
@@ -538,7 +540,7 @@ async def test_a_lying_step_of_a_chained_round_is_excluded_and_the_record_reveri
 ) -> None:
     store, bus = MemoryBlockStore(), MemoryPubsubBus()
     peers = Peers(store, bus)
-    genesis = await peers.start(PEERS, aggregation="reduce-scatter", chained=True)
+    genesis = await peers.start(PEERS, aggregation="reduce-scatter", chained=True, chain_groups=2)
     liar = peers.sessions[liar_index]
     liar._slicing.lie = 1e-2  # type: ignore[union-attr]
     try:

@@ -42,8 +42,8 @@ async def test_reduce_scatter_round_over_kubo_downloads_under_two_and_a_half_d(
             base_cid = await put_gradient(store, base)
             entries[p] = (await put_gradient(store, grads[p], chunk_bytes=CHUNK), weights[p])
         roster = Roster.new("rs-kubo", base_cid, 0, base_cid, peers[0], peers, entries)
-        for store in stores:
-            roster_cid = await store.put(roster.to_block())
+        for store in stores:  # not pinned: a recursive pin over the contributions a peer does
+            roster_cid = await store.put(roster.to_block(), pin=False)  # not hold breaks repo/gc
         board = MemorySliceBoard()
         config = ReduceScatterConfig(
             chunk_bytes=CHUNK,
@@ -51,6 +51,7 @@ async def test_reduce_scatter_round_over_kubo_downloads_under_two_and_a_half_d(
             fetch_timeout=30.0,
             phase_timeout=60.0,
             chained=chained,
+            chain_groups=2,  # 2 slices of 2 steps (the default chains from 10 peers on)
         )
         results = await asyncio.gather(
             *(
@@ -58,6 +59,8 @@ async def test_reduce_scatter_round_over_kubo_downloads_under_two_and_a_half_d(
                 for p, s in zip(peers, stores, strict=True)
             )
         )
+        for store in stores[:3]:  # what the round pinned is whole on each daemon: gc runs
+            await store.collect_garbage()
     finally:
         for store in stores:
             await store.aclose()
@@ -68,8 +71,12 @@ async def test_reduce_scatter_round_over_kubo_downloads_under_two_and_a_half_d(
     model = deterministic_update(base, [grads[p] for p in order], [weights[p] for p in order], 0.25)
     want = await put_gradient(MemoryBlockStore(), model)
     assert {r.model_cid for r in results} == {want}
+    # One level: 2·(N−1)/N·d. Chained with S = 2 slices, a step after the first whose group
+    # is not its own reads up to d of pieces, the float64 partial (2·d/S = d) and d/2 of
+    # results: 2.5·d plus manifests and records (the default G keeps S >= 5: <= 2.4·d).
+    bound = 2.75 if chained else 2.5
     for r in results:
-        assert r.downloaded <= 2.5 * D * 4
+        assert r.downloaded <= bound * D * 4
         assert not r.missing
         assert not r.liars
         assert len(r.records) == (2 if chained else 3)  # chained: G = 2 steps of S = 2 slices

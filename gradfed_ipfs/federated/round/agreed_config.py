@@ -119,6 +119,9 @@ class AgreedConfig:
         (:mod:`~.reduce_chain`): N^1.5 blocks a round instead of 2·N², which is what makes a
         round's time grow linearly in N at d = 1M. The same model and records; every member
         must use the same setting. Median and trimmed-mean rounds stay one-level.
+    chain_groups
+        A chained round's number of steps per slice ``G`` (``None``: ``chain_groups(N)`` of the
+        roster, ≈ √N with at least 5 slices; one group runs one-level); the same on every member.
     """
 
     members: tuple[str, ...]
@@ -137,6 +140,7 @@ class AgreedConfig:
     reducer_timeout: float = 5.0
     model_replicas: int | None = 2
     chained: bool = False
+    chain_groups: int | None = None
 
     def __post_init__(self) -> None:
         if not self.members or len(set(self.members)) != len(self.members):
@@ -154,6 +158,8 @@ class AgreedConfig:
                 raise InvalidGradient(f"{name} must be > 0 seconds")
         if self.model_replicas is not None and self.model_replicas < 1:
             raise InvalidGradient("model_replicas must be >= 1 or None (every roster peer)")
+        if self.chain_groups is not None and self.chain_groups < 1:
+            raise InvalidGradient("chain_groups must be >= 1 or None (about √N)")
         if not self.done_timeout >= 0:
             raise InvalidGradient("done_timeout must be >= 0 seconds")
 

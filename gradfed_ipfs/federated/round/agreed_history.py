@@ -41,8 +41,8 @@ from ...storage.dag import fetch_gradient
 from ...tensor.deterministic import deterministic_update
 from .agreed_config import UpdateRule
 from .agreed_slicing import check_slice_results, proven_liars, sliced_roster
+from .chain_proof import check_partial_frauds
 from .encoded import encode_gradient
-from .reduce_chain import check_partial_frauds
 
 __all__ = [
     "MAX_CHAIN_ROUNDS",

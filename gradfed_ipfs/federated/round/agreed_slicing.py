@@ -61,8 +61,8 @@ from ...storage.retention import GcGate, RetentionHook
 from ...tensor.aggregation import AggregationStrategy, Contribution, Median, TrimmedMean
 from .agreed_config import AgreedConfig, UpdateRule
 from .announcer import Reannouncer
+from .chain_proof import partial_fraud_fits
 from .fetcher import ContributionFetcher
-from .reduce_chain import partial_fraud_fits
 from .reduce_scatter import ReduceScatterConfig, ReduceScatterPeer, ReduceScatterResult
 from .slice_io import PubsubSliceBoard
 from .slice_retention import SliceBlocks, UnpinnedPuts, keep_slice_blocks
@@ -360,6 +360,7 @@ class SliceStep:
                 reducer_timeout=config.reducer_timeout,
                 phase_timeout=config.round_timeout,
                 chained=config.chained,
+                chain_groups=config.chain_groups,
             ),
             lie=self.lie,
             silent=self.silent,
@@ -446,8 +447,8 @@ async def proven_liars(store: BlockStore, record: AgreedRecord, roster: Roster) 
     slice writes exactly ``correct`` (which :func:`check_slice_results` re-checks against the
     recomputed model), so ``claimed`` is a lie. In a chained round ``claimed`` may instead be a
     :class:`~gradfed_ipfs.formats.partials.PartialRecord` of that slice
-    (:func:`~.reduce_chain.partial_fraud_fits`) whose values
-    :func:`~.reduce_chain.check_partial_frauds` re-checks from the contributions when the round
+    (:func:`~.chain_proof.partial_fraud_fits`) whose values
+    :func:`~.chain_proof.check_partial_frauds` re-checks from the contributions when the round
     is recomputed (they are not kept under retention). Who announced ``claimed`` is what the peers
     that wrote the record heard (pubsub's authenticated ``from``): blocks cannot prove it, so
     the exclusion is exactly as agreed as the record itself.

@@ -5,7 +5,8 @@ N senders: 2·N² blocks of d/N values a round (N² pieces, N² in the all-gathe
 that per-block cost, not the bytes, is what grows (N^1.3–1.4 per round at N = 8…64).
 
 Chained (``ReduceScatterConfig(chained=True)``, ``fedavg`` only): the roster is cut into
-``G = chain_groups(N)`` runs of consecutive peers (≈ √N, :func:`~.slices.chain_senders`) and d
+``G`` runs of consecutive peers (:func:`~.slices.chain_groups`: ≈ √N, at least 5 slices;
+:func:`~.slices.chain_senders`) and d
 into ``S = ⌈N/G⌉`` slices. Slice ``k`` is reduced in ``G`` steps: step ``(k, j)`` reads slice
 ``k`` of group ``j``'s senders, adds them in roster order to the float64 partial sum step
 ``(k, j−1)`` left (:func:`~gradfed_ipfs.tensor.deterministic.partial_update`, coefficients
@@ -33,9 +34,10 @@ blocks and, with the same rows, every partial sum of the chain (:meth:`ChainStep
 the announced partial of the earliest step whose values differ from the recomputed ones is
 the lie (it was built on right values, or on values never announced), so its announcer, not
 the honest steps after it, is named in the fraud record (``claimed`` = that partial record).
-:func:`partial_fraud_fits` is what a fraud record naming a partial must fit (checked with every
-record, like a one-level fraud record); :func:`check_partial_frauds` re-checks its values from
-the contributions when a round is recomputed.
+:func:`~.chain_proof.partial_fraud_fits` is what a fraud record naming a partial must fit
+(checked with every record, like a one-level fraud record);
+:func:`~.chain_proof.check_partial_frauds` re-checks its values from the contributions when a
+round is recomputed.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import cast
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, cast
 
 import numpy as np
 from multiformats import CID
@@ -56,49 +58,23 @@ from ...errors import (
     BlockStoreError,
     DecodeError,
     GradientError,
-    RoundVerificationFailed,
 )
 from ...formats.partials import PartialRecord, partial_blocks, partial_values
 from ...formats.roster import Roster, RosterEntry
-from ...formats.slices import FraudRecord, SliceMessage, SliceRecord
-from ...storage.base import Block, BlockStore, put_many
+from ...formats.slices import SliceMessage, SliceRecord
+from ...storage.base import Block, put_many
 from ...storage.dag import put_gradient
 from ...storage.retention import put_pinned_alone
-from ...tensor.deterministic import finish_update, partial_update
+from ...tensor.deterministic import finish_update
 from .reduce_scatter_config import ReduceScatterConfig, SliceWork
-from .slice_io import CountingStore, MemorySliceBoard, fetch_range
-from .slices import chain_groups, chain_senders, plan_slices, reducer_rankings
+from .slice_io import CountingStore, MemorySliceBoard
+from .slices import chain_senders, chain_sum, plan_slices, reducer_rankings
 
-__all__ = [
-    "ChainSteps",
-    "chain_sum",
-    "check_partial_frauds",
-    "partial_fraud_fits",
-    "partial_lie_proven",
-]
+__all__ = ["ChainSteps"]
 
 logger = logging.getLogger("gradfed_ipfs.federated.reduce_scatter")
 
 _Loaded = tuple[CID, PartialRecord, np.ndarray]
-
-
-def chain_sum(
-    prev: np.ndarray | None,
-    rows: Sequence[FloatArray],
-    weights: Sequence[int],
-    weight_sum: int,
-    length: int,
-) -> np.ndarray:
-    """Return ``prev + Σ (w_i / weight_sum) · float64(row_i)`` in order (float64, ``length``).
-
-    ``prev`` ``None`` starts at +0.0, as :func:`~gradfed_ipfs.tensor.deterministic.
-    deterministic_update` does; a step whose senders are all missing passes ``prev`` on.
-    """
-    if prev is None and not rows:
-        return np.zeros(length, np.float64)
-    if not rows:
-        return cast(np.ndarray, prev)
-    return partial_update(prev, rows, [int(w) / weight_sum for w in weights])
 
 
 class ChainSteps:
@@ -114,15 +90,21 @@ class ChainSteps:
     _records_read: dict[bytes, Block]
     _unfetchable: set[str]
     _replaced: set[str]
+    _groups: int
+    _heard_upto: int
+    _heard_missing: dict[int, set[str]]
 
     # ReduceScatterPeer's: fetch a step's rows; the ranked announcements of a step.
-    _rows: Callable[[Roster, SliceWork, FloatArray, int, set[str]], Awaitable[None]]
+    _rows: Callable[[Roster, SliceWork, FloatArray, int, set[str]], Coroutine[Any, Any, None]]
     _records: Callable[[CID, int, SliceWork], list[SliceMessage]]
 
-    def _chains(self, roster: Roster, roster_cid: CID, d: int) -> list[list[SliceWork]]:
-        """Return every slice's steps, in chain order (the last one writes the slice record)."""
+    def _chains(
+        self, roster: Roster, roster_cid: CID, d: int, groups: int
+    ) -> list[list[SliceWork]]:
+        """Return every slice's ``groups`` steps, in chain order (the last writes the record)."""
         peers = roster.peers
-        groups = chain_groups(len(peers))
+        self._groups = groups
+        self._heard_upto, self._heard_missing = 0, {}  # _reported_missing's reading of the board
         count = -(-len(peers) // groups)
         rankings = reducer_rankings(bytes(roster_cid), count * groups, peers)
         senders = chain_senders(peers, groups)
@@ -153,9 +135,15 @@ class ChainSteps:
         j: int,
         phase: int,
         exclude: set[str],
-        firsts: list[SliceWork],
+        level: list[SliceWork],
     ) -> None:
-        """Run step ``j`` of a chain in ``phase`` if no better-ranked peer did in time."""
+        """Run step ``j`` of a chain in ``phase`` if no better-ranked peer did in time.
+
+        ``level`` is step ``j`` of every chain. A backup's clock starts once the step's input
+        is announced and half of its level is: a step slow for a reason all share (a sender
+        that makes every step of its group wait ``fetch_timeout``) is not taken over by backups
+        that would wait for the same sender.
+        """
         step = chain[j]
         rank = step.rank[self.peer]
         if rank:
@@ -163,14 +151,17 @@ class ChainSteps:
             def mine() -> bool:
                 return bool(self._records(roster_cid, phase, step))
 
-            def ready() -> bool:  # the step's input is there (announced: a backup loads it last)
-                if j:
-                    return mine() or bool(self._records(roster_cid, phase, chain[j - 1]))
-                heard = sum(1 for f in firsts if self._records(roster_cid, phase, f))
-                return mine() or heard >= (len(firsts) + 1) // 2
+            def ready() -> bool:  # (announced: a backup loads the input only if it takes over)
+                if mine():
+                    return True
+                if j and not self._records(roster_cid, phase, chain[j - 1]):
+                    return False
+                heard = sum(1 for s in level if self._records(roster_cid, phase, s))
+                return heard >= (len(level) + 1) // 2
 
             def ahead() -> int:
                 gone = self._unfetchable | self._replaced | exclude
+                gone = gone | self._reported_missing(roster, roster_cid, phase)
                 return sum(1 for p in step.ranking[:rank] if p not in gone)
 
             await self.board.wait_for(ready, self.config.phase_timeout)
@@ -181,8 +172,17 @@ class ChainSteps:
                 return
         if self.silent:
             return
-        prev = await self._prev(roster_cid, phase, chain[j - 1], exclude) if j else None
-        await self._rows(roster, step, own, base.size, exclude)
+        # The rows are fetched while the previous step runs: a chain costs one fetch, not G.
+        rows = asyncio.create_task(
+            self._step_rows(roster, roster_cid, phase, step, own, base.size, exclude)
+        )
+        try:
+            prev = await self._prev(roster_cid, phase, chain[j - 1], exclude) if j else None
+            await rows
+        finally:
+            if not rows.done():
+                rows.cancel()
+                await asyncio.gather(rows, return_exceptions=True)
         used = [e for e in roster.entries if e.peer not in exclude]
         weight_sum = sum(e.weight for e in used)
         group = [e for e in used if e.peer in cast(frozenset[str], step.senders)]
@@ -199,6 +199,74 @@ class ChainSteps:
             await self._put_partial(roster_cid, phase, step, prev, group, missing, weight_sum, acc)
         else:
             await self._put_slice(roster, roster_cid, phase, step, base, acc, missing)
+
+    async def _step_rows(
+        self,
+        roster: Roster,
+        roster_cid: CID,
+        phase: int,
+        step: SliceWork,
+        own: FloatArray,
+        d: int,
+        exclude: set[str],
+    ) -> None:
+        """Fetch a step's rows, not waiting for a sender reported missing in ``phase``.
+
+        Such a sender is missing from this step too (the next phase excludes it anyway).
+        One-level reducers each fetch from every sender, so each learns a dead sender from its
+        own fetch at once; a step fetches only its group, and a backup that took over a dead
+        peer's step would otherwise wait a second ``fetch_timeout`` for that peer's rows.
+        """
+
+        def wanted() -> set[str]:
+            group = cast(frozenset[str], step.senders) - exclude - step.failed
+            return set(group) - set(step.rows) - {self.peer}
+
+        def reported() -> set[str]:
+            return wanted() & self._reported_missing(roster, roster_cid, phase)
+
+        fetch = asyncio.create_task(self._rows(roster, step, own, d, exclude))
+        watch = asyncio.create_task(
+            self.board.wait_for(lambda: bool(reported()), self.config.phase_timeout)
+        )
+        try:
+            await asyncio.wait({fetch, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if not fetch.done() and reported():
+                fetch.cancel()
+                await asyncio.gather(fetch, return_exceptions=True)
+                step.failed |= reported()
+                self._unfetchable |= step.failed
+                await self._rows(roster, step, own, d, exclude)  # the others still wanted
+            else:
+                await fetch
+        finally:
+            for task in (fetch, watch):
+                task.cancel()
+            await asyncio.gather(fetch, watch, return_exceptions=True)
+
+    def _reported_missing(self, roster: Roster, roster_cid: CID, phase: int) -> set[str]:
+        """Senders a roster peer's partial or slice record of ``phase`` lists ``missing``.
+
+        Read from the records' inline bytes as the board grows (each message once).
+        """
+        messages = self.board.messages
+        if self._heard_upto > len(messages):  # the board forgot other rounds: read it again
+            self._heard_upto, self._heard_missing = 0, {}
+        members = set(roster.peers)
+        for message in messages[self._heard_upto :]:
+            if (
+                message.kind not in ("partial", "slice")
+                or message.block is None
+                or message.roster != roster_cid
+                or message.sender not in members
+            ):
+                continue
+            kind = PartialRecord if message.kind == "partial" else SliceRecord
+            with contextlib.suppress(DecodeError, BlockCorrupt):
+                record = kind.from_block(Block.from_parts(cast(CID, message.cid), message.block))
+                self._heard_missing.setdefault(message.phase, set()).update(record.missing)
+        self._heard_upto = len(messages)
+        return self._heard_missing.get(phase, set())
 
     async def _put_partial(
         self,
@@ -219,6 +287,7 @@ class ChainSteps:
             roster=roster_cid,
             k=step.k,
             j=step.j,
+            groups=self._groups,
             offset=step.offset,
             length=step.length,
             prev=None if prev is None else prev[0],
@@ -320,8 +389,8 @@ class ChainSteps:
             if block is None:
                 block = await self.store.get(cid, timeout=self.config.fetch_timeout)
             record = PartialRecord.from_block(block)
-            place = (record.roster, record.k, record.j, record.offset, record.length)
-            if place != (roster_cid, step.k, step.j, step.offset, step.length):
+            place = (record.roster, record.k, record.j, record.groups, record.offset, record.length)
+            if place != (roster_cid, step.k, step.j, self._groups, step.offset, step.length):
                 return None
             values = self._partials.get(bytes(cid))
             if values is None:
@@ -365,85 +434,3 @@ class ChainSteps:
                 if loaded[2].tobytes() != acc.tobytes():
                     return message.sender, loaded[0]
         return None
-
-
-def partial_fraud_fits(claimed: PartialRecord, correct: SliceRecord, roster: Roster) -> bool:
-    """Return whether ``claimed`` is an earlier step of ``correct``'s slice (same exclusions).
-
-    That is: the same roster, slice and range, ``missing`` senders and weight sum, and a step
-    ``j`` before the last of a chained round on ``roster``.
-    """
-    return (
-        claimed.roster == correct.roster
-        and (claimed.k, claimed.offset, claimed.length)
-        == (correct.k, correct.offset, correct.length)
-        and claimed.missing == correct.missing
-        and claimed.weight_sum == correct.weight_sum
-        and claimed.j < chain_groups(len(roster.entries)) - 1
-    )
-
-
-async def partial_lie_proven(
-    store: BlockStore, claimed: PartialRecord, correct: SliceRecord, roster: Roster, d: int
-) -> bool:
-    """Return whether partial sum ``claimed`` differs from what its step honestly sums.
-
-    ``correct`` is the round's agreed record of the same slice (its ``missing`` and weights),
-    ``d`` the model's length; the honest partial of step ``j`` is the sum over groups
-    ``0 … j`` of ``roster`` (:func:`~.slices.chain_senders`), recomputed from the
-    contributions' slices. ``False`` when :func:`partial_fraud_fits` is not true or the
-    values are right.
-
-    Raises
-    ------
-    BlockStoreError, DecodeError
-        If a contribution slice or a block of ``claimed`` cannot be fetched.
-    """
-    if not partial_fraud_fits(claimed, correct, roster):
-        return False
-    groups = chain_groups(len(roster.entries))
-    senders = frozenset().union(*chain_senders(roster.peers, groups)[: claimed.j + 1])
-    used = [e for e in roster.entries if e.peer in senders and e.peer not in correct.missing]
-    rows = [
-        await fetch_range(store, e.contribution, correct.offset, correct.length, d) for e in used
-    ]
-    honest = chain_sum(None, rows, [e.weight for e in used], correct.weight_sum, claimed.length)
-    blocks = [await store.get(c) for c in claimed.values]
-    try:
-        values = partial_values(blocks, claimed.length)
-    except DecodeError:
-        return True  # not a partial sum at all: no honest step writes it
-    return values.tobytes() != honest.tobytes()
-
-
-async def check_partial_frauds(
-    store: BlockStore, frauds: Sequence[CID], roster: Roster, d: int
-) -> None:
-    """Re-check, from the contributions, every fraud record among ``frauds`` naming a partial.
-
-    Raises
-    ------
-    RoundVerificationFailed
-        If a block cannot be fetched or decoded, or a claimed partial sum is right after all.
-    """
-    for cid in frauds:
-        try:
-            fraud = FraudRecord.from_block(await store.get(cid))
-            block = await store.get(fraud.claimed)
-            if _is_slice_record(block):
-                continue  # the one-level proof: the slice results are checked against the model
-            claimed = PartialRecord.from_block(block)
-            correct = SliceRecord.from_block(await store.get(fraud.correct))
-            proven = await partial_lie_proven(store, claimed, correct, roster, d)
-        except (BlockStoreError, DecodeError, GradientError) as exc:
-            raise RoundVerificationFailed(f"fraud record {cid}: {exc}") from exc
-        if not proven:
-            raise RoundVerificationFailed(f"fraud record {cid}: its partial sum is right")
-
-
-def _is_slice_record(block: Block) -> bool:
-    try:
-        SliceRecord.from_block(block)
-    except DecodeError:
-        return False
-    return True

@@ -337,9 +337,9 @@ class ReduceScatterPeer(SliceChecks, ChainSteps):
         self._records_read: dict[bytes, Block] = {}
         self._unfetchable: set[str] = set()  # senders a fetch of this peer failed for
         self._replaced: set[str] = set()  # first reducers a backup replaced, earlier phases
-        chains = None
-        if self.config.chained and self.config.rule == "fedavg" and chain_groups(len(peers)) > 1:
-            chains = self._chains(roster, roster_cid, d)
+        chains, groups = None, min(self.config.chain_groups or chain_groups(len(peers)), len(peers))
+        if self.config.chained and self.config.rule == "fedavg" and groups > 1:
+            chains = self._chains(roster, roster_cid, d, groups)
             parts = [chain[-1] for chain in chains]  # the steps that write the slice records
         else:
             plan = plan_slices(d, len(peers), self.config.chunk_bytes)
@@ -406,11 +406,19 @@ class ReduceScatterPeer(SliceChecks, ChainSteps):
                 if self.peer in p.rank
             ]
         else:
-            firsts = [chain[0] for chain in chains]
+            levels = [list(level) for level in zip(*chains, strict=True)]
             serving = [
                 asyncio.create_task(
                     self._serve_step(
-                        roster, roster_cid, base, own, chain, step.j, phase, exclude, firsts
+                        roster,
+                        roster_cid,
+                        base,
+                        own,
+                        chain,
+                        step.j,
+                        phase,
+                        exclude,
+                        levels[step.j],
                     )
                 )
                 for chain in chains

@@ -32,7 +32,10 @@ class ReduceScatterConfig:
     chained: bool = False
     """Reduce each slice in :func:`~.slices.chain_groups` steps along the roster
     (:mod:`.reduce_chain`; N^1.5 blocks a round instead of 2·N², the same model and records).
-    ``fedavg`` only (other rules, and rosters under 4 peers, run one-level)."""
+    ``fedavg`` only (other rules, and rosters of one group, run one-level)."""
+    chain_groups: int | None = None
+    """A chained round's ``G`` (every peer the same); ``None``: :func:`~.slices.chain_groups`
+    of the roster's size."""
 
 
 @dataclass

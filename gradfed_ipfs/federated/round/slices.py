@@ -6,8 +6,8 @@
 * :func:`reducer_ranking` orders the roster's peers for slice ``k`` from a hash of
   ``(roster CID, peer)``, rotated by ``k``: rank 0 reduces the slice, rank 1 takes over after
   a timeout..., and every peer is rank 0 of exactly one slice.
-* :func:`chain_groups` / :func:`chain_senders`: a chained round's ``G`` groups of consecutive
-  roster peers (:mod:`.reduce_chain`).
+* :func:`chain_groups` / :func:`chain_senders` / :func:`chain_sum`: a chained round's ``G``
+  groups of consecutive roster peers and its partial sums (:mod:`.reduce_chain`).
 * :func:`reduce_values` is the slice aggregate. For ``fedavg`` it is
   :func:`~gradfed_ipfs.tensor.deterministic.deterministic_update` on the slice, which is
   coordinate-wise, so the concatenated slices are bit-identical to the whole-vector update;
@@ -35,7 +35,7 @@ from ..._types import FloatArray
 from ...errors import InvalidGradient
 from ...formats.slices import split_slice_rule
 from ...storage.dag import plan_chunks
-from ...tensor.deterministic import deterministic_update
+from ...tensor.deterministic import deterministic_update, partial_update
 from ...tensor.robust import coordinate_median, trimmed_mean
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "can_slice",
     "chain_groups",
     "chain_senders",
+    "chain_sum",
     "plan_slices",
     "projection",
     "projection_seed",
@@ -142,13 +143,15 @@ def _reducer_order(roster: bytes, peers: Sequence[str]) -> list[str]:
 
 
 def chain_groups(n: int) -> int:
-    """Return ``G`` for a chained round of ``n`` peers: the largest power of two ``≤ √n``.
+    """Return the default ``G`` of a chained round of ``n`` peers (1: no chain, one level).
 
-    ``S = ⌈n/G⌉`` slices and ``S·G ≥ n`` steps, about one per peer; fewer than 4 peers give
-    ``G = 1`` (no chain: one level). Powers of two keep ``S·G = n`` for rosters of 2^m peers.
+    The largest power of two ``≤ √n`` that leaves ``S = ⌈n/G⌉ ≥ 5`` slices: ``S·G ≥ n``
+    steps, about one per peer, and a peer downloads about ``d + 2·d/S + d ≤ 2.4·d`` values
+    (the partial sum is float64). Powers of two keep ``S·G = n`` for rosters of 2^m peers:
+    G = 2 from 10 peers, 4 from 32, 8 from 64, 16 from 256.
     """
     groups = 1
-    while (2 * groups) ** 2 <= n:
+    while (2 * groups) ** 2 <= n and n >= 5 * 2 * groups:
         groups *= 2
     return groups
 
@@ -157,6 +160,25 @@ def chain_senders(peers: Sequence[str], groups: int) -> list[frozenset[str]]:
     """Return the ``groups`` runs of consecutive roster peers a chained slice adds in turn."""
     n = len(peers)
     return [frozenset(peers[j * n // groups : (j + 1) * n // groups]) for j in range(groups)]
+
+
+def chain_sum(
+    prev: np.ndarray | None,
+    rows: Sequence[FloatArray],
+    weights: Sequence[int],
+    weight_sum: int,
+    length: int,
+) -> np.ndarray:
+    """Return ``prev + Σ (w_i / weight_sum) · float64(row_i)`` in order (float64, ``length``).
+
+    ``prev`` ``None`` starts at +0.0, as :func:`deterministic_update` does; a step whose
+    senders are all missing passes ``prev`` on.
+    """
+    if prev is None and not rows:
+        return np.zeros(length, np.float64)
+    if prev is not None and not rows:
+        return prev
+    return partial_update(prev, rows, [int(w) / weight_sum for w in weights])
 
 
 def reduce_values(
