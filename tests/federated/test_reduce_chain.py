@@ -3,17 +3,25 @@ lying steps, and the fraud proof of a lying partial sum (issue 14)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import pytest
 
-from gradfed_ipfs.errors import RoundVerificationFailed
+from gradfed_ipfs._types import CIDLike
+from gradfed_ipfs.block import Block
+from gradfed_ipfs.cid import parse_cid
+from gradfed_ipfs.errors import BlockTimeout, RoundVerificationFailed
 from gradfed_ipfs.federated.round.chain_proof import (
     check_partial_frauds,
     partial_fraud_fits,
     partial_lie_proven,
 )
-from gradfed_ipfs.federated.round.reduce_scatter import ReduceScatterConfig
+from gradfed_ipfs.federated.round.reduce_scatter import (
+    MemorySliceBoard,
+    ReduceScatterConfig,
+    ReduceScatterPeer,
+)
 from gradfed_ipfs.federated.round.slices import (
     chain_groups,
     chain_senders,
@@ -22,6 +30,8 @@ from gradfed_ipfs.federated.round.slices import (
 )
 from gradfed_ipfs.formats.partials import PartialRecord, partial_blocks
 from gradfed_ipfs.formats.slices import FraudRecord, SliceRecord
+from gradfed_ipfs.storage import MemoryBlockStore
+from gradfed_ipfs.storage.base import UNSET, StoreWrapper, Unset
 from gradfed_ipfs.storage.dag import fetch_manifest
 from tests.federated.test_reduce_scatter import CHUNK, LR, make_round, reference, run_all
 
@@ -143,3 +153,47 @@ async def test_a_lying_partial_is_blamed_on_its_author_and_the_fraud_record_prov
     # A partial of another exclusion set or of the last step does not fit the slice.
     assert not partial_fraud_fits(dataclasses.replace(claimed, missing=("x",)), correct, r.roster)
     assert not partial_fraud_fits(dataclasses.replace(claimed, j=groups - 1), correct, r.roster)
+
+
+class _Hanging(StoreWrapper):
+    """Chunks of a dead sender: each ``get`` waits its timeout, then fails (as Kubo does)."""
+
+    def __init__(self, inner: MemoryBlockStore, dead: set[bytes], peer: str, asked: set[str]):
+        super().__init__(inner)
+        self.dead, self.peer, self.asked = dead, peer, asked
+
+    async def get(self, cid: CIDLike, *, timeout: float | Unset = UNSET) -> Block:
+        if bytes(parse_cid(cid)) in self.dead:
+            self.asked.add(self.peer)
+            await asyncio.sleep(timeout if isinstance(timeout, float) else 1.0)
+            raise BlockTimeout(f"{cid}: no provider answered in time")
+        return await self.store.get(cid, timeout=timeout)
+
+
+async def test_a_dead_sender_costs_one_fetch_timeout_and_no_takeover_wait() -> None:
+    """A sender gone after its commit (each chunk times out) is asked for by the steps of its
+    group only, once each; the backup of its own step takes over without ``reducer_timeout``
+    (its rank 0 is reported missing) and does not ask for it again."""
+    r = await make_round(16, d=D)
+    groups = 4
+    rankings = reducer_rankings(bytes(r.roster_cid), 16, r.roster.peers)
+    dead = rankings[9][0]  # the rank 0 of step (2, 1)
+    index = r.roster.peers.index(dead)
+    manifest = await fetch_manifest(r.store, r.roster.entries[index].contribution)
+    chunks = {bytes(c.cid) for c in manifest.chunks}
+    config = chained(
+        chain_groups=groups, fetch_timeout=0.5, reducer_timeout=60.0, phase_timeout=10.0
+    )  # waiting reducer_timeout once would fail the phase
+    board, asked = MemorySliceBoard(), set[str]()
+    live = [p for p in r.roster.peers if p != dead]
+    peers = [ReduceScatterPeer(p, _Hanging(r.store, chunks, p, asked), board, config) for p in live]
+    results = await asyncio.gather(
+        *(peer.run(r.roster, r.roster_cid, r.base, r.grads[peer.peer]) for peer in peers)
+    )
+    assert {res.model_cid for res in results} == {await reference(r, without=(dead,))}
+    assert all(res.missing == (dead,) for res in results)
+    group = chain_senders(r.roster.peers, groups).index(
+        next(g for g in chain_senders(r.roster.peers, groups) if dead in g)
+    )
+    owners = {rankings[k * groups + group][0] for k in range(4)} - {dead}
+    assert asked == owners  # the steps of its group, not the backup that replaced it

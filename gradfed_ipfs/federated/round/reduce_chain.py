@@ -225,6 +225,8 @@ class ChainSteps:
         def reported() -> set[str]:
             return wanted() & self._reported_missing(roster, roster_cid, phase)
 
+        step.failed |= reported()  # known before this step starts: not asked at all
+        self._unfetchable |= step.failed
         fetch = asyncio.create_task(self._rows(roster, step, own, d, exclude))
         watch = asyncio.create_task(
             self.board.wait_for(lambda: bool(reported()), self.config.phase_timeout)
