@@ -31,17 +31,21 @@ chunk k). The line also prints the CPU seconds of this process and of the daemon
 average, and how many slices a backup reducer redid (takeovers).
 
 ``--chained`` adds a chained round (:mod:`~gradfed_ipfs.federated.round.reduce_chain`: each
-slice reduced in G ≈ √N steps along the roster, float64 partial sums passed by CID) after the
-one-level one at each N, and runs ``--faults`` chained. 2026-12-01 10:31 (idle, load 0.5
-rising to 6.1), ``--reduce-scatter 8,16,32,64 --chained --peer-clients --a2a-max 32
---connections 16``: chained 1.41 / 2.14 / 3.92 / 8.24 s against one-level 1.41 / 2.48 / 5.61 /
-13.70 s and all-to-all 3.35 / 11.29 / 45.56 s (N = 32: 11.6× all-to-all); per-peer
-2.25 / 2.50 / 2.26 / 2.26·d·4 B; equal CIDs, equal to the reference. (The data path alone,
-measured before the mode existed with a prototype, had 0.76 / 1.40 / 2.31 / 4.76 s, and at
-N = 128 9.94 s against one-level 53.56 s.) Chained faults at N = 16 (10:35, clean 1.89 s):
-silent +9.60 s (1 takeover), lying +1.88 s (every checker recomputes the slice: G·d values,
-7.76·d·4 B per peer), dropped +29.84 s (6 takeovers), killed +10.08 s; equal CIDs on every
-honest peer.
+slice reduced in G steps along the roster, float64 partial sums passed by CID; G =
+``chain_groups(N)``: 1 at N = 8, 2 at 16, 4 at 32, 8 at 64) after the one-level one at each N,
+and runs ``--faults`` chained. 2026-12-01 10:39 (idle, load 0.4 rising to 2.8),
+``--reduce-scatter 8,16,32,64 --chained --peer-clients --a2a-max 32 --connections 16``:
+chained 0.86 (one level) / 1.99 / 4.26 / 8.01 s against one-level 0.94 / 1.83 / 6.58 / 14.13 s
+and all-to-all 3.24 / 10.82 / 47.57 s (N = 32: 11.2× all-to-all); per-peer 1.75 / 2.13 / 2.26
+/ 2.26·d·4 B; equal CIDs, equal to the reference. (With G = √N, 10:31: 2.14 / 3.92 / 8.24 s at
+N = 16 / 32 / 64, but 2.50·d·4 B at 16. The data path alone, measured with a prototype before
+the mode existed: 0.76 / 1.40 / 2.31 / 4.76 s, and at N = 128 9.94 s against one-level
+53.56 s.) Chained faults, extra time over the clean chained round: N = 16, G = 2 (11:10, clean
+1.72 s): silent +9.95 s (1 takeover), lying +1.02 s (every checker recomputes the lied slice:
+G·d values; 4.26·d·4 B per peer), dropped +9.76 s, killed +10.57 s; N = 32, G = 4 (11:14,
+clean 4.33 s): +9.38 / +3.66 (6.89·d·4 B) / +8.74 / +10.04 s. Equal CIDs on every honest peer.
+The dropped sender cost +29.84 s (N = 16, G = 4, 10:35) until a step stopped waiting for a
+sender another step of the phase had reported missing.
 
 Reading the numbers. Every simulated peer is a task of this one process and the 4 daemons share
 the machine's 2 cores with it, so a round takes about (this process's CPU + the daemons' CPU)
