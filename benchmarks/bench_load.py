@@ -42,7 +42,7 @@ N = 16 / 32 / 64, but 2.50·d·4 B at 16. The data path alone, measured with a p
 the mode existed: 0.76 / 1.40 / 2.31 / 4.76 s, and at N = 128 9.94 s against one-level
 53.56 s.) Chained faults, extra time over the clean chained round: N = 16, G = 2 (11:10, clean
 1.72 s): silent +9.95 s (1 takeover), lying +1.02 s (every checker recomputes the lied slice:
-G·d values; 4.26·d·4 B per peer), dropped +9.76 s, killed +10.57 s; N = 32, G = 4 (11:14,
+G·d values; 4.26·d·4 B per peer), dropped +9.76 s, killed +10.57 s; N = 32, G = 4 (11:11,
 clean 4.33 s): +9.38 / +3.66 (6.89·d·4 B) / +8.74 / +10.04 s. Equal CIDs on every honest peer.
 The dropped sender cost +29.84 s (N = 16, G = 4, 10:35) until a step stopped waiting for a
 sender another step of the phase had reported missing.
