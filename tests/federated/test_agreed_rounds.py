@@ -310,3 +310,46 @@ async def test_a_roster_nobody_serves_does_not_hold_the_round() -> None:
     assert results[0].model == results[1].model
     assert all(r.roster.peers == PEERS[:2] for r in results)
     assert all(f"roster {bogus}" in r.rejected for r in results)
+
+
+class _DeafToRound(LossyPubsub):
+    """Drops every incoming agreed message of one round (a peer that missed all of it)."""
+
+    def __init__(self, inner: PubsubTransport, round_number: int) -> None:
+        super().__init__(inner, loss=0.0, seed=0)
+        self.round_number = round_number
+
+    async def _lossy(self, messages: AsyncIterator[PubsubMessage]) -> AsyncIterator[PubsubMessage]:
+        async for message in messages:
+            decoded = AgreedMessage.decode(message.data)
+            if decoded.round == self.round_number:
+                self.dropped += 1
+                continue
+            yield message
+
+
+async def test_a_peer_that_missed_a_whole_round_finds_its_roster_from_a_later_record(
+    store: MemoryBlockStore,
+) -> None:
+    """Peer c hears nothing of round 1 (no roster, no ``done``: they are re-announced only
+    until their senders' next round). Once a and b finish round 2 without it, c walks their
+    round-2 record back to round 1's and adopts that roster; before, it waited until
+    ``round_timeout`` and raised ``QuorumNotReached``, and retrying could never succeed."""
+    bus = MemoryPubsubBus()
+    genesis = await AgreedSession.commit_genesis(store, initial_model())
+    deaf = _DeafToRound(bus.endpoint(PEERS[2]), round_number=1)
+    transports = [bus.endpoint(PEERS[0]), bus.endpoint(PEERS[1]), deaf]
+    sessions = await make_sessions(store, transports, genesis, min_peers=2, round_timeout=60.0)
+    try:
+        await run_all(sessions, [0, 1, 2])  # round 0, all three
+        late = asyncio.ensure_future(sessions[2].run_round(delta(2, 1), weight=3))
+        first = await run_all(sessions[:2], [0, 1])  # round 1 (with c's contribution)
+        second = await run_all(sessions[:2], [0, 1])  # round 2, without c
+        assert all(res.absent == (PEERS[2],) for res in second)
+        caught_up = await asyncio.wait_for(late, 30.0)  # well before round_timeout
+        assert caught_up.record == first[0].record
+        assert deaf.dropped > 0
+        third = await sessions[2].run_round(delta(2, 2), weight=3)  # round 2's messages heard
+        assert third.record == second[0].record
+    finally:
+        await close(sessions)

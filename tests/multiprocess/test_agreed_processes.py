@@ -136,8 +136,8 @@ def wait_final(peers: list[PeerProcess], timeout: float) -> None:
     try:
         poll_until(finished, timeout=timeout, what="every peer's final model")
     except TimeoutError as exc:
-        progress = [[(e["event"], e.get("round"), e.get("seconds")) for e in p.events]
-                    for p in peers]  # fmt: skip
+        progress = [[(e["event"], e.get("round"), e.get("seconds") or e.get("message"))
+                     for e in p.events] for p in peers]  # fmt: skip
         raise AssertionError(f"{exc}; peers' events: {progress}") from None
 
 

@@ -33,7 +33,7 @@ from .agreed_config import AgreedConfig
 from .agreed_history import check_finished_round, load_record
 from .agreed_slicing import SliceStep
 from .announcer import Reannouncer
-from .coordinator import RoundBoard, roster_problem
+from .coordinator import MAX_ROUNDS_AHEAD, RoundBoard, roster_problem
 from .fetcher import ContributionFetcher, is_transient
 from .reduce_scatter import ReduceScatterResult
 from .slice_io import CountingStore
@@ -44,6 +44,8 @@ __all__ = ["RosterPhase"]
 logger = logging.getLogger("gradfed_ipfs.federated.agreed")
 
 _TICK: Final = 0.05
+MAX_WALK_BACK: Final = MAX_ROUNDS_AHEAD
+"""Most records walked back from a later round's ``done`` to find a missed round's roster."""
 """Longest wait between checks for other peers' records of a sliced round (seconds)."""
 
 
@@ -175,11 +177,20 @@ class RosterPhase:
     async def _try_rosters(
         self, r: int, ranking: list[str], rejected: dict[str, str], tried: set[bytes]
     ) -> tuple[CID, Roster, FloatArray | None] | None:
-        """Adopt the best-ranked valid roster heard (directly or through a ``done`` record)."""
+        """Adopt the best-ranked valid roster heard (directly or through a ``done`` record).
+
+        A peer that heard neither round ``r``'s rosters nor its ``done`` messages (they are
+        re-announced only until their senders' next round, so a peer busy elsewhere, e.g.
+        resyncing, can miss them all) but hears a later round's ``done`` walks that record's
+        ``prev`` links back to round ``r`` (at most :data:`MAX_WALK_BACK` records) for its roster.
+        """
         state = self.board.state(r)
         candidates = [(ranking.index(p), c) for p, c in state.rosters.items() if p in ranking]
         if not candidates:
-            for peer, head in list(state.done.items()):
+            later = [
+                (p, h) for p, h in self.board.heads.items() if r < h.round <= r + MAX_WALK_BACK
+            ]
+            for peer, head in [*state.done.items(), *later]:
                 if bytes(head.record) in tried:
                     continue
                 tried.add(bytes(head.record))
@@ -187,6 +198,13 @@ class RosterPhase:
                     record = await load_record(
                         self.store, head.record, timeout=self.config.fetch_timeout
                     )
+                    while record.round > r and record.prev is not None:
+                        prev = await load_record(
+                            self.store, record.prev, timeout=self.config.fetch_timeout
+                        )
+                        if prev.round != record.round - 1:
+                            break  # not a chain of rounds: no roster of round r in it
+                        record = prev
                 except (BlockStoreError, DecodeError) as exc:
                     rejected[peer] = f"record {head.record}: {exc}"
                     continue

@@ -63,8 +63,6 @@ from ...formats.partials import PartialRecord, partial_blocks, partial_values
 from ...formats.roster import Roster, RosterEntry
 from ...formats.slices import SliceMessage, SliceRecord
 from ...storage.base import Block, put_many
-from ...storage.dag import put_gradient
-from ...storage.retention import put_pinned_alone
 from ...tensor.deterministic import finish_update
 from .reduce_scatter_config import ReduceScatterConfig, SliceWork
 from .slice_io import CountingStore, MemorySliceBoard
@@ -94,9 +92,14 @@ class ChainSteps:
     _heard_upto: int
     _heard_missing: dict[int, set[str]]
 
-    # ReduceScatterPeer's: fetch a step's rows; the ranked announcements of a step.
+    # ReduceScatterPeer's: fetch a step's rows; the ranked announcements of a step; put a
+    # slice's result and record.
     _rows: Callable[[Roster, SliceWork, FloatArray, int, set[str]], Coroutine[Any, Any, None]]
     _records: Callable[[CID, int, SliceWork], list[SliceMessage]]
+    _commit_slice: Callable[
+        [Roster, CID, SliceWork, FloatArray, set[str], float],
+        Coroutine[Any, Any, tuple[Block, FloatArray]],
+    ]
 
     def _chains(
         self, roster: Roster, roster_cid: CID, d: int, groups: int
@@ -321,25 +324,9 @@ class ChainSteps:
         values = finish_update(
             acc, base[step.offset : step.offset + step.length], self.config.learning_rate
         )
-        if self.lie:
-            values = (values + np.float32(self.lie)).astype(np.float32)
-        result = await put_gradient(self.store, values, chunk_bytes=self.config.chunk_bytes)
-        used = [e for e in roster.entries if e.peer not in missing]
-        record = SliceRecord(
-            roster=roster_cid,
-            base=roster.base,
-            k=step.k,
-            offset=step.offset,
-            length=step.length,
-            rule=self.config.rule,
-            learning_rate=float(self.config.learning_rate),
-            inputs=tuple((e.peer, e.contribution) for e in used),
-            missing=tuple(sorted(missing)),
-            weight_sum=sum(e.weight for e in used),
-            result=result,
+        block, values = await self._commit_slice(
+            roster, roster_cid, step, values, missing, self.lie
         )
-        block = record.to_block()
-        await put_pinned_alone(self.store, block)
         self._local[block.cid] = values
         await self.board.publish(
             SliceMessage("slice", self.peer, roster_cid, phase, step.k, block.cid, block=block.data)

@@ -29,6 +29,10 @@ Given an agreed :class:`~gradfed_ipfs.formats.roster.Roster` of N contributions 
 4. **all-gather**: every peer fetches the N slice results, concatenates them and puts the model
    (:func:`~gradfed_ipfs.storage.dag.put_gradient`): the CID is the same on every honest peer.
 
+With ``ReduceScatterConfig(chained=True)`` (``fedavg``) step 1 runs in ``G`` steps per slice
+along the roster instead, passing float64 partial sums (:mod:`.reduce_chain`): the same
+records and model with ~N^1.5 blocks a round instead of ~2·N²; steps 2 to 4 are unchanged.
+
 The board is :class:`PubsubSliceBoard` (one per peer, over pubsub) or, for peers simulated in
 one process, the shared :class:`MemorySliceBoard`; its messages are small (CIDs, N floats, and
 a slice record's bytes, which spare every reader one fetch per slice).
@@ -192,9 +196,22 @@ class ReduceScatterPeer(SliceChecks, ChainSteps):
             [e.weight for e in used],
             self.config.learning_rate,
         )
+        return await self._commit_slice(roster, roster_cid, part, values, missing, lie)
+
+    async def _commit_slice(
+        self,
+        roster: Roster,
+        roster_cid: CID,
+        part: SliceWork,
+        values: FloatArray,
+        missing: set[str],
+        lie: float = 0.0,
+    ) -> tuple[Block, FloatArray]:
+        """Put slice ``part``'s result (plus the ``lie`` hook) and record; return both."""
         if lie:
             values = (values + np.float32(lie)).astype(np.float32)
         result = await put_gradient(self.store, values, chunk_bytes=self.config.chunk_bytes)
+        used = [e for e in roster.entries if e.peer not in missing]
         record = SliceRecord(
             roster=roster_cid,
             base=roster.base,
