@@ -92,10 +92,14 @@ class ChainSteps:
     _heard_upto: int
     _heard_missing: dict[int, set[str]]
 
-    # ReduceScatterPeer's: fetch a step's rows; the ranked announcements of a step; put a
-    # slice's result and record.
+    # ReduceScatterPeer's: fetch a step's rows; the ranked announcements of a step; wait for
+    # this peer's turn at a step; put a slice's result and record.
     _rows: Callable[[Roster, SliceWork, FloatArray, int, set[str]], Coroutine[Any, Any, None]]
     _records: Callable[[CID, int, SliceWork], list[SliceMessage]]
+    _my_turn: Callable[
+        [CID, int, SliceWork, Callable[[], bool], Callable[[], set[str]]],
+        Coroutine[Any, Any, bool],
+    ]
     _commit_slice: Callable[
         [Roster, CID, SliceWork, FloatArray, set[str], float],
         Coroutine[Any, Any, tuple[Block, FloatArray]],
@@ -148,32 +152,18 @@ class ChainSteps:
         that would wait for the same sender.
         """
         step = chain[j]
-        rank = step.rank[self.peer]
-        if rank:
 
-            def mine() -> bool:
-                return bool(self._records(roster_cid, phase, step))
+        def ready() -> bool:  # (announced: a backup loads the input only if it takes over)
+            if j and not self._records(roster_cid, phase, chain[j - 1]):
+                return False
+            heard = sum(1 for s in level if self._records(roster_cid, phase, s))
+            return heard >= (len(level) + 1) // 2
 
-            def ready() -> bool:  # (announced: a backup loads the input only if it takes over)
-                if mine():
-                    return True
-                if j and not self._records(roster_cid, phase, chain[j - 1]):
-                    return False
-                heard = sum(1 for s in level if self._records(roster_cid, phase, s))
-                return heard >= (len(level) + 1) // 2
+        def gone() -> set[str]:
+            known = self._unfetchable | self._replaced | exclude
+            return known | self._reported_missing(roster, roster_cid, phase)
 
-            def ahead() -> int:
-                gone = self._unfetchable | self._replaced | exclude
-                gone = gone | self._reported_missing(roster, roster_cid, phase)
-                return sum(1 for p in step.ranking[:rank] if p not in gone)
-
-            await self.board.wait_for(ready, self.config.phase_timeout)
-            await self.board.wait_for(
-                lambda: mine() or not ahead(), ahead() * self.config.reducer_timeout
-            )
-            if mine():
-                return
-        if self.silent:
+        if not await self._my_turn(roster_cid, phase, step, ready, gone):
             return
         # The rows are fetched while the previous step runs: a chain costs one fetch, not G.
         rows = asyncio.create_task(

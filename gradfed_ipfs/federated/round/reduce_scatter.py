@@ -44,6 +44,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import cast
 
@@ -272,32 +273,52 @@ class ReduceScatterPeer(SliceChecks, ChainSteps):
         fetch, or excluded, or a first reducer replaced in an earlier phase; a dead reducer
         costs ``reducer_timeout`` once a round, not once a phase.
         """
-        rank = part.rank[self.peer]
-        if rank:
-
-            def mine() -> bool:
-                return bool(self._records(roster_cid, phase, part))
-
-            def half() -> bool:
-                return mine() or self._filled(roster_cid, phase, parts, (len(parts) + 1) // 2)
-
-            def ahead() -> int:
-                gone = self._unfetchable | self._replaced | exclude
-                return sum(1 for p in part.ranking[:rank] if p not in gone)
-
-            await self.board.wait_for(half, self.config.phase_timeout)
-            await self.board.wait_for(
-                lambda: mine() or not ahead(), ahead() * self.config.reducer_timeout
-            )
-            if mine():
-                return
-        if self.silent:
+        half = (len(parts) + 1) // 2
+        if not await self._my_turn(
+            roster_cid,
+            phase,
+            part,
+            lambda: self._filled(roster_cid, phase, parts, half),
+            lambda: self._unfetchable | self._replaced | exclude,
+        ):
             return
         block, values = await self._reduce(roster, roster_cid, base, own, part, exclude, self.lie)
         self._local[block.cid] = values
         await self.board.publish(
             SliceMessage("slice", self.peer, roster_cid, phase, part.k, block.cid, block=block.data)
         )
+
+    async def _my_turn(
+        self,
+        roster_cid: CID,
+        phase: int,
+        part: SliceWork,
+        ready: Callable[[], bool],
+        gone: Callable[[], set[str]],
+    ) -> bool:
+        """Wait as ``part``'s rank ``r``; return whether this peer reduces it (not ``silent``).
+
+        Rank 0 goes at once. Rank ``r ≥ 1`` waits until ``ready()`` (its clock's start), then
+        ``a · reducer_timeout`` for a better-ranked record, ``a`` being the better-ranked peers
+        not in ``gone()``; it goes if none came.
+        """
+        rank = part.rank[self.peer]
+        if rank:
+
+            def mine() -> bool:
+                return bool(self._records(roster_cid, phase, part))
+
+            def ahead() -> int:
+                known = gone()
+                return sum(1 for p in part.ranking[:rank] if p not in known)
+
+            await self.board.wait_for(lambda: mine() or ready(), self.config.phase_timeout)
+            await self.board.wait_for(
+                lambda: mine() or not ahead(), ahead() * self.config.reducer_timeout
+            )
+            if mine():
+                return False
+        return not self.silent
 
     async def _load(
         self, message: SliceMessage, expected: SliceInputs | None = None
