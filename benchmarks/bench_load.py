@@ -33,11 +33,13 @@ average, and how many slices a backup reducer redid (takeovers).
 ``--chained`` adds a chained round (:mod:`~gradfed_ipfs.federated.round.reduce_chain`: each
 slice reduced in G steps along the roster, float64 partial sums passed by CID; G =
 ``chain_groups(N)``: 1 at N = 8, 2 at 16, 4 at 32, 8 at 64) after the one-level one at each N,
-and runs ``--faults`` chained. 2026-12-01 10:39 (idle, load 0.4 rising to 2.8),
+and runs ``--faults`` chained. 2026-12-01 11:47 at 7cad6b8 (idle, load 0.4 rising to 5.3),
 ``--reduce-scatter 8,16,32,64 --chained --peer-clients --a2a-max 32 --connections 16``:
-chained 0.86 (one level) / 1.99 / 4.26 / 8.01 s against one-level 0.94 / 1.83 / 6.58 / 14.13 s
-and all-to-all 3.24 / 10.82 / 47.57 s (N = 32: 11.2× all-to-all); per-peer 1.75 / 2.13 / 2.26
-/ 2.26·d·4 B; equal CIDs, equal to the reference. (With G = √N, 10:31: 2.14 / 3.92 / 8.24 s at
+chained 0.89 (one level) / 1.64 / 4.39 / 8.93 s against one-level 0.94 / 1.94 / 5.71 / 14.12 s
+and all-to-all 3.01 / 11.28 / 46.23 s (N = 32: 10.5× all-to-all; N^1.11 from 8 to 64 against
+one-level's N^1.30); per-peer 1.75 / 2.13 / 2.26 / 2.26·d·4 B; equal CIDs, equal to the
+reference (10:39, before a step fetched its rows during the previous one: 0.86 / 1.99 / 4.26 /
+8.01 s). (With G = √N, 10:31: 2.14 / 3.92 / 8.24 s at
 N = 16 / 32 / 64, but 2.50·d·4 B at 16. The data path alone, measured with a prototype before
 the mode existed: 0.76 / 1.40 / 2.31 / 4.76 s, and at N = 128 9.94 s against one-level
 53.56 s.) Chained faults, extra time over the clean chained round: N = 16, G = 2 (11:10, clean
