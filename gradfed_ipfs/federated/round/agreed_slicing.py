@@ -61,7 +61,7 @@ from ...storage.retention import GcGate, RetentionHook
 from ...tensor.aggregation import AggregationStrategy, Contribution, Median, TrimmedMean
 from .agreed_config import AgreedConfig, UpdateRule
 from .announcer import Reannouncer
-from .chain_proof import partial_fraud_fits
+from .chain_proof import claimed_record, partial_fraud_fits
 from .fetcher import ContributionFetcher
 from .reduce_scatter import ReduceScatterConfig, ReduceScatterPeer, ReduceScatterResult
 from .slice_io import PubsubSliceBoard
@@ -469,10 +469,11 @@ async def proven_liars(store: BlockStore, record: AgreedRecord, roster: Roster) 
             fraud = FraudRecord.from_block(await store.get(cid))
             block = await store.get(fraud.claimed)
             correct = SliceRecord.from_block(await store.get(fraud.correct))
-            try:  # a chained round's lie may be a partial sum
-                fits = partial_fraud_fits(PartialRecord.from_block(block), correct, roster)
-            except DecodeError:
-                fits = place(SliceRecord.from_block(block)) == place(correct)
+            claimed = claimed_record(block)  # a chained round's lie may be a partial sum
+            if isinstance(claimed, PartialRecord):
+                fits = partial_fraud_fits(claimed, correct, roster)
+            else:
+                fits = place(claimed) == place(correct)
         except (BlockStoreError, DecodeError) as exc:
             raise RoundVerificationFailed(f"round {record.round}: fraud {cid}: {exc}") from exc
         if (

@@ -23,7 +23,7 @@ from ...storage.base import Block, BlockStore
 from .slice_io import fetch_range
 from .slices import chain_senders, chain_sum
 
-__all__ = ["check_partial_frauds", "partial_fraud_fits", "partial_lie_proven"]
+__all__ = ["check_partial_frauds", "claimed_record", "partial_fraud_fits", "partial_lie_proven"]
 
 
 def partial_fraud_fits(claimed: PartialRecord, correct: SliceRecord, roster: Roster) -> bool:
@@ -88,10 +88,9 @@ async def check_partial_frauds(
     for cid in frauds:
         try:
             fraud = FraudRecord.from_block(await store.get(cid))
-            block = await store.get(fraud.claimed)
-            if _is_slice_record(block):
+            claimed = claimed_record(await store.get(fraud.claimed))
+            if isinstance(claimed, SliceRecord):
                 continue  # the one-level proof: the slice results are checked against the model
-            claimed = PartialRecord.from_block(block)
             correct = SliceRecord.from_block(await store.get(fraud.correct))
             proven = await partial_lie_proven(store, claimed, correct, roster, d)
         except (BlockStoreError, DecodeError, GradientError) as exc:
@@ -100,9 +99,15 @@ async def check_partial_frauds(
             raise RoundVerificationFailed(f"fraud record {cid}: its partial sum is right")
 
 
-def _is_slice_record(block: Block) -> bool:
+def claimed_record(block: Block) -> SliceRecord | PartialRecord:
+    """Decode a fraud record's ``claimed`` block: a slice record, or a chained round's partial.
+
+    Raises
+    ------
+    MalformedManifest
+        If it is neither.
+    """
     try:
-        SliceRecord.from_block(block)
+        return SliceRecord.from_block(block)
     except DecodeError:
-        return False
-    return True
+        return PartialRecord.from_block(block)

@@ -377,6 +377,7 @@ class ChainSteps:
                     *(self.store.get(c, timeout=self.config.fetch_timeout) for c in record.values)
                 )
                 values = partial_values(blocks, record.length)
+                self._partials[bytes(cid)] = values  # a blame read of it fetches nothing again
         except (BlockStoreError, DecodeError, GradientError, TimeoutError) as exc:
             logger.warning("partial %s from %s refused: %s", cid, message.sender, exc)
             return None
