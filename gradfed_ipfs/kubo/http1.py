@@ -33,6 +33,7 @@ __all__ = [
     "Http1Pool",
     "Http1ProtocolError",
     "Http1TooLarge",
+    "QueryParams",
     "encode_request",
 ]
 
@@ -65,8 +66,12 @@ class Http1TooLarge(Http1Error):
         self.seen = seen
 
 
+QueryParams = Mapping[str, str | list[str]]
+"""A call's query parameters; a list repeats its key (``pin/add?arg=a&arg=b``)."""
+
+
 def encode_request(
-    endpoint: str, params: Mapping[str, str] | None, files: Mapping[str, Any] | None
+    endpoint: str, params: QueryParams | None, files: Mapping[str, Any] | None
 ) -> tuple[bytes, list[tuple[bytes, bytes]], bytes] | None:
     """Return ``(path and query, headers, body)`` of a call, or ``None`` if it needs httpx.
 
@@ -91,7 +96,7 @@ def encode_request(
         body = b"".join(parts) + f"--{boundary}--\r\n".encode()
         headers.append((b"Content-Type", f"multipart/form-data; boundary={boundary}".encode()))
     headers.append((b"Content-Length", str(len(body)).encode()))
-    query = urlencode(params, quote_via=quote) if params else ""
+    query = urlencode(params, doseq=True, quote_via=quote) if params else ""
     return endpoint.encode() + (b"?" + query.encode() if query else b""), headers, body
 
 

@@ -47,6 +47,7 @@ from .http1 import (
     Http1Pool,
     Http1ProtocolError,
     Http1TooLarge,
+    QueryParams,
     encode_request,
 )
 from .rpc_errors import KUBO_ERRORS, ErrorFamily, rpc_error, timeout_error, too_large_error
@@ -191,7 +192,7 @@ class KuboRpc:
     async def post(
         self,
         endpoint: str,
-        params: Mapping[str, str] | None = None,
+        params: QueryParams | None = None,
         *,
         files: Mapping[str, Any] | None = None,
         deadline: float | None = None,
@@ -292,7 +293,7 @@ class KuboRpc:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def post_json(
-        self, endpoint: str, params: Mapping[str, str] | None = None, **options: Any
+        self, endpoint: str, params: QueryParams | None = None, **options: Any
     ) -> Any:
         """:meth:`post`, then decode the JSON answer (``None`` for an empty body).
 
@@ -317,7 +318,7 @@ class KuboRpc:
             ) from None
 
     async def post_ndjson(
-        self, endpoint: str, params: Mapping[str, str] | None = None, **options: Any
+        self, endpoint: str, params: QueryParams | None = None, **options: Any
     ) -> list[dict[str, Any]]:
         """:meth:`post` a streaming endpoint (errors inside 200 bodies); return its objects."""
         body = await self.post(endpoint, params, streamed=True, **options)
@@ -330,7 +331,7 @@ class KuboRpc:
     async def stream_lines(
         self,
         endpoint: str,
-        params: Mapping[str, str] | None = None,
+        params: QueryParams | None = None,
         *,
         max_line: int | None = None,
         errors: ErrorFamily | None = None,
@@ -394,7 +395,7 @@ class KuboRpc:
     async def _exchange(
         self,
         endpoint: str,
-        params: Mapping[str, str] | None,
+        params: QueryParams | None,
         files: Mapping[str, Any] | None,
         seconds: float,
         cap: int,

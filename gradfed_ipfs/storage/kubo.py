@@ -39,6 +39,7 @@ from ..errors import (
     StoreUnavailable,
 )
 from ..formats.rpc import iter_ndjson
+from ..kubo.http1 import QueryParams
 from ..kubo.rpc import DEADLINE_GRACE, KuboRpc, Transport
 from ..kubo.rpc_errors import ErrorFamily
 from .base import MAX_BLOCK_SIZE, UNSET, AsyncClosing, Block, Unset
@@ -328,12 +329,18 @@ class KuboBlockStore(AsyncClosing):
 
     async def pin(self, cid: CIDLike, *, recursive: bool = True) -> None:
         """``pin/add``: recursive (a dag-cbor root pins every block it links) or direct."""
-        parsed = parse_cid(cid)
-        with rpc_context(self.api_url, "pin/add", parsed):
+        await self.pin_many([cid], recursive=recursive)
+
+    async def pin_many(self, cids: Sequence[CIDLike], *, recursive: bool = True) -> None:
+        """One ``pin/add`` call for ``cids`` (each pinned as :meth:`pin` pins it)."""
+        parsed = [parse_cid(cid) for cid in cids]
+        if not parsed:
+            return
+        with rpc_context(self.api_url, "pin/add", parsed[0]):
             await self._post(
                 "pin/add",
                 {
-                    "arg": cid_to_str(parsed),
+                    "arg": [cid_to_str(cid) for cid in parsed],
                     "recursive": "true" if recursive else "false",
                     "timeout": f"{self.timeout:.3f}s",
                 },
@@ -407,7 +414,7 @@ class KuboBlockStore(AsyncClosing):
 
     # ------------------------------------------------------------------ transport
 
-    async def _post(self, endpoint: str, params: dict[str, str], **options: Any) -> bytes:
+    async def _post(self, endpoint: str, params: QueryParams, **options: Any) -> bytes:
         """One call with the store's retries and error family."""
         return await self.rpc.post(
             endpoint,

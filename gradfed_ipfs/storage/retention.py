@@ -68,6 +68,7 @@ __all__ = [
     "RetentionHook",
     "RetentionKeeper",
     "RoundBlocks",
+    "put_all_pinned_alone",
     "put_pinned_alone",
 ]
 
@@ -185,14 +186,28 @@ async def put_pinned_alone(store: BlockStore, block: Block) -> CID:
     :class:`Collectable` store under its :class:`~.base.StoreWrapper` layers. A store with
     none (a plain :class:`BlockStore`) pins it as ``put`` does.
     """
+    return (await put_all_pinned_alone(store, [block]))[0]
+
+
+async def put_all_pinned_alone(store: BlockStore, blocks: Sequence[Block]) -> list[CID]:
+    """:func:`put_pinned_alone` for several blocks, in as few calls as the stores allow.
+
+    On Kubo that is one ``block/put`` per codec and one ``pin/add`` for all (a finished
+    round's roster and record: two calls instead of four, on every peer and round).
+    """
     inner: object = store
     while not isinstance(inner, Collectable) and isinstance(inner, StoreWrapper):
         inner = inner.store
     if not isinstance(inner, Collectable):
-        return await store.put(block)
-    cid = await store.put(block, pin=False)
-    await inner.pin(cid, recursive=False)
-    return cid
+        return await put_many(store, blocks)
+    cids = await put_many(store, blocks, pin=False)
+    pin_many = getattr(inner, "pin_many", None)
+    if pin_many is not None:
+        await pin_many(cids, recursive=False)
+    else:
+        for cid in cids:
+            await inner.pin(cid, recursive=False)
+    return cids
 
 
 class DurableProvider(Protocol):

@@ -17,7 +17,7 @@ from gradfed_ipfs.federated.round.reduce_scatter import CountingStore
 from gradfed_ipfs.kubo import KuboPubsub, MemoryPubsubBus
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore, fetch_gradient
 from gradfed_ipfs.storage.base import StoreWrapper
-from gradfed_ipfs.storage.retention import put_pinned_alone
+from gradfed_ipfs.storage.retention import put_all_pinned_alone, put_pinned_alone
 from tests.federated.test_agreed_rounds import FAST, PEERS, close, initial_model, run_all
 from tests.polling import apoll_until
 
@@ -114,6 +114,10 @@ async def test_records_are_pinned_alone_through_store_wrappers(store: MemoryBloc
     assert bytes(cid) in wrapped.puts  # the put went through the wrapper
     assert bytes(cid) in store.pins
     assert bytes(cid) in store.direct
+    roster = Block.new(b"\xa1aro", "dag-cbor")
+    both = await put_all_pinned_alone(wrapped, [roster, record])
+    assert both == [roster.cid, record.cid]
+    assert {bytes(c) for c in both} <= wrapped.puts & store.pins & store.direct
 
 
 @pytest.mark.kubo

@@ -270,3 +270,9 @@ async def test_a_huge_declared_chunk_meets_the_cap_as_it_streams() -> None:
         with pytest.raises(Http1TooLarge):
             await pool.call("POST", b"id", [(b"Content-Length", b"0")], b"", 100_000, 5.0, [0])
         await pool.aclose()
+
+
+def test_a_list_parameter_repeats_its_key() -> None:
+    request = encode_request("pin/add", {"arg": ["a", "b c"], "recursive": "false"}, None)
+    assert request is not None
+    assert request[0] == b"pin/add?arg=a&arg=b%20c&recursive=false"

@@ -18,7 +18,7 @@ from gradfed_ipfs.storage import Block, KuboBlockStore, MemoryBlockStore
 from gradfed_ipfs.storage import kubo as kubo_module
 from gradfed_ipfs.storage.base import StoreWrapper, put_many
 from gradfed_ipfs.storage.kubo import encode_block_put_many
-from gradfed_ipfs.storage.retention import GatedStore, GcGate
+from gradfed_ipfs.storage.retention import GatedStore, GcGate, put_all_pinned_alone
 
 
 def oversized() -> Block:
@@ -57,6 +57,31 @@ async def test_a_batch_is_one_call_per_codec_and_every_block_is_stored(
     pinned = [Block.new(os.urandom(100)) for _ in range(3)]
     await kubo_store.put_many(pinned, pin=True)
     assert [await kubo_store.is_pinned(b.cid) for b in pinned] == [True] * 3
+
+
+@pytest.mark.kubo
+async def test_blocks_pinned_alone_take_one_put_and_one_pin_call(
+    kubo_store: KuboBlockStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A roster and a record: each links a block this daemon does not hold (a recursive pin
+    # would fail), so both are pinned directly, in one pin/add call.
+    missing = make_cid(os.urandom(64))
+    blocks = [Block.new(dag_cbor.encode({"n": i, "link": missing}), "dag-cbor") for i in (1, 2)]
+    endpoints: list[str] = []
+    post = kubo_store.rpc.post
+
+    async def counting(endpoint: str, *args: Any, **kwargs: Any) -> bytes:
+        endpoints.append(endpoint)
+        return await post(endpoint, *args, **kwargs)
+
+    monkeypatch.setattr(kubo_store.rpc, "post", counting)
+    cids = await put_all_pinned_alone(StoreWrapper(kubo_store), blocks)
+    assert cids == [block.cid for block in blocks]
+    assert sorted(endpoints) == ["block/put", "pin/add"]
+    direct = json.loads(await post("pin/ls", {"type": "direct"}))["Keys"]
+    assert {str(block.cid) for block in blocks} <= set(direct)
+    await kubo_store.pin_many([])  # nothing to pin: no call
+    assert len(endpoints) == 2
 
 
 @pytest.mark.kubo

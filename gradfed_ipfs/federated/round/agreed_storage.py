@@ -19,7 +19,7 @@ from multiformats import CID
 from ...block import Block
 from ...formats.roster import Roster
 from ...storage.base import BlockStore
-from ...storage.retention import RetentionHook, RoundBlocks, put_pinned_alone
+from ...storage.retention import RetentionHook, RoundBlocks, put_all_pinned_alone
 from .agreed_slicing import SliceStep
 from .encoded import EncodedGradient
 
@@ -35,9 +35,9 @@ class RoundStorage:
     retention: RetentionHook | None
     _slicing: SliceStep | None
 
-    async def _keep(self, block: Block) -> None:
-        """Store a roster or record, pinned alone (under retention inside the gate)."""
-        await put_pinned_alone(self.store, block)
+    async def _keep(self, *blocks: Block) -> None:
+        """Store rosters and records, pinned alone (under retention inside the gate)."""
+        await put_all_pinned_alone(self.store, blocks)
 
     async def _held(self, work: Awaitable[T]) -> T:
         """Await ``work`` holding the retention gate (no collection mid-way through a put)."""
@@ -63,9 +63,8 @@ class RoundStorage:
         """
 
         async def put_all() -> None:
-            keep = self._keep
             await asyncio.gather(
-                keep(roster_block), *(e.store(self.store) for e in encoded), keep(record)
+                self._keep(roster_block, record), *(e.store(self.store) for e in encoded)
             )
 
         await self._held(put_all())
