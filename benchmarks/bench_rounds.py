@@ -67,6 +67,27 @@ CPU ratio 1.20: the steady-state gap is about the agreed peers' extra CPU. 8 pee
 ``--rounds 8 --blocks 2``): 0.864 (2.347) against 0.954 (1.666) s, ratio 1.10 (0.73-1.26),
 mean ratio 0.85, CPU ratio 0.84.
 
+2026-12-01 12:13-13:45, 3 peers, idle machine, ``--rounds 12 --blocks 5 --losses 0``: p50
+ratio 1.25, 1.26, 1.23 (mean ratios 1.18, 1.21, 1.17; CPU ratios 1.22, 1.21, 1.19); after a
+finished round's roster and record went to Kubo in one put and one pin call instead of four
+(fd1b536), 1.30 and 1.30 (mean 1.20, 1.23; CPU 1.19, 1.19): no change measurable through the
+noise. The ratio depends on the block length, because the runner's daemons use more CPU per
+round the longer a block runs (agreed's stay flat): with ``--rounds 21 --blocks 2`` the p50
+ratio was 1.16, 1.09, 1.06 (and 1.08, 0.96 with the repos on tmpfs, ``TMPDIR=/dev/shm``), with
+the runner's daemons at 0.20-0.23 s of CPU per round against 0.15-0.16 s in 12-round blocks;
+with one block of 60 or 90 rounds, 0.75 and 0.74, the runner's daemons climbing from 0.26-0.29
+to 0.40-0.43 s per round (per 15 rounds) while the agreed ones stayed at 0.21-0.25 s. Kubo's
+CPU profile of a runner daemon late in such a block is mostly flatfs writes and ``block/get``
+(the write syscalls' share grows); the cause was not found. Single runs of variants (21-round
+blocks; the CPU ratio moved by up to 0.05 between identical runs): ``model_replicas=1`` CPU
+ratio 1.02 against 1.05 and 1.06; no model put 0.98; no model hash and no put 0.86.
+
+Cost of the Kubo calls a round makes (one daemon, 30 calls each, CPU per call, daemon / this
+process): a 4 MB gradient put (4 chunks in one call, then the root) 19 / 4.4 ms (Kubo's profile:
+sha256 ~3.7 ms, write syscalls, ``io.ReadAll`` and GC); a local 4 MB ``block/get`` 13.5 / 12-14
+ms (Kubo answers in ~4 KiB chunks; the local trustless gateway's ``?format=raw`` costs the daemon
+8.5 ms); a small ``block/put`` or ``pin/add`` ~1.5 / 0.35 ms; a ``pubsub/pub`` 0.7 / 0.2 ms.
+
 Reduce-scatter at 3 peers (``--aggregation reduce-scatter``, 2026-12-01 05:38): p50 0.281 s
 against the runner's 0.160 (ratio 1.76), mean 0.296 s, CPU ratio 1.59: with 3 peers each still
 downloads 4/3·d instead of 2·d, but a round has three more pubsub steps (slice records,
