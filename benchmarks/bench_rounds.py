@@ -67,7 +67,7 @@ CPU ratio 1.20: the steady-state gap is about the agreed peers' extra CPU. 8 pee
 ``--rounds 8 --blocks 2``): 0.864 (2.347) against 0.954 (1.666) s, ratio 1.10 (0.73-1.26),
 mean ratio 0.85, CPU ratio 0.84.
 
-2026-12-01 12:13-13:45, 3 peers, idle machine, ``--rounds 12 --blocks 5 --losses 0``: p50
+2026-12-01 12:13-12:45, 3 peers, idle machine, ``--rounds 12 --blocks 5 --losses 0``: p50
 ratio 1.25, 1.26, 1.23 (mean ratios 1.18, 1.21, 1.17; CPU ratios 1.22, 1.21, 1.19); after a
 finished round's roster and record went to Kubo in one put and one pin call instead of four
 (fd1b536), 1.30 and 1.30 (mean 1.20, 1.23; CPU 1.19, 1.19): no change measurable through the
