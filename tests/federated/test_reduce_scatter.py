@@ -4,6 +4,7 @@ reducers (issue 14)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +23,7 @@ from gradfed_ipfs.federated.round.reduce_scatter import (
     SliceMessage,
     fetch_range,
 )
+from gradfed_ipfs.federated.round.reduce_scatter_config import SliceWork
 from gradfed_ipfs.federated.round.slices import plan_slices, reduce_values, reducer_rankings
 from gradfed_ipfs.formats.roster import Roster
 from gradfed_ipfs.formats.slices import FraudRecord, SliceRecord
@@ -163,6 +165,57 @@ async def test_a_lying_reducer_is_proven_and_its_slice_recomputed() -> None:
     fixes = [m for m in board.messages if m.kind == "slice" and m.phase == -1]
     assert fixes
     assert all(m.cid == fraud.correct and m.sender != liar for m in fixes)
+
+
+class _GarbageResult(ReduceScatterPeer):
+    """A reducer whose slice records are well formed but name a block that is no gradient."""
+
+    async def _commit_slice(  # type: ignore[override]
+        self, roster: Roster, roster_cid: CID, part: SliceWork, *args: object, **kwargs: object
+    ) -> tuple[Block, np.ndarray]:
+        block, values = await super()._commit_slice(roster, roster_cid, part, *args, **kwargs)  # type: ignore[arg-type]
+        record = SliceRecord.from_block(block)
+        junk = Block.new(b"not a gradient")
+        await self.store.put(junk)
+        garbage = dataclasses.replace(record, result=junk.cid).to_block()
+        await self.store.put(garbage)
+        return garbage, values
+
+
+@pytest.mark.parametrize("chained", [False, True])
+async def test_a_reducer_whose_result_is_garbage_is_proven_a_liar_and_the_round_completes(
+    chained: bool,
+) -> None:
+    # Before: every honest peer's run raised the decoder's MalformedArrow (one peer's bytes
+    # failed the round). Now the unreadable slice is recomputed like a suspect one.
+    r = await make_round(6)
+    settings = {"chained": True, "chain_groups": 2} if chained else {}
+    config = ReduceScatterConfig(chunk_bytes=CHUNK, learning_rate=LR, phase_timeout=20, **settings)  # type: ignore[arg-type]
+    board = MemorySliceBoard()
+    # Slice 0's writer: its only reducer in one level, its last step's (j = 1 of G = 2) chained.
+    liar = reducer_rankings(bytes(r.roster_cid), 6, r.roster.peers)[1 if chained else 0][0]
+    peers = [
+        (_GarbageResult if p == liar else ReduceScatterPeer)(p, r.store, board, config)
+        for p in r.roster.peers
+    ]
+    results = await asyncio.gather(
+        *(peer.run(r.roster, r.roster_cid, r.base, r.grads[peer.peer]) for peer in peers)
+    )
+    honest = [res for peer, res in zip(peers, results, strict=True) if peer.peer != liar]
+    assert {res.model_cid for res in honest} == {await reference(r)}
+    assert all(res.liars == {liar} for res in honest)
+    assert len({tuple(res.records) for res in honest}) == 1
+    (fraud_cid,) = {c for res in honest for c in res.frauds}
+    fraud = FraudRecord.from_block(await r.store.get(fraud_cid))
+    claimed = SliceRecord.from_block(await r.store.get(fraud.claimed))
+    correct = SliceRecord.from_block(await r.store.get(fraud.correct))
+    assert fraud.reducer == liar
+    assert (claimed.k, claimed.missing, claimed.inputs) == (
+        correct.k,
+        correct.missing,
+        correct.inputs,
+    )
+    assert fraud.correct in honest[0].records
 
 
 async def test_a_false_projection_costs_a_recompute_but_convicts_no_one() -> None:
