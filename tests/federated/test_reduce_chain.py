@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+import numpy as np
 import pytest
 
 from gradfed_ipfs._types import CIDLike
@@ -29,7 +30,7 @@ from gradfed_ipfs.federated.round.slices import (
     reducer_rankings,
 )
 from gradfed_ipfs.formats.partials import PartialRecord, partial_blocks
-from gradfed_ipfs.formats.slices import FraudRecord, SliceRecord
+from gradfed_ipfs.formats.slices import FraudRecord, SliceMessage, SliceRecord
 from gradfed_ipfs.storage import MemoryBlockStore
 from gradfed_ipfs.storage.base import UNSET, StoreWrapper, Unset
 from gradfed_ipfs.storage.dag import fetch_manifest
@@ -112,6 +113,47 @@ async def test_a_silent_first_step_is_taken_over_by_its_next_ranked_peer() -> No
     assert quiet not in {m.sender for m in board.messages if m.kind in ("partial", "slice")}
     (taken,) = [m for m in board.messages if m.kind == "partial" and m.k == 0]
     assert taken.sender == rankings[0][1]
+
+
+class _GarbagePartials(ReduceScatterPeer):
+    """Announces well-formed partial records whose values are NaN (no finite sum is)."""
+
+    async def _put_partial(self, roster_cid, phase, step, prev, group, missing, weight_sum, acc):  # type: ignore[no-untyped-def]
+        nan = Block.new(np.full(acc.size, np.nan).tobytes())
+        await self.store.put(nan, pin=False)
+        record = PartialRecord(
+            roster=roster_cid, k=step.k, j=step.j, groups=self._groups, offset=step.offset,
+            length=step.length, prev=None if prev is None else prev[0],
+            inputs=tuple((e.peer, e.contribution) for e in group), missing=tuple(sorted(missing)),
+            weight_sum=weight_sum, values=(nan.cid,),
+        )  # fmt: skip
+        block = record.to_block()
+        await self.store.put(block, pin=False)
+        message = SliceMessage("partial", self.peer, roster_cid, phase, step.step, block.cid)
+        await self.board.publish(dataclasses.replace(message, block=block.data))
+        return block.cid, record, acc
+
+
+async def test_a_garbage_partial_is_computed_again_by_the_next_step() -> None:
+    # Its backups saw a record and stood aside; before, every peer's round timed out waiting
+    # for a valid partial of that step (one member's bytes failed the round).
+    r = await make_round(8, d=D)
+    groups = 2
+    rankings = reducer_rankings(bytes(r.roster_cid), 4 * groups, r.roster.peers)
+    garbage = rankings[0][0]  # step (0, 0): read by step (0, 1) only
+    board = MemorySliceBoard()
+    config = chained(phase_timeout=10.0)
+    peers = [
+        (_GarbagePartials if p == garbage else ReduceScatterPeer)(p, r.store, board, config)
+        for p in r.roster.peers
+    ]
+    results = await asyncio.gather(
+        *(peer.run(r.roster, r.roster_cid, r.base, r.grads[peer.peer]) for peer in peers)
+    )
+    assert {res.model_cid for res in results} == {await reference(r)}
+    assert all(res.missing == () for res in results)
+    step0 = [m for m in board.messages if m.kind == "partial" and m.k == 0]
+    assert {m.sender for m in step0} == {garbage, rankings[1][0]}  # step (0, 1) redid it
 
 
 async def test_a_lying_partial_is_blamed_on_its_author_and_the_fraud_record_proves_it() -> None:

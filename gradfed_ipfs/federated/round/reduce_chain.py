@@ -26,7 +26,10 @@ about one step per peer). A backup takes over step ``(k, j)`` when its better-ra
 have not announced ``reducer_timeout`` after the step's input was ready (for ``j = 0``: half
 of the first steps announced; for ``j > 0``: a valid partial of ``(k, j−1)``). A sender a step
 cannot fetch is ``missing`` in its partial and every later one, so the slice record lists it
-and the next phase excludes it everywhere, as in the one-level round.
+and the next phase excludes it everywhere, as in the one-level round. A partial that is not
+one (garbage values, another step's record) is refused by the step that reads it; when every
+partial announced for ``(k, j−1)`` was refused and none came ``reducer_timeout`` after, step
+``j`` computes ``(k, j−1)`` itself (its backups saw a record and stood aside).
 
 A lie anywhere in a chain makes the slice result wrong, which the check step catches
 (:mod:`.reduce_scatter_check`). The checker then recomputes the slice from the contribution
@@ -165,12 +168,38 @@ class ChainSteps:
 
         if not await self._my_turn(roster_cid, phase, step, ready, gone):
             return
+        await self._compute_step(roster, roster_cid, base, own, chain, j, phase, exclude)
+
+    async def _compute_step(
+        self,
+        roster: Roster,
+        roster_cid: CID,
+        base: FloatArray,
+        own: FloatArray,
+        chain: list[SliceWork],
+        j: int,
+        phase: int,
+        exclude: set[str],
+    ) -> _Loaded | None:
+        """Compute and announce step ``j`` of a chain; return its partial sum.
+
+        ``None`` for the last step, which writes the slice record instead.
+        """
+        step = chain[j]
         # The rows are fetched while the previous step runs: a chain costs one fetch, not G.
         rows = asyncio.create_task(
             self._step_rows(roster, roster_cid, phase, step, own, base.size, exclude)
         )
         try:
-            prev = await self._prev(roster_cid, phase, chain[j - 1], exclude) if j else None
+            prev = None
+            if j:
+
+                def rebuild() -> Coroutine[Any, Any, _Loaded | None]:
+                    return self._compute_step(
+                        roster, roster_cid, base, own, chain, j - 1, phase, exclude
+                    )
+
+                prev = await self._prev(roster_cid, phase, chain[j - 1], exclude, rebuild)
             await rows
         finally:
             if not rows.done():
@@ -189,9 +218,11 @@ class ChainSteps:
         )
         missing = set(exclude) | step.failed | set(() if prev is None else prev[1].missing)
         if step.step is not None:
-            await self._put_partial(roster_cid, phase, step, prev, group, missing, weight_sum, acc)
-        else:
-            await self._put_slice(roster, roster_cid, phase, step, base, acc, missing)
+            return await self._put_partial(
+                roster_cid, phase, step, prev, group, missing, weight_sum, acc
+            )
+        await self._put_slice(roster, roster_cid, phase, step, base, acc, missing)
+        return None
 
     async def _step_rows(
         self,
@@ -273,7 +304,7 @@ class ChainSteps:
         missing: set[str],
         weight_sum: int,
         acc: np.ndarray,
-    ) -> None:
+    ) -> _Loaded:
         if self.lie:
             acc = acc + self.lie
         blocks = partial_blocks(acc)
@@ -300,6 +331,7 @@ class ChainSteps:
                 block=block.data,
             )
         )  # fmt: skip
+        return block.cid, record, acc
 
     async def _put_slice(
         self,
@@ -323,9 +355,19 @@ class ChainSteps:
         )
 
     async def _prev(
-        self, roster_cid: CID, phase: int, step: SliceWork, exclude: set[str]
+        self,
+        roster_cid: CID,
+        phase: int,
+        step: SliceWork,
+        exclude: set[str],
+        rebuild: Callable[[], Coroutine[Any, Any, _Loaded | None]],
     ) -> _Loaded:
         """Wait for the best-ranked valid partial sum of ``step`` in ``phase``.
+
+        When every partial announced for ``step`` was refused (garbage, or not this step's) and
+        none came for ``reducer_timeout`` after, this peer computes ``step`` itself
+        (``rebuild()``, recursively for a garbage step before it): its backups saw a record
+        and stood aside, so one member's bytes would otherwise stall the slice.
 
         Raises
         ------
@@ -350,10 +392,17 @@ class ChainSteps:
                         self._replaced.add(step.ranking[0])
                     return loaded
             left = deadline - time.monotonic()
-            if left <= 0 or not await self.board.wait_for(lambda: bool(untried()), left):
-                raise TimeoutError(
-                    f"phase {phase}: no partial sum of slice {step.k} step {step.j} arrived"
-                )
+            wait = min(left, self.config.reducer_timeout) if tried else left
+            if left > 0 and await self.board.wait_for(lambda: bool(untried()), wait):
+                continue
+            if tried and left > 0:  # every announced partial refused, and no other came
+                logger.warning("slice %d step %d: partials refused; computing it", step.k, step.j)
+                built = await rebuild()
+                if built is not None:
+                    return built
+            raise TimeoutError(
+                f"phase {phase}: no partial sum of slice {step.k} step {step.j} arrived"
+            )
 
     async def _load_partial(
         self, message: SliceMessage, roster_cid: CID, step: SliceWork
