@@ -218,6 +218,44 @@ async def test_a_reducer_whose_result_is_garbage_is_proven_a_liar_and_the_round_
     assert fraud.correct in honest[0].records
 
 
+class _GarbageRecord(ReduceScatterPeer):
+    """A reducer whose slice messages name a dag-cbor block that is no slice record."""
+
+    async def _commit_slice(  # type: ignore[override]
+        self, roster: Roster, roster_cid: CID, part: SliceWork, *args: object, **kwargs: object
+    ) -> tuple[Block, np.ndarray]:
+        _, values = await super()._commit_slice(roster, roster_cid, part, *args, **kwargs)  # type: ignore[arg-type]
+        junk = Block.new(b"\xa1djunk\x01", "dag-cbor")
+        await self.store.put(junk)
+        return junk, values
+
+
+@pytest.mark.parametrize("chained", [False, True])
+async def test_a_slice_whose_only_record_is_garbage_is_reduced_by_every_peer(
+    chained: bool,
+) -> None:
+    # Its backups saw a record and stood aside; before, every peer's round raised "no
+    # announced record is slice k of this round" (one member's bytes failed the round).
+    r = await make_round(6)
+    settings = {"chained": True, "chain_groups": 2} if chained else {}
+    config = ReduceScatterConfig(chunk_bytes=CHUNK, learning_rate=LR, phase_timeout=20, **settings)  # type: ignore[arg-type]
+    board = MemorySliceBoard()
+    garbage = reducer_rankings(bytes(r.roster_cid), 6, r.roster.peers)[1 if chained else 0][0]
+    peers = [
+        (_GarbageRecord if p == garbage else ReduceScatterPeer)(p, r.store, board, config)
+        for p in r.roster.peers
+    ]
+    results = await asyncio.gather(
+        *(peer.run(r.roster, r.roster_cid, r.base, r.grads[peer.peer]) for peer in peers),
+        return_exceptions=True,  # the garbage peer's own round may fail: its records are junk
+    )
+    honest = [res for peer, res in zip(peers, results, strict=True) if peer.peer != garbage]
+    assert all(isinstance(res, ReduceScatterResult) for res in honest)
+    assert {res.model_cid for res in honest} == {await reference(r)}
+    assert len({tuple(res.records) for res in honest}) == 1
+    assert all(res.missing == () for res in honest)
+
+
 async def test_a_false_projection_costs_a_recompute_but_convicts_no_one() -> None:
     r = await make_round(4)
     board = MemorySliceBoard()
