@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from gradfed_ipfs import AgreedConfig, AgreedRoundResult, AgreedSession, verify_agreed_history
+from gradfed_ipfs.block import Block
 from gradfed_ipfs.errors import RoundVerificationFailed
 from gradfed_ipfs.federated.round.agreed_history import check_finished_round, verify_agreed_round
 from gradfed_ipfs.federated.round.agreed_slicing import (
@@ -19,7 +20,7 @@ from gradfed_ipfs.federated.round.agreed_slicing import (
     choose_slicing,
 )
 from gradfed_ipfs.federated.round.coordinator import coordinator_ranking
-from gradfed_ipfs.federated.round.reduce_scatter import CountingStore
+from gradfed_ipfs.federated.round.reduce_scatter import CountingStore, ReduceScatterPeer
 from gradfed_ipfs.federated.round.slices import reduce_values
 from gradfed_ipfs.formats import PubsubMessage
 from gradfed_ipfs.formats.roster import AgreedMessage, AgreedRecord
@@ -288,6 +289,42 @@ async def test_a_lying_reducer_is_caught_and_the_honest_peers_exclude_it() -> No
     assert all("lying" in res.rejected[liar.peer_id] for res in honest)
     assert all(liar.peer_id in s.excluded for s in peers.sessions if s is not liar)
     # The record links the recomputed slice, not the lie: it re-verifies.
+    await verify_agreed_history(store, honest[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
+
+
+async def test_a_reducer_whose_result_is_garbage_is_excluded_and_the_record_reverifies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store, bus = MemoryBlockStore(), MemoryPubsubBus()
+    peers = Peers(store, bus)
+    genesis = await peers.start(PEERS, aggregation="reduce-scatter")
+    liar = peers.sessions[2]
+    commit = ReduceScatterPeer._commit_slice
+
+    async def garbage(self: ReduceScatterPeer, *args: object, **kwargs: object) -> object:
+        block, values = await commit(self, *args, **kwargs)  # type: ignore[arg-type]
+        if self.peer != liar.peer_id:
+            return block, values
+        junk = Block.new(b"not a gradient")
+        await self.store.put(junk)
+        record = dataclasses.replace(SliceRecord.from_block(block), result=junk.cid).to_block()
+        await self.store.put(record)
+        return record, values
+
+    monkeypatch.setattr(ReduceScatterPeer, "_commit_slice", garbage)
+    try:
+        results = await asyncio.gather(
+            *(s.run_round(gradient(i, 0, D), weight=1 + i) for i, s in enumerate(peers.sessions)),
+            return_exceptions=True,  # the garbage peer's own round is its own business
+        )
+    finally:
+        await peers.close()
+    honest = [res for s, res in zip(peers.sessions, results, strict=True) if s is not liar]
+    assert all(isinstance(res, AgreedRoundResult) for res in honest), results
+    want = await reference(honest[0], initial_model(), 0)
+    assert {res.model for res in honest} == {await put_gradient(MemoryBlockStore(), want)}
+    assert all(res.liars == (liar.peer_id,) for res in honest)
+    # The fraud record against an unreadable result is checked like any other: it re-verifies.
     await verify_agreed_history(store, honest[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
 
 
