@@ -531,6 +531,60 @@ async def test_a_peer_joining_a_round_the_others_finished_checks_their_record_in
         assert not mine.rejected
 
 
+class DropDoneOfRound(LossyPubsub):
+    """Drops every incoming ``done`` message of one round."""
+
+    def __init__(self, inner: PubsubTransport, round_number: int) -> None:
+        super().__init__(inner, loss=0.0, seed=0)
+        self.round_number = round_number
+
+    async def _lossy(self, messages: AsyncIterator[PubsubMessage]) -> AsyncIterator[PubsubMessage]:
+        async for message in messages:
+            if b'"kind":"done"' in message.data:
+                decoded = AgreedMessage.decode(message.data)
+                if decoded.round == self.round_number:
+                    self.dropped += 1
+                    continue
+            yield message
+
+
+async def test_a_peer_that_missed_a_sliced_round_and_its_done_walks_a_later_record_back() -> None:
+    """As above, but the late peer hears neither round 0's slices nor its ``done`` messages
+    (a peer busy elsewhere, e.g. resyncing): it walks a round-1 record back to round 0's and
+    re-verifies that one; before, it waited until ``round_timeout``."""
+    store, bus = MemoryBlockStore(), MemoryPubsubBus()
+    genesis = await AgreedSession.commit_genesis(store, initial_model())
+    config = AgreedConfig(
+        members=PEERS, aggregation="reduce-scatter", min_peers=3, **{**FAST, "collect_timeout": 0.5}
+    )  # type: ignore[arg-type]
+    sessions = []
+    deaf = None
+    for peer in PEERS:
+        transport: PubsubTransport = bus.endpoint(peer)
+        if peer == PEERS[3]:
+            deaf = DropDoneOfRound(DropMessages(transport, None, "slice", None), 0)
+            transport = deaf
+        session = AgreedSession(store, transport, "rs", genesis, config)
+        await session.start(initial_model())
+        sessions.append(session)
+    early, late = sessions[:3], sessions[3]
+    try:
+        first = await asyncio.gather(*(s.run_round(gradient(i, 0)) for i, s in enumerate(early)))
+        await asyncio.gather(*(s.run_round(gradient(i, 1)) for i, s in enumerate(early)))
+        mine = await asyncio.wait_for(late.run_round(gradient(3, 0)), 10.0)
+    finally:
+        for session in sessions:
+            await session.aclose()
+    assert deaf is not None
+    assert deaf.dropped > 0
+    assert set(late.board.state(0).done) <= {late.peer_id}  # no other's round-0 done heard
+    assert (mine.model, mine.record, mine.slices) == (
+        first[0].model,
+        first[0].record,
+        first[0].slices,
+    )
+
+
 async def test_a_finished_round_that_does_not_verify_is_refused() -> None:
     results, peers, _ = await run_rounds("reduce-scatter", rounds=2)
     store, first, second = peers.store, results[0][0], results[1][0]

@@ -8,6 +8,7 @@ best-ranked valid roster heard (directly, or through another peer's ``done`` rec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -26,7 +27,7 @@ from ...errors import (
     RoundVerificationFailed,
 )
 from ...formats.pubsub import PubsubMessage
-from ...formats.roster import MAX_INLINE_BYTES, AgreedMessage, MessageKind, Roster
+from ...formats.roster import MAX_INLINE_BYTES, AgreedMessage, AgreedRecord, MessageKind, Roster
 from ...storage.base import BlockStore
 from ...tensor.deterministic import deterministic_update
 from .agreed_config import AgreedConfig
@@ -195,21 +196,12 @@ class RosterPhase:
                     continue
                 tried.add(bytes(head.record))
                 try:
-                    record = await load_record(
-                        self.store, head.record, timeout=self.config.fetch_timeout
-                    )
-                    while record.round > r and record.prev is not None:
-                        prev = await load_record(
-                            self.store, record.prev, timeout=self.config.fetch_timeout
-                        )
-                        if prev.round != record.round - 1:
-                            break  # not a chain of rounds: no roster of round r in it
-                        record = prev
+                    found = await self._walk_back(r, head.record)
                 except (BlockStoreError, DecodeError) as exc:
                     rejected[peer] = f"record {head.record}: {exc}"
                     continue
-                if record.round == r and bytes(record.base) == bytes(self.model_cid):
-                    state.rosters.setdefault(peer, record.roster)
+                if found is not None and bytes(found[1].base) == bytes(self.model_cid):
+                    state.rosters.setdefault(peer, found[1].roster)
             candidates = [(ranking.index(p), c) for p, c in state.rosters.items() if p in ranking]
         for _, cid in sorted(candidates, key=lambda item: item[0]):
             if bytes(cid) in tried:
@@ -218,6 +210,19 @@ class RosterPhase:
             if adopted is not None:
                 return cid, *adopted
         return None
+
+    async def _walk_back(self, r: int, head: CID) -> tuple[CID, AgreedRecord] | None:
+        """Round ``r``'s record in the chain of records ending at ``head`` (a later round's).
+
+        ``None`` if the chain skips round ``r``. Raises ``BlockStoreError`` or ``DecodeError``.
+        """
+        cid, record = head, await load_record(self.store, head, timeout=self.config.fetch_timeout)
+        while record.round > r and record.prev is not None:
+            prev = await load_record(self.store, record.prev, timeout=self.config.fetch_timeout)
+            if prev.round != record.round - 1:
+                return None  # not a chain of rounds: no record of round r in it
+            cid, record = record.prev, prev
+        return (cid, record) if record.round == r else None
 
     async def _adopt(
         self, r: int, cid: CID, rejected: dict[str, str], tried: set[bytes]
@@ -321,12 +326,28 @@ class RosterPhase:
         tried: set[str] = set()  # one re-verification (N·d fetched) per peer and round, at most
         refused: dict[bytes, str] = {}
         since: float | None = None
+        walked: dict[bytes, CID | None] = {}  # a later round's record -> round r's in its chain
         while not run.done():
             heads = [
                 (peer, head.record)
                 for peer, head in list(self.board.state(r).done.items())
                 if peer != self.peer_id and peer not in tried
             ]
+            if not heads:  # round r's done messages missed too: a later record leads back to it
+                for peer, head in list(self.board.heads.items()):
+                    if (
+                        peer == self.peer_id
+                        or peer in tried
+                        or not r < head.round <= r + MAX_WALK_BACK
+                    ):
+                        continue
+                    if bytes(head.record) not in walked:
+                        walked[bytes(head.record)] = None
+                        with contextlib.suppress(BlockStoreError, DecodeError):
+                            found = await self._walk_back(r, head.record)
+                            walked[bytes(head.record)] = None if found is None else found[0]
+                    if (cid := walked[bytes(head.record)]) is not None:
+                        heads.append((peer, cid))
             now = time.monotonic()
             since = None if not heads else (now if since is None else since)
             heard = step.heard(roster_cid)
