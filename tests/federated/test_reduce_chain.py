@@ -152,6 +152,9 @@ async def test_a_garbage_partial_is_computed_again_by_the_next_step() -> None:
     )
     assert {res.model_cid for res in results} == {await reference(r)}
     assert all(res.missing == () for res in results)
+    readers = [res.garbage for res in results if res.garbage]  # who read it refused it
+    assert readers
+    assert all(set(seen) == {garbage} and "non-finite" in seen[garbage] for seen in readers)
     step0 = [m for m in board.messages if m.kind == "partial" and m.k == 0]
     assert {m.sender for m in step0} == {garbage, rankings[1][0]}  # step (0, 1) redid it
 

@@ -254,6 +254,7 @@ async def test_a_slice_whose_only_record_is_garbage_is_reduced_by_every_peer(
     assert {res.model_cid for res in honest} == {await reference(r)}
     assert len({tuple(res.records) for res in honest}) == 1
     assert all(res.missing == () for res in honest)
+    assert all(set(res.garbage) == {garbage} for res in honest)  # each refused it
 
 
 async def test_a_false_projection_costs_a_recompute_but_convicts_no_one() -> None:

@@ -300,6 +300,7 @@ class RosterPhase:
             await asyncio.gather(run, return_exceptions=True)
         rejected.update({p: "missing from the slices" for p in sliced.missing})
         rejected.update({p: "published false slice-check values" for p in sliced.false_values})
+        rejected.update({p: f"announced garbage: {why}" for p, why in sliced.garbage.items()})
         rejected.update({p: "proven lying reducer" for p in sliced.liars})
         return sliced.model, sliced
 

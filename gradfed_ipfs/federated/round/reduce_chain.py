@@ -91,6 +91,7 @@ class ChainSteps:
     _records_read: dict[bytes, Block]
     _unfetchable: set[str]
     _replaced: set[str]
+    _garbage: dict[str, str]
     _groups: int
     _heard_upto: int
     _heard_missing: dict[int, set[str]]
@@ -419,6 +420,7 @@ class ChainSteps:
             record = PartialRecord.from_block(block)
             place = (record.roster, record.k, record.j, record.groups, record.offset, record.length)
             if place != (roster_cid, step.k, step.j, self._groups, step.offset, step.length):
+                self._garbage[message.sender] = f"partial {cid} is not step {step.step}'s"
                 return None
             values = self._partials.get(bytes(cid))
             if values is None:
@@ -429,6 +431,8 @@ class ChainSteps:
                 self._partials[bytes(cid)] = values  # a blame read of it fetches nothing again
         except (BlockStoreError, DecodeError, GradientError, TimeoutError) as exc:
             logger.warning("partial %s from %s refused: %s", cid, message.sender, exc)
+            if isinstance(exc, DecodeError | GradientError):  # its bytes, not the network
+                self._garbage[message.sender] = f"partial {cid}: {exc}"
             return None
         return cid, record, values
 

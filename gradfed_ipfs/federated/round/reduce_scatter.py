@@ -375,6 +375,7 @@ class ReduceScatterPeer(SliceChecks, ChainSteps):
         self._records_read: dict[bytes, Block] = {}
         self._unfetchable: set[str] = set()  # senders a fetch of this peer failed for
         self._replaced: set[str] = set()  # first reducers a backup replaced, earlier phases
+        self._garbage: dict[str, str] = {}  # reducers whose announced records were refused
         chains, groups = None, min(self.config.chain_groups or chain_groups(len(peers)), len(peers))
         if self.config.chained and self.config.rule == "fedavg" and groups > 1:
             chains = self._chains(roster, roster_cid, d, groups)
@@ -414,6 +415,7 @@ class ReduceScatterPeer(SliceChecks, ChainSteps):
             frauds=frauds,
             recomputed=redone,
             false_values=false_values,
+            garbage=dict(self._garbage),
             downloaded=self.store.downloaded - before,
             seconds=time.monotonic() - started,
             record_blocks={
@@ -487,14 +489,18 @@ class ReduceScatterPeer(SliceChecks, ChainSteps):
                 cid = cast(CID, m.cid)
                 try:
                     record = await self._load(m, expected)
-                except (BlockStoreError, DecodeError):
+                except DecodeError as exc:
+                    self._garbage[m.sender] = f"slice record {cid}: {exc}"
                     continue  # a reducer's garbage: the next-ranked record, if any, counts
+                except BlockStoreError:
+                    continue  # not served: the next-ranked record, if any, counts
                 if record.roster == roster_cid and (record.k, record.offset, record.length) == (
                     p.k,
                     p.offset,
                     p.length,
                 ):
                     return cid, record, m.sender
+                self._garbage[m.sender] = f"slice record {cid} is not slice {p.k} of this round"
             # Every announced record is garbage, and its backups stood aside when they saw one:
             # this peer reduces the slice itself (each honest peer writes the same record).
             logger.warning("slice %d: every announced record refused; reducing it here", p.k)

@@ -52,6 +52,9 @@ class ReduceScatterResult:
     false_values: set[str] = field(default_factory=set)
     """Senders whose published check values contradicted their own contribution blocks: each
     cost a slice recompute (logged; they are not excluded, since only this peer saw it)."""
+    garbage: dict[str, str] = field(default_factory=dict)
+    """Reducers whose announced partial sum or slice record this peer refused (not one of this
+    round, unreadable), with why: each cost a recompute; not excluded (only this peer saw it)."""
     downloaded: int = 0
     seconds: float = 0.0
     record_blocks: dict[bytes, Block] = field(default_factory=dict, repr=False)
