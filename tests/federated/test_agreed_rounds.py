@@ -18,6 +18,7 @@ from gradfed_ipfs import (
 from gradfed_ipfs.errors import (
     BlockNotFound,
     BlockTimeout,
+    DecodeError,
     GenesisMismatch,
     QuorumNotReached,
     RoundMismatch,
@@ -313,16 +314,25 @@ async def test_a_roster_nobody_serves_does_not_hold_the_round() -> None:
 
 
 class _DeafToRound(LossyPubsub):
-    """Drops every incoming agreed message of one round (a peer that missed all of it)."""
+    """Drops every incoming agreed message of one round (a peer that missed all of it), or only
+    those of ``kinds``; messages of other topics pass."""
 
-    def __init__(self, inner: PubsubTransport, round_number: int) -> None:
+    def __init__(
+        self, inner: PubsubTransport, round_number: int, kinds: tuple[str, ...] | None = None
+    ) -> None:
         super().__init__(inner, loss=0.0, seed=0)
-        self.round_number = round_number
+        self.round_number, self.kinds = round_number, kinds
 
     async def _lossy(self, messages: AsyncIterator[PubsubMessage]) -> AsyncIterator[PubsubMessage]:
         async for message in messages:
-            decoded = AgreedMessage.decode(message.data)
-            if decoded.round == self.round_number:
+            try:
+                decoded = AgreedMessage.decode(message.data)
+            except DecodeError:
+                yield message  # not an agreed message (a slice board's)
+                continue
+            if decoded.round == self.round_number and (
+                self.kinds is None or decoded.kind in self.kinds
+            ):
                 self.dropped += 1
                 continue
             yield message

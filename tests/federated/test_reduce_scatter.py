@@ -182,6 +182,31 @@ class _GarbageResult(ReduceScatterPeer):
         return garbage, values
 
 
+async def run_with_garbage(
+    r: Round, garbage: type[ReduceScatterPeer], chained: bool
+) -> tuple[str, list[ReduceScatterResult]]:
+    """Run 6 peers, slice 0's writer of class ``garbage``; return it and the others' results.
+
+    The writer is slice 0's only reducer in one level, its last step's (j = 1 of G = 2)
+    chained. Its own round may fail (its records are junk): that is its business.
+    """
+    settings = {"chained": True, "chain_groups": 2} if chained else {}
+    config = ReduceScatterConfig(chunk_bytes=CHUNK, learning_rate=LR, phase_timeout=20, **settings)  # type: ignore[arg-type]
+    board = MemorySliceBoard()
+    writer = reducer_rankings(bytes(r.roster_cid), 6, r.roster.peers)[1 if chained else 0][0]
+    peers = [
+        (garbage if p == writer else ReduceScatterPeer)(p, r.store, board, config)
+        for p in r.roster.peers
+    ]
+    results = await asyncio.gather(
+        *(peer.run(r.roster, r.roster_cid, r.base, r.grads[peer.peer]) for peer in peers),
+        return_exceptions=True,
+    )
+    honest = [res for peer, res in zip(peers, results, strict=True) if peer.peer != writer]
+    assert all(isinstance(res, ReduceScatterResult) for res in honest), honest
+    return writer, honest  # type: ignore[return-value]
+
+
 @pytest.mark.parametrize("chained", [False, True])
 async def test_a_reducer_whose_result_is_garbage_is_proven_a_liar_and_the_round_completes(
     chained: bool,
@@ -189,19 +214,7 @@ async def test_a_reducer_whose_result_is_garbage_is_proven_a_liar_and_the_round_
     # Before: every honest peer's run raised the decoder's MalformedArrow (one peer's bytes
     # failed the round). Now the unreadable slice is recomputed like a suspect one.
     r = await make_round(6)
-    settings = {"chained": True, "chain_groups": 2} if chained else {}
-    config = ReduceScatterConfig(chunk_bytes=CHUNK, learning_rate=LR, phase_timeout=20, **settings)  # type: ignore[arg-type]
-    board = MemorySliceBoard()
-    # Slice 0's writer: its only reducer in one level, its last step's (j = 1 of G = 2) chained.
-    liar = reducer_rankings(bytes(r.roster_cid), 6, r.roster.peers)[1 if chained else 0][0]
-    peers = [
-        (_GarbageResult if p == liar else ReduceScatterPeer)(p, r.store, board, config)
-        for p in r.roster.peers
-    ]
-    results = await asyncio.gather(
-        *(peer.run(r.roster, r.roster_cid, r.base, r.grads[peer.peer]) for peer in peers)
-    )
-    honest = [res for peer, res in zip(peers, results, strict=True) if peer.peer != liar]
+    liar, honest = await run_with_garbage(r, _GarbageResult, chained)
     assert {res.model_cid for res in honest} == {await reference(r)}
     assert all(res.liars == {liar} for res in honest)
     assert len({tuple(res.records) for res in honest}) == 1
@@ -237,20 +250,7 @@ async def test_a_slice_whose_only_record_is_garbage_is_reduced_by_every_peer(
     # Its backups saw a record and stood aside; before, every peer's round raised "no
     # announced record is slice k of this round" (one member's bytes failed the round).
     r = await make_round(6)
-    settings = {"chained": True, "chain_groups": 2} if chained else {}
-    config = ReduceScatterConfig(chunk_bytes=CHUNK, learning_rate=LR, phase_timeout=20, **settings)  # type: ignore[arg-type]
-    board = MemorySliceBoard()
-    garbage = reducer_rankings(bytes(r.roster_cid), 6, r.roster.peers)[1 if chained else 0][0]
-    peers = [
-        (_GarbageRecord if p == garbage else ReduceScatterPeer)(p, r.store, board, config)
-        for p in r.roster.peers
-    ]
-    results = await asyncio.gather(
-        *(peer.run(r.roster, r.roster_cid, r.base, r.grads[peer.peer]) for peer in peers),
-        return_exceptions=True,  # the garbage peer's own round may fail: its records are junk
-    )
-    honest = [res for peer, res in zip(peers, results, strict=True) if peer.peer != garbage]
-    assert all(isinstance(res, ReduceScatterResult) for res in honest)
+    garbage, honest = await run_with_garbage(r, _GarbageRecord, chained)
     assert {res.model_cid for res in honest} == {await reference(r)}
     assert len({tuple(res.records) for res in honest}) == 1
     assert all(res.missing == () for res in honest)

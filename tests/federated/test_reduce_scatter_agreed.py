@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from functools import partial
 
 import numpy as np
@@ -32,6 +32,7 @@ from gradfed_ipfs.tensor.aggregation import Krum, MultiKrum, TrimmedMean
 from gradfed_ipfs.tensor.bulyan import Bulyan
 from gradfed_ipfs.tensor.deterministic import deterministic_update
 from gradfed_ipfs.tensor.robust import coordinate_median, trimmed_mean
+from tests.federated.test_agreed_rounds import _DeafToRound
 from tests.multiprocess.lossy import LossyPubsub
 
 PEERS = ("peer-a", "peer-b", "peer-c", "peer-d")
@@ -476,6 +477,28 @@ async def test_a_lie_is_caught_when_a_colluding_sender_withholds_its_check_value
     await verify_agreed_history(store, honest[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
 
 
+async def late_joiner(
+    store: MemoryBlockStore,
+    bus: MemoryPubsubBus,
+    deafen: Callable[[PubsubTransport], PubsubTransport],
+) -> tuple[list[AgreedSession], object]:
+    """Four sliced sessions (3 needed); the fourth hears no slice message (as if it was not
+    there then) through ``deafen`` of its transport. Returns them and the genesis."""
+    genesis = await AgreedSession.commit_genesis(store, initial_model())
+    config = AgreedConfig(
+        members=PEERS, aggregation="reduce-scatter", min_peers=3, **{**FAST, "collect_timeout": 0.5}
+    )  # type: ignore[arg-type]
+    sessions = []
+    for peer in PEERS:
+        transport: PubsubTransport = bus.endpoint(peer)
+        if peer == PEERS[3]:
+            transport = deafen(DropMessages(transport, None, "slice", None))
+        session = AgreedSession(store, transport, "rs", genesis, config)
+        await session.start(initial_model())
+        sessions.append(session)
+    return sessions, genesis
+
+
 @pytest.mark.parametrize("forged", [False, True])
 async def test_a_peer_joining_a_round_the_others_finished_checks_their_record_instead(
     forged: bool,
@@ -485,18 +508,7 @@ async def test_a_peer_joining_a_round_the_others_finished_checks_their_record_in
     It now re-aggregates the round from their record and writes the same one; a member's
     forged record (another result) is refused and that member rejected."""
     store, bus = MemoryBlockStore(), MemoryPubsubBus()
-    genesis = await AgreedSession.commit_genesis(store, initial_model())
-    config = AgreedConfig(
-        members=PEERS, aggregation="reduce-scatter", min_peers=3, **{**FAST, "collect_timeout": 0.5}
-    )  # type: ignore[arg-type]
-    sessions = []
-    for peer in PEERS:
-        transport: PubsubTransport = bus.endpoint(peer)
-        if peer == PEERS[3]:  # it hears no slice message: as if it was not there then
-            transport = DropMessages(transport, None, "slice", None)
-        session = AgreedSession(store, transport, "rs", genesis, config)
-        await session.start(initial_model())
-        sessions.append(session)
+    sessions, genesis = await late_joiner(store, bus, lambda t: t)
     early, late = sessions[:3], sessions[3]
     try:
         first = await asyncio.gather(*(s.run_round(gradient(i, 0)) for i, s in enumerate(early)))
@@ -531,42 +543,18 @@ async def test_a_peer_joining_a_round_the_others_finished_checks_their_record_in
         assert not mine.rejected
 
 
-class DropDoneOfRound(LossyPubsub):
-    """Drops every incoming ``done`` message of one round."""
-
-    def __init__(self, inner: PubsubTransport, round_number: int) -> None:
-        super().__init__(inner, loss=0.0, seed=0)
-        self.round_number = round_number
-
-    async def _lossy(self, messages: AsyncIterator[PubsubMessage]) -> AsyncIterator[PubsubMessage]:
-        async for message in messages:
-            if b'"kind":"done"' in message.data:
-                decoded = AgreedMessage.decode(message.data)
-                if decoded.round == self.round_number:
-                    self.dropped += 1
-                    continue
-            yield message
-
-
 async def test_a_peer_that_missed_a_sliced_round_and_its_done_walks_a_later_record_back() -> None:
     """As above, but the late peer hears neither round 0's slices nor its ``done`` messages
     (a peer busy elsewhere, e.g. resyncing): it walks a round-1 record back to round 0's and
     re-verifies that one; before, it waited until ``round_timeout``."""
     store, bus = MemoryBlockStore(), MemoryPubsubBus()
-    genesis = await AgreedSession.commit_genesis(store, initial_model())
-    config = AgreedConfig(
-        members=PEERS, aggregation="reduce-scatter", min_peers=3, **{**FAST, "collect_timeout": 0.5}
-    )  # type: ignore[arg-type]
-    sessions = []
-    deaf = None
-    for peer in PEERS:
-        transport: PubsubTransport = bus.endpoint(peer)
-        if peer == PEERS[3]:
-            deaf = DropDoneOfRound(DropMessages(transport, None, "slice", None), 0)
-            transport = deaf
-        session = AgreedSession(store, transport, "rs", genesis, config)
-        await session.start(initial_model())
-        sessions.append(session)
+    deaf: list[_DeafToRound] = []
+
+    def deafen(transport: PubsubTransport) -> PubsubTransport:
+        deaf.append(_DeafToRound(transport, 0, kinds=("done",)))
+        return deaf[0]
+
+    sessions, _ = await late_joiner(store, bus, deafen)
     early, late = sessions[:3], sessions[3]
     try:
         first = await asyncio.gather(*(s.run_round(gradient(i, 0)) for i, s in enumerate(early)))
@@ -575,8 +563,7 @@ async def test_a_peer_that_missed_a_sliced_round_and_its_done_walks_a_later_reco
     finally:
         for session in sessions:
             await session.aclose()
-    assert deaf is not None
-    assert deaf.dropped > 0
+    assert deaf[0].dropped > 0
     assert set(late.board.state(0).done) <= {late.peer_id}  # no other's round-0 done heard
     assert (mine.model, mine.record, mine.slices) == (
         first[0].model,
