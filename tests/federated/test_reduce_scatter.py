@@ -257,6 +257,33 @@ async def test_a_slice_whose_only_record_is_garbage_is_reduced_by_every_peer(
     assert all(set(res.garbage) == {garbage} for res in honest)  # each refused it
 
 
+@pytest.mark.parametrize(
+    "hostile", ["short projections", "long projections", "fraud", "recomputed slice", "partial"]
+)
+async def test_well_formed_board_messages_naming_garbage_do_not_change_the_round(
+    hostile: str,
+) -> None:
+    r = await make_round(4)
+    board = MemorySliceBoard()
+    config = ReduceScatterConfig(chunk_bytes=CHUNK, learning_rate=LR, phase_timeout=8)
+    first = r.roster.peers[0]  # a member: its messages are read
+    junk = await r.store.put(Block.new(b"\xa1djunk\x01", "dag-cbor"))
+    message = {
+        "short projections": SliceMessage("proj", first, r.roster_cid, values=(0.0,)),
+        "long projections": SliceMessage("proj", first, r.roster_cid, values=(0.0,) * 9),
+        "fraud": SliceMessage("fraud", first, r.roster_cid, k=0, cid=junk),
+        "recomputed slice": SliceMessage("slice", first, r.roster_cid, -1, 0, junk),
+        "partial": SliceMessage("partial", first, r.roster_cid, 0, 0, junk),
+    }[hostile]
+    await board.publish(message)
+    peers = [ReduceScatterPeer(p, r.store, board, config) for p in r.roster.peers]
+    results = await asyncio.gather(
+        *(peer.run(r.roster, r.roster_cid, r.base, r.grads[peer.peer]) for peer in peers)
+    )
+    assert {res.model_cid for res in results} == {await reference(r)}
+    assert all(not res.liars and not res.missing for res in results)
+
+
 async def test_a_false_projection_costs_a_recompute_but_convicts_no_one() -> None:
     r = await make_round(4)
     board = MemorySliceBoard()
