@@ -273,11 +273,15 @@ async def test_a_silent_reducer_is_taken_over_and_a_dead_peer_does_not_stop_the_
     assert all(res.aggregation == "reduce-scatter" and not res.missing for res in results)
 
 
-async def test_a_lying_reducer_is_caught_and_the_honest_peers_exclude_it() -> None:
+async def lying_round(
+    index: int, **settings: object
+) -> tuple[MemoryBlockStore, object, Peers, AgreedSession, list[AgreedRoundResult]]:
+    """Round 0 of reduce-scatter sessions (``settings``) in which session ``index`` adds 1e-2
+    to what it reduces; return the store, genesis, peers, the liar and the others' results."""
     store, bus = MemoryBlockStore(), MemoryPubsubBus()
     peers = Peers(store, bus)
-    genesis = await peers.start(PEERS, aggregation="reduce-scatter")
-    liar = peers.sessions[2]
+    genesis = await peers.start(PEERS, aggregation="reduce-scatter", **settings)
+    liar = peers.sessions[index]
     liar._slicing.lie = 1e-2  # type: ignore[union-attr]
     try:
         results = await peers.round(0)
@@ -286,6 +290,11 @@ async def test_a_lying_reducer_is_caught_and_the_honest_peers_exclude_it() -> No
     honest = [res for s, res in zip(peers.sessions, results, strict=True) if s is not liar]
     want = await reference(results[0], initial_model(), 0)
     assert {res.model for res in honest} == {await put_gradient(MemoryBlockStore(), want)}
+    return store, genesis, peers, liar, honest
+
+
+async def test_a_lying_reducer_is_caught_and_the_honest_peers_exclude_it() -> None:
+    store, genesis, peers, liar, honest = await lying_round(2)
     assert all(res.liars == (liar.peer_id,) for res in honest)
     assert all("lying" in res.rejected[liar.peer_id] for res in honest)
     assert all(liar.peer_id in s.excluded for s in peers.sessions if s is not liar)
@@ -616,18 +625,7 @@ async def test_chained_rounds_equal_all_to_all_and_reverify() -> None:
 async def test_a_lying_step_of_a_chained_round_is_excluded_and_the_record_reverifies(
     liar_index: int,
 ) -> None:
-    store, bus = MemoryBlockStore(), MemoryPubsubBus()
-    peers = Peers(store, bus)
-    genesis = await peers.start(PEERS, aggregation="reduce-scatter", chained=True, chain_groups=2)
-    liar = peers.sessions[liar_index]
-    liar._slicing.lie = 1e-2  # type: ignore[union-attr]
-    try:
-        results = await peers.round(0)
-    finally:
-        await peers.close()
-    honest = [res for s, res in zip(peers.sessions, results, strict=True) if s is not liar]
-    want = await reference(results[0], initial_model(), 0)
-    assert {res.model for res in honest} == {await put_gradient(MemoryBlockStore(), want)}
+    store, genesis, _, liar, honest = await lying_round(liar_index, chained=True, chain_groups=2)
     assert all(res.liars == (liar.peer_id,) for res in honest)
     # Whether its step was a partial sum or a slice record, the record proves it again.
     await verify_agreed_history(store, honest[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]

@@ -87,7 +87,6 @@ class ChainSteps:
     config: ReduceScatterConfig
     lie: float
     silent: bool
-    _local: dict[CID, FloatArray]
     _records_read: dict[bytes, Block]
     _unfetchable: set[str]
     _replaced: set[str]
@@ -97,7 +96,7 @@ class ChainSteps:
     _heard_missing: dict[int, set[str]]
 
     # ReduceScatterPeer's: fetch a step's rows; the ranked announcements of a step; wait for
-    # this peer's turn at a step; put a slice's result and record.
+    # this peer's turn at a step; put a slice's result and record; keep and announce it.
     _rows: Callable[[Roster, SliceWork, FloatArray, int, set[str]], Coroutine[Any, Any, None]]
     _records: Callable[[CID, int, SliceWork], list[SliceMessage]]
     _my_turn: Callable[
@@ -108,6 +107,7 @@ class ChainSteps:
         [Roster, CID, SliceWork, FloatArray, set[str], float],
         Coroutine[Any, Any, tuple[Block, FloatArray]],
     ]
+    _announce_slice: Callable[[CID, int, int, Block, FloatArray], Coroutine[Any, Any, None]]
 
     def _chains(
         self, roster: Roster, roster_cid: CID, d: int, groups: int
@@ -350,10 +350,7 @@ class ChainSteps:
         block, values = await self._commit_slice(
             roster, roster_cid, step, values, missing, self.lie
         )
-        self._local[block.cid] = values
-        await self.board.publish(
-            SliceMessage("slice", self.peer, roster_cid, phase, step.k, block.cid, block=block.data)
-        )
+        await self._announce_slice(roster_cid, phase, step.k, block, values)
 
     async def _prev(
         self,

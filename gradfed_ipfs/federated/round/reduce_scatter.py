@@ -283,9 +283,15 @@ class ReduceScatterPeer(SliceChecks, ChainSteps):
         ):
             return
         block, values = await self._reduce(roster, roster_cid, base, own, part, exclude, self.lie)
+        await self._announce_slice(roster_cid, phase, part.k, block, values)
+
+    async def _announce_slice(
+        self, roster_cid: CID, phase: int, k: int, block: Block, values: FloatArray
+    ) -> None:
+        """Keep a slice this peer reduced (its values are not fetched back) and announce it."""
         self._local[block.cid] = values
         await self.board.publish(
-            SliceMessage("slice", self.peer, roster_cid, phase, part.k, block.cid, block=block.data)
+            SliceMessage("slice", self.peer, roster_cid, phase, k, block.cid, block=block.data)
         )
 
     async def _my_turn(

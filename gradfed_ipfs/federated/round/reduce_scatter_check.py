@@ -105,6 +105,7 @@ class SliceChecks:
         liars, frauds, redone, false_values = set[str](), list[CID](), list[int](), set[str]()
         seed = projection_seed([bytes(cid) for cid, _, _ in chosen])
         weights = {e.peer: e.weight for e in roster.entries}
+        checked = [rec for _, rec, _ in chosen]  # a lie's replaced by the recomputed record
 
         async def settle(k: int) -> SliceWork | None:
             """Recompute slice ``k`` (a different CID is a proven lie); ``None``: it failed."""
@@ -118,7 +119,7 @@ class SliceChecks:
             results[p.k] = values
             if correct == cid:  # the slice is right (a suspect's check values were false)
                 return fresh
-            records[p.k] = correct
+            records[p.k], checked[p.k] = correct, SliceRecord.from_block(recomputed)
             self._records_read[bytes(correct)] = recomputed
             liar, claimed = sender, cid
             if blame is not None:
@@ -144,10 +145,6 @@ class SliceChecks:
         for k in broken:
             if await settle(k) is None:
                 raise TimeoutError(f"slice {k}: result unreadable and its recompute failed")
-        checked_records = [rec for _, rec, _ in chosen]
-        for k in broken:
-            if records[k] != chosen[k][0]:
-                checked_records[k] = SliceRecord.from_block(self._records_read[bytes(records[k])])
 
         async def fetch_absent(names: set[str]) -> dict[str, FloatArray]:
             wanted = {e.peer: e.contribution for e in roster.entries if e.peer in names}
@@ -161,7 +158,7 @@ class SliceChecks:
             base,
             own,
             [(p.offset, p.length) for p in parts],
-            checked_records,
+            checked,
             results,
             seed=seed,
             rule=self.config.rule,
