@@ -507,13 +507,11 @@ class ReduceScatterPeer(SliceChecks, ChainSteps):
                 ):
                     return cid, record, m.sender
                 self._garbage[m.sender] = f"slice record {cid} is not slice {p.k} of this round"
-            # Every announced record is garbage, and its backups stood aside when they saw one:
-            # this peer reduces the slice itself (each honest peer writes the same record).
+            # All garbage, and its backups stood aside on seeing one: each honest peer reduces it.
             logger.warning("slice %d: every announced record refused; reducing it here", p.k)
             fresh = SliceWork(p.k, p.offset, p.length, p.ranking)
             block, values = await self._reduce(roster, roster_cid, base, own, fresh, exclude)
-            self._local[block.cid] = values
-            self._records_read[bytes(block.cid)] = block
+            self._local[block.cid], self._records_read[bytes(block.cid)] = values, block
             return block.cid, SliceRecord.from_block(block), self.peer
 
         # Concurrently: one after another, N small fetches cost N bitswap round trips.
