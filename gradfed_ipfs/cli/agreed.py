@@ -27,11 +27,12 @@ from ..errors import (
     RoundVerificationFailed,
 )
 from ..federated.round.agreed_history import (
+    ModelState,
     load_chain,
     load_record,
     load_roster,
     load_round_inputs,
-    verify_agreed_round,
+    verify_record,
 )
 from ..formats.roster import AgreedRecord, Roster
 from ..storage.base import BlockStore
@@ -64,8 +65,15 @@ class AgreedCheck:
     unverifiable: bool = False
 
 
-async def check_agreed_round(store: BlockStore, cid: CID) -> AgreedCheck:
-    """Re-check one agreed round record; never raises for what the record's blocks contain."""
+async def check_agreed_round(
+    store: BlockStore, cid: CID, models: dict[bytes, ModelState] | None = None
+) -> AgreedCheck:
+    """Re-check one agreed round record; never raises for what the record's blocks contain.
+
+    ``models`` (model CID bytes → model and rule state) gives bases already recomputed (a
+    base that was not stored is rebuilt otherwise); a verified model replaces its content
+    (one model held: a history checks its rounds oldest first).
+    """
     text = str(cid)
     try:
         record = await load_record(store, cid)
@@ -76,10 +84,19 @@ async def check_agreed_round(store: BlockStore, cid: CID) -> AgreedCheck:
         roster = await load_roster(store, record.roster)
     try:
         if record.rule is None:
-            await verify_agreed_round(store, cid)
+            known = None if models is None else models.get(bytes(record.base))
+            _, model, state = await verify_record(store, record, None, known)
+            if models is not None:
+                models.clear()
+                models[bytes(record.result)] = (model, state)
             return AgreedCheck(text, record, roster, "verified", ok=True)
+        prev = None if record.prev is None else await load_record(store, record.prev)
+        if prev is not None and not prev.model_stored and prev.rule is not None:
+            status = f"unverifiable: its base was not stored; rebuilding it needs rule {prev.rule}"
+            return AgreedCheck(text, record, roster, status, ok=False, unverifiable=True)
         _, model, gradients = await load_round_inputs(store, record)
-        await fetch_gradient(store, record.result, expected_length=model.size)
+        if record.model_stored:  # else (model_every) there is no result block to check
+            await fetch_gradient(store, record.result, expected_length=model.size)
     except (RoundVerificationFailed, GradientError) as exc:
         reason = str(exc).removeprefix(f"round {record.round}: ")
         if isinstance(exc.__cause__, BlockStoreError):  # an input is gone (retention) or unserved
@@ -92,9 +109,10 @@ async def check_agreed_round(store: BlockStore, cid: CID) -> AgreedCheck:
         return AgreedCheck(text, record, roster, status, ok=False, unverifiable=True)
     except DecodeError as exc:
         return AgreedCheck(text, record, roster, f"mismatch: result: {exc}", ok=False)
+    fetched = "base and result" if record.model_stored else "base (the result was not stored)"
     status = (
         f"rule {record.rule}: not re-computable here (roster, {len(gradients)} contributions, "
-        "base and result fetched and hash-checked)"
+        f"{fetched} fetched and hash-checked)"
     )
     return AgreedCheck(text, record, roster, status, ok=False, unverifiable=True)
 
@@ -138,7 +156,8 @@ async def agreed_history(store: KuboBlockStore, head: CID) -> int:
         err_console.print(f"the chain from {head} is broken: {exc}", soft_wrap=True)
         return 1
     with err_console.status("verifying every round…"):
-        checks = [await check_agreed_round(store, cid) for cid, _ in reversed(chain)]
+        models: dict[bytes, ModelState] = {}  # oldest first: each result is the next base
+        checks = [await check_agreed_round(store, cid, models) for cid, _ in chain][::-1]
     title = f"history of session {record.session!r} (genesis {record.genesis}), newest first"
     console.print(_table(title, checks))
     return history_summary(

@@ -27,7 +27,7 @@ from ..errors import (
     RoundVerificationFailed,
 )
 from ..federated.round.agreed_config import agreed_topic
-from ..federated.round.agreed_history import check_exclusions, load_head, verify_agreed_round
+from ..federated.round.agreed_history import check_exclusions, load_head, verify_record
 from ..federated.round.coordinator import Head, best_head
 from ..formats.pubsub import PubsubMessage
 from ..formats.roster import AgreedMessage, AgreedRecord
@@ -122,15 +122,16 @@ def _candidates(heads: dict[str, Head]) -> list[CID]:
 
 async def _verify_rounds(store: BlockStore, chain: list[tuple[CID, AgreedRecord]]) -> int:
     """Recompute every round of ``chain``; return how many used a rule (links checked only)."""
-    custom = 0
-    for cid, record in chain:
+    custom, base = 0, None
+    for _, record in chain:
         if record.rule is not None:
-            custom += 1
+            custom, base = custom + 1, None
             continue
-        try:
-            await verify_agreed_round(store, cid)
+        try:  # each verified model is the next round's base: rebuilt models are not refetched
+            _, model, state = await verify_record(store, record, None, base)
         except GradientError as exc:
             raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
+        base = (model, state)
     return custom
 
 
@@ -173,7 +174,7 @@ async def _adopt(
     for candidate in candidates:
         try:
             with err_console.status(f"verifying the chain of {candidate}…"):
-                chain, model = await load_head(
+                chain, model, _ = await load_head(
                     store, candidate, session=args.session, genesis=genesis,
                     history=(), length=length, timeout=args.timeout,
                 )  # fmt: skip

@@ -265,6 +265,11 @@ class AgreedRecord:
     excluded
         Peers proven lying reducers in this round or earlier (sorted): no later roster of the
         session may list them. ``None`` when there are none; only written when set.
+    model_stored
+        Whether the round's holders put ``result`` (and ``state``) in their repos. ``False``
+        (written only then) means a reader rebuilds them: from the newest earlier record whose
+        model is stored, re-aggregating the rounds since
+        (:func:`~gradfed_ipfs.federated.round.agreed_history.load_result`).
     """
 
     session: str
@@ -280,6 +285,7 @@ class AgreedRecord:
     slices: tuple[CID, ...] | None = None
     frauds: tuple[CID, ...] | None = None
     excluded: tuple[str, ...] | None = None
+    model_stored: bool = True
 
     def to_block(self) -> Block:
         """Encode as a dag-cbor block."""
@@ -300,6 +306,7 @@ class AgreedRecord:
                 **({} if self.slices is None else {"slices": list(self.slices)}),
                 **({} if self.frauds is None else {"frauds": list(self.frauds)}),
                 **({} if self.excluded is None else {"excluded": list(self.excluded)}),
+                **({} if self.model_stored else {"model_stored": False}),
             }
         )
 
@@ -336,6 +343,8 @@ class AgreedRecord:
         peers = None if excluded is None else tuple(_peer(p, where) for p in excluded)
         if peers is not None and list(peers) != sorted(set(peers)):
             raise MalformedManifest(f"{where}: excluded peers are not sorted and unique")
+        if record.get("model_stored", False) is not False:  # one encoding per record
+            raise MalformedManifest(f"{where}: model_stored is written only as false")
         return cls(
             session=_session(record.get("session"), where),
             genesis=_content_cid(record.get("genesis"), where),
@@ -350,6 +359,7 @@ class AgreedRecord:
             slices=None if slices is None else tuple(_record_cid(c, where) for c in slices),
             frauds=None if frauds is None else tuple(_record_cid(c, where) for c in frauds),
             excluded=peers,
+            model_stored="model_stored" not in record,
         )
 
 

@@ -15,7 +15,9 @@ by :class:`~gradfed_ipfs.federated.round.agreed.AgreedSession`'s ``retention=`` 
   re-verify the last ``keep_rounds`` rounds alone and serve their inputs to a peer catching up;
 - **unpins** contributions (own and fetched) ``keep_rounds`` rounds later, and the round's
   base model then too unless ``keep_models`` (so the kept rounds keep their base models; the
-  latest model and the genesis stay pinned);
+  latest model and the genesis stay pinned). A base that was not stored (an agreed session's
+  ``model_every``) is rebuilt from the rounds before it, so those are kept back to the last
+  round whose base was stored;
 - **keeps** every round record and roster pinned (a few hundred bytes each: the history's
   backbone), and a reduce-scatter round's slice and fraud records (``RoundBlocks.records``),
   with *direct* pins: a record links its roster, models and the previous record, and a roster
@@ -129,8 +131,10 @@ class RoundBlocks:
     roster, record
         The round's roster and record CIDs: kept.
     base, model
-        The round's base and result model CIDs: a base is dropped with its round's
-        contributions, unless ``keep_models``.
+        The round's base and result model CIDs, ``None`` when that model was not stored (an
+        agreed session's ``model_every``): a base is dropped with its round's contributions,
+        unless ``keep_models``. A round whose base was not stored keeps the round before it
+        (its contributions and base) past ``keep_rounds``: its base is rebuilt from them.
     records
         More small records of the round that link blocks this peer need not hold (a
         reduce-scatter round's slice and fraud records): kept with direct pins, like ``roster``.
@@ -140,8 +144,8 @@ class RoundBlocks:
     contributions: tuple[CID, ...]
     roster: CID
     record: CID
-    base: CID
-    model: CID
+    base: CID | None
+    model: CID | None
     records: tuple[CID, ...] = ()
 
     def merge(self, other: RoundBlocks) -> RoundBlocks:
@@ -156,7 +160,7 @@ class RoundBlocks:
     def cids(self) -> set[bytes]:
         """Every CID of the round, as bytes."""
         links = (*self.contributions, self.roster, self.record, self.base, self.model)
-        return {bytes(c) for c in (*links, *self.records)}
+        return {bytes(c) for c in (*links, *self.records) if c is not None}
 
 
 @runtime_checkable
@@ -398,22 +402,27 @@ class RetentionKeeper:
                 await self.collectable.pin(cid, recursive=False)
             window.kept.add(bytes(cid))
         if policy.keep_models:
-            window.kept.update({bytes(blocks.base), bytes(blocks.model)})
+            window.kept.update(bytes(c) for c in (blocks.base, blocks.model) if c is not None)
         if self.durable is not None:
-            for cid in (blocks.record, blocks.roster, blocks.model):
-                await self.durable.pin(cid)
+            for handed in (blocks.record, blocks.roster, blocks.model):
+                if handed is not None:
+                    await self.durable.pin(handed)
         fresh = not window.rounds or window.rounds[-1].round != blocks.round
         if fresh:
             self._rounds_seen += 1
         else:
             blocks = window.rounds.pop().merge(blocks)  # another session on this store
         window.rounds.append(blocks)
-        old: list[RoundBlocks] = []
-        while window.rounds[0].round <= blocks.round - policy.keep_rounds:
-            old.append(window.rounds.popleft())
+        # Rounds up to blocks.round - K go, but the oldest round kept must re-verify here: if
+        # its base was not stored, it is rebuilt from the rounds since the last stored base.
+        oldest = next(
+            i for i, b in enumerate(window.rounds) if b.round > blocks.round - policy.keep_rounds
+        )
+        anchor = max((i for i in range(oldest + 1) if window.rounds[i].base is not None), default=0)
+        old = [window.rounds.popleft() for _ in range(anchor)]
         live = set(window.kept).union(*(b.cids() for b in window.rounds))
         for gone in old:
-            for cid in (*gone.contributions, gone.base):
+            for cid in (*gone.contributions, *(() if gone.base is None else (gone.base,))):
                 if bytes(cid) not in live:
                     await self.store.unpin(cid)
                     self.unpinned.append((gone.round, cid))

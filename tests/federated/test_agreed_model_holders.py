@@ -67,7 +67,7 @@ async def test_only_the_holders_store_the_model_and_every_peer_can_read_it(
 ) -> None:
     bus = MemoryPubsubBus()
     genesis = await AgreedSession.commit_genesis(store, initial_model())
-    config = AgreedConfig(members=PEERS, model_replicas=replicas, **FAST)  # type: ignore[arg-type]
+    config = AgreedConfig(members=PEERS, model_replicas=replicas, model_every=1, **FAST)  # type: ignore[arg-type]
     logs = [PutLog(store) for _ in PEERS]
     sessions = [
         AgreedSession(log, bus.endpoint(peer), "s1", genesis, config)
@@ -129,7 +129,7 @@ async def test_non_holders_keep_kubo_collectable_and_read_the_model_from_a_holde
     stores = [KuboBlockStore(n.api_url, timeout=20.0) for n in kubo_swarm3]
     pubsubs = [KuboPubsub(n.api_url) for n in kubo_swarm3]
     settings = {**FAST, "fetch_timeout": 10.0, "round_timeout": 30.0, "announce_interval": 0.1}
-    config = AgreedConfig(members=members, model_replicas=1, **settings)  # type: ignore[arg-type]
+    config = AgreedConfig(members=members, model_replicas=1, model_every=1, **settings)  # type: ignore[arg-type]
     model = np.random.default_rng(3).standard_normal(d).astype(np.float32)
     sessions: list[AgreedSession] = []
     try:

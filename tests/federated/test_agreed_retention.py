@@ -32,7 +32,7 @@ async def test_old_contributions_and_models_are_unpinned_records_kept() -> None:
         MemoryPubsubBus().endpoint("solo"),
         "s",
         genesis,
-        AgreedConfig(("solo",), **FAST),  # type: ignore[arg-type]
+        AgreedConfig(("solo",), model_every=1, **FAST),  # type: ignore[arg-type]
         retention=RetentionKeeper(store, Retention(keep_rounds=2, gc_every=None), keep=[genesis]),
     )
     await session.start(np.zeros(64, np.float32))
@@ -65,7 +65,7 @@ async def test_repo_stays_flat_with_gc_and_recent_rounds_reverify(kubo_node: Kub
             pubsub,
             f"retention-{peer[-6:]}",
             genesis,
-            AgreedConfig((peer,), **FAST),  # type: ignore[arg-type]
+            AgreedConfig((peer,), model_every=1, **FAST),  # type: ignore[arg-type]
             retention=keeper,
         )
         await session.start(np.zeros(d, np.float32))

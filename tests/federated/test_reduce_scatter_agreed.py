@@ -13,13 +13,14 @@ import pytest
 from gradfed_ipfs import AgreedConfig, AgreedRoundResult, AgreedSession, verify_agreed_history
 from gradfed_ipfs.block import Block
 from gradfed_ipfs.errors import RoundVerificationFailed
-from gradfed_ipfs.federated.round.agreed_history import check_finished_round, verify_agreed_round
+from gradfed_ipfs.federated.round.agreed_history import verify_agreed_round
 from gradfed_ipfs.federated.round.agreed_slicing import (
     AUTO_MIN_MEMBERS,
     RobustRule,
     choose_slicing,
 )
 from gradfed_ipfs.federated.round.coordinator import coordinator_ranking
+from gradfed_ipfs.federated.round.finished_round import check_finished_round
 from gradfed_ipfs.federated.round.reduce_scatter import CountingStore, ReduceScatterPeer
 from gradfed_ipfs.federated.round.slices import reduce_values
 from gradfed_ipfs.formats import PubsubMessage

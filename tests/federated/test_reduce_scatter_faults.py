@@ -5,20 +5,19 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-import numpy as np
 import pytest
 from multiformats import CID
 
 from gradfed_ipfs import AgreedConfig, AgreedSession, verify_agreed_history
 from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import MalformedManifest, RoundVerificationFailed
-from gradfed_ipfs.federated.round.agreed_history import load_record
+from gradfed_ipfs.federated.round.agreed_history import load_record, load_result
 from gradfed_ipfs.federated.round.coordinator import roster_problem
 from gradfed_ipfs.federated.round.encoded import encode_gradient
 from gradfed_ipfs.formats.roster import AgreedMessage, AgreedRecord, Roster
 from gradfed_ipfs.formats.slices import FraudRecord
 from gradfed_ipfs.kubo import MemoryPubsubBus
-from gradfed_ipfs.storage import MemoryBlockStore, fetch_gradient, put_gradient
+from gradfed_ipfs.storage import MemoryBlockStore, put_gradient
 from gradfed_ipfs.tensor.deterministic import deterministic_update
 from tests.federated.test_reduce_scatter_agreed import (
     CHUNK,
@@ -77,7 +76,7 @@ async def test_a_peer_that_resyncs_after_a_lie_excludes_the_liar_and_refuses_its
         assert all(s.excluded == {LIAR} for s in peers.sessions)
         # The liar contributes to round 1 and publishes a roster listing itself and the others'
         # real contributions: without the exclusion it would be adopted at once.
-        base = late.model_cid
+        base, base_model = late.model_cid, late.model.copy()
         grads = {p: gradient(PEERS.index(p), 1) for p in PEERS}
         cids = {p: (await encode_gradient(g, chunk_bytes=CHUNK)).cid for p, g in grads.items()}
         await put_gradient(store, grads[LIAR], chunk_bytes=CHUNK)
@@ -99,15 +98,11 @@ async def test_a_peer_that_resyncs_after_a_lie_excludes_the_liar_and_refuses_its
     assert all(res.roster.peers == (PEERS[0], PEERS[1], PEERS[3]) for res in results)
     assert all("proven lying" in res.rejected[LIAR] for res in results)
     live = [grads[p] for p in results[0].roster.peers]
-    want = deterministic_update(await fetch_model(store, base), live, [1] * 3, LR)
+    want = deterministic_update(base_model, live, [1] * 3, LR)
     assert results[0].model == await put_gradient(MemoryBlockStore(), want)
     records = await verify_agreed_history(store, results[0].record, session="rs", genesis=genesis)
     assert [r.excluded for r in records] == [(LIAR,), (LIAR,)]
     assert records[1].frauds is None  # no lie in round 1: the exclusion is carried forward
-
-
-async def fetch_model(store: MemoryBlockStore, cid: CID) -> np.ndarray:
-    return np.asarray(await fetch_gradient(store, cid), np.float32).reshape(-1)
 
 
 async def test_records_that_forget_a_liar_or_list_it_later_fail_verification() -> None:
@@ -136,7 +131,7 @@ async def test_records_that_forget_a_liar_or_list_it_later_fail_verification() -
 
     # 3. A later (all-to-all) round whose roster lists the liar is refused, though it
     #    re-aggregates correctly; the same round without the liar verifies.
-    base = await fetch_model(store, record0.result)
+    base, _ = await load_result(store, record0)  # round 0's model was not stored: rebuilt
 
     async def round1(listed: tuple[str, ...]) -> CID:
         grads = [gradient(PEERS.index(p), 1) for p in listed]

@@ -72,6 +72,7 @@ async def test_sliced_rounds_under_retention_keep_records_drop_old_slices_and_re
         members=PEERS,
         aggregation="reduce-scatter",
         min_peers=3,
+        model_every=1,  # every base stored: the window is exactly K rounds
         **{**FAST, "collect_timeout": 0.3},  # type: ignore[arg-type]
     )
     sessions = [

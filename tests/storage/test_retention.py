@@ -323,7 +323,11 @@ async def test_kubo_unpin_and_gc_drop_the_bytes_and_kept_roots_still_verify(
     try:
         genesis = await AgreedSession.commit_genesis(store, values(0, d))
         keeper = RetentionKeeper(store, Retention(keep_rounds=2, gc_every=None), keep=[genesis])
-        config = AgreedConfig(members=(await store.peer_id(),), **FAST)  # type: ignore[arg-type]
+        config = AgreedConfig(
+            members=(await store.peer_id(),),
+            model_every=1,  # every base stored: exactly K rounds kept
+            **FAST,  # type: ignore[arg-type]
+        )
         session = AgreedSession(store, pubsub, "ret", genesis, config, retention=keeper)
         await session.start(values(0, d))
         records = []

@@ -11,10 +11,15 @@ from multiformats import CID
 
 from gradfed_ipfs import AgreedConfig, AgreedSession
 from gradfed_ipfs.errors import RoundVerificationFailed
-from gradfed_ipfs.federated.round.agreed_history import load_record, verify_agreed_history
+from gradfed_ipfs.federated.round.agreed_history import (
+    load_record,
+    load_result,
+    model_cid,
+    verify_agreed_history,
+)
 from gradfed_ipfs.formats.roster import AgreedRecord, Roster
 from gradfed_ipfs.kubo import MemoryPubsubBus
-from gradfed_ipfs.storage import MemoryBlockStore, fetch_gradient
+from gradfed_ipfs.storage import MemoryBlockStore
 from gradfed_ipfs.training import (
     FedAdagrad,
     FedAdam,
@@ -165,7 +170,12 @@ async def test_optimizer_state_rides_in_the_record_and_a_late_peer_resumes_it(
         assert record.rule is not None
         assert record.rule.startswith(f"{name} ")
         assert record.state is not None
-        state = await fetch_gradient(store, record.state)
+        assert not record.model_stored  # model_every: model and state are rebuilt with the rule
+        with pytest.raises(RoundVerificationFailed, match="pass it"):
+            await load_result(store, record)
+        _, state = await load_result(store, record, rule(make()))  # type: ignore[arg-type]
+        assert state is not None
+        assert bytes(await model_cid(state)) == bytes(record.state)
         np.testing.assert_array_equal(state, sessions[0].rule_state)  # type: ignore[arg-type]
         assert state[0] == 3  # three optimizer steps
         late = sessions[2]

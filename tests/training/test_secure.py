@@ -342,7 +342,9 @@ async def test_central_dp_noises_the_clipped_sum_and_stops_at_the_budget() -> No
 
     made = iter(range(3))
     async with MemoryBlockStore() as store:
-        histories = await run_peers(lambda: secagg(next(made)), stores=[store] * 3)
+        histories = await run_peers(  # every model stored: round 1's is read by its CID
+            lambda: secagg(next(made)), stores=[store] * 3, timing={"model_every": 1}
+        )
         first = histories[0].entries[0]
         after_first = np.asarray(await fetch_gradient(store, first.model), np.float32)[:D]
         got = await final_params(store, histories[0])

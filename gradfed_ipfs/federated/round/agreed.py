@@ -143,6 +143,7 @@ class AgreedSession(RosterPhase, RoundStorage):
         self._own: tuple[CID, asyncio.Future[CID]] | None = None
         self._rosters: dict[bytes, tuple[Roster, Block]] = {}
         self._pending: list[asyncio.Future[object]] = []
+        self._holds_head = False
         self.rule_state: FloatArray | None = None  # state of config.rule after the last round
         self._adopted_state: FloatArray | None = None
 
@@ -197,9 +198,14 @@ class AgreedSession(RosterPhase, RoundStorage):
             await self._pending.pop(0)
 
     async def aclose(self) -> None:
-        """Store what is pending, stop announcing and listening (store and transport stay open)."""
+        """Store what is pending, stop announcing and listening (store and transport stay open).
+
+        A holder of the last round's model puts it now if ``model_every`` skipped it, so the
+        final model's CID can be fetched as it is.
+        """
         try:
             await self._settle()
+            await self._store_last_model()
         finally:
             tasks = [*self._tasks, *self._fetcher.clear()]
             for task in tasks:
@@ -335,21 +341,25 @@ class AgreedSession(RosterPhase, RoundStorage):
         slices = None if sliced is None else tuple(sliced.records)
         frauds = tuple(sliced.frauds) if sliced is not None and sliced.frauds else None
         excluded = self.excluded | (sliced.liars if sliced is not None else set())
+        stored = self.config.stores_model(r)
         record = AgreedRecord(
             self.session, self.genesis, r, self.head, base, roster_cid, result,
             float(self.config.learning_rate), None if rule is None else rule.label(r), state,
-            slices, frauds, tuple(sorted(excluded)) or None,
+            slices, frauds, tuple(sorted(excluded)) or None, stored,
         ).to_block()  # fmt: skip
         record_cid = record.cid
         await self._post("done", self._message("done", r, result, record=record_cid))
         # Stored off the critical path (settled before the next round, resync or close): the
         # roster (pinned here too: the record links it), the record, and on the model's
-        # holders the model and rule state.
+        # holders the model and rule state (every model_every-th round: a put of 4·d bytes
+        # costs the daemon ~19 ms of CPU at d = 1M, the largest part of an agreed round's
+        # extra cost over the runner's on a loaded machine; issue 13's ratio).
         holders = model_holders(
             self.session, self.genesis, r, self.config.members, roster.peers,
             self.config.model_replicas,
         )  # fmt: skip
-        held = stores if self.peer_id in holders else []
+        held = stores if stored and self.peer_id in holders else []
+        self._holds_head = self.peer_id in holders  # an unstored last model is put at close
         storing = self._store_round(roster_block, result, held, record, roster, r, self._own)
         self._pending.append(asyncio.ensure_future(storing))
         self.round, self.model, self.model_cid, self.head = r + 1, model, result, record_cid
@@ -427,7 +437,8 @@ class AgreedSession(RosterPhase, RoundStorage):
         is walked back to a record this peer already followed (or the genesis) and checked
         (links, rounds, genesis, and the proven liars: :func:`~.agreed_history.check_exclusions`,
         whose ``excluded`` the peer then applies to its rosters); then the head's model is
-        fetched and adopted.
+        fetched (or rebuilt from the last stored one, or this peer's, by re-aggregating the
+        rounds since: ``AgreedConfig.model_every``) and adopted.
 
         Raises
         ------
@@ -443,19 +454,16 @@ class AgreedSession(RosterPhase, RoundStorage):
         best = best_head(heads.values())
         if best is None or bytes(best.record) == bytes(self.head or b""):
             return ResyncResult(False, self.round, self.model_cid, self.head)
-        chain, model = await load_head(
+        chain, model, state = await load_head(
             self.store, best.record, session=self.session, genesis=self.genesis,
             history=self.history, length=self.model.size, timeout=self.config.fetch_timeout,
+            rule=self.config.rule, known={bytes(self.model_cid): (self.model, self.rule_state)},
         )  # fmt: skip
         excluded = await check_exclusions(self.store, chain)  # fraud records are peers' data
-        state = chain[-1][1].state
-        self.rule_state = (
-            None
-            if state is None
-            else await fetch_gradient(self.store, state, timeout=self.config.fetch_timeout)
-        )  # the custom rule resumes from the head's state (it checks the length)
+        self.rule_state = state  # the custom rule resumes from the head's state
         self.model = np.array(model, np.float32).reshape(-1)
         self.model_cid, self.head, self.round = chain[-1][1].result, best.record, best.round + 1
+        self._holds_head = False
         self.excluded = excluded
         for cid, record in chain:
             self.history[bytes(cid)] = record.round

@@ -106,7 +106,7 @@ class AgreedConfig:
     reducer_timeout
         Reduce-scatter: delay per reducer rank before the next takes over a silent reducer.
     model_replicas
-        How many roster peers put (and pin) each round's model and rule state: the first ones
+        How many roster peers put (and pin) a stored round's model and rule state: the first ones
         of the round's coordinator ranking that are in the roster
         (:func:`~.coordinator.model_holders`); ``None`` for every roster peer. Every peer
         holds the model in memory either way; the others fetch it by CID from a holder when
@@ -114,6 +114,15 @@ class AgreedConfig:
         round (at d = 10M and 100 peers, 4 GB a round with ``None``); 2 copies survive one
         lost holder, and a durability provider (:class:`~gradfed_ipfs.storage.RetentionKeeper`'s
         ``durable``) keeps them longer.
+    model_every
+        The holders put the model (and rule state) of every ``model_every``-th round: rounds
+        ``model_every - 1``, ``2·model_every - 1``, …; every round when 1. A record says whether
+        its model was stored (``AgreedRecord.model_stored``); a model that was not is rebuilt
+        from the last stored one by re-aggregating the rounds since
+        (:func:`~.agreed_history.load_result`, used by resync and verification), so their
+        contributions must still be served: keep ``Retention.keep_rounds`` ≥ ``model_every``
+        (a :class:`~gradfed_ipfs.storage.RetentionKeeper` keeps the rounds back to a stored
+        model anyway). The same on every member (it is in the records).
     chained
         Reduce-scatter with ``fedavg``: reduce each slice in about √N steps along the roster
         (:mod:`~.reduce_chain`): N^1.5 blocks a round instead of 2·N², which is what makes a
@@ -139,6 +148,7 @@ class AgreedConfig:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     reducer_timeout: float = 5.0
     model_replicas: int | None = 2
+    model_every: int = 4
     chained: bool = False
     chain_groups: int | None = None
 
@@ -158,10 +168,16 @@ class AgreedConfig:
                 raise InvalidGradient(f"{name} must be > 0 seconds")
         if self.model_replicas is not None and self.model_replicas < 1:
             raise InvalidGradient("model_replicas must be >= 1 or None (every roster peer)")
+        if self.model_every < 1:
+            raise InvalidGradient("model_every must be >= 1 (1: every round's model is stored)")
         if self.chain_groups is not None and self.chain_groups < 1:
             raise InvalidGradient("chain_groups must be >= 1 or None (about √N)")
         if not self.done_timeout >= 0:
             raise InvalidGradient("done_timeout must be >= 0 seconds")
+
+    def stores_model(self, r: int) -> bool:
+        """Whether the holders put round ``r``'s model (see ``model_every``)."""
+        return (r + 1) % self.model_every == 0
 
     @property
     def quorum(self) -> int:

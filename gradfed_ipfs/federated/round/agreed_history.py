@@ -9,6 +9,11 @@ records: they must fit the roster (:func:`~.agreed_slicing.sliced_roster`; sende
 ``missing`` are left out of the recomputation) and each slice result must be its range of the
 recomputed model (:func:`~.agreed_slicing.check_slice_results`).
 
+Holders store only every ``model_every``-th model (``AgreedRecord.model_stored``): a base or
+result that was not stored is rebuilt by :func:`load_result`, from the newest stored model
+before it by re-aggregating the rounds since (each checked against its record); a verifier
+walking the whole chain carries each recomputed model into the next round instead.
+
 Lying reducers proven in a round (its fraud records) are excluded for the rest of the session:
 :func:`check_exclusions` checks that each record's ``excluded`` is its predecessor's plus the
 reducers its fraud records prove (:func:`~.agreed_slicing.proven_liars`), and that no roster
@@ -19,8 +24,8 @@ lists a peer excluded before its round. It needs only records, rosters, fraud an
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection
-from typing import Final, NamedTuple
+from collections.abc import Collection, Mapping
+from typing import Final
 
 import numpy as np
 from multiformats import CID
@@ -35,8 +40,7 @@ from ...errors import (
     ShapeMismatch,
 )
 from ...formats.roster import AgreedRecord, Roster
-from ...formats.slices import FraudRecord
-from ...storage.base import BlockStore
+from ...storage.base import UNSET, BlockStore, Unset
 from ...storage.dag import fetch_gradient
 from ...tensor.deterministic import deterministic_update
 from .agreed_config import UpdateRule
@@ -46,22 +50,30 @@ from .encoded import encode_gradient
 
 __all__ = [
     "MAX_CHAIN_ROUNDS",
-    "FinishedRound",
+    "MAX_REBUILD_ROUNDS",
+    "ModelState",
     "check_exclusions",
-    "check_finished_round",
     "load_chain",
     "load_head",
     "load_record",
+    "load_result",
     "load_round_inputs",
     "load_roster",
     "model_cid",
     "recompute_round",
     "verify_agreed_history",
     "verify_agreed_round",
+    "verify_record",
 ]
 
 MAX_CHAIN_ROUNDS: Final = 100_000
 """Most records one chain walk follows."""
+
+MAX_REBUILD_ROUNDS: Final = 1_000
+"""Most rounds :func:`load_result` re-aggregates to rebuild a model that was not stored."""
+
+ModelState = tuple[FloatArray, FloatArray | None]
+"""A model (float32, ``(d,)``) and its update rule's state (``None`` without a rule)."""
 
 
 async def load_record(
@@ -143,24 +155,29 @@ async def load_head(
     history: Collection[bytes],
     length: int,
     timeout: float,
-) -> tuple[list[tuple[CID, AgreedRecord]], FloatArray]:
+    rule: UpdateRule | None = None,
+    known: Mapping[bytes, ModelState] | None = None,
+) -> tuple[list[tuple[CID, AgreedRecord]], FloatArray, FloatArray | None]:
     """Load the records from ``head`` back to one in ``history`` (or the genesis), and its model.
+
+    The head's model and rule state come from :func:`load_result` (with ``rule`` and
+    ``known``): fetched, or rebuilt if they were not stored.
 
     Raises
     ------
     GenesisMismatch
         If the chain does not extend ``history`` (nor start at the genesis).
     RoundVerificationFailed
-        See :func:`load_chain`.
+        See :func:`load_chain` and :func:`load_result`.
     """
     chain = await load_chain(store, head, session=session, genesis=genesis, stop_at=history)
     first = chain[0][1]
     if first.prev is not None and bytes(first.prev) not in history:
         raise GenesisMismatch(f"head {head} does not extend this peer's history")
-    model = await fetch_gradient(
-        store, chain[-1][1].result, timeout=timeout, expected_length=length
+    model, state = await load_result(
+        store, chain[-1][1], rule, timeout=timeout, length=length, known=known
     )
-    return chain, np.array(model, np.float32).reshape(-1)
+    return chain, model, state
 
 
 async def check_exclusions(
@@ -206,9 +223,16 @@ async def check_exclusions(
 
 
 async def load_round_inputs(
-    store: BlockStore, record: AgreedRecord
+    store: BlockStore,
+    record: AgreedRecord,
+    *,
+    base: FloatArray | None = None,
+    rule: UpdateRule | None = None,
 ) -> tuple[Roster, FloatArray, list[FloatArray]]:
     """Fetch a record's roster, base model and every listed contribution, each hash-checked.
+
+    ``base`` is the record's base model when the caller holds it; else it is loaded
+    (:func:`load_result` of the previous record, with ``rule`` if one must be rebuilt).
 
     Returns
     -------
@@ -221,6 +245,9 @@ async def load_round_inputs(
         If the roster does not belong to the record, or a block cannot be fetched or decoded
         (or has another length than the base model).
     """
+    if base is None:
+        base = (await _base_of(store, record, rule))[0]
+    model = np.asarray(base, np.float32).reshape(-1)
     try:
         roster = await load_roster(store, record.roster)
         if (
@@ -232,7 +259,6 @@ async def load_round_inputs(
             raise RoundVerificationFailed(f"roster {record.roster} is not round {record.round}'s")
         if record.slices is not None:
             roster = await sliced_roster(store, record, roster)
-        model = await fetch_gradient(store, record.base)
         gradients = await asyncio.gather(
             *(
                 fetch_gradient(store, entry.contribution, expected_length=model.size)
@@ -241,16 +267,22 @@ async def load_round_inputs(
         )  # concurrently: one after another, N fetches cost N bitswap round trips
     except (BlockStoreError, DecodeError, ShapeMismatch) as exc:
         raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
-    return roster, np.asarray(model, np.float32).reshape(-1), list(gradients)
+    return roster, model, list(gradients)
 
 
 async def recompute_round(
-    store: BlockStore, record: AgreedRecord, rule: UpdateRule | None = None
+    store: BlockStore,
+    record: AgreedRecord,
+    rule: UpdateRule | None = None,
+    *,
+    base: ModelState | None = None,
 ) -> tuple[Roster, FloatArray]:
     """Re-aggregate a record's roster on its base model; return the roster and the new model.
 
     A record written with a custom update rule (``record.rule``) needs that ``rule``; it is
     applied from the previous record's state, and its new state must hash to ``record.state``.
+    ``base`` is the base model and that state when the caller holds them (else they are
+    loaded: :func:`load_result` of the previous record).
 
     Raises
     ------
@@ -258,25 +290,107 @@ async def recompute_round(
         If the roster does not belong to the record, a block cannot be fetched or decoded, or
         the record names a rule and none is given.
     """
+    roster, model, _ = await _recompute(store, record, rule, base)
+    return roster, model
+
+
+async def _recompute(
+    store: BlockStore, record: AgreedRecord, rule: UpdateRule | None, base: ModelState | None
+) -> tuple[Roster, FloatArray, FloatArray | None]:
+    """:func:`recompute_round`, also returning the rule's new state (checked against the record)."""
     if record.rule is not None and rule is None:
         raise RoundVerificationFailed(f"round {record.round} used rule {record.rule!r}: pass it")
-    roster, model, gradients = await load_round_inputs(store, record)
+    model, state = await _base_of(store, record, rule) if base is None else base
+    roster, model, gradients = await load_round_inputs(store, record, base=model)
     if rule is not None and record.rule is not None:
-        try:
-            prev = None if record.prev is None else await load_record(store, record.prev)
-            state = None
-            if prev is not None and prev.state is not None:
-                state = await fetch_gradient(store, prev.state)
-        except (BlockStoreError, DecodeError) as exc:
-            raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
         new, new_state = rule.apply(model, roster, gradients, record.learning_rate, state)
         if (None if new_state is None else bytes(await model_cid(new_state))) != (
             None if record.state is None else bytes(record.state)
         ):
             raise RoundVerificationFailed(f"round {record.round}: the rule state does not match")
-        return roster, np.ascontiguousarray(new, np.float32).reshape(-1)
+        return roster, np.ascontiguousarray(new, np.float32).reshape(-1), new_state
     weights = [entry.weight for entry in roster.entries]
-    return roster, deterministic_update(model, gradients, weights, record.learning_rate)
+    return roster, deterministic_update(model, gradients, weights, record.learning_rate), None
+
+
+async def _base_of(store: BlockStore, record: AgreedRecord, rule: UpdateRule | None) -> ModelState:
+    """Return the model and rule state a record starts from: its predecessor's result."""
+    try:
+        if record.prev is None:
+            return np.asarray(await fetch_gradient(store, record.base), np.float32), None
+        prev = await load_record(store, record.prev)
+    except (BlockStoreError, DecodeError) as exc:
+        raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
+    if bytes(prev.result) != bytes(record.base) or prev.round != record.round - 1:
+        raise RoundVerificationFailed(f"round {record.round} does not follow {record.prev}")
+    return await load_result(store, prev, rule)
+
+
+async def load_result(
+    store: BlockStore,
+    record: AgreedRecord,
+    rule: UpdateRule | None = None,
+    *,
+    timeout: float | Unset = UNSET,
+    length: int | None = None,
+    known: Mapping[bytes, ModelState] | None = None,
+    max_rounds: int = MAX_REBUILD_ROUNDS,
+) -> ModelState:
+    """Return a record's model (float32, ``(d,)``) and its rule's state (``None`` without one).
+
+    Fetched by CID when the record says its holders stored them (``model_stored``); else
+    rebuilt from the newest earlier record whose model is stored (or the genesis): each round
+    since is re-aggregated from its roster (:func:`recompute_round`, with ``rule`` if the
+    records name one) and must hash to its record's result. ``timeout`` bounds the stored
+    model's fetch, ``length`` is the number of values it must have; ``known`` maps model
+    CIDs (bytes) to models (and states) the caller holds, which end the walk back early.
+
+    Raises
+    ------
+    RoundVerificationFailed
+        If a block is missing or malformed, the records do not link up, a model has another
+        length, a rebuilt model hashes to another CID than its record's, or more than
+        ``max_rounds`` rounds would be re-aggregated.
+    """
+    rebuild: list[AgreedRecord] = []
+    anchor, held = record, known or {}
+    try:
+        while bytes(anchor.result) not in held and not anchor.model_stored:
+            rebuild.append(anchor)
+            if len(rebuild) > max_rounds:
+                raise RoundVerificationFailed(
+                    f"round {record.round}: no stored model in the last {max_rounds} rounds"
+                )
+            if anchor.prev is None:
+                break
+            later, anchor = anchor, await load_record(store, anchor.prev)
+            if bytes(anchor.result) != bytes(later.base) or anchor.round != later.round - 1:
+                raise RoundVerificationFailed(f"round {later.round} does not follow {later.prev}")
+        if bytes(anchor.result) in held:
+            base = held[bytes(anchor.result)]
+        else:
+            stored = anchor.result if anchor.model_stored else anchor.base  # else: the genesis
+            model = await fetch_gradient(store, stored, timeout=timeout, expected_length=length)
+            state = None
+            if anchor.model_stored and anchor.state is not None:
+                state = await fetch_gradient(store, anchor.state, timeout=timeout)
+            base = (np.asarray(model, np.float32).reshape(-1), state)
+    except (BlockStoreError, DecodeError, ShapeMismatch) as exc:
+        raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
+    for later in reversed(rebuild):
+        _, model, state = await _recompute(store, later, rule, base)
+        await _check_result(later, model)
+        base = (model, state)
+    return base
+
+
+async def _check_result(record: AgreedRecord, model: FloatArray) -> None:
+    recomputed = await model_cid(model)
+    if bytes(recomputed) != bytes(record.result):
+        raise RoundVerificationFailed(
+            f"round {record.round}: roster re-aggregates to {recomputed}, "
+            f"record says {record.result}"
+        )
 
 
 async def verify_agreed_round(
@@ -294,21 +408,28 @@ async def verify_agreed_round(
         record = await load_record(store, cid)
     except (BlockStoreError, DecodeError) as exc:
         raise RoundVerificationFailed(f"record {cid}: {exc}") from exc
-    await _verified_model(store, record, rule)
+    await verify_record(store, record, rule)
     return record
 
 
-async def _verified_model(
-    store: BlockStore, record: AgreedRecord, rule: UpdateRule | None
-) -> tuple[Roster, FloatArray]:
-    """Recompute a record's model, check its CID and slice results; return roster and model."""
-    roster, model = await recompute_round(store, record, rule)
-    recomputed = await model_cid(model)
-    if bytes(recomputed) != bytes(record.result):
-        raise RoundVerificationFailed(
-            f"round {record.round}: roster re-aggregates to {recomputed}, "
-            f"record says {record.result}"
-        )
+async def verify_record(
+    store: BlockStore,
+    record: AgreedRecord,
+    rule: UpdateRule | None = None,
+    base: ModelState | None = None,
+) -> tuple[Roster, FloatArray, FloatArray | None]:
+    """Recompute a record's model; check its CID, slice results and frauds.
+
+    ``base`` as in :func:`recompute_round`. Returns the roster used (a sliced round's leaves
+    out the senders its slices miss), the model and the rule's new state.
+
+    Raises
+    ------
+    RoundVerificationFailed
+        If anything is missing, malformed, or does not verify.
+    """
+    roster, model, state = await _recompute(store, record, rule, base)
+    await _check_result(record, model)
     if record.slices is not None:
         await check_slice_results(store, record, model)
     if record.frauds:
@@ -317,72 +438,7 @@ async def _verified_model(
         except (BlockStoreError, DecodeError) as exc:
             raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
         await check_partial_frauds(store, record.frauds, full, model.size)
-    return roster, model
-
-
-class FinishedRound(NamedTuple):
-    """Another peer's record of a sliced round, re-verified by :func:`check_finished_round`."""
-
-    record: AgreedRecord
-    model: FloatArray
-    """The recomputed model (float32, ``(d,)``); it hashes to ``record.result``."""
-    missing: tuple[str, ...]
-    """Roster peers the slice records leave out."""
-    liars: frozenset[str]
-    """Reducers the record's fraud records prove lying."""
-    records: tuple[CID, ...]
-    """Its slice and fraud records and the lies these name (what a keeper pins alone)."""
-
-
-async def check_finished_round(
-    store: BlockStore,
-    record_cid: CIDLike,
-    roster: Roster,
-    roster_cid: CID,
-    *,
-    prev: CID | None,
-    rule: UpdateRule | None = None,
-) -> FinishedRound:
-    """Re-verify a peer's record of a sliced round of ``roster`` that follows ``prev``.
-
-    For a peer that joins a reduce-scatter round the others have finished: it hears none of
-    the round's slice messages any more, so it re-aggregates the round from the record (every
-    contribution fetched whole, as :func:`verify_agreed_round`) and checks its fraud records
-    (:func:`~.agreed_slicing.proven_liars`) instead.
-
-    Raises
-    ------
-    RoundVerificationFailed
-        If the record is not a sliced record of ``roster_cid`` after ``prev`` (same session,
-        genesis, round and base), or does not verify.
-    """
-    cid = parse_cid(record_cid)
-    try:
-        record = await load_record(store, cid)
-    except (BlockStoreError, DecodeError) as exc:
-        raise RoundVerificationFailed(f"record {cid}: {exc}") from exc
-    if (
-        record.slices is None
-        or (record.session, record.round) != (roster.session, roster.round)
-        or bytes(record.genesis) != bytes(roster.genesis)
-        or bytes(record.base) != bytes(roster.base)
-        or bytes(record.roster) != bytes(roster_cid)
-        or (None if record.prev is None else bytes(record.prev))
-        != (None if prev is None else bytes(prev))
-    ):
-        raise RoundVerificationFailed(
-            f"record {cid} is not a sliced record of roster {roster_cid} after {prev}"
-        )
-    used, model = await _verified_model(store, record, rule)
-    liars = await proven_liars(store, record, roster)
-    records = [*record.slices, *(record.frauds or ())]
-    try:  # proven_liars fetched them: local now
-        for fraud in record.frauds or ():
-            records.append(FraudRecord.from_block(await store.get(fraud)).claimed)
-    except (BlockStoreError, DecodeError) as exc:
-        raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
-    missing = tuple(p for p in roster.peers if p not in set(used.peers))
-    return FinishedRound(record, model, missing, liars, tuple(records))
+    return roster, model, state
 
 
 async def verify_agreed_history(
@@ -420,8 +476,10 @@ async def verify_agreed_history(
         raise RoundVerificationFailed(f"chain from {start}: {exc}") from exc
     await check_exclusions(store, chain)
     if recompute:
-        for cid, _ in chain:
-            await verify_agreed_round(store, cid, rule)
+        base: ModelState | None = None  # each round's result is the next one's base
+        for _, record in chain:
+            _, model, state = await verify_record(store, record, rule, base)
+            base = (model, state)
         return [record for _, record in chain]
     for _, record in chain:  # kept under retention: the slice records still fit their rosters
         if record.slices is not None:

@@ -31,11 +31,12 @@ from ...formats.roster import MAX_INLINE_BYTES, AgreedMessage, AgreedRecord, Mes
 from ...storage.base import BlockStore
 from ...tensor.deterministic import deterministic_update
 from .agreed_config import AgreedConfig
-from .agreed_history import check_finished_round, load_record
+from .agreed_history import load_record
 from .agreed_slicing import SliceStep
 from .announcer import Reannouncer
 from .coordinator import MAX_ROUNDS_AHEAD, RoundBoard, roster_problem
 from .fetcher import ContributionFetcher, is_transient
+from .finished_round import check_finished_round
 from .reduce_scatter import ReduceScatterResult
 from .slice_io import CountingStore
 from .slice_retention import SliceBlocks

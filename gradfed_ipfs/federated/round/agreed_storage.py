@@ -16,12 +16,14 @@ from typing import TypeVar
 
 from multiformats import CID
 
+from ..._types import FloatArray
 from ...block import Block
 from ...formats.roster import Roster
 from ...storage.base import BlockStore
 from ...storage.retention import RetentionHook, RoundBlocks, put_all_pinned_alone
+from .agreed_config import AgreedConfig
 from .agreed_slicing import SliceStep
-from .encoded import EncodedGradient
+from .encoded import EncodedGradient, encode_gradient
 
 __all__ = ["RoundStorage"]
 
@@ -32,8 +34,13 @@ class RoundStorage:
     """Storage steps of an agreed session; :class:`~.agreed.AgreedSession` provides the state."""
 
     store: BlockStore
+    config: AgreedConfig
     retention: RetentionHook | None
     _slicing: SliceStep | None
+    round: int
+    model: FloatArray
+    rule_state: FloatArray | None
+    _holds_head: bool
 
     async def _keep(self, *blocks: Block) -> None:
         """Store rosters and records, pinned alone (under retention inside the gate)."""
@@ -45,6 +52,15 @@ class RoundStorage:
             return await work
         async with self.retention.gate.transfer():
             return await work
+
+    async def _store_last_model(self) -> None:
+        """Put the last round's model and rule state if this peer holds them and they were not."""
+        if not self._holds_head or self.config.stores_model(self.round - 1):
+            return
+        values = [self.model, *(() if self.rule_state is None else (self.rule_state,))]
+        encoded = [await encode_gradient(v) for v in values]
+        await self._held(asyncio.gather(*(e.store(self.store) for e in encoded)))
+        self._holds_head = False
 
     async def _store_round(
         self,
@@ -59,7 +75,8 @@ class RoundStorage:
         """Store a finished round's roster, model, rule state and record; report its blocks.
 
         ``encoded`` is the model (CID ``model``), then the update rule's state when there is
-        one; empty on a peer that does not hold this round's model.
+        one; empty on a peer that does not hold this round's model or when it is not stored
+        (``model_every``). Retention is told only the models that are stored.
         """
 
         async def put_all() -> None:
@@ -84,9 +101,11 @@ class RoundStorage:
             if not stored.cancelled() and stored.exception() is None:
                 contributions.append(own_cid)
         unique = {bytes(c): c for c in contributions}
+        kept = self.config.stores_model
         await self.retention.round_done(
             RoundBlocks(
-                r, tuple(unique.values()), roster_block.cid, record.cid, roster.base, model,
+                r, tuple(unique.values()), roster_block.cid, record.cid,
+                roster.base if r == 0 or kept(r - 1) else None, model if kept(r) else None,
                 () if held is None else held.records,
             )
         )  # fmt: skip

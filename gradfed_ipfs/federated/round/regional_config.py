@@ -167,6 +167,7 @@ class RegionalConfig:
             max_announce_interval=self.max_announce_interval,
             fetch_timeout=self.fetch_timeout,
             rule=REGION_MEAN,
+            model_every=1,  # the other regions fetch each round's region mean by its CID
         )
 
 
