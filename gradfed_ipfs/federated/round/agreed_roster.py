@@ -364,9 +364,10 @@ class RosterPhase:
                     continue
                 counted = CountingStore(self.store)
                 try:
+                    held = bytes(roster.base) == bytes(self.model_cid)  # never rebuilt then
                     finished = await check_finished_round(
                         counted, record_cid, roster, roster_cid, prev=self.head,
-                        rule=config.rule,
+                        rule=config.rule, base=(self.model, self.rule_state) if held else None,
                     )  # fmt: skip
                 except RoundVerificationFailed as exc:
                     rejected[peer] = refused[bytes(record_cid)] = f"record {record_cid}: {exc}"

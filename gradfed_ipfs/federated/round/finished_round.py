@@ -53,7 +53,8 @@ async def check_finished_round(
     For a peer that joins a reduce-scatter round the others have finished: it hears none of
     the round's slice messages any more, so it re-aggregates the round from the record (every
     contribution fetched whole, as :func:`verify_agreed_round`) and checks its fraud records
-    (:func:`~.agreed_slicing.proven_liars`) instead.
+    (:func:`~.agreed_slicing.proven_liars`) instead. ``base`` is the round's base model and
+    rule state when the caller holds them (else loaded; rebuilt if it was not stored).
 
     Raises
     ------
