@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from gradfed_ipfs import AgreedConfig, AgreedSession, make_cid, verify_agreed_history
+from gradfed_ipfs import AgreedConfig, AgreedSession, RobustRule, make_cid, verify_agreed_history
 from gradfed_ipfs.errors import InvalidGradient, MalformedManifest, RoundVerificationFailed
 from gradfed_ipfs.federated.round.agreed_history import (
     load_record,
@@ -19,6 +19,7 @@ from gradfed_ipfs.formats.records import decode_record, encode_record
 from gradfed_ipfs.formats.roster import AgreedRecord
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore, Retention, RetentionKeeper
+from gradfed_ipfs.tensor.aggregation import Median
 from tests.federated.test_agreed_rounds import (
     PEERS,
     close,
@@ -163,3 +164,25 @@ async def test_retention_keeps_the_rounds_back_to_a_stored_base() -> None:
     assert await store.has(results[5].model)
     for kept in results[6:]:
         await verify_agreed_round(store, kept.record)
+
+
+async def test_without_its_rule_a_custom_rule_model_is_read_only_if_its_holders_put_it() -> None:
+    store, bus = MemoryBlockStore(), MemoryPubsubBus()
+    genesis = await AgreedSession.commit_genesis(store, initial_model())
+    rule = RobustRule(Median())
+    sessions = await make_sessions(
+        store, [bus.endpoint(p) for p in PEERS], genesis, model_every=EVERY, rule=rule
+    )
+    try:
+        first = (await run_all(sessions, [0, 1, 2]))[0]
+        last = (await run_all(sessions, [0, 1, 2]))[0]
+    finally:
+        await close(sessions)  # the holders of round 1 put its model now
+    records = [await load_record(store, res.record) for res in (first, last)]
+    assert not any(record.model_stored for record in records)
+    model, _ = await load_result(store, records[1])  # no rule: fetched, put at close
+    np.testing.assert_array_equal(model, sessions[0].model)
+    with pytest.raises(RoundVerificationFailed, match="needs that rule, pass it"):
+        await load_result(store, records[0])  # nobody put round 0's
+    rebuilt, _ = await load_result(store, records[0], rule)
+    assert bytes(await model_cid(rebuilt)) == bytes(first.model)

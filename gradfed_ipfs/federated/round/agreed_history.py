@@ -344,6 +344,8 @@ async def load_result(
     records name one) and must hash to its record's result. ``timeout`` bounds the stored
     model's fetch, ``length`` is the number of values it must have; ``known`` maps model
     CIDs (bytes) to models (and states) the caller holds, which end the walk back early.
+    Without ``rule``, a custom-rule record's unstored model is fetched all the same (its
+    holders put the last one when their session closed), and missing is an error.
 
     Raises
     ------
@@ -352,6 +354,8 @@ async def load_result(
         length, a rebuilt model hashes to another CID than its record's, or more than
         ``max_rounds`` rounds would be re-aggregated.
     """
+    if not record.model_stored and record.rule is not None and rule is None:
+        return await _fetch_unstored(store, record, timeout, length)
     rebuild: list[AgreedRecord] = []
     anchor, held = record, known or {}
     try:
@@ -382,6 +386,26 @@ async def load_result(
         await _check_result(later, model)
         base = (model, state)
     return base
+
+
+async def _fetch_unstored(
+    store: BlockStore, record: AgreedRecord, timeout: float | Unset, length: int | None
+) -> ModelState:
+    """Fetch a custom-rule record's unstored model anyway: only its rule could rebuild it.
+
+    Its holders may have put it since (the last round's, when their session closed).
+    """
+    try:
+        model = await fetch_gradient(store, record.result, timeout=timeout, expected_length=length)
+        state = None
+        if record.state is not None:
+            state = await fetch_gradient(store, record.state, timeout=timeout)
+    except (BlockStoreError, DecodeError, ShapeMismatch) as exc:
+        raise RoundVerificationFailed(
+            f"round {record.round} used rule {record.rule!r} and its model was not stored "
+            f"(model_every; {exc}): rebuilding it needs that rule, pass it"
+        ) from exc
+    return np.asarray(model, np.float32).reshape(-1), state
 
 
 async def _check_result(record: AgreedRecord, model: FloatArray) -> None:
