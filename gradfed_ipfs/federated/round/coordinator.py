@@ -153,6 +153,8 @@ class RoundBoard:
 
     def accept(self, message: PubsubMessage) -> AgreedMessage | None:
         """Check one pubsub message and record it; return it, or ``None`` if dropped."""
+        if message.from_peer == self.local_peer:  # Kubo echoes ours back: not worth decoding
+            return self._drop("own")
         try:
             decoded = AgreedMessage.decode(message.data)
         except DecodeError:
@@ -161,8 +163,6 @@ class RoundBoard:
             return self._drop("foreign")
         if decoded.peer != message.from_peer:
             return self._drop("forged")
-        if decoded.peer == self.local_peer:
-            return self._drop("own")
         if decoded.peer not in self.members:
             return self._drop("stranger")
         if decoded.kind == "done":
