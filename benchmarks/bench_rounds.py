@@ -97,7 +97,11 @@ each agreed peer still uses ~12 ms more a round: hashing the new model (~4.3 ms,
 sha256 3.2), the float64 update (~6 ms against BLAS's 2 at this load) and the protocol's
 messages and records. The same setting just before the change (14:21): 1.19, mean 1.22, CPU
 1.18; with no model put at all (a temporary hack, not a setting): 1.08 and 1.14. 8 peers
-(``--rounds 8 --blocks 2``, 15:20): p50 ratio 1.01, mean ratio 0.80, CPU ratio 0.80.
+(``--rounds 8 --blocks 2``, 15:20): p50 ratio 1.01, mean ratio 0.80, CPU ratio 0.80. After
+the board stopped decoding its own echoed messages (15:15-15:25), 3 peers: 1.13 (95 % CI
+1.06-1.24), 1.13 (1.05-1.25), 1.13 (1.04-1.23); mean ratios 1.13, 1.12, 1.01; CPU ratios 1.14,
+1.12, 1.00. So 7 of 8 runs at or under 1.2, median 1.14. With 20 % loss (``--blocks 3
+--losses 0.2``): 0.88 (0.73-1.08), the runner closing 7 of 33 rounds short at its deadline.
 
 Reduce-scatter at 3 peers (``--aggregation reduce-scatter``, 2026-12-01 05:38): p50 0.281 s
 against the runner's 0.160 (ratio 1.76), mean 0.296 s, CPU ratio 1.59: with 3 peers each still
