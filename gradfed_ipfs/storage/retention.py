@@ -88,7 +88,9 @@ class Retention:
         ``r - K`` and older are unpinned.
     keep_models
         Keep every round's result model pinned (grows by ``4·d`` bytes a round); by default a
-        model is unpinned with its round's contributions (the latest one always stays).
+        model is unpinned with its round's contributions (the latest one always stays). Only
+        models that were stored are kept: an agreed session that should keep every one needs
+        ``AgreedConfig(model_every=1)``.
     gc_every
         Collect garbage every this many rounds (``None``: not on a round count).
     gc_above_bytes
