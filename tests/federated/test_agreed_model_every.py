@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import numpy as np
@@ -17,16 +18,18 @@ from gradfed_ipfs.federated.round.agreed_history import (
 )
 from gradfed_ipfs.formats.records import decode_record, encode_record
 from gradfed_ipfs.formats.roster import AgreedRecord
-from gradfed_ipfs.kubo import MemoryPubsubBus
-from gradfed_ipfs.storage import MemoryBlockStore, Retention, RetentionKeeper
+from gradfed_ipfs.kubo import KuboPubsub, MemoryPubsubBus
+from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore, Retention, RetentionKeeper
 from gradfed_ipfs.tensor.aggregation import Median
 from tests.federated.test_agreed_rounds import (
+    FAST,
     PEERS,
     close,
     initial_model,
     make_sessions,
     run_all,
 )
+from tests.polling import apoll_until
 
 EVERY = 3
 
@@ -186,3 +189,56 @@ async def test_without_its_rule_a_custom_rule_model_is_read_only_if_its_holders_
         await load_result(store, records[0])  # nobody put round 0's
     rebuilt, _ = await load_result(store, records[0], rule)
     assert bytes(await model_cid(rebuilt)) == bytes(first.model)
+
+
+@pytest.mark.kubo
+async def test_on_kubo_a_returning_peer_rebuilds_an_unstored_head_from_the_others_daemons(
+    kubo_swarm3,  # type: ignore[no-untyped-def]
+) -> None:
+    d = 50_000
+    members = tuple(n.peer_id for n in kubo_swarm3)
+    stores = [KuboBlockStore(n.api_url, timeout=20.0) for n in kubo_swarm3]
+    pubsubs = [KuboPubsub(n.api_url) for n in kubo_swarm3]
+    settings = {**FAST, "fetch_timeout": 10.0, "round_timeout": 30.0, "announce_interval": 0.1}
+    config = AgreedConfig(members=members, min_peers=2, model_every=EVERY, **settings)  # type: ignore[arg-type]
+    model = np.random.default_rng(3).standard_normal(d).astype(np.float32)
+
+    def grad(i: int, r: int) -> np.ndarray:
+        return (0.01 * np.random.default_rng([i, r]).standard_normal(d)).astype(np.float32)
+
+    sessions: list[AgreedSession] = []
+    returning: AgreedSession | None = None
+    try:
+        genesis = await AgreedSession.commit_genesis(stores[0], model)
+        for store, pubsub in zip(stores, pubsubs, strict=True):
+            sessions.append(AgreedSession(store, pubsub, "every", genesis, config))
+            await sessions[-1].start(model)
+        await asyncio.gather(*(s.run_round(grad(i, 0)) for i, s in enumerate(sessions)))
+        await sessions[2].aclose()  # it leaves after round 0 (its daemon stays up)
+        for r in (1, 2, 3, 4):  # round 2's model is stored, rounds 1, 3 and 4 are not
+            await asyncio.gather(*(s.run_round(grad(i, r)) for i, s in enumerate(sessions[:2])))
+        head = await load_record(stores[2], sessions[0].head)  # type: ignore[arg-type]
+        assert (head.round, head.model_stored) == (4, False)
+        returning = AgreedSession(stores[2], pubsubs[2], "every", genesis, config)
+        await returning.start(model)
+
+        # It holds round 0's model; rounds 3 and 4 are rebuilt from round 2's, which only the
+        # holders' daemons have, and from contributions that only their owners' daemons have.
+        # (A head heard first may be round 3's, still re-announced: resync until round 4's.)
+        async def caught_up() -> bool:
+            assert returning is not None
+            return (await returning.resync(timeout=10.0)).round == 5
+
+        await apoll_until(caught_up, timeout=30.0, what="the returning peer to reach round 5")
+        assert returning.model_cid == sessions[0].model_cid
+        np.testing.assert_array_equal(returning.model, sessions[0].model)
+        results = await asyncio.gather(
+            *(s.run_round(grad(i, 5)) for i, s in enumerate([*sessions[:2], returning]))
+        )
+        assert len({bytes(res.record) for res in results}) == 1
+        assert all(len(res.roster.entries) == 3 for res in results)
+    finally:
+        for session in [*sessions, *([returning] if returning else [])]:
+            await session.aclose()
+        for closable in (*pubsubs, *stores):
+            await closable.aclose()
