@@ -54,6 +54,7 @@ async def test_unstored_models_are_rebuilt_bit_for_bit_and_the_history_verifies(
         for r in range(7):
             results = await run_all(sessions, [0, 1, 2])
             assert len({bytes(res.record) for res in results}) == 1, r
+            assert all(res.model_stored == ((r + 1) % EVERY == 0) for res in results), r
             models.append(sessions[0].model.copy())
             records.append(results[0].record)
     finally:

@@ -388,6 +388,7 @@ class AgreedSession(RosterPhase, RoundStorage):
             rejected=rejected,
             seconds=time.monotonic() - started,
             **slice_report(sliced, self.aggregation_reason),
+            model_stored=stored,
         )
 
     def _check_done(self, r: int, *, settle_ties: bool = True) -> None:

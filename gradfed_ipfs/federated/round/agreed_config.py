@@ -224,6 +224,9 @@ class AgreedRoundResult:
     liars
         Reduce-scatter: reducers proven to have lied in this round (the round record's
         ``excluded`` keeps them, and every proven liar before, out of every later roster).
+    model_stored
+        Whether the holders put ``model`` (``model_every``); if not, fetching it by CID finds
+        nothing (``session.model`` holds it; :func:`~.agreed_history.load_result` rebuilds it).
     """
 
     round: int
@@ -244,6 +247,7 @@ class AgreedRoundResult:
     slices: tuple[CID, ...] = ()
     missing: tuple[str, ...] = ()
     liars: tuple[str, ...] = ()
+    model_stored: bool = True
 
 
 @dataclass(frozen=True)
