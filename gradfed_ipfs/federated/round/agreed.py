@@ -459,6 +459,7 @@ class AgreedSession(RosterPhase, RoundStorage):
             self.store, best.record, session=self.session, genesis=self.genesis,
             history=self.history, length=self.model.size, timeout=self.config.fetch_timeout,
             rule=self.config.rule, known={bytes(self.model_cid): (self.model, self.rule_state)},
+            max_rebuild=self.config.model_every,  # an honest chain stores a model that often
         )  # fmt: skip
         excluded = await check_exclusions(self.store, chain)  # fraud records are peers' data
         self.rule_state = state  # the custom rule resumes from the head's state

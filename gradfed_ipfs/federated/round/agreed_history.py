@@ -157,11 +157,12 @@ async def load_head(
     timeout: float,
     rule: UpdateRule | None = None,
     known: Mapping[bytes, ModelState] | None = None,
+    max_rebuild: int = MAX_REBUILD_ROUNDS,
 ) -> tuple[list[tuple[CID, AgreedRecord]], FloatArray, FloatArray | None]:
     """Load the records from ``head`` back to one in ``history`` (or the genesis), and its model.
 
-    The head's model and rule state come from :func:`load_result` (with ``rule`` and
-    ``known``): fetched, or rebuilt if they were not stored.
+    The head's model and rule state come from :func:`load_result` (with ``rule``, ``known``
+    and ``max_rebuild`` as its ``max_rounds``): fetched, or rebuilt if they were not stored.
 
     Raises
     ------
@@ -175,8 +176,9 @@ async def load_head(
     if first.prev is not None and bytes(first.prev) not in history:
         raise GenesisMismatch(f"head {head} does not extend this peer's history")
     model, state = await load_result(
-        store, chain[-1][1], rule, timeout=timeout, length=length, known=known
-    )
+        store, chain[-1][1], rule, timeout=timeout, length=length, known=known,
+        max_rounds=max_rebuild,
+    )  # fmt: skip
     return chain, model, state
 
 
