@@ -18,11 +18,11 @@ from gradfed_ipfs.federated.round.agreed_history import (
 )
 from gradfed_ipfs.formats.records import decode_record, encode_record
 from gradfed_ipfs.formats.roster import AgreedRecord
-from gradfed_ipfs.kubo import KuboPubsub, MemoryPubsubBus
-from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore, Retention, RetentionKeeper
+from gradfed_ipfs.kubo import MemoryPubsubBus
+from gradfed_ipfs.storage import MemoryBlockStore, Retention, RetentionKeeper
 from gradfed_ipfs.tensor.aggregation import Median
+from tests.federated.test_agreed_model_holders import KUBO_SETTINGS, kubo_clients
 from tests.federated.test_agreed_rounds import (
-    FAST,
     PEERS,
     close,
     initial_model,
@@ -197,11 +197,8 @@ async def test_on_kubo_a_returning_peer_rebuilds_an_unstored_head_from_the_other
     kubo_swarm3,  # type: ignore[no-untyped-def]
 ) -> None:
     d = 50_000
-    members = tuple(n.peer_id for n in kubo_swarm3)
-    stores = [KuboBlockStore(n.api_url, timeout=20.0) for n in kubo_swarm3]
-    pubsubs = [KuboPubsub(n.api_url) for n in kubo_swarm3]
-    settings = {**FAST, "fetch_timeout": 10.0, "round_timeout": 30.0, "announce_interval": 0.1}
-    config = AgreedConfig(members=members, min_peers=2, model_every=EVERY, **settings)  # type: ignore[arg-type]
+    members, stores, pubsubs = kubo_clients(kubo_swarm3)
+    config = AgreedConfig(members=members, min_peers=2, model_every=EVERY, **KUBO_SETTINGS)  # type: ignore[arg-type]
     model = np.random.default_rng(3).standard_normal(d).astype(np.float32)
 
     def grad(i: int, r: int) -> np.ndarray:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import numpy as np
 import pytest
@@ -18,6 +18,7 @@ from gradfed_ipfs.kubo import KuboPubsub, MemoryPubsubBus
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore, fetch_gradient
 from gradfed_ipfs.storage.base import StoreWrapper
 from gradfed_ipfs.storage.retention import put_all_pinned_alone, put_pinned_alone
+from tests.conftest import KuboNode
 from tests.federated.test_agreed_rounds import FAST, PEERS, close, initial_model, run_all
 from tests.polling import apoll_until
 
@@ -120,16 +121,26 @@ async def test_records_are_pinned_alone_through_store_wrappers(store: MemoryBloc
     assert {bytes(c) for c in both} <= wrapped.puts & store.pins & store.direct
 
 
+KUBO_SETTINGS = {**FAST, "fetch_timeout": 10.0, "round_timeout": 30.0, "announce_interval": 0.1}
+"""Agreed settings for sessions on a 3-daemon swarm."""
+
+
+def kubo_clients(
+    swarm: Sequence[KuboNode],
+) -> tuple[tuple[str, ...], list[KuboBlockStore], list[KuboPubsub]]:
+    """Return the members, a store and a pubsub client per daemon (the caller closes them)."""
+    members = tuple(n.peer_id for n in swarm)
+    stores = [KuboBlockStore(n.api_url, timeout=20.0) for n in swarm]
+    return members, stores, [KuboPubsub(n.api_url) for n in swarm]
+
+
 @pytest.mark.kubo
 async def test_non_holders_keep_kubo_collectable_and_read_the_model_from_a_holder(
     kubo_swarm3,  # type: ignore[no-untyped-def]
 ) -> None:
     d = 50_000
-    members = tuple(n.peer_id for n in kubo_swarm3)
-    stores = [KuboBlockStore(n.api_url, timeout=20.0) for n in kubo_swarm3]
-    pubsubs = [KuboPubsub(n.api_url) for n in kubo_swarm3]
-    settings = {**FAST, "fetch_timeout": 10.0, "round_timeout": 30.0, "announce_interval": 0.1}
-    config = AgreedConfig(members=members, model_replicas=1, model_every=1, **settings)  # type: ignore[arg-type]
+    members, stores, pubsubs = kubo_clients(kubo_swarm3)
+    config = AgreedConfig(members=members, model_replicas=1, model_every=1, **KUBO_SETTINGS)  # type: ignore[arg-type]
     model = np.random.default_rng(3).standard_normal(d).astype(np.float32)
     sessions: list[AgreedSession] = []
     try:
