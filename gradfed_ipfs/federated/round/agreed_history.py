@@ -95,6 +95,11 @@ async def model_cid(model: FloatArray) -> CID:
     return (await encode_gradient(model)).cid
 
 
+def _follows(earlier: AgreedRecord, later: AgreedRecord) -> bool:
+    """Whether ``later`` is the next round and starts from ``earlier``'s result."""
+    return later.round == earlier.round + 1 and bytes(later.base) == bytes(earlier.result)
+
+
 async def load_chain(
     store: BlockStore,
     head: CIDLike,
@@ -131,7 +136,7 @@ async def load_chain(
             )
         if chain:
             later = chain[-1][1]
-            if record.round != later.round - 1 or bytes(record.result) != bytes(later.base):
+            if not _follows(record, later):
                 raise RoundVerificationFailed(
                     f"record {chain[-1][0]} (round {later.round}) does not follow {cid}"
                 )
@@ -323,7 +328,7 @@ async def _base_of(store: BlockStore, record: AgreedRecord, rule: UpdateRule | N
         prev = await load_record(store, record.prev)
     except (BlockStoreError, DecodeError) as exc:
         raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
-    if bytes(prev.result) != bytes(record.base) or prev.round != record.round - 1:
+    if not _follows(prev, record):
         raise RoundVerificationFailed(f"round {record.round} does not follow {record.prev}")
     return await load_result(store, prev, rule)
 
@@ -370,7 +375,7 @@ async def load_result(
             if anchor.prev is None:
                 break
             later, anchor = anchor, await load_record(store, anchor.prev)
-            if bytes(anchor.result) != bytes(later.base) or anchor.round != later.round - 1:
+            if not _follows(anchor, later):
                 raise RoundVerificationFailed(f"round {later.round} does not follow {later.prev}")
         if bytes(anchor.result) in held:
             base = held[bytes(anchor.result)]
@@ -393,10 +398,7 @@ async def load_result(
 async def _fetch_unstored(
     store: BlockStore, record: AgreedRecord, timeout: float | Unset, length: int | None
 ) -> ModelState:
-    """Fetch a custom-rule record's unstored model anyway: only its rule could rebuild it.
-
-    Its holders may have put it since (the last round's, when their session closed).
-    """
+    """Fetch a custom-rule record's unstored model anyway (holders put the last at close)."""
     try:
         model = await fetch_gradient(store, record.result, timeout=timeout, expected_length=length)
         state = None
