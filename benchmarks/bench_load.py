@@ -18,7 +18,7 @@ Simulated peers share their daemon's pubsub identity, so the receiver's per-peer
 
 ``--reduce-scatter`` (issue 14) runs the same peers both ways on one swarm: all-to-all as
 above, then reduce-scatter / all-gather
-(:class:`~gradfed_ipfs.federated.round.reduce_scatter.ReduceScatterPeer`: each peer reduces one
+(:class:`~gradfed_ipfs.federated.sliced.peer.ReduceScatterPeer`: each peer reduces one
 chunk-aligned slice of every contribution, then fetches the N slice results), printing the
 round time and per-peer downloaded bytes of each and their ratio; ``--faults`` adds one
 reduce-scatter round each with a silent reducer, a lying reducer and a sender whose chunks
@@ -30,7 +30,7 @@ chunks in one ``block/put`` call), chunked at :func:`slice_chunk_bytes` (``4·d/
 chunk k). The line also prints the CPU seconds of this process and of the daemons, the load
 average, and how many slices a backup reducer redid (takeovers).
 
-``--chained`` adds a chained round (:mod:`~gradfed_ipfs.federated.round.reduce_chain`: each
+``--chained`` adds a chained round (:mod:`~gradfed_ipfs.federated.sliced.chain`: each
 slice reduced in G steps along the roster, float64 partial sums passed by CID; G =
 ``chain_groups(N)``: 1 at N = 8, 2 at 16, 4 at 32, 8 at 64) after the one-level one at each N,
 and runs ``--faults`` chained. 2026-12-01 11:47 at 7cad6b8 (idle, load 0.4 rising to 5.3),
@@ -139,14 +139,14 @@ import numpy as np
 from multiformats import CID
 
 from gradfed_ipfs.errors import DecodeError
-from gradfed_ipfs.federated.round import AccumulatorConfig, StreamingAccumulator
-from gradfed_ipfs.federated.round.encoded import encode_gradient
-from gradfed_ipfs.federated.round.reduce_scatter import (
+from gradfed_ipfs.federated.accumulate import AccumulatorConfig, StreamingAccumulator
+from gradfed_ipfs.federated.exchange.encoded import encode_gradient
+from gradfed_ipfs.federated.sliced.peer import (
     MemorySliceBoard,
     ReduceScatterConfig,
     ReduceScatterPeer,
 )
-from gradfed_ipfs.federated.round.slices import chain_groups, reducer_rankings
+from gradfed_ipfs.federated.sliced.plan import chain_groups, reducer_rankings
 from gradfed_ipfs.formats.announcement import Announcement
 from gradfed_ipfs.formats.roster import Roster
 from gradfed_ipfs.kubo.pubsub import KuboPubsub, session_topic
@@ -468,7 +468,7 @@ async def run_reduce_scatter(
     for the others: at 64 peers those reconnections timed out under load). ``peer_clients``
     gives each peer its own RPC client, as separate processes would have: one client shared
     by N/4 peers queues ~N²/4 requests, and httpcore scans that queue on every response.
-    ``chained`` runs :mod:`~gradfed_ipfs.federated.round.reduce_chain` (S = ⌈N/G⌉ slices of
+    ``chained`` runs :mod:`~gradfed_ipfs.federated.sliced.chain` (S = ⌈N/G⌉ slices of
     G steps; the default chunk is then one per slice of S)."""
     groups = chain_groups(peers) if chained else 1
     slices = -(-peers // groups)

@@ -132,9 +132,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gradfed_ipfs.errors import InsufficientPeers  # noqa: E402
-from gradfed_ipfs.federated.round import GossipModelSync, RoundConfig, RoundRunner  # noqa: E402
-from gradfed_ipfs.federated.round.agreed import AgreedConfig, AgreedSession  # noqa: E402
-from gradfed_ipfs.federated.round.agreed_history import model_cid  # noqa: E402
+from gradfed_ipfs.federated.agreed.history import model_cid  # noqa: E402
+from gradfed_ipfs.federated.agreed.session import AgreedConfig, AgreedSession  # noqa: E402
+from gradfed_ipfs.federated.besteffort import GossipModelSync, RoundConfig, RoundRunner  # noqa: E402
 from gradfed_ipfs.kubo import KuboPubsub, KuboSwarm, PubsubTransport  # noqa: E402
 from gradfed_ipfs.storage import KuboBlockStore  # noqa: E402
 from tests.multiprocess.lossy import LossyPubsub  # noqa: E402

@@ -40,7 +40,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 import numpy as np
 
-from gradfed_ipfs.federated.round import (
+from gradfed_ipfs.federated.accumulate import (
     AccumulatorConfig,
     DistributedGradientAccumulator,
     StreamingAccumulator,

@@ -285,7 +285,7 @@ async def worker_round(
     index: int, ids: list[str], d: int, rounds: int, start: float, session: str, timeout: float
 ) -> None:
     """Run ``rounds`` rounds as peer ``index`` of ``ids``; print per-round seconds and peers."""
-    from gradfed_ipfs.federated.round import GossipModelSync, RoundConfig, RoundRunner
+    from gradfed_ipfs.federated.besteffort import GossipModelSync, RoundConfig, RoundRunner
     from gradfed_ipfs.kubo.pubsub import KuboPubsub
     from gradfed_ipfs.storage import KuboBlockStore
 

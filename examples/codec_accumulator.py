@@ -21,7 +21,7 @@ from multiformats import CID
 
 from gradfed_ipfs._types import CIDLike, FloatArray, GradientLike
 from gradfed_ipfs.errors import DimensionMismatch, InvalidGradient
-from gradfed_ipfs.federated.round import GossipModelSync, RoundConfig, RoundRunner
+from gradfed_ipfs.federated.besteffort import GossipModelSync, RoundConfig, RoundRunner
 from gradfed_ipfs.formats.arrow import load_gradient_from_arrow, store_layer_as_arrow
 from gradfed_ipfs.kubo.pubsub import MemoryPubsubBus
 from gradfed_ipfs.storage import Block, MemoryBlockStore

@@ -8,7 +8,7 @@ share of the training set. Every round each peer
    committed to *its own* daemon (``DistributedGradientAccumulator.commit_local``, or an encoded
    Arrow block with ``--compress``, see ``codec_accumulator.py``) and its CID announced on the
    session's pubsub topic (``gradfed/v1/<session>``) by a
-   :class:`~gradfed_ipfs.federated.round.gossip.GossipModelSync` endpoint; the other peers'
+   :class:`~gradfed_ipfs.federated.besteffort.gossip.GossipModelSync` endpoint; the other peers'
    announcements are checked (authenticated sender, session, CID, duplicates), their deltas
    fetched by CID through the peer's own daemon (bitswap; every block re-hashed against its
    CID) and aggregated with ``--method``;
@@ -35,13 +35,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gradfed_ipfs.errors import InvalidGradient
+from gradfed_ipfs.federated.accumulate import GradientAccumulator
+from gradfed_ipfs.federated.besteffort import GossipModelSync, RoundConfig, RoundRunner
 from gradfed_ipfs.federated.privacy.mechanisms import DifferentialPrivacy
-from gradfed_ipfs.federated.round import (
-    GossipModelSync,
-    GradientAccumulator,
-    RoundConfig,
-    RoundRunner,
-)
 from gradfed_ipfs.federated.secagg.protocol import SecAggClient, SecAggServer
 from gradfed_ipfs.formats.announcement import Announcement
 from gradfed_ipfs.kubo.pubsub import KuboPubsub

@@ -27,9 +27,9 @@ from multiformats import CID
 
 from ._types import CIDLike, FloatArray, GradientLike
 from .errors import KuboRpcError
-from .federated.round.config import RoundConfig
-from .federated.round.gossip import GossipModelSync
-from .federated.round.runner import RoundRunner
+from .federated.besteffort.config import RoundConfig
+from .federated.besteffort.gossip import GossipModelSync
+from .federated.besteffort.runner import RoundRunner
 from .kubo.pubsub import KuboPubsub, MemoryPubsubBus, PubsubTransport
 from .kubo.rpc import KuboRpc, Transport
 from .storage.base import UNSET, AsyncClosing, BlockStore, Unset

@@ -26,7 +26,7 @@ from ..errors import (
     GradientError,
     RoundVerificationFailed,
 )
-from ..federated.round.agreed_history import (
+from ..federated.agreed.history import (
     ModelState,
     load_chain,
     load_record,

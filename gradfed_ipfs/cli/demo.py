@@ -17,8 +17,8 @@ import numpy as np
 from multiformats import CID
 
 from .._types import FloatArray
-from ..federated.round.accumulator import DistributedGradientAccumulator
-from ..federated.round.config import AccumulatorConfig
+from ..federated.accumulate.accumulator import DistributedGradientAccumulator
+from ..federated.accumulate.config import AccumulatorConfig
 from ..kubo.daemon import KuboDaemon
 from ..storage.kubo import KuboBlockStore
 from ..tensor.aggregation import AggregationMethod

@@ -26,9 +26,9 @@ from ..errors import (
     GradientError,
     RoundVerificationFailed,
 )
-from ..federated.round.agreed_config import agreed_topic
-from ..federated.round.agreed_history import check_exclusions, load_head, verify_record
-from ..federated.round.coordinator import Head, best_head
+from ..federated.agreed.config import agreed_topic
+from ..federated.agreed.coordinator import Head, best_head
+from ..federated.agreed.history import check_exclusions, load_head, verify_record
 from ..formats.pubsub import PubsubMessage
 from ..formats.roster import AgreedMessage, AgreedRecord
 from ..kubo.pubsub import KuboPubsub

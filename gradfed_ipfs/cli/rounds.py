@@ -21,7 +21,8 @@ import numpy as np
 
 from ..cid import parse_cid
 from ..errors import DecodeError, GradfedError
-from ..federated.round import DistributedGradientAccumulator, RoundConfig, RoundResult
+from ..federated.accumulate import DistributedGradientAccumulator
+from ..federated.besteffort import RoundConfig, RoundResult
 from ..node import Node
 from ..provenance.round_record import ContributionRef, commit_round
 from ..tensor.aggregation import AggregationStrategy

@@ -2,6 +2,22 @@
 
 from __future__ import annotations
 
+from .accumulate import (
+    AccumulatorConfig,
+    DistributedGradientAccumulator,
+    GradientAccumulator,
+    StreamingAccumulator,
+)
+from .agreed import (
+    AgreedConfig,
+    AgreedRoundResult,
+    AgreedSession,
+    ResyncResult,
+    RobustRule,
+    verify_agreed_history,
+)
+from .besteffort import GossipModelSync, RoundConfig, RoundResult, RoundRunner, SecureOptions
+from .exchange import ModelUpdate, RoundStats
 from .privacy import (
     AccountingMode,
     Calibration,
@@ -10,29 +26,7 @@ from .privacy import (
     PrivacyBudget,
     RdpPrivacyAccountant,
 )
-from .round import (
-    AccumulatorConfig,
-    AgreedConfig,
-    AgreedRoundResult,
-    AgreedSession,
-    DistributedGradientAccumulator,
-    GossipModelSync,
-    GradientAccumulator,
-    ModelUpdate,
-    RegionalConfig,
-    RegionalRoundResult,
-    RegionalSession,
-    ResyncResult,
-    RobustRule,
-    RoundConfig,
-    RoundResult,
-    RoundRunner,
-    RoundStats,
-    SecureOptions,
-    StreamingAccumulator,
-    verify_agreed_history,
-    verify_regional_round,
-)
+from .regional import RegionalConfig, RegionalRoundResult, RegionalSession, verify_regional_round
 from .secagg import SecAggClient, SecAggServer, SecureAggregation
 
 __all__ = [

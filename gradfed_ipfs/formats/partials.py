@@ -1,6 +1,6 @@
 """Chained reduce-scatter wire forms, without I/O: partial-sum records and their blocks (issue 14).
 
-A chained round (:mod:`gradfed_ipfs.federated.round.reduce_chain`) reduces slice ``k`` in
+A chained round (:mod:`gradfed_ipfs.federated.sliced.chain`) reduces slice ``k`` in
 ``G`` steps along the roster: step ``j`` adds group ``j``'s senders to the float64 partial sum
 step ``j − 1`` left. Each step but the last writes one dag-cbor record:
 

@@ -1,6 +1,6 @@
 """Regional-round wire form, without I/O: the top-level record of a region-level round.
 
-A regional round (:mod:`gradfed_ipfs.federated.round.regional`) runs one agreed round per region
+A regional round (:mod:`gradfed_ipfs.federated.regional.session`) runs one agreed round per region
 (its own roster and coordinator); each region's
 :class:`~gradfed_ipfs.formats.roster.AgreedRecord` names its roster and its aggregate. The
 top-level combine is one dag-cbor record (keys sorted canonically, CIDs as tag-42 links):

@@ -269,7 +269,7 @@ class AgreedRecord:
         Whether the round's holders put ``result`` (and ``state``) in their repos. ``False``
         (written only then) means a reader rebuilds them: from the newest earlier record whose
         model is stored, re-aggregating the rounds since
-        (:func:`~gradfed_ipfs.federated.round.agreed_history.load_result`).
+        (:func:`~gradfed_ipfs.federated.agreed.history.load_result`).
     """
 
     session: str

@@ -18,13 +18,10 @@ from ..errors import (
     FederatedError,
     GradientError,
 )
+from ..federated.accumulate import DistributedGradientAccumulator
+from ..federated.besteffort import GossipModelSync
+from ..federated.exchange import ModelUpdate, RoundStats
 from ..federated.privacy import DifferentialPrivacy, DPMechanism, PrivacyBudget
-from ..federated.round import (
-    DistributedGradientAccumulator,
-    GossipModelSync,
-    ModelUpdate,
-    RoundStats,
-)
 from ..federated.secagg import SecureAggregation
 from ..formats.arrow import load_gradient_from_arrow, store_gradient_as_arrow
 from ..provenance import ComputationGraphStore, ComputationNode, GradientCheckpoint

@@ -43,7 +43,7 @@ from ..errors import (
     PeerNotFound,
     ShapeMismatch,
 )
-from ..federated.round.config import AccumulatorConfig
+from ..federated.accumulate.config import AccumulatorConfig
 from ..formats.arrow import store_gradient_as_arrow
 from ..storage.base import Block, BlockStore
 from ..tensor.aggregation import (

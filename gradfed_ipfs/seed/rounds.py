@@ -34,7 +34,7 @@ from ..errors import (
     NoContributions,
     NotStarted,
 )
-from ..federated.round.stats import JsonRecord, ModelUpdate, RoundStats
+from ..federated.exchange.stats import JsonRecord, ModelUpdate, RoundStats
 from ..tensor.aggregation import Contribution, fedavg
 from .clients import ALLOWED_TRANSITIONS, ClientInfo, ClientState
 from .convergence import ConvergenceDetector

@@ -3,7 +3,7 @@
 Each agreed round adds this peer's contribution, the contributions it fetched, the roster, the
 round record and the new model to its repo: at d = 10M that is 40 MB+ a round, forever, unless
 something lets go. :class:`RetentionKeeper` is told each round's blocks (:class:`RoundBlocks`,
-by :class:`~gradfed_ipfs.federated.round.agreed.AgreedSession`'s ``retention=`` hook) and:
+by :class:`~gradfed_ipfs.federated.agreed.session.AgreedSession`'s ``retention=`` hook) and:
 
 - **pins** the round's fetched contributions once the round is stored, for ``keep_rounds``
   rounds (Kubo keeps only pinned blocks through ``repo/gc``: a fetched-but-unpinned block is
@@ -32,7 +32,7 @@ by :class:`~gradfed_ipfs.federated.round.agreed.AgreedSession`'s ``retention=`` 
   ``gc_wait`` seconds, else it is skipped until the next schedule) until none is in flight and
   holds new ones back while it runs.
 
-What stays verifiable: :func:`~gradfed_ipfs.federated.round.agreed_history.verify_agreed_round`
+What stays verifiable: :func:`~gradfed_ipfs.federated.agreed.history.verify_agreed_round`
 re-aggregates a round from its roster's contributions and base model. Rounds within the last
 ``keep_rounds`` re-verify from this node alone; an older round's record and roster are still
 here (so the chain of records still verifies its links and genesis), but its contributions

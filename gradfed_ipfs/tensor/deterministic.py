@@ -16,7 +16,7 @@ accumulator over consecutive runs of contributions (``None`` starts it at +0.0, 
 order, with :func:`update_coefficients` of the whole roster, they give the same bits as
 :func:`deterministic_update` (the same operations on every value, in the same order). A
 chained reduce-scatter can thus pass float64 partial sums from peer to peer
-(:mod:`gradfed_ipfs.federated.round.reduce_chain`).
+(:mod:`gradfed_ipfs.federated.sliced.chain`).
 
 Cost against :func:`~gradfed_ipfs.tensor.kernels.weighted_sum` (multi-threaded BLAS saxpy,
 float32, plus the model add): each input is read once either way, but the float64 widening

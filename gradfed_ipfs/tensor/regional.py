@@ -1,7 +1,7 @@
 """Region-aware averaging: per-region means, data residency, and two-level (hierarchical) means.
 
 The math of the crate's ``regional`` module (pure NumPy), and the one home of the regional
-formulas that :mod:`~gradfed_ipfs.federated.round.regional` runs over the network. Gradients
+formulas that :mod:`~gradfed_ipfs.federated.regional.session` runs over the network. Gradients
 come tagged with a region, ``[(region, gradient)]``, each gradient of shape ``(d,)``:
 
 - :func:`federated_average_by_region`: the mean of each region, regions in sorted order;

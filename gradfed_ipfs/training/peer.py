@@ -1,7 +1,7 @@
 """``Peer``: Flower's ClientApp and ServerApp in one object, with no central server.
 
 Every peer runs the same loop over an
-:class:`~gradfed_ipfs.federated.round.agreed.AgreedSession`: for agreed round ``r`` it
+:class:`~gradfed_ipfs.federated.agreed.session.AgreedSession`: for agreed round ``r`` it
 evaluates the global model (if it has ``evaluate``), trains it if the round's deterministic
 sample names it, contributes ``[update | metrics]`` and adopts the agreed result, whose CID
 every peer shares. The strategy, sampling and metric summary run inside the agreed update rule
@@ -26,8 +26,8 @@ from .._types import FloatArray
 from ..adapters.layout import Layout
 from ..adapters.numpy import flatten, unflatten_list
 from ..errors import ConfigError, InvalidGradient, QuorumNotReached, RoundMismatch
+from ..federated.agreed.session import AgreedConfig, AgreedSession
 from ..federated.privacy.mechanisms import DifferentialPrivacy
-from ..federated.round.agreed import AgreedConfig, AgreedSession
 from ..kubo.pubsub import PubsubTransport
 from ..storage.base import BlockStore
 from .history import History, RoundEntry, report_line

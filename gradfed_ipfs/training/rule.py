@@ -1,6 +1,6 @@
 """The update rule of a training session: sampling, strategy and metric summary in one step.
 
-:class:`TrainingRule` is the :class:`~gradfed_ipfs.federated.round.agreed_config.UpdateRule`
+:class:`TrainingRule` is the :class:`~gradfed_ipfs.federated.agreed.config.UpdateRule`
 every peer of a training session applies to the agreed roster. It recomputes the round's
 sample from the round seed, keeps the contributions of sampled peers that trained (and whose
 weight equals their declared sample count), hands them to the :class:`Strategy`, and writes the

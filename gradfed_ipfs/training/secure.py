@@ -2,9 +2,9 @@
 
 Flower runs SecAgg+ as a workflow around its strategy (``SecAggPlusWorkflow``); here the
 wrapper plays that part in a serverless agreed round. In agreed round ``r`` the sampled peers
-are the clients of one SecAgg round (:mod:`gradfed_ipfs.federated.round.secagg`, unchanged:
+are the clients of one SecAgg round (:mod:`gradfed_ipfs.federated.secagg_round.peer`, unchanged:
 every message a block, announced on its own sub-topic), and the first of them in the round's
-coordinator order (:func:`~gradfed_ipfs.federated.round.coordinator.coordinator_ranking` over
+coordinator order (:func:`~gradfed_ipfs.federated.agreed.coordinator.coordinator_ranking` over
 the sample) is its aggregator. Each client trains, then masks (Flower's weighting)::
 
     x_i = [ w_i·Δ_i (d) | w_i | trained_i | w_i·fit metrics ]      w_i = n_i / max_weight
@@ -44,16 +44,16 @@ from multiformats import CID
 
 from .._types import FloatArray
 from ..errors import ConfigError, PrivacyBudgetExhausted, SecureAggregationError
+from ..federated.agreed.coordinator import coordinator_ranking
+from ..federated.agreed.session import AgreedSession
 from ..federated.privacy.mechanisms import (
     AccountingMode,
     DifferentialPrivacy,
     DPMechanism,
     clip_l2_norm,
 )
-from ..federated.round.agreed import AgreedSession
-from ..federated.round.coordinator import coordinator_ranking
-from ..federated.round.secagg import SecureRoundConfig, SecureRoundPeer, SecureRoundResult
 from ..federated.secagg.protocol import RandBytes, check_threshold
+from ..federated.secagg_round.peer import SecureRoundConfig, SecureRoundPeer, SecureRoundResult
 from ..formats.roster import Roster
 from ..kubo.pubsub import PubsubTransport
 from ..storage.base import BlockStore
@@ -98,7 +98,7 @@ class SecAgg(Strategy):
         the round (its update would leave the clip range).
     phase_timeout, mask_timeout, response_timeout
         Seconds of the SecAgg phases (see
-        :class:`~gradfed_ipfs.federated.round.secagg.SecureRoundConfig`).
+        :class:`~gradfed_ipfs.federated.secagg_round.peer.SecureRoundConfig`).
     fetch_timeout, republish_interval, subscriber_timeout
         Seconds for one message block, between re-publications, and for the parties to
         subscribe.

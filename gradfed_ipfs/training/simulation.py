@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from ..errors import ConfigError
-from ..federated.round.agreed import AgreedConfig
+from ..federated.agreed.session import AgreedConfig
 from ..kubo.pubsub import MemoryPubsubBus
 from ..storage.memory import MemoryBlockStore
 from .history import History

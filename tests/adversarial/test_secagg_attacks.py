@@ -14,12 +14,12 @@ import pytest
 
 from gradfed_ipfs.errors import SecAggPeerRejected, SecureAggregationError, UnmaskRefused
 from gradfed_ipfs.federated import SecAggClient, SecAggServer, SecureAggregation
-from gradfed_ipfs.federated.round import secagg as round_secagg
-from gradfed_ipfs.federated.round.secagg import SecureRoundConfig, SecureRoundResult
 from gradfed_ipfs.federated.secagg import FixedPoint
 from gradfed_ipfs.federated.secagg.messages import EncryptedShare
-from tests.federated.test_secagg_round import AGG, inputs_for, make_peers
-from tests.federated.test_secure_aggregation import rb, tolerance
+from gradfed_ipfs.federated.secagg_round import peer as round_secagg
+from gradfed_ipfs.federated.secagg_round.peer import SecureRoundConfig, SecureRoundResult
+from tests.federated.secagg_round.test_round import AGG, inputs_for, make_peers
+from tests.federated.secagg.test_secure_aggregation import rb, tolerance
 
 # Attacks where the aggregator ends up waiting out its timeouts use FAST; rounds that complete use
 # SLACK, which costs nothing when every party answers (waits end on the last message).

@@ -21,11 +21,6 @@ import pytest
 from gradfed_ipfs import KuboPubsub
 from gradfed_ipfs.errors import DecodeError, SecAggPeerRejected, UnmaskRefused
 from gradfed_ipfs.federated import SecAggServer
-from gradfed_ipfs.federated.round.secagg import (
-    SecureRoundConfig,
-    SecureRoundPeer,
-    SecureRoundResult,
-)
 from gradfed_ipfs.federated.secagg import FixedPoint
 from gradfed_ipfs.federated.secagg.blocks import decode_masked_block
 from gradfed_ipfs.federated.secagg.codec import (
@@ -36,8 +31,13 @@ from gradfed_ipfs.federated.secagg.codec import (
 )
 from gradfed_ipfs.federated.secagg.crypto import SEALED_MAGIC
 from gradfed_ipfs.federated.secagg.wire import SecAggChannel
+from gradfed_ipfs.federated.secagg_round.peer import (
+    SecureRoundConfig,
+    SecureRoundPeer,
+    SecureRoundResult,
+)
 from gradfed_ipfs.storage import Block, KuboBlockStore
-from tests.federated.test_secure_aggregation import rb, tolerance
+from tests.federated.secagg.test_secure_aggregation import rb, tolerance
 
 pytestmark = pytest.mark.kubo
 

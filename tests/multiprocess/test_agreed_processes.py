@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from gradfed_ipfs.federated.round.agreed_history import model_cid, verify_agreed_history
+from gradfed_ipfs.federated.agreed.history import model_cid, verify_agreed_history
 from gradfed_ipfs.storage import KuboBlockStore
 from tests.conftest import KuboNode
 from tests.multiprocess.peer import initial_model

@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 
 from gradfed_ipfs.errors import RoundVerificationFailed
-from gradfed_ipfs.federated.round.agreed import AgreedConfig, AgreedSession
-from gradfed_ipfs.federated.round.agreed_history import (
+from gradfed_ipfs.federated.agreed.history import (
     load_record,
     load_roster,
     verify_agreed_history,
     verify_agreed_round,
 )
+from gradfed_ipfs.federated.agreed.session import AgreedConfig, AgreedSession
 from gradfed_ipfs.kubo import KuboPubsub, KuboSwarm
 from gradfed_ipfs.storage import KuboBlockStore
 from gradfed_ipfs.storage.retention import Retention, RetentionKeeper

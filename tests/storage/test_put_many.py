@@ -13,7 +13,7 @@ from multiformats import CID
 
 from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import BlockCorrupt, BlockStoreError, BlockTooLarge, StoreRequestError
-from gradfed_ipfs.federated.round.slice_retention import UnpinnedPuts
+from gradfed_ipfs.federated.sliced.retention import UnpinnedPuts
 from gradfed_ipfs.storage import Block, KuboBlockStore, MemoryBlockStore
 from gradfed_ipfs.storage import kubo as kubo_module
 from gradfed_ipfs.storage.base import StoreWrapper, put_many

@@ -12,12 +12,12 @@ from gradfed_ipfs._types import CIDLike
 from gradfed_ipfs.block import Block
 from gradfed_ipfs.cid import parse_cid
 from gradfed_ipfs.errors import ConfigError, RoundVerificationFailed
-from gradfed_ipfs.federated.round.agreed import AgreedConfig, AgreedSession
-from gradfed_ipfs.federated.round.agreed_history import (
+from gradfed_ipfs.federated.agreed.history import (
     load_record,
     verify_agreed_history,
     verify_agreed_round,
 )
+from gradfed_ipfs.federated.agreed.session import AgreedConfig, AgreedSession
 from gradfed_ipfs.formats.records import encode_record
 from gradfed_ipfs.kubo import KuboDaemon, KuboPubsub, MemoryPubsubBus
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore, fetch_gradient, put_gradient

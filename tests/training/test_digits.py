@@ -177,7 +177,7 @@ def test_a_failing_client_is_a_reported_failure_not_a_failed_round() -> None:
 
 
 def test_a_late_peer_resumes_with_the_optimizer_state_and_agrees() -> None:
-    from gradfed_ipfs.federated.round.agreed import AgreedConfig
+    from gradfed_ipfs.federated.agreed.session import AgreedConfig
     from gradfed_ipfs.kubo import MemoryPubsubBus
     from gradfed_ipfs.storage import MemoryBlockStore
     from gradfed_ipfs.training import FedAdam, Peer

@@ -11,7 +11,7 @@ from multiformats import CID
 
 from gradfed_ipfs import AgreedConfig, AgreedSession
 from gradfed_ipfs.errors import RoundVerificationFailed
-from gradfed_ipfs.federated.round.agreed_history import (
+from gradfed_ipfs.federated.agreed.history import (
     load_record,
     load_result,
     model_cid,

@@ -11,11 +11,11 @@ import pytest
 from multiformats import CID
 
 from gradfed_ipfs.errors import ConfigError, RoundVerificationFailed
+from gradfed_ipfs.federated.agreed.history import verify_agreed_history
+from gradfed_ipfs.federated.agreed.session import AgreedConfig
 from gradfed_ipfs.federated.privacy.mechanisms import DifferentialPrivacy
-from gradfed_ipfs.federated.round.agreed import AgreedConfig
-from gradfed_ipfs.federated.round.agreed_history import verify_agreed_history
-from gradfed_ipfs.federated.round.secagg import SecureRoundPeer
 from gradfed_ipfs.federated.secagg import FixedPoint
+from gradfed_ipfs.federated.secagg_round.peer import SecureRoundPeer
 from gradfed_ipfs.formats.roster import Roster
 from gradfed_ipfs.kubo import KuboPubsub, MemoryPubsubBus
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore, fetch_gradient

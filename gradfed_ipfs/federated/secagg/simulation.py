@@ -4,7 +4,7 @@
 :mod:`~gradfed_ipfs.federated.secagg.protocol` in order, with simulated dropouts, including the
 consistency round (every survivor signs the view and checks the others' signatures).
 :class:`SecureAggregation` keeps the seed's API with the real protocol behind it. Nothing here
-crosses a network: for rounds over IPFS see :mod:`gradfed_ipfs.federated.round.secagg`.
+crosses a network: for rounds over IPFS see :mod:`gradfed_ipfs.federated.secagg_round.peer`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How SecAgg protocol messages are encoded as blocks and exchanged by CID.
 
-:mod:`gradfed_ipfs.federated.round.secagg` runs the protocol; this module is its wire: the
+:mod:`gradfed_ipfs.federated.secagg_round.peer` runs the protocol; this module is its wire: the
 encoding of the message blocks (:data:`KINDS`) and the :class:`SecAggChannel` that commits each
 message block to the sender's own store and announces its CID on the session's SecAgg sub-topic
 as a small JSON object (at most 2048 bytes)::
@@ -53,7 +53,7 @@ _VERSION: Final = 1
 class ChannelConfig(Protocol):
     """What a :class:`SecAggChannel` needs of the round's configuration.
 
-    :class:`~gradfed_ipfs.federated.round.secagg.SecureRoundConfig` provides it; the timeouts
+    :class:`~gradfed_ipfs.federated.secagg_round.peer.SecureRoundConfig` provides it; the timeouts
     and intervals are seconds.
     """
 

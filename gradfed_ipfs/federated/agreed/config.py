@@ -1,0 +1,261 @@
+"""Settings and outcomes of agreed rounds (:mod:`gradfed_ipfs.federated.agreed.session`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import numpy as np
+from multiformats import CID
+
+from ..._types import CIDLike, FloatArray
+from ...cid import parse_cid
+from ...errors import InvalidGradient
+from ...formats.pubsub import session_topic
+from ...formats.roster import Roster
+from ...storage.dag import DEFAULT_CHUNK_BYTES, values_per_chunk
+
+__all__ = [
+    "AGGREGATIONS",
+    "AgreedConfig",
+    "AgreedRoundResult",
+    "Aggregation",
+    "ResyncResult",
+    "UpdateRule",
+    "agreed_topic",
+]
+
+Aggregation = Literal["all-to-all", "reduce-scatter", "auto"]
+AGGREGATIONS: tuple[Aggregation, ...] = ("all-to-all", "reduce-scatter", "auto")
+"""How an agreed round computes its model (see :mod:`.agreed_slicing`)."""
+
+
+class UpdateRule(Protocol):
+    """A replacement for the default rule ``M + lr · Σ (w_i/W) g_i`` (e.g. a server optimizer).
+
+    It must be a deterministic function of its arguments (bit-identical on every peer): its
+    state after each round is stored as a gradient block whose CID the round record names, so
+    every peer applies the same update and a resynced peer resumes from the record.
+    """
+
+    def label(self, round_number: int) -> str:
+        """Return the text recorded as the round record's ``rule`` (1..256 characters)."""
+        ...
+
+    def apply(
+        self,
+        model: FloatArray,
+        roster: Roster,
+        gradients: Sequence[FloatArray],
+        learning_rate: float,
+        state: FloatArray | None,
+    ) -> tuple[FloatArray, FloatArray | None]:
+        """Return the new float32 model ``(d,)`` and state (``None``: none) from the roster.
+
+        ``gradients`` are the roster entries' blocks in roster order; ``state`` is the previous
+        round's (``None`` at the first round). Raising fails the round on every peer alike.
+        """
+        ...
+
+
+def agreed_topic(session: str, genesis: CIDLike) -> str:
+    """Return the pubsub topic of an agreed session: ``gradfed/v1/<session>/agreed/<genesis>``."""
+    return session_topic(f"{session}/agreed/{parse_cid(genesis)}")
+
+
+@dataclass(frozen=True)
+class AgreedConfig:
+    """Settings of an agreed session (times in seconds).
+
+    Attributes
+    ----------
+    members
+        Peer IDs of the session's peers, this one included: the roster's ``expected``.
+    min_peers
+        Least number of contributions (this peer's included) a roster must list; default all.
+    learning_rate
+        Factor of the update rule ``M_{r+1} = M_r + learning_rate · weighted mean``.
+    collect_timeout
+        After the round starts, the coordinator closes the roster with what it has.
+    takeover_timeout
+        Delay per coordinator rank before the next one publishes a roster itself.
+    round_timeout
+        No adopted roster by then raises ``QuorumNotReached``.
+    done_timeout
+        How long ``run_round`` waits for the other roster peers' ``done`` before returning.
+        With ``0`` (the default) it does not wait: the next round starts at once, and the
+        ``done`` messages of the last round are checked when the next round starts (a
+        disagreement raises ``RoundMismatch`` there) and by :meth:`AgreedSession.linger`.
+    announce_interval
+        Delay before a message is first re-announced; it doubles after each re-announcement.
+    max_announce_interval
+        Longest delay between re-announcements of one message.
+    fetch_timeout
+        Bound on fetching one contribution or record.
+    rule
+        A custom :class:`UpdateRule`; ``None`` for the deterministic weighted mean.
+    aggregation
+        ``"all-to-all"`` (every peer fetches every contribution), ``"reduce-scatter"`` (each
+        roster peer reduces one slice of every contribution; any coordinate-wise rule) or
+        ``"auto"`` (reduce-scatter when :func:`~.slices.can_slice` holds for the rule, d and
+        the members, from 8 members on: ``AUTO_MIN_MEMBERS``). Every member must use the same
+        setting.
+    chunk_bytes
+        Chunk size of the contributions (slice boundaries follow it; the same on every member).
+    reducer_timeout
+        Reduce-scatter: delay per reducer rank before the next takes over a silent reducer.
+    model_replicas
+        How many roster peers put (and pin) a stored round's model and rule state: the first ones
+        of the round's coordinator ranking that are in the roster
+        (:func:`~.coordinator.model_holders`); ``None`` for every roster peer. Every peer
+        holds the model in memory either way; the others fetch it by CID from a holder when
+        they resync or verify. Each put costs ``4·d`` bytes of repo and write per peer and
+        round (at d = 10M and 100 peers, 4 GB a round with ``None``); 2 copies survive one
+        lost holder, and a durability provider (:class:`~gradfed_ipfs.storage.RetentionKeeper`'s
+        ``durable``) keeps them longer.
+    model_every
+        The holders put the model (and rule state) of every ``model_every``-th round: rounds
+        ``model_every - 1``, ``2·model_every - 1``, …; every round when 1. A record says whether
+        its model was stored (``AgreedRecord.model_stored``); a model that was not is rebuilt
+        from the last stored one by re-aggregating the rounds since
+        (:func:`~.agreed_history.load_result`, used by resync and verification), so their
+        contributions must still be served: keep ``Retention.keep_rounds`` ≥ ``model_every``
+        (a :class:`~gradfed_ipfs.storage.RetentionKeeper` keeps the rounds back to a stored
+        model anyway). The same on every member (it is in the records).
+    chained
+        Reduce-scatter with ``fedavg``: reduce each slice in about √N steps along the roster
+        (:mod:`~.reduce_chain`): N^1.5 blocks a round instead of 2·N², which is what makes a
+        round's time grow linearly in N at d = 1M. The same model and records; every member
+        must use the same setting. Median and trimmed-mean rounds stay one-level.
+    chain_groups
+        A chained round's number of steps per slice ``G`` (``None``: ``chain_groups(N)`` of the
+        roster, ≈ √N with at least 5 slices; one group runs one-level); the same on every member.
+    """
+
+    members: tuple[str, ...]
+    min_peers: int | None = None
+    learning_rate: float = 1.0
+    collect_timeout: float = 10.0
+    takeover_timeout: float = 5.0
+    round_timeout: float = 60.0
+    done_timeout: float = 0.0
+    announce_interval: float = 0.25
+    max_announce_interval: float = 1.0
+    fetch_timeout: float = 30.0
+    rule: UpdateRule | None = None
+    aggregation: Aggregation = "all-to-all"
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    reducer_timeout: float = 5.0
+    model_replicas: int | None = 2
+    model_every: int = 4
+    chained: bool = False
+    chain_groups: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.members or len(set(self.members)) != len(self.members):
+            raise InvalidGradient("members must be a non-empty list of distinct peer IDs")
+        if self.min_peers is not None and not 1 <= self.min_peers <= len(self.members):
+            raise InvalidGradient(f"min_peers must be in [1, {len(self.members)}]")
+        if not np.isfinite(self.learning_rate):
+            raise InvalidGradient("learning_rate must be finite")
+        if self.aggregation not in AGGREGATIONS:
+            raise InvalidGradient(f"aggregation must be one of {AGGREGATIONS}")
+        values_per_chunk(self.chunk_bytes)  # checks its range
+        for name in ("collect_timeout", "takeover_timeout", "round_timeout", "reducer_timeout",
+                     "announce_interval", "max_announce_interval", "fetch_timeout"):  # fmt: skip
+            if not getattr(self, name) > 0:
+                raise InvalidGradient(f"{name} must be > 0 seconds")
+        if self.model_replicas is not None and self.model_replicas < 1:
+            raise InvalidGradient("model_replicas must be >= 1 or None (every roster peer)")
+        if self.model_every < 1:
+            raise InvalidGradient("model_every must be >= 1 (1: every round's model is stored)")
+        if self.chain_groups is not None and self.chain_groups < 1:
+            raise InvalidGradient("chain_groups must be >= 1 or None (about √N)")
+        if not self.done_timeout >= 0:
+            raise InvalidGradient("done_timeout must be >= 0 seconds")
+
+    def stores_model(self, r: int) -> bool:
+        """Whether the holders put round ``r``'s model (see ``model_every``)."""
+        return (r + 1) % self.model_every == 0
+
+    @property
+    def quorum(self) -> int:
+        """The effective ``min_peers``."""
+        return len(self.members) if self.min_peers is None else self.min_peers
+
+
+@dataclass(frozen=True)
+class AgreedRoundResult:
+    """The outcome of one agreed round on this peer.
+
+    Attributes
+    ----------
+    round
+        Round number.
+    base, model
+        Model CIDs before and after the round.
+    record, roster_cid
+        The round record's and the roster's CIDs.
+    roster
+        The agreed roster (its ``entries`` are the participants, in aggregation order).
+    included
+        Whether this peer's contribution is in the roster.
+    absent
+        Members that are not in the roster (typed "expected and absent").
+    confirmed
+        Peers whose ``done`` named the same record.
+    unconfirmed
+        Roster peers whose ``done`` had not arrived when ``run_round`` returned.
+    matched
+        Whether every other roster peer had confirmed the same record by then.
+    rejected
+        Peer → reason, for contributions or rosters refused this round.
+    seconds
+        Wall time of the round.
+    aggregation
+        ``"all-to-all"`` or ``"reduce-scatter"``: how this round's model was computed.
+    aggregation_reason
+        Why (e.g. the reason ``auto`` fell back to all-to-all).
+    slices
+        Reduce-scatter: the slice record CIDs the round record links.
+    missing
+        Reduce-scatter: roster peers whose slices did not arrive, excluded from every slice.
+    liars
+        Reduce-scatter: reducers proven to have lied in this round (the round record's
+        ``excluded`` keeps them, and every proven liar before, out of every later roster).
+    model_stored
+        Whether the holders put ``model`` (``model_every``); if not, fetching it by CID finds
+        nothing (``session.model`` holds it; :func:`~.agreed_history.load_result` rebuilds it).
+    """
+
+    round: int
+    base: CID
+    model: CID
+    record: CID
+    roster_cid: CID
+    roster: Roster
+    included: bool
+    absent: tuple[str, ...]
+    confirmed: tuple[str, ...]
+    unconfirmed: tuple[str, ...]
+    matched: bool
+    rejected: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    aggregation: str = "all-to-all"
+    aggregation_reason: str = ""
+    slices: tuple[CID, ...] = ()
+    missing: tuple[str, ...] = ()
+    liars: tuple[str, ...] = ()
+    model_stored: bool = True
+
+
+@dataclass(frozen=True)
+class ResyncResult:
+    """What :meth:`AgreedSession.resync` did: the adopted head and the records it followed."""
+
+    changed: bool
+    round: int
+    model: CID
+    head: CID | None
+    records: tuple[CID, ...] = ()

@@ -1,0 +1,283 @@
+"""What an agreed-round peer has heard: the coordinator ranking and the message board.
+
+:func:`coordinator_ranking` orders a round's members by rendezvous hash of (session, genesis,
+round, peer): rank 0 publishes the roster, rank k takes over ``k`` takeover timeouts later.
+:class:`RoundBoard` is the pure receiving side of the agreed-round topic: it checks each pubsub
+message (:class:`~gradfed_ipfs.formats.roster.AgreedMessage`), drops and counts by reason what is
+malformed, foreign, forged, from a non-member, one's own, out of the round window or an
+equivocation, and keeps per round the contributions, roster CIDs and ``done`` heads heard.
+Waiters use :meth:`RoundBoard.changed` (grab the event, check, then wait) so no change is missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field
+from typing import Final
+
+from multiformats import CID
+
+from ...cid import cid_to_str
+from ...errors import DecodeError
+from ...formats.pubsub import PubsubMessage
+from ...formats.roster import AgreedMessage, Roster
+from .config import AgreedConfig
+
+__all__ = [
+    "best_head",
+    "effective_quorum",
+    "roster_problem",
+    "MAX_ROUNDS_AHEAD",
+    "Contribution",
+    "Head",
+    "RoundBoard",
+    "RoundState",
+    "coordinator_ranking",
+    "model_holders",
+]
+
+MAX_ROUNDS_AHEAD: Final = 16
+"""Rounds beyond the current one whose messages are kept (later ones are dropped)."""
+
+
+def coordinator_ranking(
+    session: str, genesis: CID, round_number: int, members: tuple[str, ...]
+) -> list[str]:
+    """Return ``members`` in coordinator order for a round (rendezvous hashing, SHA-256)."""
+    prefix = f"{session}\0{cid_to_str(genesis)}\0{round_number}\0"  # str(CID): ~1 ms each
+
+    def score(peer: str) -> bytes:
+        return hashlib.sha256(f"{prefix}{peer}".encode()).digest()
+
+    return sorted(set(members), key=lambda peer: (score(peer), peer))
+
+
+def model_holders(
+    session: str,
+    genesis: CID,
+    round_number: int,
+    members: tuple[str, ...],
+    roster_peers: Collection[str],
+    replicas: int | None,
+) -> tuple[str, ...]:
+    """Return the roster peers that store round ``round_number``'s model, in ranking order.
+
+    They are the first ``replicas`` roster peers of the round's :func:`coordinator_ranking`
+    (every roster peer when ``replicas`` is ``None``): every peer, and any third party that
+    knows the roster, names the same holders, so a reader knows whose daemon serves the model.
+    """
+    ranked = [
+        p for p in coordinator_ranking(session, genesis, round_number, members) if p in roster_peers
+    ]
+    return tuple(ranked if replicas is None else ranked[:replicas])
+
+
+@dataclass(frozen=True, slots=True)
+class Contribution:
+    """A peer's announced contribution for a round: its CID, weight and base model CID."""
+
+    cid: CID
+    weight: int
+    base: CID
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A peer's latest ``done``: the round, its result model CID and its round record CID."""
+
+    round: int
+    result: CID
+    record: CID
+
+
+@dataclass
+class RoundState:
+    """Everything heard about one round."""
+
+    contributions: dict[str, Contribution] = field(default_factory=dict)
+    rosters: dict[str, CID] = field(default_factory=dict)
+    done: dict[str, Head] = field(default_factory=dict)
+
+
+class RoundBoard:
+    """Checks agreed-round messages and keeps what they say, per round and per peer.
+
+    Parameters
+    ----------
+    session, genesis
+        The session identity; messages naming another are dropped.
+    local_peer
+        This peer (its own messages are dropped).
+    members
+        The session's peers; messages from others are dropped.
+    """
+
+    def __init__(
+        self, session: str, genesis: CID, local_peer: str, members: tuple[str, ...]
+    ) -> None:
+        self.session = session
+        self.genesis = genesis
+        self.local_peer = local_peer
+        self.members = frozenset(members)
+        self.current = 0
+        self.rounds: dict[int, RoundState] = {}
+        self.heads: dict[str, Head] = {}
+        # roster CID -> (round, block bytes carried in its message)
+        self.inline: dict[bytes, tuple[int, bytes]] = {}
+        self.dropped: Counter[str] = Counter()
+        self._event = asyncio.Event()
+
+    @property
+    def changed(self) -> asyncio.Event:
+        """An event set at the next change; grab it *before* checking a condition."""
+        return self._event
+
+    def state(self, round_number: int) -> RoundState:
+        """Return (creating) the state of a round."""
+        return self.rounds.setdefault(round_number, RoundState())
+
+    def advance(self, round_number: int) -> None:
+        """Make ``round_number`` current and forget rounds before its predecessor."""
+        self.current = round_number
+        for old in [r for r in self.rounds if r < round_number - 1]:
+            del self.rounds[old]
+        # Rosters of this round heard early (a slow peer hears the next round's) stay: their
+        # coordinator did not put them, and a fetch would wait for nothing until fetch_timeout.
+        for key in [k for k, (r, _) in self.inline.items() if r < round_number - 1]:
+            del self.inline[key]
+
+    def accept(self, message: PubsubMessage) -> AgreedMessage | None:
+        """Check one pubsub message and record it; return it, or ``None`` if dropped."""
+        if message.from_peer == self.local_peer:  # Kubo echoes ours back: not worth decoding
+            return self._drop("own")
+        try:
+            decoded = AgreedMessage.decode(message.data)
+        except DecodeError:
+            return self._drop("malformed")
+        if decoded.session != self.session or bytes(decoded.genesis) != bytes(self.genesis):
+            return self._drop("foreign")
+        if decoded.peer != message.from_peer:
+            return self._drop("forged")
+        if decoded.peer not in self.members:
+            return self._drop("stranger")
+        if decoded.kind == "done":
+            head = Head(decoded.round, decoded.cid, decoded.record or decoded.cid)
+            known = self.heads.get(decoded.peer)
+            if known is None or head.round >= known.round:
+                self.heads[decoded.peer] = head
+        if not self.current - 1 <= decoded.round <= self.current + MAX_ROUNDS_AHEAD:
+            self._notify()
+            return self._drop("window") if decoded.kind != "done" else decoded
+        state = self.state(decoded.round)
+        if decoded.kind == "contrib":
+            known_c = state.contributions.get(decoded.peer)
+            if known_c is not None and bytes(known_c.cid) != bytes(decoded.cid):
+                return self._drop("equivocation")  # the first claim stands
+            if known_c is None and decoded.base is not None and decoded.weight is not None:
+                state.contributions[decoded.peer] = Contribution(
+                    decoded.cid, decoded.weight, decoded.base
+                )
+        elif decoded.kind == "roster":
+            first = state.rosters.setdefault(decoded.peer, decoded.cid)
+            # Only the roster a member's state records keeps its bytes: at most one per member
+            # and round in the window, so a member flooding rosters cannot push others' out.
+            if decoded.inline is not None and bytes(first) == bytes(decoded.cid):
+                self.inline.setdefault(bytes(decoded.cid), (decoded.round, decoded.inline))
+        else:
+            state.done[decoded.peer] = Head(
+                decoded.round, decoded.cid, decoded.record or decoded.cid
+            )
+        self._notify()
+        return decoded
+
+    def _drop(self, reason: str) -> AgreedMessage | None:
+        self.dropped[reason] += 1
+        return None
+
+    def _notify(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait_until(self, ready: Callable[[], bool], timeout: float) -> bool:
+        """Check ``ready()`` at every change (and every 50 ms) until true or ``timeout`` s pass."""
+        deadline = time.monotonic() + timeout
+        while True:
+            event = self._event  # grabbed before the check, so no change is missed
+            if ready():
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), min(0.05, left))
+
+    async def gather_heads(
+        self, others: list[str], *, grace: float, timeout: float
+    ) -> dict[str, Head]:
+        """Wait for every peer's head, or ``grace`` s after the first one, or ``timeout`` s."""
+        first: list[float] = []
+
+        def heard_enough() -> bool:
+            if self.heads and not first:
+                first.append(time.monotonic())
+            everyone = all(p in self.heads for p in others)
+            return everyone or bool(first and time.monotonic() - first[0] >= grace)
+
+        await self.wait_until(heard_enough, timeout)
+        return dict(self.heads)
+
+    def poke(self) -> None:
+        """Wake every waiter (after a local change, e.g. a finished fetch)."""
+        self._notify()
+
+
+def best_head(heads: Iterable[Head]) -> Head | None:
+    """Pick the highest round, then the record most peers announce, then the smallest CID."""
+    pool = list(heads)
+    if not pool:
+        return None
+    votes = Counter(bytes(h.record) for h in pool)
+    return min(pool, key=lambda h: (-h.round, -votes[bytes(h.record)], bytes(h.record)))
+
+
+def effective_quorum(config: AgreedConfig, excluded: Collection[str] = ()) -> int:
+    """Return ``min_peers``, or when it is unset every member not proven a lying reducer."""
+    if config.min_peers is not None:
+        return config.min_peers
+    return max(1, len(set(config.members) - set(excluded)))
+
+
+def roster_problem(
+    roster: Roster,
+    session: str,
+    genesis: CID,
+    round_number: int,
+    base: CID,
+    config: AgreedConfig,
+    excluded: Collection[str] = (),
+) -> str:
+    """Return why ``roster`` cannot be this round's (``""`` when it can).
+
+    ``excluded`` are the peers the session's agreed history proves lying reducers
+    (:attr:`~gradfed_ipfs.formats.roster.AgreedRecord.excluded` of the round's base record):
+    a roster listing one is refused.
+    """
+    if roster.session != session or bytes(roster.genesis) != bytes(genesis):
+        return "another session"
+    if roster.round != round_number or bytes(roster.base) != bytes(base):
+        return f"round {roster.round} on {roster.base}, not round {round_number} on {base}"
+    members = set(config.members)
+    if roster.coordinator not in members or not set(roster.peers) <= members:
+        return "lists a non-member"
+    liars = sorted(set(roster.peers) & set(excluded))
+    if liars:
+        return f"lists proven lying reducer(s) {', '.join(liars)}"
+    quorum = effective_quorum(config, excluded)
+    if len(roster.entries) < quorum:
+        return f"{len(roster.entries)} entries < min_peers {quorum}"
+    return ""

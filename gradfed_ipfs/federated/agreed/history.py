@@ -1,0 +1,519 @@
+"""Agreed-round history: load the record chain and re-verify rounds from CIDs alone.
+
+A third party holding only the last round record's CID can walk ``prev`` links back to the
+session's first round, check that each round starts from the previous one's result (the first
+from the genesis model), and re-aggregate each roster with
+:func:`~gradfed_ipfs.tensor.deterministic.deterministic_update`: the result must hash to the
+recorded model CID, bit for bit. A reduce-scatter round's record also links its slice
+records: they must fit the roster (:func:`~.agreed_slicing.sliced_roster`; senders they list
+``missing`` are left out of the recomputation) and each slice result must be its range of the
+recomputed model (:func:`~.agreed_slicing.check_slice_results`).
+
+Holders store only every ``model_every``-th model (``AgreedRecord.model_stored``): a base or
+result that was not stored is rebuilt by :func:`load_result`, from the newest stored model
+before it by re-aggregating the rounds since (each checked against its record); a verifier
+walking the whole chain carries each recomputed model into the next round instead.
+
+Lying reducers proven in a round (its fraud records) are excluded for the rest of the session:
+:func:`check_exclusions` checks that each record's ``excluded`` is its predecessor's plus the
+reducers its fraud records prove (:func:`~.agreed_slicing.proven_liars`), and that no roster
+lists a peer excluded before its round. It needs only records, rosters, fraud and slice records
+(all kept under retention), so it runs with or without ``recompute``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection, Mapping
+from typing import Final
+
+import numpy as np
+from multiformats import CID
+
+from ..._types import CIDLike, FloatArray
+from ...cid import parse_cid
+from ...errors import (
+    BlockStoreError,
+    DecodeError,
+    GenesisMismatch,
+    RoundVerificationFailed,
+    ShapeMismatch,
+)
+from ...formats.roster import AgreedRecord, Roster
+from ...storage.base import UNSET, BlockStore, Unset
+from ...storage.dag import fetch_gradient
+from ...tensor.deterministic import deterministic_update
+from ..exchange.encoded import encode_gradient
+from ..sliced.proofs import check_partial_frauds
+from .config import UpdateRule
+from .slicing import check_slice_results, proven_liars, sliced_roster
+
+__all__ = [
+    "MAX_CHAIN_ROUNDS",
+    "MAX_REBUILD_ROUNDS",
+    "ModelState",
+    "check_exclusions",
+    "load_chain",
+    "load_head",
+    "load_record",
+    "load_result",
+    "load_round_inputs",
+    "load_roster",
+    "model_cid",
+    "recompute_round",
+    "verify_agreed_history",
+    "verify_agreed_round",
+    "verify_record",
+]
+
+MAX_CHAIN_ROUNDS: Final = 100_000
+"""Most records one chain walk follows."""
+
+MAX_REBUILD_ROUNDS: Final = 1_000
+"""Most rounds :func:`load_result` re-aggregates to rebuild a model that was not stored."""
+
+ModelState = tuple[FloatArray, FloatArray | None]
+"""A model (float32, ``(d,)``) and its update rule's state (``None`` without a rule)."""
+
+
+async def load_record(
+    store: BlockStore, cid: CIDLike, *, timeout: float | None = None
+) -> AgreedRecord:
+    """Fetch and decode a round record (``MalformedManifest`` if it is not one)."""
+    block = await (store.get(cid) if timeout is None else store.get(cid, timeout=timeout))
+    return AgreedRecord.from_block(block)
+
+
+async def load_roster(store: BlockStore, cid: CIDLike, *, timeout: float | None = None) -> Roster:
+    """Fetch and decode a roster (``MalformedManifest`` if it is not one)."""
+    block = await (store.get(cid) if timeout is None else store.get(cid, timeout=timeout))
+    return Roster.from_block(block)
+
+
+async def model_cid(model: FloatArray) -> CID:
+    """Return the CID ``put_gradient`` gives a model, computed without a daemon."""
+    return (await encode_gradient(model)).cid
+
+
+def _follows(earlier: AgreedRecord, later: AgreedRecord) -> bool:
+    """Whether ``later`` is the next round and starts from ``earlier``'s result."""
+    return later.round == earlier.round + 1 and bytes(later.base) == bytes(earlier.result)
+
+
+async def load_chain(
+    store: BlockStore,
+    head: CIDLike,
+    *,
+    session: str,
+    genesis: CID,
+    stop_at: Collection[bytes] = (),
+    max_rounds: int = MAX_CHAIN_ROUNDS,
+) -> list[tuple[CID, AgreedRecord]]:
+    """Walk ``prev`` links from ``head`` and return ``(cid, record)`` pairs, oldest first.
+
+    The walk stops after a record whose ``prev`` is in ``stop_at`` (CID bytes) or is ``None``.
+
+    Raises
+    ------
+    GenesisMismatch
+        If a record names another session or genesis.
+    RoundVerificationFailed
+        If rounds do not count down by one, a record's base is not its predecessor's result,
+        the first round does not start from the genesis, or the chain is longer than
+        ``max_rounds``.
+    """
+    chain: list[tuple[CID, AgreedRecord]] = []
+    start = parse_cid(head)
+    cid: CID | None = start
+    while cid is not None:
+        if len(chain) >= max_rounds:
+            raise RoundVerificationFailed(f"chain from {start} is longer than {max_rounds} rounds")
+        record = await load_record(store, cid)
+        if record.session != session or bytes(record.genesis) != bytes(genesis):
+            raise GenesisMismatch(
+                f"record {cid} belongs to {record.session}/{record.genesis}, "
+                f"not {session}/{genesis}"
+            )
+        if chain:
+            later = chain[-1][1]
+            if not _follows(record, later):
+                raise RoundVerificationFailed(
+                    f"record {chain[-1][0]} (round {later.round}) does not follow {cid}"
+                )
+        chain.append((cid, record))
+        if record.prev is None or bytes(record.prev) in stop_at:
+            break
+        cid = record.prev
+    oldest = chain[-1][1]
+    if oldest.prev is None and (oldest.round != 0 or bytes(oldest.base) != bytes(genesis)):
+        raise RoundVerificationFailed(f"the first record of {start} does not start at the genesis")
+    chain.reverse()
+    return chain
+
+
+async def load_head(
+    store: BlockStore,
+    head: CID,
+    *,
+    session: str,
+    genesis: CID,
+    history: Collection[bytes],
+    length: int,
+    timeout: float,
+    rule: UpdateRule | None = None,
+    known: Mapping[bytes, ModelState] | None = None,
+    max_rebuild: int = MAX_REBUILD_ROUNDS,
+) -> tuple[list[tuple[CID, AgreedRecord]], FloatArray, FloatArray | None]:
+    """Load the records from ``head`` back to one in ``history`` (or the genesis), and its model.
+
+    The head's model and rule state come from :func:`load_result` (with ``rule``, ``known``
+    and ``max_rebuild`` as its ``max_rounds``): fetched, or rebuilt if they were not stored.
+
+    Raises
+    ------
+    GenesisMismatch
+        If the chain does not extend ``history`` (nor start at the genesis).
+    RoundVerificationFailed
+        See :func:`load_chain` and :func:`load_result`.
+    """
+    chain = await load_chain(store, head, session=session, genesis=genesis, stop_at=history)
+    first = chain[0][1]
+    if first.prev is not None and bytes(first.prev) not in history:
+        raise GenesisMismatch(f"head {head} does not extend this peer's history")
+    model, state = await load_result(
+        store, chain[-1][1], rule, timeout=timeout, length=length, known=known,
+        max_rounds=max_rebuild,
+    )  # fmt: skip
+    return chain, model, state
+
+
+async def check_exclusions(
+    store: BlockStore, chain: list[tuple[CID, AgreedRecord]]
+) -> frozenset[str]:
+    """Check the proven liars along ``chain`` (oldest first); return its last record's.
+
+    The first record's predecessor (when there is one) gives the liars known before it.
+
+    Raises
+    ------
+    RoundVerificationFailed
+        If a roster lists a peer excluded before its round, a fraud record proves nothing
+        (:func:`~.agreed_slicing.proven_liars`), a record's ``excluded`` is not its
+        predecessor's plus its own proven liars, or a block cannot be fetched or decoded.
+    """
+    before: frozenset[str] = frozenset()
+    try:
+        first = chain[0][1] if chain else None
+        if first is not None and first.prev is not None:
+            before = frozenset((await load_record(store, first.prev)).excluded or ())
+        for cid, record in chain:
+            liars: frozenset[str] = frozenset()
+            if before or record.frauds:
+                roster = await load_roster(store, record.roster)
+                listed = before & set(roster.peers)
+                if listed:
+                    raise RoundVerificationFailed(
+                        f"round {record.round}: roster {record.roster} lists proven lying "
+                        f"reducer(s) {', '.join(sorted(listed))}"
+                    )
+                liars = await proven_liars(store, record, roster)
+            after = before | liars
+            if tuple(sorted(after)) != (record.excluded or ()):
+                raise RoundVerificationFailed(
+                    f"round {record.round}: record {cid} excludes {list(record.excluded or ())}, "
+                    f"its history proves {sorted(after)}"
+                )
+            before = after
+    except (BlockStoreError, DecodeError) as exc:
+        raise RoundVerificationFailed(f"exclusions: {exc}") from exc
+    return before
+
+
+async def load_round_inputs(
+    store: BlockStore,
+    record: AgreedRecord,
+    *,
+    base: FloatArray | None = None,
+    rule: UpdateRule | None = None,
+) -> tuple[Roster, FloatArray, list[FloatArray]]:
+    """Fetch a record's roster, base model and every listed contribution, each hash-checked.
+
+    ``base`` is the record's base model when the caller holds it; else it is loaded
+    (:func:`load_result` of the previous record, with ``rule`` if one must be rebuilt).
+
+    Returns
+    -------
+    tuple
+        The roster, the base model (float32, ``(d,)``) and the contributions in roster order.
+
+    Raises
+    ------
+    RoundVerificationFailed
+        If the roster does not belong to the record, or a block cannot be fetched or decoded
+        (or has another length than the base model).
+    """
+    if base is None:
+        base = (await _base_of(store, record, rule))[0]
+    model = np.asarray(base, np.float32).reshape(-1)
+    try:
+        roster = await load_roster(store, record.roster)
+        if (
+            roster.round != record.round
+            or roster.session != record.session
+            or bytes(roster.base) != bytes(record.base)
+            or bytes(roster.genesis) != bytes(record.genesis)
+        ):
+            raise RoundVerificationFailed(f"roster {record.roster} is not round {record.round}'s")
+        if record.slices is not None:
+            roster = await sliced_roster(store, record, roster)
+        gradients = await asyncio.gather(
+            *(
+                fetch_gradient(store, entry.contribution, expected_length=model.size)
+                for entry in roster.entries
+            )
+        )  # concurrently: one after another, N fetches cost N bitswap round trips
+    except (BlockStoreError, DecodeError, ShapeMismatch) as exc:
+        raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
+    return roster, model, list(gradients)
+
+
+async def recompute_round(
+    store: BlockStore,
+    record: AgreedRecord,
+    rule: UpdateRule | None = None,
+    *,
+    base: ModelState | None = None,
+) -> tuple[Roster, FloatArray]:
+    """Re-aggregate a record's roster on its base model; return the roster and the new model.
+
+    A record written with a custom update rule (``record.rule``) needs that ``rule``; it is
+    applied from the previous record's state, and its new state must hash to ``record.state``.
+    ``base`` is the base model and that state when the caller holds them (else they are
+    loaded: :func:`load_result` of the previous record).
+
+    Raises
+    ------
+    RoundVerificationFailed
+        If the roster does not belong to the record, a block cannot be fetched or decoded, or
+        the record names a rule and none is given.
+    """
+    roster, model, _ = await _recompute(store, record, rule, base)
+    return roster, model
+
+
+async def _recompute(
+    store: BlockStore, record: AgreedRecord, rule: UpdateRule | None, base: ModelState | None
+) -> tuple[Roster, FloatArray, FloatArray | None]:
+    """:func:`recompute_round`, also returning the rule's new state (checked against the record)."""
+    if record.rule is not None and rule is None:
+        raise RoundVerificationFailed(f"round {record.round} used rule {record.rule!r}: pass it")
+    model, state = await _base_of(store, record, rule) if base is None else base
+    roster, model, gradients = await load_round_inputs(store, record, base=model)
+    if rule is not None and record.rule is not None:
+        new, new_state = rule.apply(model, roster, gradients, record.learning_rate, state)
+        if (None if new_state is None else bytes(await model_cid(new_state))) != (
+            None if record.state is None else bytes(record.state)
+        ):
+            raise RoundVerificationFailed(f"round {record.round}: the rule state does not match")
+        return roster, np.ascontiguousarray(new, np.float32).reshape(-1), new_state
+    weights = [entry.weight for entry in roster.entries]
+    return roster, deterministic_update(model, gradients, weights, record.learning_rate), None
+
+
+async def _base_of(store: BlockStore, record: AgreedRecord, rule: UpdateRule | None) -> ModelState:
+    """Return the model and rule state a record starts from: its predecessor's result."""
+    try:
+        if record.prev is None:
+            return np.asarray(await fetch_gradient(store, record.base), np.float32), None
+        prev = await load_record(store, record.prev)
+    except (BlockStoreError, DecodeError) as exc:
+        raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
+    if not _follows(prev, record):
+        raise RoundVerificationFailed(f"round {record.round} does not follow {record.prev}")
+    return await load_result(store, prev, rule)
+
+
+async def load_result(
+    store: BlockStore,
+    record: AgreedRecord,
+    rule: UpdateRule | None = None,
+    *,
+    timeout: float | Unset = UNSET,
+    length: int | None = None,
+    known: Mapping[bytes, ModelState] | None = None,
+    max_rounds: int = MAX_REBUILD_ROUNDS,
+) -> ModelState:
+    """Return a record's model (float32, ``(d,)``) and its rule's state (``None`` without one).
+
+    Fetched by CID when the record says its holders stored them (``model_stored``); else
+    rebuilt from the newest earlier record whose model is stored (or the genesis): each round
+    since is re-aggregated from its roster (:func:`recompute_round`, with ``rule`` if the
+    records name one) and must hash to its record's result. ``timeout`` bounds the stored
+    model's fetch, ``length`` is the number of values it must have; ``known`` maps model
+    CIDs (bytes) to models (and states) the caller holds, which end the walk back early.
+    Without ``rule``, a custom-rule record's unstored model is fetched all the same (its
+    holders put the last one when their session closed), and missing is an error.
+
+    Raises
+    ------
+    RoundVerificationFailed
+        If a block is missing or malformed, the records do not link up, a model has another
+        length, a rebuilt model hashes to another CID than its record's, or more than
+        ``max_rounds`` rounds would be re-aggregated.
+    """
+    if not record.model_stored and record.rule is not None and rule is None:
+        return await _fetch_unstored(store, record, timeout, length)
+    rebuild: list[AgreedRecord] = []
+    anchor, held = record, known or {}
+    try:
+        while bytes(anchor.result) not in held and not anchor.model_stored:
+            rebuild.append(anchor)
+            if len(rebuild) > max_rounds:
+                raise RoundVerificationFailed(
+                    f"round {record.round}: no stored model in the last {max_rounds} rounds"
+                )
+            if anchor.prev is None:
+                break
+            later, anchor = anchor, await load_record(store, anchor.prev)
+            if not _follows(anchor, later):
+                raise RoundVerificationFailed(f"round {later.round} does not follow {later.prev}")
+        if bytes(anchor.result) in held:
+            base = held[bytes(anchor.result)]
+        else:
+            stored = anchor.result if anchor.model_stored else anchor.base  # else: the genesis
+            model = await fetch_gradient(store, stored, timeout=timeout, expected_length=length)
+            state = None
+            if anchor.model_stored and anchor.state is not None:
+                state = await fetch_gradient(store, anchor.state, timeout=timeout)
+            base = (np.asarray(model, np.float32).reshape(-1), state)
+    except (BlockStoreError, DecodeError, ShapeMismatch) as exc:
+        raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
+    for later in reversed(rebuild):
+        _, model, state = await _recompute(store, later, rule, base)
+        await _check_result(later, model)
+        base = (model, state)
+    return base
+
+
+async def _fetch_unstored(
+    store: BlockStore, record: AgreedRecord, timeout: float | Unset, length: int | None
+) -> ModelState:
+    """Fetch a custom-rule record's unstored model anyway (holders put the last at close)."""
+    try:
+        model = await fetch_gradient(store, record.result, timeout=timeout, expected_length=length)
+        state = None
+        if record.state is not None:
+            state = await fetch_gradient(store, record.state, timeout=timeout)
+    except (BlockStoreError, DecodeError, ShapeMismatch) as exc:
+        raise RoundVerificationFailed(
+            f"round {record.round} used rule {record.rule!r} and its model was not stored "
+            f"(model_every; {exc}): rebuilding it needs that rule, pass it"
+        ) from exc
+    return np.asarray(model, np.float32).reshape(-1), state
+
+
+async def _check_result(record: AgreedRecord, model: FloatArray) -> None:
+    recomputed = await model_cid(model)
+    if bytes(recomputed) != bytes(record.result):
+        raise RoundVerificationFailed(
+            f"round {record.round}: roster re-aggregates to {recomputed}, "
+            f"record says {record.result}"
+        )
+
+
+async def verify_agreed_round(
+    store: BlockStore, record_cid: CIDLike, rule: UpdateRule | None = None
+) -> AgreedRecord:
+    """Re-aggregate one round from its record CID and check the result (and rule state) CIDs.
+
+    Raises
+    ------
+    RoundVerificationFailed
+        If anything is missing, malformed, or the recomputed model hashes to another CID.
+    """
+    cid = parse_cid(record_cid)
+    try:
+        record = await load_record(store, cid)
+    except (BlockStoreError, DecodeError) as exc:
+        raise RoundVerificationFailed(f"record {cid}: {exc}") from exc
+    await verify_record(store, record, rule)
+    return record
+
+
+async def verify_record(
+    store: BlockStore,
+    record: AgreedRecord,
+    rule: UpdateRule | None = None,
+    base: ModelState | None = None,
+) -> tuple[Roster, FloatArray, FloatArray | None]:
+    """Recompute a record's model; check its CID, slice results and frauds.
+
+    ``base`` as in :func:`recompute_round`. Returns the roster used (a sliced round's leaves
+    out the senders its slices miss), the model and the rule's new state.
+
+    Raises
+    ------
+    RoundVerificationFailed
+        If anything is missing, malformed, or does not verify.
+    """
+    roster, model, state = await _recompute(store, record, rule, base)
+    await _check_result(record, model)
+    if record.slices is not None:
+        await check_slice_results(store, record, model)
+    if record.frauds:
+        try:
+            full = await load_roster(store, record.roster)
+        except (BlockStoreError, DecodeError) as exc:
+            raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
+        await check_partial_frauds(store, record.frauds, full, model.size)
+    return roster, model, state
+
+
+async def verify_agreed_history(
+    store: BlockStore,
+    head: CIDLike,
+    *,
+    session: str,
+    genesis: CIDLike,
+    recompute: bool = True,
+    max_rounds: int = MAX_CHAIN_ROUNDS,
+    rule: UpdateRule | None = None,
+) -> list[AgreedRecord]:
+    """Verify the chain ending at ``head``: links, genesis, exclusions, (by default) every result.
+
+    Without ``recompute`` a sliced round's slice records are still checked against its roster
+    (:func:`~.agreed_slicing.sliced_roster`): records, rosters, slice and fraud records are what
+    retention keeps forever.
+
+    Returns
+    -------
+    list of AgreedRecord
+        The verified records, oldest first.
+
+    Raises
+    ------
+    RoundVerificationFailed, GenesisMismatch
+        See :func:`load_chain`, :func:`check_exclusions` and :func:`verify_agreed_round`.
+    """
+    start = parse_cid(head)
+    try:
+        chain = await load_chain(
+            store, start, session=session, genesis=parse_cid(genesis), max_rounds=max_rounds
+        )
+    except (BlockStoreError, DecodeError) as exc:
+        raise RoundVerificationFailed(f"chain from {start}: {exc}") from exc
+    await check_exclusions(store, chain)
+    if recompute:
+        base: ModelState | None = None  # each round's result is the next one's base
+        for _, record in chain:
+            _, model, state = await verify_record(store, record, rule, base)
+            base = (model, state)
+        return [record for _, record in chain]
+    for _, record in chain:  # kept under retention: the slice records still fit their rosters
+        if record.slices is not None:
+            try:
+                roster = await load_roster(store, record.roster)
+            except (BlockStoreError, DecodeError) as exc:
+                raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
+            await sliced_roster(store, record, roster)
+    return [record for _, record in chain]

@@ -1,0 +1,385 @@
+"""``RegionalSession``: region-level agreed rounds, then a content-addressed top-level combine.
+
+Peers are tagged with regions (:class:`~.regional_config.RegionalConfig`). Round ``r``:
+
+1. **region round**: each region runs an agreed round of its own
+   (:class:`~gradfed_ipfs.federated.agreed.session.AgreedSession`, session
+   ``<session>/region/<region>``, members = the region's peers): its own coordinator
+   (:func:`~.coordinator.coordinator_ranking` over the region) publishes its own roster, and
+   every region peer aggregates exactly that roster with :class:`~.regional_config.RegionMeanRule`
+   (:func:`~gradfed_ipfs.tensor.regional.region_mean`: roster order, roster weights). The
+   region's :class:`~gradfed_ipfs.formats.roster.AgreedRecord` names its roster and its
+   aggregate; a member absent from the region round is absent from its roster only.
+   Contributions are announced on the region's topic and fetched by its peers alone.
+2. **announce**: every peer of a combined region announces ``done{region aggregate, region
+   record}`` on the top-level topic (:func:`~.regional_config.regional_topic`), re-announced
+   until the next round. A region that ``in-regions`` does not combine announces nothing there:
+   nothing of it is ever fetched outside it.
+3. **combine**: a peer adopts, for each other combined region, the record announced by most of
+   that region's peers (then the smallest CID) that checks out (session, round, rule, a roster
+   of that region's members), fetches its aggregate, and combines the region aggregates
+   (:func:`~.regional_config.combine_regions`, regions sorted). It stores the result and a
+   :class:`~gradfed_ipfs.formats.regional.RegionalRecord` (the region records sorted, the mode,
+   the result): every honest peer writes the same bytes, so the same top-level CID.
+
+:func:`verify_regional_round` re-checks a top-level record from its CID alone: each region
+record is re-aggregated from its roster's contributions
+(:func:`~.agreed_history.verify_agreed_round`), then the combine is recomputed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Mapping
+
+import numpy as np
+from multiformats import CID
+
+from ..._types import CIDLike, FloatArray, GradientLike
+from ...cid import parse_cid
+from ...errors import (
+    BlockNotFound,
+    BlockStoreError,
+    DecodeError,
+    DimensionMismatch,
+    GenesisMismatch,
+    InvalidGradient,
+    QuorumNotReached,
+    RoundVerificationFailed,
+)
+from ...formats.regional import RegionalRecord, region_session
+from ...formats.roster import AgreedMessage, AgreedRecord
+from ...kubo.pubsub import PubsubTransport
+from ...storage.base import BlockStore
+from ...storage.dag import fetch_gradient
+from ...storage.retention import put_pinned_alone
+from ..agreed.coordinator import RoundBoard
+from ..agreed.history import load_record, load_roster, model_cid, verify_agreed_round
+from ..agreed.session import AgreedSession
+from ..exchange.announcer import Reannouncer
+from ..exchange.encoded import encode_gradient
+from .config import (
+    REGION_MEAN,
+    RegionalConfig,
+    RegionalRoundResult,
+    RegionMeanRule,
+    combine_regions,
+    regional_topic,
+)
+
+__all__ = [
+    "RegionMeanRule",
+    "RegionalConfig",
+    "RegionalRoundResult",
+    "RegionalSession",
+    "regional_topic",
+    "verify_regional_round",
+]
+
+logger = logging.getLogger("gradfed_ipfs.federated.regional")
+
+_TOP: str = "regional"
+"""Suffix of the top-level board's session name."""
+
+
+class RegionalSession:
+    """One peer of a regional session (see the module docstring).
+
+    Parameters
+    ----------
+    store
+        This peer's block store (its daemon).
+    pubsub
+        This peer's pubsub transport.
+    session
+        Session name.
+    genesis
+        CID of the session's initial model (d values; see
+        :meth:`AgreedSession.commit_genesis`): it fixes d and names every region session.
+    config
+        Regions, combine mode and timing.
+    """
+
+    def __init__(
+        self,
+        store: BlockStore,
+        pubsub: PubsubTransport,
+        session: str,
+        genesis: CIDLike,
+        config: RegionalConfig,
+    ) -> None:
+        self.store = store
+        self.pubsub = pubsub
+        self.session = session
+        self.genesis = parse_cid(genesis)
+        self.config = config
+        self.topic = regional_topic(session, self.genesis)
+        self.peer_id = ""
+        self.region = ""
+        self._region: AgreedSession | None = None
+        self._board: RoundBoard | None = None
+        self._announcer = Reannouncer(
+            pubsub, self.topic, config.announce_interval, config.max_announce_interval
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def round(self) -> int:
+        """The next round's number (its region session's)."""
+        return 0 if self._region is None else self._region.round
+
+    @property
+    def region_session(self) -> AgreedSession:
+        """The agreed session of this peer's region (after :meth:`start`)."""
+        if self._region is None:
+            raise RuntimeError("RegionalSession.start() has not been called")
+        return self._region
+
+    async def start(self, model: GradientLike | None = None) -> None:
+        """Join this peer's region session and listen on the top-level topic.
+
+        Raises
+        ------
+        GenesisMismatch
+            If this peer has no region, or ``model`` is not the genesis model.
+        """
+        self.peer_id = await self.pubsub.local_peer_id()
+        region = self.config.regions.get(self.peer_id)
+        if region is None:
+            raise GenesisMismatch(f"peer {self.peer_id} has no region in {self.session!r}")
+        self.region = region
+        self._region = AgreedSession(
+            self.store,
+            self.pubsub,
+            region_session(self.session, region),
+            self.genesis,
+            self.config.agreed(region),
+        )
+        self._board = RoundBoard(
+            f"{self.session}/{_TOP}", self.genesis, self.peer_id, tuple(self.config.regions)
+        )
+        await self._region.start(model)
+        board, messages = self._board, self.pubsub.subscribe(self.topic)
+
+        async def listen() -> None:
+            async for message in messages:
+                board.accept(message)
+
+        self._tasks = [asyncio.create_task(listen()), asyncio.create_task(self._announcer.run())]
+
+    async def aclose(self) -> None:
+        """Stop the region session, announcing and listening (store and transport stay open)."""
+        try:
+            if self._region is not None:
+                await self._region.aclose()
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            if self._tasks:
+                await asyncio.wait(self._tasks, timeout=5.0)
+            self._tasks = []
+
+    async def run_round(self, gradient: GradientLike, *, weight: int = 1) -> RegionalRoundResult:
+        """Contribute ``gradient`` (d values) to this round; return the combined result.
+
+        Raises
+        ------
+        QuorumNotReached
+            If this region adopted no roster, or a combined region's record was not heard,
+            by ``round_timeout``.
+        RoundMismatch
+            As :meth:`AgreedSession.run_round` (this peer's region disagreed).
+        """
+        board, r, config = self._require_board(), self.round, self.config
+        started = time.monotonic()
+        board.advance(r)
+        mine = await self.region_session.run_round(gradient, weight=weight)
+        # region -> (record CID, aggregate, weight total)
+        found: dict[str, tuple[CID, FloatArray, int]] = {}
+        if self.region in config.combined:
+            message = AgreedMessage(
+                "done", board.session, self.genesis, r, self.peer_id, mine.model,
+                record=mine.record,
+            )  # fmt: skip
+            await self._announcer.post("done", message.encode())
+            total = sum(entry.weight for entry in mine.roster.entries)
+            found[self.region] = (mine.record, self.region_session.model, total)
+        else:
+            self._announcer.withdraw("done")
+        rejected: dict[str, str] = {}
+        await self._gather(r, found, rejected)
+        means = {region: values for region, (_, values, _) in found.items()}
+        sums = {region: total for region, (_, _, total) in found.items()}
+        aggregate = combine_regions(config.combine, means, sums, config.allowed)
+        encoded = await encode_gradient(aggregate)
+        regions = tuple((region, found[region][0]) for region in sorted(found))
+        top = RegionalRecord(
+            self.session, self.genesis, r, config.combine, config.allowed, regions,
+            encoded.cid,
+        )  # fmt: skip
+        await encoded.store(self.store)
+        record_cid = await put_pinned_alone(self.store, top.to_block())
+        return RegionalRoundResult(
+            round=r,
+            region=self.region,
+            region_record=mine.record,
+            region_roster=mine.roster,
+            region_result=mine.model,
+            regions=regions,
+            result=encoded.cid,
+            record=record_cid,
+            aggregate=aggregate,
+            rejected=rejected,
+            seconds=time.monotonic() - started,
+        )
+
+    # ------------------------------------------------------------------ helpers
+
+    async def _gather(
+        self, r: int, found: dict[str, tuple[CID, FloatArray, int]], rejected: dict[str, str]
+    ) -> None:
+        """Adopt a record of every combined region into ``found`` (``round_timeout`` s)."""
+        board, combined = self._require_board(), self.config.combined
+        deadline = time.monotonic() + self.config.round_timeout
+        tried: set[bytes] = set()
+        while True:
+            event = board.changed
+            for region in combined:
+                if region not in found:
+                    adopted = await self._adopt(r, region, rejected, tried)
+                    if adopted is not None:
+                        found[region] = adopted
+            if len(found) == len(combined):
+                return
+            if time.monotonic() >= deadline:
+                raise QuorumNotReached(r, len(found), len(combined))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), 0.05)
+
+    def _require_board(self) -> RoundBoard:
+        if self._board is None:
+            raise RuntimeError("RegionalSession.start() has not been called")
+        return self._board
+
+    async def _adopt(
+        self, r: int, region: str, rejected: dict[str, str], tried: set[bytes]
+    ) -> tuple[CID, FloatArray, int] | None:
+        """Adopt ``region``'s most-announced valid round-``r`` record: its CID, aggregate, total.
+
+        A record or aggregate not stored yet (peers store them after announcing) is retried.
+        """
+        members = set(self.config.members(region))
+        done = self._require_board().state(r).done
+        heard = {bytes(h.record): h.record for p, h in done.items() if p in members}
+        votes = Counter(bytes(h.record) for p, h in done.items() if p in members and h.round == r)
+        for raw, _ in sorted(votes.items(), key=lambda item: (-item[1], item[0])):
+            if raw in tried:
+                continue
+            cid = heard[raw]
+            try:
+                record = await load_record(self.store, cid, timeout=self.config.fetch_timeout)
+                problem, total = await self._record_problem(record, r, region)
+                values = None if problem else await self._fetch(record.result)
+                if values is not None and not np.isfinite(values).all():
+                    problem, values = "its aggregate is not finite", None
+            except BlockNotFound as exc:
+                logger.debug("round %d: region %s record %s not fetched: %s", r, region, cid, exc)
+                continue
+            except (BlockStoreError, DecodeError, DimensionMismatch) as exc:
+                problem, values = str(exc), None  # the announcers' fault, not the round's
+            tried.add(raw)
+            if values is None:
+                for peer in (p for p, h in done.items() if bytes(h.record) == raw):
+                    rejected[peer] = f"region record {cid}: {problem}"
+                continue
+            return cid, values, total
+        return None
+
+    async def _fetch(self, cid: CID) -> FloatArray:
+        values = await fetch_gradient(
+            self.store,
+            cid,
+            timeout=self.config.fetch_timeout,
+            expected_length=self.region_session.model.size,
+        )
+        return np.ascontiguousarray(values, np.float32).reshape(-1)
+
+    async def _record_problem(self, record: AgreedRecord, r: int, region: str) -> tuple[str, int]:
+        """Why ``record`` is not ``region``'s round-``r`` record (``""``), and its weight total."""
+        if record.session != region_session(self.session, region) or bytes(record.genesis) != bytes(
+            self.genesis
+        ):
+            return "another session", 0
+        if record.round != r or record.rule != REGION_MEAN.LABEL:
+            return f"round {record.round} with rule {record.rule!r}", 0
+        roster = await load_roster(self.store, record.roster, timeout=self.config.fetch_timeout)
+        if not set(roster.peers) <= set(self.config.members(region)) or not roster.entries:
+            return "its roster lists a peer of another region", 0
+        return "", sum(entry.weight for entry in roster.entries)
+
+
+async def verify_regional_round(
+    store: BlockStore,
+    record_cid: CIDLike,
+    *,
+    session: str | None = None,
+    regions: Mapping[str, str] | None = None,
+) -> RegionalRecord:
+    """Re-verify a regional round from its top-level record's CID alone.
+
+    Every region record is re-aggregated from its roster's contributions (and must belong to
+    its region and round), then the combine is recomputed; both must hash to the recorded CIDs.
+
+    Parameters
+    ----------
+    store
+        Where to fetch the records, rosters, contributions and aggregates.
+    record_cid
+        The top-level record's CID.
+    session
+        The session it must belong to (any when ``None``).
+    regions
+        Peer ID → region (the session's :attr:`RegionalConfig.regions`): when given, every
+        roster may list only peers of its own region.
+
+    Raises
+    ------
+    RoundVerificationFailed
+        If anything is missing, malformed or recomputes to another CID.
+    """
+    cid = parse_cid(record_cid)
+    try:
+        top = RegionalRecord.from_block(await store.get(cid))
+        if session is not None and top.session != session:
+            raise RoundVerificationFailed(f"record {cid} belongs to {top.session!r}")
+        means: dict[str, FloatArray] = {}
+        sums: dict[str, int] = {}
+        for region, region_cid in top.regions:
+            record = await verify_agreed_round(store, region_cid, REGION_MEAN)
+            roster = await load_roster(store, record.roster)
+            if (
+                record.session != region_session(top.session, region)
+                or bytes(record.genesis) != bytes(top.genesis)
+                or record.round != top.round
+                or record.rule != REGION_MEAN.LABEL
+            ):
+                raise RoundVerificationFailed(
+                    f"region {region}'s record {region_cid} is not round {top.round}'s"
+                )
+            if regions is not None and any(regions.get(p) != region for p in roster.peers):
+                raise RoundVerificationFailed(f"region {region}'s roster lists another region")
+            sums[region] = sum(entry.weight for entry in roster.entries)
+            means[region] = np.asarray(await fetch_gradient(store, record.result), np.float32)
+        combined = combine_regions(top.combine, means, sums, top.allowed)
+    except (BlockStoreError, DecodeError, DimensionMismatch, InvalidGradient) as exc:
+        raise RoundVerificationFailed(f"regional record {cid}: {exc}") from exc
+    recomputed = await model_cid(combined)
+    if bytes(recomputed) != bytes(top.result):
+        raise RoundVerificationFailed(
+            f"round {top.round}: the regions combine to {recomputed}, record says {top.result}"
+        )
+    return top

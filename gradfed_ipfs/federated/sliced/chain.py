@@ -1,0 +1,466 @@
+"""Chained reduce-scatter: each slice reduced in steps along the roster (issue 14).
+
+The one-level round (:mod:`.reduce_scatter`) has each of N reducers read its slice from each of
+N senders: 2·N² blocks of d/N values a round (N² pieces, N² in the all-gather), and at d = 1M
+that per-block cost, not the bytes, is what grows (N^1.3–1.4 per round at N = 8…64).
+
+Chained (``ReduceScatterConfig(chained=True)``, ``fedavg`` only): the roster is cut into
+``G`` runs of consecutive peers (:func:`~.slices.chain_groups`: ≈ √N, at least 5 slices;
+:func:`~.slices.chain_senders`) and d
+into ``S = ⌈N/G⌉`` slices. Slice ``k`` is reduced in ``G`` steps: step ``(k, j)`` reads slice
+``k`` of group ``j``'s senders, adds them in roster order to the float64 partial sum step
+``(k, j−1)`` left (:func:`~gradfed_ipfs.tensor.deterministic.partial_update`, coefficients
+``w_i / W`` of the whole roster), and puts a
+:class:`~gradfed_ipfs.formats.partials.PartialRecord` (announced as a ``partial`` message of
+index ``k·G + j``); the last step finishes the slice
+(:func:`~gradfed_ipfs.tensor.deterministic.finish_update`) and writes the ordinary
+:class:`~gradfed_ipfs.formats.slices.SliceRecord`. The same float64 operations run in the same
+order as :func:`~gradfed_ipfs.tensor.deterministic.deterministic_update`, so the slice record,
+the model and the round record are byte-identical to the one-level round's (with ``S`` slices):
+checks, verification and resync are unchanged. Blocks a round: N·S pieces, N·S partials and
+N·S results, N^1.5 at G = √N; bytes per peer ≈ d (pieces) + 2·d/S (the partial) + d (results).
+Latency: ``G`` sequential steps per slice.
+
+Each step has its own reducer ranking (:func:`~.slices.reducer_rankings` over ``S·G`` steps:
+about one step per peer). A backup takes over step ``(k, j)`` when its better-ranked peers
+have not announced ``reducer_timeout`` after the step's input was ready (for ``j = 0``: half
+of the first steps announced; for ``j > 0``: a valid partial of ``(k, j−1)``). A sender a step
+cannot fetch is ``missing`` in its partial and every later one, so the slice record lists it
+and the next phase excludes it everywhere, as in the one-level round. A partial that is not
+one (garbage values, another step's record) is refused by the step that reads it; when every
+partial announced for ``(k, j−1)`` was refused and none came ``reducer_timeout`` after, step
+``j`` computes ``(k, j−1)`` itself (its backups saw a record and stood aside).
+
+A lie anywhere in a chain makes the slice result wrong, which the check step catches
+(:mod:`.reduce_scatter_check`). The checker then recomputes the slice from the contribution
+blocks and, with the same rows, every partial sum of the chain (:meth:`ChainSteps._blame`):
+the announced partial of the earliest step whose values differ from the recomputed ones is
+the lie (it was built on right values, or on values never announced), so its announcer, not
+the honest steps after it, is named in the fraud record (``claimed`` = that partial record).
+:func:`~.chain_proof.partial_fraud_fits` is what a fraud record naming a partial must fit
+(checked with every record, like a one-level fraud record);
+:func:`~.chain_proof.check_partial_frauds` re-checks its values from the contributions when a
+round is recomputed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, cast
+
+import numpy as np
+from multiformats import CID
+
+from ..._types import FloatArray
+from ...errors import (
+    BlockCorrupt,
+    BlockStoreError,
+    DecodeError,
+    GradientError,
+)
+from ...formats.partials import PartialRecord, partial_blocks, partial_values
+from ...formats.roster import Roster, RosterEntry
+from ...formats.slices import SliceMessage, SliceRecord
+from ...storage.base import Block, put_many
+from ...tensor.deterministic import finish_update
+from .config import ReduceScatterConfig, SliceWork
+from .plan import chain_senders, chain_sum, plan_slices, reducer_rankings
+from .transport import CountingStore, MemorySliceBoard
+
+__all__ = ["ChainSteps"]
+
+logger = logging.getLogger("gradfed_ipfs.federated.reduce_scatter")
+
+_Loaded = tuple[CID, PartialRecord, np.ndarray]
+
+
+class ChainSteps:
+    """The chained steps of :class:`~.reduce_scatter.ReduceScatterPeer` (a mixin: its state)."""
+
+    peer: str
+    store: CountingStore
+    board: MemorySliceBoard
+    config: ReduceScatterConfig
+    lie: float
+    silent: bool
+    _records_read: dict[bytes, Block]
+    _unfetchable: set[str]
+    _replaced: set[str]
+    _garbage: dict[str, str]
+    _groups: int
+    _heard_upto: int
+    _heard_missing: dict[int, set[str]]
+
+    # ReduceScatterPeer's: fetch a step's rows; the ranked announcements of a step; wait for
+    # this peer's turn at a step; put a slice's result and record; keep and announce it.
+    _rows: Callable[[Roster, SliceWork, FloatArray, int, set[str]], Coroutine[Any, Any, None]]
+    _records: Callable[[CID, int, SliceWork], list[SliceMessage]]
+    _my_turn: Callable[
+        [CID, int, SliceWork, Callable[[], bool], Callable[[], set[str]]],
+        Coroutine[Any, Any, bool],
+    ]
+    _commit_slice: Callable[
+        [Roster, CID, SliceWork, FloatArray, set[str], float],
+        Coroutine[Any, Any, tuple[Block, FloatArray]],
+    ]
+    _announce_slice: Callable[[CID, int, int, Block, FloatArray], Coroutine[Any, Any, None]]
+
+    def _chains(
+        self, roster: Roster, roster_cid: CID, d: int, groups: int
+    ) -> list[list[SliceWork]]:
+        """Return every slice's ``groups`` steps, in chain order (the last writes the record)."""
+        peers = roster.peers
+        self._groups = groups
+        self._heard_upto, self._heard_missing = 0, {}  # _reported_missing's reading of the board
+        count = -(-len(peers) // groups)
+        rankings = reducer_rankings(bytes(roster_cid), count * groups, peers)
+        senders = chain_senders(peers, groups)
+        self._partials: dict[bytes, np.ndarray] = {}  # this peer's own partial sums, by CID
+        return [
+            [
+                SliceWork(
+                    k,
+                    offset,
+                    length,
+                    rankings[k * groups + j],
+                    senders=senders[j],
+                    step=k * groups + j if j < groups - 1 else None,
+                    j=j,
+                )
+                for j in range(groups)
+            ]
+            for k, (offset, length) in enumerate(plan_slices(d, count, self.config.chunk_bytes))
+        ]
+
+    async def _serve_step(
+        self,
+        roster: Roster,
+        roster_cid: CID,
+        base: FloatArray,
+        own: FloatArray,
+        chain: list[SliceWork],
+        j: int,
+        phase: int,
+        exclude: set[str],
+        level: list[SliceWork],
+    ) -> None:
+        """Run step ``j`` of a chain in ``phase`` if no better-ranked peer did in time.
+
+        ``level`` is step ``j`` of every chain. A backup's clock starts once the step's input
+        is announced and half of its level is: a step slow for a reason all share (a sender
+        that makes every step of its group wait ``fetch_timeout``) is not taken over by backups
+        that would wait for the same sender.
+        """
+        step = chain[j]
+
+        def ready() -> bool:  # (announced: a backup loads the input only if it takes over)
+            if j and not self._records(roster_cid, phase, chain[j - 1]):
+                return False
+            heard = sum(1 for s in level if self._records(roster_cid, phase, s))
+            return heard >= (len(level) + 1) // 2
+
+        def gone() -> set[str]:
+            known = self._unfetchable | self._replaced | exclude
+            return known | self._reported_missing(roster, roster_cid, phase)
+
+        if not await self._my_turn(roster_cid, phase, step, ready, gone):
+            return
+        await self._compute_step(roster, roster_cid, base, own, chain, j, phase, exclude)
+
+    async def _compute_step(
+        self,
+        roster: Roster,
+        roster_cid: CID,
+        base: FloatArray,
+        own: FloatArray,
+        chain: list[SliceWork],
+        j: int,
+        phase: int,
+        exclude: set[str],
+    ) -> _Loaded | None:
+        """Compute and announce step ``j`` of a chain; return its partial sum.
+
+        ``None`` for the last step, which writes the slice record instead.
+        """
+        step = chain[j]
+        # The rows are fetched while the previous step runs: a chain costs one fetch, not G.
+        rows = asyncio.create_task(
+            self._step_rows(roster, roster_cid, phase, step, own, base.size, exclude)
+        )
+        try:
+            prev = None
+            if j:
+
+                def rebuild() -> Coroutine[Any, Any, _Loaded | None]:
+                    return self._compute_step(
+                        roster, roster_cid, base, own, chain, j - 1, phase, exclude
+                    )
+
+                prev = await self._prev(roster_cid, phase, chain[j - 1], exclude, rebuild)
+            await rows
+        finally:
+            if not rows.done():
+                rows.cancel()
+                await asyncio.gather(rows, return_exceptions=True)
+        used = [e for e in roster.entries if e.peer not in exclude]
+        weight_sum = sum(e.weight for e in used)
+        group = [e for e in used if e.peer in cast(frozenset[str], step.senders)]
+        group = [e for e in group if e.peer not in step.failed]
+        acc = chain_sum(
+            None if prev is None else prev[2],
+            [step.rows[e.peer] for e in group],
+            [e.weight for e in group],
+            weight_sum,
+            step.length,
+        )
+        missing = set(exclude) | step.failed | set(() if prev is None else prev[1].missing)
+        if step.step is not None:
+            return await self._put_partial(
+                roster_cid, phase, step, prev, group, missing, weight_sum, acc
+            )
+        await self._put_slice(roster, roster_cid, phase, step, base, acc, missing)
+        return None
+
+    async def _step_rows(
+        self,
+        roster: Roster,
+        roster_cid: CID,
+        phase: int,
+        step: SliceWork,
+        own: FloatArray,
+        d: int,
+        exclude: set[str],
+    ) -> None:
+        """Fetch a step's rows, not waiting for a sender reported missing in ``phase``.
+
+        Such a sender is missing from this step too (the next phase excludes it anyway).
+        One-level reducers each fetch from every sender, so each learns a dead sender from its
+        own fetch at once; a step fetches only its group, and a backup that took over a dead
+        peer's step would otherwise wait a second ``fetch_timeout`` for that peer's rows.
+        """
+
+        def wanted() -> set[str]:
+            group = cast(frozenset[str], step.senders) - exclude - step.failed
+            return set(group) - set(step.rows) - {self.peer}
+
+        def reported() -> set[str]:
+            return wanted() & self._reported_missing(roster, roster_cid, phase)
+
+        step.failed |= reported()  # known before this step starts: not asked at all
+        self._unfetchable |= step.failed
+        fetch = asyncio.create_task(self._rows(roster, step, own, d, exclude))
+        watch = asyncio.create_task(
+            self.board.wait_for(lambda: bool(reported()), self.config.phase_timeout)
+        )
+        try:
+            await asyncio.wait({fetch, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if not fetch.done() and reported():
+                fetch.cancel()
+                await asyncio.gather(fetch, return_exceptions=True)
+                step.failed |= reported()
+                self._unfetchable |= step.failed
+                await self._rows(roster, step, own, d, exclude)  # the others still wanted
+            else:
+                await fetch
+        finally:
+            for task in (fetch, watch):
+                task.cancel()
+            await asyncio.gather(fetch, watch, return_exceptions=True)
+
+    def _reported_missing(self, roster: Roster, roster_cid: CID, phase: int) -> set[str]:
+        """Senders a roster peer's partial or slice record of ``phase`` lists ``missing``.
+
+        Read from the records' inline bytes as the board grows (each message once).
+        """
+        messages = self.board.messages
+        if self._heard_upto > len(messages):  # the board forgot other rounds: read it again
+            self._heard_upto, self._heard_missing = 0, {}
+        members = set(roster.peers)
+        for message in messages[self._heard_upto :]:
+            if (
+                message.kind not in ("partial", "slice")
+                or message.block is None
+                or message.roster != roster_cid
+                or message.sender not in members
+            ):
+                continue
+            kind = PartialRecord if message.kind == "partial" else SliceRecord
+            with contextlib.suppress(DecodeError, BlockCorrupt):
+                record = kind.from_block(Block.from_parts(cast(CID, message.cid), message.block))
+                self._heard_missing.setdefault(message.phase, set()).update(record.missing)
+        self._heard_upto = len(messages)
+        return self._heard_missing.get(phase, set())
+
+    async def _put_partial(
+        self,
+        roster_cid: CID,
+        phase: int,
+        step: SliceWork,
+        prev: _Loaded | None,
+        group: list[RosterEntry],
+        missing: set[str],
+        weight_sum: int,
+        acc: np.ndarray,
+    ) -> _Loaded:
+        if self.lie:
+            acc = acc + self.lie
+        blocks = partial_blocks(acc)
+        await put_many(self.store, blocks, pin=False)  # transient: a round's retention drops it
+        record = PartialRecord(
+            roster=roster_cid,
+            k=step.k,
+            j=step.j,
+            groups=self._groups,
+            offset=step.offset,
+            length=step.length,
+            prev=None if prev is None else prev[0],
+            inputs=tuple((e.peer, e.contribution) for e in group),
+            missing=tuple(sorted(missing)),
+            weight_sum=weight_sum,
+            values=tuple(b.cid for b in blocks),
+        )
+        block = record.to_block()
+        await self.store.put(block, pin=False)
+        self._partials[bytes(block.cid)] = acc
+        await self.board.publish(
+            SliceMessage(
+                "partial", self.peer, roster_cid, phase, cast(int, step.step), block.cid,
+                block=block.data,
+            )
+        )  # fmt: skip
+        return block.cid, record, acc
+
+    async def _put_slice(
+        self,
+        roster: Roster,
+        roster_cid: CID,
+        phase: int,
+        step: SliceWork,
+        base: FloatArray,
+        acc: np.ndarray,
+        missing: set[str],
+    ) -> None:
+        values = finish_update(
+            acc, base[step.offset : step.offset + step.length], self.config.learning_rate
+        )
+        block, values = await self._commit_slice(
+            roster, roster_cid, step, values, missing, self.lie
+        )
+        await self._announce_slice(roster_cid, phase, step.k, block, values)
+
+    async def _prev(
+        self,
+        roster_cid: CID,
+        phase: int,
+        step: SliceWork,
+        exclude: set[str],
+        rebuild: Callable[[], Coroutine[Any, Any, _Loaded | None]],
+    ) -> _Loaded:
+        """Wait for the best-ranked valid partial sum of ``step`` in ``phase``.
+
+        When every partial announced for ``step`` was refused (garbage, or not this step's) and
+        none came for ``reducer_timeout`` after, this peer computes ``step`` itself
+        (``rebuild()``, recursively for a garbage step before it): its backups saw a record
+        and stood aside, so one member's bytes would otherwise stall the slice.
+
+        Raises
+        ------
+        TimeoutError
+            If none arrived within ``phase_timeout``.
+        """
+        tried: set[bytes] = set()
+        deadline = time.monotonic() + self.config.phase_timeout
+
+        def untried() -> list[SliceMessage]:
+            return [
+                m for m in self._records(roster_cid, phase, step) if bytes(cast(CID, m.cid))
+                not in tried
+            ]  # fmt: skip
+
+        while True:
+            for message in untried():
+                tried.add(bytes(cast(CID, message.cid)))
+                loaded = await self._load_partial(message, roster_cid, step)
+                if loaded is not None and set(exclude) <= set(loaded[1].missing):
+                    if message.sender != step.ranking[0]:
+                        self._replaced.add(step.ranking[0])
+                    return loaded
+            left = deadline - time.monotonic()
+            wait = min(left, self.config.reducer_timeout) if tried else left
+            if left > 0 and await self.board.wait_for(lambda: bool(untried()), wait):
+                continue
+            if tried and left > 0:  # every announced partial refused, and no other came
+                logger.warning("slice %d step %d: partials refused; computing it", step.k, step.j)
+                built = await rebuild()
+                if built is not None:
+                    return built
+            raise TimeoutError(
+                f"phase {phase}: no partial sum of slice {step.k} step {step.j} arrived"
+            )
+
+    async def _load_partial(
+        self, message: SliceMessage, roster_cid: CID, step: SliceWork
+    ) -> _Loaded | None:
+        """Return an announced partial sum of ``step`` with its values; ``None`` if it is not."""
+        cid = cast(CID, message.cid)
+        try:
+            block = None
+            if message.block is not None:
+                with contextlib.suppress(BlockCorrupt):
+                    block = Block.from_parts(cid, message.block)
+            if block is None:
+                block = await self.store.get(cid, timeout=self.config.fetch_timeout)
+            record = PartialRecord.from_block(block)
+            place = (record.roster, record.k, record.j, record.groups, record.offset, record.length)
+            if place != (roster_cid, step.k, step.j, self._groups, step.offset, step.length):
+                self._garbage[message.sender] = f"partial {cid} is not step {step.step}'s"
+                return None
+            values = self._partials.get(bytes(cid))
+            if values is None:
+                blocks = await asyncio.gather(
+                    *(self.store.get(c, timeout=self.config.fetch_timeout) for c in record.values)
+                )
+                values = partial_values(blocks, record.length)
+                self._partials[bytes(cid)] = values  # a blame read of it fetches nothing again
+        except (BlockStoreError, DecodeError, GradientError, TimeoutError) as exc:
+            logger.warning("partial %s from %s refused: %s", cid, message.sender, exc)
+            if isinstance(exc, DecodeError | GradientError):  # its bytes, not the network
+                self._garbage[message.sender] = f"partial {cid}: {exc}"
+            return None
+        return cid, record, values
+
+    async def _blame(
+        self,
+        roster: Roster,
+        roster_cid: CID,
+        chains: list[list[SliceWork]],
+        phase: int,
+        k: int,
+        rows: dict[str, FloatArray],
+        missing: Sequence[str],
+    ) -> tuple[str, CID] | None:
+        """Return the announcer and CID of the earliest wrong partial of slice ``k``'s chain.
+
+        ``rows`` are every used sender's values of slice ``k`` (the check's recompute);
+        ``None`` if every announced partial is right (the slice record's author lied).
+        """
+        used = [e for e in roster.entries if e.peer not in missing]
+        weight_sum = sum(e.weight for e in used)
+        acc: np.ndarray | None = None
+        for step in chains[k][:-1]:
+            group = [e for e in used if e.peer in cast(frozenset[str], step.senders)]
+            acc = chain_sum(
+                acc, [rows[e.peer] for e in group], [e.weight for e in group], weight_sum,
+                step.length,
+            )  # fmt: skip
+            for message in self._records(roster_cid, phase, step):
+                loaded = await self._load_partial(message, roster_cid, step)
+                if loaded is None or loaded[1].missing != tuple(sorted(missing)):
+                    continue  # refused by every step after it, or of another exclusion set
+                if loaded[2].tobytes() != acc.tobytes():
+                    return message.sender, loaded[0]
+        return None

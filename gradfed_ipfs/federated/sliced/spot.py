@@ -1,0 +1,260 @@
+"""The cheap checks of slice results, run by every peer once all slice records are committed.
+
+:func:`check_slices` returns the slices whose check fails; the caller recomputes each from the
+contribution blocks and proves a lie with a fraud record if the CID differs. Both checks share
+one seed, the hash of all slice-record CIDs (:func:`~.slices.projection_seed`), unknown to every
+reducer when it commits.
+
+``fedavg``: random projections. Every peer publishes ``⟨z_k, g_i[k]⟩`` for every slice ``k``
+(N floats) and checks ``⟨z_k, R_k⟩`` against ``⟨z_k, base_k⟩ + lr·Σ (w_i/W)⟨z_k, g_i[k]⟩``
+within float32 rounding (:func:`~.slices.projection_tolerance`).
+
+``median`` and ``trimmed_mean``: spot checks. These rules are not linear, but they are
+coordinate-wise, so a slice result can be re-derived exactly at a few coordinates from the
+inputs' values there. For each slice ``k`` of length ``L = d/N`` every peer takes the same
+``s`` distinct coordinates (:func:`spot_indices`, :func:`spot_count`), publishes its own values
+at them (``s·N`` floats in one ``proj`` message: :func:`spot_values`), recomputes the rule
+there from the inputs' published values (:func:`~.slices.reduce_values`, the same formula, so
+an honest slice matches bit for bit) and compares with the slice result.
+
+Detection. A reducer that alters ``m`` of the ``L`` values of its slice escapes the ``s``
+samples with probability ``C(L−m, s) / C(L, s) ≤ (1 − m/L)^s``: at ``s = 64`` about 0.1 %
+when it alters a tenth of the slice, ``10⁻¹⁹`` when it alters half (altering every value, as
+adding ε does, is always caught). The coordinates are the same for every checker (one seed),
+so this is the round's chance, not each peer's. Caveat: the reducer that commits last knows
+every other record; by re-making its lie ``G`` times (each changes the seed) it escapes with
+probability about ``G·(1 − m/L)^s``, so only lies of few values can be ground past the check
+(``(1 − m/L)^64 ≥ 2⁻²⁰`` needs ``m/L ≤ 20 %``). Verification afterwards
+(:func:`~.agreed_history.verify_agreed_round`) catches every lie.
+
+A peer that publishes false values at its own coordinates cannot frame an honest reducer: the
+mismatch costs one slice recompute from the contribution blocks, which gives the honest CID, so
+no fraud record follows. The false values differ from that peer's block at the sampled
+coordinates (its projection from its slice), which is how it is told apart:
+:meth:`SliceCheck.false_publishers` names it, and the round's result lists it in
+``false_values``. It is not excluded from later rosters: its message is not a block anyone can
+re-check, so only the peers that saw it know.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+from multiformats import CID
+from numpy.typing import NDArray
+
+from ..._types import FloatArray
+from ...formats.slices import SliceMessage, SliceRecord
+from .plan import projection, projection_tolerance, projection_vector, reduce_values
+from .transport import MemorySliceBoard
+
+__all__ = [
+    "SPOT_SAMPLES",
+    "SliceCheck",
+    "check_slices",
+    "spot_count",
+    "spot_indices",
+    "spot_values",
+]
+
+SPOT_SAMPLES: Final = 64
+"""Coordinates sampled per slice (fewer when ``s·N`` would exceed one message's 1024 values)."""
+_MAX_VALUES: Final = 1024
+
+
+def spot_count(slices: int) -> int:
+    """Return ``s``, the coordinates sampled per slice for a round of ``slices`` slices."""
+    return max(1, min(SPOT_SAMPLES, _MAX_VALUES // max(1, slices)))
+
+
+def spot_indices(seed: bytes, k: int, length: int, count: int) -> NDArray[np.int64]:
+    """Return ``min(count, length)`` distinct sorted coordinates of slice ``k`` from ``seed``."""
+    rng = np.random.default_rng(
+        int.from_bytes(hashlib.sha256(b"gradfed/spot\0" + seed + k.to_bytes(8, "big")).digest())
+    )
+    chosen = rng.choice(length, size=min(count, length), replace=False)
+    return np.sort(chosen.astype(np.int64))
+
+
+def spot_values(
+    own: FloatArray, ranges: Sequence[tuple[int, int]], indices: Sequence[NDArray[np.int64]]
+) -> tuple[float, ...]:
+    """Return this peer's values at every slice's sampled coordinates, slice by slice."""
+    parts = [own[offset + ix] for (offset, _), ix in zip(ranges, indices, strict=True)]
+    return tuple(float(v) for v in np.concatenate(parts)) if parts else ()
+
+
+async def _exchange(
+    board: MemorySliceBoard,
+    peer: str,
+    roster_cid: CID,
+    mine: tuple[float, ...],
+    inputs: set[str],
+    timeout: float,
+    stall: float | None = None,
+) -> dict[str, tuple[float, ...]]:
+    """Publish this peer's check values; return every sender's first, once ``inputs``' are in.
+
+    A sender gone since its commit publishes none: the wait ends after ``timeout`` s, or
+    (``stall``) once another input's values arrived and then none for ``stall`` s: the values
+    come in a burst once the slices are known, and a straggler's are computed from its blocks.
+    """
+    await board.publish(SliceMessage("proj", peer, roster_cid, cid=None, values=mine))
+
+    def published() -> dict[str, tuple[float, ...]]:
+        found: dict[str, tuple[float, ...]] = {}
+        for m in board.messages:  # a peer's first values count
+            if m.kind == "proj" and m.roster == roster_cid and len(m.values) == len(mine):
+                found.setdefault(m.sender, m.values)
+        return found
+
+    others = inputs - {peer}
+
+    def progress() -> tuple[int, bool]:
+        """How many other inputs' values are in, and whether every input's is."""
+        found = set(published())
+        return len(others & found), inputs <= found
+
+    deadline = time.monotonic() + timeout
+    count, complete = progress()
+    while not complete:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        window = left if stall is None or count == 0 else min(left, stall)
+        last = count
+
+        def moved(last: int = last) -> bool:
+            n, done = progress()
+            return n > last or done
+
+        await board.wait_for(moved, window)
+        count, complete = progress()
+        if not complete and count == last and window < left:
+            break  # no progress for ``stall`` s: the rest are not waited for
+    return published()
+
+
+@dataclass(frozen=True)
+class SliceCheck:
+    """What :func:`check_slices` found: failed slices, and every sender's published values."""
+
+    suspects: list[int]
+    """Slices whose check failed (the caller recomputes them)."""
+    published: Mapping[str, tuple[float, ...]]
+    zs: Sequence[NDArray[np.float64]]
+    """Fedavg: each slice's projection vector (empty for the robust rules)."""
+    indices: Sequence[NDArray[np.int64]]
+    """Robust rules: each slice's sampled coordinates (empty for fedavg)."""
+    starts: Sequence[int]
+    """Robust rules: where each slice's values begin in a sender's published values."""
+
+    def false_publishers(self, k: int, rows: Mapping[str, FloatArray]) -> list[str]:
+        """Senders whose published values for slice ``k`` are not those of their slice ``rows``.
+
+        ``rows`` are the inputs' slice-``k`` values as fetched from their contribution blocks
+        (a recompute's). A projection is compared within float64 summation slack, a spot value
+        exactly.
+        """
+        false = []
+        for peer, row in rows.items():
+            said = self.published.get(peer)
+            if said is None:
+                continue
+            if self.zs:
+                z = self.zs[k]
+                slack = 2.0**-40 * projection(np.abs(z), np.abs(row)) + 1e-12
+                if abs(said[k] - projection(z, row)) > slack:
+                    false.append(peer)
+                continue
+            ix, start = self.indices[k], self.starts[k]
+            values = np.asarray(said[start : start + len(ix)], np.float32)
+            if values.tobytes() != np.ascontiguousarray(row[ix], np.float32).tobytes():
+                false.append(peer)
+        return sorted(false)
+
+
+async def check_slices(
+    board: MemorySliceBoard,
+    peer: str,
+    roster_cid: CID,
+    weights: Mapping[str, int],
+    base: FloatArray,
+    own: FloatArray,
+    ranges: Sequence[tuple[int, int]],
+    records: Sequence[SliceRecord],
+    results: Sequence[FloatArray],
+    *,
+    seed: bytes,
+    rule: str,
+    learning_rate: float,
+    timeout: float,
+    fetch_absent: Callable[[set[str]], Awaitable[dict[str, FloatArray]]] | None = None,
+    silent: frozenset[str] = frozenset(),
+    stall: float | None = None,
+) -> SliceCheck:
+    """Publish this peer's check values, wait for the inputs', return the slices that fail.
+
+    ``ranges`` are the slices' ``(offset, length)``; ``records`` and ``results`` their chosen
+    slice records and result values (float32, ``length`` each); ``rule`` is the round's (not
+    the records': a lying record may name another); ``weights`` the roster's. Waits at most
+    ``timeout`` s. An input that published no values (gone since its commit, or withholding
+    them so that a colluding reducer's slice goes unchecked) is fetched whole with
+    ``fetch_absent`` (names → d float32 values each; fetches that fail are left out) and its
+    values computed here; a slice an input still has no values for is not checked. Inputs in
+    ``silent`` (reducers whose slice another peer had to take over: likely gone) are not waited
+    for when ``fetch_absent`` is given, nor, with ``stall``, inputs still silent ``stall`` s
+    after the last other input's values arrived (a peer dead since it announced its slice).
+    """
+    zs: list[NDArray[np.float64]] = []
+    indices: list[NDArray[np.int64]] = []
+    starts: list[int] = []
+    if rule == "fedavg":
+        zs = [projection_vector(seed, k, n) for k, (_, n) in enumerate(ranges)]
+    else:
+        count = spot_count(len(ranges))
+        indices = [spot_indices(seed, k, n, count) for k, (_, n) in enumerate(ranges)]
+        starts = [int(x) for x in np.cumsum([0, *(len(ix) for ix in indices)])]
+
+    def values_of(vector: FloatArray) -> tuple[float, ...]:
+        """Return the check values an honest sender of ``vector`` (d values) publishes."""
+        if rule == "fedavg":
+            return tuple(
+                projection(z, vector[o : o + n]) for z, (o, n) in zip(zs, ranges, strict=True)
+            )
+        return spot_values(vector, ranges, indices)
+
+    inputs = {name for record in records for name, _ in record.inputs}
+    awaited = inputs - silent if fetch_absent is not None else inputs
+    stall = stall if fetch_absent is not None else None  # else waiting is the only way
+    seen = await _exchange(board, peer, roster_cid, values_of(own), awaited, timeout, stall)
+    absent = inputs - set(seen)
+    if absent and fetch_absent is not None:
+        seen = {**seen, **{name: values_of(v) for name, v in (await fetch_absent(absent)).items()}}
+    suspects = []
+    for k, ((lo, n), record) in enumerate(zip(ranges, records, strict=True)):
+        names = [name for name, _ in record.inputs]
+        if not all(name in seen for name in names):
+            continue  # unverifiable without every input's values: kept as announced
+        if rule == "fedavg":
+            z, total = zs[k], sum(weights[name] for name in names)
+            expected = projection(z, base[lo : lo + n]) + learning_rate * sum(
+                (weights[name] / total) * seen[name][k] for name in names
+            )
+            got = projection(z, results[k])
+            if abs(got - expected) > projection_tolerance(z, results[k], base[lo : lo + n]):
+                suspects.append(k)
+            continue
+        ix, a, b = indices[k], starts[k], starts[k + 1]
+        rows = [np.asarray(seen[name][a:b], np.float32) for name in names]
+        want = reduce_values(
+            rule, base[lo + ix], rows, [weights[name] for name in names], learning_rate
+        )
+        if want.tobytes() != np.ascontiguousarray(results[k][ix]).tobytes():
+            suspects.append(k)
+    return SliceCheck(suspects, seen, zs, indices, starts)

@@ -1,0 +1,260 @@
+"""Reduce-scatter I/O helpers: slice boards, a download-counting store, ranged fetches.
+
+* :class:`MemorySliceBoard`: one in-process board shared by peers simulated in one process;
+  :class:`PubsubSliceBoard`: one peer's board over pubsub (``from`` names the sender).
+* :class:`CountingStore`: counts the bytes ``get`` returns (a peer's downloads).
+* :func:`fetch_range`: values ``offset … offset+length`` of a gradient, fetching only the chunks
+  of its DAG that cover them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+
+import numpy as np
+from multiformats import CID
+
+from ..._types import CIDLike, FloatArray
+from ...block import Block
+from ...cid import RAW, parse_cid
+from ...errors import (
+    BlockStoreError,
+    DecodeError,
+    DimensionMismatch,
+    GradientError,
+    MalformedAnnouncement,
+)
+from ...formats.pubsub import PubsubMessage
+from ...formats.slices import SliceMessage
+from ...kubo.pubsub import PubsubTransport
+from ...storage.base import UNSET, BlockStore, StoreWrapper, Unset
+from ...storage.dag import (
+    DEFAULT_CONCURRENCY,
+    ChunkRef,
+    fetch_chunks,
+    fetch_gradient,
+    fetch_manifest,
+)
+from ..exchange.announcer import Reannouncer
+
+__all__ = [
+    "CountingStore",
+    "MemorySliceBoard",
+    "PubsubSliceBoard",
+    "fetch_range",
+    "fetch_whole",
+]
+
+
+def _key(cid: CID) -> tuple[int, bytes]:
+    """Return a cheap dictionary key of a CID (``bytes(cid)`` re-validates varints: ~3 µs)."""
+    return cid.codec.code, cid.digest
+
+
+def _identity(m: SliceMessage) -> tuple[object, ...]:
+    """Return what makes two messages the same (CIDs as keys: encoding them as text is slow)."""
+    cid = None if m.cid is None else _key(m.cid)
+    return (m.sender, m.kind, _key(m.roster), m.phase, m.k, cid, m.values)
+
+
+class MemorySliceBoard:
+    """In-process board: every message reaches every peer, in publication order.
+
+    A message heard again (a re-publication) is dropped; :meth:`forget` drops other rounds'.
+    """
+
+    def __init__(self) -> None:
+        self.messages: list[SliceMessage] = []
+        self._seen: set[tuple[object, ...]] = set()
+        self._slices: dict[tuple[tuple[int, bytes], int, int, str], list[SliceMessage]] = {}
+        self._filled: dict[tuple[tuple[int, bytes], int], int] = {}
+        self._changed = asyncio.Condition()
+
+    def records(self, roster: CID, phase: int, k: int, kind: str = "slice") -> list[SliceMessage]:
+        """Return the ``slice`` (or ``partial``) messages of ``k`` in ``phase`` of a roster."""
+        return self._slices.get((_key(roster), phase, k, kind), [])
+
+    def filled(self, roster: CID, phase: int) -> int:
+        """Return how many slices of ``phase`` of a roster have at least one record."""
+        return self._filled.get((_key(roster), phase), 0)
+
+    async def publish(self, message: SliceMessage) -> None:
+        """Post ``message`` to every peer."""
+        await self._add(message)
+
+    def forget(self, keep: CID) -> None:
+        """Drop every message that is not about roster ``keep`` (earlier rounds')."""
+        self.messages = [m for m in self.messages if m.roster == keep]
+        self._seen = {_identity(m) for m in self.messages}
+        self._slices = {key: v for key, v in self._slices.items() if key[0] == _key(keep)}
+        self._filled = {key: v for key, v in self._filled.items() if key[0] == _key(keep)}
+
+    async def _add(self, message: SliceMessage) -> None:
+        heard = _identity(message)
+        if heard in self._seen:
+            return
+        async with self._changed:
+            self._seen.add(heard)
+            self.messages.append(message)
+            if message.kind in ("slice", "partial"):
+                key = (_key(message.roster), message.phase, message.k, message.kind)
+                if key not in self._slices and message.kind == "slice":
+                    self._filled[key[:2]] = self._filled.get(key[:2], 0) + 1
+                self._slices.setdefault(key, []).append(message)
+            self._changed.notify_all()
+
+    async def wait_for(self, ready: Callable[[], bool], timeout: float) -> bool:
+        """Wait until ``ready()`` holds (re-checked on each message); ``False`` on timeout."""
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait_for(ready), timeout)
+            except TimeoutError:
+                return ready()
+        return True
+
+
+class PubsubSliceBoard(MemorySliceBoard):
+    """One peer's board over pubsub: what it publishes, plus what it hears from others.
+
+    Messages carry no sender; pubsub's authenticated ``from`` is used, so a peer cannot speak
+    for another. Malformed messages are dropped. Use as ``async with``: it listens meanwhile.
+    Without an ``announcer`` lost messages are not re-published (a lost ``slice`` costs a
+    takeover, a lost ``proj`` leaves slices unverified); with one (a running
+    :class:`~.announcer.Reannouncer` on ``topic``) each message is re-published until
+    :meth:`forget` drops its round.
+    """
+
+    def __init__(
+        self,
+        transport: PubsubTransport,
+        topic: str,
+        peer: str,
+        *,
+        announcer: Reannouncer | None = None,
+    ) -> None:
+        super().__init__()
+        self.transport = transport
+        self.topic = topic
+        self.peer = peer
+        self.announcer = announcer
+        self._posted: dict[str, bytes] = {}  # re-announcement key -> roster CID bytes
+        self._count = 0
+        self._listener: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> PubsubSliceBoard:
+        messages = self.transport.subscribe(self.topic)
+        self._listener = asyncio.create_task(self._listen(messages))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            await asyncio.gather(self._listener, return_exceptions=True)
+
+    async def _listen(self, messages: AsyncIterator[PubsubMessage]) -> None:
+        async for message in messages:
+            if message.from_peer == self.peer:
+                continue  # our own, already added when published
+            try:
+                await self._add(SliceMessage.decode(message.data, message.from_peer))
+            except MalformedAnnouncement:
+                continue  # a hostile or broken peer's bytes: dropped, the round goes on
+
+    async def publish(self, message: SliceMessage) -> None:
+        """Publish ``message`` on the topic and add it to this peer's view."""
+        await self._add(message)
+        if self.announcer is None:
+            await self.transport.publish(self.topic, message.encode())
+            return
+        self._count += 1
+        key = f"slice-board/{self._count}"
+        self._posted[key] = bytes(message.roster)
+        await self.announcer.post(key, message.encode())
+
+    def forget(self, keep: CID) -> None:
+        """Drop other rounds' messages and stop re-publishing this peer's about them."""
+        super().forget(keep)
+        if self.announcer is not None:
+            for key, roster in list(self._posted.items()):
+                if roster != bytes(keep):
+                    self.announcer.withdraw(key)
+                    del self._posted[key]
+
+
+class CountingStore(StoreWrapper):
+    """A :class:`BlockStore` wrapper counting the bytes its ``get`` returns (downloads)."""
+
+    def __init__(self, inner: BlockStore) -> None:
+        super().__init__(inner)
+        self.downloaded = 0
+
+    async def get(self, cid: CIDLike, *, timeout: float | Unset = UNSET) -> Block:
+        """Return the verified block and count its bytes."""
+        block = await self.store.get(cid, timeout=timeout)
+        self.downloaded += len(block.data)
+        return block
+
+
+async def fetch_range(
+    store: BlockStore,
+    cid: CIDLike,
+    offset: int,
+    length: int,
+    d: int,
+    *,
+    timeout: float | Unset = UNSET,
+    concurrency: int = DEFAULT_CONCURRENCY,
+) -> FloatArray:
+    """Fetch values ``offset … offset+length`` of a d-value gradient: only the covering chunks.
+
+    Raises
+    ------
+    DimensionMismatch
+        If the gradient does not hold ``d`` values.
+    BlockStoreError, DecodeError
+        If a block is missing, corrupt or malformed (see :func:`fetch_gradient`).
+    """
+    parsed = parse_cid(cid)
+    stop = offset + length
+    if parsed.codec.code == RAW:
+        whole = await fetch_gradient(store, parsed, timeout=timeout, expected_length=d)
+        return np.ascontiguousarray(whole.reshape(-1)[offset:stop])
+    # Only the covering chunks' links are decoded: a reducer reads N−1 manifests of N links.
+    partial = await fetch_manifest(
+        store, parsed, timeout=timeout, max_length=d, window=(offset, stop)
+    )
+    if partial.length != d:
+        raise DimensionMismatch([d], [partial.length])
+    out = np.empty(length, dtype=np.float32)
+
+    def into(ref: ChunkRef, values: FloatArray) -> None:
+        lo, hi = max(ref.offset, offset), min(ref.stop, stop)
+        out[lo - offset : hi - offset] = values[lo - ref.offset : hi - ref.offset]
+
+    await fetch_chunks(
+        store, partial, into, concurrency=concurrency, timeout=timeout, manifest_cid=parsed
+    )
+    return out
+
+
+async def fetch_whole(
+    store: BlockStore, contributions: dict[str, CID], d: int, timeout: float
+) -> dict[str, FloatArray]:
+    """Fetch whole d-value contributions by sender, concurrently; a failed one is left out.
+
+    For the check of inputs that published no check values (:func:`~.slice_check.check_slices`):
+    a failure is logged, not raised (those inputs' slices then stay unchecked).
+    """
+
+    async def one(name: str, cid: CID) -> tuple[str, FloatArray | None]:
+        try:
+            values = await fetch_gradient(store, cid, timeout=timeout, expected_length=d)
+        except (BlockStoreError, DecodeError, GradientError, TimeoutError) as exc:
+            logging.getLogger(__name__).warning("contribution of %s unavailable: %s", name, exc)
+            return name, None
+        return name, values.reshape(-1)
+
+    fetched = await asyncio.gather(*(one(n, c) for n, c in sorted(contributions.items())))
+    return {name: values for name, values in fetched if values is not None}

@@ -1,0 +1,98 @@
+"""Reduce-scatter agreed rounds over three real Kubo daemons (bitswap and pubsub between them)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from gradfed_ipfs import AgreedConfig, AgreedRoundResult, AgreedSession, verify_agreed_history
+from gradfed_ipfs.federated.sliced.peer import CountingStore
+from gradfed_ipfs.kubo import KuboPubsub
+from gradfed_ipfs.storage import KuboBlockStore
+
+D = 196_608  # 13 chunks of 64 KiB
+CHUNK = 65_536
+SETTINGS = {
+    "collect_timeout": 5.0,
+    "takeover_timeout": 3.0,
+    "round_timeout": 60.0,
+    "done_timeout": 5.0,
+    "announce_interval": 0.1,
+    "fetch_timeout": 20.0,
+    # A backup reducer that takes over re-fetches a slice of every input (d/3 values each): at
+    # 3 s that happened under a loaded CI run and broke the byte bound below.
+    "reducer_timeout": 15.0,
+    "chunk_bytes": CHUNK,
+    "learning_rate": 0.25,
+}
+
+
+async def one_round(
+    nodes,
+    name: str,
+    aggregation: str,  # type: ignore[no-untyped-def]
+) -> tuple[list[AgreedRoundResult], list[int], object, KuboBlockStore]:
+    """Run one agreed round of the three nodes; return results, per-peer downloads, genesis."""
+    rng = np.random.default_rng(41)
+    model = rng.standard_normal(D).astype(np.float32)
+    members = tuple(n.peer_id for n in nodes)
+    config = AgreedConfig(members=members, aggregation=aggregation, **SETTINGS)  # type: ignore[arg-type]
+    stores = [KuboBlockStore(n.api_url, timeout=30.0) for n in nodes]
+    pubsubs = [KuboPubsub(n.api_url) for n in nodes]
+    counting = [CountingStore(s) for s in stores]
+    sessions: list[AgreedSession] = []
+    try:
+        genesis = await AgreedSession.commit_genesis(stores[0], model)
+        for store, pubsub in zip(counting, pubsubs, strict=True):
+            session = AgreedSession(store, pubsub, name, genesis, config)  # type: ignore[arg-type]
+            sessions.append(session)
+            await session.start(model)
+            store.downloaded = 0
+        grads = {p: np.random.default_rng([i, 7]).standard_normal(D).astype(np.float32)
+                 for i, p in enumerate(sorted(members))}  # fmt: skip
+        results = await asyncio.gather(
+            *(s.run_round(grads[s.peer_id], weight=1 + i) for i, s in enumerate(sessions))
+        )
+        for session in sessions:
+            await session.aclose()
+        return list(results), [c.downloaded for c in counting], genesis, stores[1]
+    finally:
+        for session in sessions:
+            await session.aclose()
+        for pubsub in pubsubs:
+            await pubsub.aclose()
+        for store in stores[:1] + stores[2:]:
+            await store.aclose()
+
+
+@pytest.mark.kubo
+async def test_reduce_scatter_agreed_round_over_kubo_equals_all_to_all_and_downloads_less(
+    kubo_swarm3,  # type: ignore[no-untyped-def]
+) -> None:
+    sliced, rs_bytes, genesis, store = await one_round(kubo_swarm3, "rs-kubo", "reduce-scatter")
+    try:
+        assert {r.aggregation for r in sliced} == {"reduce-scatter"}
+        assert len({r.record for r in sliced}) == 1
+        assert all(len(r.slices) == 3 and not r.missing and not r.liars for r in sliced)
+        # A third daemon's store re-verifies the round from its record CID alone.
+        records = await verify_agreed_history(
+            store,
+            sliced[0].record,
+            session="rs-kubo",
+            genesis=genesis,  # type: ignore[arg-type]
+        )
+        assert records[0].slices == sliced[0].slices
+    finally:
+        await store.aclose()
+    whole, a2a_bytes, _, other = await one_round(kubo_swarm3, "a2a-kubo", "all-to-all")
+    await other.aclose()
+    assert {r.model for r in sliced} == {r.model for r in whole} == {whole[0].model}
+    for rs, a2a in zip(rs_bytes, a2a_bytes, strict=True):
+        assert a2a >= 2 * D * 4  # two other whole gradients
+        # The slice plan gives 4/3·d·4 B (1.05-1.19 MB: 13 chunks split 5/4/4) plus manifests
+        # and records; about one run in seven a peer fetched 2-3 chunks more (1.29-1.37 MB, not
+        # yet explained). The bound is issue 14's per-peer goal, and clearly under all-to-all.
+        assert rs <= 2.5 * D * 4
+        assert rs <= 0.9 * a2a
