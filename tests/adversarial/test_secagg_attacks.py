@@ -18,8 +18,8 @@ from gradfed_ipfs.federated.secagg import FixedPoint
 from gradfed_ipfs.federated.secagg.messages import EncryptedShare
 from gradfed_ipfs.federated.secagg_round import peer as round_secagg
 from gradfed_ipfs.federated.secagg_round.peer import SecureRoundConfig, SecureRoundResult
-from tests.federated.secagg_round.test_round import AGG, inputs_for, make_peers
 from tests.federated.secagg.test_secure_aggregation import rb, tolerance
+from tests.federated.secagg_round.test_round import AGG, inputs_for, make_peers
 
 # Attacks where the aggregator ends up waiting out its timeouts use FAST; rounds that complete use
 # SLACK, which costs nothing when every party answers (waits end on the last message).

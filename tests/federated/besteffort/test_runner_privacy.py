@@ -30,8 +30,8 @@ from gradfed_ipfs.federated.secagg import FixedPoint
 from gradfed_ipfs.federated.secagg_round.peer import SecureRoundPeer
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
 from tests.federated.besteffort.test_dp_round import DELTA, make_dp, reference_epsilon
-from tests.federated.secagg_round.test_round import RecordingStore
 from tests.federated.secagg.test_secure_aggregation import rb, tolerance
+from tests.federated.secagg_round.test_round import RecordingStore
 
 D = 2_000
 SESSION = "private-sess"

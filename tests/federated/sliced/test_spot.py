@@ -23,8 +23,8 @@ from gradfed_ipfs.formats.slices import FraudRecord, SliceRecord
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore, put_gradient
 from gradfed_ipfs.tensor.aggregation import Median
-from tests.federated.sliced.test_peer import CHUNK, LR, Round, make_round
 from tests.federated.agreed.test_sliced import Peers, gradient, initial_model
+from tests.federated.sliced.test_peer import CHUNK, LR, Round, make_round
 
 
 class PartialLiar(ReduceScatterPeer):
