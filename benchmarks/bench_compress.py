@@ -30,7 +30,6 @@ import numpy as np
 
 from gradfed_ipfs.tensor import (
     Contribution,
-    FedAvg,
     GradientCompressor,
     Int8,
     Krum,
@@ -38,6 +37,7 @@ from gradfed_ipfs.tensor import (
     MultiKrum,
     NormBounded,
     QuantizedGradient,
+    SampleWeightedMean,
     TopK,
     TrimmedMean,
 )
@@ -171,7 +171,7 @@ def run_aggregators(rng: np.random.Generator, n: int, d: int, repeat: int) -> li
     ]
     # Each rule in its own block (warm, as bench_aggregate): interleaving would time FedAvg
     # right after Median frees its N·d temporaries, i.e. on freshly faulted pages.
-    t_fedavg = best_of(repeat, lambda: FedAvg().aggregate(contributions))
+    t_fedavg = best_of(repeat, lambda: SampleWeightedMean().aggregate(contributions))
     case = f"N={n} d={d:,}"
     lines = [row("agg", case, "FedAvg", t_fedavg * 1e3, t_fedavg * 1e3, "x FedAvg")]
     for name, strategy in strategies:

@@ -6,7 +6,7 @@ peers). Issue 8, scenario 6; ``tests/reliability/test_load.py`` runs a reduced v
 
 Each round, every peer generates its gradient (seeded), commits it to its daemon with a
 ``StreamingAccumulator`` (chunked DAG, pinned), and announces the CID on the session topic (an
-:class:`~gradfed_ipfs.Announcement`, re-published every second until the round ends, as
+:class:`~gradfed_ipfs.formats.Announcement`, re-published every second until the round ends, as
 ``RoundRunner`` does). One subscription per daemon fans the announcements out to that daemon's
 peers. Each peer fetches every other peer's gradient through its own daemon (bitswap moves the
 blocks between daemons), folds it in as the chunks arrive, and finalizes; its aggregate is
@@ -153,7 +153,7 @@ from gradfed_ipfs.kubo.pubsub import KuboPubsub, session_topic
 from gradfed_ipfs.kubo.rpc import DEADLINE_GRACE, KuboRpc
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
 from gradfed_ipfs.storage.dag import put_gradient
-from gradfed_ipfs.tensor.aggregation import FedAvg
+from gradfed_ipfs.tensor.aggregation import SampleWeightedMean
 from gradfed_ipfs.tensor.deterministic import deterministic_update
 
 
@@ -355,7 +355,7 @@ async def _round(c: _Cluster, round_id: int) -> tuple[float, list[tuple[float, n
         store = stores[host[i]]
         accumulator = StreamingAccumulator(
             session,
-            AccumulatorConfig(aggregation=FedAvg(), max_peers=peers, timeout=timeout),
+            AccumulatorConfig(aggregation=SampleWeightedMean(), max_peers=peers, timeout=timeout),
             local_peer_id=names[i],
         )
         cid = await accumulator.commit_local(

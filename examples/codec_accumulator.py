@@ -1,4 +1,4 @@
-"""An accumulator for :class:`~gradfed_ipfs.RoundRunner` that sends encoded deltas.
+"""An accumulator for the best-effort `RoundRunner` that sends encoded deltas.
 
 ``DistributedGradientAccumulator`` commits dense float32 blocks. This one encodes the local
 delta with a codec behind per-peer error feedback (top-k, int8, ...), commits it as one Arrow
@@ -29,7 +29,7 @@ from gradfed_ipfs.storage.base import BlockStore
 from gradfed_ipfs.tensor.aggregation import (
     AggregationStrategy,
     Contribution,
-    FedAvg,
+    SampleWeightedMean,
     as_float32_vector,
     fedavg,
 )
@@ -119,7 +119,7 @@ async def demo(dim: int = 100_000, ratio: float = 0.01) -> float:
         feedback = ErrorFeedback(TopKInt8(ratio))
 
         def factory(peer: str = peer, feedback: ErrorFeedback = feedback) -> CodecAccumulator:
-            return CodecAccumulator(peer, feedback, FedAvg(), timeout=5.0)
+            return CodecAccumulator(peer, feedback, SampleWeightedMean(), timeout=5.0)
 
         runners.append(RoundRunner(store, gossip, config, accumulator_factory=factory))
     print(

@@ -18,10 +18,10 @@ from numpy.typing import NDArray
 from gradfed_ipfs.errors import InvalidGradient
 from gradfed_ipfs.tensor.aggregation import (
     AggregationStrategy,
-    FedAvg,
     Krum,
     Median,
     MultiKrum,
+    SampleWeightedMean,
     TrimmedMean,
 )
 from gradfed_ipfs.tensor.codecs import Codec, Int4, Int8, TopK, TopKInt8
@@ -119,7 +119,7 @@ def parse_method(text: str, peers: int) -> AggregationStrategy:
     name, _, arg = text.lower().partition(":")
     try:
         if name == "fedavg" and not arg:
-            return FedAvg()
+            return SampleWeightedMean()
         if name == "median" and not arg:
             return Median()
         if name == "trimmed":

@@ -4,7 +4,7 @@ Each peer sits beside its own Kubo daemon (a loopback :class:`KuboSwarm`) and ho
 share of the training set. Every round each peer
 
 1. starts from the global model and runs a few full-batch gradient steps on its own data;
-2. runs the round with its own :class:`~gradfed_ipfs.RoundRunner`: the delta is
+2. runs the round with its own :class:`~gradfed_ipfs.federated.besteffort.RoundRunner`: the delta is
    committed to *its own* daemon (``DistributedGradientAccumulator.commit_local``, or an encoded
    Arrow block with ``--compress``, see ``codec_accumulator.py``) and its CID announced on the
    session's pubsub topic (``gradfed/v1/<session>``) by a
@@ -12,7 +12,7 @@ share of the training set. Every round each peer
    announcements are checked (authenticated sender, session, CID, duplicates), their deltas
    fetched by CID through the peer's own daemon (bitswap; every block re-hashed against its
    CID) and aggregated with ``--method``;
-3. commits a dag-cbor round record (:func:`~gradfed_ipfs.commit_round`) linking the
+3. commits a dag-cbor round record (:func:`~gradfed_ipfs.provenance.commit_round`) linking the
    contributions, the aggregate and the previous round. Honest peers aggregate the same inputs in
    the same order, so they all commit the *same* record CID; the run checks that.
 

@@ -1,17 +1,27 @@
-"""gradfed-ipfs: exchange and aggregate federated-learning gradients through IPFS (Kubo).
+"""gradfed-ipfs: federated learning whose rounds are agreed and content-addressed on IPFS.
 
-This is the native API. The layers, from the bottom up (imports only point down):
+What a user of :class:`Node` and the training API needs is here; everything else is in the
+sub-package faces. Start with a :class:`Node` beside a Kubo daemon and an agreed session::
+
+    async with Node("http://127.0.0.1:5001") as node:
+        session = await node.session("demo", initial_model, AgreedConfig(members=peer_ids))
+        result = await session.run_round(gradient, weight=num_samples)  # result.model: a CID
+
+or train with :class:`Peer` (Flower's ClientApp and ServerApp in one object, no server).
+:func:`verify` re-checks any round record from its CID.
+
+The packages, from the bottom up (imports only point down):
 
 - :mod:`gradfed_ipfs.errors`, :mod:`gradfed_ipfs.cid`, :mod:`gradfed_ipfs.block`: the one
   exception tree, CIDs, blocks;
-- :mod:`gradfed_ipfs.tensor`: pure NumPy gradient types, codecs, aggregation rules,
-  verification;
-- :mod:`gradfed_ipfs.formats`: bytes to objects and back (Arrow blocks, dag-cbor records,
-  announcements), no I/O;
+- :mod:`gradfed_ipfs.tensor`: pure NumPy gradient types, codecs, aggregation rules;
+- :mod:`gradfed_ipfs.formats`: bytes to objects and back, no I/O;
 - :mod:`gradfed_ipfs.kubo` (daemons, pubsub) and :mod:`gradfed_ipfs.storage` (block stores,
   chunked gradient DAGs);
-- :mod:`gradfed_ipfs.federated` (rounds, privacy, secure aggregation) and
-  :mod:`gradfed_ipfs.provenance` (computation graph, checkpoints, round records);
+- :mod:`gradfed_ipfs.federated` (``agreed``, ``besteffort``, ``sliced``, ``regional``,
+  ``accumulate``, ``exchange``, ``secagg_round``, ``privacy``, ``secagg``) and
+  :mod:`gradfed_ipfs.provenance` (computation graph, checkpoints, best-effort round records);
+- :mod:`gradfed_ipfs.node`, :mod:`gradfed_ipfs.training`, :mod:`gradfed_ipfs.verification`;
 - :mod:`gradfed_ipfs.cli`.
 
 The seed crate's API (``ipfrs-tensorlogic``'s ``gradient`` module, its names and aliases) is in
@@ -22,8 +32,14 @@ from __future__ import annotations
 
 import contextlib as _contextlib
 
-from .block import Block
-from .cid import make_cid, parse_cid, verify_cid
+from .block import (
+    Block,
+)
+from .cid import (
+    make_cid,
+    parse_cid,
+    verify_cid,
+)
 from .errors import (
     BlockCorrupt,
     BlockNotFound,
@@ -31,60 +47,41 @@ from .errors import (
     BlockTimeout,
     ConfigError,
     DecodeError,
-    EmptyError,
     FederatedError,
+    GenesisMismatch,
     GradfedError,
-    GradientError,
     InvalidGradient,
     KuboError,
+    NotARoundRecord,
     PrivacyBudgetExhausted,
     PubsubError,
-    SecureAggregationError,
-    ShapeMismatch,
+    QuorumNotReached,
+    RoundMismatch,
+    RoundVerificationFailed,
     StoreUnavailable,
 )
-from .federated import (
-    AccountingMode,
-    AccumulatorConfig,
+from .federated.agreed import (
     AgreedConfig,
     AgreedRoundResult,
     AgreedSession,
-    DifferentialPrivacy,
-    DistributedGradientAccumulator,
-    DPMechanism,
-    GossipModelSync,
-    PrivacyBudget,
-    RdpPrivacyAccountant,
-    RegionalConfig,
-    RegionalRoundResult,
-    RegionalSession,
-    RobustRule,
-    RoundConfig,
-    RoundResult,
-    RoundRunner,
-    RoundStats,
-    SecureOptions,
-    StreamingAccumulator,
+    ResyncResult,
+    UpdateRule,
     verify_agreed_history,
-    verify_regional_round,
 )
-from .formats import Announcement, AnnouncementFilter, session_topic
-from .kubo import KuboDaemon, KuboPubsub, KuboSwarm, MemoryPubsub, MemoryPubsubBus
-from .node import Node
-from .provenance import (
-    ComputationGraphStore,
-    ComputationNode,
-    ContributionRef,
-    GradientCheckpoint,
-    RoundRecord,
-    RoundVerification,
-    commit_round,
-    verify_history,
-    verify_round,
+from .federated.privacy import (
+    DifferentialPrivacy,
+    PrivacyBudget,
+)
+from .kubo import (
+    KuboDaemon,
+    KuboSwarm,
+    MemoryPubsubBus,
+)
+from .node import (
+    Node,
 )
 from .storage import (
     BlockStore,
-    ChunkManifest,
     KuboBlockStore,
     MemoryBlockStore,
     Retention,
@@ -93,143 +90,110 @@ from .storage import (
     put_gradient,
 )
 from .tensor import (
-    CODECS,
-    AggregationStrategy,
-    BySize,
-    Codec,
-    Contribution,
-    DenseGradient,
-    ErrorFeedback,
-    FedAvg,
-    GradientDelta,
-    Int4,
-    Int8,
+    Bulyan,
     Krum,
-    LayerGradient,
-    Mean,
     Median,
     MultiKrum,
     NormBounded,
-    QuantizedGradient,
-    RandomK,
-    SparseGradient,
-    Sum,
-    TensorDtype,
-    TensorMetadata,
-    Threshold,
-    TopK,
-    TopKInt8,
     TrimmedMean,
-    WeightedMean,
 )
-from .training import Client, FederationConfig, History, Peer, run_simulation
+from .training import (
+    ArraysAdapter,
+    Client,
+    FedAdagrad,
+    FedAdam,
+    FedAvg,
+    FedAvgM,
+    FederationConfig,
+    FedProx,
+    FedYogi,
+    History,
+    LocalDP,
+    ModelAdapter,
+    Peer,
+    QFedAvg,
+    Robust,
+    SecAgg,
+    Strategy,
+    VectorAdapter,
+    run_simulation,
+)
+from .verification import (
+    Verified,
+    verify,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AccountingMode",
-    "AccumulatorConfig",
-    "AggregationStrategy",
     "AgreedConfig",
     "AgreedRoundResult",
     "AgreedSession",
-    "Announcement",
-    "AnnouncementFilter",
+    "ArraysAdapter",
     "Block",
     "BlockCorrupt",
     "BlockNotFound",
     "BlockStore",
     "BlockStoreError",
     "BlockTimeout",
-    "BySize",
-    "ChunkManifest",
+    "Bulyan",
     "Client",
-    "Codec",
-    "CODECS",
-    "commit_round",
-    "ComputationGraphStore",
-    "ComputationNode",
     "ConfigError",
-    "Contribution",
-    "ContributionRef",
     "DecodeError",
-    "DenseGradient",
     "DifferentialPrivacy",
-    "DistributedGradientAccumulator",
-    "DPMechanism",
-    "EmptyError",
-    "ErrorFeedback",
+    "FedAdagrad",
+    "FedAdam",
     "FedAvg",
+    "FedAvgM",
     "FederatedError",
     "FederationConfig",
+    "FedProx",
+    "FedYogi",
     "fetch_gradient",
-    "GossipModelSync",
+    "GenesisMismatch",
     "GradfedError",
-    "GradientCheckpoint",
-    "GradientDelta",
-    "GradientError",
     "History",
-    "Int4",
-    "Int8",
     "InvalidGradient",
     "Krum",
     "KuboBlockStore",
     "KuboDaemon",
     "KuboError",
-    "KuboPubsub",
     "KuboSwarm",
-    "LayerGradient",
+    "LocalDP",
     "make_cid",
-    "Mean",
     "Median",
     "MemoryBlockStore",
-    "MemoryPubsub",
     "MemoryPubsubBus",
+    "ModelAdapter",
     "MultiKrum",
     "Node",
     "NormBounded",
+    "NotARoundRecord",
     "parse_cid",
     "Peer",
     "PrivacyBudget",
     "PrivacyBudgetExhausted",
     "PubsubError",
     "put_gradient",
-    "QuantizedGradient",
-    "RandomK",
-    "RdpPrivacyAccountant",
-    "RegionalConfig",
-    "RegionalRoundResult",
-    "RegionalSession",
+    "QFedAvg",
+    "QuorumNotReached",
+    "ResyncResult",
     "Retention",
     "RetentionKeeper",
-    "RobustRule",
-    "RoundConfig",
-    "RoundRecord",
-    "RoundResult",
-    "RoundRunner",
-    "RoundStats",
-    "RoundVerification",
+    "Robust",
+    "RoundMismatch",
+    "RoundVerificationFailed",
     "run_simulation",
-    "SecureAggregationError",
-    "SecureOptions",
-    "session_topic",
-    "ShapeMismatch",
-    "SparseGradient",
+    "SecAgg",
     "StoreUnavailable",
-    "StreamingAccumulator",
-    "Sum",
-    "TensorDtype",
-    "TensorMetadata",
-    "Threshold",
-    "TopK",
-    "TopKInt8",
+    "Strategy",
     "TrimmedMean",
+    "UpdateRule",
+    "VectorAdapter",
+    "Verified",
+    "verify",
     "verify_agreed_history",
     "verify_cid",
-    "verify_history",
-    "verify_regional_round",
-    "verify_round",
-    "WeightedMean",
 ]
 
 # Present every export as living in the top-level package (as httpx does), so reprs,

@@ -22,6 +22,7 @@ CLI exits with. The tree::
     │   ├── MalformedArrow             not a gradient Arrow IPC file
     │   ├── MalformedManifest          not a chunk manifest / IPLD record we understand
     │   ├── MalformedAnnouncement      a pubsub announcement that does not parse
+    │   ├── NotARoundRecord            a CID given as a round record names another block
     │   └── ArrowBlockError            the seed's GARW block errors (§8.6)
     │       ├── EmptyInput             zero bytes / no blocks (also EmptyError)
     │       ├── ArrowBlockShapeMismatch shape and values disagree (also ShapeMismatch)
@@ -138,6 +139,7 @@ __all__ = [
     "MalformedManifest",
     "NoContributions",
     "NodeNotFound",
+    "NotARoundRecord",
     "NotStarted",
     "OutlierDetected",
     "PassAlreadyTerminal",
@@ -325,6 +327,10 @@ class MalformedManifest(DecodeError):
 
 class MalformedAnnouncement(DecodeError):
     """A pubsub announcement that is not valid for this session (see its message)."""
+
+
+class NotARoundRecord(DecodeError):
+    """A CID given as a round record names something else (a gradient, a roster, ...)."""
 
 
 # --------------------------------------------------------------------------- RPC limits

@@ -78,7 +78,7 @@ class Node(AsyncClosing):
     store
         The block store (:class:`~gradfed_ipfs.KuboBlockStore`, or a memory store).
     pubsub
-        The pubsub transport (:class:`~gradfed_ipfs.KuboPubsub`, or a memory endpoint).
+        The pubsub transport (:class:`~gradfed_ipfs.kubo.KuboPubsub`, or a memory endpoint).
     rpc
         The daemon's RPC client; ``None`` for an in-memory node.
     """
@@ -217,8 +217,8 @@ class Node(AsyncClosing):
         """Return a round runner for ``session_id`` over this node's store and pubsub.
 
         The runner and its gossip endpoint are closed with the node. ``options`` go to
-        :class:`~gradfed_ipfs.RoundRunner` (``accumulator_factory=``, ``randbytes=``). Use the
-        node as ``async with`` first (the runner needs the node's peer ID).
+        :class:`~gradfed_ipfs.federated.besteffort.RoundRunner` (``accumulator_factory=``,
+        ``randbytes=``). Use the node as ``async with`` first (the runner needs its peer ID).
 
         Raises
         ------

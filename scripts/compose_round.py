@@ -19,7 +19,9 @@ from typing import Any
 import httpx
 import numpy as np
 
-from gradfed_ipfs import GossipModelSync, KuboBlockStore, KuboPubsub, RoundConfig, RoundRunner
+from gradfed_ipfs import KuboBlockStore
+from gradfed_ipfs.federated.besteffort import GossipModelSync, RoundConfig, RoundRunner
+from gradfed_ipfs.kubo import KuboPubsub
 
 DEFAULT_APIS = ["http://127.0.0.1:5001", "http://127.0.0.1:5002", "http://127.0.0.1:5003"]
 

@@ -7,14 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from gradfed_ipfs import (
-    AccumulatorConfig,
-    DifferentialPrivacy,
-    PrivacyBudget,
-    RoundConfig,
-    TrimmedMean,
-    errors,
-)
+from gradfed_ipfs import DifferentialPrivacy, PrivacyBudget, TrimmedMean, errors
 from gradfed_ipfs.errors import (
     ArrowBlockError,
     ArrowBlockShapeMismatch,
@@ -32,6 +25,8 @@ from gradfed_ipfs.errors import (
     NoContributions,
     ShapeMismatch,
 )
+from gradfed_ipfs.federated.accumulate import AccumulatorConfig
+from gradfed_ipfs.federated.besteffort import RoundConfig
 from gradfed_ipfs.seed import ConvergenceConfig
 
 FAMILY_EXIT_CODES = {

@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from gradfed_ipfs import InvalidGradient, Krum, MultiKrum, TopKInt8, TrimmedMean, verify_history
+from gradfed_ipfs import InvalidGradient, Krum, MultiKrum, TrimmedMean
 from gradfed_ipfs.errors import ConfigError
 from gradfed_ipfs.federated.privacy.accountant import RdpPrivacyAccountant, gaussian_event
 from gradfed_ipfs.kubo import KuboDaemon, KuboSwarm
+from gradfed_ipfs.provenance import verify_history
 from gradfed_ipfs.storage import KuboBlockStore
+from gradfed_ipfs.tensor import TopKInt8
 
 pytest.importorskip("sklearn")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))

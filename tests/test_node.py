@@ -10,8 +10,9 @@ import httpx
 import numpy as np
 import pytest
 
-from gradfed_ipfs import Node, RoundConfig
+from gradfed_ipfs import Node
 from gradfed_ipfs.errors import BlockTimeout, KuboRpcError
+from gradfed_ipfs.federated.besteffort import RoundConfig
 from gradfed_ipfs.kubo import KuboDaemon, MemoryPubsubBus
 from gradfed_ipfs.node import pick_dial_address
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore

@@ -39,11 +39,11 @@ from ..formats.arrow import decode_gradient, store_gradient_as_arrow
 from ..kubo.rpc import KuboRpc
 from ..tensor.aggregation import (
     AggregationStrategy,
-    FedAvg,
     Krum,
     Mean,
     Median,
     MultiKrum,
+    SampleWeightedMean,
     Sum,
     TrimmedMean,
 )
@@ -186,7 +186,7 @@ def parse_method(text: str) -> AggregationStrategy:
     """``fedavg``, ``mean``, ``sum``, ``median``, ``trimmed:B``, ``krum:F``, ``multikrum:F:M``."""
     name, _, arg = text.strip().lower().partition(":")
     simple: dict[str, Callable[[], AggregationStrategy]] = {
-        "fedavg": FedAvg,
+        "fedavg": SampleWeightedMean,
         "mean": Mean,
         "sum": Sum,
         "median": Median,

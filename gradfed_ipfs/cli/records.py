@@ -10,29 +10,22 @@ from typing import Any
 
 from rich.table import Table
 
-from ..cid import DAG_CBOR, parse_cid
-from ..errors import DecodeError, GradfedError
+from ..cid import parse_cid
+from ..errors import DecodeError, GradfedError, NotARoundRecord, RoundVerificationFailed
 from ..formats.announcement import AnnouncementFilter
-from ..formats.records import decode_record
-from ..formats.roster import AgreedRecord
 from ..kubo.pubsub import KuboPubsub, session_topic
-from ..provenance.round_record import (
-    ROUND_RECORD_TYPE,
-    RoundRecord,
-    RoundVerification,
-    verify_history,
-    verify_round,
-)
+from ..provenance.round_record import RoundRecord, RoundVerification, verify_history, verify_round
 from ..storage.kubo import KuboBlockStore
+from ..verification import RecordKind, record_kind, verify
 from .agreed import agreed_history, history_summary, verify_agreed
 from .common import UsageError, async_handler, console, err_console
 from .samples import book_path, record_samples
 
-__all__ = ["NotARoundRecord", "add_record_parsers", "parse_cid_arg", "require_record"]
+__all__ = ["NotARecordArgument", "add_record_parsers", "parse_cid_arg", "require_record"]
 
 
-class NotARoundRecord(UsageError):
-    """The CID given to ``verify-round`` or ``history`` names something else; exit 2 (usage)."""
+class NotARecordArgument(UsageError):
+    """The CID given to ``verify-round`` or ``history`` names no round record; exit 2 (usage)."""
 
     exit_code = 2
 
@@ -82,32 +75,20 @@ def parse_cid_arg(text: str) -> str:
         raise UsageError(f"{text!r} is not a CID: {exc}") from None
 
 
-async def require_record(cid: str, store: KuboBlockStore) -> str:
-    """Return ``"round"`` or ``"agreed"``: which kind of round record ``cid`` names.
+async def require_record(cid: str, store: KuboBlockStore) -> RecordKind:
+    """Return which kind of round record ``cid`` names (see :func:`~gradfed_ipfs.verify`).
 
     Raises
     ------
-    NotARoundRecord
+    NotARecordArgument
         If it names something else (a gradient, a roster, another record); exit 2.
     BlockStoreError
         If the block cannot be fetched (exit 5), which is not a failed check.
     """
-    block = await store.get(cid)
-    if block.cid.codec.code != DAG_CBOR:
-        raise NotARoundRecord(f"{cid} is not a round record (a {block.cid.codec.name} block)")
     try:
-        decode_record(block, ROUND_RECORD_TYPE)
-        return "round"
-    except DecodeError:
-        pass
-    try:
-        AgreedRecord.from_block(block)
-        return "agreed"
-    except DecodeError:
-        raise NotARoundRecord(
-            f"{cid} is not a round record (neither a {ROUND_RECORD_TYPE} nor an agreed-round "
-            "v1 dag-cbor record)"
-        ) from None
+        return await record_kind(store, cid)
+    except NotARoundRecord as exc:
+        raise NotARecordArgument(str(exc)) from None
 
 
 def _summary(verification: RoundVerification) -> str:
@@ -117,8 +98,11 @@ def _summary(verification: RoundVerification) -> str:
 async def _verify_round(args: argparse.Namespace, api: str) -> int:
     cid = parse_cid_arg(args.cid)
     async with KuboBlockStore(api, timeout=args.timeout) as store:
-        if await require_record(cid, store) == "agreed":
+        kind = await require_record(cid, store)
+        if kind == "agreed":
             return await verify_agreed(store, parse_cid(cid))
+        if kind == "regional":
+            return await _verify_regional(store, cid)
         verification = await verify_round(cid, store)
         record = await _load(cid, store) if verification.round >= 0 else None
     console.print(_table("round record", [(verification, record)]))
@@ -127,11 +111,25 @@ async def _verify_round(args: argparse.Namespace, api: str) -> int:
     return 0 if verification.ok else 1
 
 
+async def _verify_regional(store: KuboBlockStore, cid: str) -> int:
+    """``verify-round`` of a regional record: one line; 0 only if every region re-verifies."""
+    try:
+        verified = await verify(cid, store)
+    except RoundVerificationFailed as exc:
+        err_console.print(f"regional record {cid}: mismatch: {exc}", soft_wrap=True)
+        return 1
+    console.print(f"regional round {verified.round} ({cid}): verified", soft_wrap=True)
+    return 0
+
+
 async def _history(args: argparse.Namespace, api: str) -> int:
     cid = parse_cid_arg(args.cid)
     async with KuboBlockStore(api, timeout=args.timeout) as store:
-        if await require_record(cid, store) == "agreed":
+        kind = await require_record(cid, store)
+        if kind == "agreed":
             return await agreed_history(store, parse_cid(cid))
+        if kind == "regional":  # a regional record links no previous round: its one round
+            return await _verify_regional(store, cid)
         with err_console.status("verifying every round…"):
             results = await verify_history(cid, store)
         rows = [(r, await _load(r.record_cid, store) if r.round >= 0 else None) for r in results]

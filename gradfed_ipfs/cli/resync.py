@@ -36,7 +36,7 @@ from ..storage.base import BlockStore
 from ..storage.dag import fetch_gradient
 from ..storage.kubo import KuboBlockStore
 from .common import async_handler, console, err_console, positive_float, write_gradient_file
-from .records import NotARoundRecord, parse_cid_arg, require_record
+from .records import NotARecordArgument, parse_cid_arg, require_record
 
 __all__ = ["add_resync_parser", "listen_for_heads"]
 
@@ -141,7 +141,7 @@ async def _resync(args: argparse.Namespace, api: str) -> int:
     head = None if args.head is None else parse_cid(parse_cid_arg(args.head))
     async with KuboBlockStore(api, timeout=args.timeout) as store:
         if head is not None and await require_record(str(head), store) != "agreed":
-            raise NotARoundRecord(f"{head} is an older round record, not an agreed one")
+            raise NotARecordArgument(f"{head} is an older round record, not an agreed one")
         return await _adopt(args, api, store, genesis, head)
 
 

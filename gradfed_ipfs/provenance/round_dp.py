@@ -32,7 +32,7 @@ import numpy as np
 from .._types import FloatArray
 from ..cid import parse_cid
 from ..errors import GradfedError
-from ..tensor.aggregation import AggregationStrategy, Contribution
+from ..tensor.aggregation import AggregationStrategy, Contribution, method_name
 from ..tensor.robust import clip_to_norm
 
 __all__ = [
@@ -181,7 +181,8 @@ def check_dp_claim(
             pre_noise = np.asarray(aggregation.aggregate(clipped), dtype=np.float32)
         except (GradfedError, ValueError, TypeError, ArithmeticError) as exc:
             return True, f"clipped contributions cannot be aggregated: {exc}"
-        source = f"the {type(aggregation).__name__} of the contributions clipped to {clip:g}"
+        name = method_name(aggregation) or type(aggregation).__name__
+        source = f"the {name} of the contributions clipped to {clip:g}"
     if pre_noise.size != recorded.size:
         return True, f"{source} has {pre_noise.size} values, the aggregate {recorded.size}"
     z = residual_z(recorded, pre_noise, noise_std)

@@ -41,7 +41,7 @@ from ..errors import GradfedError, InvalidGradient, MalformedManifest
 from ..formats.records import decode_record, encode_record, require
 from ..storage.base import BlockStore
 from ..storage.dag import fetch_gradient, put_gradient
-from ..tensor.aggregation import AggregationStrategy, Contribution
+from ..tensor.aggregation import AggregationStrategy, Contribution, method_name
 from .round_dp import check_dp_claim, dp_claim_problems
 from .round_strategy import strategy_from_ipld, strategy_to_ipld
 
@@ -390,9 +390,10 @@ async def _verify_record(
     different = np.flatnonzero(expected.view(np.uint32) != recorded.view(np.uint32))
     if different.size:
         i = int(different[0])
+        rule = method_name(record.aggregation) or type(record.aggregation).__name__
         return fail(
             f"aggregate {record.aggregate_cid} differs from the recomputed "
-            f"{type(record.aggregation).__name__} of peers {sorted(inputs)} at {different.size} "
+            f"{rule} of peers {sorted(inputs)} at {different.size} "
             f"indices (first {i}: recorded {recorded[i]!r}, recomputed {expected[i]!r})"
         )
     return RoundVerification(record_cid, record.round, True)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from ..errors import InvalidGradient, MalformedManifest
-from ..tensor.aggregation import AggregationMethod, AggregationStrategy
+from ..tensor.aggregation import AggregationMethod, AggregationStrategy, method_name
 
 __all__ = ["strategy_from_ipld", "strategy_to_ipld"]
 
@@ -28,8 +28,8 @@ def strategy_to_ipld(strategy: AggregationStrategy) -> dict[str, Any]:
     InvalidGradient
         If the strategy is not one of ``AggregationMethod``'s classes.
     """
-    name = type(strategy).__name__
-    if getattr(AggregationMethod, name, None) is not type(strategy):
+    name = method_name(strategy)
+    if name is None:
         raise InvalidGradient(f"cannot record aggregation strategy {strategy!r}")
     params: dict[str, Any] = {}
     for f in dataclasses.fields(strategy):  # type: ignore[arg-type]

@@ -38,7 +38,7 @@ __all__ = [
     "AggregationMethod",
     "AggregationStrategy",
     "Contribution",
-    "FedAvg",
+    "SampleWeightedMean",
     "GradientAggregator",
     "Krum",
     "Mean",
@@ -56,6 +56,7 @@ __all__ = [
     "gradient_sum",
     "krum_scores",
     "mean",
+    "method_name",
     "multikrum_select",
     "pairwise_sq_distances",
     "trimmed_mean",
@@ -255,10 +256,12 @@ class WeightedMean(AggregationStrategy):
 
 
 @dataclass(frozen=True)
-class FedAvg(AggregationStrategy):
-    """Federated averaging weighted by sample counts (McMahan et al., 2017).
+class SampleWeightedMean(AggregationStrategy):
+    """FedAvg's aggregation: the mean weighted by sample counts (McMahan et al., 2017).
 
-    Without sample counts it is the unweighted mean, as the seed's ``FedAvg``.
+    Round records and the seed call it ``FedAvg`` (``AggregationMethod.FedAvg``); the training
+    strategy of that name is :class:`gradfed_ipfs.training.FedAvg`. Without sample counts it is
+    the unweighted mean, as the seed's ``FedAvg``.
     See https://arxiv.org/abs/1602.05629.
     """
 
@@ -368,12 +371,12 @@ class NormBounded(AggregationStrategy):
     Parameters
     ----------
     inner
-        The rule applied to the clipped contributions (default :class:`FedAvg`).
+        The rule applied to the clipped contributions (default :class:`SampleWeightedMean`).
     max_norm
         L2 bound per contribution, finite and ``> 0``.
     """
 
-    inner: AggregationStrategy = field(default_factory=lambda: FedAvg())
+    inner: AggregationStrategy = field(default_factory=lambda: SampleWeightedMean())
     max_norm: float = 5.0
 
     def __post_init__(self) -> None:
@@ -469,7 +472,7 @@ class GradientAggregator:
 class AggregationMethod:
     """The seed's ``AggregationMethod`` enum, as a namespace of strategy classes.
 
-    ``AggregationMethod.FedAvg()`` is a :class:`FedAvg` strategy, and so on; any
+    ``AggregationMethod.FedAvg()`` is a :class:`SampleWeightedMean` strategy, and so on; any
     :class:`AggregationStrategy` instance is accepted wherever a method is expected. Beyond the
     seed: ``Median``, ``TrimmedMean``, ``Krum``, ``MultiKrum`` and ``NormBounded``.
     """
@@ -477,9 +480,22 @@ class AggregationMethod:
     Sum = Sum
     Mean = Mean
     WeightedMean = WeightedMean
-    FedAvg = FedAvg
+    FedAvg = SampleWeightedMean
     Median = Median
     TrimmedMean = TrimmedMean
     Krum = Krum
     MultiKrum = MultiKrum
     NormBounded = NormBounded
+
+
+_METHOD_NAMES: dict[type, str] = {
+    cls: name for name, cls in vars(AggregationMethod).items() if isinstance(cls, type)
+}
+
+
+def method_name(strategy: AggregationStrategy) -> str | None:
+    """Return the name round records give ``strategy``'s rule (``AggregationMethod``'s), if any.
+
+    The names are the seed's: a :class:`SampleWeightedMean` is recorded as ``"FedAvg"``.
+    """
+    return _METHOD_NAMES.get(type(strategy))

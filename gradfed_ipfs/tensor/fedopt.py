@@ -7,11 +7,15 @@ rounds (Reddi et al. 2021, "Adaptive Federated Optimization", https://arxiv.org/
 Hsu et al. 2019, "Measuring the Effects of Non-Identical Data Distribution",
 https://arxiv.org/abs/1909.06335):
 
-- :class:`FedAvgM`: ``v ← β v + Δ``; ``x ← x + η v``.
-- :class:`FedAdagrad`: ``m ← β₁ m + (1-β₁) Δ``; ``v ← v + Δ²``; ``x ← x + η m / (√v + τ)``.
-- :class:`FedAdam`: ``v ← β₂ v + (1-β₂) Δ²``, with Adam's bias correction of the step size
-  ``η √(1-β₂ᵗ) / (1-β₁ᵗ)`` (as Flower's ``FedAdam`` does).
-- :class:`FedYogi`: ``v ← v - (1-β₂) Δ² sign(v - Δ²)``.
+- :class:`ServerMomentum` (FedAvgM's): ``v ← β v + Δ``; ``x ← x + η v``.
+- :class:`ServerAdagrad` (FedAdagrad's): ``m ← β₁ m + (1-β₁) Δ``; ``v ← v + Δ²``;
+  ``x ← x + η m / (√v + τ)``.
+- :class:`ServerAdam` (FedAdam's): ``v ← β₂ v + (1-β₂) Δ²``, with Adam's bias correction of
+  the step size ``η √(1-β₂ᵗ) / (1-β₁ᵗ)`` (as Flower's ``FedAdam`` does).
+- :class:`ServerYogi` (FedYogi's): ``v ← v - (1-β₂) Δ² sign(v - Δ²)``.
+
+The training strategies :class:`gradfed_ipfs.training.FedAvgM`, ``FedAdagrad``, ``FedAdam`` and
+``FedYogi`` wrap them.
 
 Defaults are Flower's. The state is an :class:`OptimizerState` of named float32 arrays and a
 step count: plain data, so a round record can store it by CID and every peer applies the same
@@ -38,10 +42,10 @@ from .._types import FloatArray, GradientLike
 from ..errors import ConfigError, InvalidGradient, ShapeMismatch
 
 __all__ = [
-    "FedAdagrad",
-    "FedAdam",
-    "FedAvgM",
-    "FedYogi",
+    "ServerAdagrad",
+    "ServerAdam",
+    "ServerMomentum",
+    "ServerYogi",
     "OptimizerState",
     "ServerOptimizer",
     "fedprox_gradient",
@@ -177,7 +181,7 @@ def _check_unit(**values: float) -> None:
 
 
 @dataclass(frozen=True)
-class FedAvgM(ServerOptimizer):
+class ServerMomentum(ServerOptimizer):
     """FedAvg with server momentum (Hsu et al. 2019): ``v ← β v + Δ``; ``x ← x + η v``.
 
     Attributes
@@ -205,7 +209,7 @@ class FedAvgM(ServerOptimizer):
 
 @dataclass(frozen=True)
 class _AdaptiveOptimizer(ServerOptimizer):
-    """Shared settings and first moment of FedAdagrad, FedAdam and FedYogi."""
+    """Shared settings and first moment of the FedAdagrad, FedAdam and FedYogi optimizers."""
 
     eta: float = 0.1
     beta_1: float = 0.9
@@ -232,8 +236,8 @@ class _AdaptiveOptimizer(ServerOptimizer):
 
 
 @dataclass(frozen=True)
-class FedAdagrad(_AdaptiveOptimizer):
-    """FedAdagrad (Reddi et al. 2021): ``v ← v + Δ²``. Defaults as Flower: η=0.1, β₁=0."""
+class ServerAdagrad(_AdaptiveOptimizer):
+    """FedAdagrad's optimizer (Reddi et al. 2021): ``v ← v + Δ²``; Flower's η=0.1, β₁=0."""
 
     name: ClassVar[str] = "fedadagrad"
     beta_1: float = 0.0
@@ -243,8 +247,8 @@ class FedAdagrad(_AdaptiveOptimizer):
 
 
 @dataclass(frozen=True)
-class FedAdam(_AdaptiveOptimizer):
-    """FedAdam (Reddi et al. 2021): ``v ← β₂ v + (1-β₂) Δ²``, bias-corrected step size."""
+class ServerAdam(_AdaptiveOptimizer):
+    """FedAdam's optimizer (Reddi et al. 2021): ``v ← β₂ v + (1-β₂) Δ²``, bias-corrected."""
 
     name: ClassVar[str] = "fedadam"
 
@@ -256,8 +260,8 @@ class FedAdam(_AdaptiveOptimizer):
 
 
 @dataclass(frozen=True)
-class FedYogi(_AdaptiveOptimizer):
-    """FedYogi (Reddi et al. 2021): ``v ← v - (1-β₂) Δ² sign(v - Δ²)``; η=0.01, τ=1e-3."""
+class ServerYogi(_AdaptiveOptimizer):
+    """FedYogi's optimizer (Reddi et al. 2021): ``v ← v - (1-β₂) Δ² sign(v - Δ²)``."""
 
     name: ClassVar[str] = "fedyogi"
     eta: float = 0.01

@@ -29,7 +29,7 @@ import numpy as np
 from .._types import FloatArray
 from ..errors import ConfigError, InvalidGradient
 from ..tensor import fedopt
-from ..tensor.aggregation import AggregationStrategy, Contribution
+from ..tensor.aggregation import AggregationStrategy, Contribution, method_name
 from ..tensor.deterministic import deterministic_update
 
 __all__ = [
@@ -136,7 +136,7 @@ class FedProx(FedAvg):
 
 
 def _state_names(optimizer: fedopt.ServerOptimizer) -> tuple[str, ...]:
-    return ("v",) if isinstance(optimizer, fedopt.FedAvgM) else ("m", "v")
+    return ("v",) if isinstance(optimizer, fedopt.ServerMomentum) else ("m", "v")
 
 
 def encode_optimizer_state(
@@ -213,7 +213,7 @@ class FedAvgM(ServerOptStrategy):
     """FedAvg with server momentum: ``v ← β v + Δ``; ``x ← x + η v`` (Flower's defaults)."""
 
     def __init__(self, *, server_learning_rate: float = 1.0, server_momentum: float = 0.0) -> None:
-        super().__init__(fedopt.FedAvgM(server_learning_rate, server_momentum))
+        super().__init__(fedopt.ServerMomentum(server_learning_rate, server_momentum))
 
 
 class FedAdagrad(ServerOptStrategy):
@@ -222,7 +222,7 @@ class FedAdagrad(ServerOptStrategy):
     def __init__(
         self, *, eta: float = 0.1, beta_1: float = 0.0, beta_2: float = 0.99, tau: float = 1e-9
     ) -> None:
-        super().__init__(fedopt.FedAdagrad(eta, beta_1, beta_2, tau))
+        super().__init__(fedopt.ServerAdagrad(eta, beta_1, beta_2, tau))
 
 
 class FedAdam(ServerOptStrategy):
@@ -231,7 +231,7 @@ class FedAdam(ServerOptStrategy):
     def __init__(
         self, *, eta: float = 0.1, beta_1: float = 0.9, beta_2: float = 0.99, tau: float = 1e-9
     ) -> None:
-        super().__init__(fedopt.FedAdam(eta, beta_1, beta_2, tau))
+        super().__init__(fedopt.ServerAdam(eta, beta_1, beta_2, tau))
 
 
 class FedYogi(ServerOptStrategy):
@@ -240,7 +240,7 @@ class FedYogi(ServerOptStrategy):
     def __init__(
         self, *, eta: float = 0.01, beta_1: float = 0.9, beta_2: float = 0.99, tau: float = 1e-3
     ) -> None:
-        super().__init__(fedopt.FedYogi(eta, beta_1, beta_2, tau))
+        super().__init__(fedopt.ServerYogi(eta, beta_1, beta_2, tau))
 
 
 @dataclass(frozen=True)
@@ -295,7 +295,7 @@ class Robust(Strategy):
 
     def __init__(self, rule: AggregationStrategy) -> None:
         self.rule = rule
-        self.name = f"robust-{type(rule).__name__.lower()}"  # type: ignore[misc]
+        self.name = f"robust-{(method_name(rule) or type(rule).__name__).lower()}"  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return f"Robust({self.rule!r})"

@@ -12,17 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradfed_ipfs import (
-    ContributionRef,
-    DecodeError,
-    Mean,
-    QuantizedGradient,
-    RoundRecord,
-    put_gradient,
-)
+from gradfed_ipfs import DecodeError, put_gradient
 from gradfed_ipfs.cli import main
 from gradfed_ipfs.formats import store_gradient_as_arrow, store_layer_as_arrow
+from gradfed_ipfs.provenance import ContributionRef, RoundRecord
 from gradfed_ipfs.storage import Block, KuboBlockStore
+from gradfed_ipfs.tensor import Mean, QuantizedGradient
 from tests.conftest import KuboNode
 
 from .hostile import compressed_block, nested_shape_block

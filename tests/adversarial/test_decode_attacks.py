@@ -16,13 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from gradfed_ipfs import (
-    Announcement,
-    ComputationGraphStore,
-    QuantizedGradient,
-    SparseGradient,
-    make_cid,
-)
+from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import (
     DecodeError,
     GraphSerializationError,
@@ -33,13 +27,16 @@ from gradfed_ipfs.errors import (
 from gradfed_ipfs.federated.secagg.blocks import decode_masked_block, encode_masked_block
 from gradfed_ipfs.formats import (
     MAX_DECODED_ELEMENTS,
+    Announcement,
     decode_gradient,
     load_layer_from_arrow,
     store_gradient_as_arrow,
     store_layer_as_arrow,
 )
 from gradfed_ipfs.formats.limits import json_depth, load_json
+from gradfed_ipfs.provenance import ComputationGraphStore
 from gradfed_ipfs.storage.dag import MANIFEST_FORMAT, ChunkManifest
+from gradfed_ipfs.tensor import QuantizedGradient, SparseGradient
 
 from .child import run_limited
 from .hostile import (

@@ -21,17 +21,11 @@ import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gradfed_ipfs import (
-    Announcement,
-    Block,
-    ComputationGraphStore,
-    GradfedError,
-    QuantizedGradient,
-    SparseGradient,
-    make_cid,
-)
+from gradfed_ipfs import Block, GradfedError
+from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.federated.secagg.blocks import decode_masked_block, encode_masked_block
 from gradfed_ipfs.formats import (
+    Announcement,
     decode_gradient,
     decode_record,
     load_layer_from_arrow,
@@ -39,8 +33,10 @@ from gradfed_ipfs.formats import (
     store_layer_as_arrow,
 )
 from gradfed_ipfs.formats.limits import load_json
+from gradfed_ipfs.provenance import ComputationGraphStore
 from gradfed_ipfs.provenance.round_record import ROUND_RECORD_TYPE, RoundRecord
 from gradfed_ipfs.storage.dag import MANIFEST_FORMAT, ChunkManifest
+from gradfed_ipfs.tensor import QuantizedGradient, SparseGradient
 from tests.reliability.profile import FULL
 from tests.reliability.test_fuzz_decoders import mutated
 

@@ -12,7 +12,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from gradfed_ipfs import GossipModelSync, KuboPubsub, RoundConfig, RoundRunner
+from gradfed_ipfs.federated.besteffort import GossipModelSync, RoundConfig, RoundRunner
+from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import Block, KuboBlockStore
 
 from .hostile import nested_shape_block

@@ -10,7 +10,7 @@ import dag_cbor
 import numpy as np
 import pytest
 
-from gradfed_ipfs import FedAvg, Mean, put_gradient
+from gradfed_ipfs import put_gradient
 from gradfed_ipfs.errors import MalformedManifest
 from gradfed_ipfs.provenance.round_dp import dp_privacy_claim
 from gradfed_ipfs.provenance.round_record import (
@@ -20,7 +20,7 @@ from gradfed_ipfs.provenance.round_record import (
     verify_round,
 )
 from gradfed_ipfs.storage import Block, MemoryBlockStore
-from gradfed_ipfs.tensor import clip_to_norm
+from gradfed_ipfs.tensor import Mean, SampleWeightedMean, clip_to_norm
 
 from .child import run_limited
 
@@ -71,7 +71,7 @@ async def test_record_listing_an_unaggregated_gradient_does_not_verify() -> None
         "s",
         0,
         [ContributionRef("a", str(a), 1), ContributionRef("b", str(b), 1)],
-        FedAvg(),
+        SampleWeightedMean(),
         str(only_b),
     )
     result = await verify_round(await record.commit(store), store)
@@ -172,7 +172,7 @@ def test_verify_round_on_a_manifest_naming_one_chunk_n_times_reports_without_all
         from gradfed_ipfs.storage import Block, MemoryBlockStore
         from gradfed_ipfs.storage.dag import MANIFEST_FORMAT, values_per_chunk
         from gradfed_ipfs.formats.arrow import store_gradient_as_arrow
-        from gradfed_ipfs.tensor.aggregation import FedAvg
+        from gradfed_ipfs.tensor.aggregation import SampleWeightedMean
 
         per = values_per_chunk(2 * 1024 * 1024)
         store = MemoryBlockStore()
@@ -185,8 +185,9 @@ def test_verify_round_on_a_manifest_naming_one_chunk_n_times_reports_without_all
         })
         assert len(manifest) < 72_000, len(manifest)
         bomb = asyncio.run(store.put(Block.new(manifest, "dag-cbor")))
-        record = RoundRecord("s", 0, [ContributionRef("mallory", str(bomb), 1)], FedAvg(),
-                             str(chunk))
+        record = RoundRecord(
+            "s", 0, [ContributionRef("mallory", str(bomb), 1)], SampleWeightedMean(), str(chunk)
+        )
         cid = asyncio.run(record.commit(store))
     """
     attack = """

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gradfed_ipfs import KuboPubsub
 from gradfed_ipfs.errors import DecodeError, SecAggPeerRejected, UnmaskRefused
 from gradfed_ipfs.federated import SecAggServer
 from gradfed_ipfs.federated.secagg import FixedPoint
@@ -36,6 +35,7 @@ from gradfed_ipfs.federated.secagg_round.peer import (
     SecureRoundPeer,
     SecureRoundResult,
 )
+from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import Block, KuboBlockStore
 from tests.federated.secagg.test_secure_aggregation import rb, tolerance
 

@@ -8,19 +8,13 @@ import dag_cbor
 import numpy as np
 import pytest
 
-from gradfed_ipfs import (
-    ContributionRef,
-    KuboPubsub,
-    Median,
-    RoundRecord,
-    TopKInt8,
-    commit_round,
-    put_gradient,
-    session_topic,
-)
+from gradfed_ipfs import Median, put_gradient
 from gradfed_ipfs.cli import main
-from gradfed_ipfs.kubo import KuboDaemon
+from gradfed_ipfs.formats import session_topic
+from gradfed_ipfs.kubo import KuboDaemon, KuboPubsub
+from gradfed_ipfs.provenance import ContributionRef, RoundRecord, commit_round
 from gradfed_ipfs.storage import KuboBlockStore
+from gradfed_ipfs.tensor import TopKInt8
 from tests.conftest import KuboNode
 from tests.polling import apoll_until
 

@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradfed_ipfs import KuboPubsub, session_topic
 from gradfed_ipfs.cli import main
 from gradfed_ipfs.cli.samples import load_samples
+from gradfed_ipfs.formats import session_topic
+from gradfed_ipfs.kubo import KuboPubsub
 from tests.cli.test_cli import run_cli, save
 from tests.conftest import KuboNode
 from tests.polling import apoll_until

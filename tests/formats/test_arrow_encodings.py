@@ -9,7 +9,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from gradfed_ipfs import CODECS
 from gradfed_ipfs.errors import MalformedArrow
 from gradfed_ipfs.formats import (
     decode_gradient,
@@ -21,6 +20,7 @@ from gradfed_ipfs.formats import (
     store_layer_as_arrow,
 )
 from gradfed_ipfs.tensor import (
+    CODECS,
     DenseGradient,
     GradientCompressor,
     LayerGradient,

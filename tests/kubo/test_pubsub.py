@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gradfed_ipfs import make_cid
+from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import DecodeError, PubsubRequestError, PubsubUnavailable
 from gradfed_ipfs.formats import MAX_MESSAGE_BYTES, Announcement, AnnouncementFilter
 from gradfed_ipfs.kubo.pubsub import (

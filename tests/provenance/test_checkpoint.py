@@ -9,14 +9,8 @@ import numpy as np
 import pytest
 from multiformats import CID
 
-from gradfed_ipfs import (
-    Block,
-    ComputationGraphStore,
-    ComputationNode,
-    GradientCheckpoint,
-    MemoryBlockStore,
-    make_cid,
-)
+from gradfed_ipfs import Block, MemoryBlockStore
+from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import (
     BlockCorrupt,
     BlockNotFound,
@@ -24,6 +18,7 @@ from gradfed_ipfs.errors import (
     GraphSerializationError,
     MalformedManifest,
 )
+from gradfed_ipfs.provenance import ComputationGraphStore, ComputationNode, GradientCheckpoint
 
 
 def cid(label: str) -> str:

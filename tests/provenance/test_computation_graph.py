@@ -8,14 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from multiformats import CID
 
-from gradfed_ipfs import (
-    Block,
-    ComputationGraphStore,
-    ComputationNode,
-    MemoryBlockStore,
-    make_cid,
-    parse_cid,
-)
+from gradfed_ipfs import Block, MemoryBlockStore, parse_cid
+from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import (
     BlockCorrupt,
     CircularDependency,
@@ -28,7 +22,11 @@ from gradfed_ipfs.errors import (
     ShapeMismatch,
 )
 from gradfed_ipfs.formats import encode_arrow_file
-from gradfed_ipfs.provenance import provenance_chain_from_store
+from gradfed_ipfs.provenance import (
+    ComputationGraphStore,
+    ComputationNode,
+    provenance_chain_from_store,
+)
 
 
 def cid(label: str) -> str:

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from multiformats import CID
 
-from gradfed_ipfs import Block, MemoryBlockStore, fetch_gradient, make_cid, put_gradient
+from gradfed_ipfs import Block, MemoryBlockStore, fetch_gradient, put_gradient
+from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import GraphSerializationError, InvalidGradient, MalformedManifest
 from gradfed_ipfs.formats import store_gradient_as_arrow
 from gradfed_ipfs.provenance.round_record import (
@@ -21,12 +22,12 @@ from gradfed_ipfs.provenance.round_record import (
     verify_history,
     verify_round,
 )
-from gradfed_ipfs.tensor import AggregationMethod, AggregationStrategy, FedAvg
+from gradfed_ipfs.tensor import AggregationMethod, AggregationStrategy, SampleWeightedMean
 
 
 async def run_rounds(store: MemoryBlockStore, rounds: int = 5, strategy=None):
     """Simulate `rounds` rounds of three peers; return the record CIDs and aggregates."""
-    strategy = strategy or FedAvg()
+    strategy = strategy or SampleWeightedMean()
     rng = np.random.default_rng(7)
     previous: CID | None = None
     cids, aggregates = [], []
@@ -223,7 +224,7 @@ async def test_unencodable_parameters_raise_serialization_error() -> None:
             session="s",
             round=0,
             contributions={"a": grad},
-            aggregation=FedAvg(),
+            aggregation=SampleWeightedMean(),
             privacy={"epsilon_spent": float("inf")},
         )
 
@@ -245,7 +246,7 @@ async def test_noised_round_is_unverifiable_not_verified() -> None:
         "s",
         0,
         [ContributionRef(p, str(c), 1) for p, c in grads.items()],
-        FedAvg(),
+        SampleWeightedMean(),
         str(await put_gradient(store, noised)),
         privacy={"noise": True, "epsilon_spent": 1.0},
     )
@@ -258,7 +259,7 @@ async def test_noised_round_is_unverifiable_not_verified() -> None:
 def test_record_refuses_duplicate_peer() -> None:
     cid = "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"
     record = RoundRecord(
-        "s", 0, [ContributionRef("a", cid), ContributionRef("a", cid)], FedAvg(), cid
+        "s", 0, [ContributionRef("a", cid), ContributionRef("a", cid)], SampleWeightedMean(), cid
     )
     with pytest.raises(InvalidGradient):
         record.to_ipld()
@@ -296,7 +297,7 @@ async def test_history_verified_by_outsider_over_bitswap(kubo_swarm3) -> None:  
             }
             return await commit_round(
                 store, session="swarm", round=r, contributions=refs,
-                aggregation=FedAvg(), previous=previous,
+                aggregation=SampleWeightedMean(), previous=previous,
             )  # fmt: skip
 
         params = np.zeros(32, np.float32)
@@ -337,7 +338,7 @@ async def test_history_verified_by_outsider_over_bitswap(kubo_swarm3) -> None:  
         _, again = await commit_round(
             c, session="swarm", round=4,
             contributions={ref.peer_id: ref for ref in round4.contributions},
-            aggregation=FedAvg(), previous=round4.previous,
+            aggregation=SampleWeightedMean(), previous=round4.previous,
         )  # fmt: skip
         np.testing.assert_array_equal(again, aggregates[4])
         final = resumed - np.float32(0.1) * again

@@ -22,7 +22,8 @@ import httpx
 import numpy as np
 import pytest
 
-from gradfed_ipfs import BlockCorrupt, BlockTimeout, DistributedGradientAccumulator, put_gradient
+from gradfed_ipfs import BlockCorrupt, BlockTimeout, put_gradient
+from gradfed_ipfs.federated.accumulate import DistributedGradientAccumulator
 from gradfed_ipfs.kubo import KuboDaemon
 from gradfed_ipfs.storage import Block, KuboBlockStore
 

@@ -18,7 +18,8 @@ import httpx
 import numpy as np
 import pytest
 
-from gradfed_ipfs import DistributedGradientAccumulator, StoreUnavailable, put_gradient
+from gradfed_ipfs import StoreUnavailable, put_gradient
+from gradfed_ipfs.federated.accumulate import DistributedGradientAccumulator
 from gradfed_ipfs.kubo import KuboDaemon
 from gradfed_ipfs.seed import BackwardPassConfig
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore

@@ -30,7 +30,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from multiformats import CID
 
-from gradfed_ipfs import Block, FedAvg, TrimmedMean, make_cid
+from gradfed_ipfs import Block, TrimmedMean
+from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import (
     GradfedError,
     MalformedAnnouncement,
@@ -50,7 +51,12 @@ from gradfed_ipfs.formats.arrow import (
 from gradfed_ipfs.provenance.round_record import ROUND_RECORD_TYPE, ContributionRef, RoundRecord
 from gradfed_ipfs.seed import GradientArrowBlock
 from gradfed_ipfs.storage import ChunkManifest, ChunkRef
-from gradfed_ipfs.tensor import QuantizedGradient, SparseGradient, SparseQuantizedGradient
+from gradfed_ipfs.tensor import (
+    QuantizedGradient,
+    SampleWeightedMean,
+    SparseGradient,
+    SparseQuantizedGradient,
+)
 
 from .profile import FULL, FUZZ_EXAMPLES
 
@@ -132,7 +138,9 @@ ROUND_SEEDS = [
     bytes(dag_cbor.encode(_round_record().to_ipld())),
     bytes(
         dag_cbor.encode(
-            RoundRecord("s", 0, [], FedAvg(), str(_cid(1)), timestamp_ms=1).to_ipld()  # round 0
+            RoundRecord(
+                "s", 0, [], SampleWeightedMean(), str(_cid(1)), timestamp_ms=1
+            ).to_ipld()  # round 0
         )
     ),
 ]

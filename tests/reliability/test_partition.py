@@ -16,16 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradfed_ipfs import (
-    GossipModelSync,
-    KuboPubsub,
-    RoundConfig,
-    RoundResult,
-    RoundRunner,
-    put_gradient,
-)
+from gradfed_ipfs import put_gradient
 from gradfed_ipfs.errors import InsufficientPeers
-from gradfed_ipfs.kubo import KuboDaemon, KuboSwarm
+from gradfed_ipfs.federated.besteffort import GossipModelSync, RoundConfig, RoundResult, RoundRunner
+from gradfed_ipfs.kubo import KuboDaemon, KuboPubsub, KuboSwarm
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
 from tests.polling import apoll_until, poll_until
 

@@ -31,13 +31,10 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from gradfed_ipfs import (
-    BlockNotFound,
-    BlockTimeout,
-    DistributedGradientAccumulator,
-    GossipModelSync,
-    make_cid,
-)
+from gradfed_ipfs import BlockNotFound, BlockTimeout
+from gradfed_ipfs.cid import make_cid
+from gradfed_ipfs.federated.accumulate import DistributedGradientAccumulator
+from gradfed_ipfs.federated.besteffort import GossipModelSync
 from gradfed_ipfs.formats import MAX_MESSAGE_BYTES, Announcement
 from gradfed_ipfs.kubo.pubsub import KuboPubsub, PubsubMessage
 from gradfed_ipfs.storage import Block, KuboBlockStore

@@ -297,7 +297,7 @@ def quantize_cases(g: Gen) -> Iterator[Case]:
             "dense_memory",
             "dense_memory",
             {"values": values, "shape": [values.size]},
-            lambda _, v=values: gradfed_ipfs.DenseGradient(v, [v.size]).memory_size(),
+            lambda _, v=values: gradfed_ipfs.tensor.DenseGradient(v, [v.size]).memory_size(),
         )
 
 

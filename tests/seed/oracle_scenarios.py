@@ -14,7 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from gradfed_ipfs import AccountingMode, MemoryPubsub, MemoryPubsubBus
+from gradfed_ipfs import MemoryPubsubBus
+from gradfed_ipfs.federated.privacy import AccountingMode
+from gradfed_ipfs.kubo import MemoryPubsub
 from tests.seed.crate_oracle import Case, Ok, Tol, attempt
 from tests.seed.oracle_cases import MODEL_CID, Gen, api, f32, f64, sum_tol, vec
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradfed_ipfs import Contribution, MemoryBlockStore
+from gradfed_ipfs import MemoryBlockStore
 from gradfed_ipfs.errors import (
     DimensionMismatch,
     EmptyGradients,
@@ -23,6 +23,7 @@ from gradfed_ipfs.seed import (
     clip_gradient_norm,
     federated_average,
 )
+from gradfed_ipfs.tensor import Contribution
 from tests.helpers import FakeClock
 
 # ----------------------------------------------------------------------- seed §11 cases

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradfed_ipfs import MemoryBlockStore, make_cid
+from gradfed_ipfs import MemoryBlockStore
+from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import (
     ArrowBlockError,
     ArrowBlockShapeMismatch,

@@ -7,17 +7,11 @@ import dag_cbor
 import numpy as np
 import pytest
 
-from gradfed_ipfs import (
-    Block,
-    GradientDelta,
-    MemoryBlockStore,
-    QuantizedGradient,
-    SparseGradient,
-    make_cid,
-)
+from gradfed_ipfs import Block, MemoryBlockStore
+from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import BlockNotFound, ChecksumFailed, MalformedArrow, MalformedManifest
 from gradfed_ipfs.storage import load_delta, store_delta
-from gradfed_ipfs.tensor import GradientCompressor
+from gradfed_ipfs.tensor import GradientCompressor, GradientDelta, QuantizedGradient, SparseGradient
 
 BASE = make_cid(b"model v1")
 

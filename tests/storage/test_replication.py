@@ -14,12 +14,13 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from gradfed_ipfs import FedAvg, KuboBlockStore, KuboSwarm, put_gradient, verify_round
+from gradfed_ipfs import KuboBlockStore, KuboSwarm, put_gradient
 from gradfed_ipfs.errors import KuboStartError
 from gradfed_ipfs.kubo import cluster as cluster_module
 from gradfed_ipfs.kubo.cluster import ClusterPeer, ClusterSwarm, find_cluster_binary
-from gradfed_ipfs.provenance import ContributionRef, commit_round
+from gradfed_ipfs.provenance import ContributionRef, commit_round, verify_round
 from gradfed_ipfs.storage.replication import ClusterPinning
+from gradfed_ipfs.tensor import SampleWeightedMean
 
 pytestmark = [pytest.mark.kubo, pytest.mark.slow]
 
@@ -50,7 +51,7 @@ async def test_round_root_survives_its_origin_daemon(swarm: KuboSwarm) -> None:
                 cid = await put_gradient(store, values, chunk_bytes=256 * 1024)
                 refs[peer] = ContributionRef(peer, str(cid), samples)
             record, _ = await commit_round(
-                store, session="s", round=0, contributions=refs, aggregation=FedAvg()
+                store, session="s", round=0, contributions=refs, aggregation=SampleWeightedMean()
             )
         # Execute: pin through the cluster, wait for 2 pinned copies, kill the origin.
         async with ClusterPinning(cluster[1].api_url) as pinning:

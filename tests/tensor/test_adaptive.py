@@ -3,9 +3,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradfed_ipfs import BySize, ConfigError, DenseGradient, QuantizedGradient, SparseGradient
+from gradfed_ipfs import ConfigError
 from gradfed_ipfs.formats import load_gradient_from_arrow, store_layer_as_arrow
-from gradfed_ipfs.tensor import Dense, ErrorFeedback, Int8, TopK
+from gradfed_ipfs.tensor import (
+    BySize,
+    Dense,
+    DenseGradient,
+    ErrorFeedback,
+    Int8,
+    QuantizedGradient,
+    SparseGradient,
+    TopK,
+)
 
 
 def test_by_size_chooses_by_element_count() -> None:

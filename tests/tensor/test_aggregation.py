@@ -8,9 +8,9 @@ from gradfed_ipfs.tensor import (
     AggregationMethod,
     AggregationStrategy,
     Contribution,
-    FedAvg,
     GradientAggregator,
     Mean,
+    SampleWeightedMean,
     Sum,
     WeightedMean,
 )
@@ -74,7 +74,7 @@ def test_sum_mean_weighted_fedavg() -> None:
     weighted = WeightedMean({"peer-0": 1.0, "peer-1": 3.0})
     np.testing.assert_allclose(weighted.aggregate(contributions([0.0], [4.0])), [3.0])
     fed = contributions([0, 0], [2, 4], counts=[100, 300])
-    np.testing.assert_allclose(FedAvg().aggregate(fed), [1.5, 3.0])
+    np.testing.assert_allclose(SampleWeightedMean().aggregate(fed), [1.5, 3.0])
 
 
 def test_namespace_lists_every_strategy() -> None:

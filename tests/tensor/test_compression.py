@@ -6,19 +6,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from gradfed_ipfs import (
+from gradfed_ipfs.errors import ConfigError, InvalidCompressionRatio, ShapeMismatch
+from gradfed_ipfs.tensor import (
     CODECS,
     Codec,
     ErrorFeedback,
     Int4,
     Int8,
     RandomK,
+    SparseGradient,
+    SparseQuantizedGradient,
     Threshold,
     TopK,
     TopKInt8,
 )
-from gradfed_ipfs.errors import ConfigError, InvalidCompressionRatio, ShapeMismatch
-from gradfed_ipfs.tensor import SparseGradient, SparseQuantizedGradient
 from gradfed_ipfs.tensor.compression import GradientCompressor, top_k_indices
 
 finite32 = st.floats(width=32, allow_nan=False, allow_infinity=False, min_value=-1e4, max_value=1e4)

@@ -5,26 +5,27 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradfed_ipfs import ConfigError, InvalidGradient, ShapeMismatch
+from gradfed_ipfs import ConfigError, InvalidGradient
+from gradfed_ipfs.errors import ShapeMismatch
 from gradfed_ipfs.tensor import (
-    FedAdagrad,
-    FedAdam,
-    FedAvgM,
-    FedYogi,
     OptimizerState,
+    ServerAdagrad,
+    ServerAdam,
+    ServerMomentum,
+    ServerYogi,
     fedprox_gradient,
     qfedavg_update,
 )
 
 
 def test_fedavgm_without_momentum_is_fedavg() -> None:
-    model, _ = FedAvgM().step([1.0, 2.0], [0.5, -0.5])
+    model, _ = ServerMomentum().step([1.0, 2.0], [0.5, -0.5])
     np.testing.assert_array_equal(model, np.array([1.5, 1.5], dtype=np.float32))
 
 
 def test_fedavgm_momentum_accumulates_over_rounds() -> None:
     # Prepare: beta = 0.5, eta = 1.  Round 1: v = [1, 2]; round 2: v = 0.5*[1, 2] + [1, 0].
-    opt = FedAvgM(server_learning_rate=1.0, server_momentum=0.5)
+    opt = ServerMomentum(server_learning_rate=1.0, server_momentum=0.5)
     # Execute
     x1, s1 = opt.step([0.0, 0.0], [1.0, 2.0])
     x2, s2 = opt.step(x1, [1.0, 0.0], s1)
@@ -36,7 +37,7 @@ def test_fedavgm_momentum_accumulates_over_rounds() -> None:
 
 
 def test_fedadagrad_two_steps() -> None:
-    opt = FedAdagrad(eta=0.1)
+    opt = ServerAdagrad(eta=0.1)
     x1, s1 = opt.step([0.0, 0.0], [2.0, -1.0])
     np.testing.assert_allclose(x1, [0.1, -0.1], rtol=1e-6)
     x2, _ = opt.step(x1, [2.0, -1.0], s1)  # v = [8, 2]
@@ -45,7 +46,7 @@ def test_fedadagrad_two_steps() -> None:
 
 def test_fedadam_first_step_is_eta_times_sign() -> None:
     # m = 0.1*delta, v = 0.01*delta^2, bias-corrected step 0.1*sqrt(0.01)/0.1 = 0.1.
-    model, state = FedAdam(eta=0.1).step([0.0, 0.0], [2.0, -1.0])
+    model, state = ServerAdam(eta=0.1).step([0.0, 0.0], [2.0, -1.0])
     np.testing.assert_allclose(model, [0.1, -0.1], rtol=1e-6)
     np.testing.assert_allclose(state.arrays["m"], [0.2, -0.1], rtol=1e-6)
     np.testing.assert_allclose(state.arrays["v"], [0.04, 0.01], rtol=1e-6)
@@ -53,13 +54,15 @@ def test_fedadam_first_step_is_eta_times_sign() -> None:
 
 def test_fedyogi_first_step() -> None:
     # v = 0 - 0.01*[4, 1]*sign(0 - [4, 1]) = [0.04, 0.01]; step 0.01*m/(sqrt(v)+1e-3).
-    model, _ = FedYogi().step([0.0, 0.0], [2.0, -1.0])
+    model, _ = ServerYogi().step([0.0, 0.0], [2.0, -1.0])
     np.testing.assert_allclose(model, [0.01 * 0.2 / 0.201, -0.01 * 0.1 / 0.101], rtol=1e-5)
 
 
-@pytest.mark.parametrize("opt", [FedAvgM(server_momentum=0.9), FedAdagrad(), FedAdam(), FedYogi()])
+@pytest.mark.parametrize(
+    "opt", [ServerMomentum(server_momentum=0.9), ServerAdagrad(), ServerAdam(), ServerYogi()]
+)
 def test_state_round_trips_and_gives_the_same_next_step(
-    opt: FedAvgM | FedAdagrad | FedAdam | FedYogi,
+    opt: ServerMomentum | ServerAdagrad | ServerAdam | ServerYogi,
 ) -> None:
     rng = np.random.default_rng(7)
     x = rng.standard_normal(64).astype(np.float32)
@@ -75,22 +78,22 @@ def test_state_round_trips_and_gives_the_same_next_step(
 def test_inputs_are_not_modified_and_bad_updates_refused() -> None:
     model = np.ones(3, dtype=np.float32)
     update = np.full(3, 0.5, dtype=np.float32)
-    FedAdam().step(model, update)
+    ServerAdam().step(model, update)
     np.testing.assert_array_equal(model, np.ones(3))
     with pytest.raises(InvalidGradient, match="NaN or Inf"):
-        FedAdam().step(model, [np.nan, 0.0, 0.0])
+        ServerAdam().step(model, [np.nan, 0.0, 0.0])
     with pytest.raises(ShapeMismatch):
-        FedAdam().step(model, [1.0, 2.0])
-    _, state = FedAdam().step(model, update)
+        ServerAdam().step(model, [1.0, 2.0])
+    _, state = ServerAdam().step(model, update)
     with pytest.raises(ShapeMismatch):
-        FedAdam().step(np.ones(4), np.ones(4), state)
+        ServerAdam().step(np.ones(4), np.ones(4), state)
 
 
 def test_bad_settings_and_state_are_refused() -> None:
     with pytest.raises(ConfigError):
-        FedAvgM(server_momentum=1.0)
+        ServerMomentum(server_momentum=1.0)
     with pytest.raises(ConfigError):
-        FedAdam(eta=0.0)
+        ServerAdam(eta=0.0)
     with pytest.raises(InvalidGradient, match="expected 8"):
         OptimizerState.from_dict({"step": 1, "arrays": {"m": b"\0" * 4}}, 2)
     with pytest.raises(InvalidGradient):

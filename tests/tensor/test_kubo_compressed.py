@@ -7,10 +7,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gradfed_ipfs import Contribution, FedAvg, GradientDelta
 from gradfed_ipfs.formats import load_gradient_from_arrow, store_layer_as_arrow
 from gradfed_ipfs.storage import Block, KuboBlockStore, load_delta, store_delta
-from gradfed_ipfs.tensor import Dense, TopKInt8
+from gradfed_ipfs.tensor import Contribution, Dense, GradientDelta, SampleWeightedMean, TopKInt8
 
 pytestmark = pytest.mark.kubo
 
@@ -33,7 +32,7 @@ async def run_round(swarm: list[Any], codec: Dense | TopKInt8) -> tuple[np.ndarr
             f"peer-{i}": Contribution.of(load_gradient_from_arrow((await stores[0].get(cid)).data))
             for i, cid in enumerate(cids)
         }
-        return FedAvg().aggregate(fetched), bytes_put
+        return SampleWeightedMean().aggregate(fetched), bytes_put
     finally:
         for store in stores:
             await store.aclose()

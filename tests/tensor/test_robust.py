@@ -6,18 +6,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from gradfed_ipfs import (
-    AggregationStrategy,
-    Contribution,
-    FedAvg,
-    Krum,
-    Mean,
-    Median,
-    MultiKrum,
-    NormBounded,
-    TrimmedMean,
-)
+from gradfed_ipfs import Krum, Median, MultiKrum, NormBounded, TrimmedMean
 from gradfed_ipfs.errors import ConfigError, EmptyGradientSet, InvalidGradient, ShapeMismatch
+from gradfed_ipfs.tensor import AggregationStrategy, Contribution, Mean, SampleWeightedMean
 from gradfed_ipfs.tensor.robust import (
     clip_to_norm,
     coordinate_median,
@@ -89,7 +80,7 @@ def test_norm_bounded_clips_then_delegates() -> None:
     result = NormBounded(inner=Mean(), max_norm=1.0).aggregate(peers([3, 4]))
     np.testing.assert_allclose(result, [0.6, 0.8], rtol=1e-6)
     # within the bound: untouched; sample counts survive clipping
-    bounded = NormBounded(inner=FedAvg(), max_norm=10.0)
+    bounded = NormBounded(inner=SampleWeightedMean(), max_norm=10.0)
     np.testing.assert_allclose(
         bounded.aggregate(peers([0, 0], [2, 4], counts=[100, 300])), [1.5, 3.0]
     )
@@ -210,7 +201,7 @@ def test_robust_rules_resist_byzantine_peers(
 @pytest.mark.parametrize("n_bad", [2, 3])
 def test_fedavg_does_not_resist(attack: str, n_bad: int) -> None:
     contributions, honest_mean, radius = byzantine_round(attack, n_bad)
-    result = FedAvg().aggregate(contributions)
+    result = SampleWeightedMean().aggregate(contributions)
     assert np.linalg.norm(result - honest_mean) > 3 * radius
 
 
@@ -219,7 +210,7 @@ def test_one_wild_peer_among_five() -> None:
     for strategy in (Median(), Krum(f=1), TrimmedMean(beta=0.2)):
         result = strategy.aggregate(contributions)
         assert np.all(np.abs(result - 1.0) < 0.11), strategy
-    assert np.abs(FedAvg().aggregate(contributions)).max() > 1e5
+    assert np.abs(SampleWeightedMean().aggregate(contributions)).max() > 1e5
 
 
 @given(

@@ -8,8 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from gradfed_ipfs import GradientDelta, make_cid
+from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import ChecksumFailed, InvalidGradient, ShapeMismatch
+from gradfed_ipfs.tensor import GradientDelta
 from gradfed_ipfs.tensor.types import (
     DenseGradient,
     LayerGradient,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...errors import ConfigError
-from ...tensor.aggregation import AggregationStrategy, FedAvg
+from ...tensor.aggregation import AggregationStrategy, SampleWeightedMean
 
 __all__ = ["DEFAULT_MAX_WEIGHT", "AccumulatorConfig"]
 
@@ -41,7 +41,7 @@ class AccumulatorConfig:
     """
 
     max_peers: int = 8
-    aggregation: AggregationStrategy = field(default_factory=FedAvg)
+    aggregation: AggregationStrategy = field(default_factory=SampleWeightedMean)
     timeout: float = 60.0
     gradient_clipping: float | None = None
     max_weight: int | None = DEFAULT_MAX_WEIGHT

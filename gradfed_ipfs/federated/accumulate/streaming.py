@@ -48,7 +48,14 @@ from ...storage.dag import (
     fetch_gradient,
     fetch_manifest,
 )
-from ...tensor.aggregation import Contribution, FedAvg, Mean, Sum, WeightedMean, as_float32_vector
+from ...tensor.aggregation import (
+    Contribution,
+    Mean,
+    SampleWeightedMean,
+    Sum,
+    WeightedMean,
+    as_float32_vector,
+)
 from ...tensor.verification import check_finite
 from .accumulator import LOCAL_PEER_ID, AccumulatorBase, peer_data_boundary
 from .config import AccumulatorConfig
@@ -110,7 +117,7 @@ class StreamingAccumulator(AccumulatorBase):
             progress=progress,
         )
         strategy = self.config.aggregation
-        if not isinstance(strategy, Sum | Mean | FedAvg | WeightedMean):
+        if not isinstance(strategy, Sum | Mean | SampleWeightedMean | WeightedMean):
             raise ConfigError(
                 "streaming aggregation supports Sum, Mean, FedAvg and WeightedMean, "
                 f"not {strategy!r}"
@@ -372,7 +379,7 @@ class StreamingAccumulator(AccumulatorBase):
             if not isinstance(weights, Mapping) or peer_id not in weights:
                 raise InvalidGradient(f"no weight for peer {peer_id}")
             return float(weights[peer_id])
-        if isinstance(strategy, FedAvg):
+        if isinstance(strategy, SampleWeightedMean):
             given = num_samples is not None
             if self._samples_given is not None and given != self._samples_given:
                 raise InvalidGradient(

@@ -6,7 +6,7 @@ chains to the previous one; :func:`verify_agreed_history` re-verifies a session 
 
 from __future__ import annotations
 
-from .config import AgreedConfig, AgreedRoundResult, ResyncResult
+from .config import AgreedConfig, AgreedRoundResult, ResyncResult, UpdateRule
 from .history import verify_agreed_history, verify_agreed_round
 from .session import AgreedSession
 from .slicing import RobustRule
@@ -17,6 +17,7 @@ __all__ = [
     "AgreedSession",
     "ResyncResult",
     "RobustRule",
+    "UpdateRule",
     "verify_agreed_history",
     "verify_agreed_round",
 ]

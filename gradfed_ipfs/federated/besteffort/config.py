@@ -4,7 +4,7 @@ A round is configured by one :class:`RoundConfig`. Differential privacy and secu
 are *options* of the one runner, the way Flower wraps a strategy (``DifferentialPrivacy…``
 around ``FedAvg``; SecAgg+ as a mod) rather than a second runner::
 
-    RoundConfig(min_peers=2, aggregation=FedAvg())                       # plain FedAvg
+    RoundConfig(min_peers=2, aggregation=SampleWeightedMean())                       # plain FedAvg
     RoundConfig(min_peers=2, dp=DifferentialPrivacy(...))                # + client-level DP
     RoundConfig(secure=SecureOptions(clients=ids, aggregator=ids[0], threshold=2))  # SecAgg
     RoundConfig(secure=SecureOptions(...), dp=DifferentialPrivacy(...))  # central DP on SecAgg
@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, field
 
 from ...errors import ConfigError
-from ...tensor.aggregation import AggregationStrategy, FedAvg
+from ...tensor.aggregation import AggregationStrategy, SampleWeightedMean
 from ..accumulate.config import DEFAULT_MAX_WEIGHT, AccumulatorConfig
 from ..privacy.mechanisms import DifferentialPrivacy
 
@@ -133,7 +133,7 @@ class RoundConfig:
     republish_interval: float = 1.0
     max_republish: int = 120
     max_peers: int = 64
-    aggregation: AggregationStrategy = field(default_factory=FedAvg)
+    aggregation: AggregationStrategy = field(default_factory=SampleWeightedMean)
     streaming: bool = False
     max_weight: int | None = DEFAULT_MAX_WEIGHT
     dp: DifferentialPrivacy | None = None

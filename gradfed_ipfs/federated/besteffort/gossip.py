@@ -2,10 +2,10 @@
 
 The seed's version is an in-process broadcast channel that counts messages rather than peers and
 whose ``verify_update`` accepts almost any string. Here an endpoint runs over a
-:class:`~gradfed_ipfs.kubo.PubsubTransport`: :class:`~gradfed_ipfs.KuboPubsub` on a
+:class:`~gradfed_ipfs.kubo.PubsubTransport`: :class:`~gradfed_ipfs.kubo.KuboPubsub` on a
 real daemon, or :class:`~gradfed_ipfs.kubo.pubsub.MemoryPubsub` (a shared in-process bus) in unit
 tests. Messages are DESIGN §3 announcements on ``gradfed/v1/<session_id>``; every received one
-passes an :class:`~gradfed_ipfs.AnnouncementFilter` (authenticated sender, session,
+passes an :class:`~gradfed_ipfs.formats.AnnouncementFilter` (authenticated sender, session,
 CID, size, de-duplication per (peer, round), own messages), and ``collect_updates`` counts
 distinct peers. Announcers re-publish until the round closes (bounded count and interval), so a
 late subscriber still learns the CID.

@@ -58,7 +58,7 @@ class RoundResult:
     duration_ms
         Time the round took on this node, in milliseconds.
     drops
-        Announcements dropped, by reason (see :class:`~gradfed_ipfs.AnnouncementFilter`).
+        Announcements dropped, by reason (see :class:`~gradfed_ipfs.formats.AnnouncementFilter`).
     throughput
         Peer ID → rate of its fetch this round in bytes/s (received bytes over the fetch's
         time, latency included), for fetches that completed or were cut off while sending;
@@ -92,7 +92,7 @@ class RoundResult:
 
     @property
     def stats(self) -> RoundStats:
-        """The round as the seed's JSON record :class:`~gradfed_ipfs.RoundStats`."""
+        """The round as the seed's JSON record :class:`~.exchange.RoundStats`."""
         return RoundStats(
             round_id=self.round_id,
             participants=len(self.participants),

@@ -1,4 +1,4 @@
-"""The ``secure`` option of :class:`~gradfed_ipfs.RoundRunner`: a SecAgg round, optionally DP.
+"""The ``secure`` option of :class:`~.runner.RoundRunner`: a SecAgg round, optionally DP.
 
 The runner's node is always a client of the SecAgg round (it brings a gradient); it may also be
 the round's aggregator. The protocol is :mod:`gradfed_ipfs.federated.secagg_round.peer`, unchanged:

@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from gradfed_ipfs import DistributedGradientAccumulator
 from gradfed_ipfs.errors import (
     BlockCorrupt,
     BlockNotFound,
@@ -17,6 +16,7 @@ from gradfed_ipfs.errors import (
     InvalidGradient,
     MalformedArrow,
 )
+from gradfed_ipfs.federated.accumulate import DistributedGradientAccumulator
 from gradfed_ipfs.formats import store_gradient_as_arrow
 from gradfed_ipfs.seed import AggregationMethod, BackwardPassConfig
 from gradfed_ipfs.storage import Block, BlockStore, KuboBlockStore, MemoryBlockStore

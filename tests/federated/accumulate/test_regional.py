@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradfed_ipfs import AccumulatorConfig
-from gradfed_ipfs import DistributedGradientAccumulator as Native
 from gradfed_ipfs.errors import EmptyGradients
+from gradfed_ipfs.federated.accumulate import AccumulatorConfig
+from gradfed_ipfs.federated.accumulate import DistributedGradientAccumulator as Native
 from gradfed_ipfs.seed import BackwardPassConfig, DistributedGradientAccumulator
 from gradfed_ipfs.storage import MemoryBlockStore, put_gradient
 

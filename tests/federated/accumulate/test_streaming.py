@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradfed_ipfs import DistributedGradientAccumulator, Median, StreamingAccumulator
+from gradfed_ipfs import Median
 from gradfed_ipfs.errors import (
     BlockCorrupt,
     ConfigError,
@@ -13,6 +13,7 @@ from gradfed_ipfs.errors import (
     EmptyGradients,
     InvalidGradient,
 )
+from gradfed_ipfs.federated.accumulate import DistributedGradientAccumulator, StreamingAccumulator
 from gradfed_ipfs.formats import store_gradient_as_arrow
 from gradfed_ipfs.seed import AggregationMethod, BackwardPassConfig
 from gradfed_ipfs.storage import Block, MemoryBlockStore

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gradfed_ipfs import AgreedConfig, Block, make_cid
+from gradfed_ipfs import AgreedConfig, Block
+from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import (
     EmptyGradientSet,
     InvalidGradient,

@@ -8,8 +8,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from gradfed_ipfs import AgreedConfig, AgreedSession, RobustRule, make_cid, verify_agreed_history
+from gradfed_ipfs import AgreedConfig, AgreedSession, verify_agreed_history
+from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import InvalidGradient, MalformedManifest, RoundVerificationFailed
+from gradfed_ipfs.federated.agreed import RobustRule
 from gradfed_ipfs.federated.agreed.history import (
     load_record,
     load_result,

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from multiformats import CID
 
-from gradfed_ipfs import AgreedConfig, AgreedSession, make_cid, verify_agreed_history
+from gradfed_ipfs import AgreedConfig, AgreedSession, verify_agreed_history
 from gradfed_ipfs.block import Block
+from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import InvalidGradient
 from gradfed_ipfs.federated.agreed.coordinator import coordinator_ranking, model_holders
 from gradfed_ipfs.federated.sliced.peer import CountingStore

@@ -8,13 +8,8 @@ from collections.abc import AsyncIterator, Sequence
 import numpy as np
 import pytest
 
-from gradfed_ipfs import (
-    AgreedConfig,
-    AgreedRoundResult,
-    AgreedSession,
-    make_cid,
-    verify_agreed_history,
-)
+from gradfed_ipfs import AgreedConfig, AgreedRoundResult, AgreedSession, verify_agreed_history
+from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import (
     BlockNotFound,
     BlockTimeout,

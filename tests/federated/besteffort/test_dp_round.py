@@ -10,18 +10,16 @@ import numpy as np
 import pytest
 
 from gradfed_ipfs import (
-    AccountingMode,
     ConfigError,
     DifferentialPrivacy,
-    GossipModelSync,
     InvalidGradient,
-    KuboPubsub,
     MemoryPubsubBus,
     PrivacyBudgetExhausted,
-    RoundConfig,
-    RoundRunner,
-    StreamingAccumulator,
 )
+from gradfed_ipfs.federated.accumulate import StreamingAccumulator
+from gradfed_ipfs.federated.besteffort import GossipModelSync, RoundConfig, RoundRunner
+from gradfed_ipfs.federated.privacy import AccountingMode
+from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.seed import BackwardPassConfig
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
 

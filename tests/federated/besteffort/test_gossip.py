@@ -6,8 +6,11 @@ import asyncio
 
 import pytest
 
-from gradfed_ipfs import Announcement, DecodeError, InvalidGradient, KuboPubsub, make_cid
+from gradfed_ipfs import DecodeError, InvalidGradient
+from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.federated import GossipModelSync, ModelUpdate
+from gradfed_ipfs.formats import Announcement
+from gradfed_ipfs.kubo import KuboPubsub
 from tests.polling import apoll_until
 
 CID_A = str(make_cid(b"model a"))

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import gradfed_ipfs.storage.dag as dag
-from gradfed_ipfs import FedAvg, MemoryPubsubBus, NormBounded, Sum, make_cid
+from gradfed_ipfs import MemoryPubsubBus, NormBounded
+from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import BlockCorrupt, InsufficientPeers, InvalidGradient
 from gradfed_ipfs.federated.accumulate import (
     DEFAULT_MAX_WEIGHT,
@@ -25,6 +26,7 @@ from gradfed_ipfs.federated.accumulate import (
 from gradfed_ipfs.federated.besteffort import GossipModelSync, RoundConfig, RoundRunner
 from gradfed_ipfs.storage import MemoryBlockStore
 from gradfed_ipfs.storage.dag import fetch_manifest, put_gradient, values_per_chunk
+from gradfed_ipfs.tensor import SampleWeightedMean, Sum
 from tests.federated.besteffort.test_runner import HangingStore, nodes
 
 CHUNK = 65_536
@@ -57,7 +59,7 @@ async def test_rejected_chunked_peer_leaves_the_streaming_sum_exact(num_samples:
     junk = (await fetch_manifest(store, bad)).chunks[1].cid
     store.blocks[bytes(junk)] = (junk, b"junk" * 100)
     good = await put_gradient(store, honest, chunk_bytes=CHUNK)
-    config = AccumulatorConfig(aggregation=FedAvg())
+    config = AccumulatorConfig(aggregation=SampleWeightedMean())
     streaming = StreamingAccumulator("s", config, chunk_bytes=CHUNK, concurrency=1)
     holding = DistributedGradientAccumulator("s", config, chunk_bytes=CHUNK)
     # Execute: the attacker is refused, then the honest peer folds in.
@@ -136,7 +138,9 @@ async def test_future_buffer_still_has_a_total_cap() -> None:
 # ------------------------------------------------------------------- (10) weight cap
 
 
-@pytest.mark.parametrize("rule", [FedAvg(), NormBounded(inner=FedAvg(), max_norm=10.0)])
+@pytest.mark.parametrize(
+    "rule", [SampleWeightedMean(), NormBounded(inner=SampleWeightedMean(), max_norm=10.0)]
+)
 async def test_a_huge_sample_count_no_longer_flips_fedavg(rule: Any) -> None:
     # Prepare: three honest contributions (2**19 samples each) along +u; one liar along -u.
     store = MemoryBlockStore()

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gradfed_ipfs import ConfigError, MemoryPubsubBus, RoundConfig, RoundRunner
+from gradfed_ipfs import ConfigError, MemoryPubsubBus
+from gradfed_ipfs.federated.besteffort import RoundConfig, RoundRunner
 from gradfed_ipfs.federated.besteffort.collect import describe
 from gradfed_ipfs.federated.besteffort.liveness import FetchWatch, ProgressStore, verdict
 from gradfed_ipfs.storage import UNSET, Block, MemoryBlockStore

@@ -10,16 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gradfed_ipfs import (
-    GossipModelSync,
-    KuboPubsub,
-    MemoryPubsubBus,
-    RoundConfig,
-    RoundRunner,
-    make_cid,
-    parse_cid,
-)
+from gradfed_ipfs import MemoryPubsubBus, parse_cid
+from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import ConfigError, InsufficientPeers
+from gradfed_ipfs.federated.besteffort import GossipModelSync, RoundConfig, RoundRunner
+from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import (
     UNSET,
     Block,

@@ -13,21 +13,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradfed_ipfs import (
-    DifferentialPrivacy,
+from gradfed_ipfs import DifferentialPrivacy, MemoryPubsubBus, PrivacyBudgetExhausted
+from gradfed_ipfs.errors import SecureAggregationError
+from gradfed_ipfs.federated.besteffort import (
     GossipModelSync,
-    KuboPubsub,
-    MemoryPubsubBus,
-    PrivacyBudgetExhausted,
     RoundConfig,
     RoundResult,
     RoundRunner,
-    SecureAggregationError,
     SecureOptions,
 )
 from gradfed_ipfs.federated.besteffort.secure import protocol_config
 from gradfed_ipfs.federated.secagg import FixedPoint
 from gradfed_ipfs.federated.secagg_round.peer import SecureRoundPeer
+from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
 from tests.federated.besteffort.test_dp_round import DELTA, make_dp, reference_epsilon
 from tests.federated.secagg.test_secure_aggregation import rb, tolerance

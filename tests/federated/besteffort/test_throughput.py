@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gradfed_ipfs import ConfigError, MemoryPubsubBus, RoundConfig, RoundRunner
-from gradfed_ipfs.federated.besteffort import ThroughputMeter
+from gradfed_ipfs import ConfigError, MemoryPubsubBus
+from gradfed_ipfs.federated.besteffort import RoundConfig, RoundRunner, ThroughputMeter
 from gradfed_ipfs.federated.besteffort.collect import Collection
 from gradfed_ipfs.federated.besteffort.liveness import FetchWatch, ProgressStore
 from gradfed_ipfs.storage import MemoryBlockStore

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from gradfed_ipfs import KuboPubsub
 from gradfed_ipfs.federated.regional.session import (
     RegionalConfig,
     RegionalRoundResult,
     RegionalSession,
     verify_regional_round,
 )
+from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import KuboBlockStore, put_gradient
 from gradfed_ipfs.tensor import federated_average_in_regions, hierarchical_federated_average
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradfed_ipfs import SecureAggregationError
+from gradfed_ipfs.errors import SecureAggregationError
 from gradfed_ipfs.federated import SecAggClient, SecAggServer
 from gradfed_ipfs.federated.secagg import FixedPoint, RingArray
 from gradfed_ipfs.federated.secagg.blocks import decode_masked_block, encode_masked_block

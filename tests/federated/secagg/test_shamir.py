@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradfed_ipfs import SecureAggregationError
+from gradfed_ipfs.errors import SecureAggregationError
 from gradfed_ipfs.federated.secagg.shamir import PRIME, Share, combine_shares, split_secret
 
 

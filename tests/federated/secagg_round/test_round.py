@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradfed_ipfs import BlockNotFound, SecureAggregationError, parse_cid
+from gradfed_ipfs import BlockNotFound, parse_cid
+from gradfed_ipfs.errors import SecureAggregationError
 from gradfed_ipfs.federated.secagg import FixedPoint
 from gradfed_ipfs.federated.secagg.blocks import decode_masked_block
 from gradfed_ipfs.federated.secagg.codec import unpack_masked
