@@ -1,15 +1,17 @@
 """FedAvg throughput: ours vs the stacked ``w @ X`` bound vs Flower's ``aggregate``.
 
-Run: ``python benchmarks/bench_aggregate.py`` (Flower from the ``bench`` extra; without it that
-column is skipped). All three run in this one process on the same arrays; each number is the
-best of ``--repeat``
-runs after a warm-up (see ``WARM_UP_SECONDS``); the contenders are timed one after another.
-The bound is a BLAS ``w @ X`` over a matrix stacked *before* timing,
-i.e. reading N·d floats exactly once — no aggregation that starts from N separate arrays can be
-faster. Flower's ``aggregate`` takes ``[(ndarrays, num_examples)]``.
+Measures FedAvg over N separate float32 arrays (as gradients arrive), best of ``--repeat``
+runs after a warm-up (``WARM_UP_SECONDS``), the contenders timed one after another on the same
+arrays in this one process.
 
-On machines that set ``OPENBLAS_CORETYPE``/``OPENBLAS_L2_SIZE`` (see the env notes) run with both
-unset to measure a current NumPy: ``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python ...``.
+Baselines: a BLAS ``w @ X`` over a matrix stacked *before* timing (reads N·d floats exactly
+once: no aggregation that starts from N arrays can be faster), and Flower's
+``flwr.server.strategy.aggregate.aggregate`` (the ``bench`` extra; without it that column is
+skipped).
+
+Run: ``python benchmarks/bench_aggregate.py``; where ``OPENBLAS_CORETYPE``/``OPENBLAS_L2_SIZE``
+are set, ``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_aggregate.py``.
+Results: ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,20 @@
 """Compression and robust-aggregation cost: exact top-k, int8 quantize, robust rules vs FedAvg.
 
-Run: ``python benchmarks/bench_compress.py`` (about ten seconds on a 2-core machine). Three
-sections, one table, all in this one process on seeded float32 standard-normal data; each time is
-the best of ``--repeat`` runs. Top-k and int8 run ours and the reference in turn every round (so
-load drift hits both sides of those near-1 ratios alike); each aggregator is timed in its own block.
+Measures, in this one process on seeded float32 data, best of ``--repeat`` runs:
 
-- ``topk``: ``GradientCompressor.top_k`` and the ``TopK`` codec (k = ``--ratio`` · d) against the
-  bare bound ``np.argpartition(np.abs(x), d - k)`` on the same array. Ours additionally sorts the
-  k indices, checks for ties across the cut and gathers the values. Goal: ratio <= 1.3.
-- ``int8``: ``QuantizedGradient.from_dense`` and the ``Int8`` codec; GB/s counts float32 input
-  bytes (4·d) per second. The reference is one preallocated NumPy pass over the same data,
-  ``np.multiply(x, s, out=buf)``; the ratio is ours/pass in time (how many such passes the
-  quantizer costs). Goal: >= 1.7 GB/s.
+- ``topk``: ``GradientCompressor.top_k`` and the ``TopK`` codec (k = ``--ratio`` · d), which also
+  sort the indices, check ties across the cut and gather the values. Goal: ratio <= 1.3;
+- ``int8``: ``QuantizedGradient.from_dense`` and the ``Int8`` codec, in GB/s of float32 input.
+  Goal: >= 1.7 GB/s;
 - ``agg``: ``Median``, ``TrimmedMean``, ``Krum``, ``MultiKrum`` and ``NormBounded`` on N peers'
-  ``Contribution`` objects keyed by peer id, as a multiple of ``FedAvg`` on the same mapping.
+  contributions.
 
-On machines that set ``OPENBLAS_CORETYPE``/``OPENBLAS_L2_SIZE`` (see the env notes) run with both
-unset to measure a current NumPy: ``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python ...``.
+Baselines: ``np.argpartition(np.abs(x), d - k)`` for top-k and one preallocated NumPy pass
+``np.multiply(x, s, out=buf)`` for int8 (ours and the reference alternate every round), and
+``FedAvg`` on the same contributions for the robust rules.
+
+Run: ``python benchmarks/bench_compress.py`` (about ten seconds; unset ``OPENBLAS_CORETYPE`` and
+``OPENBLAS_L2_SIZE`` where they are set). Results: ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,22 @@
 """Flower vs gradfed-ipfs's training API on the same task, split and local training.
 
-Task: softmax regression on scikit-learn's ``digits`` (``examples/digits_model.py``), split
-over ``--peers`` peers by a seeded Dirichlet(``--alpha``) on labels, ``--rounds`` FedAvg
-rounds of ``--steps`` full-batch gradient steps. Both sides use the very same ``train``
-function and the same held-out test set; the script prints both accuracy curves and the run
-times.
+Measures accuracy curves and run time of softmax regression on scikit-learn's ``digits``
+(``examples/digits_model.py``), split over ``--peers`` peers by a seeded Dirichlet(``--alpha``)
+on labels, ``--rounds`` FedAvg rounds of ``--steps`` full-batch steps, with the very same
+``train`` function and test set on both sides. Ours:
+:func:`gradfed_ipfs.training.run_simulation` (N peers in one process over the in-memory bus,
+agreed rounds, no server).
 
-- gradfed-ipfs: :func:`gradfed_ipfs.training.run_simulation` (N peers in one process over the
-  in-memory bus, agreed rounds, no server);
-- Flower (the ``bench`` extra): ``flwr.simulation.run_simulation`` with a ServerApp/ClientApp
-  pair when Ray is installed (``pip install "flwr[simulation]"``), else Flower's own
-  ``FedAvg`` strategy (``aggregate_fit`` / ``evaluate``) driven by a plain loop (``--flower
-  loop``; no Ray, no gRPC: it measures Flower's aggregation, not its transport).
+Baseline (the ``bench`` extra): ``flwr.simulation.run_simulation`` with a ServerApp/ClientApp
+pair when Ray is installed (``pip install "flwr[simulation]"``), else Flower's ``FedAvg``
+strategy driven by a plain loop (``--flower loop``: Flower's aggregation, not its transport).
+
+Run::
 
     python benchmarks/bench_flower.py
     python benchmarks/bench_flower.py --rounds 15 --steps 5 --flower loop
+
+Results: ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """Commit and fetch through ``KuboBlockStore`` vs a bare httpx ``block/put``/``block/get`` loop.
 
-Run: ``python benchmarks/bench_kubo.py``. Starts one loopback Kubo daemon (the pinned binary)
-and, in this one process and on that daemon, times for each block size (256 KiB … 2 MiB):
+Measures, on one loopback Kubo daemon started here and for block sizes 256 KiB … 2 MiB, the
+throughput (MB/s) of ``KuboBlockStore.put`` (hash, size check, CID check, pin) and
+``KuboBlockStore.get`` (timeout, re-hash against the CID).
 
-- ``put``: ``KuboBlockStore.put`` (hash, size check, CID check, pin) vs a raw multipart POST;
-- ``get``: ``KuboBlockStore.get`` (timeout, re-hash against the CID) vs a raw POST.
+Baseline: a bare multipart POST loop on the same daemon with its own ``httpx.AsyncClient``, on
+fresh random blocks of the same sizes; ``ours/raw`` is 1.0 when we add nothing.
 
-Both sides use one ``httpx.AsyncClient`` each and fresh random blocks of the same sizes;
-``ours/raw`` is our throughput over the bare loop's (1.0 = no overhead). Throughput is MB/s.
+Run: ``python benchmarks/bench_kubo.py``. Results: ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations

@@ -1,125 +1,32 @@
 """Load: many peers as asyncio tasks over a few Kubo daemons, FedAvg rounds over pubsub.
 
-Run: ``python benchmarks/bench_load.py`` (32 peers, 4 daemons, 5 rounds of d = 1M) or
-``python benchmarks/bench_load.py --scaling`` (peers 8/16/32 at d = 1M, and d = 1M/4M at 8
-peers). Issue 8, scenario 6; ``tests/reliability/test_load.py`` runs a reduced version.
+Measures round latency, bytes over RPC and bitswap, peak memory and CPU (this process's and
+the daemons') when many simulated peers share a few daemons. Each round every peer commits a
+seeded gradient with a ``StreamingAccumulator``, announces it (re-published every second, as
+``RoundRunner`` does), fetches every other peer's gradient through its own daemon and checks
+its aggregate against a float64 reference. Simulated peers share their daemon's pubsub
+identity, so ``from`` must be the daemon hosting the announced peer.
 
-Each round, every peer generates its gradient (seeded), commits it to its daemon with a
-``StreamingAccumulator`` (chunked DAG, pinned), and announces the CID on the session topic (an
-:class:`~gradfed_ipfs.formats.Announcement`, re-published every second until the round ends, as
-``RoundRunner`` does). One subscription per daemon fans the announcements out to that daemon's
-peers. Each peer fetches every other peer's gradient through its own daemon (bitswap moves the
-blocks between daemons), folds it in as the chunks arrive, and finalizes; its aggregate is
-compared with a float64 reference.
+``--reduce-scatter N,...`` runs the same peers all-to-all (the baseline) and then
+reduce-scatter / all-gather (:class:`~gradfed_ipfs.federated.sliced.peer.ReduceScatterPeer`)
+on one swarm, back to back at each N, and prints round time, per-peer bytes and their ratio;
+``--chained`` adds a chained round (G = ``chain_groups(N)`` steps per slice); ``--faults``
+adds rounds with a silent reducer, a lying reducer, a sender whose chunks vanish and a killed
+peer, and prints the extra time over a clean round. The roster and the slice board are in
+process; every gradient and slice byte moves through the daemons.
+``tests/reliability/test_load.py`` runs a reduced version.
 
-Simulated peers share their daemon's pubsub identity, so the receiver's per-peer checks of
-``AnnouncementFilter`` (``from`` must equal the announced peer ID) are replaced here by: the
-``from`` must be the daemon that hosts the announced peer.
+Run::
 
-``--reduce-scatter`` (issue 14) runs the same peers both ways on one swarm: all-to-all as
-above, then reduce-scatter / all-gather
-(:class:`~gradfed_ipfs.federated.sliced.peer.ReduceScatterPeer`: each peer reduces one
-chunk-aligned slice of every contribution, then fetches the N slice results), printing the
-round time and per-peer downloaded bytes of each and their ratio; ``--faults`` adds one
-reduce-scatter round each with a silent reducer, a lying reducer and a sender whose chunks
-vanish after commit (detected / recovered, the final CID equal on every honest peer, extra
-time). The roster is built in process (its agreement is issue 13's, not timed here) and the
-slice board is in process; all gradient and slice bytes move through the daemons. The
-contributions are committed as an agreed round commits them (``EncodedGradient.store``: the
-chunks in one ``block/put`` call), chunked at :func:`slice_chunk_bytes` (``4·d/N``: slice k is
-chunk k). The line also prints the CPU seconds of this process and of the daemons, the load
-average, and how many slices a backup reducer redid (takeovers).
+    python benchmarks/bench_load.py                  # 32 peers, 4 daemons, 5 rounds, d = 1M
+    python benchmarks/bench_load.py --scaling        # peers 8/16/32 at 1M, d 1M/4M at 8 peers
+    python benchmarks/bench_load.py --reduce-scatter 8,16,32,64 --chained --peer-clients
+    python benchmarks/bench_load.py --reduce-scatter 16 --faults --peer-clients --a2a-max 0
 
-``--chained`` adds a chained round (:mod:`~gradfed_ipfs.federated.sliced.chain`: each
-slice reduced in G steps along the roster, float64 partial sums passed by CID; G =
-``chain_groups(N)``: 1 at N = 8, 2 at 16, 4 at 32, 8 at 64) after the one-level one at each N,
-and runs ``--faults`` chained. 2026-12-01 11:47 at 7cad6b8 (idle, load 0.4 rising to 5.3),
-``--reduce-scatter 8,16,32,64 --chained --peer-clients --a2a-max 32 --connections 16``:
-chained 0.89 (one level) / 1.64 / 4.39 / 8.93 s against one-level 0.94 / 1.94 / 5.71 / 14.12 s
-and all-to-all 3.01 / 11.28 / 46.23 s (N = 32: 10.5× all-to-all; N^1.11 from 8 to 64 against
-one-level's N^1.30); per-peer 1.75 / 2.13 / 2.26 / 2.26·d·4 B; equal CIDs, equal to the
-reference (10:39, before a step fetched its rows during the previous one: 0.86 / 1.99 / 4.26 /
-8.01 s). (With G = √N, 10:31: 2.14 / 3.92 / 8.24 s at
-N = 16 / 32 / 64, but 2.50·d·4 B at 16. The data path alone, measured with a prototype before
-the mode existed: 0.76 / 1.40 / 2.31 / 4.76 s, and at N = 128 9.94 s against one-level
-53.56 s.) Chained faults, extra time over the clean chained round: N = 16, G = 2 (11:10, clean
-1.72 s): silent +9.95 s (1 takeover), lying +1.02 s (every checker recomputes the lied slice:
-G·d values; 4.26·d·4 B per peer), dropped +9.76 s, killed +10.57 s; N = 32, G = 4 (11:11,
-clean 4.33 s): +9.38 / +3.66 (6.89·d·4 B) / +8.74 / +10.04 s. Equal CIDs on every honest peer.
-The dropped sender cost +29.84 s (N = 16, G = 4, 10:35) until a step stopped waiting for a
-sender another step of the phase had reported missing.
+(the recorded runs add ``--a2a-max 32 --connections 16``; docs/benchmarks.md has each command).
 
-Reading the numbers. Every simulated peer is a task of this one process and the 4 daemons share
-the machine's 2 cores with it, so a round takes about (this process's CPU + the daemons' CPU)
-/ 2; the machine is shared, so CPU seconds are the measure and times move with the load.
-Reduce-scatter's per-peer bytes are constant (~2·d·4 B) but its per-peer *counts* grow with N:
-a commit is N chunks, a reducer reads N−1 manifests of N links and N−1 chunks, every peer reads
-N slice records of N inputs and N−1 slice results: ~4N blocks and ~N² decoded items per peer.
-
-Made cheaper, in order (each found with cProfile of one round at N = 16-64, 2026-11-30):
-RPC calls through ``gradfed_ipfs.kubo.http1`` (httpx + httpcore cost 1.3-2.8 ms of CPU a call
-and scanned their pool per request), one TLS context, a client per simulated peer
-(``--peer-clients``: one client shared by N/4 peers queued ~N²/4 requests); CIDs built and
-rendered without multiformats' run-time checks, and remembered; a strict dag-cbor fast path
-(``formats/fast_cbor.py``); reducer ranking hashed once per round. Then (branch ``rs-lin``):
-
-- slice projections by ``einsum``, not BLAS: multi-threaded OpenBLAS woke and then spun its
-  threads for each of a peer's ~3N small dot products (at N = 64 holding it to one thread cut
-  this process's CPU from 30.6 to 21.3 s);
-- a reducer decodes only the links of the manifest chunks covering its slice
-  (``formats/manifest_window.py``; 64 manifests of 64 links, cold: 86 → 6.6 ms);
-- a phase's expected slice inputs are checked once and compared as bytes with each record's
-  (``SliceInputs``; 64 records of 64 inputs: 22.6 → 5.5 ms);
-- ``json_depth`` scans short texts in Python (NumPy's set-up was ~40 of the ~120 µs of decoding
-  one Arrow chunk; ~2N decodes per peer);
-- a commit's N chunks go in one ``block/put`` call (``put_many``); a waiting backup reducer
-  asks the board's count of filled slices before counting ranked records.
-
-Back to back, ``--reduce-scatter 8,16,32,64 --peer-clients --a2a-max 32 --connections 16``,
-2026-11-30, ``main`` at 729a32b ("before") then this branch ("after"), twice; other
-developers' work kept the load at 3.6-6.5 (run 1, 19:02-19:07) and raised it from 0.5 to
-6.9 during run 2 (19:21-19:26). Reduce-scatter round (this process's CPU + the daemons')::
-
-    N   before, run 1       after, run 1        before, run 2       after, run 2
-    8    2.41 s ( 1.7+1.1)   1.42 s ( 1.1+1.4)   1.07 s ( 1.2+0.8)   1.14 s ( 0.9+1.0)
-   16    4.94 s ( 3.6+2.2)   2.82 s ( 2.1+2.8)   3.45 s ( 3.2+2.0)   2.66 s ( 1.7+2.2)
-   32   16.97 s ( 9.8+5.9)   6.93 s ( 5.0+6.0)  16.41 s (11.6+5.7)  10.10 s ( 4.8+5.8)
-   64   36.11 s (29.2+14.5) 17.50 s (13.3+14.4) 33.01 s (27.8+14.3) 21.70 s (13.7+14.2)
-
-Every run: equal CIDs on all peers, equal to the reference, no takeovers, per-peer download
-1.76 / 1.89 / 1.98 / 2.12·d·4 B. At N = 64 this process's CPU halved (29.2 → 13.3 and 27.8 →
-13.7 s); the daemons' did not change (~14.3 s) and is now half of the total. From N = 8 to 64
-the total CPU grew 15.6x / 21x before and 11.1x / 14.7x after (the N = 8 totals are 1.9-2.8 s
-and noisy): closer to linear, short of the ~10x aimed at. CPU per simulated peer, after (run
-1): ours 0.14 / 0.13 / 0.16 / 0.21 s, the daemons' 0.18 / 0.18 / 0.19 / 0.23 s. All-to-all
-at N = 32 took 56.1 and 62.2 s (8.1x and 6.2x reduce-scatter's time). The idle-machine
-reference before this work (17:11, load 0.6-3.3) was 1.05 / 2.37 / 6.04 / 20.66 s with 1.1 /
-2.6 / 6.5 / 23.6 s of this process's CPU.
-
-What is left is per-block cost, about equal on both sides at N = 64. Ours: ~4N RPC calls per
-peer (a ``send`` and an asyncio exchange each, ~0.1-0.25 ms) and ~2N Arrow decodes (~0.2 ms
-each). The daemons' (pprof of one daemon during an N = 64 round): ~55 % serving RPC calls, of
-which ~20 % is flatfs writing each stored or fetched block as its own file (temp file, write,
-fsync, rename), ~8 % bitswap streams; ~2N block writes and ~4N calls per peer. Slice records
-inline in board messages (no ``block/get`` of N records per peer) measured within the noise in
-a first experiment (N = 64: 13.2 / 12.4 s of this process's CPU without, 13.8 / 11.9 s with).
-They are in since 2026-12-01 (with dense blocks by template): 3N - 2 calls per peer; alternated
-back to back, N = 32 6.64 / 6.42 s before and 5.43 / 5.73 s after, N = 64 14.53 / 14.48 before
-and 14.82 / 14.34 after (the daemons, 15-16 s of CPU, dominate there: a flatfs file create
-costs 0.39 ms on this VM's disk). Under retention the keeper stores the records a peer read
-from announcements and pins them alone, so every daemon still keeps them. At d = 4M
-(``--d 4000000``) the growth is linear: 4.37 / 7.53 / 17.03 / 36.87 s at N = 8..64.
-
-``--reduce-scatter 16 --faults --peer-clients --a2a-max 0`` (19:20, this branch, load 0.5-0.8,
-clean round 2.28 s): silent reducer +10.41 s (1 takeover), lying reducer caught +0.67 s,
-dropped sender excluded +39.77 s; every final CID equal on the honest peers and to the
-reference (17:14, before: +9.67 / +0.12 / +39.3 s). 2026-12-01 08:20 (load 0.8-1.9, clean
-2.42 s): +9.80 / -0.17 / +9.05 s: a sender one fetch of a peer failed is now missing from all
-that peer's slices at once, and a backup does not wait for a reducer known gone (the dead
-sender's slice had cost a reducer timeout, a second fetch timeout and, in the phase that
-excludes it, a second reducer timeout). N = 8: +9.94 / -0.07 / +9.64 s. ``killed`` (a peer
-stopped once its slice is announced, 09:05, N = 16): +9.91 s (the check's wait for its values
-ends ``reducer_timeout`` after the last ones that came; before, it lasted ``fetch_timeout``).
+Every peer shares 2 cores with the daemons, so a round takes about the sum of all CPU over
+the cores: read the CPU seconds, not only the times. Results: ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations

@@ -1,118 +1,25 @@
-"""Round latency: agreed rounds (AgreedSession) vs the current RoundRunner, one process per peer.
+"""Round latency: agreed rounds (AgreedSession) vs the best-effort RoundRunner, a process per peer.
 
-Every peer is its own OS process beside its own loopback Kubo daemon (a KuboSwarm started
-here). Each runs ``--rounds`` rounds of seeded deltas of ``--dim`` floats with every peer
-required (RoundRunner: ``min_peers = n - 1``; agreed: ``min_peers = n``), with no loss and with
-20 % of one peer's incoming announcements dropped. The two protocols run in ``--blocks``
-alternated blocks (runner, agreed, runner, agreed, ...) so that both see the same drift of a
-shared machine's load. Per-round latency is measured on every peer from the start of its
-``run_round`` to its return (a runner round that closes short at its 10 s collect deadline,
-``InsufficientPeers``, counts with that time; ``short`` counts such rounds); p50/p95 over all
-peer-rounds (the first round of each block excluded: subscriptions warm up) and the
-agreed/runner ratios are printed, with a 95 % bootstrap interval of the p50 ratio (whole rounds
-resampled: a round's peers wait for each other), the date and the load average (1, 5, 15 min).
-A second line gives the mean latencies, the p50 start skew of a round (first peer's start to
-the last one's) and a third the CPU seconds per round of the peers and of their daemons
-(``/proc/<pid>/stat`` after each round; summed over peers). The test data (each round's delta)
-is made before the round's clock starts. ``--done-timeout`` sets ``AgreedConfig.done_timeout``
-and ``--aggregation`` the agreed peers' ``AgreedConfig.aggregation`` (all-to-all by default).
+Measures per-round latency (p50, p95, mean), the start skew of a round and the CPU seconds per
+round of the peers and of their daemons. Every peer is its own OS process beside its own
+loopback Kubo daemon (a ``KuboSwarm`` started here) and runs ``--rounds`` rounds of seeded
+deltas of ``--dim`` floats with every peer required, with no loss and with 20 % of one peer's
+incoming announcements dropped (``--losses``). Each swarm first runs an unmeasured warm-up
+block of each protocol (``WARMUP_ROUNDS``).
+
+Baseline: ``RoundRunner`` (``min_peers = n - 1``) against agreed rounds (``min_peers = n``),
+in ``--blocks`` alternated blocks so that both see the same drift of a shared machine's load.
+A runner round that closes short at its 10 s deadline counts with that time (``short``). The
+p50 ratio comes with a 95 % bootstrap interval (whole rounds resampled), the date and the load
+average. ``--done-timeout`` sets ``AgreedConfig.done_timeout`` and ``--aggregation`` the
+agreed peers' ``AgreedConfig.aggregation``.
+
+Run::
 
     python benchmarks/bench_rounds.py                      # 3 and 8 peers, d = 1M
     python benchmarks/bench_rounds.py --peers 3 --rounds 12 --blocks 5 --losses 0
 
-Idle 2-core VM, 2026-12-01 00:05 (the benchmark's own load only), ``main`` with the model put
-by 2 holders, dag-cbor written by ``fast_cbor.encode_dag_cbor``, seconds::
-
-    peers loss  runner p50   p95  agreed p50   p95  p50 ratio (95% CI)  p95  mean ratio  CPU ratio
-        3   0%       0.138 0.272       0.175 0.291   1.26 (1.09-1.38)  1.07        1.17       1.16
-        3   0%       0.140 0.227       0.168 0.279   1.19 (1.09-1.31)  1.23        1.22       1.25
-        3  20%       0.231 10.04       0.212 0.402   0.92 (0.80-1.14)  0.04        0.08       0.82
-        8   0%       1.565 2.989       1.249 1.772   0.80 (0.49-1.24)  0.59        0.68       0.66
-
-(3 peers: ``--rounds 12 --blocks 5``, 55 rounds each; with loss ``--blocks 3``, the runner
-closed 7 rounds short at its 10 s deadline; 8 peers: ``--rounds 8 --blocks 2``.) The <= 1.2x
-goal held at 8 peers and with loss, and not reliably at 3 peers without loss, until the
-holders stored every 4th model only (the last paragraphs: 7 of 8 runs under it). Earlier runs at
-3 peers: 1.24, 1.21, 1.18 (2026-11-30 20:00), 1.14 and 1.23 (today, 22:50). Later, 2026-12-01
-03:05-03:45: 1.40 (CI 1.29-1.49; mean ratio 1.20) and 1.24 (1.09-1.39; mean 1.13) with
-``--rounds 12 --blocks 5``, 1.06 (0.91-1.22; mean 1.02) with ``--rounds 31 --blocks 3``: the
-runner's p50 moved between 0.114 and 0.177 s from run to run, the agreed p50 less (0.159 to
-0.219 s), so the ratio's spread between runs is wider than its bootstrap interval.
-
-Why, from the CPU lines: with 3 peers and 3 daemons on 2 cores, rounds are CPU-bound (the CPU
-per round is ~2 cores x the mean round period), so the mean ratio follows the CPU ratio. An
-agreed peer uses ~17 ms more CPU per round than a runner peer, spread over what the protocol
-adds: hashing and Arrow-encoding the new model (~6 ms), the deterministic float64 update
-(3.6 ms against BLAS's 1.6 ms at idle), the model's put on 2 of 3 peers, records and messages.
-The model's put is not the gap: with ``model_replicas=1`` the CPU ratio was 1.17 and the p50
-ratio 1.30. At 8 peers the runner's daemons spend twice the agreed ones' CPU (every peer
-re-publishes its announcement every 0.25 s until the round ends), and the ratio turns.
-Waiting for the others' ``done`` (``--done-timeout 2``) brings the peers' starts together (43
-against 71 ms of skew) but adds a pubsub delivery to every round: p50 ratio 1.32, mean 1.35.
-
-On top of the CPU, the p50 of 3 peers is skewed by the order of starts: agreed peers start
-each round ~65 ms apart (runner ~40 ms). An agreed peer that starts last already holds the
-others' contributions (fetched as soon as heard, the next round's too) and finishes first, so
-the order rotates and 2 of 3 peer-rounds include a wait; hence a p50 ratio above the mean
-ratio in most runs. Deferring the model's put past the next announcement, or fetching the next
-round's contributions only once that round starts, moved the ratio less than the noise
-(2026-11-30).
-
-A new swarm's first block ran ~2x slower whichever protocol ran it (2026-12-01 08:40: runner
-first, 199-255 ms p50 in its first block against 108-110 ms in later ones; agreed first, the
-same for agreed), and every run above started with a runner block: that flattered the ratio.
-Since then each swarm first runs an unmeasured warm-up block of each protocol
-(``WARMUP_ROUNDS``). 2026-12-01 08:42, 3 peers, ``--rounds 12 --blocks 5 --losses 0``: runner
-p50 0.109 (p95 0.236), agreed 0.140 (0.225) s, ratio 1.29 (95 % CI 1.22-1.38), mean ratio 1.19,
-CPU ratio 1.20: the steady-state gap is about the agreed peers' extra CPU. 8 peers (08:45,
-``--rounds 8 --blocks 2``): 0.864 (2.347) against 0.954 (1.666) s, ratio 1.10 (0.73-1.26),
-mean ratio 0.85, CPU ratio 0.84.
-
-2026-12-01 12:13-12:45, 3 peers, idle machine, ``--rounds 12 --blocks 5 --losses 0``: p50
-ratio 1.25, 1.26, 1.23 (mean ratios 1.18, 1.21, 1.17; CPU ratios 1.22, 1.21, 1.19); after a
-finished round's roster and record went to Kubo in one put and one pin call instead of four
-(fd1b536), 1.30 and 1.30 (mean 1.20, 1.23; CPU 1.19, 1.19): no change measurable through the
-noise. The ratio depends on the block length, because the runner's daemons use more CPU per
-round the longer a block runs (agreed's stay flat): with ``--rounds 21 --blocks 2`` the p50
-ratio was 1.16, 1.09, 1.06 (and 1.08, 0.96 with the repos on tmpfs, ``TMPDIR=/dev/shm``), with
-the runner's daemons at 0.20-0.23 s of CPU per round against 0.15-0.16 s in 12-round blocks;
-with one block of 60 or 90 rounds, 0.75 and 0.74, the runner's daemons climbing from 0.26-0.29
-to 0.40-0.43 s per round (per 15 rounds) while the agreed ones stayed at 0.21-0.25 s. Kubo's
-CPU profile of a runner daemon late in such a block is mostly flatfs writes and ``block/get``
-(the write syscalls' share grows); the cause was not found. Single runs of variants (21-round
-blocks; the CPU ratio moved by up to 0.05 between identical runs): ``model_replicas=1`` CPU
-ratio 1.02 against 1.05 and 1.06; no model put 0.98; no model hash and no put 0.86.
-
-Cost of the Kubo calls a round makes (one daemon, 30 calls each, CPU per call, daemon / this
-process): a 4 MB gradient put (4 chunks in one call, then the root) 19 / 4.4 ms (Kubo's profile:
-sha256 ~3.7 ms, write syscalls, ``io.ReadAll`` and GC); a local 4 MB ``block/get`` 13.5 / 12-14
-ms (Kubo answers in ~4 KiB chunks; the local trustless gateway's ``?format=raw`` costs the daemon
-8.5 ms); a small ``block/put`` or ``pin/add`` ~1.5 / 0.35 ms; a ``pubsub/pub`` 0.7 / 0.2 ms.
-
-Since 2026-12-01 15:00 the holders put every 4th model only (``AgreedConfig.model_every = 4``;
-a model that was not stored is rebuilt from the last stored one where it is needed). 3 peers,
-``--rounds 12 --blocks 5 --losses 0``, idle machine, 14:58-15:20: p50 ratio 1.20, 1.26, 1.13,
-1.19, 1.16 (mean ratios 1.15, 1.14, 1.08, 1.10, 1.07; CPU ratios 1.14, 1.14, 1.07, 1.09, 1.06).
-The agreed daemons now use no more CPU per round than the runner's (0.18-0.21 s, 3 together);
-each agreed peer still uses ~12 ms more a round: hashing the new model (~4.3 ms, of which
-sha256 3.2), the float64 update (~6 ms against BLAS's 2 at this load) and the protocol's
-messages and records. The same setting just before the change (14:21): 1.19, mean 1.22, CPU
-1.18; with no model put at all (a temporary hack, not a setting): 1.08 and 1.14. 8 peers
-(``--rounds 8 --blocks 2``, 15:20): p50 ratio 1.01, mean ratio 0.80, CPU ratio 0.80. After
-the board stopped decoding its own echoed messages (15:15-15:25), 3 peers: 1.13 (95 % CI
-1.06-1.24), 1.13 (1.05-1.25), 1.13 (1.04-1.23); mean ratios 1.13, 1.12, 1.01; CPU ratios 1.14,
-1.12, 1.00. So 7 of 8 runs at or under 1.2, median 1.14. With 20 % loss (``--blocks 3
---losses 0.2``): 0.88 (0.73-1.08), the runner closing 7 of 33 rounds short at its deadline.
-
-Reduce-scatter at 3 peers (``--aggregation reduce-scatter``, 2026-12-01 05:38): p50 0.281 s
-against the runner's 0.160 (ratio 1.76), mean 0.296 s, CPU ratio 1.59: with 3 peers each still
-downloads 4/3·d instead of 2·d, but a round has three more pubsub steps (slice records,
-projections) and N more blocks to put; it pays from tens of peers on (``bench_load.py``), so
-``all-to-all`` stays the default. Before 2026-12-01 the same run stalled in about 1 round of 30
-until the round timeout (mean 1.4 s; blocks aborted on ``QuorumNotReached``): a peer that had
-every contribution derived the complete roster before the coordinator published it and stopped
-re-announcing its contribution, which the others had lost; now it re-announces it until the
-next round (``tests/multiprocess``, ``test_reduce_scatter_agreed.py``).
+Results: ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations

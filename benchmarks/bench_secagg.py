@@ -1,44 +1,26 @@
-"""Secure aggregation's cost against plain FedAvg (issue 5): time and bytes, in-process.
+"""Secure aggregation's cost against plain FedAvg: time and bytes, in-process.
 
-Run: ``python benchmarks/bench_secagg.py`` (defaults N = 5 and 10, d = 1M, 32- and 64-bit rings).
+Measures, with every party in this one process (no daemon: compute only), best of ``--repeat``
+fresh rounds:
 
-Every party runs in this one process; no daemon is involved, so the times are compute only.
-Each time is the best of ``--repeat`` fresh rounds (a SecAgg client masks once per round).
-
-Columns
--------
-fedavg      plain unweighted FedAvg of the N dense float32 vectors (``tensor.aggregation.fedavg``).
-setup       rounds 0-1 for all N clients: X25519 keys, Shamir sharing, AES-GCM share encryption
-            and decryption (per round; independent of d).
-mask/cl     round 2, one client: fixed-point encode + self-mask + N-1 pairwise ChaCha20 masks,
-            then the Arrow block sealed to the server (AES-GCM).
-unseal      the aggregator opening the N sealed masked blocks (AES-GCM) and decoding them.
+fedavg      plain unweighted FedAvg of the N dense float32 vectors (the baseline).
+setup       rounds 0-1 for all N clients: X25519 keys, Shamir sharing, share encryption.
+mask/cl     round 2, one client: fixed-point encode, self-mask, N-1 pairwise ChaCha20 masks,
+            the block sealed to the server (AES-GCM).
+unseal      the aggregator opening and decoding the N sealed masked blocks.
 sum         the aggregator adding the N masked ring vectors (the counterpart of ``fedavg``).
-unmask 0/1  rounds 3-4 with 0 dropouts / with 1 client dropped after key sharing: survivors
-            sign the survivor set and check each other's signatures (Ed25519), their unmask
-            answers, Shamir reconstruction, the self-mask PRGs and (with a dropout) the
-            dropped client's N-1 dangling pairwise masks, then fixed-point decoding.
-max err     |SecAgg sum - float64 sum|, to show the protocol computed the right thing.
+unmask 0/1  rounds 3-4 with 0 dropouts / 1 client dropped after key sharing: signed survivor
+            views, unmask answers, Shamir reconstruction, self-mask PRGs, fixed-point decoding.
+max err     |SecAgg sum - float64 sum|.
 
-Bytes moved (both directions, per round, all clients):
+Bytes (per round, all clients): ``plain`` N dense float32 Arrow blocks; ``masked`` N sealed
+masked ring blocks; ``keys+shares`` every key, share, request, view and answer message at its
+serialized size; ``ratio`` (masked + keys+shares) / plain; ``vs 16-bit`` the same traffic
+against 16-bit inputs in the clear, the baseline of Bonawitz et al. (CCS 2017,
+https://eprint.iacr.org/2017/281), who report 1.73x.
 
-plain       N dense float32 Arrow gradient blocks (``store_gradient_as_arrow``), client ->
-            aggregator.
-masked      N masked ring blocks (``encode_masked_block``), framed and sealed to the aggregator's
-            X25519 key (``codec.pack_masked`` + ``seal_for_server``), client -> aggregator.
-keys+shares the server key down, public keys up (3 per client), the roster down to every client,
-            the encrypted Shamir shares up and relayed down, the unmasking request (id lists)
-            down, each survivor's signed view up and to every other survivor, and the
-            survivors' sealed answers up; each message counted at its serialized size (JSON for
-            shares, views and answers, raw 32-byte keys).
-ratio       (masked + keys+shares) / plain: the communication expansion.
-vs 16-bit   (masked + keys+shares) / (N * d * 2 bytes): the same traffic against 16-bit inputs in
-            the clear, Bonawitz et al.'s baseline.
-
-Bonawitz et al. (CCS 2017, https://eprint.iacr.org/2017/281) report a 1.73x expansion for 2^10
-users and 2^20-element vectors over sending the *16-bit* inputs in the clear; here the baseline is
-the project's float32 gradient, so a 32-bit ring costs ~1x in payload and a 64-bit ring ~2x, and
-the key/share traffic (O(N^2), independent of d) is what separates SecAgg from that floor.
+Run: ``python benchmarks/bench_secagg.py`` (N = 5 and 10, d = 1M, 32- and 64-bit rings).
+Results: ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations

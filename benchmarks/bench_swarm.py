@@ -1,29 +1,23 @@
 """Large gradients on a loopback swarm: chunked commit/fetch vs bare httpx, and streaming memory.
 
-Run: ``python benchmarks/bench_swarm.py``. Starts two connected loopback Kubo daemons, A (owner)
-and B (fetcher), and in one run, on those daemons, measures:
+Starts two connected loopback Kubo daemons, A (owner) and B (fetcher), and measures:
 
-1. **Throughput** (MB/s of float32 payload) for 1M, 10M and 50M floats:
+1. **Throughput** (MB/s of float32 payload) for 1M, 10M and 50M floats, on fresh seeded data,
+   best of at least two repetitions (five at 1M):
 
-   - ``commit``: :func:`gradfed_ipfs.storage.dag.put_gradient` on A (Arrow-encode each chunk, hash,
-     ``block/put``, dag-cbor manifest, recursive pin) vs a bare httpx ``block/put`` loop on A over
-     chunks of the same sizes, encoded *before* the clock starts;
-   - ``fetch``: :func:`gradfed_ipfs.storage.dag.fetch_gradient` on B (manifest, chunks over bitswap,
-     re-hash, decode into one preallocated array) vs a bare httpx ``block/get`` loop on B;
+   - ``commit``: :func:`gradfed_ipfs.storage.dag.put_gradient` on A, against a bare httpx
+     ``block/put`` loop over chunks of the same sizes encoded before the clock starts;
+   - ``fetch``: :func:`gradfed_ipfs.storage.dag.fetch_gradient` on B (manifest, chunks over
+     bitswap, re-hash, decode), against a bare httpx ``block/get`` loop on B;
    - ``seq fetch``: the same fetch with one chunk in flight, against the concurrent one.
 
-   Both sides keep 8 chunks in flight (ours: ``concurrency=8``; bare: ``asyncio.gather`` under a
-   semaphore of 8) so the ratio measures our overhead. Every measurement uses fresh seeded data
-   (Kubo would otherwise answer from blocks it already holds). Each number is the best of at
-   least two repetitions (five for 1M floats): two daemons and this process share the CPUs.
+   Both sides keep 8 chunks in flight, so the ratio measures our overhead.
 
 2. **Peak memory** of aggregating N = 16 peers at d = 10M (FedAvg) from daemon A: the holding
-   accumulator (every peer's gradient in ``peer_gradients``) vs the streaming one (one running
-   sum, folded chunk by chunk). Each runs in its own subprocess, which resets its peak-RSS mark
-   (``/proc/self/clear_refs``) after imports, the local gradient and a small warm-up commit and
-   fetch (connections, pyarrow and dag-cbor initialised), and reports the peak (``VmHWM``)
-   minus that baseline: the extra memory of committing the local gradient, fetching N peers
-   and aggregating. The goal for streaming is at most 1.5 × d × 4 bytes.
+   accumulator against the streaming one, each in its own subprocess, as peak RSS (``VmHWM``)
+   over a baseline taken after imports and a warm-up. Goal: streaming <= 1.5 × d × 4 bytes.
+
+Run: ``python benchmarks/bench_swarm.py``. Results: ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations

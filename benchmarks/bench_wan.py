@@ -1,61 +1,23 @@
 """gradfed_ipfs over an emulated wide-area network (``scripts/wan/``; root, Linux namespaces).
 
+Measures, with every client its own OS process inside a peer namespace talking to that
+namespace's daemon (only daemon-to-daemon traffic crosses the emulated link):
+
+- ``link``: raw TCP between peers A and B (the baseline): RTT (median connect time) and bulk
+  MB/s of the same bytes a fetch moves, timed until the receiver acknowledges EOF;
+- ``fetch``: ``put_gradient`` of d seeded float32 values on A, ``fetch_gradient`` on B
+  (bitswap), checked bit for bit; MB/s of payload and the ratio to ``link``;
+- ``round``: N ``RoundRunner`` processes (one per namespace), ``min_peers = N - 1``, rounds back
+  to back; seconds per round and participants.
+
 Run (as root, from the repository)::
 
     scripts/wan/setup.sh -n 3 -d 75              # RTT 150 ms, 100 Mbit/s, TCP
     python -m benchmarks.bench_wan all           # link + fetch + round on that network
     scripts/wan/teardown.sh
-    python -m benchmarks.bench_wan sweep         # the table below (setup/shape/teardown itself)
+    python -m benchmarks.bench_wan sweep         # every link setting (setup/shape/teardown itself)
 
-Every client is its own OS process inside a peer namespace (``ip netns exec wanB python -m
-benchmarks.bench_wan _fetch ...``) talking to that namespace's daemon on 127.0.0.1:5001; only
-daemon-to-daemon traffic crosses the emulated link. Measurements:
-
-- ``link``: raw TCP between peers A and B: RTT (median connect time) and bulk MB/s of the same
-  bytes a fetch moves, timed until the receiver acknowledges EOF;
-- ``fetch``: ``put_gradient`` of d seeded float32 values on A, ``fetch_gradient`` on B
-  (bitswap), checked bit for bit; MB/s of payload (1 MB = 1e6 B) and ratio to ``link``;
-- ``round``: N ``RoundRunner`` processes (one per namespace), ``min_peers = N - 1``, rounds back
-  to back; seconds per round and participants.
-
-Measured 2026-11-30 on this project's 2-core machine shared with ~8 other jobs (load average
-~12), 100 Mbit/s per direction, the host's congestion control (BBR; new namespaces inherit it),
-Kubo 0.43.1. Fetch: d = 10M floats (40 MB; 2.5M with loss), best of 2, MB/s of payload and its
-ratio to raw TCP moving the same bytes on the same link. Round: 3 peers, d = 1M, one process
-each, three rounds back to back (the first includes pubsub warm-up), slowest peer's seconds;
-every round had all 3 peers. Window = ``Internal.Bitswap.MaxOutstandingBytesPerPeer``.
-
-==========================  ===================  =======  ==============  ================
-Kubo setting (8 in flight)  link                 raw TCP  fetch (ratio)   rounds (s)
-==========================  ===================  =======  ==============  ================
-TCP, default window 1 MiB   RTT 0.3 ms           11.8     10.7 (0.90)     6.6, 3.4, 3.4
-TCP, default                RTT 50 ms            10.6     8.5 (0.80)      8.8, 5.7, 4.8
-TCP, default                RTT 150 ms           8.5      4.3 (0.51)      10.4, 4.9, 4.2
-TCP, default                RTT 50 ms, 2 % loss  7.3      5.0 (0.69)      7.9, 4.8, 4.9
-TCP, 8 MiB window           RTT 0.3 ms           11.8     9.6 (0.81)      6.9, 3.4, 3.3
-TCP, 8 MiB window           RTT 50 ms            10.8     8.5 (0.78)      6.7, 5.0, 4.0
-TCP, 8 MiB window           RTT 150 ms           8.4      6.7 (0.79)      8.3, 5.3, 2.7
-TCP, 8 MiB window           RTT 50 ms, 2 % loss  7.2      6.4 (0.88)      5.9, 2.6, 3.5
-QUIC, default               RTT 0.3 ms           11.9     10.7 (0.90)     5.4, 2.0, 1.6
-QUIC, default               RTT 50 ms            10.8     6.3 (0.58)      7.5, 4.2, 3.6
-QUIC, default               RTT 150 ms           8.5      3.1 (0.37)      9.0, 4.7, 3.9
-QUIC, default               RTT 50 ms, 2 % loss  7.2      0.4 (0.05)      15.6, 17.3, 16.8
-QUIC, 8 MiB window          RTT 150 ms           8.5      3.1 (0.37)      11.3, 7.0, 6.2
-QUIC, 8 MiB window          RTT 50 ms, 2 % loss  7.2      0.4 (0.05)      18.4, 16.7, 16.9
-==========================  ===================  =======  ==============  ================
-
-Chunks in flight, RTT 150 ms, TCP, 8 MiB window: 8 in flight 6.1-6.7 MB/s (0.72-0.79); 16 in
-flight 8.5 (1.00, 2 peers, twice, load ~12), then 7.1 (0.83, 3 peers) and 5.6 (0.66, 2 peers)
-with the load at 16; 32 in flight 6.5 and 4.9 (0.78, 0.57), same 32 MiB window: 6.7 (0.78) with
-8, 8.6 (1.00) with 16. The fetch (three daemons and Python sharing 2 busy cores) is CPU-bound
-here and varies from run to run; raw TCP does not. Hence the project's defaults: ``WAN_TUNING``
-(8 MiB window) and 16 chunks in flight (``storage.dag.DEFAULT_CONCURRENCY``); TCP stays the
-transport (QUIC lost everywhere off
-loopback: quic-go's own congestion control against the host's BBR). Connection manager
-(``Swarm.ConnMgr`` LowWater 1, HighWater 2, 1 s grace): the daemons trimmed their round peers
-(one was left with 0 peers) and the first round at RTT 0.3 ms had not finished after 90 s;
-Kubo's defaults (32/96) never trim 3 peers, so ``WAN_TUNING`` only raises them (64/192) for
-larger rounds.
+Results: ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The project gets a unique name and an override file that makes its network inter
 egress). Docker ignores published ports on internal networks, so nothing binds the file's
 127.0.0.1:5001-5003 and the test cannot clash with a compose project the user runs; the test
 relays each API to an ephemeral 127.0.0.1 port instead (``tests/docker_kubo.py``). The round is
-``scripts/compose_round.py``, the same program the README runs against a plain ``up -d``.
+``scripts/compose_round.py``, the same program docs/howto/docker.md runs against a plain ``up -d``.
 """
 
 from __future__ import annotations

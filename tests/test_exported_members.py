@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import gradfed_ipfs
@@ -20,10 +21,16 @@ def test_exports_point_at_the_top_package() -> None:
             assert member.__module__ == "gradfed_ipfs", name
 
 
-def test_every_export_is_documented_in_the_guide() -> None:
-    guide = (Path(__file__).resolve().parents[1] / "docs" / "guide.md").read_text()
-    missing = [name for name in gradfed_ipfs.__all__ if f"`{name}`" not in guide]
-    assert not missing, f"not in docs/guide.md: {missing}"
+def test_every_export_is_documented_in_the_reference() -> None:
+    # mkdocstrings renders every name of ``__all__`` from this directive; each needs a docstring.
+    page = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "index.md").read_text()
+    assert "::: gradfed_ipfs\n" in page
+    undocumented = [
+        name
+        for name in gradfed_ipfs.__all__
+        if callable(member := getattr(gradfed_ipfs, name)) and not inspect.getdoc(member)
+    ]
+    assert not undocumented, f"no docstring: {undocumented}"
 
 
 def test_the_top_package_exports_no_seed_alias() -> None:
