@@ -107,8 +107,7 @@ class JsonLinesChild:
         return self.proc.poll()
 
     def stderr_tail(self, chars: int = 4000) -> str:
-        """Return the end of what the child wrote to stderr."""
-        self._stderr.flush()
+        """Return the end of what the child wrote to stderr (also after :meth:`stop`)."""
         try:
             return self.stderr_path.read_text(errors="replace")[-chars:]
         except OSError:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import functools
 import queue
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,9 @@ from .children import Event, JsonLinesChild, environment
 from .common import console, err_console
 
 __all__ = ["DemoPeerRun", "DemoRun", "cmd_demo", "run_demo"]
+
+_STOPPED = (-signal.SIGTERM, -signal.SIGKILL)
+"""Exit statuses of a peer process this process stopped (after another failed)."""
 
 
 @dataclass
@@ -133,9 +137,14 @@ def run_demo(
         for peer, child in zip(runs, children, strict=True):
             peer.exit_code = child.poll()
             if peer.exit_code not in (0, None) and not peer.error:
-                peer.error = f"exit {peer.exit_code}: {child.stderr_tail(600).strip()}"
+                peer.error = _last_line(child.stderr_tail())
     run.seconds = time.monotonic() - started
     return run
+
+
+def _last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else "(nothing on stderr)"
 
 
 def _put(inbox: queue.Queue[tuple[int, Event | None]], index: int, event: Event | None) -> None:
@@ -165,10 +174,8 @@ def _follow(
             except subprocess.TimeoutExpired:
                 code = -1  # it closed its stdout but runs on: stopped below
             if code != 0:
-                peer.exit_code = code
-                reason = peer.error or children[i].stderr_tail(600).strip()
-                peer.error = f"exit {code}: {reason}"
-                run.failure = f"peer {i} failed ({peer.error})"
+                peer.error = peer.error or _last_line(children[i].stderr_tail())
+                run.failure = f"peer {i} exited with status {code}: {peer.error}"
                 return
         elif event["event"] == "start":
             peer.start = event
@@ -198,28 +205,32 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"[bold]gradfed-ipfs demo[/]: {args.peers} peers as {args.peers} OS processes, each "
         f"beside its own Kubo daemon; {args.rounds} agreed rounds of linear regression",
         highlight=False,
+        soft_wrap=True,
     )
     run = run_demo(
         args.peers,
         args.rounds,
         seed=args.seed,
         deadline=args.deadline,
-        log=lambda line: console.print(line, markup=False, highlight=False),
+        log=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True),
     )
     if not run.agreed:
-        reasons = [run.failure] if run.failure else []
-        reasons += [f"peer {p.index}: {p.error}" for p in run.peers if p.error]
-        models = sorted({str(p.model) for p in run.peers})
-        err_console.print(
-            f"[red]FAILED[/]: the processes did not all end on one model ({', '.join(models)})"
-            + "".join(f"\n  {reason}" for reason in reasons),
-            highlight=False,
-        )
+        models = {p.model for p in run.peers}
+        why = run.failure or f"the processes ended on {len(models)} different models"
+        err_console.print(f"[red]FAILED[/]: {why}", highlight=False, soft_wrap=True)
+        for p in run.peers:
+            status = "stopped by the demo" if p.exit_code in _STOPPED else f"exit {p.exit_code}"
+            detail = f"; {p.error}" if p.error and p.exit_code not in _STOPPED else ""
+            err_console.print(
+                f"  peer {p.index} (pid {p.pid}): {status}, final model {p.model or '-'}{detail}",
+                markup=False, highlight=False, soft_wrap=True,
+            )  # fmt: skip
         return 1
     before, after = run.losses[0], run.losses[-1]
     console.print(
         f"[green]OK[/]: {len(run.peers)} processes agree on model {run.peers[0].model}; "
         f"loss {before:.4f} -> {after:.4f} after {run.rounds} rounds in {run.seconds:.1f} s",
         highlight=False,
+        soft_wrap=True,
     )
     return 0
