@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import DecodeError, GradfedError
-from .common import API_ENV, HOME_ENV, console, err_console, positive_float
+from .common import API_ENV, HOME_ENV, UsageError, console, err_console, positive_float
 from .data import add_data_parsers
 from .node import add_node_parser
 from .records import add_record_parsers
@@ -39,7 +39,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if args.best_effort:
         from .besteffort_demo import cmd_best_effort_demo
 
+        args.dim = 200_000 if args.dim is None else args.dim
         return cmd_best_effort_demo(args)
+    if args.dim is not None:
+        raise UsageError("--dim goes with --best-effort (the agreed demo trains 9 parameters)")
     from .demo import cmd_demo
 
     return cmd_demo(args)
@@ -99,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--dim",
         type=int,
-        default=200_000,
+        default=None,
         help="--best-effort: gradient length in floats (default 200000)",
     )
     demo.set_defaults(handler=_cmd_demo)

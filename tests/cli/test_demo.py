@@ -147,3 +147,20 @@ def test_the_task_splits_its_data_and_learns() -> None:
     assert update.dtype == model.dtype
     assert update.shape == (task.features + 1,)
     assert task.loss(model + update, x, y) < task.loss(model, x, y)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--dim", "5000"], "--dim goes with --best-effort"),
+        (["--peers", "1"], "at least 2 peers"),
+        (["--rounds", "0"], "at least 1 round"),
+    ],
+)
+def test_bad_demo_options_end_in_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["demo", *argv]) == 1
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
