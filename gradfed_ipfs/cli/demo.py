@@ -12,6 +12,7 @@ deadline, and on Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import queue
 import signal
@@ -19,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -199,6 +200,21 @@ def _follow(
             peer.error = f"{event['kind']}: {event['message']}"
 
 
+@contextlib.contextmanager
+def _exit_on_termination() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into ``SystemExit(128 + signal)``, so cleanup runs as on Ctrl-C."""
+
+    def leave(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, leave) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run ``gradfed-ipfs demo``; return 0 only if every process ends on the same model CID."""
     console.print(
@@ -207,13 +223,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
         highlight=False,
         soft_wrap=True,
     )
-    run = run_demo(
-        args.peers,
-        args.rounds,
-        seed=args.seed,
-        deadline=args.deadline,
-        log=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True),
-    )
+    with _exit_on_termination():
+        run = run_demo(
+            args.peers,
+            args.rounds,
+            seed=args.seed,
+            deadline=args.deadline,
+            log=lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True),
+        )
     if not run.agreed:
         models = {p.model for p in run.peers}
         why = run.failure or f"the processes ended on {len(models)} different models"

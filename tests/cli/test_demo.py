@@ -108,7 +108,10 @@ def test_a_failing_peer_fails_the_demo_and_stops_everything(
 
 
 @pytest.mark.kubo
-def test_ctrl_c_stops_every_daemon_and_peer_process(kubo_binary: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_or_sigterm_stops_every_daemon_and_peer_process(
+    kubo_binary: Path, tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
     demo = JsonLinesChild(
         demo_command("--rounds", "10000"),
         stderr=tmp_path / "demo.err",
@@ -126,11 +129,12 @@ def test_ctrl_c_stops_every_daemon_and_peer_process(kubo_binary: Path, tmp_path:
             what="the demo's second round",
         )
         assert demo.poll() is None, demo.stderr_tail()
-        os.kill(demo.pid, signal.SIGINT)
-        assert demo.proc.wait(timeout=60) == 130
+        os.kill(demo.pid, sig)
+        assert demo.proc.wait(timeout=60) == code
     finally:
         demo.stop()
-    assert "interrupted" in demo.stderr_tail()
+    if sig == signal.SIGINT:
+        assert "interrupted" in demo.stderr_tail()
     pids = started_pids(lines())
     assert len(pids) == 6
     assert not [pid for pid in pids if alive(pid)]
