@@ -6,7 +6,7 @@ own daemon's API. The peers train :class:`~gradfed_ipfs.cli.demo_peer.DemoTask` 
 rounds: contributions cross between daemons over bitswap, announcements over pubsub. Every
 process prints its final model CID; the demo succeeds only if they are all equal. Every child
 and daemon is stopped by its PID on the way out: at the end, on a failing child, at the
-deadline, and on Ctrl-C.
+deadline, and on Ctrl-C, SIGTERM or SIGHUP.
 """
 
 from __future__ import annotations
