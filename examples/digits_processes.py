@@ -30,6 +30,7 @@ from digits_training import Task, final_accuracy, initial_model, make_client
 from digits_training import federation as task_federation
 
 from gradfed_ipfs import AgreedConfig
+from gradfed_ipfs.cli.children import environment
 from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import KuboBlockStore
 from gradfed_ipfs.training import History, Peer, VectorAdapter
@@ -44,9 +45,6 @@ KUBO_TIMING = {
     "fetch_timeout": 20.0,
 }
 """Agreed-round timing over loopback Kubo daemons (seconds), generous for a loaded machine."""
-
-ONE_BLAS_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-"""A 65 x 10 model gains nothing from BLAS threads; N processes on few cores lose a lot."""
 
 
 class Node(Protocol):
@@ -168,7 +166,7 @@ def run_processes(
         raise ValueError(f"{task.peers} peers need {task.peers} daemons, got {len(nodes)}")
     members = ",".join(node.peer_id for node in nodes)
     session = session or f"digits-processes-{os.getpid()}-{time.time_ns()}"
-    env = {**os.environ, **ONE_BLAS_THREAD}
+    env = environment()  # one BLAS thread: a 65 x 10 model gains nothing from more
     workdir.mkdir(parents=True, exist_ok=True)
     started: list[tuple[subprocess.Popen[str], IO[str]]] = []
     try:

@@ -1,21 +1,31 @@
 """``Node``: one daemon's RPC client, block store and pubsub, wired once.
 
-A user meets this object first::
+A user meets this object first: an agreed session, whose rounds end every honest peer on the
+same model CID::
+
+    from gradfed_ipfs import AgreedConfig, Node
+
+    async def main(peer_ids, initial_model, gradient, num_samples) -> None:
+        async with Node("http://127.0.0.1:5001") as node:
+            session = await node.session("demo", initial_model, AgreedConfig(members=peer_ids))
+            result = await session.run_round(gradient, weight=num_samples)
+            print(result.model)  # the agreed model CID, equal on every honest peer
+
+The node also stores and fetches gradients and dials other nodes::
 
     import numpy as np
-    from gradfed_ipfs import Node, RoundConfig
 
-    async def main() -> None:
-        async with Node("http://127.0.0.1:5001") as node:
-            cid = await node.put_gradient(np.ones(1000, dtype=np.float32))
-            again = await node.fetch_gradient(cid)
-            await node.connect("http://127.0.0.1:5002")  # another node's API, or a multiaddr
-            print(await node.peer_id(), await node.peers())
-            runner = node.runner("my-session", config=RoundConfig(min_peers=1))
-            result = await runner.run_round(0, again, num_samples=10)
+    async with Node("http://127.0.0.1:5001") as node:
+        cid = await node.put_gradient(np.ones(1000, dtype=np.float32))
+        again = await node.fetch_gradient(cid)
+        await node.connect("http://127.0.0.1:5002")  # another node's API, or a multiaddr
+        print(await node.peer_id(), await node.peers())
 
-``Node.memory(peer_id, bus=..., store=...)`` gives the same object offline: an in-memory store
-and pubsub bus shared by the nodes of one test or notebook.
+:meth:`Node.runner` gives the best-effort building block (a
+:class:`~gradfed_ipfs.federated.besteffort.RoundRunner`: each peer aggregates what it heard,
+so peers may end a round on different models). ``Node.memory(peer_id, bus=..., store=...)``
+gives the same object offline: an in-memory store and pubsub bus shared by the nodes of one
+test or notebook.
 """
 
 from __future__ import annotations
@@ -23,10 +33,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final, Self
 
+import numpy as np
 from multiformats import CID
 
 from ._types import CIDLike, FloatArray, GradientLike
 from .errors import KuboRpcError
+from .federated.agreed.config import AgreedConfig
+from .federated.agreed.session import AgreedSession
 from .federated.besteffort.config import RoundConfig
 from .federated.besteffort.gossip import GossipModelSync
 from .federated.besteffort.runner import RoundRunner
@@ -214,20 +227,76 @@ class Node(AsyncClosing):
     def runner(
         self, session_id: str, *, config: RoundConfig | None = None, **options: Any
     ) -> RoundRunner:
-        """Return a round runner for ``session_id`` over this node's store and pubsub.
+        """Return a best-effort round runner for ``session_id`` over this node's store and pubsub.
 
-        The runner and its gossip endpoint are closed with the node. ``options`` go to
-        :class:`~gradfed_ipfs.federated.besteffort.RoundRunner` (``accumulator_factory=``,
-        ``randbytes=``). Use the node as ``async with`` first (the runner needs its peer ID).
+        The runner is the best-effort building block: each peer aggregates the contributions it
+        heard, so peers may end a round on different models; :meth:`session` gives agreed
+        rounds. The runner and its gossip endpoint are closed with the node. ``options`` go to
+        the runner (``accumulator_factory=``, ``randbytes=``). Use the node as ``async with``
+        first (the runner needs the node's peer ID).
 
         Raises
         ------
         KuboRpcError
             If the node's peer ID is not known yet.
         """
-        if self._peer_id is None:
-            raise KuboRpcError("use the node as `async with Node(...)` before runner()")
-        gossip = GossipModelSync(self._peer_id, self.pubsub, session_id=session_id)
+        peer_id = self._entered("runner()")
+        gossip = GossipModelSync(peer_id, self.pubsub, session_id=session_id)
         runner = RoundRunner(self.store, gossip, config, **options)
         self._closers += [gossip.aclose, runner.aclose]
         return runner
+
+    async def session(
+        self,
+        name: str,
+        initial_model: GradientLike,
+        config: AgreedConfig,
+        **options: Any,
+    ) -> AgreedSession:
+        """Join the agreed session ``name`` from ``initial_model``; return it, started.
+
+        Commits the genesis (the initial model; its CID names the session with ``name``),
+        subscribes and starts announcing. Each :meth:`AgreedSession.run_round` then ends every
+        honest member on the same model CID. The session is closed with the node.
+
+        Parameters
+        ----------
+        name
+            Session name, the same on every member.
+        initial_model
+            The session's initial model, identical on every member: any shape, flattened to
+            float32 ``(d,)``; each round's gradient has the same ``d`` values.
+        config
+            Members (peer IDs, this node's included) and timing (seconds).
+        **options
+            Go to :class:`~gradfed_ipfs.AgreedSession` (``retention=``).
+
+        Returns
+        -------
+        AgreedSession
+            Started at round 0, on the genesis model.
+
+        Raises
+        ------
+        KuboRpcError
+            If the node was not entered (``async with``) first.
+        GenesisMismatch
+            If this node's peer ID is not one of ``config.members``.
+        """
+        self._entered("session()")
+        model = np.asarray(initial_model, np.float32).reshape(-1)
+        genesis = await AgreedSession.commit_genesis(self.store, model)
+        session = AgreedSession(self.store, self.pubsub, name, genesis, config, **options)
+        try:
+            await session.start(model)
+        except BaseException:
+            await session.aclose()
+            raise
+        self._closers.append(session.aclose)
+        return session
+
+    def _entered(self, what: str) -> str:
+        """Return the peer ID :meth:`__aenter__` (or :meth:`memory`) learnt; raise without it."""
+        if self._peer_id is None:
+            raise KuboRpcError(f"use the node as `async with Node(...)` before {what}")
+        return self._peer_id

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,12 +11,13 @@ import httpx
 import numpy as np
 import pytest
 
-from gradfed_ipfs import Node
-from gradfed_ipfs.errors import BlockTimeout, KuboRpcError
+from gradfed_ipfs import AgreedConfig, AgreedRoundResult, AgreedSession, Node
+from gradfed_ipfs.errors import BlockTimeout, GenesisMismatch, KuboRpcError
 from gradfed_ipfs.federated.besteffort import RoundConfig
 from gradfed_ipfs.kubo import KuboDaemon, MemoryPubsubBus
 from gradfed_ipfs.node import pick_dial_address
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
+from tests.conftest import KuboNode
 from tests.polling import apoll_until
 
 CONFIG = RoundConfig(
@@ -129,3 +131,81 @@ async def test_nodes_connect_exchange_and_run_a_round(two_unconnected: list[Kubo
     for result, other in zip(results, (second.peer_id, first.peer_id), strict=True):
         assert set(result.contributors) == {other}
         np.testing.assert_allclose(result.aggregate, reference, rtol=1e-6, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- agreed sessions
+
+AGREED = {"collect_timeout": 5.0, "round_timeout": 30.0, "announce_interval": 0.05}
+D = 1000
+
+
+def initial(seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(D).astype(np.float32)
+
+
+def delta(index: int, round_number: int) -> np.ndarray:
+    return (0.01 * np.random.default_rng([index, round_number]).standard_normal(D)).astype(
+        np.float32
+    )
+
+
+async def agreed_rounds(nodes: list[Node], session: str, rounds: int) -> list[AgreedSession]:
+    """Join ``session`` on every node and run ``rounds`` rounds; check each round's CIDs agree."""
+    members = tuple([await node.peer_id() for node in nodes])
+    config = AgreedConfig(members=members, **AGREED)  # type: ignore[arg-type]
+    sessions = [await node.session(session, initial(), config) for node in nodes]
+    expected = initial()
+    for r in range(rounds):
+        results: list[AgreedRoundResult] = await asyncio.gather(
+            *(s.run_round(delta(i, r), weight=1 + i) for i, s in enumerate(sessions))
+        )
+        assert len({str(result.model) for result in results}) == 1, r
+        assert all(result.roster.peers == tuple(sorted(members)) for result in results)
+        weights = np.arange(1, len(nodes) + 1) / sum(range(1, len(nodes) + 1))
+        step = sum(w * delta(i, r).astype(np.float64) for i, w in enumerate(weights))
+        expected = (expected.astype(np.float64) + step).astype(np.float32)
+    for session in sessions:
+        np.testing.assert_allclose(session.model, expected, rtol=0, atol=1e-6)
+    return sessions
+
+
+async def test_session_needs_the_node_entered() -> None:
+    node = Node("http://kubo.test", transport=httpx.MockTransport(lambda r: httpx.Response(500)))
+    with pytest.raises(KuboRpcError, match="async with"):
+        await node.session("s", initial(), AgreedConfig(members=("a",)))
+    await node.aclose()
+
+
+async def test_session_refuses_a_node_that_is_not_a_member() -> None:
+    async with Node.memory("outsider") as node:
+        with pytest.raises(GenesisMismatch, match="not a member"):
+            await node.session("s", initial(), AgreedConfig(members=("a", "b")))
+
+
+async def test_memory_nodes_agree_through_node_session() -> None:
+    bus, store = MemoryPubsubBus(), MemoryBlockStore()
+    async with (
+        Node.memory("a", bus=bus, store=store) as a,
+        Node.memory("b", bus=bus, store=store) as b,
+        Node.memory("c", bus=bus, store=store) as c,
+    ):
+        # 4 rounds: with model_every=4 the last one stores its model, fetched below
+        sessions = await agreed_rounds([a, b, c], "mem-agreed", rounds=4)
+        assert sessions[0].round == 4
+        genesis = await AgreedSession.commit_genesis(store, initial())
+        assert sessions[0].genesis == genesis
+        model = await b.fetch_gradient(sessions[2].model_cid)
+        np.testing.assert_array_equal(model, sessions[0].model)
+    assert all(not s._tasks for s in sessions)  # closed with their nodes
+
+
+@pytest.mark.kubo
+async def test_kubo_nodes_agree_through_node_session(kubo_swarm3: list[KuboNode]) -> None:
+    nodes = [Node(daemon.api_url, timeout=20.0) for daemon in kubo_swarm3]
+    async with nodes[0], nodes[1], nodes[2]:
+        sessions = await agreed_rounds(nodes, f"node-session-{time.time_ns()}", rounds=4)
+        for session in sessions:  # every peer hears every head before any stops announcing
+            assert len(await session.linger(timeout=20.0, grace=0.0)) == 3
+        model = await nodes[1].fetch_gradient(sessions[0].model_cid)
+        np.testing.assert_array_equal(model, sessions[2].model)
+    assert all(not s._tasks for s in sessions)

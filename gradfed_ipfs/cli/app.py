@@ -19,16 +19,13 @@ The daemon is chosen by ``--api URL``, else ``$GRADFED_IPFS_API``, else the mana
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import sys
 from collections.abc import Sequence
 
-from rich.table import Table
-
 from ..errors import DecodeError, GradfedError
-from .common import API_ENV, HOME_ENV, console, err_console, positive_float
+from .common import API_ENV, HOME_ENV, UsageError, console, err_console, positive_float
 from .data import add_data_parsers
 from .node import add_node_parser
 from .records import add_record_parsers
@@ -39,45 +36,16 @@ __all__ = ["build_parser", "console", "err_console", "main"]
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from ..kubo.daemon import KuboSwarm
-    from .demo import run_demo_round
+    if args.best_effort:
+        from .besteffort_demo import cmd_best_effort_demo
 
-    if args.peers < 2:
-        raise GradfedError("a federated round needs at least 2 peers")
-    console.print(
-        f"[bold]gradfed-ipfs demo[/]: {args.peers} peers, each with its own Kubo daemon "
-        f"on 127.0.0.1, d = {args.dim:,} floats"
-    )
-    with console.status("starting Kubo daemons…"):
-        swarm = KuboSwarm(args.peers).start()
-    try:
-        for daemon in swarm:
-            console.print(f"  daemon {daemon.peer_id} api={daemon.api_url} pid={daemon.pid}")
-        result = asyncio.run(
-            run_demo_round(list(swarm), dimension=args.dim, seed=args.seed, log=console.print)
-        )
-    finally:
-        swarm.stop()
-    table = Table(title="FedAvg round over Kubo (bitswap)")
-    for column in ("peer", "samples", "gradient CID", "commit s", "fetch s", "max |err|"):
-        table.add_column(column, overflow="fold")
-    for peer in result.peers:
-        table.add_row(
-            peer.name,
-            str(peer.num_samples),
-            str(peer.cid),
-            f"{peer.commit_seconds:.3f}",
-            f"{peer.fetch_seconds:.3f}",
-            f"{peer.max_abs_error:.1e}",
-        )
-    console.print(table)
-    console.print(f"reference FedAvg[:4] = {[round(v, 6) for v in result.reference_head]}")
-    console.print(f"total round time {result.total_seconds:.2f}s")
-    if not result.ok:
-        err_console.print("[red]FAILED[/]: an aggregate differs from the NumPy reference")
-        return 1
-    console.print("[green]OK[/]: every peer's aggregate equals the NumPy reference")
-    return 0
+        args.dim = 200_000 if args.dim is None else args.dim
+        return cmd_best_effort_demo(args)
+    if args.dim is not None:
+        raise UsageError("--dim goes with --best-effort (the agreed demo trains 9 parameters)")
+    from .demo import cmd_demo
+
+    return cmd_demo(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -110,15 +78,33 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = commands.add_parser(
         "demo",
-        help="run a real multi-peer FedAvg round over local Kubo daemons",
-        description="Start N loopback Kubo daemons, let each peer commit a gradient, fetch the "
-        "others' by CID over bitswap, aggregate, and check against NumPy.",
+        help="run agreed training rounds between peer processes over local Kubo daemons",
+        description="Start N loopback Kubo daemons and one peer process beside each; the "
+        "peers train a tiny linear regression over agreed rounds and must all end on the same "
+        "model CID (exit 0 only then). --best-effort runs the older single-process demo: one "
+        "best-effort FedAvg round, checked against NumPy.",
     )
     demo.add_argument("--peers", type=int, default=3, help="number of peers/daemons (default 3)")
+    demo.add_argument("--rounds", type=int, default=5, help="agreed rounds (default 5)")
+    demo.add_argument("--seed", type=int, default=0, help="RNG seed of the data (default 0)")
     demo.add_argument(
-        "--dim", type=int, default=200_000, help="gradient length in floats (default 200000)"
+        "--deadline",
+        type=positive_float,
+        default=120.0,
+        metavar="SECONDS",
+        help="how long each peer process may take (default 120)",
     )
-    demo.add_argument("--seed", type=int, default=0, help="RNG seed (default 0)")
+    demo.add_argument(
+        "--best-effort",
+        action="store_true",
+        help="instead, one best-effort FedAvg round in this process (see --dim)",
+    )
+    demo.add_argument(
+        "--dim",
+        type=int,
+        default=None,
+        help="--best-effort: gradient length in floats (default 200000)",
+    )
     demo.set_defaults(handler=_cmd_demo)
     add_node_parser(commands)
     add_data_parsers(commands)

@@ -44,6 +44,7 @@ __all__ = [
     "FederationConfig",
     "LocalDP",
     "ModelAdapter",
+    "NodeLike",
     "Peer",
     "TrainFn",
     "VectorAdapter",
@@ -58,6 +59,24 @@ TrainFn = Callable[[M, Config], tuple[Any, int, Mapping[str, float]]]
 """``train(model, config) -> (new model or update, num_samples, metrics)``."""
 EvaluateFn = Callable[[M, Config], tuple[float, int, Mapping[str, float]]]
 """``evaluate(model, config) -> (loss, num_samples, metrics)``."""
+
+
+class NodeLike(Protocol):
+    """What :class:`Peer` needs of a node: a block store and a pubsub transport.
+
+    :class:`gradfed_ipfs.Node` is one (``node`` sits beside ``training`` in the layers, so it
+    is named only here).
+    """
+
+    @property
+    def store(self) -> BlockStore:
+        """The node's block store."""
+        ...
+
+    @property
+    def pubsub(self) -> PubsubTransport:
+        """The node's pubsub transport."""
+        ...
 
 
 class ModelAdapter(Protocol[M]):
@@ -196,6 +215,9 @@ class Peer(Generic[M]):
 
     Parameters
     ----------
+    node
+        This peer's :class:`~gradfed_ipfs.Node` (entered), or anything with its ``store`` and
+        ``pubsub``; give either ``node`` or both ``store`` and ``pubsub``.
     store, pubsub
         This peer's block store and pubsub transport (its Kubo daemon, or the memory bus).
     client
@@ -224,8 +246,9 @@ class Peer(Generic[M]):
     def __init__(
         self,
         *,
-        store: BlockStore,
-        pubsub: PubsubTransport,
+        node: NodeLike | None = None,
+        store: BlockStore | None = None,
+        pubsub: PubsubTransport | None = None,
         client: Client[M],
         adapter: ModelAdapter[M],
         initial_model: M,
@@ -236,6 +259,10 @@ class Peer(Generic[M]):
         log: Callable[[str], None] | None = None,
         privacy: LocalDP | None = None,
     ) -> None:
+        if node is not None and store is None and pubsub is None:
+            store, pubsub = node.store, node.pubsub
+        elif node is not None or store is None or pubsub is None:
+            raise ConfigError("give Peer either node= or both store= and pubsub=")
         self.privacy = privacy
         self.strategy = strategy if strategy is not None else FedAvg()
         if isinstance(self.strategy, QFedAvg) and client.evaluate is None:

@@ -20,8 +20,10 @@ from tests.polling import apoll_until
 
 
 @pytest.mark.kubo
-def test_demo_runs_a_real_round(capsys: pytest.CaptureFixture[str], kubo_binary: object) -> None:
-    assert main(["demo", "--peers", "3", "--dim", "5000", "--seed", "3"]) == 0
+def test_best_effort_demo_runs_a_real_round(
+    capsys: pytest.CaptureFixture[str], kubo_binary: object
+) -> None:
+    assert main(["demo", "--best-effort", "--peers", "3", "--dim", "5000", "--seed", "3"]) == 0
     out = capsys.readouterr().out
     assert "OK: every peer's aggregate equals the NumPy reference" in out
     assert out.count("committed 5000 floats as bafkrei") == 3

@@ -7,18 +7,15 @@ every peer process it starts is stopped (by PID) before it returns.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import signal
-import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gradfed_ipfs.cli.children import JsonLinesChild
 from gradfed_ipfs.federated.agreed.history import model_cid, verify_agreed_history
 from gradfed_ipfs.storage import KuboBlockStore
 from tests.conftest import KuboNode
@@ -38,55 +35,15 @@ KILL_RUN = ["--min-peers", "2", "--collect-timeout", "1.0", "--rounds", "12", "-
 LATE_RUN = ["--min-peers", "2", "--collect-timeout", "1.0", "--rounds", "10", "--all-from", "5"]
 
 
-class PeerProcess:
+class PeerProcess(JsonLinesChild):
     """A running ``tests.multiprocess.peer``; its JSON lines collected by a reader thread."""
 
     def __init__(self, args: list[str], log: Path) -> None:
-        self.log = log.open("w")
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.multiprocess.peer", *args],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            text=True,
-        )
-        self.events: list[dict[str, Any]] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line.strip():
-                self.events.append(json.loads(line))
-
-    def of(self, event: str) -> list[dict[str, Any]]:
-        return [e for e in list(self.events) if e["event"] == event]
+        argv = [sys.executable, "-m", "tests.multiprocess.peer", *args]
+        super().__init__(argv, stderr=log, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
     def rounds(self) -> dict[int, dict[str, Any]]:
         return {e["round"]: e for e in self.of("round")}
-
-    def final(self) -> dict[str, Any] | None:
-        finals = self.of("final")
-        return finals[0] if finals else None
-
-    def kill(self) -> None:
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self._reader.join(timeout=10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        self.log.close()
 
 
 @pytest.fixture
@@ -127,10 +84,7 @@ def wait_final(peers: list[PeerProcess], timeout: float) -> None:
     def finished() -> bool:
         for peer in peers:
             if peer.proc.poll() not in (None, 0):
-                logs = peer.log.name
-                raise AssertionError(
-                    f"peer exited {peer.proc.returncode}: {Path(logs).read_text()}"
-                )
+                raise AssertionError(f"peer exited {peer.proc.returncode}: {peer.stderr_tail()}")
         return all(peer.final() is not None for peer in peers)
 
     try:

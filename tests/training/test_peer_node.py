@@ -1,0 +1,100 @@
+"""``Peer(node=...)``: a training peer on a :class:`~gradfed_ipfs.Node`, in memory and on Kubo."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+
+import numpy as np
+import pytest
+
+from gradfed_ipfs import AgreedConfig, ConfigError, Node
+from gradfed_ipfs.kubo import MemoryPubsubBus
+from gradfed_ipfs.storage import MemoryBlockStore
+from gradfed_ipfs.training import (
+    Client,
+    FederationConfig,
+    History,
+    Peer,
+    VectorAdapter,
+    run_simulation,
+)
+from gradfed_ipfs.training.simulation import SIMULATION_TIMING
+from tests.conftest import KuboNode
+
+D = 16
+CONFIG: FederationConfig[np.ndarray] = FederationConfig(rounds=3, final_evaluation=False)
+
+
+def client(index: int) -> Client[np.ndarray]:
+    """Moves the model a tenth of the way to this peer's target; ``index + 1`` samples."""
+    target = np.random.default_rng(index).standard_normal(D).astype(np.float32)
+
+    def train(model: np.ndarray, _config: object) -> tuple[np.ndarray, int, Mapping[str, float]]:
+        return model + 0.1 * (target - model), index + 1, {}
+
+    return Client(train)
+
+
+def peer(node: Node, index: int, members: tuple[str, ...], session: str) -> Peer[np.ndarray]:
+    return Peer(
+        node=node,
+        client=client(index),
+        adapter=VectorAdapter(),
+        initial_model=np.zeros(D, np.float32),
+        config=CONFIG,
+        agreed=AgreedConfig(members=members, **SIMULATION_TIMING),  # type: ignore[arg-type]
+        session=session,
+    )
+
+
+def test_peer_takes_a_node_or_a_store_and_pubsub_not_both() -> None:
+    node = Node.memory("a")
+    common = {
+        "client": client(0),
+        "adapter": VectorAdapter(),
+        "initial_model": np.zeros(D, np.float32),
+        "config": CONFIG,
+        "agreed": AgreedConfig(members=("a",)),
+    }
+    for wrong in (
+        {"node": node, "store": node.store},
+        {"node": node, "store": node.store, "pubsub": node.pubsub},
+        {"store": node.store},
+        {},
+    ):
+        with pytest.raises(ConfigError, match="either node= or both store= and pubsub="):
+            Peer(**wrong, **common)  # type: ignore[arg-type]
+    assert Peer(node=node, **common).store is node.store  # type: ignore[arg-type]
+
+
+async def test_memory_nodes_train_like_the_simulation() -> None:
+    members = tuple(f"peer-{i}" for i in range(3))
+    bus, store = MemoryPubsubBus(), MemoryBlockStore()
+    nodes = [Node.memory(m, bus=bus, store=store) for m in members]
+    async with nodes[0], nodes[1], nodes[2]:
+        peers = [peer(node, i, members, "simulation") for i, node in enumerate(nodes)]
+        histories: list[History] = await asyncio.gather(*(p.run() for p in peers))
+    simulated = await run_simulation(
+        [client(i) for i in range(3)],
+        adapter=VectorAdapter(),
+        initial_model=np.zeros(D, np.float32),
+        config=CONFIG,
+    )
+    finals = {h.entries[-1].model for h in [*histories, *simulated]}
+    assert len(finals) == 1  # the same agreed model as Peer(store=, pubsub=)
+    assert [len(h.entries) for h in histories] == [3, 3, 3]
+
+
+@pytest.mark.kubo
+async def test_kubo_nodes_train_through_peer(kubo_swarm3: list[KuboNode]) -> None:
+    nodes = [Node(daemon.api_url, timeout=20.0) for daemon in kubo_swarm3]
+    members = tuple(daemon.peer_id for daemon in kubo_swarm3)
+    async with nodes[0], nodes[1], nodes[2]:
+        session = f"peer-node-{time.time_ns()}"
+        peers = [peer(node, i, members, session) for i, node in enumerate(nodes)]
+        histories: list[History] = await asyncio.gather(*(p.run() for p in peers))
+    assert len({h.entries[-1].model for h in histories}) == 1
+    assert all(len(h.entries) == 3 for h in histories)
+    np.testing.assert_array_equal(peers[0].model_vector, peers[2].model_vector)
