@@ -102,9 +102,7 @@ async def run_peer(
                 session=session,
                 log=log,
             )
-            history = await peer.run()
-            if peer.session is not None:  # let slower members hear our last head
-                await peer.session.linger(timeout=30.0, grace=1.0)
+            history = await peer.run(linger=30.0)  # slower members still hear our last head
         finally:
             await pubsub.aclose()
     return history

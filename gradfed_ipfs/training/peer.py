@@ -315,13 +315,17 @@ class Peer(Generic[M]):
         """The current global model."""
         return self.adapter.from_vector(self.model_vector)
 
-    async def run(self, *, resume: bool = False, resync_timeout: float = 10.0) -> History:
+    async def run(
+        self, *, resume: bool = False, resync_timeout: float = 10.0, linger: float = 0.0
+    ) -> History:
         """Run every round (and the final evaluation); return this peer's :class:`History`.
 
         With ``resume`` the peer first adopts the latest head its members announce (a restarted
         peer catches up, optimizer state included). A round that fails with
         :class:`~gradfed_ipfs.errors.RoundMismatch` or ``QuorumNotReached`` is resynced and
-        retried, up to 3 times in a row.
+        retried, up to 3 times in a row. With ``linger`` (seconds) the peer keeps announcing its
+        last head until every member has finished, or for at most that long, before it closes
+        its session (a process that exits right away may leave a slower member without it).
         """
         started = time.monotonic()
         genesis = await AgreedSession.commit_genesis(self.store, self._genesis_vector)
@@ -354,6 +358,8 @@ class Peer(Generic[M]):
                 history.entries.append(entry)
                 line = report_line(entry, self.config.rounds)
                 (self.log or logger.info)(line)
+            if linger > 0:
+                await session.linger(timeout=linger)
         finally:
             await session.aclose()
         history.seconds = time.monotonic() - started

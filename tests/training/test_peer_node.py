@@ -22,6 +22,7 @@ from gradfed_ipfs.training import (
 )
 from gradfed_ipfs.training.simulation import SIMULATION_TIMING
 from tests.conftest import KuboNode
+from tests.polling import apoll_until
 
 D = 16
 CONFIG: FederationConfig[np.ndarray] = FederationConfig(rounds=3, final_evaluation=False)
@@ -98,3 +99,40 @@ async def test_kubo_nodes_train_through_peer(kubo_swarm3: list[KuboNode]) -> Non
     assert len({h.entries[-1].model for h in histories}) == 1
     assert all(len(h.entries) == 3 for h in histories)
     np.testing.assert_array_equal(peers[0].model_vector, peers[2].model_vector)
+
+
+async def test_a_lingering_peer_is_still_there_for_a_member_that_comes_late() -> None:
+    # Prepare: peers 0 and 1 train 2 rounds between them (2 of 3 members suffice) and linger.
+    members = tuple(f"peer-{i}" for i in range(3))
+    timing = {**SIMULATION_TIMING, "collect_timeout": 0.5, "round_timeout": 5.0}
+    config: FederationConfig[np.ndarray] = FederationConfig(
+        rounds=2, final_evaluation=False, min_available=2
+    )
+    bus, store = MemoryPubsubBus(), MemoryBlockStore()
+    nodes = [Node.memory(m, bus=bus, store=store) for m in members]
+
+    def member(i: int) -> Peer[np.ndarray]:
+        agreed = AgreedConfig(members=members, **timing)  # type: ignore[arg-type]
+        return Peer(node=nodes[i], client=client(i), adapter=VectorAdapter(),
+                    initial_model=np.zeros(D, np.float32), config=config, agreed=agreed,
+                    session="late")  # fmt: skip
+
+    async with nodes[0], nodes[1], nodes[2]:
+        early = [member(0), member(1)]
+        running = [asyncio.create_task(p.run(linger=30.0)) for p in early]
+
+        async def trained() -> bool:
+            assert not any(task.done() for task in running), "an early peer stopped"
+            return all(p.session is not None and p.session.round >= 2 for p in early)
+
+        await apoll_until(trained, timeout=30.0, what="the early peers' two rounds")
+        # Execute: the third member starts only now and resumes from the members' head.
+        late = member(2)
+        await late.run(resume=True, resync_timeout=5.0, linger=30.0)
+        await asyncio.gather(*running)
+    # Assert: it adopted the agreed model (it was still announced), and the early peers
+    # closed only once it had finished too.
+    assert late.session is not None
+    assert early[0].session is not None
+    assert late.session.model_cid == early[0].session.model_cid
+    assert late.session.round == 2
