@@ -6,6 +6,7 @@ CLI exits with. The tree::
 
     GradfedError                       root; exit_code 1
     ├── ConfigError                    a bad setting (config field, constructor argument); exit 11
+    │   └── SecAggSettingError         a SecAgg encoding or timeout (also SecureAggregationError)
     ├── GradientError                  the seed's ``GradientError`` enum (seed-api §3); exit 3
     │   ├── ShapeMismatch              lengths or shapes disagree: the ONE "lengths differ" base
     │   │   └── DimensionMismatch      the backward-pass spelling of the same condition
@@ -157,6 +158,7 @@ __all__ = [
     "RoundVerificationFailed",
     "RpcTimeout",
     "SecAggPeerRejected",
+    "SecAggSettingError",
     "SecureAggregationError",
     "ShapeMismatch",
     "StoreRequestError",
@@ -619,6 +621,15 @@ class RoundVerificationFailed(FederatedError):
 
 class SecureAggregationError(FederatedError):
     """The secure-aggregation protocol cannot proceed (too few participants, bad shares...)."""
+
+
+class SecAggSettingError(ConfigError, SecureAggregationError):
+    """A SecAgg setting is invalid (``ring_bits must be 32 or 64``); raised where it is given.
+
+    Both a :class:`ConfigError` (a bad setting, raised where it is given) and a
+    :class:`SecureAggregationError` (the protocol cannot proceed with it), so handlers of
+    either keep catching it.
+    """
 
 
 class SecAggPeerRejected(SecureAggregationError):

@@ -28,6 +28,7 @@ from .privacy import (
 )
 from .regional import RegionalConfig, RegionalRoundResult, RegionalSession, verify_regional_round
 from .secagg import SecAggClient, SecAggServer, SecureAggregation
+from .secagg_round import SecAggSettings
 
 __all__ = [
     "AgreedConfig",
@@ -57,6 +58,7 @@ __all__ = [
     "RoundStats",
     "SecAggClient",
     "SecAggServer",
+    "SecAggSettings",
     "SecureAggregation",
     "SecureOptions",
     "StreamingAccumulator",

@@ -4,12 +4,14 @@ A :class:`Peer` is given a :class:`Client` (local ``train`` and optional ``evalu
 :class:`ModelAdapter`, the session's initial model, a :class:`Strategy` and a
 :class:`FederationConfig`; :meth:`Peer.run` trains every round over the consistent-rounds
 protocol and returns a :class:`History`. :func:`run_simulation` runs N peers in one process.
-:class:`SecAgg` wraps a strategy so that updates are only ever summed under secure aggregation.
+:class:`SecAgg` wraps a strategy so that updates are only ever summed under secure aggregation
+(its encoding and phase timeouts: :class:`SecAggSettings`).
 See ``docs/flower.md`` for the mapping from Flower's concepts.
 """
 
 from __future__ import annotations
 
+from ..federated.secagg_round import SecAggSettings
 from .history import History, RoundEntry
 from .metrics import RoundSummary, VectorLayout
 from .peer import (
@@ -66,6 +68,7 @@ __all__ = [
     "RoundEntry",
     "RoundSummary",
     "SecAgg",
+    "SecAggSettings",
     "ServerOptStrategy",
     "Strategy",
     "TrainFn",

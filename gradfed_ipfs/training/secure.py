@@ -53,7 +53,12 @@ from ..federated.privacy.mechanisms import (
     clip_l2_norm,
 )
 from ..federated.secagg.protocol import RandBytes, check_threshold
-from ..federated.secagg_round.peer import SecureRoundConfig, SecureRoundPeer, SecureRoundResult
+from ..federated.secagg_round import (
+    SecAggSettings,
+    SecureRoundConfig,
+    SecureRoundPeer,
+    SecureRoundResult,
+)
 from ..formats.roster import Roster
 from ..kubo.pubsub import PubsubTransport
 from ..storage.base import BlockStore
@@ -89,19 +94,16 @@ class SecAgg(Strategy):
     threshold
         Shamir threshold t for the round's k sampled clients (``k/2 < t <= k``); default
         ``k // 2 + 1``, and at least 2.
-    clip_range
-        Largest absolute value of a masked coordinate (update units; >= 1, so a weight fits).
-    ring_bits
-        The fixed-point ring Z/2^b: 32 or 64.
+    settings
+        The encoding and the phase timeouts (default ``SecAggSettings()``, see
+        :class:`~gradfed_ipfs.federated.secagg_round.SecAggSettings`).
+        Here ``clip_range`` must be >= 1, so a weight fits in the masked vector.
     max_weight
         Sample count of weight 1 (Flower's ``max_weight``); a client with more samples fails
         the round (its update would leave the clip range).
-    phase_timeout, mask_timeout, response_timeout
-        Seconds of the SecAgg phases (see
-        :class:`~gradfed_ipfs.federated.secagg_round.peer.SecureRoundConfig`).
     fetch_timeout, republish_interval, subscriber_timeout
-        Seconds for one message block, between re-publications, and for the parties to
-        subscribe.
+        How the protocol's messages travel (see
+        :class:`~gradfed_ipfs.federated.secagg_round.SecureRoundConfig`).
     randbytes
         Cryptographic randomness (``os.urandom``; tests may inject a seeded one).
     central_dp
@@ -122,12 +124,8 @@ class SecAgg(Strategy):
         strategy: Strategy,
         *,
         threshold: int | None = None,
-        clip_range: float = 8.0,
-        ring_bits: int = 32,
+        settings: SecAggSettings | None = None,
         max_weight: int = 1000,
-        phase_timeout: float = 30.0,
-        mask_timeout: float = 10.0,
-        response_timeout: float = 10.0,
         fetch_timeout: float = 30.0,
         republish_interval: float = 0.5,
         subscriber_timeout: float = 10.0,
@@ -140,19 +138,14 @@ class SecAgg(Strategy):
                 f"sum of the updates, and {strategy.name} needs each client's update or loss "
                 f"(use {_LINEAR})"
             )
-        if not (np.isfinite(clip_range) and clip_range >= 1.0):
-            raise ConfigError(f"clip_range must be finite and >= 1, got {clip_range}")
-        if ring_bits not in (32, 64):
-            raise ConfigError(f"ring_bits must be 32 or 64, got {ring_bits}")
+        settings = SecAggSettings() if settings is None else settings
+        if not settings.clip_range >= 1.0:  # finite: checked by SecAggSettings
+            raise ConfigError(f"clip_range must be finite and >= 1, got {settings.clip_range}")
         if not 1 <= max_weight <= 1 << 20:
             raise ConfigError(f"max_weight must be in [1, 2**20], got {max_weight}")
         self.strategy, self.threshold = strategy, threshold
-        self.clip_range, self.ring_bits, self.max_weight = float(clip_range), ring_bits, max_weight
-        self.timeouts = {
-            "phase_timeout": phase_timeout,
-            "mask_timeout": mask_timeout,
-            "response_timeout": response_timeout,
-            "view_timeout": response_timeout,
+        self.settings, self.max_weight = settings, max_weight
+        self.message_timeouts = {
             "fetch_timeout": fetch_timeout,
             "republish_interval": republish_interval,
             "subscriber_timeout": subscriber_timeout,
@@ -211,12 +204,12 @@ class SecAgg(Strategy):
         if self.central_dp is not None:
             self.central_dp.budget.charge(self.central_dp.release_event(DPMechanism.GAUSSIAN))
 
-    def settings(self) -> str:
+    def summary(self) -> str:
         """Return the settings that shape the secure mean, for the round record's label."""
         dp = self.central_dp
         noise = "" if dp is None else f" dp_z={dp.noise_multiplier():g} dp_clip={dp.sensitivity:g}"
         return (
-            f"clip_range={self.clip_range:g} ring_bits={self.ring_bits} "
+            f"clip_range={self.settings.clip_range:g} ring_bits={self.settings.ring_bits} "
             f"max_weight={self.max_weight}{noise}"
         )
 
@@ -247,9 +240,8 @@ class SecAgg(Strategy):
             aggregator=secure_aggregator(session, genesis, round_id, clients),
             threshold=self.threshold_for(len(clients)),
             length=length,
-            clip_range=self.clip_range,
-            ring_bits=self.ring_bits,
-            **self.timeouts,
+            settings=self.settings,
+            **self.message_timeouts,
         )
 
 
@@ -419,7 +411,7 @@ class SecureTrainingRule(TrainingRule):
     def label(self, round_number: int) -> str:
         """Return the training label followed by the SecAgg settings."""
         secagg = self.strategy
-        extra = f" {secagg.settings()}" if isinstance(secagg, SecAgg) else ""
+        extra = f" {secagg.summary()}" if isinstance(secagg, SecAgg) else ""
         return super().label(round_number) + extra
 
     def apply(

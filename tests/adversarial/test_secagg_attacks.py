@@ -16,6 +16,7 @@ from gradfed_ipfs.errors import SecAggPeerRejected, SecureAggregationError, Unma
 from gradfed_ipfs.federated import SecAggClient, SecAggServer, SecureAggregation
 from gradfed_ipfs.federated.secagg import FixedPoint
 from gradfed_ipfs.federated.secagg.messages import EncryptedShare
+from gradfed_ipfs.federated.secagg_round import SecAggSettings
 from gradfed_ipfs.federated.secagg_round import peer as round_secagg
 from gradfed_ipfs.federated.secagg_round.peer import SecureRoundConfig, SecureRoundResult
 from tests.federated.secagg.test_secure_aggregation import rb, tolerance
@@ -23,15 +24,15 @@ from tests.federated.secagg_round.test_round import AGG, inputs_for, make_peers
 
 # Attacks where the aggregator ends up waiting out its timeouts use FAST; rounds that complete use
 # SLACK, which costs nothing when every party answers (waits end on the last message).
-FAST = {"mask_timeout": 0.5, "view_timeout": 0.5, "response_timeout": 0.5}
-SLACK = {"mask_timeout": 5.0, "view_timeout": 5.0, "response_timeout": 5.0}
+FAST = SecAggSettings(mask_timeout=0.5, view_timeout=0.5, response_timeout=0.5)
+SLACK = SecAggSettings(mask_timeout=5.0, view_timeout=5.0, response_timeout=5.0)
 
 
 async def run_round(
-    n: int, threshold: int, inputs: dict[str, np.ndarray], *, seed: int, **timing: float
+    n: int, threshold: int, inputs: dict[str, np.ndarray], *, seed: int, settings: SecAggSettings
 ) -> tuple[dict[str, object], dict[str, object]]:
     """Run every client and the aggregator; return (outcome by peer, peers)."""
-    _, peers, _ = make_peers(n, threshold, seed=seed, **timing)
+    _, peers, _ = make_peers(n, threshold, seed=seed, settings=settings)
     await asyncio.gather(*(p.start() for p in peers.values()))
     names = [AGG, *sorted(inputs)]
     jobs = [peers[AGG].aggregate(), *(peers[c].run_client(inputs[c]) for c in sorted(inputs))]
@@ -95,7 +96,7 @@ async def test_request_for_both_secrets_of_one_peer_is_refused_by_every_client(
         return survivors, [*dropped, "peer-1"]  # peer-1's seed share *and* its key share
 
     monkeypatch.setattr(SecAggServer, "unmask_request", greedy)
-    outcomes, _ = await run_round(4, 3, inputs, seed=110, **FAST)
+    outcomes, _ = await run_round(4, 3, inputs, seed=110, settings=FAST)
     for c in inputs:
         assert isinstance(outcomes[c], UnmaskRefused), c
         assert "['peer-1'] are in both" in str(outcomes[c])
@@ -171,7 +172,7 @@ async def test_malformed_share_names_its_sender_and_the_round_completes_without_
         return honest(self, recipient, body)
 
     monkeypatch.setattr(SecAggClient, "_seal_share", hostile)
-    outcomes, peers = await run_round(5, 3, inputs, seed=120, **SLACK)
+    outcomes, peers = await run_round(5, 3, inputs, seed=120, settings=SLACK)
     error = peers["peer-0"].rejected["peer-1"]  # type: ignore[attr-defined]
     assert isinstance(error, SecAggPeerRejected)
     assert error.peer == "peer-1"
@@ -199,7 +200,7 @@ async def test_publicly_malformed_bundle_leaves_its_sender_out_everywhere(
         return b'{"sender": 7}' if sender == "peer-2" else honest(sender, shares)
 
     monkeypatch.setattr(round_secagg, "bundle_to_json", broken)
-    outcomes, peers = await run_round(4, 3, inputs, seed=130, **SLACK)
+    outcomes, peers = await run_round(4, 3, inputs, seed=130, settings=SLACK)
     result = outcomes[AGG]
     assert isinstance(result, SecureRoundResult), result
     assert result.survivors == ["peer-0", "peer-1", "peer-3"]
@@ -224,7 +225,7 @@ async def test_off_roster_recipient_in_a_bundle_does_not_abort_the_aggregator(
         return out
 
     monkeypatch.setattr(SecAggClient, "share_keys", padded)
-    outcomes, _ = await run_round(3, 2, inputs, seed=140, **SLACK)
+    outcomes, _ = await run_round(3, 2, inputs, seed=140, settings=SLACK)
     result = outcomes[AGG]
     assert isinstance(result, SecureRoundResult), result
     assert result.survivors == sorted(inputs)

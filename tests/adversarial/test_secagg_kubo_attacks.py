@@ -30,6 +30,7 @@ from gradfed_ipfs.federated.secagg.codec import (
 )
 from gradfed_ipfs.federated.secagg.crypto import SEALED_MAGIC
 from gradfed_ipfs.federated.secagg.wire import SecAggChannel
+from gradfed_ipfs.federated.secagg_round import SecAggSettings
 from gradfed_ipfs.federated.secagg_round.peer import (
     SecureRoundConfig,
     SecureRoundPeer,
@@ -72,9 +73,8 @@ def config(session: str, clients: list[str], aggregator: str, **timing: float) -
         aggregator=aggregator,
         threshold=2,
         length=D,
+        settings=SecAggSettings(phase_timeout=15.0, **timing),  # type: ignore[arg-type]
         republish_interval=0.3,
-        phase_timeout=15.0,
-        **timing,  # type: ignore[arg-type]
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from gradfed_ipfs.training import (
     Peer,
     QFedAvg,
     Robust,
+    SecAggSettings,
     Strategy,
     TrainingRule,
     VectorAdapter,
@@ -54,8 +56,10 @@ rng = np.random.default_rng(17)
 UPDATES = rng.normal(0.0, 0.5, (ROUNDS, len(SAMPLES), D)).astype(np.float32)
 FIT_ACC = (0.25, 0.5, 1.0)
 INITIAL = np.linspace(-1.0, 1.0, D, dtype=np.float32)
-FAST_SECAGG = {"phase_timeout": 10.0, "mask_timeout": 5.0, "response_timeout": 5.0,
-               "republish_interval": 0.1, "subscriber_timeout": 0.5}  # fmt: skip
+FAST_SETTINGS = SecAggSettings(phase_timeout=10.0, mask_timeout=5.0, response_timeout=5.0,
+                               view_timeout=5.0)  # fmt: skip
+FAST_SECAGG: dict[str, Any] = {"settings": FAST_SETTINGS, "republish_interval": 0.1,
+                               "subscriber_timeout": 0.5}  # fmt: skip
 
 
 def client(i: int) -> Client[Any]:
@@ -252,9 +256,10 @@ async def test_a_client_dropping_after_its_keys_leaves_the_survivors_mean(
         return await original(self, gradient)
 
     monkeypatch.setattr(SecureRoundPeer, "send_masked", send_masked)
+    secagg = {**FAST_SECAGG, "settings": replace(FAST_SETTINGS, mask_timeout=1.5)}
     async with MemoryBlockStore() as store:
         histories = await run_peers(
-            lambda: SecAgg(FedAvg(), threshold=2, **{**FAST_SECAGG, "mask_timeout": 1.5}),
+            lambda: SecAgg(FedAvg(), threshold=2, **secagg),
             stores=[store] * 3,
         )
         got = await final_params(store, histories[0])
@@ -380,8 +385,8 @@ async def test_secagg_fedadam_over_three_kubo_daemons(kubo_swarm3: list[KuboNode
     transports = [KuboPubsub(n.api_url) for n in kubo_swarm3]
     timing = {"collect_timeout": 20.0, "round_timeout": 60.0, "announce_interval": 0.2,
               "max_announce_interval": 1.0, "fetch_timeout": 15.0}  # fmt: skip
-    secagg = {**FAST_SECAGG, "phase_timeout": 20.0, "mask_timeout": 10.0, "subscriber_timeout": 5.0,
-              "republish_interval": 0.3}  # fmt: skip
+    secagg = {"settings": replace(FAST_SETTINGS, phase_timeout=20.0, mask_timeout=10.0),
+              "subscriber_timeout": 5.0, "republish_interval": 0.3}  # fmt: skip
     try:
         histories = await run_peers(
             lambda: SecAgg(FedAdam(), **secagg),

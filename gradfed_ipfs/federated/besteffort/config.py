@@ -22,6 +22,7 @@ from ...errors import ConfigError
 from ...tensor.aggregation import AggregationStrategy, SampleWeightedMean
 from ..accumulate.config import DEFAULT_MAX_WEIGHT, AccumulatorConfig
 from ..privacy.mechanisms import DifferentialPrivacy
+from ..secagg_round.settings import SecAggSettings
 
 __all__ = ["RoundConfig", "SecureOptions"]
 
@@ -43,24 +44,15 @@ class SecureOptions:
         Peer ID of the aggregator (it may also be a client).
     threshold
         Shamir threshold t: the fewest survivors (and unmasking answers) that yield a sum.
-    clip_range, ring_bits
-        The fixed-point encoding (see :class:`~gradfed_ipfs.federated.secagg.FixedPoint`).
-    phase_timeout
-        Seconds each party waits for the keys, the share bundles or the unmasking request.
-    mask_timeout
-        Seconds the aggregator waits for masked vectors once every share bundle is in.
-    response_timeout
-        Seconds the aggregator waits for the survivors' unmasking answers.
+    settings
+        The encoding and the phase timeouts
+        (:class:`~gradfed_ipfs.federated.secagg_round.SecAggSettings`).
     """
 
     clients: tuple[str, ...]
     aggregator: str
     threshold: int
-    clip_range: float = 8.0
-    ring_bits: int = 32
-    phase_timeout: float = 30.0
-    mask_timeout: float = 10.0
-    response_timeout: float = 10.0
+    settings: SecAggSettings = field(default_factory=SecAggSettings)
 
 
 @dataclass(frozen=True)

@@ -59,9 +59,9 @@ def protocol_config(
     Parameters
     ----------
     config
-        The round's settings; ``secure`` gives the roster, threshold, encoding and phase
-        timeouts, and the round's ``fetch_timeout``, ``republish_interval`` and
-        ``subscriber_timeout`` apply to the protocol's messages.
+        The round's settings; ``secure`` gives the roster, threshold and the SecAgg settings
+        (encoding and phase timeouts), and the round's ``fetch_timeout``, ``republish_interval``
+        and ``subscriber_timeout`` apply to the protocol's messages.
     session_id, round_id
         The round (they bind the masks).
     length
@@ -82,11 +82,7 @@ def protocol_config(
         aggregator=options.aggregator,
         threshold=options.threshold,
         length=length,
-        clip_range=options.clip_range,
-        ring_bits=options.ring_bits,
-        phase_timeout=options.phase_timeout,
-        mask_timeout=options.mask_timeout,
-        response_timeout=options.response_timeout,
+        settings=options.settings,
         fetch_timeout=config.fetch_timeout,
         republish_interval=config.republish_interval,
         subscriber_timeout=config.subscriber_timeout,

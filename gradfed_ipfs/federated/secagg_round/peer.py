@@ -84,6 +84,7 @@ from ..secagg.codec import (
 )
 from ..secagg.protocol import RandBytes, SecAggClient, SecAggServer, check_threshold
 from ..secagg.wire import KINDS, SecAggChannel
+from .settings import SecAggSettings
 from .steps import (
     collect_answers,
     collect_masked,
@@ -111,7 +112,7 @@ def secagg_topic(session_id: str) -> str:
 
 @dataclass(frozen=True)
 class SecureRoundConfig:
-    """What every party of one SecAgg round must agree on.
+    """What every party of one SecAgg round must agree on, and how its messages travel.
 
     Attributes
     ----------
@@ -126,27 +127,14 @@ class SecureRoundConfig:
         ``2 <= t <= len(clients)`` and ``t > len(clients) / 2``, checked here.
     length
         Vector length d.
-    clip_range, ring_bits
-        The fixed-point encoding (see :class:`~gradfed_ipfs.federated.secagg.FixedPoint`).
-    phase_timeout
-        Seconds each party waits for the keys, the share bundles or the unmasking request.
-    mask_timeout
-        Seconds the aggregator waits for masked vectors once every share bundle is in;
-        clients without one by then are dropped.
-    response_timeout
-        Seconds the aggregator waits for every survivor's unmasking answer after the views
-        (then it uses the answers it has, if at least ``threshold``); also how long a client
-        waits for ``done``.
+    settings
+        The encoding and the phase timeouts (:class:`SecAggSettings`).
     fetch_timeout
         Seconds one message block may take to arrive.
     republish_interval
         Seconds between re-publications of a party's announcements.
     subscriber_timeout
         Seconds :meth:`SecureRoundPeer.start` waits for the other parties to subscribe.
-    view_timeout
-        Seconds a survivor waits for the other survivors' signed views before it decides
-        (it needs ``threshold`` of them); the aggregator allows it on top of
-        ``response_timeout``.
     """
 
     session_id: str
@@ -155,30 +143,18 @@ class SecureRoundConfig:
     aggregator: str
     threshold: int
     length: int
-    clip_range: float = 8.0
-    ring_bits: int = 32
-    phase_timeout: float = 30.0
-    mask_timeout: float = 10.0
-    response_timeout: float = 10.0
+    settings: SecAggSettings = field(default_factory=SecAggSettings)
     fetch_timeout: float = 30.0
     republish_interval: float = 0.5
     subscriber_timeout: float = 10.0
-    view_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         if len(set(self.clients)) != len(self.clients) or not self.clients:
             raise SecureAggregationError("clients must be a non-empty list of distinct peer IDs")
         check_threshold(self.threshold, len(self.clients))
-        if self.length < 1 or self.round_id < 0 or self.ring_bits not in (32, 64):
-            raise SecureAggregationError("need length >= 1, round_id >= 0, ring_bits 32 or 64")
-        for name in (
-            "phase_timeout",
-            "mask_timeout",
-            "response_timeout",
-            "fetch_timeout",
-            "republish_interval",
-            "view_timeout",
-        ):
+        if self.length < 1 or self.round_id < 0:
+            raise SecureAggregationError("need length >= 1 and round_id >= 0")
+        for name in ("fetch_timeout", "republish_interval"):
             if not getattr(self, name) > 0:
                 raise SecureAggregationError(f"{name} must be > 0 seconds")
 
@@ -290,8 +266,8 @@ class SecureRoundPeer:
         if peer_id == cfg.aggregator:  # drawn first, so a seeded run is reproducible
             self._server = SecAggServer(
                 cfg.threshold,
-                clip_range=cfg.clip_range,
-                ring_bits=cfg.ring_bits,
+                clip_range=cfg.settings.clip_range,
+                ring_bits=cfg.settings.ring_bits,
                 context=cfg.context,
                 randbytes=self._rand,
             )
@@ -315,7 +291,8 @@ class SecureRoundPeer:
     async def _fetch_server_key(self) -> bytes:
         if self._server_key is None:
             cfg = self.config
-            self._server_key = await fetch_server_key(self._ch, cfg.aggregator, cfg.phase_timeout)
+            wait = cfg.settings.phase_timeout
+            self._server_key = await fetch_server_key(self._ch, cfg.aggregator, wait)
         return self._server_key
 
     # ------------------------------------------------------------------ client role
@@ -332,15 +309,15 @@ class SecureRoundPeer:
         client = SecAggClient(
             ch.peer_id,
             cfg.threshold,
-            clip_range=cfg.clip_range,
-            ring_bits=cfg.ring_bits,
+            clip_range=cfg.settings.clip_range,
+            ring_bits=cfg.settings.ring_bits,
             context=cfg.context,
             randbytes=self._rand,
         )
         await ch.post("keys", keys_to_json(client.advertise_keys()))
-        shares = client.share_keys(await fetch_roster(ch, cfg.clients, cfg.phase_timeout))
+        shares = client.share_keys(await fetch_roster(ch, cfg.clients, cfg.settings.phase_timeout))
         await ch.post("shares", bundle_to_json(ch.peer_id, shares))
-        bundles, sharers, bad = await fetch_bundles(ch, cfg.clients, cfg.phase_timeout)
+        bundles, sharers, bad = await fetch_bundles(ch, cfg.clients, cfg.settings.phase_timeout)
         for c, reason in bad.items():
             self.rejected[c] = SecAggPeerRejected(c, reason)
         mine = [m for m in bundles if m.recipient == ch.peer_id and m.sender in sharers]
@@ -381,7 +358,7 @@ class SecureRoundPeer:
         if client is None:
             raise SecureAggregationError("share_keys must run before answer_unmask")
         agg = cfg.aggregator
-        wait = cfg.phase_timeout + cfg.mask_timeout
+        wait = cfg.settings.phase_timeout + cfg.settings.mask_timeout
         if not await ch.wait(lambda: ("unmask-request", agg) in ch.inbox, wait):
             raise SecureAggregationError("no unmasking request from the aggregator in time")
         try:
@@ -391,12 +368,12 @@ class SecureRoundPeer:
         if ch.peer_id not in survivors:
             return False
         await ch.post("view", view_to_json(client.confirm(survivors, dropped)))
-        views = await fetch_views(ch, cfg.clients, survivors, cfg.view_timeout)
+        views = await fetch_views(ch, cfg.clients, survivors, cfg.settings.view_timeout)
         answer = client.unmask(survivors, dropped, views)
         server_key = await self._fetch_server_key()
         sealed = client.seal_for_server(server_key, "unmask-response", answer_to_json(answer))
         await ch.post("unmask-response", sealed)
-        await ch.wait(lambda: ("done", agg) in ch.inbox, cfg.response_timeout)
+        await ch.wait(lambda: ("done", agg) in ch.inbox, cfg.settings.response_timeout)
         return True
 
     async def run_client(self, gradient: GradientLike) -> bool:
@@ -426,22 +403,23 @@ class SecureRoundPeer:
             raise SecureAggregationError(f"{ch.peer_id} is not this round's aggregator")
         started = time.monotonic()
         await ch.post("server-key", json_block({"key": to_hex(server.public_key)}))
-        server.register((await fetch_roster(ch, cfg.clients, cfg.phase_timeout)).values())
-        bundles, sharers, bad = await fetch_bundles(ch, cfg.clients, cfg.phase_timeout)
+        phases = cfg.settings
+        server.register((await fetch_roster(ch, cfg.clients, phases.phase_timeout)).values())
+        bundles, sharers, bad = await fetch_bundles(ch, cfg.clients, phases.phase_timeout)
         server.route_shares(bundles, sharers)  # ciphertexts stay unread: only the sharers
         rejected = {**bad, **server.rejected}
         cids = await collect_masked(
             ch,
             server,
-            ring_bits=cfg.ring_bits,
+            ring_bits=phases.ring_bits,
             length=cfg.length,
-            timeout=cfg.mask_timeout,
+            timeout=phases.mask_timeout,
             rejected=rejected,
         )
         survivors, dropped = server.unmask_request()
         cids = {c: cid for c, cid in cids.items() if c in survivors}
         await ch.post("unmask-request", json_block({"survivors": survivors, "dropped": dropped}))
-        wait = cfg.view_timeout + cfg.response_timeout  # the clients check the views first
+        wait = phases.view_timeout + phases.response_timeout  # the clients check the views first
         answers = await collect_answers(ch, server, survivors, timeout=wait, rejected=rejected)
         total = server.finalize(answers)
         rejected.update(server.rejected)

@@ -24,6 +24,7 @@ from gradfed_ipfs.federated.besteffort import (
 )
 from gradfed_ipfs.federated.besteffort.secure import protocol_config
 from gradfed_ipfs.federated.secagg import FixedPoint
+from gradfed_ipfs.federated.secagg_round import SecAggSettings
 from gradfed_ipfs.federated.secagg_round.peer import SecureRoundPeer
 from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
@@ -38,7 +39,7 @@ ROUND = 4
 
 
 def secure_config(clients: list[str], threshold: int, **timing: float) -> RoundConfig:
-    options = SecureOptions(tuple(clients), clients[0], threshold, **timing)  # type: ignore[arg-type]
+    options = SecureOptions(tuple(clients), clients[0], threshold, SecAggSettings(**timing))  # type: ignore[arg-type]
     return RoundConfig(secure=options, republish_interval=0.02, subscriber_timeout=1.0)
 
 
@@ -198,7 +199,7 @@ async def test_dp_secure_round_over_three_kubo_nodes_reports_epsilon(
 ) -> None:  # type: ignore[no-untyped-def]
     ids = [n.peer_id for n in kubo_swarm3]
     session = f"dp-secagg-{tmp_path.name}"
-    options = SecureOptions(tuple(ids), ids[0], threshold=2, phase_timeout=15.0)
+    options = SecureOptions(tuple(ids), ids[0], 2, SecAggSettings(phase_timeout=15.0))
     rng = np.random.default_rng(5)
     grads = {p: rng.normal(0.0, 1.0, D).astype(np.float32) for p in ids}  # norms ~45 >> C
     dps = [make_dp(300 + i, z=Z, clip=CLIP, epsilon=10.0) for i in range(3)]

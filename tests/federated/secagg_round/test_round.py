@@ -21,6 +21,7 @@ from gradfed_ipfs.federated.secagg import FixedPoint
 from gradfed_ipfs.federated.secagg.blocks import decode_masked_block
 from gradfed_ipfs.federated.secagg.codec import unpack_masked
 from gradfed_ipfs.federated.secagg.crypto import SEALED_MAGIC
+from gradfed_ipfs.federated.secagg_round import SecAggSettings
 from gradfed_ipfs.federated.secagg_round.peer import (
     SecureRoundConfig,
     SecureRoundPeer,
@@ -70,7 +71,12 @@ def inputs_for(peers: Sequence[str], seed: int) -> dict[str, np.ndarray]:
 
 
 def make_peers(
-    n: int, threshold: int, *, seed: int, **timing: float
+    n: int,
+    threshold: int,
+    *,
+    seed: int,
+    settings: SecAggSettings | None = None,
+    **transport: float,
 ) -> tuple[SecureRoundConfig, dict[str, SecureRoundPeer], dict[str, RecordingStore]]:
     clients = tuple(f"peer-{i}" for i in range(n))
     cfg = SecureRoundConfig(
@@ -80,7 +86,8 @@ def make_peers(
         aggregator=AGG,
         threshold=threshold,
         length=D,
-        **timing,  # type: ignore[arg-type]
+        settings=settings or SecAggSettings(),
+        **transport,
     )
     bus = MemoryPubsubBus()
     names = [*clients, AGG]
@@ -108,9 +115,9 @@ async def run_memory_round(
     *,
     seed: int,
     drop_before_masking: Sequence[str] = (),
-    **timing: float,
+    settings: SecAggSettings | None = None,
 ) -> tuple[SecureRoundResult, dict[str, RecordingStore], dict[str, SecureRoundPeer]]:
-    _, peers, stores = make_peers(n, threshold, seed=seed, **timing)
+    _, peers, stores = make_peers(n, threshold, seed=seed, settings=settings)
     await asyncio.gather(*(p.start() for p in peers.values()))
 
     async def client(name: str) -> bool:
@@ -181,7 +188,12 @@ async def test_memory_round_with_one_dropout_recovers_survivor_sum() -> None:
     clients = [f"peer-{i}" for i in range(4)]
     inputs = inputs_for(clients, seed=2)
     result, stores, _ = await run_memory_round(
-        4, 3, inputs, seed=20, drop_before_masking=["peer-2"], mask_timeout=0.5
+        4,
+        3,
+        inputs,
+        seed=20,
+        drop_before_masking=["peer-2"],
+        settings=SecAggSettings(mask_timeout=0.5),
     )
     survivors = ["peer-0", "peer-1", "peer-3"]
     assert result.survivors == survivors
@@ -208,8 +220,7 @@ async def test_memory_round_two_of_four_survivors_with_t3_fail_clearly() -> None
             inputs,
             seed=40,
             drop_before_masking=["peer-0", "peer-1"],
-            mask_timeout=0.3,
-            response_timeout=0.3,
+            settings=SecAggSettings(mask_timeout=0.3, response_timeout=0.3),
         )
 
 
@@ -256,8 +267,8 @@ async def test_secure_round_over_three_kubo_nodes(kubo_swarm3, tmp_path: Path) -
         aggregator=ids[0],
         threshold=2,
         length=D,
+        settings=SecAggSettings(phase_timeout=15.0),
         republish_interval=0.3,
-        phase_timeout=15.0,
     )
     rng = np.random.default_rng(7)
     inputs = {p: rng.normal(0.0, 1.0, D).astype(np.float32) for p in ids}
