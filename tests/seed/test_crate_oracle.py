@@ -19,6 +19,7 @@ from collections import Counter, defaultdict
 
 import pytest
 
+from tests.required import skip_area
 from tests.seed.crate_oracle import (
     Case,
     OracleUnavailable,
@@ -42,7 +43,7 @@ def outcomes() -> dict[str, list[Outcome]]:
     try:
         binary = build_oracle()
     except OracleUnavailable as exc:
-        pytest.skip(str(exc))
+        skip_area("crate-oracle", str(exc))
     requests = [{"id": c.id, "fn": c.fn, "args": encode(c.args)} for c in CASES]
     grouped: dict[str, list[Outcome]] = defaultdict(list)
     for outcome in evaluate(CASES, run_oracle(binary, requests)):

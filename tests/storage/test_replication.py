@@ -20,6 +20,7 @@ from gradfed_ipfs.kubo import cluster as cluster_module
 from gradfed_ipfs.kubo.cluster import ClusterPeer, ClusterSwarm, find_cluster_binary
 from gradfed_ipfs.provenance import ContributionRef, commit_round
 from gradfed_ipfs.storage.replication import ClusterPinning
+from tests.required import skip_area
 
 pytestmark = [pytest.mark.kubo, pytest.mark.slow]
 
@@ -29,7 +30,7 @@ def cluster_binary() -> None:
     try:
         find_cluster_binary()
     except KuboStartError as exc:  # no Go toolchain or no module proxy on this machine
-        pytest.skip(f"IPFS Cluster unavailable: {exc}")
+        skip_area("ipfs-cluster", f"IPFS Cluster unavailable: {exc}")
 
 
 @pytest.fixture
