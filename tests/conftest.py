@@ -19,6 +19,9 @@ with an ``api_url`` and a ``peer_id``. A test marked ``@pytest.mark.docker`` tha
 ``[docker]`` by default, so the default suite covers the containers too. Only the ``[docker]``
 variants keep the ``docker`` mark (``-m docker`` runs just those, ``-m "not docker"`` skips
 them). The terminal summary ends with the pass counts per provider.
+
+With ``CI=true``, a skipped test of a required area (docker, crate-oracle, ipfs-cluster, torch,
+sklearn) fails the session unless ``GRADFED_ALLOW_SKIP`` names the area (``tests/required.py``).
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ from hypothesis import HealthCheck, settings
 
 from gradfed_ipfs.kubo import KuboDaemon, KuboSwarm, find_kubo_binary, live_daemon_pids
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
-from tests import docker_kubo
+from tests import docker_kubo, required
+
+pytest_plugins = ("pytester",)  # for tests/test_required_areas.py
 
 settings.register_profile(
     "ci", max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -82,6 +87,7 @@ def _variants(config: pytest.Config) -> list[str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    required.register(config)
     config.addinivalue_line(
         "markers",
         "docker: runs on Kubo containers too (a [docker] variant beside the chosen provider)",
@@ -140,7 +146,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             if provider == "docker" and category == "skipped":
                 longrepr = report.longrepr
                 reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
-                docker_skips.add(reason.removeprefix("Skipped: "))
+                docker_skips.add(required.untagged(reason.removeprefix("Skipped: ")))
     if not outcomes:
         return
     parts = []
@@ -165,8 +171,10 @@ def kubo_provider(request: pytest.FixtureRequest, pytestconfig: pytest.Config) -
     """The provider of this test's nodes: its ``[variant]``, else the ``--kubo`` option."""
     provider = str(getattr(request, "param", _provider(pytestconfig)))
     reason = _unavailable(provider)
+    if reason and provider == "docker":
+        required.skip_area("docker", reason)
     if reason:
-        pytest.skip(reason)
+        pytest.skip(reason)  # --kubo=external without an API: not a required area
     return provider
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests import docker_kubo
+from tests.required import skip_area
 
 pytestmark = [pytest.mark.kubo, pytest.mark.docker]
 
@@ -48,10 +49,10 @@ def run(command: list[str], *, env: dict[str, str], timeout: float) -> str:
 def test_compose_file_runs_a_three_peer_round(tmp_path: Path) -> None:
     reason = docker_kubo.docker_unavailable()
     if reason:
-        pytest.skip(reason)
+        skip_area("docker", reason)
     compose = docker_kubo.compose_command()
     if compose is None:
-        pytest.skip("neither `docker compose` nor `docker-compose` works here")
+        skip_area("docker", "neither `docker compose` nor `docker-compose` works here")
     project = f"gradfed-test-{uuid.uuid4().hex[:8]}"
     compose_file = docker_kubo.ROOT / "docker-compose.yml"
     base = [*compose, "--project-name", project, "--file", str(compose_file)]

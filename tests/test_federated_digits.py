@@ -3,6 +3,7 @@
 The ``--processes`` mode's peer processes run in ``tests/training/test_digits.py``.
 """
 
+# ruff: noqa: E402 (the examples import after the sklearn check and the sys.path entry)
 from __future__ import annotations
 
 import asyncio
@@ -19,8 +20,9 @@ from gradfed_ipfs.kubo import KuboDaemon, KuboSwarm
 from gradfed_ipfs.provenance import verify_history
 from gradfed_ipfs.storage import KuboBlockStore
 from gradfed_ipfs.tensor import TopKInt8
+from tests.required import import_area
 
-pytest.importorskip("sklearn")
+import_area("sklearn", "sklearn")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import federated_digits as fd
 from digits_model import parse_codec, parse_method
@@ -109,7 +111,7 @@ def test_compressed_deltas_move_fewer_bytes(fedavg: fd.Result, swarm4: list[Kubo
 
 
 def test_plot_writes_a_png(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
+    import_area("sklearn", "matplotlib")
     result = fd.Result(fd.Options(rounds=3), [0.5, 0.8, 0.9], [0.6, 0.85, 0.9], [], [])
     path = fd.plot(result, tmp_path / "digits.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,8 +1,4 @@
-"""examples/torch_interop.py: runs where torch imports, skips elsewhere.
-
-torch is not installed on this project's CI machine (the PyPI wheel pulls gigabytes of CUDA
-libraries); the adapter's NumPy side is tested in tests/adapters/test_numpy.py.
-"""
+"""examples/torch_interop.py (the ``torch`` area: torch is in the test extra)."""
 
 from __future__ import annotations
 
@@ -13,12 +9,13 @@ from pathlib import Path
 import pytest
 
 from gradfed_ipfs.storage import MemoryBlockStore
+from tests.required import import_area
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 
 def test_torch_example_averages_three_peers_bit_exactly(capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("torch")
+    import_area("torch", "torch")
     from torch_interop import federated_step
 
     assert asyncio.run(federated_step(MemoryBlockStore())) is True

@@ -1,8 +1,4 @@
-"""gradfed_ipfs.adapters.torch: state_dict round trips (skipped without torch).
-
-torch is not installed on the CI machine of this project: its PyPI wheel pulls gigabytes of
-CUDA libraries. These tests run wherever ``pip install 'gradfed-ipfs[torch]'`` was done.
-"""
+"""gradfed_ipfs.adapters.torch: state_dict round trips (torch comes with the test extra)."""
 
 from __future__ import annotations
 
@@ -19,8 +15,9 @@ from gradfed_ipfs.adapters.torch import (
     unflatten_state_dict,
 )
 from gradfed_ipfs.errors import IncompatibleDtype, ShapeMismatch
+from tests.required import import_area
 
-torch = pytest.importorskip("torch")
+torch = import_area("torch", "torch")
 
 
 def small_cnn(seed: int) -> torch.nn.Module:
@@ -79,7 +76,6 @@ def test_mismatched_models_are_refused() -> None:
 
 def test_a_small_cnn_trained_over_three_peers_improves() -> None:
     # Prepare: a learnable task (which quadrant of an 8x8 image is bright), split over 3 peers.
-    torch = pytest.importorskip("torch")
     import asyncio
 
     from gradfed_ipfs.adapters.torch import flatten_state_dict, load_flat

@@ -21,6 +21,7 @@ from gradfed_ipfs.kubo.cluster import ClusterPeer, ClusterSwarm, find_cluster_bi
 from gradfed_ipfs.provenance import ContributionRef, commit_round, verify_round
 from gradfed_ipfs.storage.replication import ClusterPinning
 from gradfed_ipfs.tensor import SampleWeightedMean
+from tests.required import skip_area
 
 pytestmark = [pytest.mark.kubo, pytest.mark.slow]
 
@@ -30,7 +31,7 @@ def cluster_binary() -> None:
     try:
         find_cluster_binary()
     except KuboStartError as exc:  # no Go toolchain or no module proxy on this machine
-        pytest.skip(f"IPFS Cluster unavailable: {exc}")
+        skip_area("ipfs-cluster", f"IPFS Cluster unavailable: {exc}")
 
 
 @pytest.fixture

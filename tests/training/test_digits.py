@@ -5,6 +5,7 @@ Agreed rounds are bit-reproducible, so when every round's roster holds all three
 processes end on the very model CID the in-process run ends on.
 """
 
+# ruff: noqa: E402 (the examples import after the sklearn check and the sys.path entry)
 from __future__ import annotations
 
 import asyncio
@@ -16,9 +17,10 @@ import pytest
 
 from gradfed_ipfs.training import History, VectorAdapter, run_simulation
 from tests.conftest import KuboNode
+from tests.required import import_area
 from tests.training.strategies import make_strategy
 
-pytest.importorskip("sklearn")
+import_area("sklearn", "sklearn")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import digits_training as task
@@ -75,7 +77,7 @@ def test_history_saves_reloads_and_plots(in_process: list[History], tmp_path: Pa
     assert again == history
     assert again.losses_distributed() == history.losses_distributed()
     assert "round 3: received 3 results and 0 failures" in again.report()
-    pytest.importorskip("matplotlib")
+    import_area("sklearn", "matplotlib")
     assert history.plot(tmp_path / "history.png").stat().st_size > 1000
 
 
