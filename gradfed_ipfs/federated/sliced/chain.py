@@ -68,6 +68,7 @@ from ...formats.slices import SliceMessage, SliceRecord
 from ...storage.base import Block, put_many
 from ...tensor.deterministic import finish_update
 from .config import ReduceScatterConfig, SliceWork
+from .faults import SliceFaults
 from .plan import chain_senders, chain_sum, plan_slices, reducer_rankings
 from .transport import CountingStore, MemorySliceBoard
 
@@ -85,8 +86,7 @@ class ChainSteps:
     store: CountingStore
     board: MemorySliceBoard
     config: ReduceScatterConfig
-    lie: float
-    silent: bool
+    faults: SliceFaults
     _records_read: dict[bytes, Block]
     _unfetchable: set[str]
     _replaced: set[str]
@@ -104,7 +104,7 @@ class ChainSteps:
         Coroutine[Any, Any, bool],
     ]
     _commit_slice: Callable[
-        [Roster, CID, SliceWork, FloatArray, set[str], float],
+        [Roster, CID, SliceWork, FloatArray, set[str], bool],
         Coroutine[Any, Any, tuple[Block, FloatArray]],
     ]
     _announce_slice: Callable[[CID, int, int, Block, FloatArray], Coroutine[Any, Any, None]]
@@ -306,8 +306,7 @@ class ChainSteps:
         weight_sum: int,
         acc: np.ndarray,
     ) -> _Loaded:
-        if self.lie:
-            acc = acc + self.lie
+        acc = self.faults.alter(step.k, acc)
         blocks = partial_blocks(acc)
         await put_many(self.store, blocks, pin=False)  # transient: a round's retention drops it
         record = PartialRecord(
@@ -347,9 +346,7 @@ class ChainSteps:
         values = finish_update(
             acc, base[step.offset : step.offset + step.length], self.config.learning_rate
         )
-        block, values = await self._commit_slice(
-            roster, roster_cid, step, values, missing, self.lie
-        )
+        block, values = await self._commit_slice(roster, roster_cid, step, values, missing, True)
         await self._announce_slice(roster_cid, phase, step.k, block, values)
 
     async def _prev(

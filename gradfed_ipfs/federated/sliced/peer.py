@@ -69,6 +69,7 @@ from ..exchange.encoded import encode_gradient
 from .chain import ChainSteps
 from .checks import SliceChecks
 from .config import ReduceScatterConfig, ReduceScatterResult, SliceWork
+from .faults import SliceFaults
 from .plan import (
     chain_groups,
     plan_slices,
@@ -109,10 +110,8 @@ class ReduceScatterPeer(SliceChecks, ChainSteps):
         The round's message board.
     config
         Shared settings.
-    lie
-        Test and benchmark hook: add this to every slice result this peer reduces.
-    silent
-        Test and benchmark hook: never announce a slice record (a dead reducer).
+    faults
+        Test and benchmark hooks (:mod:`.faults`: a lying or a dead reducer); default honest.
     """
 
     def __init__(
@@ -122,15 +121,13 @@ class ReduceScatterPeer(SliceChecks, ChainSteps):
         board: MemorySliceBoard,
         config: ReduceScatterConfig | None = None,
         *,
-        lie: float = 0.0,
-        silent: bool = False,
+        faults: SliceFaults | None = None,
     ) -> None:
         self.peer = peer
         self.store = CountingStore(store)
         self.board = board
         self.config = config or ReduceScatterConfig()
-        self.lie = lie
-        self.silent = silent
+        self.faults = faults or SliceFaults()
 
     # ------------------------------------------------------------------ reduce
 
@@ -182,9 +179,13 @@ class ReduceScatterPeer(SliceChecks, ChainSteps):
         own: FloatArray,
         part: SliceWork,
         exclude: set[str],
-        lie: float = 0.0,
+        *,
+        announced: bool = False,
     ) -> tuple[Block, FloatArray]:
-        """Reduce slice ``part`` without the ``exclude`` senders; put and return its record."""
+        """Reduce slice ``part`` without the ``exclude`` senders; put and return its record.
+
+        ``announced``: this peer serves the slice (the fault hooks may alter it).
+        """
         await self._rows(roster, part, own, base.size, exclude)
         missing = exclude | part.failed
         used = [e for e in roster.entries if e.peer not in missing]
@@ -197,7 +198,7 @@ class ReduceScatterPeer(SliceChecks, ChainSteps):
             [e.weight for e in used],
             self.config.learning_rate,
         )
-        return await self._commit_slice(roster, roster_cid, part, values, missing, lie)
+        return await self._commit_slice(roster, roster_cid, part, values, missing, announced)
 
     async def _commit_slice(
         self,
@@ -206,11 +207,11 @@ class ReduceScatterPeer(SliceChecks, ChainSteps):
         part: SliceWork,
         values: FloatArray,
         missing: set[str],
-        lie: float = 0.0,
+        announced: bool = False,
     ) -> tuple[Block, FloatArray]:
-        """Put slice ``part``'s result (plus the ``lie`` hook) and record; return both."""
-        if lie:
-            values = (values + np.float32(lie)).astype(np.float32)
+        """Put slice ``part``'s result and record; return both (as the fault hooks leave them)."""
+        if announced:
+            values = self.faults.alter(part.k, values)
         result = await put_gradient(self.store, values, chunk_bytes=self.config.chunk_bytes)
         used = [e for e in roster.entries if e.peer not in missing]
         record = SliceRecord(
@@ -228,7 +229,7 @@ class ReduceScatterPeer(SliceChecks, ChainSteps):
         )
         block = record.to_block()
         await put_pinned_alone(self.store, block)
-        return block, values
+        return await self.faults.commit(self.store, block, values)
 
     def _records(self, roster_cid: CID, phase: int, part: SliceWork) -> list[SliceMessage]:
         """Slice messages of ``part`` from its ranked reducers, best rank first.
@@ -282,7 +283,9 @@ class ReduceScatterPeer(SliceChecks, ChainSteps):
             lambda: self._unfetchable | self._replaced | exclude,
         ):
             return
-        block, values = await self._reduce(roster, roster_cid, base, own, part, exclude, self.lie)
+        block, values = await self._reduce(
+            roster, roster_cid, base, own, part, exclude, announced=True
+        )
         await self._announce_slice(roster_cid, phase, part.k, block, values)
 
     async def _announce_slice(
@@ -324,7 +327,7 @@ class ReduceScatterPeer(SliceChecks, ChainSteps):
             )
             if mine():
                 return False
-        return not self.silent
+        return self.faults.reduces()
 
     async def _load(
         self, message: SliceMessage, expected: SliceInputs | None = None
