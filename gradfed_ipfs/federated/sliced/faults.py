@@ -1,7 +1,7 @@
 """Fault hooks of a reduce-scatter peer: how tests and benchmarks make a reducer misbehave.
 
 A :class:`~.peer.ReduceScatterPeer` (and an agreed session, which passes them on) takes a
-``faults=`` object and calls it at the three points where a reducer's bytes leave it; the base
+``faults=`` object and calls it at the points where a reducer's bytes leave it; the base
 :class:`SliceFaults` does nothing there, so production peers never branch on a fault switch.
 :class:`Lying` and :class:`Silent` are the two faults the benchmarks inject; tests subclass
 :class:`SliceFaults` for others (garbage records, partial lies).
@@ -37,6 +37,15 @@ class SliceFaults:
         it recomputes to check others.
         """
         return values
+
+    def partial_blocks(self, k: int, acc: np.ndarray) -> list[Block] | None:
+        """Return the value blocks of the partial record of slice ``k`` this peer announces.
+
+        ``None`` (honest): the blocks of ``acc``, the (altered) partial sum it computed and
+        goes on with. Other blocks are not kept locally: this peer reads them back as any
+        other peer would.
+        """
+        return None
 
     async def commit(
         self, store: BlockStore, block: Block, values: FloatArray
