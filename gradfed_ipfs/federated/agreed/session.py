@@ -61,7 +61,7 @@ from .aggregate import AggregateStep
 from .config import AgreedConfig, AgreedRoundResult, ResyncResult, agreed_topic
 from .context import AdoptedRoster, Aggregated, OwnContribution, RoundContext, SessionMessages
 from .coordinator import Head, RoundBoard, best_head, coordinator_ranking, model_holders
-from .history import check_exclusions, load_head
+from .history import ResultLoad, check_exclusions, load_head
 from .roster import RosterPhase
 from .slicing import RootFetcher, SliceStep, choose_slicing, slice_report, slices_topic
 from .storage import FinishedRound, RoundStorage
@@ -498,9 +498,11 @@ class AgreedSession:
             return ResyncResult(False, self.round, self.model_cid, self.head)
         chain, model, state = await load_head(
             self.store, best.record, session=self.session, genesis=self.genesis,
-            history=self.history, length=self.model.size, timeout=self.config.fetch_timeout,
-            rule=self.config.rule, known={bytes(self.model_cid): (self.model, self.rule_state)},
-            max_rebuild=self.config.model_every,  # an honest chain stores a model that often
+            history=self.history, result=ResultLoad(
+                self.model.size, self.config.fetch_timeout, self.config.rule,
+                known={bytes(self.model_cid): (self.model, self.rule_state)},
+                max_rebuild=self.config.model_every,  # an honest chain stores one that often
+            ),
         )  # fmt: skip
         excluded = await check_exclusions(self.store, chain)  # fraud records are peers' data
         self.rule_state = state  # the custom rule resumes from the head's state
