@@ -225,11 +225,11 @@ class RosterPhase:
         resyncing, can miss them all) but hears a later round's ``done`` walks that record's
         ``prev`` links back to round ``r`` (at most :data:`MAX_WALK_BACK` records) for its roster.
         """
-        state = self._board.state(ctx.number)
-        if not state.rosters:
-            await self._rosters_from_records(ctx, state, tried)
-        ranking = ctx.ranking
+        state, ranking = self._board.state(ctx.number), ctx.ranking
         candidates = [(ranking.index(p), c) for p, c in state.rosters.items() if p in ranking]
+        if not candidates:
+            await self._rosters_from_records(ctx, state, tried)
+            candidates = [(ranking.index(p), c) for p, c in state.rosters.items() if p in ranking]
         for _, cid in sorted(candidates, key=lambda item: item[0]):
             if bytes(cid) in tried:
                 continue

@@ -53,7 +53,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -189,13 +189,7 @@ class ChainRound:
         # The rows are fetched while the previous step runs: a chain costs one fetch, not G.
         rows = asyncio.create_task(self._step_rows(phase, step, exclude))
         try:
-            prev = None
-            if j:
-
-                def rebuild() -> Coroutine[Any, Any, _Loaded | None]:
-                    return self._compute_step(chain, j - 1, phase, exclude)
-
-                prev = await self._prev(phase, chain[j - 1], exclude, rebuild)
+            prev = await self._prev(chain, j - 1, phase, exclude) if j else None
             await rows
         finally:
             if not rows.done():
@@ -323,26 +317,20 @@ class ChainRound:
         block, values = await reducer.commit(ctx, step, values, missing, announced=True)
         await reducer.announce(ctx, phase, step.k, block, values)
 
-    async def _prev(
-        self,
-        phase: int,
-        step: SliceWork,
-        exclude: set[str],
-        rebuild: Callable[[], Coroutine[Any, Any, _Loaded | None]],
-    ) -> _Loaded:
-        """Wait for the best-ranked valid partial sum of ``step`` in ``phase``.
+    async def _prev(self, chain: list[SliceWork], j: int, phase: int, exclude: set[str]) -> _Loaded:
+        """Wait for the best-ranked valid partial sum of step ``j`` of ``chain`` in ``phase``.
 
-        When every partial announced for ``step`` was refused (garbage, or not this step's) and
-        none came for ``reducer_timeout`` after, this peer computes ``step`` itself
-        (``rebuild()``, recursively for a garbage step before it): its backups saw a record
-        and stood aside, so one member's bytes would otherwise stall the slice.
+        When every partial announced for the step was refused (garbage, or not this step's)
+        and none came for ``reducer_timeout`` after, this peer computes the step itself
+        (recursively for a garbage step before it): its backups saw a record and stood aside,
+        so one member's bytes would otherwise stall the slice.
 
         Raises
         ------
         TimeoutError
             If none arrived within ``phase_timeout``.
         """
-        ctx, reducer = self._ctx, self._reducer
+        ctx, reducer, step = self._ctx, self._reducer, chain[j]
         config = reducer.config
         tried: set[bytes] = set()
         deadline = time.monotonic() + config.phase_timeout
@@ -367,7 +355,7 @@ class ChainRound:
                 continue
             if tried and left > 0:  # every announced partial refused, and no other came
                 logger.warning("slice %d step %d: partials refused; computing it", step.k, step.j)
-                built = await rebuild()
+                built = await self._compute_step(chain, j, phase, exclude)
                 if built is not None:
                     return built
             raise TimeoutError(
