@@ -30,7 +30,6 @@ from ...tensor.deterministic import deterministic_update
 from ..sliced.peer import ReduceScatterResult
 from ..sliced.retention import SliceBlocks
 from ..sliced.transport import CountingStore
-from .config import AgreedConfig
 from .context import AdoptedRoster, Aggregated, RoundContext
 from .coordinator import RoundBoard
 from .finished import check_finished_round
@@ -62,22 +61,14 @@ class AggregateStep:
     ----------
     store
         The peer's block store (records are re-verified from it).
-    config
-        The session's settings.
     board
         What the peer has heard (other peers' ``done`` records).
     slicing
         The session's reduce-scatter step; ``None``: all-to-all rounds.
     """
 
-    def __init__(
-        self,
-        store: BlockStore,
-        config: AgreedConfig,
-        board: RoundBoard,
-        slicing: SliceStep | None,
-    ) -> None:
-        self._store, self._config, self._board, self._slicing = store, config, board, slicing
+    def __init__(self, store: BlockStore, board: RoundBoard, slicing: SliceStep | None) -> None:
+        self._store, self._board, self._slicing = store, board, slicing
 
     async def run(self, ctx: RoundContext, adopted: AdoptedRoster) -> Aggregated:
         """Return the round's model (and rule state, and reduce-scatter outcome)."""
@@ -103,7 +94,7 @@ class AggregateStep:
         return Aggregated(sliced.model, None, sliced, kept)
 
     def _all_to_all(self, ctx: RoundContext, adopted: AdoptedRoster) -> Aggregated:
-        rule, lr = self._config.rule, self._config.learning_rate
+        rule, lr = ctx.config.rule, ctx.config.learning_rate
         gradients = list(adopted.gradients or ())
         if rule is not None:
             model, state = rule.apply(ctx.base_model, adopted.roster, gradients, lr, ctx.rule_state)
@@ -123,7 +114,7 @@ class AggregateStep:
         ``max_announce_interval`` if no slice message of this roster was heard, else
         ``reducer_timeout``) and ``run`` has not ended, the record is re-verified.
         """
-        config, seen = self._config, _Fallback()
+        config, seen = ctx.config, _Fallback()
         step = self._slicing
         while not run.done():
             heads = await self._finished_heads(ctx, seen)
@@ -164,7 +155,7 @@ class AggregateStep:
             if key not in seen.walked:
                 seen.walked[key] = None
                 with contextlib.suppress(BlockStoreError, DecodeError):
-                    found = await walk_back(self._store, r, head.record, self._config.fetch_timeout)
+                    found = await walk_back(self._store, r, head.record, ctx.config.fetch_timeout)
                     seen.walked[key] = None if found is None else found[0]
             if (cid := seen.walked[key]) is not None:
                 heads.append((peer, cid))
@@ -179,7 +170,7 @@ class AggregateStep:
             ctx.rejected[peer] = seen.refused[bytes(record_cid)]
             return None
         counted = CountingStore(self._store)
-        roster, config = adopted.roster, self._config
+        roster, config = adopted.roster, ctx.config
         try:
             held = bytes(roster.base) == bytes(ctx.base)  # never rebuilt then
             finished = await check_finished_round(

@@ -21,6 +21,7 @@ from ...formats.roster import AgreedMessage, MessageKind, Roster
 from ..exchange.announcer import Reannouncer
 from ..sliced.peer import ReduceScatterResult
 from ..sliced.retention import SliceBlocks
+from .config import AgreedConfig
 
 __all__ = ["AdoptedRoster", "Aggregated", "OwnContribution", "RoundContext", "SessionMessages"]
 
@@ -44,6 +45,9 @@ class RoundContext:
     ----------
     number
         The round.
+    config
+        The session's settings as the round started (a caller may replace
+        ``AgreedSession.config`` between rounds, e.g. to raise ``min_peers``).
     peer
         This peer's ID.
     base, base_model, rule_state
@@ -63,6 +67,7 @@ class RoundContext:
     """
 
     number: int
+    config: AgreedConfig
     peer: str
     base: CID
     base_model: FloatArray

@@ -29,7 +29,6 @@ from ...errors import (
 from ...formats.roster import MAX_INLINE_BYTES, AgreedRecord, Roster
 from ...storage.base import BlockStore
 from ..exchange.fetcher import ContributionFetcher, is_transient
-from .config import AgreedConfig
 from .context import AdoptedRoster, RoundContext, SessionMessages
 from .coordinator import MAX_ROUNDS_AHEAD, RoundBoard, RoundState, effective_quorum, roster_problem
 from .history import load_record
@@ -79,8 +78,6 @@ class RosterPhase:
     ----------
     store
         The peer's block store (rosters and records are fetched from it).
-    config
-        The session's settings.
     board
         What the peer has heard.
     messages
@@ -94,14 +91,13 @@ class RosterPhase:
     def __init__(
         self,
         store: BlockStore,
-        config: AgreedConfig,
         board: RoundBoard,
         messages: SessionMessages,
         fetcher: ContributionFetcher,
         *,
         sliced: bool,
     ) -> None:
-        self._store, self._config, self._board = store, config, board
+        self._store, self._board = store, board
         self._messages, self._fetcher, self._sliced = messages, fetcher, sliced
         self._rosters: dict[bytes, tuple[Roster, Block]] = {}
 
@@ -121,7 +117,7 @@ class RosterPhase:
         QuorumNotReached
             If no roster with ``min_peers`` contributions was adopted by ``round_timeout``.
         """
-        config = self._config
+        config = ctx.config
         c = _Collection(
             members=set(config.members) - ctx.excluded,
             quorum=effective_quorum(config, ctx.excluded),
@@ -195,7 +191,7 @@ class RosterPhase:
         self, ctx: RoundContext, coordinator: str, ready: dict[str, tuple[CID, int]]
     ) -> CID:
         """Build (and cache) the roster ``coordinator`` would publish from ``ready``."""
-        config = self._config
+        config = ctx.config
         roster = Roster.new(
             self._board.session, self._board.genesis, ctx.number, ctx.base, coordinator,
             config.members, ready,
@@ -249,7 +245,7 @@ class RosterPhase:
                 continue
             tried.add(bytes(head.record))
             try:
-                found = await walk_back(self._store, r, head.record, self._config.fetch_timeout)
+                found = await walk_back(self._store, r, head.record, ctx.config.fetch_timeout)
             except (BlockStoreError, DecodeError) as exc:
                 ctx.rejected[peer] = f"record {head.record}: {exc}"
                 continue
@@ -288,7 +284,7 @@ class RosterPhase:
     ) -> Roster | None:
         """Load roster ``cid`` and check it fits the round; ``None`` (rejected, or not yet)."""
         try:
-            roster = await self._load_roster(cid)
+            roster = await self._load_roster(cid, ctx.config.fetch_timeout)
         except BlockTimeout as exc:
             # Waited fetch_timeout for it: a coordinator puts its roster before announcing it
             # (or sends it inline), so a member announcing one nobody serves must not hold the
@@ -305,7 +301,7 @@ class RosterPhase:
             return None
         problem = roster_problem(
             roster, self._board.session, self._board.genesis, ctx.number, ctx.base,
-            self._config, ctx.excluded,
+            ctx.config, ctx.excluded,
         )  # fmt: skip
         if problem:
             tried.add(bytes(cid))
@@ -313,7 +309,7 @@ class RosterPhase:
             return None
         return roster
 
-    async def _load_roster(self, cid: CID) -> Roster:
+    async def _load_roster(self, cid: CID, timeout: float) -> Roster:
         """Decode a roster once: from its inline message, else fetched from the store."""
         known = self._rosters.get(bytes(cid))
         if known is None:
@@ -321,6 +317,6 @@ class RosterPhase:
             if carried is not None:
                 block = Block.from_parts(cid, carried[1])
             else:
-                block = await self._store.get(cid, timeout=self._config.fetch_timeout)
+                block = await self._store.get(cid, timeout=timeout)
             known = self._rosters[bytes(cid)] = (Roster.from_block(block), block)
         return known[0]

@@ -151,7 +151,7 @@ class AgreedSession:
         self._tasks: list[asyncio.Task[None]] = []
         fetch_store = store if retention is None else GatedStore(store, retention.gate)
         self._fetcher = ContributionFetcher(fetch_store, config.fetch_timeout, self._poke)
-        self._storage = RoundStorage(store, config, retention)
+        self._storage = RoundStorage(store, retention)
         self._started: _Started | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -205,10 +205,8 @@ class AgreedSession:
         if slicing is not None:  # only roots are checked before the roster
             self._fetcher = RootFetcher(self._fetcher.store, self.config.fetch_timeout, self._poke)
         messages = SessionMessages(self.session, self.genesis, self.peer_id, self._announcer)
-        roster = RosterPhase(
-            self.store, self.config, board, messages, self._fetcher, sliced=slicing is not None
-        )
-        aggregate = AggregateStep(self.store, self.config, board, slicing)
+        roster = RosterPhase(self.store, board, messages, self._fetcher, sliced=slicing is not None)
+        aggregate = AggregateStep(self.store, board, slicing)
         self._started = _Started(board, messages, roster, aggregate, slicing)
         heard = self.pubsub.subscribe(self.topic)
         self._tasks = [
@@ -347,6 +345,7 @@ class AgreedSession:
         logger.debug("round %d: contributed after %.3fs", r, time.monotonic() - started)
         return RoundContext(
             number=r,
+            config=self.config,
             peer=self.peer_id,
             base=self.model_cid,
             base_model=self.model,
@@ -369,7 +368,7 @@ class AgreedSession:
         daemon ~19 ms of CPU at d = 1M, the largest part of an agreed round's extra cost over
         the runner's on a loaded machine; issue 13's ratio).
         """
-        config, r, sliced = self.config, ctx.number, aggregated.sliced
+        config, r, sliced = ctx.config, ctx.number, aggregated.sliced
         self._parts.roster.forget()
         encoded = [await encode_gradient(aggregated.model)]
         rule, state = config.rule, None
@@ -393,7 +392,7 @@ class AgreedSession:
         holder = self.peer_id in holders
         finished = FinishedRound(
             r, adopted.roster, adopted.block, record, encoded[0].cid,
-            tuple(encoded) if stored and holder else (), ctx.own, aggregated.kept,
+            tuple(encoded) if stored and holder else (), ctx.own, aggregated.kept, config,
         )  # fmt: skip
         self._storage.store_round(finished)
         unstored = holder and not stored  # an unstored last model is put at close
@@ -418,9 +417,9 @@ class AgreedSession:
         r, roster, record = ctx.number, finished.roster, finished.record.cid
         others = [p for p in roster.peers if p != self.peer_id]
         done = self.board.state(r).done
-        if self.config.done_timeout > 0:
+        if ctx.config.done_timeout > 0:
             await self.board.wait_until(
-                lambda: all(p in done for p in others), self.config.done_timeout
+                lambda: all(p in done for p in others), ctx.config.done_timeout
             )
         confirmed = {p for p, h in done.items() if bytes(h.record) == bytes(record)}
         theirs = {p: str(h.record) for p, h in done.items() if bytes(h.record) != bytes(record)}
@@ -435,14 +434,14 @@ class AgreedSession:
             roster_cid=finished.roster_block.cid,
             roster=roster,
             included=self.peer_id in roster.peers,
-            absent=tuple(p for p in self.config.members if p not in roster.peers),
+            absent=tuple(p for p in ctx.config.members if p not in roster.peers),
             confirmed=tuple(sorted(confirmed)),
             unconfirmed=unconfirmed,
             matched=not unconfirmed,
             rejected=ctx.rejected,
             seconds=time.monotonic() - ctx.started,
             **slice_report(aggregated.sliced, self.aggregation_reason),
-            model_stored=self.config.stores_model(r),
+            model_stored=ctx.config.stores_model(r),
         )
 
     def _check_done(self, r: int, *, settle_ties: bool = True) -> None:

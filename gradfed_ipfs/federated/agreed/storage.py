@@ -51,6 +51,8 @@ class FinishedRound:
     encoded: tuple[EncodedGradient, ...]
     own: OwnContribution
     kept: SliceBlocks | None
+    config: AgreedConfig
+    """The round's settings (which models are stored: ``model_every``)."""
 
 
 class RoundStorage:
@@ -60,16 +62,12 @@ class RoundStorage:
     ----------
     store
         The peer's block store.
-    config
-        The session's settings (``model_every``).
     retention
         The session's retention keeper, if any.
     """
 
-    def __init__(
-        self, store: BlockStore, config: AgreedConfig, retention: RetentionHook | None
-    ) -> None:
-        self._store, self._config, self._retention = store, config, retention
+    def __init__(self, store: BlockStore, retention: RetentionHook | None) -> None:
+        self._store, self._retention = store, retention
         self._pending: list[asyncio.Future[object]] = []
         self.unstored_head: tuple[FloatArray, FloatArray | None] | None = None
         """The last round's model and rule state if this peer holds them and did not put them
@@ -128,7 +126,7 @@ class RoundStorage:
         if not own.stored.cancelled() and own.stored.exception() is None:
             contributions.append(own.cid)
         unique = {bytes(c): c for c in contributions}
-        kept = self._config.stores_model
+        kept = finished.config.stores_model
         await self._retention.round_done(
             RoundBlocks(
                 r, tuple(unique.values()), finished.roster_block.cid, finished.record.cid,
