@@ -37,6 +37,7 @@ import contextlib
 import os
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -48,6 +49,7 @@ from multiformats import CID
 from gradfed_ipfs.errors import DecodeError
 from gradfed_ipfs.federated.accumulate import AccumulatorConfig, StreamingAccumulator
 from gradfed_ipfs.federated.exchange.encoded import encode_gradient
+from gradfed_ipfs.federated.sliced import Lying, Silent, SliceFaults
 from gradfed_ipfs.federated.sliced.peer import (
     MemorySliceBoard,
     ReduceScatterConfig,
@@ -62,6 +64,9 @@ from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
 from gradfed_ipfs.storage.dag import put_gradient
 from gradfed_ipfs.tensor.aggregation import SampleWeightedMean
 from gradfed_ipfs.tensor.deterministic import deterministic_update
+
+FAULTS: dict[str, Callable[[], SliceFaults]] = {"lying": lambda: Lying(1e-2), "silent": Silent}
+"""The reducer faults ``--fault`` injects into one peer (``dropped``: that peer never runs)."""
 
 
 class Node(Protocol):
@@ -441,8 +446,7 @@ async def run_reduce_scatter(
                 peer_store[i],
                 board,
                 config,
-                lie=1e-2 if fault == "lying" and names[i] == odd else 0.0,
-                silent=fault == "silent" and names[i] == odd,
+                faults=(FAULTS[fault]() if names[i] == odd and fault in FAULTS else None),
             )
             for i in range(peers)
             if not (fault == "dropped" and names[i] == odd)

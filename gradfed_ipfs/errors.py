@@ -87,8 +87,6 @@ The seed's variants (``GradientError``, ``FederatedError``, ``CoordinationError`
 (``NaN``, ``10``, ``1.3333334``; see :mod:`gradfed_ipfs._fmt`). Some add detail after it,
 separated by ``": "`` (the lengths behind a ``DimensionMismatch``, the offsets behind a
 ``TruncatedData``); ``tests/seed/test_crate_oracle.py`` holds them to that.
-
-Size: over 500 lines because every error has its one home here, under the tree above.
 """
 
 from __future__ import annotations

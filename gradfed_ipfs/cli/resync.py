@@ -28,7 +28,7 @@ from ..errors import (
 )
 from ..federated.agreed.config import agreed_topic
 from ..federated.agreed.coordinator import Head, best_head
-from ..federated.agreed.history import check_exclusions, load_head, verify_record
+from ..federated.agreed.history import ResultLoad, check_exclusions, load_head, verify_record
 from ..formats.pubsub import PubsubMessage
 from ..formats.roster import AgreedMessage, AgreedRecord
 from ..kubo.pubsub import KuboPubsub
@@ -176,7 +176,7 @@ async def _adopt(
             with err_console.status(f"verifying the chain of {candidate}…"):
                 chain, model, _ = await load_head(
                     store, candidate, session=args.session, genesis=genesis,
-                    history=(), length=length, timeout=args.timeout,
+                    history=(), result=ResultLoad(length, args.timeout),
                 )  # fmt: skip
                 excluded = await check_exclusions(store, chain)  # fraud records: peers' data
                 custom = 0 if args.links_only else await _verify_rounds(store, chain)

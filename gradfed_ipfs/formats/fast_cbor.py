@@ -99,34 +99,15 @@ def _head(data: bytes, pos: int) -> tuple[int, int, int]:
 def _item(
     data: bytes, pos: int, depth: int, known: Mapping[bytes, Any] | None = None
 ) -> tuple[Any, int]:
-    lead = data[pos]
-    if lead >= 0xE0:  # major type 7: simple values and floats
-        if lead == 0xF4:
-            return False, pos + 1
-        if lead == 0xF5:
-            return True, pos + 1
-        if lead == 0xF6:
-            return None, pos + 1
-        if lead == 0xFB and pos + 9 <= len(data):
-            value = _FLOAT64.unpack_from(data, pos + 1)[0]
-            if math.isfinite(value):
-                return value, pos + 9
-        raise _Slow
+    if data[pos] >= 0xE0:  # major type 7: simple values and floats
+        return _simple(data, pos)
     major, arg, pos = _head(data, pos)
     if major == 0:
         return arg, pos
     if major == 1:
         return -1 - arg, pos
     if major in (2, 3):
-        end = pos + arg
-        if end > len(data):
-            raise _Slow
-        raw = data[pos:end]
-        if major == 2:
-            return raw, end
-        if not raw.isascii():
-            raise _Slow
-        return raw.decode("ascii"), end
+        return _string(data, pos, major, arg)
     if depth >= _MAX_DEPTH or (major != 6 and arg > len(data) - pos):  # a tag's arg: its number
         raise _Slow
     if major == 4:
@@ -136,25 +117,61 @@ def _item(
             items.append(value)
         return items, pos
     if major == 5:
-        mapping: dict[str, Any] = {}
-        previous = (-1, b"")
-        for _ in range(arg):
-            key_major, size, pos = _head(data, pos)
-            end = pos + size
-            key = data[pos:end]
-            if key_major != 3 or end > len(data) or not key.isascii() or (size, key) <= previous:
-                raise _Slow  # not a text key, or out of canonical order, or repeated
-            previous = (size, key)
-            hit = None if known is None else _known(data, end, known)
-            value, pos = _item(data, end, depth + 1) if hit is None else hit
-            mapping[key.decode("ascii")] = value
-        return mapping, pos
+        return _map(data, pos, depth, arg, known)
     if major == 6 and arg == 42:
         link, pos = _item(data, pos, depth + 1)
         if not isinstance(link, bytes) or not link or link[0] != 0:
             raise _Slow
         return dag_cbor.decoding.CID.decode(link[1:]), pos  # type: ignore[attr-defined]
     raise _Slow
+
+
+def _simple(data: bytes, pos: int) -> tuple[Any, int]:
+    """Decode major type 7 at ``pos``: false, true, null or a finite float64."""
+    lead = data[pos]
+    if lead == 0xF4:
+        return False, pos + 1
+    if lead == 0xF5:
+        return True, pos + 1
+    if lead == 0xF6:
+        return None, pos + 1
+    if lead == 0xFB and pos + 9 <= len(data):
+        value = _FLOAT64.unpack_from(data, pos + 1)[0]
+        if math.isfinite(value):
+            return value, pos + 9
+    raise _Slow
+
+
+def _string(data: bytes, pos: int, major: int, size: int) -> tuple[Any, int]:
+    """Decode the ``size`` bytes at ``pos`` of a byte (major 2) or ASCII text (3) string."""
+    end = pos + size
+    if end > len(data):
+        raise _Slow
+    raw = data[pos:end]
+    if major == 2:
+        return raw, end
+    if not raw.isascii():
+        raise _Slow
+    return raw.decode("ascii"), end
+
+
+def _map(
+    data: bytes, pos: int, depth: int, count: int, known: Mapping[bytes, Any] | None
+) -> tuple[dict[str, Any], int]:
+    """Decode a map of ``count`` canonically ordered text keys whose entries start at ``pos``."""
+    mapping: dict[str, Any] = {}
+    previous = (-1, b"")
+    for _ in range(count):
+        key_major, size, pos = _head(data, pos)
+        end = pos + size
+        key = data[pos:end]
+        if key_major != 3 or end > len(data) or not key.isascii() or (size, key) <= previous:
+            raise _Slow  # not a text key, or out of canonical order, or repeated
+        previous = (size, key)
+        hit = None if known is None else _known(data, end, known)
+        value, pos = _item(data, end, depth + 1) if hit is None else hit
+        mapping[key.decode("ascii")] = value
+    return mapping, pos
 
 
 def encode_dag_cbor(value: Any) -> bytes:
@@ -198,29 +215,8 @@ def _key_bytes(key: object) -> bytes:
 
 def _encode(value: Any, out: bytearray, depth: int) -> None:
     kind = type(value)
-    if kind is str:
-        try:
-            raw = value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise _Slow from None
-        _put_head(3, len(raw), out)
-        out += raw
-    elif kind is int:
-        if 0 <= value < 1 << 64:
-            _put_head(0, value, out)
-        elif -(1 << 64) <= value < 0:
-            _put_head(1, -1 - value, out)
-        else:
-            raise _Slow
-    elif value is None:
-        out.append(0xF6)
-    elif kind is bool:
-        out.append(0xF5 if value else 0xF4)
-    elif kind is float:
-        if not math.isfinite(value):
-            raise _Slow
-        out.append(0xFB)
-        out += _FLOAT64.pack(value)
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        _encode_scalar(value, kind, out)
     elif kind is bytes:
         _put_head(2, len(value), out)
         out += value
@@ -244,3 +240,30 @@ def _encode(value: Any, out: bytearray, depth: int) -> None:
         out += link
     else:
         raise _Slow
+
+
+def _encode_scalar(value: Any, kind: type, out: bytearray) -> None:
+    """Write a text string, an integer in CBOR's range, null, a bool or a finite float."""
+    if kind is str:
+        try:
+            raw = value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _Slow from None
+        _put_head(3, len(raw), out)
+        out += raw
+    elif kind is int:
+        if 0 <= value < 1 << 64:
+            _put_head(0, value, out)
+        elif -(1 << 64) <= value < 0:
+            _put_head(1, -1 - value, out)
+        else:
+            raise _Slow
+    elif value is None:
+        out.append(0xF6)
+    elif kind is bool:
+        out.append(0xF5 if value else 0xF4)
+    else:  # a float
+        if not math.isfinite(value):
+            raise _Slow
+        out.append(0xFB)
+        out += _FLOAT64.pack(value)

@@ -160,26 +160,8 @@ class ChunkManifest:
         ChunkManifest
             The validated manifest.
         """
-        if not isinstance(record, dict):
-            raise MalformedManifest(f"manifest is not a map but {type(record).__name__}")
-        expected_keys = {"format", "version", "dtype", "shape", "length", "chunks"}
-        if set(record) != expected_keys:
-            raise MalformedManifest(f"manifest keys {sorted(record)} != {sorted(expected_keys)}")
-        if record["format"] != MANIFEST_FORMAT:
-            raise MalformedManifest(f"unknown manifest format {record['format']!r:.60}")
-        version = _int(record["version"], "version")
-        if version != MANIFEST_VERSION:
-            raise MalformedManifest(f"unsupported manifest version {version}")
-        if record["dtype"] != "float32":
-            raise MalformedManifest(f"unsupported dtype {record['dtype']!r:.40}")
-        raw_shape = record["shape"]
-        if not isinstance(raw_shape, list) or len(raw_shape) > _MAX_DIMS:
-            raise MalformedManifest(f"shape must be a list of at most {_MAX_DIMS} ints")
-        shape = tuple(_int(d, "shape dimension") for d in raw_shape)
-        length = _int(record["length"], "length")
-        if math.prod(shape) != length:
-            raise MalformedManifest(f"shape {list(shape)} does not hold length {length}")
-        raw_chunks = record["chunks"]
+        version, shape, length = _header(record)
+        raw_chunks = record["chunks"]  # type: ignore[index]
         if not isinstance(raw_chunks, list) or not raw_chunks:
             raise MalformedManifest("chunks must be a non-empty list")
         if len(raw_chunks) > MAX_CHUNKS:
@@ -204,6 +186,33 @@ class ChunkManifest:
         if expected_offset != length:
             raise MalformedManifest(f"chunk lengths sum to {expected_offset}, not {length}")
         return cls(shape, length, chunks, "float32", version)
+
+
+def _header(record: object) -> tuple[int, tuple[int, ...], int]:
+    """Check a manifest's keys, format, version, dtype, shape and length; return the last three.
+
+    (The version, the shape and the length.)
+    """
+    if not isinstance(record, dict):
+        raise MalformedManifest(f"manifest is not a map but {type(record).__name__}")
+    expected_keys = {"format", "version", "dtype", "shape", "length", "chunks"}
+    if set(record) != expected_keys:
+        raise MalformedManifest(f"manifest keys {sorted(record)} != {sorted(expected_keys)}")
+    if record["format"] != MANIFEST_FORMAT:
+        raise MalformedManifest(f"unknown manifest format {record['format']!r:.60}")
+    version = _int(record["version"], "version")
+    if version != MANIFEST_VERSION:
+        raise MalformedManifest(f"unsupported manifest version {version}")
+    if record["dtype"] != "float32":
+        raise MalformedManifest(f"unsupported dtype {record['dtype']!r:.40}")
+    raw_shape = record["shape"]
+    if not isinstance(raw_shape, list) or len(raw_shape) > _MAX_DIMS:
+        raise MalformedManifest(f"shape must be a list of at most {_MAX_DIMS} ints")
+    shape = tuple(_int(d, "shape dimension") for d in raw_shape)
+    length = _int(record["length"], "length")
+    if math.prod(shape) != length:
+        raise MalformedManifest(f"shape {list(shape)} does not hold length {length}")
+    return version, shape, length
 
 
 def _int(value: object, what: str) -> int:

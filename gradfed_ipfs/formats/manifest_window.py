@@ -109,7 +109,31 @@ def _fast(data: bytes, offset: int, stop: int, max_length: int) -> ChunkManifest
     count = _uint(chunks.group(1))
     if not 0 < count <= MAX_CHUNKS:
         raise _Slow
-    pos = chunks.end()
+    covering, total, pos = _entries(data, chunks.end(), count, offset, stop)
+    tail = _TAIL.fullmatch(data, pos)
+    if tail is None:
+        raise _Slow
+    length = _uint(tail.group(1))
+    if (
+        length != total
+        or length > max_length
+        or length >= _MAX_INT
+        or any(d >= _MAX_INT for d in shape)
+        or math.prod(shape) != length
+    ):
+        raise _Slow
+    refs = tuple(ChunkRef(parse_cid(_RAW_LINK + d), s, n) for d, s, n in covering)
+    return ChunkManifest(tuple(shape), length, refs)
+
+
+def _entries(
+    data: bytes, pos: int, count: int, offset: int, stop: int
+) -> tuple[list[tuple[bytes, int, int]], int, int]:
+    """Read ``count`` contiguous chunk entries from ``pos``.
+
+    Returns those overlapping ``[offset, stop)`` (digest, start, length), the values they
+    cover in all, and where the entries end.
+    """
     digests = set()
     covering = []
     total = 0
@@ -127,17 +151,4 @@ def _fast(data: bytes, offset: int, stop: int, max_length: int) -> ChunkManifest
             covering.append((digest, start, length))
         total += length
         pos = entry.end()
-    tail = _TAIL.fullmatch(data, pos)
-    if tail is None:
-        raise _Slow
-    length = _uint(tail.group(1))
-    if (
-        length != total
-        or length > max_length
-        or length >= _MAX_INT
-        or any(d >= _MAX_INT for d in shape)
-        or math.prod(shape) != length
-    ):
-        raise _Slow
-    refs = tuple(ChunkRef(parse_cid(_RAW_LINK + d), s, n) for d, s, n in covering)
-    return ChunkManifest(tuple(shape), length, refs)
+    return covering, total, pos

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Mapping
 from typing import Any, Final
 from urllib.parse import quote, urlencode
 
@@ -161,40 +161,21 @@ class Http1Answer:
         if conn is None:
             return
         reader = conn.reader
+        if self._chunked:
+            parts = _chunked_body(reader)
+        elif self._length is not None:
+            parts = _sized_body(reader, self._length)
+        else:
+            parts = _body_until_close(reader)
         try:
-            if self._chunked:
-                while True:
-                    line = await reader.readuntil(b"\r\n")
-                    size = int(line.split(b";", 1)[0].strip() or b"x", 16)
-                    if size < 0:
-                        raise ValueError(f"chunk size {size}")
-                    if size == 0:
-                        while (await reader.readuntil(b"\r\n")) != b"\r\n":
-                            pass  # trailers (Kubo's X-Stream-Error): the body decides
-                        break
-                    while size:
-                        data = await reader.read(min(size, _CHUNK))
-                        if not data:
-                            raise asyncio.IncompleteReadError(b"", size)
-                        size -= len(data)
-                        yield data
-                    if await reader.readexactly(2) != b"\r\n":
-                        raise Http1ProtocolError("chunk not followed by CRLF")
-            elif self._length is not None:
-                left = self._length
-                while left:
-                    data = await reader.read(min(left, _CHUNK))
-                    if not data:
-                        raise asyncio.IncompleteReadError(b"", left)
-                    left -= len(data)
-                    yield data
-            else:
-                while data := await reader.read(_CHUNK):
-                    yield data
+            async for data in parts:
+                yield data
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
             raise Http1ProtocolError(f"answer body cut or malformed: {exc!r}") from None
         except OSError as exc:
             raise Http1ProtocolError(f"connection broke while reading: {exc!r}") from None
+        finally:
+            await parts.aclose()  # a reader that stops early leaves no generator pending
         self._done = True
 
     async def aclose(self) -> None:
@@ -380,3 +361,36 @@ class Http1Pool:
 
 class _Stale(Exception):
     """Internal: a reused connection was closed by the daemon before answering."""
+
+
+async def _chunked_body(reader: asyncio.StreamReader) -> AsyncGenerator[bytes, None]:
+    """Yield a chunked body's bytes (trailers are read and dropped)."""
+    while True:
+        line = await reader.readuntil(b"\r\n")
+        size = int(line.split(b";", 1)[0].strip() or b"x", 16)
+        if size < 0:
+            raise ValueError(f"chunk size {size}")
+        if size == 0:
+            while (await reader.readuntil(b"\r\n")) != b"\r\n":
+                pass  # trailers (Kubo's X-Stream-Error): the body decides
+            return
+        async for data in _sized_body(reader, size):
+            yield data
+        if await reader.readexactly(2) != b"\r\n":
+            raise Http1ProtocolError("chunk not followed by CRLF")
+
+
+async def _sized_body(reader: asyncio.StreamReader, left: int) -> AsyncGenerator[bytes, None]:
+    """Yield exactly ``left`` bytes as they arrive."""
+    while left:
+        data = await reader.read(min(left, _CHUNK))
+        if not data:
+            raise asyncio.IncompleteReadError(b"", left)
+        left -= len(data)
+        yield data
+
+
+async def _body_until_close(reader: asyncio.StreamReader) -> AsyncGenerator[bytes, None]:
+    """Yield bytes until the daemon closes the connection."""
+    while data := await reader.read(_CHUNK):
+        yield data

@@ -189,7 +189,7 @@ class KuboRpc:
 
     # ------------------------------------------------------------------ calls
 
-    async def post(
+    async def post(  # noqa: PLR0913 - the one RPC entry point: keyword-only request options
         self,
         endpoint: str,
         params: QueryParams | None = None,

@@ -215,7 +215,7 @@ def _is_uint(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-async def commit_round(
+async def commit_round(  # noqa: PLR0913 - public face: keyword-only round fields
     store: BlockStore,
     *,
     session: str,

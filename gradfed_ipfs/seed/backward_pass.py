@@ -17,9 +17,6 @@ applies the result with plain SGD. Fixes over the seed:
   order); pass a mapping ``{peer_id: weight}`` to be explicit. A peer may appear only once.
 
 The step coordinator is a plain single-threaded data structure, as in the seed.
-
-Size: over 500 lines because it mirrors the crate's ``backward_pass`` module name for name (the
-legacy API's one home, seed-api §5); much of its length is docstrings.
 """
 
 from __future__ import annotations
@@ -404,6 +401,19 @@ class StepCoordinator:
         step.record_gradient_received(peer_id, gradient_cid)
         return step.peer_contributions[peer_id]
 
+    def _check_contributions(self, contributions: dict[str, Contribution]) -> None:
+        """Refuse no contributions, contributions of different lengths, or too many of them."""
+        if not contributions:
+            raise EmptyGradients()
+        lengths = [c.values.size for c in contributions.values()]  # given order, as the seed
+        for length in lengths:
+            if length != lengths[0]:
+                raise DimensionMismatch([lengths[0]], [length])
+        if len(contributions) > self.config.max_peers:
+            raise InvalidGradient(
+                f"{len(contributions)} contributions exceed max_peers {self.config.max_peers}"
+            )
+
     def aggregate_gradients(self, node_id: str, gradient_data: GradientData) -> FloatArray:
         """Aggregate peers' gradients with the configured method, clip, and buffer the result.
 
@@ -430,16 +440,7 @@ class StepCoordinator:
         """
         self.check_timeouts()
         contributions = _contributions(gradient_data)
-        if not contributions:
-            raise EmptyGradients()
-        lengths = [c.values.size for c in contributions.values()]  # given order, as the seed
-        for length in lengths:
-            if length != lengths[0]:
-                raise DimensionMismatch([lengths[0]], [length])
-        if len(contributions) > self.config.max_peers:
-            raise InvalidGradient(
-                f"{len(contributions)} contributions exceed max_peers {self.config.max_peers}"
-            )
+        self._check_contributions(contributions)
         step = self._step(node_id)
         if step is not None:
             for peer in sorted(contributions):

@@ -19,9 +19,6 @@ Fixes over the seed:
 
 The caller aggregates (for example with :meth:`GradientArrowBlock.fedavg`) and then calls
 :meth:`PassCoordinator.mark_complete`.
-
-Size: just over 500 lines because it mirrors the crate's ``coordination`` module name for name
-(seed-api §8); the GARW block format it carries already lives apart in :mod:`.garw`.
 """
 
 from __future__ import annotations

@@ -394,21 +394,7 @@ class RetentionKeeper:
 
     async def _round_done(self, blocks: RoundBlocks) -> GcReport | None:
         policy, window = self.policy, self._window
-        if policy.pin_fetched:
-            for cid in blocks.contributions:
-                async with self.gate.transfer():
-                    await self.store.pin(cid)
-        for cid in (blocks.roster, blocks.record, *blocks.records):  # direct: module docstring
-            async with self.gate.transfer():
-                await self.store.unpin(cid)
-                await self.collectable.pin(cid, recursive=False)
-            window.kept.add(bytes(cid))
-        if policy.keep_models:
-            window.kept.update(bytes(c) for c in (blocks.base, blocks.model) if c is not None)
-        if self.durable is not None:
-            for handed in (blocks.record, blocks.roster, blocks.model):
-                if handed is not None:
-                    await self.durable.pin(handed)
+        await self._pin_round(blocks)
         fresh = not window.rounds or window.rounds[-1].round != blocks.round
         if fresh:
             self._rounds_seen += 1
@@ -432,6 +418,25 @@ class RetentionKeeper:
         if fresh and await self._due():
             return await self.collect(blocks.round)
         return None
+
+    async def _pin_round(self, blocks: RoundBlocks) -> None:
+        """Pin a round's blocks as the policy says (records and rosters alone, kept for good)."""
+        policy, window = self.policy, self._window
+        if policy.pin_fetched:
+            for cid in blocks.contributions:
+                async with self.gate.transfer():
+                    await self.store.pin(cid)
+        for cid in (blocks.roster, blocks.record, *blocks.records):  # direct: module docstring
+            async with self.gate.transfer():
+                await self.store.unpin(cid)
+                await self.collectable.pin(cid, recursive=False)
+            window.kept.add(bytes(cid))
+        if policy.keep_models:
+            window.kept.update(bytes(c) for c in (blocks.base, blocks.model) if c is not None)
+        if self.durable is not None:
+            for handed in (blocks.record, blocks.roster, blocks.model):
+                if handed is not None:
+                    await self.durable.pin(handed)
 
     async def _due(self) -> bool:
         every, above = self.policy.gc_every, self.policy.gc_above_bytes

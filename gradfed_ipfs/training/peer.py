@@ -243,7 +243,7 @@ class Peer(Generic[M]):
         Optional :class:`LocalDP` of this peer's updates (ε spent goes in the History).
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - public constructor: keyword-only settings
         self,
         *,
         node: NodeLike | None = None,
@@ -365,7 +365,7 @@ class Peer(Generic[M]):
         history.seconds = time.monotonic() - started
         return history
 
-    async def _round(self, session: AgreedSession) -> RoundEntry:
+    async def _round(self, session: AgreedSession) -> RoundEntry:  # noqa: PLR0915 - reshaped in parallel (Node.session)
         r, base = session.round, session.model_cid
         params = self.layout.split(session.model)[0]
         config = self.rule.config(r)

@@ -119,7 +119,7 @@ class SecAgg(Strategy):
         If the inner strategy needs per-client values, or a setting is out of range.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - public constructor: keyword-only SecAgg settings
         self,
         strategy: Strategy,
         *,
@@ -363,7 +363,7 @@ async def run_secure_fit(
     return last if isinstance(last, SecureRoundResult) else None
 
 
-async def secure_fit(
+async def secure_fit(  # noqa: PLR0913 - its caller TrainingPeer._round is reshaped in parallel
     secagg: SecAgg,
     layout: VectorLayout,
     store: BlockStore,

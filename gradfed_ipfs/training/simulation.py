@@ -38,7 +38,7 @@ SIMULATION_TIMING: Mapping[str, float] = {
 """Agreed-round timing for one process (seconds): the bus loses nothing, so intervals are short."""
 
 
-async def run_simulation(
+async def run_simulation(  # noqa: PLR0913 - public face: keyword-only settings
     clients: Sequence[Client[M]],
     *,
     adapter: ModelAdapter[M],

@@ -153,6 +153,24 @@ class RoundBoard:
 
     def accept(self, message: PubsubMessage) -> AgreedMessage | None:
         """Check one pubsub message and record it; return it, or ``None`` if dropped."""
+        decoded = self._decode(message)
+        if decoded is None:
+            return None
+        if decoded.kind == "done":
+            head = Head(decoded.round, decoded.cid, decoded.record or decoded.cid)
+            known = self.heads.get(decoded.peer)
+            if known is None or head.round >= known.round:
+                self.heads[decoded.peer] = head
+        if not self.current - 1 <= decoded.round <= self.current + MAX_ROUNDS_AHEAD:
+            self._notify()
+            return self._drop("window") if decoded.kind != "done" else decoded
+        if not self._record(decoded):
+            return self._drop("equivocation")  # the first claim stands
+        self._notify()
+        return decoded
+
+    def _decode(self, message: PubsubMessage) -> AgreedMessage | None:
+        """Decode a message of this session from a member that signed it; else drop it."""
         if message.from_peer == self.local_peer:  # Kubo echoes ours back: not worth decoding
             return self._drop("own")
         try:
@@ -165,20 +183,16 @@ class RoundBoard:
             return self._drop("forged")
         if decoded.peer not in self.members:
             return self._drop("stranger")
-        if decoded.kind == "done":
-            head = Head(decoded.round, decoded.cid, decoded.record or decoded.cid)
-            known = self.heads.get(decoded.peer)
-            if known is None or head.round >= known.round:
-                self.heads[decoded.peer] = head
-        if not self.current - 1 <= decoded.round <= self.current + MAX_ROUNDS_AHEAD:
-            self._notify()
-            return self._drop("window") if decoded.kind != "done" else decoded
+        return decoded
+
+    def _record(self, decoded: AgreedMessage) -> bool:
+        """Keep what a message in the round window says; ``False``: a second contribution."""
         state = self.state(decoded.round)
         if decoded.kind == "contrib":
-            known_c = state.contributions.get(decoded.peer)
-            if known_c is not None and bytes(known_c.cid) != bytes(decoded.cid):
-                return self._drop("equivocation")  # the first claim stands
-            if known_c is None and decoded.base is not None and decoded.weight is not None:
+            known = state.contributions.get(decoded.peer)
+            if known is not None and bytes(known.cid) != bytes(decoded.cid):
+                return False
+            if known is None and decoded.base is not None and decoded.weight is not None:
                 state.contributions[decoded.peer] = Contribution(
                     decoded.cid, decoded.weight, decoded.base
                 )
@@ -192,8 +206,7 @@ class RoundBoard:
             state.done[decoded.peer] = Head(
                 decoded.round, decoded.cid, decoded.record or decoded.cid
             )
-        self._notify()
-        return decoded
+        return True
 
     def _drop(self, reason: str) -> AgreedMessage | None:
         self.dropped[reason] += 1

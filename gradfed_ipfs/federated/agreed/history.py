@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
@@ -52,6 +53,7 @@ __all__ = [
     "MAX_CHAIN_ROUNDS",
     "MAX_REBUILD_ROUNDS",
     "ModelState",
+    "ResultLoad",
     "check_exclusions",
     "load_chain",
     "load_head",
@@ -151,6 +153,21 @@ async def load_chain(
     return chain
 
 
+@dataclass(frozen=True)
+class ResultLoad:
+    """How :func:`load_head` gets the head's model and rule state (see :func:`load_result`).
+
+    ``length`` values, each fetch waiting ``timeout`` s; rebuilt with ``rule`` from ``known``
+    models (or the last stored one) over at most ``max_rebuild`` rounds if not stored.
+    """
+
+    length: int
+    timeout: float
+    rule: UpdateRule | None = None
+    known: Mapping[bytes, ModelState] | None = None
+    max_rebuild: int = MAX_REBUILD_ROUNDS
+
+
 async def load_head(
     store: BlockStore,
     head: CID,
@@ -158,16 +175,12 @@ async def load_head(
     session: str,
     genesis: CID,
     history: Collection[bytes],
-    length: int,
-    timeout: float,
-    rule: UpdateRule | None = None,
-    known: Mapping[bytes, ModelState] | None = None,
-    max_rebuild: int = MAX_REBUILD_ROUNDS,
+    result: ResultLoad,
 ) -> tuple[list[tuple[CID, AgreedRecord]], FloatArray, FloatArray | None]:
     """Load the records from ``head`` back to one in ``history`` (or the genesis), and its model.
 
-    The head's model and rule state come from :func:`load_result` (with ``rule``, ``known``
-    and ``max_rebuild`` as its ``max_rounds``): fetched, or rebuilt if they were not stored.
+    The head's model and rule state come from :func:`load_result` (as ``result`` says):
+    fetched, or rebuilt if they were not stored.
 
     Raises
     ------
@@ -181,8 +194,8 @@ async def load_head(
     if first.prev is not None and bytes(first.prev) not in history:
         raise GenesisMismatch(f"head {head} does not extend this peer's history")
     model, state = await load_result(
-        store, chain[-1][1], rule, timeout=timeout, length=length, known=known,
-        max_rounds=max_rebuild,
+        store, chain[-1][1], result.rule, timeout=result.timeout, length=result.length,
+        known=result.known, max_rounds=result.max_rebuild,
     )  # fmt: skip
     return chain, model, state
 

@@ -27,7 +27,7 @@ genesis is the CID of the initial model, committed once; the topic is
 
 A peer that misses the roster message learns the roster from another peer's ``done`` record;
 in a reduce-scatter round the others have finished it also re-verifies that record instead of
-waiting for slices nobody announces any more (``RosterPhase._slices_or_record``).
+waiting for slices nobody announces any more (:class:`~.aggregate.AggregateStep`).
 No roster with ``min_peers`` contributions by ``round_timeout`` raises
 :class:`~gradfed_ipfs.errors.QuorumNotReached`. The coordinator is trusted to list only
 contributions that were announced (peers do check that it lists members' verified blocks).
@@ -36,28 +36,19 @@ contributions that were announced (peers do check that it lists members' verifie
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import Counter
-from typing import Final
+from collections.abc import AsyncIterator
 
 import numpy as np
 from multiformats import CID
 
 from ..._types import CIDLike, FloatArray, GradientLike
-from ...block import Block
 from ...cid import parse_cid
-from ...errors import (
-    GenesisMismatch,
-    InvalidGradient,
-    QuorumNotReached,
-    RoundMismatch,
-)
-from ...formats.roster import (
-    AgreedRecord,
-    Roster,
-)
+from ...errors import GenesisMismatch, InvalidGradient, RoundMismatch
+from ...formats.pubsub import PubsubMessage
+from ...formats.roster import AgreedMessage, AgreedRecord
 from ...kubo.pubsub import PubsubTransport
 from ...storage.base import BlockStore
 from ...storage.dag import fetch_gradient, put_gradient
@@ -65,31 +56,44 @@ from ...storage.retention import GatedStore, RetentionHook
 from ..exchange.announcer import Reannouncer
 from ..exchange.encoded import encode_gradient
 from ..exchange.fetcher import ContributionFetcher
-from ..sliced.peer import ReduceScatterResult
+from ..sliced.faults import SliceFaults
+from .aggregate import AggregateStep
 from .config import AgreedConfig, AgreedRoundResult, ResyncResult, agreed_topic
-from .coordinator import (
-    Head,
-    RoundBoard,
-    best_head,
-    coordinator_ranking,
-    effective_quorum,
-    model_holders,
-)
-from .history import check_exclusions, load_head
+from .context import AdoptedRoster, Aggregated, OwnContribution, RoundContext, SessionMessages
+from .coordinator import Head, RoundBoard, best_head, coordinator_ranking, model_holders
+from .history import ResultLoad, check_exclusions, load_head
 from .roster import RosterPhase
-from .slicing import RootFetcher, SliceStep, slice_report
-from .storage import RoundStorage
+from .slicing import RootFetcher, SliceStep, choose_slicing, slice_report, slices_topic
+from .storage import FinishedRound, RoundStorage
 
 __all__ = ["AgreedConfig", "AgreedRoundResult", "AgreedSession", "ResyncResult", "agreed_topic"]
 
 logger = logging.getLogger("gradfed_ipfs.federated.agreed")
 
-_TICK: Final = 0.05
-"""Longest wait between checks of the clock-driven steps (seconds)."""
+
+class _Started:
+    """What :meth:`AgreedSession.start` builds: the board and the round's collaborators."""
+
+    def __init__(
+        self,
+        board: RoundBoard,
+        messages: SessionMessages,
+        roster: RosterPhase,
+        aggregate: AggregateStep,
+        slicing: SliceStep | None,
+    ) -> None:
+        self.board, self.messages, self.roster = board, messages, roster
+        self.aggregate, self.slicing = aggregate, slicing
 
 
-class AgreedSession(RosterPhase, RoundStorage):
+class AgreedSession:
     """One peer of an agreed session (see the module docstring).
+
+    The session owns its collaborators: a :class:`~.roster.RosterPhase` (contributions to an
+    adopted roster), an :class:`~.aggregate.AggregateStep` (the roster's model, through a
+    :class:`~.slicing.SliceStep` in reduce-scatter rounds) and a :class:`~.storage.RoundStorage`
+    (the round's blocks, off the critical path); each round's state is one
+    :class:`~.context.RoundContext` handed to them.
 
     Parameters
     ----------
@@ -108,6 +112,9 @@ class AgreedSession(RosterPhase, RoundStorage):
         :class:`~gradfed_ipfs.storage.retention.RetentionKeeper`, which unpins and collects);
         its gate is held by every fetch and put, so its collections never race them. Records
         and rosters are then pinned alone (direct pins), so they do not keep what they link.
+    faults
+        Test and benchmark hooks of this peer's reducer in reduce-scatter rounds
+        (:mod:`~gradfed_ipfs.federated.sliced.faults`; default: honest).
     """
 
     def __init__(
@@ -119,6 +126,7 @@ class AgreedSession(RosterPhase, RoundStorage):
         config: AgreedConfig,
         *,
         retention: RetentionHook | None = None,
+        faults: SliceFaults | None = None,
     ) -> None:
         self.store = store
         self.retention = retention
@@ -133,19 +141,18 @@ class AgreedSession(RosterPhase, RoundStorage):
         self.model: FloatArray = np.zeros(0, np.float32)
         self.head: CID | None = None
         self.history: dict[bytes, int] = {}  # record CID -> round, of records this peer followed
-        self._board: RoundBoard | None = None
+        self.excluded: frozenset[str] = frozenset()  # the head record's proven liars
+        self.rule_state: FloatArray | None = None  # state of config.rule after the last round
+        self.aggregation_reason = ""
+        self._faults = faults
         self._announcer = Reannouncer(
             pubsub, self.topic, config.announce_interval, config.max_announce_interval
         )
         self._tasks: list[asyncio.Task[None]] = []
         fetch_store = store if retention is None else GatedStore(store, retention.gate)
         self._fetcher = ContributionFetcher(fetch_store, config.fetch_timeout, self._poke)
-        self._own: tuple[CID, asyncio.Future[CID]] | None = None
-        self._rosters: dict[bytes, tuple[Roster, Block]] = {}
-        self._pending: list[asyncio.Future[object]] = []
-        self._holds_head = False
-        self.rule_state: FloatArray | None = None  # state of config.rule after the last round
-        self._adopted_state: FloatArray | None = None
+        self._storage = RoundStorage(store, retention)
+        self._started: _Started | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -153,6 +160,17 @@ class AgreedSession(RosterPhase, RoundStorage):
     async def commit_genesis(store: BlockStore, model: GradientLike) -> CID:
         """Commit (and pin) the initial model; its CID names the session."""
         return await put_gradient(store, np.asarray(model, np.float32).reshape(-1))
+
+    @property
+    def board(self) -> RoundBoard:
+        """What this peer has heard (after :meth:`start`)."""
+        return self._parts.board
+
+    @property
+    def _parts(self) -> _Started:
+        if self._started is None:
+            raise RuntimeError("AgreedSession.start() has not been called")
+        return self._started
 
     async def start(self, model: GradientLike | None = None) -> None:
         """Subscribe and start announcing; begin at the genesis model.
@@ -182,20 +200,42 @@ class AgreedSession(RosterPhase, RoundStorage):
         self.peer_id = await self.pubsub.local_peer_id()
         if self.peer_id not in self.config.members:
             raise GenesisMismatch(f"peer {self.peer_id} is not a member of {self.session!r}")
-        self._board = RoundBoard(self.session, self.genesis, self.peer_id, self.config.members)
-        self._slicing, self.aggregation_reason = await SliceStep.open(self, self._fetcher.store)
-        if self._slicing is not None:  # only roots are checked before the roster
+        board = RoundBoard(self.session, self.genesis, self.peer_id, self.config.members)
+        slicing = await self._open_slicing()
+        if slicing is not None:  # only roots are checked before the roster
             self._fetcher = RootFetcher(self._fetcher.store, self.config.fetch_timeout, self._poke)
-        messages = self.pubsub.subscribe(self.topic)
+        messages = SessionMessages(self.session, self.genesis, self.peer_id, self._announcer)
+        roster = RosterPhase(self.store, board, messages, self._fetcher, sliced=slicing is not None)
+        aggregate = AggregateStep(self.store, board, slicing)
+        self._started = _Started(board, messages, roster, aggregate, slicing)
+        heard = self.pubsub.subscribe(self.topic)
         self._tasks = [
-            asyncio.create_task(self._listen(messages)),
+            asyncio.create_task(self._listen(heard)),
             asyncio.create_task(self._announcer.run()),
         ]
 
-    async def _settle(self, *, keep: int = 0) -> None:
-        """Wait until at most ``keep`` rounds' blocks are still being stored (raising a failure)."""
-        while len(self._pending) > keep or (self._pending and self._pending[0].done()):
-            await self._pending.pop(0)
+    async def _open_slicing(self) -> SliceStep | None:
+        """Decide the session's mode (:func:`~.slicing.choose_slicing`, logged); start its step.
+
+        Under retention the step uses the session's own store and holds the keeper's gate for
+        each whole run (see :mod:`.slice_retention`), else the fetcher's store.
+        """
+        rule, self.aggregation_reason = choose_slicing(self.config, self.model.size)
+        logger.info("%s: %s", self.peer_id, self.aggregation_reason)
+        if rule is None:
+            return None
+        retention = self.retention
+        step = SliceStep(
+            self._fetcher.store if retention is None else self.store,
+            self.pubsub,
+            slices_topic(self.session, self.genesis),
+            self.config,
+            rule,
+            gate=None if retention is None else retention.gate,
+            faults=self._faults,
+        )
+        await step.start(self.peer_id)
+        return step
 
     async def aclose(self) -> None:
         """Store what is pending, stop announcing and listening (store and transport stay open).
@@ -204,8 +244,8 @@ class AgreedSession(RosterPhase, RoundStorage):
         final model's CID can be fetched as it is.
         """
         try:
-            await self._settle()
-            await self._store_last_model()
+            await self._storage.settle()
+            await self._storage.store_last_model()
         finally:
             tasks = [*self._tasks, *self._fetcher.clear()]
             for task in tasks:
@@ -213,13 +253,42 @@ class AgreedSession(RosterPhase, RoundStorage):
             if tasks:
                 await asyncio.wait(tasks, timeout=5.0)
             self._tasks = []
-            if self._slicing is not None:
-                await self._slicing.aclose()
+            if self._started is not None and self._started.slicing is not None:
+                await self._started.slicing.aclose()
+
+    # ------------------------------------------------------------------ hearing
+
+    async def _listen(self, heard: AsyncIterator[PubsubMessage]) -> None:
+        async for message in heard:
+            accepted = self.board.accept(message)
+            if accepted is not None and accepted.kind == "contrib":
+                self._prefetch(accepted)
+
+    def _prefetch(self, message: AgreedMessage) -> None:
+        """Start fetching a contribution as soon as it is heard, the next round's included.
+
+        A peer still finishing round r hears the faster peers' round r+1 contributions; their
+        base (its own M_{r+1}) is checked when round r+1 starts, but the blocks are on their
+        way meanwhile: the slowest peer of a round otherwise starts every fetch of the next
+        one late. At most one per member and round (the board keeps the first claim).
+        """
+        if message.base is None or message.weight is None or message.peer in self.excluded:
+            return
+        current = message.round == self.round and bytes(message.base) == bytes(self.model_cid)
+        if current or message.round == self.round + 1:
+            self._fetcher.fetch(message.cid, self.model.size)
+
+    def _poke(self) -> None:
+        if self._started is not None:
+            self._started.board.poke()
 
     # ------------------------------------------------------------------ the round
 
     async def run_round(self, gradient: GradientLike, *, weight: int = 1) -> AgreedRoundResult:
         """Contribute ``gradient`` (computed on :attr:`model`) to round :attr:`round`.
+
+        Start, contribute, take the roster, aggregate, store, confirm: each a collaborator's
+        step on the round's :class:`~.context.RoundContext`.
 
         Raises
         ------
@@ -229,166 +298,150 @@ class AgreedSession(RosterPhase, RoundStorage):
             If another roster peer announced a different record (this peer has advanced to its
             own result; call :meth:`resync`).
         """
-        board, r = self.board, self.round
+        parts = self._parts
+        values, started = self._start_round(gradient, weight)
+        ctx = await self._contribute(values, int(weight), started)
+        try:
+            adopted = await parts.roster.take(ctx)
+            aggregated = await parts.aggregate.run(ctx, adopted)
+            finished = await self._store(ctx, adopted, aggregated)
+            result = await self._confirm(ctx, finished, aggregated)
+        except BaseException:
+            await asyncio.wait([ctx.own.stored])
+            if not ctx.own.stored.cancelled():
+                ctx.own.stored.exception()  # retrieved: the round's own error is the one raised
+            raise
+        await ctx.own.stored  # a failed put is this round's error
+        return result
+
+    def _start_round(self, gradient: GradientLike, weight: int) -> tuple[FloatArray, float]:
+        """Check the gradient and make round :attr:`round` current; return its values and start."""
         if int(weight) < 1:
             raise InvalidGradient(f"weight must be a positive integer, got {weight}")
         started = time.monotonic()
-        board.advance(r)
+        self.board.advance(self.round)
         self._announcer.withdraw("roster")  # the last round's, re-announced until now
-        own_values = np.array(gradient, dtype=np.float32).reshape(-1)
-        if own_values.size != self.model.size or not np.isfinite(own_values).all():
+        values = np.array(gradient, dtype=np.float32).reshape(-1)
+        if values.size != self.model.size or not np.isfinite(values).all():
             raise InvalidGradient(f"gradient must be {self.model.size} finite values")
-        # Announce as soon as the CID is known, and before the put starts: the daemon serves
-        # the blocks once the put lands (bitswap answers wants for blocks added later), and the
-        # announcement is not queued behind 4·d bytes of put on this daemon and this event loop
-        # (measured: it reached the others 60-130 ms after posting when it raced the put).
+        return values, started
+
+    async def _contribute(self, values: FloatArray, weight: int, started: float) -> RoundContext:
+        """Announce this peer's contribution and start its put; return the round's context.
+
+        Announced as soon as the CID is known, and before the put starts: the daemon serves
+        the blocks once the put lands (bitswap answers wants for blocks added later), and the
+        announcement is not queued behind 4·d bytes of put on this daemon and this event loop
+        (measured: it reached the others 60-130 ms after posting when it raced the put).
+        """
+        r, messages = self.round, self._parts.messages
         self._check_done(r - 1)
-        await self._settle(keep=1)  # the last round's blocks may still be on their way
-        encoded = await encode_gradient(own_values, chunk_bytes=self.config.chunk_bytes)
-        contribution = encoded.cid
-        message = self._message("contrib", r, contribution, base=self.model_cid, weight=int(weight))
-        await self._announcer.post_now("contrib", message.encode())
-        stored = asyncio.ensure_future(self._held(encoded.store(self.store)))
-        self._own = (contribution, stored)
-        try:
-            result = await self._run_round(r, own_values, contribution, int(weight), started)
-        except BaseException:
-            await asyncio.wait([stored])
-            if not stored.cancelled():
-                stored.exception()  # retrieved: the round's own error is the one raised
-            raise
-        await stored  # a failed put is this round's error
-        return result
-
-    async def _run_round(
-        self, r: int, own_values: FloatArray, contribution: CID, weight: int, started: float
-    ) -> AgreedRoundResult:
-        board, config = self.board, self.config
-        own = (contribution, int(weight))
-        self._fetcher.known(contribution, own_values)
+        await self._storage.settle(keep=1)  # the last round's blocks may still be on their way
+        encoded = await encode_gradient(values, chunk_bytes=self.config.chunk_bytes)
+        message = messages.make("contrib", r, encoded.cid, base=self.model_cid, weight=weight)
+        await messages.post_now("contrib", message)
+        stored = asyncio.ensure_future(self._storage.held(encoded.store(self.store)))
+        self._fetcher.known(encoded.cid, values)
         logger.debug("round %d: contributed after %.3fs", r, time.monotonic() - started)
-        ranking = coordinator_ranking(self.session, self.genesis, r, config.members)
-        rank = ranking.index(self.peer_id)
-        close_at = started + config.collect_timeout + rank * config.takeover_timeout
-        deadline = started + config.round_timeout
-        members, quorum = (
-            set(config.members) - self.excluded,
-            effective_quorum(config, self.excluded),
+        return RoundContext(
+            number=r,
+            config=self.config,
+            peer=self.peer_id,
+            base=self.model_cid,
+            base_model=self.model,
+            rule_state=self.rule_state,
+            head=self.head,
+            excluded=self.excluded,
+            own=OwnContribution(encoded.cid, values, weight, stored),
+            ranking=tuple(coordinator_ranking(self.session, self.genesis, r, self.config.members)),
+            started=started,
         )
-        rejected: dict[str, str] = {}
-        tried: set[bytes] = set()
-        derived: bytes | None = None  # the coordinator's roster, derived here before heard
-        while True:
-            event = board.changed
-            state = board.state(r)
-            for peer, c in state.contributions.items():
-                if bytes(c.base) == bytes(self.model_cid) and peer not in rejected:
-                    self._fetch(c.cid)
-            adopted = await self._try_rosters(r, ranking, rejected, tried)
-            if adopted is not None:
-                break
-            if quorum == len(members) and not state.rosters:
-                # min_peers = all: the only roster any coordinator may publish is the complete
-                # one, so a peer holding every member's contribution derives it without waiting.
-                ready = self._ready(r, own, rejected)
-                if set(ready) == members:
-                    if rank == 0:
-                        await self._publish_roster(r, ready)
-                    else:
-                        derived = bytes(self._derive_roster(r, ranking[0], ready))
-                    continue
-            if not state.rosters or all(bytes(c) in tried for c in state.rosters.values()):
-                ready = self._ready(r, own, rejected)
-                complete = set(ready) == members  # every member but proven liars
-                if (rank == 0 and complete) or (
-                    time.monotonic() >= close_at and len(ready) >= quorum
-                ):
-                    await self._publish_roster(r, ready)
-                    continue
-            if time.monotonic() >= deadline:
-                raise QuorumNotReached(r, len(self._ready(r, own, rejected)), quorum)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), _TICK)
-        roster_cid, roster, model = adopted
-        if bytes(roster_cid) != derived:
-            self._announcer.withdraw("contrib")  # a published roster settled the contributions
-        # else nobody has published it yet: the peers that lost this contribution's messages
-        # learn it only from these re-announcements (until the next round's, or forever in a
-        # reduce-scatter round, which waits for their slices: seen across processes).
-        logger.debug("round %d: adopted %s after %.3fs", r, roster_cid, time.monotonic() - started)
-        model, sliced = await self._sliced(r, roster_cid, roster, model, own_values, rejected)
-        return await self._finish(r, roster_cid, roster, model, rejected, started, sliced)
 
-    async def _finish(
-        self,
-        r: int,
-        roster_cid: CID,
-        roster: Roster,
-        model: FloatArray,
-        rejected: dict[str, str],
-        started: float,
-        sliced: ReduceScatterResult | None = None,
-    ) -> AgreedRoundResult:
-        base = self.model_cid
-        roster_block = self._rosters[bytes(roster_cid)][1]
-        self._rosters.clear()
-        encoded = await encode_gradient(model)
-        result = encoded.cid
-        rule, state, stores = self.config.rule, None, [encoded]
-        if rule is not None and self._adopted_state is not None:
-            stores.append(await encode_gradient(self._adopted_state))
-            state = stores[-1].cid
-        slices = None if sliced is None else tuple(sliced.records)
-        frauds = tuple(sliced.frauds) if sliced is not None and sliced.frauds else None
-        excluded = self.excluded | (sliced.liars if sliced is not None else set())
-        stored = self.config.stores_model(r)
+    async def _store(
+        self, ctx: RoundContext, adopted: AdoptedRoster, aggregated: Aggregated
+    ) -> FinishedRound:
+        """Write the round's record, announce ``done``, start storing, advance to the result.
+
+        The roster (pinned here too: the record links it), the record, and on the model's
+        holders the model and rule state are stored off the critical path (settled before the
+        next round, resync or close; every model_every-th round: a put of 4·d bytes costs the
+        daemon ~19 ms of CPU at d = 1M, the largest part of an agreed round's extra cost over
+        the runner's on a loaded machine; issue 13's ratio).
+        """
+        config, r, sliced = ctx.config, ctx.number, aggregated.sliced
+        self._parts.roster.forget()
+        encoded = [await encode_gradient(aggregated.model)]
+        rule, state = config.rule, None
+        if rule is not None and aggregated.state is not None:
+            encoded.append(await encode_gradient(aggregated.state))
+            state = encoded[-1].cid
+        excluded = ctx.excluded | (sliced.liars if sliced is not None else set())
+        stored = config.stores_model(r)
         record = AgreedRecord(
-            self.session, self.genesis, r, self.head, base, roster_cid, result,
-            float(self.config.learning_rate), None if rule is None else rule.label(r), state,
-            slices, frauds, tuple(sorted(excluded)) or None, stored,
+            self.session, self.genesis, r, ctx.head, ctx.base, adopted.cid, encoded[0].cid,
+            float(config.learning_rate), None if rule is None else rule.label(r), state,
+            None if sliced is None else tuple(sliced.records),
+            tuple(sliced.frauds) if sliced is not None and sliced.frauds else None,
+            tuple(sorted(excluded)) or None, stored,
         ).to_block()  # fmt: skip
-        record_cid = record.cid
-        await self._post("done", self._message("done", r, result, record=record_cid))
-        # Stored off the critical path (settled before the next round, resync or close): the
-        # roster (pinned here too: the record links it), the record, and on the model's
-        # holders the model and rule state (every model_every-th round: a put of 4·d bytes
-        # costs the daemon ~19 ms of CPU at d = 1M, the largest part of an agreed round's
-        # extra cost over the runner's on a loaded machine; issue 13's ratio).
+        await self._parts.messages.done(r, encoded[0].cid, record.cid)
         holders = model_holders(
-            self.session, self.genesis, r, self.config.members, roster.peers,
-            self.config.model_replicas,
+            self.session, self.genesis, r, config.members, adopted.roster.peers,
+            config.model_replicas,
         )  # fmt: skip
-        held = stores if stored and self.peer_id in holders else []
-        self._holds_head = self.peer_id in holders  # an unstored last model is put at close
-        storing = self._store_round(roster_block, result, held, record, roster, r, self._own)
-        self._pending.append(asyncio.ensure_future(storing))
-        self.round, self.model, self.model_cid, self.head = r + 1, model, result, record_cid
+        holder = self.peer_id in holders
+        finished = FinishedRound(
+            r, adopted.roster, adopted.block, record, encoded[0].cid,
+            tuple(encoded) if stored and holder else (), ctx.own, aggregated.kept, config,
+        )  # fmt: skip
+        self._storage.store_round(finished)
+        unstored = holder and not stored  # an unstored last model is put at close
+        self._storage.unstored_head = (aggregated.model, aggregated.state) if unstored else None
+        self.round, self.model = r + 1, aggregated.model
+        self.model_cid, self.head = finished.model, record.cid
         self.excluded = frozenset(excluded)  # the record's: no later roster may list them
-        self.rule_state, self._adopted_state = self._adopted_state, None
-        self.history[bytes(record_cid)] = r
+        self.rule_state = aggregated.state
+        self.history[bytes(record.cid)] = r
         self._fetcher.retain(self._next_fetches())  # the next round's, already on their way
+        logger.debug("round %d: done after %.3fs", r, time.monotonic() - ctx.started)
+        return finished
+
+    def _next_fetches(self) -> set[bytes]:
+        """CIDs of the current round's contributions heard so far (kept across the round's end)."""
+        return {bytes(c.cid) for c in self.board.state(self.round).contributions.values()}
+
+    async def _confirm(
+        self, ctx: RoundContext, finished: FinishedRound, aggregated: Aggregated
+    ) -> AgreedRoundResult:
+        """Wait for (or count) the other roster peers' ``done``; return the round's result."""
+        r, roster, record = ctx.number, finished.roster, finished.record.cid
         others = [p for p in roster.peers if p != self.peer_id]
-        logger.debug("round %d: done after %.3fs", r, time.monotonic() - started)
-        confirmed, theirs = await self._await_done(r, record_cid, others)
+        done = self.board.state(r).done
+        if ctx.config.done_timeout > 0:
+            await self.board.wait_until(
+                lambda: all(p in done for p in others), ctx.config.done_timeout
+            )
+        confirmed = {p for p, h in done.items() if bytes(h.record) == bytes(record)}
+        theirs = {p: str(h.record) for p, h in done.items() if bytes(h.record) != bytes(record)}
         self._check_done(r, settle_ties=False)
-        rejected.update({p: f"announced record {cid}" for p, cid in theirs.items()})
+        ctx.rejected.update({p: f"announced record {cid}" for p, cid in theirs.items()})
         unconfirmed = tuple(p for p in others if p not in confirmed)
         return AgreedRoundResult(
             round=r,
-            base=base,
-            model=result,
-            record=record_cid,
-            roster_cid=roster_cid,
+            base=ctx.base,
+            model=finished.model,
+            record=record,
+            roster_cid=finished.roster_block.cid,
             roster=roster,
             included=self.peer_id in roster.peers,
-            absent=tuple(p for p in self.config.members if p not in roster.peers),
+            absent=tuple(p for p in ctx.config.members if p not in roster.peers),
             confirmed=tuple(sorted(confirmed)),
             unconfirmed=unconfirmed,
             matched=not unconfirmed,
-            rejected=rejected,
-            seconds=time.monotonic() - started,
-            **slice_report(sliced, self.aggregation_reason),
-            model_stored=stored,
+            rejected=ctx.rejected,
+            seconds=time.monotonic() - ctx.started,
+            **slice_report(aggregated.sliced, self.aggregation_reason),
+            model_stored=ctx.config.stores_model(r),
         )
 
     def _check_done(self, r: int, *, settle_ties: bool = True) -> None:
@@ -414,19 +467,6 @@ class AgreedSession(RosterPhase, RoundStorage):
                 return
             raise RoundMismatch(r, str(self.head), {p: str(h.record) for p, h in theirs.items()})
 
-    async def _await_done(
-        self, r: int, record: CID, others: list[str]
-    ) -> tuple[set[str], dict[str, str]]:
-        done = self.board.state(r).done
-
-        if self.config.done_timeout > 0:
-            await self.board.wait_until(
-                lambda: all(p in done for p in others), self.config.done_timeout
-            )
-        confirmed = {p for p, h in done.items() if bytes(h.record) == bytes(record)}
-        theirs = {p: str(h.record) for p, h in done.items() if bytes(h.record) != bytes(record)}
-        return confirmed, theirs
-
     # ------------------------------------------------------------------ catching up
 
     async def resync(self, *, timeout: float = 10.0, grace: float | None = None) -> ResyncResult:
@@ -446,7 +486,7 @@ class AgreedSession(RosterPhase, RoundStorage):
         GenesisMismatch, RoundVerificationFailed
             If the chain is not a valid chain of this session.
         """
-        await self._settle()
+        await self._storage.settle()
         grace = 2 * self.config.announce_interval if grace is None else grace
         others = [p for p in self.config.members if p != self.peer_id]
         heads = await self.board.gather_heads(others, grace=grace, timeout=timeout)
@@ -457,20 +497,22 @@ class AgreedSession(RosterPhase, RoundStorage):
             return ResyncResult(False, self.round, self.model_cid, self.head)
         chain, model, state = await load_head(
             self.store, best.record, session=self.session, genesis=self.genesis,
-            history=self.history, length=self.model.size, timeout=self.config.fetch_timeout,
-            rule=self.config.rule, known={bytes(self.model_cid): (self.model, self.rule_state)},
-            max_rebuild=self.config.model_every,  # an honest chain stores a model that often
+            history=self.history, result=ResultLoad(
+                self.model.size, self.config.fetch_timeout, self.config.rule,
+                known={bytes(self.model_cid): (self.model, self.rule_state)},
+                max_rebuild=self.config.model_every,  # an honest chain stores one that often
+            ),
         )  # fmt: skip
         excluded = await check_exclusions(self.store, chain)  # fraud records are peers' data
         self.rule_state = state  # the custom rule resumes from the head's state
         self.model = np.array(model, np.float32).reshape(-1)
         self.model_cid, self.head, self.round = chain[-1][1].result, best.record, best.round + 1
-        self._holds_head = False
+        self._storage.unstored_head = None
         self.excluded = excluded
         for cid, record in chain:
             self.history[bytes(cid)] = record.round
         self.board.advance(self.round)
-        await self._post("done", self._message("done", best.round, best.result, record=best.record))
+        await self._parts.messages.done(best.round, best.result, best.record)
         logger.info("%s resynced to round %d (%s)", self.peer_id, self.round, best.record)
         return ResyncResult(True, self.round, self.model_cid, self.head, tuple(c for c, _ in chain))
 
@@ -481,10 +523,10 @@ class AgreedSession(RosterPhase, RoundStorage):
         interval again and for ``grace`` seconds more (default ``max_announce_interval`` +
         ``announce_interval``). Returns the members heard within ``timeout`` (this one included).
         """
-        await self._settle()
+        await self._storage.settle()
         members, last = set(self.config.members), self.round - 1
         if self.head is not None:
-            await self._post("done", self._message("done", last, self.model_cid, record=self.head))
+            await self._parts.messages.done(last, self.model_cid, self.head)
 
         def finished() -> set[str]:
             heads = self.board.heads

@@ -35,7 +35,7 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, Protocol, TypedDict
+from typing import Final, TypedDict
 
 import numpy as np
 from multiformats import CID
@@ -57,10 +57,11 @@ from ...formats.slices import FraudRecord, SliceRecord, split_slice_rule
 from ...kubo.pubsub import PubsubTransport
 from ...storage.base import BlockStore
 from ...storage.dag import fetch_gradient, fetch_manifest
-from ...storage.retention import GcGate, RetentionHook
+from ...storage.retention import GcGate
 from ...tensor.aggregation import AggregationStrategy, Contribution, Median, TrimmedMean
 from ..exchange.announcer import Reannouncer
 from ..exchange.fetcher import ContributionFetcher
+from ..sliced.faults import SliceFaults
 from ..sliced.peer import ReduceScatterConfig, ReduceScatterPeer, ReduceScatterResult
 from ..sliced.plan import reduce_values, slice_refusal
 from ..sliced.proofs import claimed_record, partial_fraud_fits
@@ -216,19 +217,6 @@ class RootFetcher(ContributionFetcher):
         return _NOTHING
 
 
-class SessionLike(Protocol):
-    """What :meth:`SliceStep.open` reads of an ``AgreedSession``."""
-
-    session: str
-    genesis: CID
-    config: AgreedConfig
-    peer_id: str
-    model: FloatArray
-    pubsub: PubsubTransport
-    retention: RetentionHook | None
-    store: BlockStore
-
-
 class SliceStep:
     """The reduce-scatter step of one session's peer: its slice board and each round's run.
 
@@ -244,9 +232,12 @@ class SliceStep:
         The session's settings.
     rule
         The slice rule (from :func:`choose_slicing`).
-
-    ``lie`` and ``silent`` are test and benchmark hooks passed to
-    :class:`~.reduce_scatter.ReduceScatterPeer` (a lying or a dead reducer).
+    gate
+        Under retention, the keeper's gate, held for each whole run (see
+        :mod:`.slice_retention`); ``store`` is then the session's own (ungated) store.
+    faults
+        Test and benchmark hooks passed to each round's
+        :class:`~.reduce_scatter.ReduceScatterPeer` (a lying or a dead reducer).
     """
 
     def __init__(
@@ -256,13 +247,15 @@ class SliceStep:
         topic: str,
         config: AgreedConfig,
         rule: str,
+        *,
+        gate: GcGate | None = None,
+        faults: SliceFaults | None = None,
     ) -> None:
         self.store = store
         self.rule = rule
         self.config = config
-        self.lie = 0.0
-        self.silent = False
-        self.gate: GcGate | None = None  # under retention: held for each whole run
+        self.gate = gate
+        self._faults = faults
         self.held: dict[bytes, SliceBlocks] = {}  # roster CID -> what the round left to keep
         self._announcer = Reannouncer(
             pubsub, topic, config.announce_interval, config.max_announce_interval
@@ -271,29 +264,6 @@ class SliceStep:
         self._topic = topic
         self._board: PubsubSliceBoard | None = None
         self._task: asyncio.Task[None] | None = None
-
-    @classmethod
-    async def open(cls, session: SessionLike, store: BlockStore) -> tuple[SliceStep | None, str]:
-        """Decide a started session's mode (:func:`choose_slicing`, logged); start the step.
-
-        Returns the started step (``None``: all-to-all) and the reason.
-
-        Under retention the step uses the session's own store and holds the keeper's gate for
-        each whole run (see :mod:`.slice_retention`), so ``store`` (the gated one) is not used.
-        """
-        config = session.config
-        rule, reason = choose_slicing(config, session.model.size)
-        logger.info("%s: %s", session.peer_id, reason)
-        if rule is None:
-            return None, reason
-        topic = slices_topic(session.session, session.genesis)
-        retention = session.retention
-        step = cls(
-            store if retention is None else session.store, session.pubsub, topic, config, rule
-        )
-        step.gate = None if retention is None else retention.gate
-        await step.start(session.peer_id)
-        return step, reason
 
     async def start(self, peer: str) -> None:
         """Subscribe to the slice board as ``peer`` and start re-announcing."""
@@ -362,8 +332,7 @@ class SliceStep:
                 chained=config.chained,
                 chain_groups=config.chain_groups,
             ),
-            lie=self.lie,
-            silent=self.silent,
+            faults=self._faults,
         )
         try:
             return await peer.run(roster, roster_cid, base, own, put_model=False)

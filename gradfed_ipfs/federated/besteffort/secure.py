@@ -38,7 +38,7 @@ import time
 import numpy as np
 from multiformats import CID
 
-from ..._types import GradientLike
+from ..._types import FloatArray, GradientLike
 from ...errors import InvalidGradient, PrivacyBudgetExhausted, SecureAggregationError
 from ...storage.base import BlockStore
 from ...tensor.aggregation import as_float32_vector
@@ -193,15 +193,7 @@ async def run_secure(
     if aggregator_task is None:  # pragma: no cover - started above for the aggregator
         raise SecureAggregationError("the aggregator produced no result")
     result = aggregator_task.result()
-    epsilon: float | None = None
-    delta: float | None = None
-    if dp is None:
-        mean = result.mean
-    else:  # checks, noises N(0, (zC)^2), charges; unchanged if refused; then the mean
-        total = np.array(result.total, dtype=np.float32, copy=True)
-        dp.add_gaussian_noise(total)
-        mean = (total / np.float32(len(result.survivors))).astype(np.float32)
-        epsilon, delta = dp.spent()
+    mean, epsilon, delta = _released_mean(result, dp)
     return RoundResult(
         round_id,
         local_cid,
@@ -215,3 +207,19 @@ async def run_secure(
         duration_ms=int((time.monotonic() - started) * 1000),
         drops=drops,
     )
+
+
+def _released_mean(
+    result: SecureRoundResult, dp: DifferentialPrivacy | None
+) -> tuple[FloatArray, float | None, float | None]:
+    """Return the survivors' mean (noised under central DP) and the (ε, δ) spent so far.
+
+    Under DP: checks, noises N(0, (zC)^2), charges (unchanged if refused); then the mean.
+    """
+    if dp is None:
+        return result.mean, None, None
+    total = np.array(result.total, dtype=np.float32, copy=True)
+    dp.add_gaussian_noise(total)
+    mean = (total / np.float32(len(result.survivors))).astype(np.float32)
+    epsilon, delta = dp.spent()
+    return mean, epsilon, delta

@@ -23,9 +23,6 @@ What changed from the seed (seed-api §12, items 2-3):
   ``Calibration.AUTO`` uses for ε >= 1.
 * Errors: the seed raised ``InvalidGradient`` for an exhausted budget; we raise
   ``PrivacyBudgetExhausted`` (a ``FederatedError`` and ``ValueError``).
-
-Size: one class, :class:`DifferentialPrivacy`, whose mechanisms, calibration, accounting and
-DP-FedAvg share its budget state; splitting it would spread one object over modules.
 """
 
 from __future__ import annotations
@@ -210,7 +207,7 @@ class DifferentialPrivacy:
         A Generator, an int seed, or ``None`` for OS entropy.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - public constructor: keyword-only DP settings
         self,
         epsilon: float,
         delta: float,

@@ -101,6 +101,25 @@ def decode_masked_block(
     # The footer scan checks the declared row counts (and refuses compressed bodies) before
     # any batch is read, so a small block cannot make us decompress or copy a large one.
     schema, batches = open_arrow_file(data, max_rows=max_elements, expected_rows=expected_length)
+    metadata = _masked_metadata(schema, ring_bits)
+    count = _declared_count(metadata, max_elements, expected_length)
+    parts = []
+    for batch in batches:
+        column = batch.column(0)
+        if column.null_count:
+            raise MalformedArrow(f"{MASKED_COLUMN!r} column has nulls")
+        parts.append(column.to_numpy(zero_copy_only=True))
+    total = sum(p.size for p in parts)
+    if total != count:
+        raise MalformedArrow(f"{META_COUNT} says {count} words, the column holds {total}")
+    dtype = _NP_TYPES[ring_bits]
+    if not parts:
+        return np.empty(0, dtype=dtype)
+    return np.concatenate(parts).astype(dtype, copy=True)
+
+
+def _masked_metadata(schema: pa.Schema, ring_bits: int) -> dict[str, str]:
+    """Return a masked block's metadata once its encoding, width and column are checked."""
     raw_meta = schema.metadata or {}
     try:
         metadata = {k.decode("utf-8"): v.decode("utf-8") for k, v in raw_meta.items()}
@@ -115,6 +134,13 @@ def decode_masked_block(
         raise MalformedArrow(f"a masked block has exactly one {MASKED_COLUMN!r} column")
     if schema.field(0).type != _ARROW_TYPES[ring_bits]:
         raise MalformedArrow(f"{MASKED_COLUMN!r} column has type {schema.field(0).type}")
+    return metadata
+
+
+def _declared_count(
+    metadata: dict[str, str], max_elements: int, expected_length: int | None
+) -> int:
+    """Return the word count a masked block's metadata declares, checked against the bounds."""
     count_text = metadata.get(META_COUNT, "")
     if not (count_text.isascii() and count_text.isdigit() and len(count_text) <= 20):
         raise MalformedArrow(f"{META_COUNT} must be a non-negative integer, got {count_text!r:.40}")
@@ -127,16 +153,4 @@ def decode_masked_block(
         )
     if metadata.get(META_SHAPE) != json.dumps([count]):
         raise MalformedArrow(f"{META_SHAPE} must be [{count}]")
-    parts = []
-    for batch in batches:
-        column = batch.column(0)
-        if column.null_count:
-            raise MalformedArrow(f"{MASKED_COLUMN!r} column has nulls")
-        parts.append(column.to_numpy(zero_copy_only=True))
-    total = sum(p.size for p in parts)
-    if total != count:
-        raise MalformedArrow(f"{META_COUNT} says {count} words, the column holds {total}")
-    dtype = _NP_TYPES[ring_bits]
-    if not parts:
-        return np.empty(0, dtype=dtype)
-    return np.concatenate(parts).astype(dtype, copy=True)
+    return count

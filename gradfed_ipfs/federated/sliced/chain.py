@@ -1,5 +1,9 @@
 """Chained reduce-scatter: each slice reduced in steps along the roster (issue 14).
 
+:class:`ChainRound` runs one round's chained steps for :class:`~.peer.ReduceScatterPeer` (one
+per round, over the peer's :class:`~.reducer.Reducer` and the round's
+:class:`~.context.SliceRound`).
+
 The one-level round (:mod:`.reduce_scatter`) has each of N reducers read its slice from each of
 N senders: 2·N² blocks of d/N values a round (N² pieces, N² in the all-gather), and at d = 1M
 that per-block cost, not the bytes, is what grows (N^1.3–1.4 per round at N = 8…64).
@@ -33,7 +37,7 @@ partial announced for ``(k, j−1)`` was refused and none came ``reducer_timeout
 
 A lie anywhere in a chain makes the slice result wrong, which the check step catches
 (:mod:`.reduce_scatter_check`). The checker then recomputes the slice from the contribution
-blocks and, with the same rows, every partial sum of the chain (:meth:`ChainSteps._blame`):
+blocks and, with the same rows, every partial sum of the chain (:meth:`ChainRound.blame`):
 the announced partial of the earliest step whose values differ from the recomputed ones is
 the lie (it was built on right values, or on values never announced), so its announcer, not
 the honest steps after it, is named in the fraud record (``claimed`` = that partial record).
@@ -49,13 +53,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
 from multiformats import CID
 
-from ..._types import FloatArray
 from ...errors import (
     BlockCorrupt,
     BlockStoreError,
@@ -63,63 +67,59 @@ from ...errors import (
     GradientError,
 )
 from ...formats.partials import PartialRecord, partial_blocks, partial_values
-from ...formats.roster import Roster, RosterEntry
+from ...formats.roster import RosterEntry
 from ...formats.slices import SliceMessage, SliceRecord
 from ...storage.base import Block, put_many
 from ...tensor.deterministic import finish_update
-from .config import ReduceScatterConfig, SliceWork
+from .config import SliceWork
+from .context import SliceRound
 from .plan import chain_senders, chain_sum, plan_slices, reducer_rankings
-from .transport import CountingStore, MemorySliceBoard
+from .reducer import Reducer
 
-__all__ = ["ChainSteps"]
+__all__ = ["ChainRound"]
 
 logger = logging.getLogger("gradfed_ipfs.federated.reduce_scatter")
 
 _Loaded = tuple[CID, PartialRecord, np.ndarray]
 
 
-class ChainSteps:
-    """The chained steps of :class:`~.reduce_scatter.ReduceScatterPeer` (a mixin: its state)."""
+@dataclass(frozen=True)
+class _Sum:
+    """A step's partial sum: the senders it added, who is missing, the roster's weight sum."""
 
-    peer: str
-    store: CountingStore
-    board: MemorySliceBoard
-    config: ReduceScatterConfig
-    lie: float
-    silent: bool
-    _records_read: dict[bytes, Block]
-    _unfetchable: set[str]
-    _replaced: set[str]
-    _garbage: dict[str, str]
-    _groups: int
-    _heard_upto: int
-    _heard_missing: dict[int, set[str]]
+    group: list[RosterEntry]
+    missing: set[str]
+    weight_sum: int
+    acc: np.ndarray
 
-    # ReduceScatterPeer's: fetch a step's rows; the ranked announcements of a step; wait for
-    # this peer's turn at a step; put a slice's result and record; keep and announce it.
-    _rows: Callable[[Roster, SliceWork, FloatArray, int, set[str]], Coroutine[Any, Any, None]]
-    _records: Callable[[CID, int, SliceWork], list[SliceMessage]]
-    _my_turn: Callable[
-        [CID, int, SliceWork, Callable[[], bool], Callable[[], set[str]]],
-        Coroutine[Any, Any, bool],
-    ]
-    _commit_slice: Callable[
-        [Roster, CID, SliceWork, FloatArray, set[str], float],
-        Coroutine[Any, Any, tuple[Block, FloatArray]],
-    ]
-    _announce_slice: Callable[[CID, int, int, Block, FloatArray], Coroutine[Any, Any, None]]
 
-    def _chains(
-        self, roster: Roster, roster_cid: CID, d: int, groups: int
-    ) -> list[list[SliceWork]]:
-        """Return every slice's ``groups`` steps, in chain order (the last writes the record)."""
-        peers = roster.peers
-        self._groups = groups
-        self._heard_upto, self._heard_missing = 0, {}  # _reported_missing's reading of the board
+class ChainRound:
+    """The chained steps of one peer's reduce-scatter round (see the module docstring).
+
+    Parameters
+    ----------
+    reducer
+        The peer's reduce operations (fetches, records, turns, slice commits).
+    ctx
+        The round.
+    groups
+        The chain's ``G`` (steps per slice).
+    """
+
+    def __init__(self, reducer: Reducer, ctx: SliceRound, groups: int) -> None:
+        self._reducer, self._ctx, self._groups = reducer, ctx, groups
+        self._heard_upto, self._heard_missing = 0, dict[int, set[str]]()  # _reported_missing's
+        self._partials: dict[bytes, np.ndarray] = {}  # own and loaded partial sums, by CID
+        self.chains = self._plan()
+        """Every slice's ``groups`` steps, in chain order (the last writes the record)."""
+
+    def _plan(self) -> list[list[SliceWork]]:
+        ctx, groups = self._ctx, self._groups
+        peers = ctx.roster.peers
         count = -(-len(peers) // groups)
-        rankings = reducer_rankings(bytes(roster_cid), count * groups, peers)
+        rankings = reducer_rankings(bytes(ctx.roster_cid), count * groups, peers)
         senders = chain_senders(peers, groups)
-        self._partials: dict[bytes, np.ndarray] = {}  # this peer's own partial sums, by CID
+        chunk_bytes = self._reducer.config.chunk_bytes
         return [
             [
                 SliceWork(
@@ -133,15 +133,22 @@ class ChainSteps:
                 )
                 for j in range(groups)
             ]
-            for k, (offset, length) in enumerate(plan_slices(d, count, self.config.chunk_bytes))
+            for k, (offset, length) in enumerate(plan_slices(ctx.d, count, chunk_bytes))
+        ]
+
+    def serving(self, phase: int, exclude: set[str]) -> list[Coroutine[Any, Any, None]]:
+        """Return this peer's steps of ``phase`` to run (one per step it is ranked for)."""
+        levels = [list(level) for level in zip(*self.chains, strict=True)]
+        peer = self._reducer.peer
+        return [
+            self._serve_step(chain, step.j, phase, exclude, levels[step.j])
+            for chain in self.chains
+            for step in chain
+            if peer in step.rank
         ]
 
     async def _serve_step(
         self,
-        roster: Roster,
-        roster_cid: CID,
-        base: FloatArray,
-        own: FloatArray,
         chain: list[SliceWork],
         j: int,
         phase: int,
@@ -155,32 +162,24 @@ class ChainSteps:
         that makes every step of its group wait ``fetch_timeout``) is not taken over by backups
         that would wait for the same sender.
         """
-        step = chain[j]
+        ctx, reducer, step = self._ctx, self._reducer, chain[j]
 
         def ready() -> bool:  # (announced: a backup loads the input only if it takes over)
-            if j and not self._records(roster_cid, phase, chain[j - 1]):
+            if j and not reducer.records(ctx, phase, chain[j - 1]):
                 return False
-            heard = sum(1 for s in level if self._records(roster_cid, phase, s))
+            heard = sum(1 for s in level if reducer.records(ctx, phase, s))
             return heard >= (len(level) + 1) // 2
 
         def gone() -> set[str]:
-            known = self._unfetchable | self._replaced | exclude
-            return known | self._reported_missing(roster, roster_cid, phase)
+            known = ctx.unfetchable | ctx.replaced | exclude
+            return known | self._reported_missing(phase)
 
-        if not await self._my_turn(roster_cid, phase, step, ready, gone):
+        if not await reducer.my_turn(ctx, phase, step, ready, gone):
             return
-        await self._compute_step(roster, roster_cid, base, own, chain, j, phase, exclude)
+        await self._compute_step(chain, j, phase, exclude)
 
     async def _compute_step(
-        self,
-        roster: Roster,
-        roster_cid: CID,
-        base: FloatArray,
-        own: FloatArray,
-        chain: list[SliceWork],
-        j: int,
-        phase: int,
-        exclude: set[str],
+        self, chain: list[SliceWork], j: int, phase: int, exclude: set[str]
     ) -> _Loaded | None:
         """Compute and announce step ``j`` of a chain; return its partial sum.
 
@@ -188,25 +187,15 @@ class ChainSteps:
         """
         step = chain[j]
         # The rows are fetched while the previous step runs: a chain costs one fetch, not G.
-        rows = asyncio.create_task(
-            self._step_rows(roster, roster_cid, phase, step, own, base.size, exclude)
-        )
+        rows = asyncio.create_task(self._step_rows(phase, step, exclude))
         try:
-            prev = None
-            if j:
-
-                def rebuild() -> Coroutine[Any, Any, _Loaded | None]:
-                    return self._compute_step(
-                        roster, roster_cid, base, own, chain, j - 1, phase, exclude
-                    )
-
-                prev = await self._prev(roster_cid, phase, chain[j - 1], exclude, rebuild)
+            prev = await self._prev(chain, j - 1, phase, exclude) if j else None
             await rows
         finally:
             if not rows.done():
                 rows.cancel()
                 await asyncio.gather(rows, return_exceptions=True)
-        used = [e for e in roster.entries if e.peer not in exclude]
+        used = [e for e in self._ctx.roster.entries if e.peer not in exclude]
         weight_sum = sum(e.weight for e in used)
         group = [e for e in used if e.peer in cast(frozenset[str], step.senders)]
         group = [e for e in group if e.peer not in step.failed]
@@ -219,22 +208,11 @@ class ChainSteps:
         )
         missing = set(exclude) | step.failed | set(() if prev is None else prev[1].missing)
         if step.step is not None:
-            return await self._put_partial(
-                roster_cid, phase, step, prev, group, missing, weight_sum, acc
-            )
-        await self._put_slice(roster, roster_cid, phase, step, base, acc, missing)
+            return await self._put_partial(phase, step, prev, _Sum(group, missing, weight_sum, acc))
+        await self._put_slice(phase, step, acc, missing)
         return None
 
-    async def _step_rows(
-        self,
-        roster: Roster,
-        roster_cid: CID,
-        phase: int,
-        step: SliceWork,
-        own: FloatArray,
-        d: int,
-        exclude: set[str],
-    ) -> None:
+    async def _step_rows(self, phase: int, step: SliceWork, exclude: set[str]) -> None:
         """Fetch a step's rows, not waiting for a sender reported missing in ``phase``.
 
         Such a sender is missing from this step too (the next phase excludes it anyway).
@@ -242,19 +220,20 @@ class ChainSteps:
         own fetch at once; a step fetches only its group, and a backup that took over a dead
         peer's step would otherwise wait a second ``fetch_timeout`` for that peer's rows.
         """
+        ctx, reducer = self._ctx, self._reducer
 
         def wanted() -> set[str]:
             group = cast(frozenset[str], step.senders) - exclude - step.failed
-            return set(group) - set(step.rows) - {self.peer}
+            return set(group) - set(step.rows) - {reducer.peer}
 
         def reported() -> set[str]:
-            return wanted() & self._reported_missing(roster, roster_cid, phase)
+            return wanted() & self._reported_missing(phase)
 
         step.failed |= reported()  # known before this step starts: not asked at all
-        self._unfetchable |= step.failed
-        fetch = asyncio.create_task(self._rows(roster, step, own, d, exclude))
+        ctx.unfetchable.update(step.failed)
+        fetch = asyncio.create_task(reducer.rows(ctx, step, exclude))
         watch = asyncio.create_task(
-            self.board.wait_for(lambda: bool(reported()), self.config.phase_timeout)
+            reducer.board.wait_for(lambda: bool(reported()), reducer.config.phase_timeout)
         )
         try:
             await asyncio.wait({fetch, watch}, return_when=asyncio.FIRST_COMPLETED)
@@ -262,8 +241,8 @@ class ChainSteps:
                 fetch.cancel()
                 await asyncio.gather(fetch, return_exceptions=True)
                 step.failed |= reported()
-                self._unfetchable |= step.failed
-                await self._rows(roster, step, own, d, exclude)  # the others still wanted
+                ctx.unfetchable.update(step.failed)
+                await reducer.rows(ctx, step, exclude)  # the others still wanted
             else:
                 await fetch
         finally:
@@ -271,20 +250,20 @@ class ChainSteps:
                 task.cancel()
             await asyncio.gather(fetch, watch, return_exceptions=True)
 
-    def _reported_missing(self, roster: Roster, roster_cid: CID, phase: int) -> set[str]:
+    def _reported_missing(self, phase: int) -> set[str]:
         """Senders a roster peer's partial or slice record of ``phase`` lists ``missing``.
 
         Read from the records' inline bytes as the board grows (each message once).
         """
-        messages = self.board.messages
+        messages = self._reducer.board.messages
         if self._heard_upto > len(messages):  # the board forgot other rounds: read it again
             self._heard_upto, self._heard_missing = 0, {}
-        members = set(roster.peers)
+        members = set(self._ctx.roster.peers)
         for message in messages[self._heard_upto :]:
             if (
                 message.kind not in ("partial", "slice")
                 or message.block is None
-                or message.roster != roster_cid
+                or message.roster != self._ctx.roster_cid
                 or message.sender not in members
             ):
                 continue
@@ -296,116 +275,97 @@ class ChainSteps:
         return self._heard_missing.get(phase, set())
 
     async def _put_partial(
-        self,
-        roster_cid: CID,
-        phase: int,
-        step: SliceWork,
-        prev: _Loaded | None,
-        group: list[RosterEntry],
-        missing: set[str],
-        weight_sum: int,
-        acc: np.ndarray,
+        self, phase: int, step: SliceWork, prev: _Loaded | None, total: _Sum
     ) -> _Loaded:
-        if self.lie:
-            acc = acc + self.lie
-        blocks = partial_blocks(acc)
-        await put_many(self.store, blocks, pin=False)  # transient: a round's retention drops it
+        reducer = self._reducer
+        acc = reducer.faults.alter(step.k, total.acc)
+        forged = reducer.faults.partial_blocks(step.k, acc)
+        blocks = partial_blocks(acc) if forged is None else forged
+        await put_many(reducer.store, blocks, pin=False)  # transient: retention drops it
         record = PartialRecord(
-            roster=roster_cid,
+            roster=self._ctx.roster_cid,
             k=step.k,
             j=step.j,
             groups=self._groups,
             offset=step.offset,
             length=step.length,
             prev=None if prev is None else prev[0],
-            inputs=tuple((e.peer, e.contribution) for e in group),
-            missing=tuple(sorted(missing)),
-            weight_sum=weight_sum,
+            inputs=tuple((e.peer, e.contribution) for e in total.group),
+            missing=tuple(sorted(total.missing)),
+            weight_sum=total.weight_sum,
             values=tuple(b.cid for b in blocks),
         )
         block = record.to_block()
-        await self.store.put(block, pin=False)
-        self._partials[bytes(block.cid)] = acc
-        await self.board.publish(
+        await reducer.store.put(block, pin=False)
+        if forged is None:  # else read back like any other peer's (a fault hook's)
+            self._partials[bytes(block.cid)] = acc
+        await reducer.board.publish(
             SliceMessage(
-                "partial", self.peer, roster_cid, phase, cast(int, step.step), block.cid,
-                block=block.data,
+                "partial", reducer.peer, self._ctx.roster_cid, phase, cast(int, step.step),
+                block.cid, block=block.data,
             )
         )  # fmt: skip
         return block.cid, record, acc
 
     async def _put_slice(
-        self,
-        roster: Roster,
-        roster_cid: CID,
-        phase: int,
-        step: SliceWork,
-        base: FloatArray,
-        acc: np.ndarray,
-        missing: set[str],
+        self, phase: int, step: SliceWork, acc: np.ndarray, missing: set[str]
     ) -> None:
+        ctx, reducer = self._ctx, self._reducer
         values = finish_update(
-            acc, base[step.offset : step.offset + step.length], self.config.learning_rate
+            acc, ctx.base[step.offset : step.offset + step.length], reducer.config.learning_rate
         )
-        block, values = await self._commit_slice(
-            roster, roster_cid, step, values, missing, self.lie
-        )
-        await self._announce_slice(roster_cid, phase, step.k, block, values)
+        block, values = await reducer.commit(ctx, step, values, missing, announced=True)
+        await reducer.announce(ctx, phase, step.k, block, values)
 
-    async def _prev(
-        self,
-        roster_cid: CID,
-        phase: int,
-        step: SliceWork,
-        exclude: set[str],
-        rebuild: Callable[[], Coroutine[Any, Any, _Loaded | None]],
-    ) -> _Loaded:
-        """Wait for the best-ranked valid partial sum of ``step`` in ``phase``.
+    async def _prev(self, chain: list[SliceWork], j: int, phase: int, exclude: set[str]) -> _Loaded:
+        """Wait for the best-ranked valid partial sum of step ``j`` of ``chain`` in ``phase``.
 
-        When every partial announced for ``step`` was refused (garbage, or not this step's) and
-        none came for ``reducer_timeout`` after, this peer computes ``step`` itself
-        (``rebuild()``, recursively for a garbage step before it): its backups saw a record
-        and stood aside, so one member's bytes would otherwise stall the slice.
+        When every partial announced for the step was refused (garbage, or not this step's)
+        and none came for ``reducer_timeout`` after, this peer computes the step itself
+        (recursively for a garbage step before it): its backups saw a record and stood aside,
+        so one member's bytes would otherwise stall the slice.
 
         Raises
         ------
         TimeoutError
             If none arrived within ``phase_timeout``.
         """
+        ctx, reducer, step = self._ctx, self._reducer, chain[j]
+        config = reducer.config
         tried: set[bytes] = set()
-        deadline = time.monotonic() + self.config.phase_timeout
+        deadline = time.monotonic() + config.phase_timeout
 
         def untried() -> list[SliceMessage]:
             return [
-                m for m in self._records(roster_cid, phase, step) if bytes(cast(CID, m.cid))
+                m for m in reducer.records(ctx, phase, step) if bytes(cast(CID, m.cid))
                 not in tried
             ]  # fmt: skip
 
         while True:
             for message in untried():
                 tried.add(bytes(cast(CID, message.cid)))
-                loaded = await self._load_partial(message, roster_cid, step)
+                loaded = await self._load_partial(message, step)
                 if loaded is not None and set(exclude) <= set(loaded[1].missing):
                     if message.sender != step.ranking[0]:
-                        self._replaced.add(step.ranking[0])
+                        ctx.replaced.add(step.ranking[0])
                     return loaded
             left = deadline - time.monotonic()
-            wait = min(left, self.config.reducer_timeout) if tried else left
-            if left > 0 and await self.board.wait_for(lambda: bool(untried()), wait):
+            wait = min(left, config.reducer_timeout) if tried else left
+            if left > 0 and await reducer.board.wait_for(lambda: bool(untried()), wait):
                 continue
             if tried and left > 0:  # every announced partial refused, and no other came
                 logger.warning("slice %d step %d: partials refused; computing it", step.k, step.j)
-                built = await rebuild()
+                built = await self._compute_step(chain, j, phase, exclude)
                 if built is not None:
                     return built
             raise TimeoutError(
                 f"phase {phase}: no partial sum of slice {step.k} step {step.j} arrived"
             )
 
-    async def _load_partial(
-        self, message: SliceMessage, roster_cid: CID, step: SliceWork
-    ) -> _Loaded | None:
+    async def _load_partial(self, message: SliceMessage, step: SliceWork) -> _Loaded | None:
         """Return an announced partial sum of ``step`` with its values; ``None`` if it is not."""
+        ctx, store = self._ctx, self._reducer.store
+        timeout = self._reducer.config.fetch_timeout
         cid = cast(CID, message.cid)
         try:
             block = None
@@ -413,52 +373,45 @@ class ChainSteps:
                 with contextlib.suppress(BlockCorrupt):
                     block = Block.from_parts(cid, message.block)
             if block is None:
-                block = await self.store.get(cid, timeout=self.config.fetch_timeout)
+                block = await store.get(cid, timeout=timeout)
             record = PartialRecord.from_block(block)
             place = (record.roster, record.k, record.j, record.groups, record.offset, record.length)
-            if place != (roster_cid, step.k, step.j, self._groups, step.offset, step.length):
-                self._garbage[message.sender] = f"partial {cid} is not step {step.step}'s"
+            if place != (ctx.roster_cid, step.k, step.j, self._groups, step.offset, step.length):
+                ctx.garbage[message.sender] = f"partial {cid} is not step {step.step}'s"
                 return None
             values = self._partials.get(bytes(cid))
             if values is None:
                 blocks = await asyncio.gather(
-                    *(self.store.get(c, timeout=self.config.fetch_timeout) for c in record.values)
+                    *(store.get(c, timeout=timeout) for c in record.values)
                 )
                 values = partial_values(blocks, record.length)
                 self._partials[bytes(cid)] = values  # a blame read of it fetches nothing again
         except (BlockStoreError, DecodeError, GradientError, TimeoutError) as exc:
             logger.warning("partial %s from %s refused: %s", cid, message.sender, exc)
             if isinstance(exc, DecodeError | GradientError):  # its bytes, not the network
-                self._garbage[message.sender] = f"partial {cid}: {exc}"
+                ctx.garbage[message.sender] = f"partial {cid}: {exc}"
             return None
         return cid, record, values
 
-    async def _blame(
-        self,
-        roster: Roster,
-        roster_cid: CID,
-        chains: list[list[SliceWork]],
-        phase: int,
-        k: int,
-        rows: dict[str, FloatArray],
-        missing: Sequence[str],
+    async def blame(
+        self, phase: int, k: int, rows: dict[str, np.ndarray], missing: Sequence[str]
     ) -> tuple[str, CID] | None:
         """Return the announcer and CID of the earliest wrong partial of slice ``k``'s chain.
 
         ``rows`` are every used sender's values of slice ``k`` (the check's recompute);
         ``None`` if every announced partial is right (the slice record's author lied).
         """
-        used = [e for e in roster.entries if e.peer not in missing]
+        used = [e for e in self._ctx.roster.entries if e.peer not in missing]
         weight_sum = sum(e.weight for e in used)
         acc: np.ndarray | None = None
-        for step in chains[k][:-1]:
+        for step in self.chains[k][:-1]:
             group = [e for e in used if e.peer in cast(frozenset[str], step.senders)]
             acc = chain_sum(
                 acc, [rows[e.peer] for e in group], [e.weight for e in group], weight_sum,
                 step.length,
             )  # fmt: skip
-            for message in self._records(roster_cid, phase, step):
-                loaded = await self._load_partial(message, roster_cid, step)
+            for message in self._reducer.records(self._ctx, phase, step):
+                loaded = await self._load_partial(message, step)
                 if loaded is None or loaded[1].missing != tuple(sorted(missing)):
                     continue  # refused by every step after it, or of another exclusion set
                 if loaded[2].tobytes() != acc.tobytes():

@@ -1,95 +1,134 @@
 """The check step of a reduce-scatter round: all-gather the slice results, check, prove lies.
 
-A mixin of :class:`~.reduce_scatter.ReduceScatterPeer` (see that module's docstring, steps 3
-and 4): every peer fetches the chosen slice results, checks them with
-:func:`~.slice_check.check_slices` (projections for fedavg, spot checks for median and trimmed
-mean; an input without published values has them computed from its blocks), and recomputes
-each suspect slice from the contribution blocks. A different CID is a proven lie: a
-:class:`~gradfed_ipfs.formats.slices.FraudRecord` is put and announced, the next honest reducer
-re-announces the correct record, and the liar is returned; the same CID means some sender
-published false check values. A slice result that cannot be read (a well-formed record naming
-garbage, or a result nobody serves) is recomputed the same way before the check, so a
-reducer's bytes cost a recompute and convict it; they never fail the round.
+:class:`SliceChecker` is owned by :class:`~.reduce_scatter.ReduceScatterPeer` (see that
+module's docstring, steps 3 and 4) and works on the round's :class:`~.context.SliceRound`
+through the peer's :class:`~.reducer.Reducer`: every peer fetches the chosen slice results,
+checks them with :func:`~.slice_check.check_slices` (projections for fedavg, spot checks for
+median and trimmed mean; an input without published values has them computed from its
+blocks), and recomputes each suspect slice from the contribution blocks. A different CID is a
+proven lie: a :class:`~gradfed_ipfs.formats.slices.FraudRecord` is put and announced, the next
+honest reducer re-announces the correct record, and the liar is returned; the same CID means
+some sender published false check values. A slice result that cannot be read (a well-formed
+record naming garbage, or a result nobody serves) is recomputed the same way before the check,
+so a reducer's bytes cost a recompute and convict it; they never fail the round.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 from multiformats import CID
 
 from ..._types import FloatArray
 from ...errors import BlockStoreError, DecodeError, GradientError
-from ...formats.roster import Roster
 from ...formats.slices import FraudRecord, SliceMessage, SliceRecord
-from ...storage.base import Block
 from ...storage.dag import fetch_gradient
 from ...storage.retention import put_pinned_alone
-from .config import ReduceScatterConfig, SliceWork
+from .chain import ChainRound
+from .config import SliceWork
+from .context import SliceRound
 from .plan import projection_seed
-from .spot import check_slices
-from .transport import CountingStore, MemorySliceBoard, fetch_whole
+from .reducer import Reducer
+from .spot import CheckPlan, CheckWait, SliceCheck, check_slices
+from .transport import fetch_whole
 
-__all__ = ["Blame", "SliceChecks"]
-
-Blame = Callable[[int, dict[str, FloatArray], tuple[str, ...]], Awaitable[tuple[str, CID] | None]]
-"""``blame(k, rows, missing)`` of a chained round (:meth:`~.reduce_chain.ChainSteps._blame`)."""
+__all__ = ["CheckOutcome", "Chosen", "SliceChecker"]
 
 logger = logging.getLogger("gradfed_ipfs.federated.reduce_scatter")
 
 UNREADABLE = (BlockStoreError, DecodeError, GradientError, TimeoutError)
 """What reading a slice result may raise when its reducer put garbage or does not serve it."""
 
+Chosen = tuple[CID, SliceRecord, str]
+"""A slice's chosen record: its CID, the record, and who announced it."""
 
-class SliceChecks:
-    """The all-gather and check of :class:`~.reduce_scatter.ReduceScatterPeer` (its state)."""
 
-    peer: str
-    store: CountingStore
-    board: MemorySliceBoard
-    config: ReduceScatterConfig
-    _local: dict[CID, FloatArray]
-    _records_read: dict[bytes, Block]
-    _unfetchable: set[str]
-    _replaced: set[str]
+@dataclass
+class CheckOutcome:
+    """What the check of a round's slices settled.
 
-    async def _values(self, record_cid: CID, record: SliceRecord) -> FloatArray:
-        if record_cid in self._local:
-            return self._local[record_cid]
-        values = await fetch_gradient(
-            self.store,
-            record.result,
-            timeout=self.config.fetch_timeout,
-            expected_length=record.length,
-        )
-        return np.asarray(values, np.float32).reshape(-1)
+    ``records`` are the slice records' CIDs (a proven lie's replaced by the recomputed one);
+    ``false_values`` the senders whose published check values their own blocks contradict.
+    """
 
-    async def _check(
+    results: list[FloatArray]
+    records: list[CID]
+    liars: set[str] = field(default_factory=set)
+    frauds: list[CID] = field(default_factory=list)
+    redone: list[int] = field(default_factory=list)
+    false_values: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class _Checking:
+    """One check in progress: the slices, their chosen records, and the outcome so far."""
+
+    parts: list[SliceWork]
+    chosen: list[Chosen]
+    checked: list[SliceRecord]  # a lie's replaced by the recomputed record
+    outcome: CheckOutcome
+    chain: ChainRound | None
+    phase: int
+
+
+class SliceChecker:
+    """The all-gather and check of one peer's reduce-scatter rounds (see the module docstring).
+
+    Parameters
+    ----------
+    reducer
+        The peer's reduce operations (recomputes, fetches, the board).
+    """
+
+    def __init__(self, reducer: Reducer) -> None:
+        self._reducer = reducer
+
+    async def check(
         self,
-        roster: Roster,
-        roster_cid: CID,
-        base: FloatArray,
-        own: FloatArray,
+        ctx: SliceRound,
         parts: list[SliceWork],
-        chosen: list[tuple[CID, SliceRecord, str]],
-        records: list[CID],
-        reduce: Callable[[SliceWork, set[str]], Awaitable[tuple[Block, FloatArray]]],
-        blame: Blame | None = None,
-    ) -> tuple[list[FloatArray], set[str], list[CID], list[int], set[str]]:
-        """All-gather and check the slice results; a proven lie's ``records[k]`` is replaced.
+        chosen: list[Chosen],
+        *,
+        chain: ChainRound | None = None,
+        phase: int = 0,
+    ) -> CheckOutcome:
+        """All-gather and check the slice results of the last ``phase``.
 
-        ``reduce(part, exclude)`` recomputes a slice from the contribution blocks (the peer's).
-        ``blame(k, rows, missing)`` (chained rounds) returns the announcer and CID of a wrong
-        partial sum of slice ``k`` the wrong record was built on, if any: that one is the lie.
-
-        Returns the results, the proven liars, their fraud records, the recomputed slices, and
-        the senders whose published check values their own blocks contradict.
+        A suspect slice is recomputed from the contribution blocks; a different CID is a
+        proven lie (in a chained round, ``chain`` names the wrong partial sum the wrong record
+        was built on, if any: that one is the lie).
         """
+        results, broken = await self._gather(ctx, chosen)
+        ctx.unfetchable.clear()  # a recompute excludes the records' missing, tries the rest
+        outcome = CheckOutcome(results, [cid for cid, _, _ in chosen])
+        state = _Checking(parts, chosen, [rec for _, rec, _ in chosen], outcome, chain, phase)
+        # A result no one can read is settled first, as a suspect is (a reducer that put
+        # garbage is a proven liar): the check then reads every slice's true values.
+        for k in broken:
+            if await self._settle(ctx, state, k) is None:
+                raise TimeoutError(f"slice {k}: result unreadable and its recompute failed")
+        check = await self._check(ctx, state)
+        for k in check.suspects:
+            if k in broken:
+                continue  # recomputed already: its values are the true ones
+            fresh = await self._settle(ctx, state, k)
+            if fresh is not None and outcome.records[k] == chosen[k][0]:
+                # The slice is right: some sender published false check values.
+                false = check.false_publishers(k, fresh.rows)
+                if false:
+                    logger.warning("slice %d: false check values from %s", k, ", ".join(false))
+                outcome.false_values.update(false)
+        return outcome
+
+    async def _gather(
+        self, ctx: SliceRound, chosen: list[Chosen]
+    ) -> tuple[list[FloatArray], list[int]]:
+        """Fetch the chosen slice results; return them and the slices whose result is unreadable."""
         gathered = await asyncio.gather(
-            *(self._values(cid, rec) for cid, rec, _ in chosen), return_exceptions=True
+            *(self._values(ctx, cid, rec) for cid, rec, _ in chosen), return_exceptions=True
         )
         results: list[FloatArray] = []
         broken: list[int] = []  # results a reducer's bytes broke, or nobody served
@@ -99,83 +138,95 @@ class SliceChecks:
                     raise got
                 logger.warning("slice %d: result of %s unreadable: %s", k, chosen[k][2], got)
                 broken.append(k)
-                got = np.zeros(0, np.float32)  # settled below, before the check reads it
+                got = np.zeros(0, np.float32)  # settled before the check reads it
             results.append(got)
-        self._unfetchable.clear()  # a recompute excludes the records' missing, tries the rest
-        liars, frauds, redone, false_values = set[str](), list[CID](), list[int](), set[str]()
-        seed = projection_seed([bytes(cid) for cid, _, _ in chosen])
-        weights = {e.peer: e.weight for e in roster.entries}
-        checked = [rec for _, rec, _ in chosen]  # a lie's replaced by the recomputed record
+        return results, broken
 
-        async def settle(k: int) -> SliceWork | None:
-            """Recompute slice ``k`` (a different CID is a proven lie); ``None``: it failed."""
-            (cid, record, sender), p = chosen[k], parts[k]
-            redone.append(p.k)
-            fresh = SliceWork(p.k, p.offset, p.length, p.ranking)
-            recomputed, values = await reduce(fresh, set(record.missing))
-            correct = recomputed.cid
-            if fresh.failed - set(record.missing):
-                return None  # the recompute failed
-            results[p.k] = values
-            if correct == cid:  # the slice is right (a suspect's check values were false)
-                return fresh
-            records[p.k], checked[p.k] = correct, SliceRecord.from_block(recomputed)
-            self._records_read[bytes(correct)] = recomputed
-            liar, claimed = sender, cid
-            if blame is not None:
-                liar, claimed = await blame(p.k, fresh.rows, record.missing) or (liar, claimed)
-            liars.add(liar)
-            fraud = FraudRecord(roster_cid, p.k, liar, claimed, correct)
-            fraud_cid = await put_pinned_alone(self.store, fraud.to_block())
-            frauds.append(fraud_cid)
-            await self.board.publish(
-                SliceMessage("fraud", self.peer, roster_cid, k=p.k, cid=fraud_cid)
-            )
-            honest = [r for r in p.ranking if r not in (sender, liar)]
-            if honest and honest[0] == self.peer:  # the next reducer re-announces the slice
-                await self.board.publish(
-                    SliceMessage(
-                        "slice", self.peer, roster_cid, -1, p.k, correct, block=recomputed.data
-                    )
-                )
-            return fresh
+    async def _values(self, ctx: SliceRound, record_cid: CID, record: SliceRecord) -> FloatArray:
+        if record_cid in ctx.local:
+            return ctx.local[record_cid]
+        values = await fetch_gradient(
+            self._reducer.store,
+            record.result,
+            timeout=self._reducer.config.fetch_timeout,
+            expected_length=record.length,
+        )
+        return np.asarray(values, np.float32).reshape(-1)
 
-        # A result no one can read is settled first, as a suspect is (a reducer that put
-        # garbage is a proven liar): the check then reads every slice's true values.
-        for k in broken:
-            if await settle(k) is None:
-                raise TimeoutError(f"slice {k}: result unreadable and its recompute failed")
+    async def _check(self, ctx: SliceRound, state: _Checking) -> SliceCheck:
+        """Run the cheap check (projections for fedavg, spot checks for median, trimmed mean)."""
+        reducer, config = self._reducer, self._reducer.config
+        roster = ctx.roster
 
         async def fetch_absent(names: set[str]) -> dict[str, FloatArray]:
             wanted = {e.peer: e.contribution for e in roster.entries if e.peer in names}
-            return await fetch_whole(self.store, wanted, base.size, self.config.fetch_timeout)
+            return await fetch_whole(reducer.store, wanted, ctx.d, config.fetch_timeout)
 
-        check = await check_slices(
-            self.board,
-            self.peer,
-            roster_cid,
-            weights,
-            base,
-            own,
-            [(p.offset, p.length) for p in parts],
-            checked,
-            results,
-            seed=seed,
-            rule=self.config.rule,
-            learning_rate=self.config.learning_rate,
-            timeout=self.config.fetch_timeout,
+        plan = CheckPlan(
+            roster_cid=ctx.roster_cid,
+            weights={e.peer: e.weight for e in roster.entries},
+            base=ctx.base,
+            ranges=[(p.offset, p.length) for p in state.parts],
+            seed=projection_seed([bytes(cid) for cid, _, _ in state.chosen]),
+            rule=config.rule,
+            learning_rate=config.learning_rate,
+        )
+        wait = CheckWait(
+            timeout=config.fetch_timeout,
             fetch_absent=fetch_absent,
-            silent=frozenset(self._replaced),  # likely gone: their values are not awaited
-            stall=self.config.reducer_timeout,
-        )  # slice_check: projections for fedavg, spot checks for median and trimmed mean
-        for k in check.suspects:
-            if k in broken:
-                continue  # recomputed already: its values are the true ones
-            fresh = await settle(k)
-            if fresh is not None and records[k] == chosen[k][0]:
-                # The slice is right: some sender published false check values.
-                false = check.false_publishers(k, fresh.rows)
-                if false:
-                    logger.warning("slice %d: false check values from %s", k, ", ".join(false))
-                false_values.update(false)
-        return results, liars, frauds, redone, false_values
+            silent=frozenset(ctx.replaced),  # likely gone: their values are not awaited
+            stall=config.reducer_timeout,
+        )
+        results = state.outcome.results
+        return await check_slices(
+            reducer.board, reducer.peer, plan, ctx.own, state.checked, results, wait
+        )
+
+    async def _settle(self, ctx: SliceRound, state: _Checking, k: int) -> SliceWork | None:
+        """Recompute slice ``k`` (a different CID is a proven lie); ``None``: it failed."""
+        (cid, record, sender), p = state.chosen[k], state.parts[k]
+        outcome = state.outcome
+        outcome.redone.append(p.k)
+        fresh = SliceWork(p.k, p.offset, p.length, p.ranking)
+        recomputed, values = await self._reducer.reduce(ctx, fresh, set(record.missing))
+        correct = recomputed.cid
+        if fresh.failed - set(record.missing):
+            return None  # the recompute failed
+        outcome.results[p.k] = values
+        if correct == cid:  # the slice is right (a suspect's check values were false)
+            return fresh
+        outcome.records[p.k], state.checked[p.k] = correct, SliceRecord.from_block(recomputed)
+        ctx.records_read[bytes(correct)] = recomputed
+        liar, claimed = sender, cid
+        if state.chain is not None:
+            blamed = await state.chain.blame(state.phase, p.k, fresh.rows, record.missing)
+            liar, claimed = blamed or (liar, claimed)
+        await self._prove(ctx, p, liar, claimed, correct, outcome)
+        honest = [r for r in p.ranking if r not in (sender, liar)]
+        reducer = self._reducer
+        if honest and honest[0] == reducer.peer:  # the next reducer re-announces the slice
+            await reducer.board.publish(
+                SliceMessage(
+                    "slice", reducer.peer, ctx.roster_cid, -1, p.k, correct, block=recomputed.data
+                )
+            )
+        return fresh
+
+    async def _prove(
+        self,
+        ctx: SliceRound,
+        part: SliceWork,
+        liar: str,
+        claimed: CID,
+        correct: CID,
+        outcome: CheckOutcome,
+    ) -> None:
+        """Put and announce the fraud record proving ``liar``'s ``claimed`` record wrong."""
+        reducer = self._reducer
+        outcome.liars.add(liar)
+        fraud = FraudRecord(ctx.roster_cid, part.k, liar, claimed, correct)
+        fraud_cid = await put_pinned_alone(reducer.store, fraud.to_block())
+        outcome.frauds.append(fraud_cid)
+        await reducer.board.publish(
+            SliceMessage("fraud", reducer.peer, ctx.roster_cid, k=part.k, cid=fraud_cid)
+        )

@@ -1,7 +1,7 @@
 """Fraud proofs of chained reduce-scatter rounds: a lying partial sum, re-checked (issue 14).
 
 A chained round's checker names the author of the earliest wrong partial sum of a slice
-(:meth:`~.reduce_chain.ChainSteps._blame`); its fraud record's ``claimed`` is then a
+(:meth:`~.chain.ChainRound.blame`); its fraud record's ``claimed`` is then a
 :class:`~gradfed_ipfs.formats.partials.PartialRecord`, not a slice record.
 :func:`partial_fraud_fits` is what such a record must fit, checked with every round record
 (:func:`~.agreed_slicing.proven_liars`, with or without recompute: records are kept under

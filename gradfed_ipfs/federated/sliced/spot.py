@@ -55,6 +55,8 @@ from .transport import MemorySliceBoard
 
 __all__ = [
     "SPOT_SAMPLES",
+    "CheckPlan",
+    "CheckWait",
     "SliceCheck",
     "check_slices",
     "spot_count",
@@ -179,82 +181,127 @@ class SliceCheck:
         return sorted(false)
 
 
+@dataclass(frozen=True)
+class CheckPlan:
+    """What :func:`check_slices` checks: one round's slices and how they were reduced.
+
+    ``ranges`` are the slices' ``(offset, length)``; ``rule`` is the round's (not the
+    records': a lying record may name another); ``weights`` the roster's; ``seed`` the
+    round's check seed (:func:`~.slices.projection_seed`).
+    """
+
+    roster_cid: CID
+    weights: Mapping[str, int]
+    base: FloatArray
+    ranges: Sequence[tuple[int, int]]
+    seed: bytes
+    rule: str
+    learning_rate: float
+
+
+@dataclass(frozen=True)
+class CheckWait:
+    """How long :func:`check_slices` waits for the inputs' values, and what it does without.
+
+    Waits at most ``timeout`` s. An input that published no values (gone since its commit, or
+    withholding them so that a colluding reducer's slice goes unchecked) is fetched whole with
+    ``fetch_absent`` (names → d float32 values each; fetches that fail are left out) and its
+    values computed here. Inputs in ``silent`` (reducers whose slice another peer had to take
+    over: likely gone) are not waited for when ``fetch_absent`` is given, nor, with ``stall``,
+    inputs still silent ``stall`` s after the last other input's values arrived (a peer dead
+    since it announced its slice).
+    """
+
+    timeout: float
+    fetch_absent: Callable[[set[str]], Awaitable[dict[str, FloatArray]]] | None = None
+    silent: frozenset[str] = frozenset()
+    stall: float | None = None
+
+
+@dataclass(frozen=True)
+class _Samples:
+    """Each slice's projection vector (fedavg) or sampled coordinates (robust rules)."""
+
+    zs: list[NDArray[np.float64]]
+    indices: list[NDArray[np.int64]]
+    starts: list[int]
+
+    @classmethod
+    def of(cls, plan: CheckPlan) -> _Samples:
+        ranges = plan.ranges
+        if plan.rule == "fedavg":
+            zs = [projection_vector(plan.seed, k, n) for k, (_, n) in enumerate(ranges)]
+            return cls(zs, [], [])
+        count = spot_count(len(ranges))
+        indices = [spot_indices(plan.seed, k, n, count) for k, (_, n) in enumerate(ranges)]
+        return cls([], indices, [int(x) for x in np.cumsum([0, *(len(ix) for ix in indices)])])
+
+    def values_of(self, plan: CheckPlan, vector: FloatArray) -> tuple[float, ...]:
+        """Return the check values an honest sender of ``vector`` (d values) publishes."""
+        if plan.rule == "fedavg":
+            return tuple(
+                projection(z, vector[o : o + n])
+                for z, (o, n) in zip(self.zs, plan.ranges, strict=True)
+            )
+        return spot_values(vector, plan.ranges, self.indices)
+
+    def fails(
+        self,
+        plan: CheckPlan,
+        k: int,
+        names: list[str],
+        seen: Mapping[str, tuple[float, ...]],
+        result: FloatArray,
+    ) -> bool:
+        """Return whether slice ``k``'s ``result`` fails the check against ``seen`` values."""
+        (lo, n), weights = plan.ranges[k], plan.weights
+        base = plan.base
+        if plan.rule == "fedavg":
+            z, total = self.zs[k], sum(weights[name] for name in names)
+            expected = projection(z, base[lo : lo + n]) + plan.learning_rate * sum(
+                (weights[name] / total) * seen[name][k] for name in names
+            )
+            got = projection(z, result)
+            return bool(abs(got - expected) > projection_tolerance(z, result, base[lo : lo + n]))
+        ix, a, b = self.indices[k], self.starts[k], self.starts[k + 1]
+        rows = [np.asarray(seen[name][a:b], np.float32) for name in names]
+        want = reduce_values(
+            plan.rule, base[lo + ix], rows, [weights[name] for name in names], plan.learning_rate
+        )
+        return want.tobytes() != np.ascontiguousarray(result[ix]).tobytes()
+
+
 async def check_slices(
     board: MemorySliceBoard,
     peer: str,
-    roster_cid: CID,
-    weights: Mapping[str, int],
-    base: FloatArray,
+    plan: CheckPlan,
     own: FloatArray,
-    ranges: Sequence[tuple[int, int]],
     records: Sequence[SliceRecord],
     results: Sequence[FloatArray],
-    *,
-    seed: bytes,
-    rule: str,
-    learning_rate: float,
-    timeout: float,
-    fetch_absent: Callable[[set[str]], Awaitable[dict[str, FloatArray]]] | None = None,
-    silent: frozenset[str] = frozenset(),
-    stall: float | None = None,
+    wait: CheckWait,
 ) -> SliceCheck:
     """Publish this peer's check values, wait for the inputs', return the slices that fail.
 
-    ``ranges`` are the slices' ``(offset, length)``; ``records`` and ``results`` their chosen
-    slice records and result values (float32, ``length`` each); ``rule`` is the round's (not
-    the records': a lying record may name another); ``weights`` the roster's. Waits at most
-    ``timeout`` s. An input that published no values (gone since its commit, or withholding
-    them so that a colluding reducer's slice goes unchecked) is fetched whole with
-    ``fetch_absent`` (names → d float32 values each; fetches that fail are left out) and its
-    values computed here; a slice an input still has no values for is not checked. Inputs in
-    ``silent`` (reducers whose slice another peer had to take over: likely gone) are not waited
-    for when ``fetch_absent`` is given, nor, with ``stall``, inputs still silent ``stall`` s
-    after the last other input's values arrived (a peer dead since it announced its slice).
+    ``records`` and ``results`` are the slices' chosen slice records and result values
+    (float32, ``length`` each); ``own`` this peer's gradient. A slice an input still has no
+    values for (see :class:`CheckWait`) is not checked.
     """
-    zs: list[NDArray[np.float64]] = []
-    indices: list[NDArray[np.int64]] = []
-    starts: list[int] = []
-    if rule == "fedavg":
-        zs = [projection_vector(seed, k, n) for k, (_, n) in enumerate(ranges)]
-    else:
-        count = spot_count(len(ranges))
-        indices = [spot_indices(seed, k, n, count) for k, (_, n) in enumerate(ranges)]
-        starts = [int(x) for x in np.cumsum([0, *(len(ix) for ix in indices)])]
-
-    def values_of(vector: FloatArray) -> tuple[float, ...]:
-        """Return the check values an honest sender of ``vector`` (d values) publishes."""
-        if rule == "fedavg":
-            return tuple(
-                projection(z, vector[o : o + n]) for z, (o, n) in zip(zs, ranges, strict=True)
-            )
-        return spot_values(vector, ranges, indices)
-
+    samples = _Samples.of(plan)
     inputs = {name for record in records for name, _ in record.inputs}
-    awaited = inputs - silent if fetch_absent is not None else inputs
-    stall = stall if fetch_absent is not None else None  # else waiting is the only way
-    seen = await _exchange(board, peer, roster_cid, values_of(own), awaited, timeout, stall)
+    fetch_absent = wait.fetch_absent
+    awaited = inputs - wait.silent if fetch_absent is not None else inputs
+    stall = wait.stall if fetch_absent is not None else None  # else waiting is the only way
+    mine = samples.values_of(plan, own)
+    seen = await _exchange(board, peer, plan.roster_cid, mine, awaited, wait.timeout, stall)
     absent = inputs - set(seen)
     if absent and fetch_absent is not None:
-        seen = {**seen, **{name: values_of(v) for name, v in (await fetch_absent(absent)).items()}}
+        fetched = await fetch_absent(absent)
+        seen = {**seen, **{name: samples.values_of(plan, v) for name, v in fetched.items()}}
     suspects = []
-    for k, ((lo, n), record) in enumerate(zip(ranges, records, strict=True)):
+    for k, record in enumerate(records):
         names = [name for name, _ in record.inputs]
         if not all(name in seen for name in names):
             continue  # unverifiable without every input's values: kept as announced
-        if rule == "fedavg":
-            z, total = zs[k], sum(weights[name] for name in names)
-            expected = projection(z, base[lo : lo + n]) + learning_rate * sum(
-                (weights[name] / total) * seen[name][k] for name in names
-            )
-            got = projection(z, results[k])
-            if abs(got - expected) > projection_tolerance(z, results[k], base[lo : lo + n]):
-                suspects.append(k)
-            continue
-        ix, a, b = indices[k], starts[k], starts[k + 1]
-        rows = [np.asarray(seen[name][a:b], np.float32) for name in names]
-        want = reduce_values(
-            rule, base[lo + ix], rows, [weights[name] for name in names], learning_rate
-        )
-        if want.tobytes() != np.ascontiguousarray(results[k][ix]).tobytes():
+        if samples.fails(plan, k, names, seen, results[k]):
             suspects.append(k)
-    return SliceCheck(suspects, seen, zs, indices, starts)
+    return SliceCheck(suspects, seen, samples.zs, samples.indices, samples.starts)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from functools import partial
 
 import numpy as np
 import pytest
 
 from gradfed_ipfs import AgreedConfig, AgreedRoundResult, AgreedSession, verify_agreed_history
+from gradfed_ipfs._types import FloatArray
 from gradfed_ipfs.block import Block
 from gradfed_ipfs.errors import RoundVerificationFailed
 from gradfed_ipfs.federated.agreed.coordinator import coordinator_ranking
@@ -21,13 +22,14 @@ from gradfed_ipfs.federated.agreed.slicing import (
     RobustRule,
     choose_slicing,
 )
-from gradfed_ipfs.federated.sliced.peer import CountingStore, ReduceScatterPeer
+from gradfed_ipfs.federated.sliced import Lying, Silent, SliceFaults
+from gradfed_ipfs.federated.sliced.peer import CountingStore
 from gradfed_ipfs.federated.sliced.plan import reduce_values
 from gradfed_ipfs.formats import PubsubMessage
 from gradfed_ipfs.formats.roster import AgreedMessage, AgreedRecord
 from gradfed_ipfs.formats.slices import SliceRecord
 from gradfed_ipfs.kubo import MemoryPubsubBus, PubsubTransport
-from gradfed_ipfs.storage import MemoryBlockStore, put_gradient
+from gradfed_ipfs.storage import BlockStore, MemoryBlockStore, put_gradient
 from gradfed_ipfs.storage.dag import fetch_manifest
 from gradfed_ipfs.tensor.aggregation import Krum, MultiKrum, TrimmedMean
 from gradfed_ipfs.tensor.bulyan import Bulyan
@@ -70,13 +72,26 @@ class Peers:
         self.counting: list[CountingStore] = []
 
     async def start(
-        self, peers: Sequence[str], members: Sequence[str] = PEERS, d: int = D, **settings: object
+        self,
+        peers: Sequence[str],
+        members: Sequence[str] = PEERS,
+        d: int = D,
+        faults: Mapping[int, SliceFaults] | None = None,
+        **settings: object,
     ) -> object:
+        """Start ``peers`` (``faults``: the reducer hooks of the sessions at those indexes)."""
         genesis = await AgreedSession.commit_genesis(self.store, initial_model(d))
         config = AgreedConfig(members=tuple(members), **{**FAST, **settings})  # type: ignore[arg-type]
-        for peer in peers:
+        for i, peer in enumerate(peers):
             counting = CountingStore(self.store)
-            session = AgreedSession(counting, self.bus.endpoint(peer), "rs", genesis, config)  # type: ignore[arg-type]
+            session = AgreedSession(
+                counting,  # type: ignore[arg-type]
+                self.bus.endpoint(peer),
+                "rs",
+                genesis,  # type: ignore[arg-type]
+                config,
+                faults=(faults or {}).get(i),
+            )
             await session.start(initial_model(d))
             counting.downloaded = 0  # the genesis fetch is not the round's
             self.sessions.append(session)
@@ -247,9 +262,12 @@ async def test_a_silent_reducer_is_taken_over_and_a_dead_peer_does_not_stop_the_
     store, bus = MemoryBlockStore(), MemoryPubsubBus()
     peers = Peers(store, bus)
     genesis = await peers.start(
-        PEERS[:3], aggregation="reduce-scatter", done_timeout=0.0, fetch_timeout=1.0
+        PEERS[:3],
+        aggregation="reduce-scatter",
+        done_timeout=0.0,
+        fetch_timeout=1.0,
+        faults={1: Silent()},  # session 1 never reduces
     )  # the dead peer sends no done and no projections: do not wait long for them
-    peers.sessions[1]._slicing.silent = True  # type: ignore[union-attr]
     dead = PEERS[3]
     contribution = await put_gradient(store, gradient(3, 0), chunk_bytes=CHUNK)
     message = AgreedMessage(
@@ -281,9 +299,10 @@ async def lying_round(
     to what it reduces; return the store, genesis, peers, the liar and the others' results."""
     store, bus = MemoryBlockStore(), MemoryPubsubBus()
     peers = Peers(store, bus)
-    genesis = await peers.start(PEERS, aggregation="reduce-scatter", **settings)
+    genesis = await peers.start(
+        PEERS, aggregation="reduce-scatter", faults={index: Lying(1e-2)}, **settings
+    )
     liar = peers.sessions[index]
-    liar._slicing.lie = 1e-2  # type: ignore[union-attr]
     try:
         results = await peers.round(0)
     finally:
@@ -303,26 +322,24 @@ async def test_a_lying_reducer_is_caught_and_the_honest_peers_exclude_it() -> No
     await verify_agreed_history(store, honest[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
 
 
-async def test_a_reducer_whose_result_is_garbage_is_excluded_and_the_record_reverifies(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    store, bus = MemoryBlockStore(), MemoryPubsubBus()
-    peers = Peers(store, bus)
-    genesis = await peers.start(PEERS, aggregation="reduce-scatter")
-    liar = peers.sessions[2]
-    commit = ReduceScatterPeer._commit_slice
+class GarbageResults(SliceFaults):
+    """A reducer whose slice records are well formed but name a block that is no gradient."""
 
-    async def garbage(self: ReduceScatterPeer, *args: object, **kwargs: object) -> object:
-        block, values = await commit(self, *args, **kwargs)  # type: ignore[arg-type]
-        if self.peer != liar.peer_id:
-            return block, values
+    async def commit(
+        self, store: BlockStore, block: Block, values: FloatArray
+    ) -> tuple[Block, FloatArray]:
         junk = Block.new(b"not a gradient")
-        await self.store.put(junk)
+        await store.put(junk)
         record = dataclasses.replace(SliceRecord.from_block(block), result=junk.cid).to_block()
-        await self.store.put(record)
+        await store.put(record)
         return record, values
 
-    monkeypatch.setattr(ReduceScatterPeer, "_commit_slice", garbage)
+
+async def test_a_reducer_whose_result_is_garbage_is_excluded_and_the_record_reverifies() -> None:
+    store, bus = MemoryBlockStore(), MemoryPubsubBus()
+    peers = Peers(store, bus)
+    genesis = await peers.start(PEERS, aggregation="reduce-scatter", faults={2: GarbageResults()})
+    liar = peers.sessions[2]
     try:
         results = await asyncio.gather(
             *(s.run_round(gradient(i, 0, D), weight=1 + i) for i, s in enumerate(peers.sessions)),
@@ -468,10 +485,10 @@ async def test_a_lie_is_caught_when_a_colluding_sender_withholds_its_check_value
         if peer != withholder:  # nobody hears the withholder's check values
             transport = DropMessages(transport, withholder, "proj", None)
             lossy.append(transport)
-        session = AgreedSession(store, transport, "rs", genesis, config)
+        faults = Lying(1e-2) if peer == liar else None
+        session = AgreedSession(store, transport, "rs", genesis, config, faults=faults)
         await session.start(initial_model())
         sessions.append(session)
-    sessions[2]._slicing.lie = 1e-2  # type: ignore[union-attr]
     try:
         results = await asyncio.gather(
             *(s.run_round(gradient(i, 0), weight=1 + i) for i, s in enumerate(sessions))

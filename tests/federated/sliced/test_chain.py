@@ -13,6 +13,7 @@ from gradfed_ipfs._types import CIDLike
 from gradfed_ipfs.block import Block
 from gradfed_ipfs.cid import parse_cid
 from gradfed_ipfs.errors import BlockTimeout, RoundVerificationFailed
+from gradfed_ipfs.federated.sliced import SliceFaults
 from gradfed_ipfs.federated.sliced.peer import (
     MemorySliceBoard,
     ReduceScatterConfig,
@@ -30,7 +31,7 @@ from gradfed_ipfs.federated.sliced.proofs import (
     partial_lie_proven,
 )
 from gradfed_ipfs.formats.partials import PartialRecord, partial_blocks
-from gradfed_ipfs.formats.slices import FraudRecord, SliceMessage, SliceRecord
+from gradfed_ipfs.formats.slices import FraudRecord, SliceRecord
 from gradfed_ipfs.storage import MemoryBlockStore
 from gradfed_ipfs.storage.base import UNSET, StoreWrapper, Unset
 from gradfed_ipfs.storage.dag import fetch_manifest
@@ -115,23 +116,11 @@ async def test_a_silent_first_step_is_taken_over_by_its_next_ranked_peer() -> No
     assert taken.sender == rankings[0][1]
 
 
-class _GarbagePartials(ReduceScatterPeer):
+class _GarbagePartials(SliceFaults):
     """Announces well-formed partial records whose values are NaN (no finite sum is)."""
 
-    async def _put_partial(self, roster_cid, phase, step, prev, group, missing, weight_sum, acc):  # type: ignore[no-untyped-def]
-        nan = Block.new(np.full(acc.size, np.nan).tobytes())
-        await self.store.put(nan, pin=False)
-        record = PartialRecord(
-            roster=roster_cid, k=step.k, j=step.j, groups=self._groups, offset=step.offset,
-            length=step.length, prev=None if prev is None else prev[0],
-            inputs=tuple((e.peer, e.contribution) for e in group), missing=tuple(sorted(missing)),
-            weight_sum=weight_sum, values=(nan.cid,),
-        )  # fmt: skip
-        block = record.to_block()
-        await self.store.put(block, pin=False)
-        message = SliceMessage("partial", self.peer, roster_cid, phase, step.step, block.cid)
-        await self.board.publish(dataclasses.replace(message, block=block.data))
-        return block.cid, record, acc
+    def partial_blocks(self, k: int, acc: np.ndarray) -> list[Block] | None:
+        return [Block.new(np.full(acc.size, np.nan).tobytes())]
 
 
 async def test_a_garbage_partial_is_computed_again_by_the_next_step() -> None:
@@ -144,7 +133,9 @@ async def test_a_garbage_partial_is_computed_again_by_the_next_step() -> None:
     board = MemorySliceBoard()
     config = chained(phase_timeout=10.0)
     peers = [
-        (_GarbagePartials if p == garbage else ReduceScatterPeer)(p, r.store, board, config)
+        ReduceScatterPeer(
+            p, r.store, board, config, faults=_GarbagePartials() if p == garbage else None
+        )
         for p in r.roster.peers
     ]
     results = await asyncio.gather(

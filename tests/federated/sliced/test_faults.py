@@ -14,6 +14,7 @@ from gradfed_ipfs.errors import MalformedManifest, RoundVerificationFailed
 from gradfed_ipfs.federated.agreed.coordinator import roster_problem
 from gradfed_ipfs.federated.agreed.history import load_record, load_result
 from gradfed_ipfs.federated.exchange.encoded import encode_gradient
+from gradfed_ipfs.federated.sliced import Lying
 from gradfed_ipfs.formats.roster import AgreedMessage, AgreedRecord, Roster
 from gradfed_ipfs.formats.slices import FraudRecord
 from gradfed_ipfs.kubo import MemoryPubsubBus
@@ -38,11 +39,14 @@ async def lie_then_resync() -> tuple[Peers, AgreedSession, CID, list[CID]]:
     """
     peers = Peers(MemoryBlockStore(), MemoryPubsubBus())
     genesis = await peers.start(
-        PEERS[:3], aggregation="reduce-scatter", min_peers=3, collect_timeout=0.5
+        PEERS[:3],
+        aggregation="reduce-scatter",
+        min_peers=3,
+        collect_timeout=0.5,
+        faults={2: Lying(1e-2)},
     )
     try:
         liar = peers.sessions[2]
-        liar._slicing.lie = 1e-2  # type: ignore[union-attr]
         first = await peers.round(0)
         await liar.aclose()
         peers.sessions.remove(liar)
@@ -171,9 +175,9 @@ def test_roster_problem_refuses_a_proven_liar_and_records_stay_backward_compatib
 
 async def test_with_default_min_peers_the_session_goes_on_without_the_proven_liar() -> None:
     peers = Peers(MemoryBlockStore(), MemoryPubsubBus())
-    await peers.start(PEERS, aggregation="reduce-scatter")  # min_peers: every member
-    liar = peers.sessions[2]
-    liar._slicing.lie = 1e-2  # type: ignore[union-attr]
+    await peers.start(  # min_peers: every member
+        PEERS, aggregation="reduce-scatter", faults={2: Lying(1e-2)}
+    )
     try:
         await peers.round(0)
         # The liar still contributes, no roster may list it: before the fix, QuorumNotReached.

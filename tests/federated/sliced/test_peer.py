@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from multiformats import CID
 
-from gradfed_ipfs._types import CIDLike
+from gradfed_ipfs._types import CIDLike, FloatArray
 from gradfed_ipfs.block import Block
-from gradfed_ipfs.federated.sliced.config import SliceWork
+from gradfed_ipfs.federated.sliced import Lying, Silent, SliceFaults
 from gradfed_ipfs.federated.sliced.peer import (
     CountingStore,
     MemorySliceBoard,
@@ -28,7 +28,7 @@ from gradfed_ipfs.federated.sliced.plan import plan_slices, reduce_values, reduc
 from gradfed_ipfs.formats.roster import Roster
 from gradfed_ipfs.formats.slices import FraudRecord, SliceRecord
 from gradfed_ipfs.kubo import MemoryPubsubBus
-from gradfed_ipfs.storage import MemoryBlockStore
+from gradfed_ipfs.storage import BlockStore, MemoryBlockStore
 from gradfed_ipfs.storage.base import UNSET, StoreWrapper, Unset
 from gradfed_ipfs.storage.dag import fetch_manifest, put_gradient, values_per_chunk
 from gradfed_ipfs.tensor.deterministic import deterministic_update
@@ -73,6 +73,13 @@ async def reference(r: Round, without: tuple[str, ...] = ()) -> CID:
     return await put_gradient(MemoryBlockStore(), model)
 
 
+def faults_of(peer: str, lie: dict[str, float] | None, silent: tuple[str, ...]) -> SliceFaults:
+    """The fault hooks ``run_all`` passes to ``peer``."""
+    if peer in silent:
+        return Silent()
+    return Lying((lie or {}).get(peer, 0.0))
+
+
 async def run_all(
     r: Round,
     *,
@@ -84,9 +91,7 @@ async def run_all(
     board = MemorySliceBoard()
     config = config or ReduceScatterConfig(chunk_bytes=CHUNK, learning_rate=LR, phase_timeout=20)
     peers = {
-        p: ReduceScatterPeer(
-            p, r.store, board, config, lie=(lie or {}).get(p, 0.0), silent=p in silent
-        )
+        p: ReduceScatterPeer(p, r.store, board, config, faults=faults_of(p, lie, silent))
         for p in r.roster.peers
         if p not in skip
     }
@@ -167,25 +172,24 @@ async def test_a_lying_reducer_is_proven_and_its_slice_recomputed() -> None:
     assert all(m.cid == fraud.correct and m.sender != liar for m in fixes)
 
 
-class _GarbageResult(ReduceScatterPeer):
+class _GarbageResult(SliceFaults):
     """A reducer whose slice records are well formed but name a block that is no gradient."""
 
-    async def _commit_slice(  # type: ignore[override]
-        self, roster: Roster, roster_cid: CID, part: SliceWork, *args: object, **kwargs: object
-    ) -> tuple[Block, np.ndarray]:
-        block, values = await super()._commit_slice(roster, roster_cid, part, *args, **kwargs)  # type: ignore[arg-type]
+    async def commit(
+        self, store: BlockStore, block: Block, values: FloatArray
+    ) -> tuple[Block, FloatArray]:
         record = SliceRecord.from_block(block)
         junk = Block.new(b"not a gradient")
-        await self.store.put(junk)
+        await store.put(junk)
         garbage = dataclasses.replace(record, result=junk.cid).to_block()
-        await self.store.put(garbage)
+        await store.put(garbage)
         return garbage, values
 
 
 async def run_with_garbage(
-    r: Round, garbage: type[ReduceScatterPeer], chained: bool
+    r: Round, garbage: SliceFaults, chained: bool
 ) -> tuple[str, list[ReduceScatterResult]]:
-    """Run 6 peers, slice 0's writer of class ``garbage``; return it and the others' results.
+    """Run 6 peers, slice 0's writer with hooks ``garbage``; return it and the others' results.
 
     The writer is slice 0's only reducer in one level, its last step's (j = 1 of G = 2)
     chained. Its own round may fail (its records are junk): that is its business.
@@ -195,7 +199,7 @@ async def run_with_garbage(
     board = MemorySliceBoard()
     writer = reducer_rankings(bytes(r.roster_cid), 6, r.roster.peers)[1 if chained else 0][0]
     peers = [
-        (garbage if p == writer else ReduceScatterPeer)(p, r.store, board, config)
+        ReduceScatterPeer(p, r.store, board, config, faults=garbage if p == writer else None)
         for p in r.roster.peers
     ]
     results = await asyncio.gather(
@@ -214,7 +218,7 @@ async def test_a_reducer_whose_result_is_garbage_is_proven_a_liar_and_the_round_
     # Before: every honest peer's run raised the decoder's MalformedArrow (one peer's bytes
     # failed the round). Now the unreadable slice is recomputed like a suspect one.
     r = await make_round(6)
-    liar, honest = await run_with_garbage(r, _GarbageResult, chained)
+    liar, honest = await run_with_garbage(r, _GarbageResult(), chained)
     assert {res.model_cid for res in honest} == {await reference(r)}
     assert all(res.liars == {liar} for res in honest)
     assert len({tuple(res.records) for res in honest}) == 1
@@ -231,15 +235,14 @@ async def test_a_reducer_whose_result_is_garbage_is_proven_a_liar_and_the_round_
     assert fraud.correct in honest[0].records
 
 
-class _GarbageRecord(ReduceScatterPeer):
+class _GarbageRecord(SliceFaults):
     """A reducer whose slice messages name a dag-cbor block that is no slice record."""
 
-    async def _commit_slice(  # type: ignore[override]
-        self, roster: Roster, roster_cid: CID, part: SliceWork, *args: object, **kwargs: object
-    ) -> tuple[Block, np.ndarray]:
-        _, values = await super()._commit_slice(roster, roster_cid, part, *args, **kwargs)  # type: ignore[arg-type]
+    async def commit(
+        self, store: BlockStore, block: Block, values: FloatArray
+    ) -> tuple[Block, FloatArray]:
         junk = Block.new(b"\xa1djunk\x01", "dag-cbor")
-        await self.store.put(junk)
+        await store.put(junk)
         return junk, values
 
 
@@ -250,7 +253,7 @@ async def test_a_slice_whose_only_record_is_garbage_is_reduced_by_every_peer(
     # Its backups saw a record and stood aside; before, every peer's round raised "no
     # announced record is slice k of this round" (one member's bytes failed the round).
     r = await make_round(6)
-    garbage, honest = await run_with_garbage(r, _GarbageRecord, chained)
+    garbage, honest = await run_with_garbage(r, _GarbageRecord(), chained)
     assert {res.model_cid for res in honest} == {await reference(r)}
     assert len({tuple(res.records) for res in honest}) == 1
     assert all(res.missing == () for res in honest)
@@ -352,9 +355,9 @@ async def test_a_round_over_pubsub_boards_catches_a_liar_and_drops_forged_messag
         bus.deliver("intruder", topic, b"\xff" * 10)
         results = await asyncio.gather(
             *(
-                ReduceScatterPeer(p, r.store, b, config, lie=1e-2 if p == liar else 0.0).run(
-                    r.roster, r.roster_cid, r.base, r.grads[p]
-                )
+                ReduceScatterPeer(
+                    p, r.store, b, config, faults=Lying(1e-2) if p == liar else None
+                ).run(r.roster, r.roster_cid, r.base, r.grads[p])
                 for p, b in zip(r.roster.peers, boards, strict=True)
             )
         )

@@ -15,6 +15,7 @@ from gradfed_ipfs.block import Block
 from gradfed_ipfs.cid import DAG_CBOR
 from gradfed_ipfs.errors import RoundVerificationFailed
 from gradfed_ipfs.federated.agreed.history import load_record, verify_agreed_round
+from gradfed_ipfs.federated.sliced import Lying
 from gradfed_ipfs.federated.sliced.peer import ReduceScatterResult
 from gradfed_ipfs.federated.sliced.retention import UnpinnedPuts, keep_slice_blocks
 from gradfed_ipfs.formats.slices import FraudRecord, SliceRecord
@@ -75,8 +76,17 @@ async def test_sliced_rounds_under_retention_keep_records_drop_old_slices_and_re
         model_every=1,  # every base stored: the window is exactly K rounds
         **{**FAST, "collect_timeout": 0.3},  # type: ignore[arg-type]
     )
+    lying = Lying(0.0)  # session 2 lies in round 1 only
     sessions = [
-        AgreedSession(store, bus.endpoint(p), "rs", genesis, config, retention=keeper)
+        AgreedSession(
+            store,
+            bus.endpoint(p),
+            "rs",
+            genesis,
+            config,
+            retention=keeper,
+            faults=lying if p == PEERS[2] else None,
+        )
         for p in PEERS
     ]
     results: list[list[AgreedRoundResult]] = []
@@ -84,7 +94,7 @@ async def test_sliced_rounds_under_retention_keep_records_drop_old_slices_and_re
         for s in sessions:
             await s.start(initial_model())
         for r in range(ROUNDS):
-            sessions[2]._slicing.lie = 1e-2 if r == 1 else 0.0  # type: ignore[union-attr]
+            lying.amount = 1e-2 if r == 1 else 0.0
             results.append(
                 list(
                     await asyncio.gather(

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+from typing import TypeVar
 
 import numpy as np
 import pytest
 from multiformats import CID
 
 from gradfed_ipfs.federated.agreed.slicing import RobustRule
+from gradfed_ipfs.federated.sliced import Lying, SliceFaults
 from gradfed_ipfs.federated.sliced.peer import (
     MemorySliceBoard,
     ReduceScatterConfig,
@@ -19,31 +20,27 @@ from gradfed_ipfs.federated.sliced.peer import (
 )
 from gradfed_ipfs.federated.sliced.plan import reduce_values
 from gradfed_ipfs.federated.sliced.spot import spot_count, spot_indices
-from gradfed_ipfs.formats.slices import FraudRecord, SliceRecord
+from gradfed_ipfs.formats.slices import FraudRecord
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore, put_gradient
 from gradfed_ipfs.tensor.aggregation import Median
 from tests.federated.agreed.test_sliced import Peers, gradient, initial_model
 from tests.federated.sliced.test_peer import CHUNK, LR, Round, make_round
 
+A = TypeVar("A", bound=np.ndarray)
 
-class PartialLiar(ReduceScatterPeer):
-    """A reducer that, when it serves a slice (``lie`` set), alters ``altered`` of its values."""
 
-    altered = 0
+class PartialLiar(SliceFaults):
+    """A reducer that, when it serves a slice, alters ``altered`` of its values."""
 
-    async def _reduce(self, roster, roster_cid, base, own, part, exclude, lie=0.0):  # type: ignore[no-untyped-def]
-        block, values = await super()._reduce(roster, roster_cid, base, own, part, exclude)
-        if not lie:
-            return block, values
-        record = SliceRecord.from_block(block)
+    def __init__(self, altered: int) -> None:
+        self.altered = altered
+
+    def alter(self, k: int, values: A) -> A:
         wrong = values.copy()
-        where = np.random.default_rng(part.k).choice(wrong.size, self.altered, replace=False)
-        wrong[where] += np.float32(1.0)
-        result = await put_gradient(self.store, wrong, chunk_bytes=self.config.chunk_bytes)
-        forged = dataclasses.replace(record, result=result).to_block()
-        await self.store.put(forged)
-        return forged, wrong
+        where = np.random.default_rng(k).choice(wrong.size, self.altered, replace=False)
+        wrong[where] += wrong.dtype.type(1.0)
+        return wrong
 
 
 async def run(
@@ -53,12 +50,8 @@ async def run(
     config = ReduceScatterConfig(chunk_bytes=CHUNK, learning_rate=LR, rule=rule, phase_timeout=20)
     peers = {}
     for p in r.roster.peers:
-        if p == liar:
-            peer = PartialLiar(p, r.store, board, config, lie=1.0)
-            peer.altered = altered
-        else:
-            peer = ReduceScatterPeer(p, r.store, board, config)
-        peers[p] = peer
+        faults = PartialLiar(altered) if p == liar else None
+        peers[p] = ReduceScatterPeer(p, r.store, board, config, faults=faults)
     results = await asyncio.gather(
         *(peer.run(r.roster, r.roster_cid, r.base, r.grads[p]) for p, peer in peers.items())
     )
@@ -149,9 +142,9 @@ async def test_an_agreed_median_round_catches_and_excludes_a_lying_reducer() -> 
         peers=("peer-a", "peer-b", "peer-c", "peer-d"),
         aggregation="reduce-scatter",
         rule=RobustRule(Median()),
+        faults={3: Lying(1e-3)},
     )
     liar = peers.sessions[3]
-    liar._slicing.lie = 1e-3  # type: ignore[union-attr]
     try:
         results = await peers.round(0)
     finally:

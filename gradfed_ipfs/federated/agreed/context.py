@@ -1,0 +1,165 @@
+"""What one agreed round carries from step to step, and how a peer's messages are announced.
+
+:class:`RoundContext` is fixed when the round starts (its base, the proven liars it excludes,
+this peer's contribution, the coordinator ranking) and handed to every collaborator of
+:class:`~.session.AgreedSession`; only its ``rejected`` map grows as the round goes on.
+:class:`AdoptedRoster` and :class:`Aggregated` are what the roster and aggregate steps hand on.
+:class:`SessionMessages` builds this peer's :class:`~gradfed_ipfs.formats.roster.AgreedMessage`
+and keeps re-announcing the ones it still owes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from multiformats import CID
+
+from ..._types import FloatArray
+from ...block import Block
+from ...formats.roster import AgreedMessage, MessageKind, Roster
+from ..exchange.announcer import Reannouncer
+from ..sliced.peer import ReduceScatterResult
+from ..sliced.retention import SliceBlocks
+from .config import AgreedConfig
+
+__all__ = ["AdoptedRoster", "Aggregated", "OwnContribution", "RoundContext", "SessionMessages"]
+
+
+@dataclass(frozen=True)
+class OwnContribution:
+    """A peer's own contribution to a round: its CID, values and weight, and its put."""
+
+    cid: CID
+    values: FloatArray
+    weight: int
+    stored: asyncio.Future[CID]
+    """The put of its blocks (started with the announcement; its failure is the round's)."""
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """One agreed round as this peer started it.
+
+    Attributes
+    ----------
+    number
+        The round.
+    config
+        The session's settings as the round started (a caller may replace
+        ``AgreedSession.config`` between rounds, e.g. to raise ``min_peers``).
+    peer
+        This peer's ID.
+    base, base_model, rule_state
+        The model the round starts from (CID and values) and the update rule's state.
+    head
+        The record the round follows (``None`` before the first round's record).
+    excluded
+        Proven liars (the head record's): no roster of this round may list them.
+    own
+        This peer's contribution.
+    ranking
+        The round's coordinator ranking (rank 0 publishes the roster).
+    started
+        ``time.monotonic()`` when the round started.
+    rejected
+        Peer (or ``roster <cid>``) → reason, for what was refused this round (grows).
+    """
+
+    number: int
+    config: AgreedConfig
+    peer: str
+    base: CID
+    base_model: FloatArray
+    rule_state: FloatArray | None
+    head: CID | None
+    excluded: frozenset[str]
+    own: OwnContribution
+    ranking: tuple[str, ...]
+    started: float
+    rejected: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def rank(self) -> int:
+        """Return this peer's coordinator rank in the round."""
+        return self.ranking.index(self.peer)
+
+    @property
+    def d(self) -> int:
+        """The model's length."""
+        return int(self.base_model.size)
+
+
+@dataclass(frozen=True)
+class AdoptedRoster:
+    """The roster a round adopted, with its block and (all-to-all) its contributions' values.
+
+    ``gradients`` is ``None`` in a reduce-scatter round: only the roots were checked.
+    """
+
+    cid: CID
+    roster: Roster
+    block: Block
+    gradients: tuple[FloatArray, ...] | None
+
+
+@dataclass(frozen=True)
+class Aggregated:
+    """A round's new model, the update rule's new state, and the reduce-scatter outcome."""
+
+    model: FloatArray
+    state: FloatArray | None
+    sliced: ReduceScatterResult | None
+    kept: SliceBlocks | None = None
+    """Under retention, what a sliced round leaves for the keeper."""
+
+
+class SessionMessages:
+    """Build this peer's messages of one session and re-announce those it owes.
+
+    Parameters
+    ----------
+    session, genesis
+        The session's name and genesis CID.
+    peer
+        This peer's ID.
+    announcer
+        The session's re-announcer (its ``run`` task is the session's).
+    """
+
+    def __init__(self, session: str, genesis: CID, peer: str, announcer: Reannouncer) -> None:
+        self._session, self._genesis, self._peer = session, genesis, peer
+        self._announcer = announcer
+
+    def make(
+        self,
+        kind: MessageKind,
+        round_number: int,
+        cid: CID,
+        *,
+        base: CID | None = None,
+        weight: int | None = None,
+        record: CID | None = None,
+        inline: bytes | None = None,
+    ) -> AgreedMessage:
+        """Return this peer's message of ``kind`` about ``cid`` in ``round_number``."""
+        return AgreedMessage(
+            kind, self._session, self._genesis, round_number, self._peer, cid, base, weight,
+            record, inline,
+        )  # fmt: skip
+
+    async def post(self, key: str, message: AgreedMessage) -> None:
+        """Announce now and keep re-announcing under ``key`` until replaced or withdrawn."""
+        await self._announcer.post(key, message.encode())
+
+    async def post_now(self, key: str, message: AgreedMessage) -> None:
+        """Announce before returning (the daemon has it), then re-announce like :meth:`post`."""
+        await self._announcer.post_now(key, message.encode())
+
+    def withdraw(self, key: str) -> None:
+        """Stop re-announcing ``key``."""
+        self._announcer.withdraw(key)
+
+    async def done(self, round_number: int, result: CID, record: CID) -> None:
+        """Announce (and keep announcing) this peer's head: round ``round_number``'s record."""
+        await self.post("done", self.make("done", round_number, result, record=record))
