@@ -167,37 +167,60 @@ def _follow(
         except queue.Empty:
             run.failure = "deadline passed with peers still running"
             return
-        peer = run.peers[i]
-        if event is None:  # its stdout ended: it exited (reaped below)
-            running.discard(i)
-            try:
-                code = children[i].proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                code = -1  # it closed its stdout but runs on: stopped below
-            if code != 0:
-                peer.error = peer.error or _last_line(children[i].stderr_tail())
-                run.failure = f"peer {i} exited with status {code}: {peer.error}"
-                return
-        elif event["event"] == "start":
-            peer.start = event
-            if i == 0:
-                run.losses.append(float(event["loss"]))
-            log(f"  peer {i} joined as {event['peer']}: {event['samples']} samples")
-        elif event["event"] == "round":
-            r = int(event["round"])
-            if i == 0:
-                run.losses.append(float(event["loss"]))
-            reported.setdefault(r, set()).add(i)
-            if len(reported[r]) == len(children):
-                log(
-                    f"round {r + 1}/{run.rounds}: model {event['model']}, "
-                    f"{event['peers']} contributions, loss {event['loss']:.4f}"
-                )
-        elif event["event"] == "final":
-            peer.final = event
-            log(f"peer {i} (pid {peer.pid}) final model {event['model']}")
-        elif event["event"] == "error":
-            peer.error = f"{event['kind']}: {event['message']}"
+        if event is not None:
+            _record(run, reported, len(children), i, event, log)
+            continue
+        running.discard(i)  # its stdout ended: it exited (reaped here)
+        if not _exited_cleanly(run, children[i], i):
+            return
+
+
+def _exited_cleanly(run: DemoRun, child: JsonLinesChild, i: int) -> bool:
+    """Reap peer ``i`` whose output ended; on a non-zero status record the run's failure."""
+    peer = run.peers[i]
+    try:
+        code = child.proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        code = -1  # it closed its stdout but runs on: stopped by the caller
+    if code == 0:
+        return True
+    peer.error = peer.error or _last_line(child.stderr_tail())
+    run.failure = f"peer {i} exited with status {code}: {peer.error}"
+    return False
+
+
+def _record(
+    run: DemoRun,
+    reported: dict[int, set[int]],
+    peers: int,
+    i: int,
+    event: Event,
+    log: Callable[[str], None],
+) -> None:
+    """Take one event of peer ``i``: its start, a round, its final model or its error.
+
+    A round is logged once all ``peers`` have reported it.
+    """
+    peer = run.peers[i]
+    kind = event["event"]
+    if kind in ("start", "round") and i == 0:
+        run.losses.append(float(event["loss"]))
+    if kind == "start":
+        peer.start = event
+        log(f"  peer {i} joined as {event['peer']}: {event['samples']} samples")
+    elif kind == "round":
+        r = int(event["round"])
+        reported.setdefault(r, set()).add(i)
+        if len(reported[r]) == peers:
+            log(
+                f"round {r + 1}/{run.rounds}: model {event['model']}, "
+                f"{event['peers']} contributions, loss {event['loss']:.4f}"
+            )
+    elif kind == "final":
+        peer.final = event
+        log(f"peer {i} (pid {peer.pid}) final model {event['model']}")
+    elif kind == "error":
+        peer.error = f"{event['kind']}: {event['message']}"
 
 
 @contextlib.contextmanager
