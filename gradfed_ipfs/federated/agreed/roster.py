@@ -29,6 +29,7 @@ from ...errors import (
 from ...formats.roster import MAX_INLINE_BYTES, AgreedRecord, Roster
 from ...storage.base import BlockStore
 from ..exchange.fetcher import ContributionFetcher, is_transient
+from ..exchange.records import carried_or_fetched
 from .context import AdoptedRoster, RoundContext, SessionMessages
 from .coordinator import MAX_ROUNDS_AHEAD, RoundBoard, RoundState, effective_quorum, roster_problem
 from .history import load_record
@@ -314,9 +315,7 @@ class RosterPhase:
         known = self._rosters.get(bytes(cid))
         if known is None:
             carried = self._board.inline.get(bytes(cid))
-            if carried is not None:
-                block = Block.from_parts(cid, carried[1])
-            else:
-                block = await self._store.get(cid, timeout=timeout)
+            inline = None if carried is None else carried[1]
+            block = await carried_or_fetched(self._store, cid, inline, timeout=timeout)
             known = self._rosters[bytes(cid)] = (Roster.from_block(block), block)
         return known[0]

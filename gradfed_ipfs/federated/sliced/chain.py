@@ -71,6 +71,7 @@ from ...formats.roster import RosterEntry
 from ...formats.slices import SliceMessage, SliceRecord
 from ...storage.base import Block, put_many
 from ...tensor.deterministic import finish_update
+from ..exchange.records import carried_or_fetched
 from .config import SliceWork
 from .context import SliceRound
 from .plan import chain_senders, chain_sum, plan_slices, reducer_rankings
@@ -368,12 +369,7 @@ class ChainRound:
         timeout = self._reducer.config.fetch_timeout
         cid = cast(CID, message.cid)
         try:
-            block = None
-            if message.block is not None:
-                with contextlib.suppress(BlockCorrupt):
-                    block = Block.from_parts(cid, message.block)
-            if block is None:
-                block = await store.get(cid, timeout=timeout)
+            block = await carried_or_fetched(store, cid, message.block, timeout=timeout)
             record = PartialRecord.from_block(block)
             place = (record.roster, record.k, record.j, record.groups, record.offset, record.length)
             if place != (ctx.roster_cid, step.k, step.j, self._groups, step.offset, step.length):

@@ -10,7 +10,6 @@ its fault hooks (:mod:`.faults`) are the only place a test or benchmark makes it
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from typing import cast
 
@@ -19,7 +18,6 @@ from multiformats import CID
 
 from ..._types import FloatArray
 from ...errors import (
-    BlockCorrupt,
     BlockStoreError,
     DecodeError,
     GradientError,
@@ -29,6 +27,7 @@ from ...formats.slices import SliceInputs, SliceMessage, SliceRecord
 from ...storage.base import Block
 from ...storage.dag import put_gradient
 from ...storage.retention import put_pinned_alone
+from ..exchange.records import carried_or_fetched
 from .config import ReduceScatterConfig, SliceWork
 from .context import SliceRound
 from .faults import SliceFaults
@@ -254,12 +253,8 @@ class Reducer:
     ) -> SliceRecord:
         """Return the record a ``slice`` message names: its inline bytes, else fetched by CID."""
         cid = cast(CID, message.cid)
-        block = None
-        if message.block is not None:
-            with contextlib.suppress(BlockCorrupt):  # a forged inline copy: fetch the record
-                block = Block.from_parts(cid, message.block)
-        if block is None:
-            block = await self.store.get(cid, timeout=self.config.fetch_timeout)
+        timeout = self.config.fetch_timeout
+        block = await carried_or_fetched(self.store, cid, message.block, timeout=timeout)
         record = SliceRecord.from_block(block, expected)
         ctx.records_read[bytes(cid)] = block  # for the retention keeper: put, not fetched
         return record
