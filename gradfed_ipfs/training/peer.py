@@ -16,8 +16,8 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
@@ -210,6 +210,21 @@ class FederationConfig(Generic[M]):
             raise ConfigError("learning_rate must be finite")
 
 
+@dataclass
+class _LocalWork:
+    """What this peer computes in one round before the agreed step (its inputs to it)."""
+
+    round: int
+    timings: dict[str, float] = field(default_factory=dict)
+    eval_samples: int = 0
+    eval_loss: float = 0.0
+    eval_metrics: dict[str, float] = field(default_factory=dict)
+    update: FloatArray | None = None
+    fit_samples: int = 0
+    fit_metrics: dict[str, float] = field(default_factory=dict)
+    secured: SecureFit | None = None
+
+
 class Peer(Generic[M]):
     """One member of a training session (see the module docstring).
 
@@ -365,64 +380,25 @@ class Peer(Generic[M]):
         history.seconds = time.monotonic() - started
         return history
 
-    async def _round(self, session: AgreedSession) -> RoundEntry:  # noqa: PLR0915 - reshaped in parallel (Node.session)
+    async def _round(self, session: AgreedSession) -> RoundEntry:
+        """One agreed round: evaluate, train if sampled (under SecAgg if set), contribute."""
         r, base = session.round, session.model_cid
         params = self.layout.split(session.model)[0]
         config = self.rule.config(r)
         config_block = self.rule.config_block(r)
         await self.store.put(config_block)
         sampled = self.rule.sampled(session.session, session.genesis, r, base)
-        timings: dict[str, float] = {}
-        eval_samples, eval_loss, eval_metrics = 0, 0.0, dict[str, float]()
-        if self.client.evaluate is not None:
-            t = time.monotonic()
-            try:
-                loss, n, metrics = await asyncio.to_thread(
-                    self.client.evaluate, self.adapter.from_vector(params.copy()), dict(config)
-                )
-                eval_samples, eval_loss, eval_metrics = _checked(n), float(loss), dict(metrics)
-            except Exception as exc:  # a failing client is this peer's failure, not the round's
-                logger.warning("round %d: evaluate failed: %s", r, exc)
-            timings["evaluate"] = time.monotonic() - t
-        update: FloatArray | None = None
-        fit_samples, fit_metrics = 0, dict[str, float]()
+        local = _LocalWork(round=r)
+        await self._evaluate(local, params, config)
         if session.peer_id in sampled:
-            t = time.monotonic()
-            try:
-                update, fit_samples, fit_metrics = await asyncio.to_thread(
-                    self._train, params, config
-                )
-            except Exception as exc:  # reported as this round's failure
-                logger.warning("round %d: train failed: %s", r, exc)
-            timings["train"] = time.monotonic() - t
-        secured: SecureFit | None = None
-        if isinstance(self.strategy, SecAgg) and session.peer_id in sampled:
-            t = time.monotonic()
-            secured = await secure_fit(
-                self.strategy, self.layout, self.store, self.pubsub, session, sampled,
-                update, fit_samples, fit_metrics,
-            )  # fmt: skip
-            update, fit_samples, fit_metrics = None, 0, {}  # never in the clear
-            timings["secagg"] = time.monotonic() - t
-        try:
-            vector = self.layout.contribution(
-                update, fit_samples=fit_samples, fit_metrics=fit_metrics,
-                eval_samples=eval_samples, eval_loss=eval_loss, eval_metrics=eval_metrics,
-            )  # fmt: skip
-        except InvalidGradient as exc:
-            logger.warning("round %d: unusable client output: %s", r, exc)
-            vector = self.layout.contribution(None)
-        weight = fit_samples if update is not None else max(1, eval_samples)
-        if secured is not None and secured.samples > 0:  # this peer aggregated the secure sum
-            vector = secure_contribution(
-                self.layout, secured, eval_samples=eval_samples, eval_loss=eval_loss,
-                eval_metrics=eval_metrics,
-            )  # fmt: skip
-            weight = secured.samples
+            await self._fit(local, params, config)
+            if isinstance(self.strategy, SecAgg):
+                await self._secure_fit(local, self.strategy, session, sampled)
+        vector, weight = self._contribution(local)
         result = await session.run_round(vector, weight=weight)
-        timings["round"] = result.seconds
+        local.timings["round"] = result.seconds
         summary = self.layout.summary(session.model)
-        released = secured is not None and secured.samples > 0
+        released = local.secured is not None and local.secured.samples > 0
         if isinstance(self.strategy, SecAgg) and summary.results and not released:
             self.strategy.charge()  # the sum another peer released
         entry = RoundEntry(
@@ -432,7 +408,7 @@ class Peer(Generic[M]):
             failures=max(0, len(sampled) - summary.results),
             fit_samples=summary.fit_samples, fit_metrics=summary.fit_metrics,
             eval_samples=summary.eval_samples, eval_loss=summary.eval_loss,
-            eval_metrics=summary.eval_metrics, timings=timings,
+            eval_metrics=summary.eval_metrics, timings=local.timings,
             epsilon=self._epsilon(),
             secure=list(summary.secure) if isinstance(self.strategy, SecAgg) else None,
         )  # fmt: skip
@@ -440,8 +416,67 @@ class Peer(Generic[M]):
             t = time.monotonic()
             loss, metrics = self.config.evaluate_fn(self.model, r + 1)
             entry.local_loss, entry.local_metrics = float(loss), dict(metrics)
-            timings["local_evaluate"] = time.monotonic() - t
+            local.timings["local_evaluate"] = time.monotonic() - t
         return entry
+
+    async def _evaluate(self, local: _LocalWork, params: FloatArray, config: Config) -> None:
+        """Evaluate the global model on local data, if the client can (federated evaluation)."""
+        if self.client.evaluate is None:
+            return
+        t = time.monotonic()
+        try:
+            loss, n, metrics = await asyncio.to_thread(
+                self.client.evaluate, self.adapter.from_vector(params.copy()), dict(config)
+            )
+            local.eval_samples, local.eval_loss = _checked(n), float(loss)
+            local.eval_metrics = dict(metrics)
+        except Exception as exc:  # a failing client is this peer's failure, not the round's
+            logger.warning("round %d: evaluate failed: %s", local.round, exc)
+        local.timings["evaluate"] = time.monotonic() - t
+
+    async def _fit(self, local: _LocalWork, params: FloatArray, config: Config) -> None:
+        """Train a copy of the global model (this peer is sampled)."""
+        t = time.monotonic()
+        try:
+            local.update, local.fit_samples, local.fit_metrics = await asyncio.to_thread(
+                self._train, params, config
+            )
+        except Exception as exc:  # reported as this round's failure
+            logger.warning("round %d: train failed: %s", local.round, exc)
+        local.timings["train"] = time.monotonic() - t
+
+    async def _secure_fit(
+        self, local: _LocalWork, secagg: SecAgg, session: AgreedSession, sampled: Sequence[str]
+    ) -> None:
+        """Send this peer's fit through the SecAgg round; it is never contributed in the clear."""
+        t = time.monotonic()
+        local.secured = await secure_fit(
+            secagg, self.layout, session, sampled,
+            local.update, local.fit_samples, local.fit_metrics,
+        )  # fmt: skip
+        local.update, local.fit_samples, local.fit_metrics = None, 0, {}
+        local.timings["secagg"] = time.monotonic() - t
+
+    def _contribution(self, local: _LocalWork) -> tuple[FloatArray, int]:
+        """Return this peer's contribution vector and its weight."""
+        secured = local.secured
+        if secured is not None and secured.samples > 0:  # this peer aggregated the secure sum
+            vector = secure_contribution(
+                self.layout, secured, eval_samples=local.eval_samples,
+                eval_loss=local.eval_loss, eval_metrics=local.eval_metrics,
+            )  # fmt: skip
+            return vector, secured.samples
+        try:
+            vector = self.layout.contribution(
+                local.update, fit_samples=local.fit_samples, fit_metrics=local.fit_metrics,
+                eval_samples=local.eval_samples, eval_loss=local.eval_loss,
+                eval_metrics=local.eval_metrics,
+            )  # fmt: skip
+        except InvalidGradient as exc:
+            logger.warning("round %d: unusable client output: %s", local.round, exc)
+            vector = self.layout.contribution(None)
+        weight = local.fit_samples if local.update is not None else max(1, local.eval_samples)
+        return vector, weight
 
     def _epsilon(self) -> float | None:
         """ε spent so far: SecAgg's central DP if set, else this peer's local DP."""

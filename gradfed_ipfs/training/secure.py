@@ -363,11 +363,9 @@ async def run_secure_fit(
     return last if isinstance(last, SecureRoundResult) else None
 
 
-async def secure_fit(  # noqa: PLR0913 - its caller TrainingPeer._round is reshaped in parallel
+async def secure_fit(
     secagg: SecAgg,
     layout: VectorLayout,
-    store: BlockStore,
-    pubsub: PubsubTransport,
     session: AgreedSession,
     sampled: Sequence[str],
     update: FloatArray | None,
@@ -388,7 +386,7 @@ async def secure_fit(  # noqa: PLR0913 - its caller TrainingPeer._round is resha
     config = secagg.protocol_config(
         session.session, session.genesis, session.model_cid, session.round, sampled, masked.size
     )
-    result = await run_secure_fit(secagg, store, pubsub, config, masked)
+    result = await run_secure_fit(secagg, session.store, session.pubsub, config, masked)
     if result is None:
         return None
     fit = unmasked_fit(layout, result.total, result.survivors, secagg.max_weight)
