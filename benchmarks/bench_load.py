@@ -439,7 +439,7 @@ async def run_reduce_scatter(
             phase_timeout=timeout,
             chained=chained,
         )
-        board = MemorySliceBoard()
+        board = MemorySliceBoard(members=names)
         runners = {
             names[i]: ReduceScatterPeer(
                 names[i],

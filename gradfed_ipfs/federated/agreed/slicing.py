@@ -267,7 +267,13 @@ class SliceStep:
 
     async def start(self, peer: str) -> None:
         """Subscribe to the slice board as ``peer`` and start re-announcing."""
-        self._board = PubsubSliceBoard(self._pubsub, self._topic, peer, announcer=self._announcer)
+        self._board = PubsubSliceBoard(
+            self._pubsub,
+            self._topic,
+            peer,
+            members=self.config.members,
+            announcer=self._announcer,
+        )
         await self._board.__aenter__()
         self._task = asyncio.create_task(self._announcer.run())
 

@@ -1,7 +1,10 @@
 """Reduce-scatter I/O helpers: slice boards, a download-counting store, ranged fetches.
 
 * :class:`MemorySliceBoard`: one in-process board shared by peers simulated in one process;
-  :class:`PubsubSliceBoard`: one peer's board over pubsub (``from`` names the sender).
+  :class:`PubsubSliceBoard`: one peer's board over pubsub (``from`` names the sender). Both
+  keep messages from the session's members only, at most :func:`member_cap` from each, and
+  count what they refuse by reason in ``dropped`` (as the agreed topic's
+  :class:`~gradfed_ipfs.federated.agreed.coordinator.RoundBoard` does).
 * :class:`CountingStore`: counts the bytes ``get`` returns (a peer's downloads).
 * :func:`fetch_range`: values ``offset … offset+length`` of a gradient, fetching only the chunks
   of its DAG that cover them.
@@ -11,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Collection
+from typing import Final
 
 import numpy as np
 from multiformats import CID
@@ -43,9 +48,36 @@ __all__ = [
     "CountingStore",
     "MemorySliceBoard",
     "PubsubSliceBoard",
+    "SLICE_ROSTERS_HELD",
     "fetch_range",
     "fetch_whole",
+    "member_cap",
 ]
+
+logger = logging.getLogger("gradfed_ipfs.federated.reduce_scatter")
+
+SLICE_ROSTERS_HELD: Final = 2
+"""Rosters whose messages one member has on a board at once: this round's, and the next one's
+heard early from a faster peer (an honest member posts about one roster a round, and
+:meth:`MemorySliceBoard.forget` drops the others at each round's start)."""
+
+
+def member_cap(members: int) -> int:
+    """Return how many messages a board keeps from one member of a ``members``-peer session.
+
+    It is what an honest member posts about :data:`SLICE_ROSTERS_HELD` rosters of ``N <=
+    members`` peers, each at most once (a re-publication is a duplicate, not kept again):
+
+    * per phase, one ``slice`` (or ``partial``) message per step it reduces, every step at
+      worst (a backup takes over any it is ranked for, and every peer is ranked for every
+      one): ``N`` slices one-level, ``S·G < N + G <= 2·N`` steps chained (``S = ⌈N/G⌉``);
+    * at most ``N`` phases (each after the first excludes one more of the ``N`` senders);
+    * per slice one phase ``-1`` re-announcement and one ``fraud``; one ``proj``.
+
+    That is ``2·N² + 2·N + 1`` per roster: 41 for 4 peers, 82 kept (at most 64 KiB each).
+    """
+    per_roster = members * 2 * members + 2 * members + 1
+    return SLICE_ROSTERS_HELD * per_roster
 
 
 def _key(cid: CID) -> tuple[int, bytes]:
@@ -63,10 +95,22 @@ class MemorySliceBoard:
     """In-process board: every message reaches every peer, in publication order.
 
     A message heard again (a re-publication) is dropped; :meth:`forget` drops other rounds'.
+    A message is kept only from a member, and at most :func:`member_cap` from each; a refused
+    one is counted in :attr:`dropped` (``stranger``, ``flood``) and not remembered as heard,
+    so a re-publication of it is taken once :meth:`forget` has made room.
+
+    Parameters
+    ----------
+    members
+        The session's peers (a round's roster is among them).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, members: Collection[str]) -> None:
+        self.members = frozenset(members)
+        self.cap = member_cap(len(self.members))
+        self.dropped: Counter[str] = Counter()
         self.messages: list[SliceMessage] = []
+        self._kept: Counter[str] = Counter()
         self._seen: set[tuple[object, ...]] = set()
         self._slices: dict[tuple[tuple[int, bytes], int, int, str], list[SliceMessage]] = {}
         self._filled: dict[tuple[tuple[int, bytes], int], int] = {}
@@ -87,16 +131,34 @@ class MemorySliceBoard:
     def forget(self, keep: CID) -> None:
         """Drop every message that is not about roster ``keep`` (earlier rounds')."""
         self.messages = [m for m in self.messages if m.roster == keep]
+        self._kept = Counter(m.sender for m in self.messages)
         self._seen = {_identity(m) for m in self.messages}
         self._slices = {key: v for key, v in self._slices.items() if key[0] == _key(keep)}
         self._filled = {key: v for key, v in self._filled.items() if key[0] == _key(keep)}
 
+    def _refuse(self, reason: str, sender: str) -> None:
+        """Count a refused message; log the 1st, 2nd, 4th, 8th... of a reason."""
+        self.dropped[reason] += 1
+        count = self.dropped[reason]
+        if count & (count - 1) == 0:
+            logger.warning(
+                "slice board: %d message(s) refused (%s), last from %s", count, reason, sender
+            )
+
     async def _add(self, message: SliceMessage) -> None:
+        sender = message.sender
+        if sender not in self.members:
+            self._refuse("stranger", sender)
+            return
         heard = _identity(message)
         if heard in self._seen:
             return
+        if self._kept[sender] >= self.cap:
+            self._refuse("flood", sender)
+            return
         async with self._changed:
             self._seen.add(heard)
+            self._kept[sender] += 1
             self.messages.append(message)
             if message.kind in ("slice", "partial"):
                 key = (_key(message.roster), message.phase, message.k, message.kind)
@@ -119,7 +181,8 @@ class PubsubSliceBoard(MemorySliceBoard):
     """One peer's board over pubsub: what it publishes, plus what it hears from others.
 
     Messages carry no sender; pubsub's authenticated ``from`` is used, so a peer cannot speak
-    for another. Malformed messages are dropped. Use as ``async with``: it listens meanwhile.
+    for another. A non-member's messages are dropped before they are decoded, and malformed
+    ones are dropped. Use as ``async with``: it listens meanwhile.
     Without an ``announcer`` lost messages are not re-published (a lost ``slice`` costs a
     takeover, a lost ``proj`` leaves slices unverified); with one (a running
     :class:`~.announcer.Reannouncer` on ``topic``) each message is re-published until
@@ -132,9 +195,10 @@ class PubsubSliceBoard(MemorySliceBoard):
         topic: str,
         peer: str,
         *,
+        members: Collection[str],
         announcer: Reannouncer | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(members=members)
         self.transport = transport
         self.topic = topic
         self.peer = peer
@@ -157,6 +221,9 @@ class PubsubSliceBoard(MemorySliceBoard):
         async for message in messages:
             if message.from_peer == self.peer:
                 continue  # our own, already added when published
+            if message.from_peer not in self.members:
+                self._refuse("stranger", message.from_peer)  # not worth decoding
+                continue
             try:
                 await self._add(SliceMessage.decode(message.data, message.from_peer))
             except MalformedAnnouncement:

@@ -130,7 +130,7 @@ async def test_a_garbage_partial_is_computed_again_by_the_next_step() -> None:
     groups = 2
     rankings = reducer_rankings(bytes(r.roster_cid), 4 * groups, r.roster.peers)
     garbage = rankings[0][0]  # step (0, 0): read by step (0, 1) only
-    board = MemorySliceBoard()
+    board = MemorySliceBoard(members=r.roster.peers)
     config = chained(phase_timeout=10.0)
     peers = [
         ReduceScatterPeer(
@@ -220,7 +220,7 @@ async def test_a_dead_sender_costs_one_fetch_timeout_and_no_takeover_wait() -> N
     config = chained(
         chain_groups=groups, fetch_timeout=0.5, reducer_timeout=60.0, phase_timeout=10.0
     )  # waiting reducer_timeout once would fail the phase
-    board, asked = MemorySliceBoard(), set[str]()
+    board, asked = MemorySliceBoard(members=r.roster.peers), set[str]()
     live = [p for p in r.roster.peers if p != dead]
     peers = [ReduceScatterPeer(p, _Hanging(r.store, chunks, p, asked), board, config) for p in live]
     results = await asyncio.gather(

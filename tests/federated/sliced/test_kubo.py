@@ -44,7 +44,7 @@ async def test_reduce_scatter_round_over_kubo_downloads_under_two_and_a_half_d(
         roster = Roster.new("rs-kubo", base_cid, 0, base_cid, peers[0], peers, entries)
         for store in stores:  # not pinned: a recursive pin over the contributions a peer does
             roster_cid = await store.put(roster.to_block(), pin=False)  # not hold breaks repo/gc
-        board = MemorySliceBoard()
+        board = MemorySliceBoard(members=peers)
         config = ReduceScatterConfig(
             chunk_bytes=CHUNK,
             learning_rate=0.25,

@@ -88,7 +88,7 @@ async def run_all(
     silent: tuple[str, ...] = (),
     config: ReduceScatterConfig | None = None,
 ) -> tuple[dict[str, ReduceScatterResult], MemorySliceBoard]:
-    board = MemorySliceBoard()
+    board = MemorySliceBoard(members=r.roster.peers)
     config = config or ReduceScatterConfig(chunk_bytes=CHUNK, learning_rate=LR, phase_timeout=20)
     peers = {
         p: ReduceScatterPeer(p, r.store, board, config, faults=faults_of(p, lie, silent))
@@ -196,7 +196,7 @@ async def run_with_garbage(
     """
     settings = {"chained": True, "chain_groups": 2} if chained else {}
     config = ReduceScatterConfig(chunk_bytes=CHUNK, learning_rate=LR, phase_timeout=20, **settings)  # type: ignore[arg-type]
-    board = MemorySliceBoard()
+    board = MemorySliceBoard(members=r.roster.peers)
     writer = reducer_rankings(bytes(r.roster_cid), 6, r.roster.peers)[1 if chained else 0][0]
     peers = [
         ReduceScatterPeer(p, r.store, board, config, faults=garbage if p == writer else None)
@@ -267,7 +267,7 @@ async def test_well_formed_board_messages_naming_garbage_do_not_change_the_round
     hostile: str,
 ) -> None:
     r = await make_round(4)
-    board = MemorySliceBoard()
+    board = MemorySliceBoard(members=r.roster.peers)
     config = ReduceScatterConfig(chunk_bytes=CHUNK, learning_rate=LR, phase_timeout=8)
     first = r.roster.peers[0]  # a member: its messages are read
     junk = await r.store.put(Block.new(b"\xa1djunk\x01", "dag-cbor"))
@@ -289,7 +289,7 @@ async def test_well_formed_board_messages_naming_garbage_do_not_change_the_round
 
 async def test_a_false_projection_costs_a_recompute_but_convicts_no_one() -> None:
     r = await make_round(4)
-    board = MemorySliceBoard()
+    board = MemorySliceBoard(members=r.roster.peers)
     config = ReduceScatterConfig(chunk_bytes=CHUNK, learning_rate=LR, phase_timeout=20)
     first = r.roster.peers[0]
     await board.publish(SliceMessage("proj", first, r.roster_cid, values=(0.0,) * 4))
@@ -347,7 +347,9 @@ async def test_a_round_over_pubsub_boards_catches_a_liar_and_drops_forged_messag
     topic = "gradfed/v1/s/slices"
     config = ReduceScatterConfig(chunk_bytes=CHUNK, learning_rate=LR, phase_timeout=20)
     liar = r.roster.peers[1]
-    boards = [PubsubSliceBoard(bus.endpoint(p), topic, p) for p in r.roster.peers]
+    boards = [
+        PubsubSliceBoard(bus.endpoint(p), topic, p, members=r.roster.peers) for p in r.roster.peers
+    ]
     for board in boards:
         await board.__aenter__()
     try:
@@ -375,7 +377,8 @@ async def test_well_formed_slice_messages_from_outside_the_roster_are_ignored() 
     bus = MemoryPubsubBus()
     topic = "gradfed/v1/s/slices"
     config = ReduceScatterConfig(chunk_bytes=CHUNK, learning_rate=LR, phase_timeout=20)
-    boards = [PubsubSliceBoard(bus.endpoint(p), topic, p) for p in r.roster.peers]
+    members = (*r.roster.peers, "intruder")  # a member outside this roster: the board keeps it
+    boards = [PubsubSliceBoard(bus.endpoint(p), topic, p, members=members) for p in r.roster.peers]
     for board in boards:
         await board.__aenter__()
     try:
@@ -422,7 +425,7 @@ async def test_a_dead_sender_costs_no_second_fetch_and_no_takeover_wait() -> Non
     config = ReduceScatterConfig(
         chunk_bytes=CHUNK, learning_rate=LR, reducer_timeout=60.0, phase_timeout=10.0
     )  # waiting reducer_timeout once would fail the phase
-    board = MemorySliceBoard()
+    board = MemorySliceBoard(members=r.roster.peers)
     live = [p for p in r.roster.peers if p != dead]
     stores = {p: _Attempts(r.store) for p in live}
     peers = {p: ReduceScatterPeer(p, stores[p], board, config) for p in live}
@@ -459,7 +462,7 @@ async def test_a_peer_dead_after_its_slice_costs_no_fetch_timeout() -> None:
     config = ReduceScatterConfig(
         chunk_bytes=CHUNK, learning_rate=LR, fetch_timeout=60.0, reducer_timeout=0.3
     )
-    board = MemorySliceBoard()
+    board = MemorySliceBoard(members=r.roster.peers)
     peers = {p: ReduceScatterPeer(p, r.store, board, config) for p in r.roster.peers}
     runs = {
         p: asyncio.ensure_future(peer.run(r.roster, r.roster_cid, r.base, r.grads[p]))
@@ -498,9 +501,11 @@ async def test_slice_records_arrive_with_their_messages_and_are_not_fetched(over
     store = _Fetches(r.store)
     config = ReduceScatterConfig(chunk_bytes=CHUNK, learning_rate=LR, phase_timeout=20)
     bus, topic = MemoryPubsubBus(), "gradfed/v1/s/slices"
-    shared = MemorySliceBoard()
+    shared = MemorySliceBoard(members=r.roster.peers)
     boards = [
-        PubsubSliceBoard(bus.endpoint(p), topic, p) if over == "pubsub" else shared
+        PubsubSliceBoard(bus.endpoint(p), topic, p, members=r.roster.peers)
+        if over == "pubsub"
+        else shared
         for p in r.roster.peers
     ]
     for board in boards:

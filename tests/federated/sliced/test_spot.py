@@ -46,7 +46,7 @@ class PartialLiar(SliceFaults):
 async def run(
     r: Round, rule: str, *, liar: str = "", altered: int = 0, board: MemorySliceBoard | None = None
 ) -> dict[str, ReduceScatterResult]:
-    board = board or MemorySliceBoard()
+    board = board or MemorySliceBoard(members=r.roster.peers)
     config = ReduceScatterConfig(chunk_bytes=CHUNK, learning_rate=LR, rule=rule, phase_timeout=20)
     peers = {}
     for p in r.roster.peers:
@@ -126,7 +126,7 @@ async def test_detection_is_deterministic_and_one_altered_value_can_escape() -> 
 
 async def test_false_spot_values_cost_a_recompute_but_convict_no_one() -> None:
     r = await make_round(4)
-    board = MemorySliceBoard()
+    board = MemorySliceBoard(members=r.roster.peers)
     first = r.roster.peers[0]
     # Published before the round: the board keeps a sender's first values.
     await board.publish(SliceMessage("proj", first, r.roster_cid, values=(0.0,) * (4 * 64)))
