@@ -53,6 +53,7 @@ CLI exits with. The tree::
     │   ├── RoundMismatch              peers announced a different result CID for a round
     │   ├── GenesisMismatch            a model or record of another session's genesis
     │   ├── RoundVerificationFailed    an agreed round record does not re-verify
+    │   ├── ChainDeadlineExceeded      a record chain's walk (or re-check) passed its deadline
     │   └── SecureAggregationError     the masked-sum protocol cannot proceed
     │       ├── SecAggPeerRejected     one party's SecAgg message is unusable (names the party)
     │       └── UnmaskRefused          an honest client refuses an unmasking request
@@ -104,6 +105,7 @@ __all__ = [
     "BlockTimeout",
     "BlockStoreError",
     "BlockTooLarge",
+    "ChainDeadlineExceeded",
     "ChecksumFailed",
     "CircularDependency",
     "ClientNotFound",
@@ -615,6 +617,26 @@ class GenesisMismatch(FederatedError, ValueError):
 
 class RoundVerificationFailed(FederatedError):
     """An agreed round record, its roster or its result does not re-verify."""
+
+
+class ChainDeadlineExceeded(FederatedError, TimeoutError):
+    """A walk of a record chain (or its re-check) did not end within its deadline.
+
+    Nothing was verified: the chain is neither accepted nor proven forged. The message says
+    how far the walk got.
+
+    Attributes
+    ----------
+    deadline
+        The deadline, in seconds.
+    records
+        How many records were read (or re-checked) before it passed.
+    """
+
+    def __init__(self, message: str, *, deadline: float, records: int) -> None:
+        self.deadline = deadline
+        self.records = records
+        super().__init__(message)
 
 
 class SecureAggregationError(FederatedError):

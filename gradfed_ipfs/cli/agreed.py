@@ -1,6 +1,7 @@
 """Agreed rounds from the CLI: ``verify-round``/``history`` of agreed records, and ``resync``.
 
-``resync`` adopts a session's latest agreed head, verified back to its genesis.
+``resync`` adopts a session's latest agreed head, verified back to its genesis. ``history`` and
+``resync`` bound their chain walk and re-check in time (:class:`Deadline`, ``--deadline``).
 
 An agreed round record (:class:`~gradfed_ipfs.formats.roster.AgreedRecord`) links its roster,
 base model and result model. Re-verifying it fetches the roster and every listed contribution
@@ -8,19 +9,24 @@ base model and result model. Re-verifying it fetches the roster and every listed
 :func:`~gradfed_ipfs.tensor.deterministic.deterministic_update` and the record's learning rate,
 and compares the result's CID with the record's. A round written with a custom update rule
 (``record.rule``, e.g. a server optimizer) cannot be recomputed from its label: everything else
-is checked and the round is reported as not re-computable, never as verified.
+is checked and the round is reported "unverifiable", never as verified.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from dataclasses import dataclass
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Final, TypeVar
 
 from multiformats import CID
 from rich.table import Table
 
 from ..errors import (
     BlockStoreError,
+    ChainDeadlineExceeded,
     DecodeError,
     FederatedError,
     GradientError,
@@ -41,11 +47,73 @@ from ..storage.kubo import KuboBlockStore
 from .common import console, err_console
 
 __all__ = [
+    "DEFAULT_DEADLINE",
     "AgreedCheck",
+    "Deadline",
     "agreed_history",
     "check_agreed_round",
     "verify_agreed",
 ]
+
+DEFAULT_DEADLINE: Final = 60.0
+"""Default ``--deadline`` of ``history`` and ``resync``, in seconds."""
+
+T = TypeVar("T")
+_MORE_TIME: Final = "nothing was verified (allow more time with --deadline SECONDS)"
+
+
+class Deadline:
+    """A command's ``--deadline``: its chain walk and the re-check of its rounds end by then.
+
+    The clock starts at the first :meth:`left` (the walk, given the whole budget); what the
+    walk leaves is the re-check's.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._end: float | None = None
+
+    def left(self) -> float:
+        """Seconds left (the whole budget on the first call, which starts the clock)."""
+        if self._end is None:
+            self._end = time.monotonic() + self.seconds
+            return self.seconds
+        return max(self._end - time.monotonic(), 0.0)
+
+    async def run(
+        self,
+        work: Awaitable[T],
+        what: str,
+        done: Callable[[], int] | None = None,
+        total: int = 0,
+    ) -> T:
+        """Await ``work`` within what is left; past it, :class:`ChainDeadlineExceeded`.
+
+        ``what`` names the work; ``done()`` counts the records it got through of ``total``.
+        """
+        scope = asyncio.timeout(self.left())
+        try:
+            async with scope:
+                return await work
+        except TimeoutError:
+            if not scope.expired():
+                raise  # a fetch's own timeout, not the deadline
+            records = 0 if done is None else done()
+            how_far = "" if done is None else f" after {records} of {total} records"
+            raise ChainDeadlineExceeded(
+                f"{what} passed its {self.seconds:g}s deadline{how_far}; {_MORE_TIME}",
+                deadline=self.seconds,
+                records=records,
+            ) from None
+
+    @contextlib.contextmanager
+    def hint(self) -> Iterator[None]:
+        """Add the ``--deadline`` hint to a :class:`ChainDeadlineExceeded` of the library walk."""
+        try:
+            yield
+        except ChainDeadlineExceeded as exc:
+            exc.args = (f"{exc}; {_MORE_TIME}",)
+            raise
 
 
 @dataclass(frozen=True)
@@ -111,8 +179,9 @@ async def check_agreed_round(
         return AgreedCheck(text, record, roster, f"mismatch: result: {exc}", ok=False)
     fetched = "base and result" if record.model_stored else "base (the result was not stored)"
     status = (
-        f"rule {record.rule}: not re-computable here (roster, {len(gradients)} contributions, "
-        f"{fetched} fetched and hash-checked)"
+        f"unverifiable: rule {record.rule}: not re-computable here (roster, "
+        f"{len(gradients)} contributions, {fetched} fetched and hash-checked; verify it with "
+        "the training API and its rule)"
     )
     return AgreedCheck(text, record, roster, status, ok=False, unverifiable=True)
 
@@ -147,19 +216,40 @@ async def verify_agreed(store: KuboBlockStore, cid: CID) -> int:
     return 0 if check.ok else 1
 
 
-async def agreed_history(store: KuboBlockStore, head: CID) -> int:
-    """``history`` of an agreed head: walk ``prev`` links, re-check every round, print rows."""
+async def agreed_history(store: KuboBlockStore, head: CID, deadline: Deadline) -> int:
+    """``history`` of an agreed head: walk ``prev`` links, re-check every round, print rows.
+
+    The walk and the re-check end by ``deadline`` (:class:`ChainDeadlineExceeded` past it).
+    """
     record = await load_record(store, head)
     try:
-        chain = await load_chain(store, head, session=record.session, genesis=record.genesis)
+        with deadline.hint():
+            chain = await load_chain(
+                store, head, session=record.session, genesis=record.genesis,
+                deadline=deadline.left(),
+            )  # fmt: skip
+    except ChainDeadlineExceeded:
+        raise  # not a broken chain: one not walked to its end
     except (FederatedError, BlockStoreError, DecodeError) as exc:
         err_console.print(f"the chain from {head} is broken: {exc}", soft_wrap=True)
         return 1
-    with err_console.status("verifying every round…"):
+    checks: list[AgreedCheck] = []
+
+    async def check_all() -> None:
         models: dict[bytes, ModelState] = {}  # oldest first: each result is the next base
-        checks = [await check_agreed_round(store, cid, models) for cid, _ in chain][::-1]
+        for cid, _ in chain:
+            check = await check_agreed_round(store, cid, models)
+            if check.ok and checks and not checks[-1].ok and check.record is not None:
+                # recomputed, but from a base whose own round did not verify: say so
+                status = f"verified from round {check.record.round - 1}'s unverified result"
+                check = replace(check, status=status)
+            checks.append(check)
+
+    with err_console.status("verifying every round…"):
+        what = f"the re-check of the chain from {head}"
+        await deadline.run(check_all(), what, lambda: len(checks), len(chain))
     title = f"history of session {record.session!r} (genesis {record.genesis}), newest first"
-    console.print(_table(title, checks))
+    console.print(_table(title, checks[::-1]))
     return history_summary(
         len(checks), sum(not c.ok for c in checks), sum(c.unverifiable for c in checks)
     )

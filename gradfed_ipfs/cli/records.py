@@ -17,8 +17,8 @@ from ..kubo.pubsub import KuboPubsub, session_topic
 from ..provenance.round_record import RoundRecord, RoundVerification, verify_history, verify_round
 from ..storage.kubo import KuboBlockStore
 from ..verification import RecordKind, record_kind, verify
-from .agreed import agreed_history, history_summary, verify_agreed
-from .common import UsageError, async_handler, console, err_console
+from .agreed import DEFAULT_DEADLINE, Deadline, agreed_history, history_summary, verify_agreed
+from .common import UsageError, async_handler, console, err_console, positive_float
 from .samples import book_path, record_samples
 
 __all__ = ["NotARecordArgument", "add_record_parsers", "parse_cid_arg", "require_record"]
@@ -126,12 +126,14 @@ async def _history(args: argparse.Namespace, api: str) -> int:
     cid = parse_cid_arg(args.cid)
     async with KuboBlockStore(api, timeout=args.timeout) as store:
         kind = await require_record(cid, store)
+        deadline = Deadline(args.deadline)
         if kind == "agreed":
-            return await agreed_history(store, parse_cid(cid))
+            return await agreed_history(store, parse_cid(cid), deadline)
         if kind == "regional":  # a regional record links no previous round: its one round
             return await _verify_regional(store, cid)
         with err_console.status("verifying every round…"):
-            results = await verify_history(cid, store)
+            what = f"the walk of the best-effort chain from {cid}"
+            results = await deadline.run(verify_history(cid, store), what)
         rows = [(r, await _load(r.record_cid, store) if r.round >= 0 else None) for r in results]
     first = rows[-1][1] if rows and rows[-1][1] is not None else None
     session = f" of session {first.session!r}" if first is not None else ""
@@ -200,7 +202,8 @@ def add_record_parsers(commands: Any) -> None:
         "listed contribution and the base model are fetched, the deterministic update is "
         "recomputed with the record's learning rate and compared with the result CID. Exit 0 "
         "if it verifies; 1 on a mismatch, or if it is unverifiable (a DP noise claim, or an "
-        "agreed round's custom rule, cannot be recomputed); 2 if the CID is not a round record.",
+        "agreed round's custom rule, cannot be recomputed here: reported unverifiable, never "
+        "verified); 2 if the CID is not a round record.",
     )
     verify.add_argument("cid", help="round record CID (bafyrei…)")
     verify.set_defaults(handler=async_handler(_verify_round))
@@ -211,10 +214,20 @@ def add_record_parsers(commands: Any) -> None:
         description="Walk the chain of round records back to round 0 from the given one, "
         "verify every round, and print a table: round, peers, method, ε spent and status (for "
         "an agreed head: round, roster size, roster CID, result CID, update rule and status). "
-        "Exit 0 if every round verifies, 1 if not (unverifiable DP rounds included), 2 if the CID "
-        "is not a round record.",
+        "A round that cannot be recomputed here (a DP noise claim, an agreed round's custom "
+        "rule) is reported unverifiable, never verified. Exit 0 if every round verifies, 1 if "
+        "not (unverifiable rounds included), 2 if the CID is not a round record, 7 if the walk "
+        "and re-check do not end within --deadline (ChainDeadlineExceeded; nothing verified).",
     )
     history.add_argument("cid", help="the last round's record CID")
+    history.add_argument(
+        "--deadline",
+        type=positive_float,
+        default=DEFAULT_DEADLINE,
+        metavar="SECONDS",
+        help="longest time the chain's walk and re-check may take together "
+        f"(default {DEFAULT_DEADLINE:g}; a long chain needs more)",
+    )
     history.set_defaults(handler=async_handler(_history))
 
     watch = commands.add_parser(

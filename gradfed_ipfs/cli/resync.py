@@ -3,8 +3,11 @@
 Given a session name and genesis CID, it listens on the session's agreed topic for the peers'
 ``done`` heads (each peer re-announces its latest one), or takes ``--head CID``; walks the
 head's record chain back to the genesis, checking every link, and recomputes every round's
-aggregate (custom-rule rounds: links only); then fetches the head's model and writes it. A
-head that does not verify is refused and the next best one tried.
+aggregate; then fetches the head's model and writes it. A head that does not verify is refused
+and the next best one tried, and so is one the CLI cannot recompute: a round with a custom rule
+(``record.rule``, a training-API server optimizer) is unverifiable here. Only ``--unverified``
+adopts such a head (or, with ``--links-only``, any head without recomputing), with a warning.
+Each head's walk and re-check must end within ``--deadline`` seconds.
 """
 
 from __future__ import annotations
@@ -12,11 +15,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from multiformats import CID
 
+from .._types import FloatArray
 from ..cid import parse_cid
 from ..errors import (
     BlockStoreError,
@@ -35,7 +40,15 @@ from ..kubo.pubsub import KuboPubsub
 from ..storage.base import BlockStore
 from ..storage.dag import fetch_gradient
 from ..storage.kubo import KuboBlockStore
-from .common import async_handler, console, err_console, positive_float, write_gradient_file
+from .agreed import DEFAULT_DEADLINE, Deadline
+from .common import (
+    UsageError,
+    async_handler,
+    console,
+    err_console,
+    positive_float,
+    write_gradient_file,
+)
 from .records import NotARecordArgument, parse_cid_arg, require_record
 
 __all__ = ["add_resync_parser", "listen_for_heads"]
@@ -120,23 +133,46 @@ def _candidates(heads: dict[str, Head]) -> list[CID]:
     return ordered
 
 
-async def _verify_rounds(store: BlockStore, chain: list[tuple[CID, AgreedRecord]]) -> int:
-    """Recompute every round of ``chain``; return how many used a rule (links checked only)."""
-    custom, base = 0, None
+def _unrecomputable(chain: list[tuple[CID, AgreedRecord]]) -> list[AgreedRecord]:
+    """Return the records of ``chain`` whose custom rule the CLI cannot re-run."""
+    return [record for _, record in chain if record.rule is not None]
+
+
+def _refusal(custom: list[AgreedRecord]) -> RoundVerificationFailed:
+    """Return the error refusing a head whose chain has ``custom``-rule rounds."""
+    first = custom[0]
+    rules = sorted({str(record.rule) for record in custom})
+    return RoundVerificationFailed(
+        f"unverifiable: round {first.round} used rule {first.rule!r}"
+        + (f" ({len(custom)} rounds, rules {', '.join(rules)})" if len(custom) > 1 else "")
+        + ", which the CLI cannot re-run; verify the chain with the training API and that rule "
+        "(verify_agreed_history(..., rule=peer.rule)), or adopt it unverified with --unverified"
+    )
+
+
+async def _verify_rounds(
+    store: BlockStore, chain: list[tuple[CID, AgreedRecord]], done: list[int]
+) -> None:
+    """Recompute every default-rule round of ``chain``; append each round number to ``done``."""
+    base = None
     for _, record in chain:
-        if record.rule is not None:
-            custom, base = custom + 1, None
+        if record.rule is not None:  # only with --unverified: not recomputed, said so
+            base = None
             continue
         try:  # each verified model is the next round's base: rebuilt models are not refetched
             _, model, state = await verify_record(store, record, None, base)
         except GradientError as exc:
             raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
         base = (model, state)
-    return custom
+        done.append(record.round)
 
 
 async def _resync(args: argparse.Namespace, api: str) -> int:
     """``gradfed-ipfs resync``: adopt the latest verified head and write its model."""
+    if args.links_only and not args.unverified:
+        raise UsageError(
+            "--links-only adopts a model without recomputing it: pass --unverified with it"
+        )
     genesis = parse_cid(parse_cid_arg(args.genesis))
     head = None if args.head is None else parse_cid(parse_cid_arg(args.head))
     async with KuboBlockStore(api, timeout=args.timeout) as store:
@@ -145,67 +181,118 @@ async def _resync(args: argparse.Namespace, api: str) -> int:
         return await _adopt(args, api, store, genesis, head)
 
 
+async def _listen(args: argparse.Namespace, api: str, genesis: CID) -> list[CID]:
+    """Return the heads heard on the session's agreed topic, best first."""
+    members = frozenset(args.member or ())
+    topic = agreed_topic(args.session, genesis)
+    with err_console.status(f"listening on {topic} for `done` heads…"):
+        heads = await listen_for_heads(
+            api, args.session, genesis, members=members, timeout=args.listen, grace=args.grace
+        )
+    if not heads:
+        raise FederatedError(
+            f"no `done` head of session {args.session!r} heard on {topic} within "
+            f"{args.listen:g}s; pass --head CID or listen longer (--listen)"
+        )
+    rounds = sorted({h.round for h in heads.values()}, reverse=True)
+    console.print(
+        f"heard heads from {len(heads)} peer{'s' if len(heads) != 1 else ''} "
+        f"(rounds {', '.join(map(str, rounds))})"
+    )
+    return _candidates(heads)
+
+
+@dataclass(frozen=True)
+class _Adopted:
+    """A head that checked out: its chain, model, proven liars and rounds not recomputed."""
+
+    chain: list[tuple[CID, AgreedRecord]]
+    model: FloatArray
+    excluded: frozenset[str]
+    custom: list[AgreedRecord]
+
+
+async def _check_head(
+    args: argparse.Namespace, store: BlockStore, genesis: CID, candidate: CID, length: int
+) -> _Adopted:
+    """Walk and re-check one head within ``--deadline``; raise if it is not to be adopted."""
+    deadline = Deadline(args.deadline)
+    with deadline.hint():
+        chain, model, _ = await load_head(
+            store, candidate, session=args.session, genesis=genesis,
+            history=(), result=ResultLoad(length, args.timeout), deadline=deadline.left(),
+        )  # fmt: skip
+    custom = _unrecomputable(chain)
+    if custom and not args.unverified:
+        raise _refusal(custom)
+    done: list[int] = []
+
+    async def recheck() -> frozenset[str]:
+        excluded = await check_exclusions(store, chain)  # fraud records: peers' data
+        if not args.links_only:
+            await _verify_rounds(store, chain, done)
+        return excluded
+
+    what = f"the re-check of the chain from {candidate}"
+    excluded = await deadline.run(recheck(), what, lambda: len(done), len(chain))
+    return _Adopted(chain, model, excluded, custom)
+
+
 async def _adopt(
     args: argparse.Namespace, api: str, store: BlockStore, genesis: CID, head: CID | None
 ) -> int:
-    members = frozenset(args.member or ())
-    if head is None:
-        topic = agreed_topic(args.session, genesis)
-        with err_console.status(f"listening on {topic} for `done` heads…"):
-            heads = await listen_for_heads(
-                api, args.session, genesis, members=members, timeout=args.listen, grace=args.grace
-            )
-        if not heads:
-            raise FederatedError(
-                f"no `done` head of session {args.session!r} heard on {topic} within "
-                f"{args.listen:g}s; pass --head CID or listen longer (--listen)"
-            )
-        rounds = sorted({h.round for h in heads.values()}, reverse=True)
-        console.print(
-            f"heard heads from {len(heads)} peer{'s' if len(heads) != 1 else ''} "
-            f"(rounds {', '.join(map(str, rounds))})"
-        )
-        candidates = _candidates(heads)
-    else:
-        candidates = [head]
+    candidates = [head] if head is not None else await _listen(args, api, genesis)
     length = (await fetch_gradient(store, genesis)).size
     adopted = None
     failure: GradfedError | None = None
     for candidate in candidates:
         try:
             with err_console.status(f"verifying the chain of {candidate}…"):
-                chain, model, _ = await load_head(
-                    store, candidate, session=args.session, genesis=genesis,
-                    history=(), result=ResultLoad(length, args.timeout),
-                )  # fmt: skip
-                excluded = await check_exclusions(store, chain)  # fraud records: peers' data
-                custom = 0 if args.links_only else await _verify_rounds(store, chain)
+                adopted = await _check_head(args, store, genesis, candidate, length)
         except (FederatedError, BlockStoreError, DecodeError, GradientError) as exc:
             if len(candidates) > 1:
                 err_console.print(f"head {candidate} refused: {exc}", soft_wrap=True)
             failure = exc
             continue
-        adopted = chain, model, custom, excluded
         break
     if adopted is None:
         raise failure or FederatedError("no head to adopt")
-    chain, model, custom, excluded = adopted
+    _report(args, adopted)
+    return 0
+
+
+def _report(args: argparse.Namespace, adopted: _Adopted) -> None:
+    """Write the adopted model and say what was checked (and, loudly, what was not)."""
+    chain, model, custom = adopted.chain, adopted.model, adopted.custom
     last_cid, last = chain[-1]
     write_gradient_file(Path(args.output), model)
     if args.links_only:
-        how = "links checked, aggregates not recomputed (--links-only)"
+        how = "links checked, no aggregate recomputed (--links-only)"
+        unverified = f"{len(chain)} aggregates not recomputed (--links-only)"
+    elif custom:
+        rules = ", ".join(sorted({str(record.rule) for record in custom}))
+        rounds = f"{len(custom)} custom-rule round{'s' if len(custom) != 1 else ''}"
+        how = (
+            f"links checked, {len(chain) - len(custom)} of {len(chain)} aggregates recomputed, "
+            f"{rounds} unverifiable (rule {rules})"
+        )
+        unverified = f"{rounds} not recomputed (rule {rules})"
     else:
-        how = "links checked and every aggregate recomputed"
-        if custom:
-            how += f", except {custom} custom-rule round{'s' if custom != 1 else ''}"
+        how, unverified = "links checked and every aggregate recomputed", ""
     console.print(f"round {last.round} (the next round is {last.round + 1})")
     console.print(f"model CID  {last.result}")
     console.print(f"record CID {last_cid}")
-    console.print(f"records verified: {len(chain)} ({how})")
-    if excluded:
-        console.print(f"proven lying reducers, excluded: {', '.join(sorted(excluded))}")
+    if unverified:
+        console.print(f"records checked: {len(chain)} ({how})")
+        err_console.print(
+            f"[yellow]warning[/] the model is NOT verified (--unverified): {unverified}",
+            soft_wrap=True,
+        )
+    else:
+        console.print(f"records verified: {len(chain)} ({how})")
+    if adopted.excluded:
+        console.print(f"proven lying reducers, excluded: {', '.join(sorted(adopted.excluded))}")
     console.print(f"wrote {args.output} ({model.size:,} float32 values)")
-    return 0
 
 
 def add_resync_parser(commands: Any) -> None:
@@ -217,8 +304,12 @@ def add_resync_parser(commands: Any) -> None:
         "gradfed/v1/<session>/agreed/<genesis> for the peers' `done` heads, or take --head), "
         "walk its round records back to the genesis checking every link, recompute every "
         "round's aggregate, fetch the head's model and write it. Prints the round, the model "
-        "and record CIDs and how many records were verified. Exit 0 on success; 2 if --head is "
-        "not an agreed round record; 7 if no head is heard or none verifies.",
+        "and record CIDs and how many records were verified. A round with a custom update rule "
+        "(a training-API server optimizer) cannot be recomputed here: its head is refused as "
+        "unverifiable unless --unverified, which adopts it with a warning. Exit 0 on success; "
+        "2 if --head is not an agreed round record; 7 if no head is heard, none verifies (or "
+        "every one is unverifiable), or the last one's walk and re-check do not end within "
+        "--deadline (ChainDeadlineExceeded). Nothing is written unless exit 0.",
     )
     parser.add_argument("--session", required=True, help="session name")
     parser.add_argument("--genesis", required=True, metavar="CID", help="the genesis model CID")
@@ -247,9 +338,24 @@ def add_resync_parser(commands: Any) -> None:
         help="stop listening this long after the first head is heard (default 2)",
     )
     parser.add_argument(
+        "--unverified",
+        action="store_true",
+        help="adopt a head even if some of its rounds cannot be recomputed here (custom rules); "
+        "prints a warning that the model is NOT verified",
+    )
+    parser.add_argument(
         "--links-only",
         action="store_true",
-        help="check the chain's links and genesis only; do not recompute the aggregates",
+        help="with --unverified: check the chain's links and genesis only; do not recompute "
+        "the aggregates",
+    )
+    parser.add_argument(
+        "--deadline",
+        type=positive_float,
+        default=DEFAULT_DEADLINE,
+        metavar="SECONDS",
+        help="longest time each head's chain walk and re-check may take together "
+        f"(default {DEFAULT_DEADLINE:g}; a long chain needs more)",
     )
     parser.add_argument(
         "-o", "--output", required=True, help="where to write the model (.npy or .arrow)"

@@ -1,7 +1,10 @@
 """Issue 15, CLI: hostile blocks end in one line and the decode family's exit code (4).
 
 Non-finite results are never written; ``verify-round`` says "unverifiable" (exit 1) for a DP
-claim and "not a round record" (exit 2, usage) for a gradient CID. Real Kubo daemon.
+claim and "not a round record" (exit 2, usage) for a gradient CID. Issue 32, item 9: a forged
+agreed record with a custom ``rule`` label is "unverifiable" for ``resync`` too (exit 7,
+nothing written unless ``--unverified``), and a long forged chain stops at ``--deadline``.
+Real Kubo daemon.
 """
 
 from __future__ import annotations
@@ -12,9 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gradfed_ipfs import DecodeError, put_gradient
+from gradfed_ipfs import DecodeError, FederatedError, put_gradient
 from gradfed_ipfs.cli import main
 from gradfed_ipfs.formats import store_gradient_as_arrow, store_layer_as_arrow
+from gradfed_ipfs.formats.roster import AgreedRecord, Roster
 from gradfed_ipfs.provenance import ContributionRef, RoundRecord
 from gradfed_ipfs.storage import Block, KuboBlockStore
 from gradfed_ipfs.tensor import Mean, QuantizedGradient
@@ -24,6 +28,7 @@ from .hostile import compressed_block, nested_shape_block
 
 pytestmark = pytest.mark.kubo
 DECODE_EXIT = DecodeError.exit_code
+FEDERATED_EXIT = FederatedError.exit_code
 
 
 def put_raw(node: KuboNode, data: bytes) -> str:
@@ -108,3 +113,95 @@ def test_verify_round_says_unverifiable_and_not_a_round_record(
     assert code == 2
     assert "is not a round record" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def forge_rule_head(node: KuboNode, rule: str) -> tuple[str, str, np.ndarray]:
+    """A one-round agreed chain whose record claims ``rule`` and an arbitrary result model."""
+    forged = np.full(8, 1e3, np.float32)
+
+    async def forge() -> tuple[str, str]:
+        async with KuboBlockStore(node.api_url, timeout=10.0) as store:
+            genesis = await put_gradient(store, np.zeros(8, np.float32))
+            result = await put_gradient(store, forged)
+            contribution = await put_gradient(store, np.ones(8, np.float32))
+            roster = Roster.new("s", genesis, 0, genesis, "p0", ["p0"], {"p0": (contribution, 1)})
+            roster_cid = await store.put(roster.to_block())
+            record = AgreedRecord("s", genesis, 0, None, genesis, roster_cid, result, 1.0, rule)
+            return str(genesis), str(await store.put(record.to_block()))
+
+    genesis, head = asyncio.run(forge())
+    return genesis, head, forged
+
+
+def test_resync_writes_no_model_it_cannot_recompute(
+    kubo_node: KuboNode, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    genesis, head, forged = forge_rule_head(kubo_node, "fedadam(eta=0.1)")
+    out = tmp_path / "model.npy"
+    argv = ["resync", "--session", "s", "--genesis", genesis, "--head", head, "-o", str(out)]
+    code, stdout, err = cli(capsys, kubo_node, *argv)
+    assert code == FEDERATED_EXIT
+    assert not out.exists()
+    assert len(err.strip().splitlines()) == 1
+    assert "unverifiable" in err
+    assert "rule 'fedadam(eta=0.1)'" in err
+    assert "--unverified" in err
+    assert "verified" not in stdout
+    # --links-only recomputes nothing either: alone, it is a usage error, no way around.
+    code, _, err = cli(capsys, kubo_node, *argv, "--links-only")
+    assert (code, out.exists()) == (1, False)
+    assert "pass --unverified" in err
+
+    # An explicit opt-in adopts it, says it is unverified, and never says "verified".
+    code, stdout, err = cli(capsys, kubo_node, *argv, "--unverified")
+    assert code == 0, err
+    np.testing.assert_array_equal(np.load(out), forged)
+    assert "NOT verified" in " ".join(err.split())
+    assert "verified" not in stdout.replace("unverified", "").replace("unverifiable", "")
+
+    # verify-round and history say the same: unverifiable, exit 1.
+    for command in ("verify-round", "history"):
+        code, stdout, err = cli(capsys, kubo_node, command, head)
+        assert code == 1
+        assert "unverifiable" in stdout + err
+        assert "verified" not in (stdout + err).replace("unverifiable", "")
+
+
+def forge_long_chain(node: KuboNode, rounds: int) -> tuple[str, str]:
+    """A linked chain of ``rounds`` records, put concurrently (their CIDs are computed locally)."""
+
+    async def forge() -> tuple[str, str]:
+        async with KuboBlockStore(node.api_url, timeout=30.0) as store:
+            genesis = await put_gradient(store, np.zeros(8, np.float32))
+            empty = Roster.new("s", genesis, 0, genesis, "p", ["p"], {})
+            roster = await store.put(empty.to_block())
+            blocks, prev = [], None
+            for r in range(rounds):
+                block = AgreedRecord("s", genesis, r, prev, genesis, roster, genesis, 1.0)
+                blocks.append(block.to_block())
+                prev = blocks[-1].cid
+            for start in range(0, rounds, 64):
+                await asyncio.gather(*(store.put(b) for b in blocks[start : start + 64]))
+            return str(genesis), str(prev)
+
+    return asyncio.run(forge())
+
+
+def test_a_long_forged_chain_stops_at_the_deadline(
+    kubo_node: KuboNode, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    genesis, head = forge_long_chain(kubo_node, 1_500)  # ~1 ms a record: far over 0.05 s
+    out = tmp_path / "model.npy"
+    for argv in (
+        ["history", head, "--deadline", "0.05"],
+        ["resync", "--session", "s", "--genesis", genesis, "--head", head, "--deadline", "0.05",
+         "-o", str(out)],
+    ):  # fmt: skip
+        code, stdout, err = cli(capsys, kubo_node, *argv)
+        assert code == FEDERATED_EXIT, err
+        assert len(err.strip().splitlines()) == 1
+        assert err.startswith("error (ChainDeadlineExceeded)")
+        assert "0.05s deadline" in err
+        assert "records" in err
+        assert "verified" not in stdout
+    assert not out.exists()

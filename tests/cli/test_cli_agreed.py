@@ -12,10 +12,12 @@ import pytest
 
 from gradfed_ipfs import AgreedConfig, AgreedSession, put_gradient
 from gradfed_ipfs.cid import make_cid, parse_cid
-from gradfed_ipfs.cli.agreed import check_agreed_round
+from gradfed_ipfs.cli.agreed import Deadline, agreed_history, check_agreed_round
+from gradfed_ipfs.cli.common import console
 from gradfed_ipfs.formats.roster import AgreedMessage, AgreedRecord, Roster
 from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
+from gradfed_ipfs.tensor.deterministic import deterministic_update
 from tests.cli.test_cli import run_cli
 from tests.conftest import KuboNode
 
@@ -235,3 +237,32 @@ async def test_a_missing_input_is_unverifiable_and_a_wrong_result_a_mismatch() -
             assert check.status.startswith(expected), check.status
             assert not check.ok
             assert check.unverifiable == (contribution == gone)
+
+
+async def test_history_says_which_rounds_rest_on_an_unverifiable_one(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(console, "width", 400)  # one table row a line
+    async with MemoryBlockStore() as store:
+        model = initial_model()
+        genesis = await put_gradient(store, model)
+        claimed = (model + 1).astype(np.float32)  # what a rule would have made: not recomputed
+        claimed_cid = await put_gradient(store, claimed)
+        rosters = []
+        for r, base in enumerate((genesis, claimed_cid)):
+            entry = {"p0": (await put_gradient(store, delta(0, r)), 1)}
+            rosters.append(Roster.new("s", genesis, r, base, "p0", ["p0"], entry))
+        roster_cids = [await store.put(roster.to_block()) for roster in rosters]
+        first = AgreedRecord(
+            "s", genesis, 0, None, genesis, roster_cids[0], claimed_cid, 1.0, "fedadam(eta=0.1)"
+        )
+        prev = await store.put(first.to_block())
+        result = await put_gradient(store, deterministic_update(claimed, [delta(0, 1)], [1], 1.0))
+        second = AgreedRecord("s", genesis, 1, prev, claimed_cid, roster_cids[1], result, 1.0)
+        head = await store.put(second.to_block())
+        code = await agreed_history(store, head, Deadline(60.0))  # type: ignore[arg-type]
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "unverifiable: rule fedadam(eta=0.1): not re-computable here" in out
+    assert "verified from round 0's unverified result" in out
+    assert "2 rounds, 1 failed (1 unverifiable)" in out

@@ -35,6 +35,7 @@ from ..._types import CIDLike, FloatArray
 from ...cid import parse_cid
 from ...errors import (
     BlockStoreError,
+    ChainDeadlineExceeded,
     DecodeError,
     GenesisMismatch,
     RoundVerificationFailed,
@@ -110,10 +111,13 @@ async def load_chain(
     genesis: CID,
     stop_at: Collection[bytes] = (),
     max_rounds: int = MAX_CHAIN_ROUNDS,
+    deadline: float | None = None,
 ) -> list[tuple[CID, AgreedRecord]]:
     """Walk ``prev`` links from ``head`` and return ``(cid, record)`` pairs, oldest first.
 
     The walk stops after a record whose ``prev`` is in ``stop_at`` (CID bytes) or is ``None``.
+    ``deadline`` (seconds, ``None`` for none) bounds the whole walk, a fetch in flight included:
+    a forged chain of ``max_rounds`` records cannot keep a verifier busy for longer.
 
     Raises
     ------
@@ -123,9 +127,42 @@ async def load_chain(
         If rounds do not count down by one, a record's base is not its predecessor's result,
         the first round does not start from the genesis, or the chain is longer than
         ``max_rounds``.
+    ChainDeadlineExceeded
+        If the walk has not ended after ``deadline`` seconds (the message says how far it got).
     """
     chain: list[tuple[CID, AgreedRecord]] = []
     start = parse_cid(head)
+    scope = asyncio.timeout(deadline)
+    try:
+        async with scope:
+            await _walk(store, start, chain, session, genesis, stop_at, max_rounds)
+    except TimeoutError:
+        if deadline is None or not scope.expired():
+            raise  # a fetch's own timeout (BlockTimeout), not the walk's deadline
+        reached = f" (back to round {chain[-1][1].round})" if chain else ""
+        raise ChainDeadlineExceeded(
+            f"the walk of the chain from {start} passed its {deadline:g}s deadline after "
+            f"{len(chain)} records{reached}",
+            deadline=deadline,
+            records=len(chain),
+        ) from None
+    oldest = chain[-1][1]
+    if oldest.prev is None and (oldest.round != 0 or bytes(oldest.base) != bytes(genesis)):
+        raise RoundVerificationFailed(f"the first record of {start} does not start at the genesis")
+    chain.reverse()
+    return chain
+
+
+async def _walk(
+    store: BlockStore,
+    start: CID,
+    chain: list[tuple[CID, AgreedRecord]],
+    session: str,
+    genesis: CID,
+    stop_at: Collection[bytes],
+    max_rounds: int,
+) -> None:
+    """:func:`load_chain`'s walk: append ``(cid, record)`` to ``chain``, newest first."""
     cid: CID | None = start
     while cid is not None:
         if len(chain) >= max_rounds:
@@ -146,11 +183,6 @@ async def load_chain(
         if record.prev is None or bytes(record.prev) in stop_at:
             break
         cid = record.prev
-    oldest = chain[-1][1]
-    if oldest.prev is None and (oldest.round != 0 or bytes(oldest.base) != bytes(genesis)):
-        raise RoundVerificationFailed(f"the first record of {start} does not start at the genesis")
-    chain.reverse()
-    return chain
 
 
 @dataclass(frozen=True)
@@ -176,11 +208,13 @@ async def load_head(
     genesis: CID,
     history: Collection[bytes],
     result: ResultLoad,
+    deadline: float | None = None,
 ) -> tuple[list[tuple[CID, AgreedRecord]], FloatArray, FloatArray | None]:
     """Load the records from ``head`` back to one in ``history`` (or the genesis), and its model.
 
     The head's model and rule state come from :func:`load_result` (as ``result`` says):
-    fetched, or rebuilt if they were not stored.
+    fetched, or rebuilt if they were not stored. ``deadline`` bounds the walk (see
+    :func:`load_chain`).
 
     Raises
     ------
@@ -188,8 +222,12 @@ async def load_head(
         If the chain does not extend ``history`` (nor start at the genesis).
     RoundVerificationFailed
         See :func:`load_chain` and :func:`load_result`.
+    ChainDeadlineExceeded
+        If the walk passes ``deadline``.
     """
-    chain = await load_chain(store, head, session=session, genesis=genesis, stop_at=history)
+    chain = await load_chain(
+        store, head, session=session, genesis=genesis, stop_at=history, deadline=deadline
+    )
     first = chain[0][1]
     if first.prev is not None and bytes(first.prev) not in history:
         raise GenesisMismatch(f"head {head} does not extend this peer's history")
@@ -491,10 +529,12 @@ async def verify_agreed_history(
     recompute: bool = True,
     max_rounds: int = MAX_CHAIN_ROUNDS,
     rule: UpdateRule | None = None,
+    deadline: float | None = None,
 ) -> list[AgreedRecord]:
     """Verify the chain ending at ``head``: links, genesis, exclusions, (by default) every result.
 
-    Without ``recompute`` a sliced round's slice records are still checked against its roster
+    ``deadline`` bounds the walk of the chain (see :func:`load_chain`). Without ``recompute`` a
+    sliced round's slice records are still checked against its roster
     (:func:`~.agreed_slicing.sliced_roster`): records, rosters, slice and fraud records are what
     retention keeps forever.
 
@@ -507,12 +547,15 @@ async def verify_agreed_history(
     ------
     RoundVerificationFailed, GenesisMismatch
         See :func:`load_chain`, :func:`check_exclusions` and :func:`verify_agreed_round`.
+    ChainDeadlineExceeded
+        If the walk passes ``deadline``.
     """
     start = parse_cid(head)
     try:
         chain = await load_chain(
-            store, start, session=session, genesis=parse_cid(genesis), max_rounds=max_rounds
-        )
+            store, start, session=session, genesis=parse_cid(genesis), max_rounds=max_rounds,
+            deadline=deadline,
+        )  # fmt: skip
     except (BlockStoreError, DecodeError) as exc:
         raise RoundVerificationFailed(f"chain from {start}: {exc}") from exc
     await check_exclusions(store, chain)
