@@ -151,8 +151,8 @@ class AgreedConfig:
         refuses a larger own value. One round then moves a value by at most
         ``|learning_rate| · max_value``, so the default rule's model stays finite in float32
         (about 2**64 rounds at learning rate 1 before it could leave float32's range).
-        Reduce-scatter rounds check it on raw (single-block) contributions only: a chunked
-        one's slices are not yet bounded.
+        In a reduce-scatter round a chunked contribution's slices are checked by their
+        reducers: a sender with a larger value is recorded missing, as for a non-finite one.
         Every member must use the same ``max_weight`` and ``max_value``.
     """
 
