@@ -27,6 +27,7 @@ from ..adapters.layout import Layout
 from ..adapters.numpy import flatten, unflatten_list
 from ..errors import ConfigError, InvalidGradient, QuorumNotReached, RoundMismatch
 from ..federated.agreed.session import AgreedConfig, AgreedSession
+from ..federated.exchange.fetcher import check_values
 from ..federated.privacy.mechanisms import DifferentialPrivacy
 from ..kubo.pubsub import PubsubTransport
 from ..storage.base import BlockStore
@@ -459,24 +460,37 @@ class Peer(Generic[M]):
 
     def _contribution(self, local: _LocalWork) -> tuple[FloatArray, int]:
         """Return this peer's contribution vector and its weight."""
-        secured = local.secured
-        if secured is not None and secured.samples > 0:  # this peer aggregated the secure sum
+        secured, cap = local.secured, self.agreed.max_weight
+        if secured is not None and secured.samples > cap:  # no roster may list it
+            logger.warning(
+                "round %d: the secure sum's %d samples exceed max_weight %d: not contributed",
+                local.round, secured.samples, cap,
+            )  # fmt: skip
+        elif secured is not None and secured.samples > 0:  # this peer aggregated the secure sum
             vector = secure_contribution(
                 self.layout, secured, eval_samples=local.eval_samples,
                 eval_loss=local.eval_loss, eval_metrics=local.eval_metrics,
             )  # fmt: skip
             return vector, secured.samples
+        if local.update is not None and local.fit_samples > cap:  # no roster may list it
+            logger.warning(
+                "round %d: %d samples exceed the session's max_weight %d: update not contributed",
+                local.round, local.fit_samples, cap,
+            )  # fmt: skip
+            local.update, local.fit_samples, local.fit_metrics = None, 0, {}
         try:
             vector = self.layout.contribution(
                 local.update, fit_samples=local.fit_samples, fit_metrics=local.fit_metrics,
                 eval_samples=local.eval_samples, eval_loss=local.eval_loss,
                 eval_metrics=local.eval_metrics,
             )  # fmt: skip
+            check_values(vector, self.agreed.max_value, "the contribution")  # run_round's check
         except InvalidGradient as exc:
             logger.warning("round %d: unusable client output: %s", local.round, exc)
             vector = self.layout.contribution(None)
-        weight = local.fit_samples if local.update is not None else max(1, local.eval_samples)
-        return vector, weight
+        if local.update is not None:
+            return vector, local.fit_samples
+        return vector, min(cap, max(1, local.eval_samples))  # the rule weighs evaluations by tail
 
     def _epsilon(self) -> float | None:
         """ε spent so far: SecAgg's central DP if set, else this peer's local DP."""

@@ -15,9 +15,11 @@ from ...errors import InvalidGradient
 from ...formats.pubsub import session_topic
 from ...formats.roster import Roster
 from ...storage.dag import DEFAULT_CHUNK_BYTES, values_per_chunk
+from ..accumulate.config import DEFAULT_MAX_WEIGHT
 
 __all__ = [
     "AGGREGATIONS",
+    "DEFAULT_MAX_VALUE",
     "AgreedConfig",
     "AgreedRoundResult",
     "Aggregation",
@@ -29,6 +31,9 @@ __all__ = [
 Aggregation = Literal["all-to-all", "reduce-scatter", "auto"]
 AGGREGATIONS: tuple[Aggregation, ...] = ("all-to-all", "reduce-scatter", "auto")
 """How an agreed round computes its model (see :mod:`.agreed_slicing`)."""
+
+DEFAULT_MAX_VALUE: float = 2.0**64
+"""Default bound on a contribution's values (``AgreedConfig.max_value``): about 1.8e19."""
 
 
 class UpdateRule(Protocol):
@@ -131,6 +136,24 @@ class AgreedConfig:
     chain_groups
         A chained round's number of steps per slice ``G`` (``None``: ``chain_groups(N)`` of the
         roster, ≈ √N with at least 5 slices; one group runs one-level); the same on every member.
+    max_weight
+        Largest weight one roster entry may have (default :data:`DEFAULT_MAX_WEIGHT`, 2**20).
+        Refused, not clipped: a coordinator does not list a contribution announced with a larger
+        weight (its peer is named in ``rejected``), a roster listing one is not adopted (its
+        coordinator is named in ``rejected`` and the next-ranked coordinator takes over), and
+        :meth:`AgreedSession.run_round` refuses a larger own weight (``InvalidGradient``).
+        Records are unchanged: a verifier recomputes the roster's weights as listed.
+    max_value
+        Largest magnitude a contribution's values may have (default :data:`DEFAULT_MAX_VALUE`,
+        2**64; ``None``: only finite). Checked on a contribution's bytes when it is fetched, the
+        same on every peer: one with a larger value is refused like a corrupt one (its peer is
+        named in ``rejected``, and a roster listing it is not adopted), and ``run_round``
+        refuses a larger own value. One round then moves a value by at most
+        ``|learning_rate| · max_value``, so the default rule's model stays finite in float32
+        (about 2**64 rounds at learning rate 1 before it could leave float32's range).
+        In a reduce-scatter round a chunked contribution's slices are checked by their
+        reducers: a sender with a larger value is recorded missing, as for a non-finite one.
+        Every member must use the same ``max_weight`` and ``max_value``.
     """
 
     members: tuple[str, ...]
@@ -151,6 +174,8 @@ class AgreedConfig:
     model_every: int = 4
     chained: bool = False
     chain_groups: int | None = None
+    max_weight: int = DEFAULT_MAX_WEIGHT
+    max_value: float | None = DEFAULT_MAX_VALUE
 
     def __post_init__(self) -> None:
         if not self.members or len(set(self.members)) != len(self.members):
@@ -174,6 +199,18 @@ class AgreedConfig:
             raise InvalidGradient("chain_groups must be >= 1 or None (about √N)")
         if not self.done_timeout >= 0:
             raise InvalidGradient("done_timeout must be >= 0 seconds")
+        self._check_bounds()
+
+    def _check_bounds(self) -> None:
+        """Check ``max_weight`` (an int ≥ 1) and ``max_value`` (``None`` or in (0, FLT_MAX])."""
+        weight = self.max_weight
+        if not isinstance(weight, int) or isinstance(weight, bool) or weight < 1:
+            raise InvalidGradient(f"max_weight must be an integer >= 1, got {weight!r}")
+        limit = float(np.finfo(np.float32).max)
+        if self.max_value is not None and not 0 < self.max_value <= limit:
+            raise InvalidGradient(
+                f"max_value must be in (0, {limit:g}] or None, got {self.max_value}"
+            )
 
     def stores_model(self, r: int) -> bool:
         """Whether the holders put round ``r``'s model (see ``model_every``)."""

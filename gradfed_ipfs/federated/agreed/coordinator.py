@@ -278,7 +278,7 @@ def roster_problem(
 
     ``excluded`` are the peers the session's agreed history proves lying reducers
     (:attr:`~gradfed_ipfs.formats.roster.AgreedRecord.excluded` of the round's base record):
-    a roster listing one is refused.
+    a roster listing one is refused, as is one listing a weight above ``config.max_weight``.
     """
     if roster.session != session or bytes(roster.genesis) != bytes(genesis):
         return "another session"
@@ -287,6 +287,11 @@ def roster_problem(
     members = set(config.members)
     if roster.coordinator not in members or not set(roster.peers) <= members:
         return "lists a non-member"
+    heavy = [e for e in roster.entries if e.weight > config.max_weight]
+    if heavy:
+        return (
+            f"lists {heavy[0].peer} with weight {heavy[0].weight} > max_weight {config.max_weight}"
+        )
     liars = sorted(set(roster.peers) & set(excluded))
     if liars:
         return f"lists proven lying reducer(s) {', '.join(liars)}"

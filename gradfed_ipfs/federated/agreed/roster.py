@@ -177,6 +177,10 @@ class RosterPhase:
                 entries[peer] = (c.cid, c.weight)
         for peer in ctx.excluded:  # proven liars (this one too): no roster may list them
             entries.pop(peer, None)
+        for peer, (_, weight) in list(entries.items()):
+            if weight > ctx.config.max_weight:  # no roster may list it either
+                ctx.rejected[peer] = f"weight {weight} > max_weight {ctx.config.max_weight}"
+                del entries[peer]
         ready = {}
         for peer, (cid, weight) in entries.items():
             task = self._fetcher.get(cid)

@@ -55,7 +55,7 @@ from ...storage.dag import fetch_gradient, put_gradient
 from ...storage.retention import GatedStore, RetentionHook
 from ..exchange.announcer import Reannouncer
 from ..exchange.encoded import encode_gradient
-from ..exchange.fetcher import ContributionFetcher
+from ..exchange.fetcher import ContributionFetcher, check_values
 from ..sliced.faults import SliceFaults
 from .aggregate import AggregateStep
 from .config import AgreedConfig, AgreedRoundResult, ResyncResult, agreed_topic
@@ -150,7 +150,9 @@ class AgreedSession:
         )
         self._tasks: list[asyncio.Task[None]] = []
         fetch_store = store if retention is None else GatedStore(store, retention.gate)
-        self._fetcher = ContributionFetcher(fetch_store, config.fetch_timeout, self._poke)
+        self._fetcher = ContributionFetcher(
+            fetch_store, config.fetch_timeout, self._poke, max_value=config.max_value
+        )
         self._storage = RoundStorage(store, retention)
         self._started: _Started | None = None
 
@@ -203,7 +205,10 @@ class AgreedSession:
         board = RoundBoard(self.session, self.genesis, self.peer_id, self.config.members)
         slicing = await self._open_slicing()
         if slicing is not None:  # only roots are checked before the roster
-            self._fetcher = RootFetcher(self._fetcher.store, self.config.fetch_timeout, self._poke)
+            self._fetcher = RootFetcher(
+                self._fetcher.store, self.config.fetch_timeout, self._poke,
+                max_value=self.config.max_value,
+            )  # fmt: skip
         messages = SessionMessages(self.session, self.genesis, self.peer_id, self._announcer)
         roster = RosterPhase(self.store, board, messages, self._fetcher, sliced=slicing is not None)
         aggregate = AggregateStep(self.store, board, slicing)
@@ -274,6 +279,8 @@ class AgreedSession:
         """
         if message.base is None or message.weight is None or message.peer in self.excluded:
             return
+        if message.weight > self.config.max_weight:  # refused when the round looks at it
+            return
         current = message.round == self.round and bytes(message.base) == bytes(self.model_cid)
         if current or message.round == self.round + 1:
             self._fetcher.fetch(message.cid, self.model.size)
@@ -316,14 +323,18 @@ class AgreedSession:
 
     def _start_round(self, gradient: GradientLike, weight: int) -> tuple[FloatArray, float]:
         """Check the gradient and make round :attr:`round` current; return its values and start."""
-        if int(weight) < 1:
-            raise InvalidGradient(f"weight must be a positive integer, got {weight}")
+        if not 1 <= int(weight) <= self.config.max_weight:
+            raise InvalidGradient(
+                f"weight must be an integer in [1, max_weight {self.config.max_weight}], "
+                f"got {weight}"
+            )
         started = time.monotonic()
         self.board.advance(self.round)
         self._announcer.withdraw("roster")  # the last round's, re-announced until now
         values = np.array(gradient, dtype=np.float32).reshape(-1)
-        if values.size != self.model.size or not np.isfinite(values).all():
+        if values.size != self.model.size:
             raise InvalidGradient(f"gradient must be {self.model.size} finite values")
+        check_values(values, self.config.max_value, "gradient")
         return values, started
 
     async def _contribute(self, values: FloatArray, weight: int, started: float) -> RoundContext:
@@ -424,7 +435,9 @@ class AgreedSession:
         confirmed = {p for p, h in done.items() if bytes(h.record) == bytes(record)}
         theirs = {p: str(h.record) for p, h in done.items() if bytes(h.record) != bytes(record)}
         self._check_done(r, settle_ties=False)
-        ctx.rejected.update({p: f"announced record {cid}" for p, cid in theirs.items()})
+        for p, cid in theirs.items():  # after any earlier reason (e.g. its refused roster)
+            earlier = ctx.rejected.get(p)
+            ctx.rejected[p] = f"announced record {cid}" + (f"; {earlier}" if earlier else "")
         unconfirmed = tuple(p for p in others if p not in confirmed)
         return AgreedRoundResult(
             round=r,

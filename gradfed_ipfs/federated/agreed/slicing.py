@@ -337,6 +337,7 @@ class SliceStep:
                 phase_timeout=config.round_timeout,
                 chained=config.chained,
                 chain_groups=config.chain_groups,
+                max_value=config.max_value,
             ),
             faults=self._faults,
         )

@@ -13,7 +13,7 @@ from ...errors import BlockCorrupt, DecodeError, GradientError, InvalidGradient
 from ...storage.base import BlockStore
 from ...storage.dag import fetch_gradient
 
-__all__ = ["ContributionFetcher", "is_transient"]
+__all__ = ["ContributionFetcher", "check_values", "is_transient"]
 
 
 def is_transient(task: asyncio.Task[FloatArray]) -> bool:
@@ -24,12 +24,24 @@ def is_transient(task: asyncio.Task[FloatArray]) -> bool:
     return exc is not None and not isinstance(exc, BlockCorrupt | DecodeError | GradientError)
 
 
+def check_values(values: FloatArray, max_value: float | None, what: str) -> None:
+    """Raise ``InvalidGradient`` if a value is not finite or of magnitude above ``max_value``."""
+    if not np.isfinite(values).all():
+        raise InvalidGradient(f"{what} has non-finite values")
+    if max_value is not None and values.size and float(np.abs(values).max()) > max_value:
+        raise InvalidGradient(f"{what} has a value of magnitude above max_value {max_value:g}")
+
+
 async def _value(values: FloatArray) -> FloatArray:
     return values
 
 
 class ContributionFetcher:
     """One fetch task per contribution CID; each result is ``length`` finite float32 values.
+
+    A contribution with a non-finite value, or one of magnitude above ``max_value``, is refused
+    (``InvalidGradient``, not transient): the check reads only its bytes, so every peer decides
+    alike.
 
     Parameters
     ----------
@@ -39,12 +51,22 @@ class ContributionFetcher:
         Seconds one contribution may take.
     on_done
         Called whenever a fetch finishes (wakes the round's waiters).
+    max_value
+        Largest magnitude a value may have (``None``: any finite value).
     """
 
-    def __init__(self, store: BlockStore, timeout: float, on_done: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        store: BlockStore,
+        timeout: float,
+        on_done: Callable[[], None],
+        *,
+        max_value: float | None = None,
+    ) -> None:
         self.store = store
         self.timeout = timeout
         self.on_done = on_done
+        self.max_value = max_value
         self.tasks: dict[bytes, asyncio.Task[FloatArray]] = {}
 
     def known(self, cid: CID, values: FloatArray) -> None:
@@ -67,8 +89,7 @@ class ContributionFetcher:
     async def _fetch(self, cid: CID, length: int) -> FloatArray:
         values = await fetch_gradient(self.store, cid, timeout=self.timeout, expected_length=length)
         flat = np.asarray(values, np.float32).reshape(-1)
-        if not np.isfinite(flat).all():
-            raise InvalidGradient(f"contribution {cid} has non-finite values")
+        check_values(flat, self.max_value, f"contribution {cid}")
         return flat
 
     def retain(self, keep: set[bytes]) -> None:

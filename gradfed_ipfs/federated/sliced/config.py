@@ -36,6 +36,9 @@ class ReduceScatterConfig:
     chain_groups: int | None = None
     """A chained round's ``G`` (every peer the same); ``None``: :func:`~.slices.chain_groups`
     of the roster's size."""
+    max_value: float | None = None
+    """Largest magnitude an input slice's value may have (every peer the same); a sender whose
+    slice has a larger one is recorded missing, as for a non-finite one. ``None``: any finite."""
 
 
 @dataclass

@@ -13,7 +13,6 @@ import asyncio
 from collections.abc import Callable
 from typing import cast
 
-import numpy as np
 from multiformats import CID
 
 from ..._types import FloatArray
@@ -27,6 +26,7 @@ from ...formats.slices import SliceInputs, SliceMessage, SliceRecord
 from ...storage.base import Block
 from ...storage.dag import put_gradient
 from ...storage.retention import put_pinned_alone
+from ..exchange.fetcher import check_values
 from ..exchange.records import carried_or_fetched
 from .config import ReduceScatterConfig, SliceWork
 from .context import SliceRound
@@ -95,8 +95,7 @@ class Reducer:
                 timeout=self.config.fetch_timeout,
                 concurrency=self.config.concurrency,
             )
-            if not np.isfinite(values).all():
-                raise InvalidGradient(f"contribution {cid} has non-finite values")
+            check_values(values, self.config.max_value, f"contribution {cid}")
             part.rows[peer] = values
         except (BlockStoreError, DecodeError, GradientError):
             part.failed.add(peer)  # the sender's fault: it is excluded, not the round

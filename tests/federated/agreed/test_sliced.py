@@ -647,3 +647,32 @@ async def test_a_lying_step_of_a_chained_round_is_excluded_and_the_record_reveri
     assert all(res.liars == (liar.peer_id,) for res in honest)
     # Whether its step was a partial sum or a slice record, the record proves it again.
     await verify_agreed_history(store, honest[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
+
+
+async def test_a_sender_whose_slice_is_above_max_value_is_missing_and_the_model_stays_finite() -> (
+    None
+):
+    # Its chunked contribution is finite but its last chunk holds 3.0e38: the reducer of that
+    # slice records it missing (as a non-finite one), and so does every slice after that.
+    store, bus = MemoryBlockStore(), MemoryPubsubBus()
+    peers = Peers(store, bus)
+    genesis = await peers.start(PEERS[:3], aggregation="reduce-scatter", done_timeout=0.0)
+    hostile = PEERS[3]
+    values = gradient(3, 0)
+    values[-10:] = 3.0e38
+    contribution = await put_gradient(store, values, chunk_bytes=CHUNK)
+    message = AgreedMessage(
+        "contrib", "rs", genesis, 0, hostile, contribution, base=genesis, weight=2**20,  # type: ignore[arg-type]
+    )  # fmt: skip
+    try:
+        await bus.endpoint(hostile).publish(peers.sessions[0].topic, message.encode())
+        results = await peers.round(0)
+    finally:
+        await peers.close()
+    assert results[0].roster.peers == PEERS
+    assert all(res.aggregation == "reduce-scatter" for res in results)
+    assert all(res.missing == (hostile,) for res in results)
+    assert all(hostile in res.rejected for res in results)
+    assert len({res.model for res in results}) == 1
+    assert np.isfinite(peers.sessions[0].model).all()
+    await verify_agreed_history(store, results[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
