@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -15,9 +16,11 @@ from gradfed_ipfs.federated.regional.session import (
     RegionalSession,
     verify_regional_round,
 )
+from gradfed_ipfs.formats.regional import RegionalRecord
 from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import KuboBlockStore, put_gradient
 from gradfed_ipfs.tensor import federated_average_in_regions, hierarchical_federated_average
+from tests.cli.test_cli import run_cli
 
 pytestmark = pytest.mark.kubo
 
@@ -106,3 +109,23 @@ async def test_in_regions_keeps_the_other_regions_blocks_off_its_daemons(peers: 
     for entry in results[0].region_roster.entries:
         assert not await peers.stores[2].has(entry.contribution)  # eu data stays in eu
     assert await peers.stores[2].has(results[0].result)
+
+
+async def test_the_cli_verifies_a_regional_record_and_refuses_a_forged_one(
+    peers: Peers, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, _, results = await run_round(peers, "regional-kubo-cli")
+    record = str(results[0].record)
+    store = peers.stores[2]
+    forged_record = dataclasses.replace(
+        RegionalRecord.from_block(await store.get(record)), combine="weighted"
+    )
+    forged = str(await store.put(forged_record.to_block()))
+    api = ("--api", store.api_url)
+    for command in ("verify-round", "history"):
+        code, out, _ = await asyncio.to_thread(run_cli, capsys, *api, command, record)
+        assert code == 0, command
+        assert f"regional round 0 ({record}): verified" in out
+        code, _, err = await asyncio.to_thread(run_cli, capsys, *api, command, forged)
+        assert code == 1, command
+        assert "combine to" in err
