@@ -12,6 +12,7 @@ from gradfed_ipfs.tensor import (
     ServerAdagrad,
     ServerAdam,
     ServerMomentum,
+    ServerNesterov,
     ServerYogi,
     fedprox_gradient,
     qfedavg_update,
@@ -34,6 +35,20 @@ def test_fedavgm_momentum_accumulates_over_rounds() -> None:
     np.testing.assert_allclose(x2, [2.5, 3.0])
     np.testing.assert_allclose(s2.arrays["v"], [1.5, 1.0])
     assert s2.step == 2
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.5])
+def test_nesterov_two_equal_steps_look_ahead(momentum: float) -> None:
+    # Step 1: v = Δ, x = η (1 + μ) Δ.  Step 2: v = (1 + μ) Δ, x += η (Δ + μ (1 + μ) Δ).
+    opt = ServerNesterov(learning_rate=0.5, momentum=momentum)
+    delta = np.array([1.0, -2.0], np.float32)
+    x1, s1 = opt.step([0.0, 0.0], delta)
+    x2, s2 = opt.step(x1, delta, s1)
+    np.testing.assert_array_equal(x1, 0.5 * (1 + momentum) * delta)
+    np.testing.assert_array_equal(s2.arrays["v"], (1 + momentum) * delta)
+    np.testing.assert_array_equal(x2, x1 + 0.5 * (1 + momentum * (1 + momentum)) * delta)
+    assert s2.step == 2
+    assert opt.state_names == ("v",)
 
 
 def test_fedadagrad_two_steps() -> None:
@@ -94,6 +109,10 @@ def test_bad_settings_and_state_are_refused() -> None:
         ServerMomentum(server_momentum=1.0)
     with pytest.raises(ConfigError):
         ServerAdam(eta=0.0)
+    with pytest.raises(ConfigError, match="momentum"):
+        ServerNesterov(momentum=1.0)
+    with pytest.raises(ConfigError, match="learning_rate"):
+        ServerNesterov(learning_rate=float("nan"))
     with pytest.raises(InvalidGradient, match="expected 8"):
         OptimizerState.from_dict({"step": 1, "arrays": {"m": b"\0" * 4}}, 2)
     with pytest.raises(InvalidGradient):
