@@ -443,10 +443,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def diloco_strategy() -> Strategy:
     """DiLoCo's outer optimizer (Nesterov SGD, lr 0.7, momentum 0.9)."""
-    from gradfed_ipfs.training import DiLoCo  # type: ignore[attr-defined,unused-ignore]
+    from gradfed_ipfs.training import DiLoCo
 
-    strategy: Strategy = DiLoCo(outer_lr=0.7, momentum=0.9)
-    return strategy
+    return DiLoCo(outer_lr=0.7, momentum=0.9)
 
 
 if __name__ == "__main__":
