@@ -1,7 +1,8 @@
 """Packed chunk blocks: an agreed round's compressed contribution, one block per chunk range.
 
-A compressed contribution is stored like a dense one (:func:`~gradfed_ipfs.storage.dag.put_gradient`:
-a raw block, or chunks linked by a manifest, with the same ranges), but each chunk is one
+A compressed contribution is stored like a dense one
+(:func:`~gradfed_ipfs.storage.dag.put_gradient`: a raw block, or chunks linked by a manifest,
+with the same ranges), but each chunk is one
 packed block (raw codec) of this layout, all integers little-endian::
 
     magic "GFPK" | version u8 = 1 | codec u8 | reserved u16 = 0 | block u32
@@ -70,7 +71,9 @@ def _varints(deltas: NDArray[np.int64]) -> bytes:
     """Return the minimal LEB128 encoding of non-negative ``deltas``, one after another."""
     if deltas.size == 0:
         return b""
-    sizes = 1 + sum((deltas >= 1 << (7 * j)).astype(np.int64) for j in range(1, _MAX_VARINT))
+    sizes = np.ones(deltas.size, np.int64)
+    for j in range(1, _MAX_VARINT):
+        sizes += deltas >= 1 << (7 * j)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     out = np.zeros(int(sizes.sum()), np.uint8)
     for j in range(_MAX_VARINT):

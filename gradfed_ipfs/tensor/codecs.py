@@ -22,7 +22,7 @@ from typing import ClassVar, Final
 import numpy as np
 
 from .._types import FloatArray, GradientLike
-from ..errors import ConfigError, InvalidCompressionRatio, ShapeMismatch
+from ..errors import ConfigError, InvalidCompressionRatio, InvalidGradient, ShapeMismatch
 from .compression import (
     _EPS32,
     GradientCompressor,

@@ -268,6 +268,7 @@ def pack_chunks(
             lo, hi = np.searchsorted(chosen, [offset, offset + lossy])
             local = chosen[lo:hi] - offset
             stored = values[offset + local]
+        codes: NDArray[np.generic]
         if spec.bits == 32:
             scales, codes = np.zeros(0, np.float32), np.array(stored, np.float32)
         else:
