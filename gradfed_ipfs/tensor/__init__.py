@@ -4,7 +4,8 @@ Modules: ``types`` (layer gradients), ``metadata`` (dtype, tensor metadata), ``d
 (``GradientDelta``), ``compression`` (the seed's ``GradientCompressor``), ``codecs`` (``Codec``
 registry, error feedback), ``packing`` (agreed rounds' compressed contributions),
 ``aggregation``, ``robust`` (rules; the one clip and norm), ``bulyan``, ``fedopt`` (server
-optimizers), ``regional``, ``kernels``, ``verification``, ``adaptive``. Storing a delta is :mod:`gradfed_ipfs.storage.delta_store`.
+optimizers), ``regional``, ``kernels``, ``verification``, ``adaptive``. Storing a delta is
+:mod:`gradfed_ipfs.storage.delta_store`.
 """
 
 from __future__ import annotations
