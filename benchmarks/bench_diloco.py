@@ -41,11 +41,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -66,9 +67,19 @@ from stdlib_lm import (  # noqa: E402
 )
 
 from gradfed_ipfs import AgreedConfig  # noqa: E402
+from gradfed_ipfs.federated.exchange import encode_gradient  # noqa: E402
 from gradfed_ipfs.kubo import KuboDaemon, KuboPubsub, KuboSwarm  # noqa: E402
 from gradfed_ipfs.storage import KuboBlockStore  # noqa: E402
-from gradfed_ipfs.training import History, Peer, Strategy, VectorAdapter  # noqa: E402
+from gradfed_ipfs.tensor import Int8, TopKInt2  # noqa: E402
+from gradfed_ipfs.training import (  # noqa: E402
+    DiLoCo,
+    History,
+    Peer,
+    SparseLoCo,
+    Strategy,
+    VectorAdapter,
+    VectorLayout,
+)
 
 DEFAULT_PLOT = ROOT / "docs" / "img" / "diloco.png"
 LABELS = {
@@ -109,17 +120,13 @@ class Outcome:
 
 def strategy_of(key: str) -> Callable[[], Strategy]:
     """The outer optimizer of a DiLoCo variant (a factory: one instance per peer)."""
-    from gradfed_ipfs.training import DiLoCo, SparseLoCo  # type: ignore[attr-defined]
-
     if key == "d":
-        return lambda: SparseLoCo(outer_lr=1.0)  # type: ignore[no-any-return]
-    return lambda: DiLoCo(outer_lr=0.7, momentum=0.9)  # type: ignore[no-any-return]
+        return lambda: SparseLoCo(outer_lr=1.0)
+    return lambda: DiLoCo(outer_lr=0.7, momentum=0.9)
 
 
 def compression_of(key: str, ratio: float) -> dict[str, Any]:
     """``AgreedConfig`` fields of a variant's contributions (float32 for ``b``)."""
-    from gradfed_ipfs.tensor import Int8, TopKInt2  # type: ignore[attr-defined]
-
     if key == "c":
         return {"compression": Int8()}
     if key == "d":
@@ -157,14 +164,19 @@ async def run_diloco(
     try:
         peers = [
             Peer(
-                store=store, pubsub=pubsub, client=make_client(corpus, i, config),
-                adapter=VectorAdapter(), initial_model=initial_vector(config),
+                store=store,
+                pubsub=pubsub,
+                client=make_client(corpus, i, config),
+                adapter=VectorAdapter(),
+                initial_model=initial_vector(config),
                 config=federation(
                     corpus, config, rounds, args.h, **({} if i == 0 else {"evaluate_fn": None})
                 ),
-                agreed=agreed, strategy=make_strategy(), session=f"diloco-{key}-{os.getpid()}",
+                agreed=agreed,
+                strategy=make_strategy(),
+                session=f"diloco-{key}-{os.getpid()}",
                 log=(lambda line: print(f"  {key}: {line}", flush=True)) if i == 0 else None,
-            )  # fmt: skip
+            )
             for i, (store, pubsub) in enumerate(zip(stores, pubsubs, strict=True))
         ]
         histories = await asyncio.gather(*(peer.run(linger=30.0) for peer in peers))
@@ -295,10 +307,10 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def dense_bytes(config: LMConfig) -> int:
-    """Bytes of one float32 contribution of the LM (``b``'s per-round ``sent_bytes``)."""
-    from gradfed_ipfs.federated.agreed import contribution_bytes  # type: ignore[attr-defined]
-
-    return int(contribution_bytes(parameter_count(config) + 1))
+    """Bytes of one float32 contribution of the LM session (``b``'s ``sent_bytes`` a round)."""
+    layout = VectorLayout(parameter_count(config), ("train_loss",), ())
+    encoded = asyncio.run(encode_gradient(np.zeros(layout.size, np.float32)))
+    return encoded.nbytes
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -339,6 +351,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-__all__ = ["Outcome", "goal_lines", "main", "plot", "replace", "table"]

@@ -48,6 +48,9 @@ class RoundEntry:
     secure
         Under :class:`~gradfed_ipfs.training.secure.SecAgg`, the sampled peers whose masked
         updates were in the secure sum (``None`` without SecAgg).
+    sent_bytes
+        Bytes of this peer's contribution blocks this round (``AgreedRoundResult.sent_bytes``:
+        about ``4·d`` dense, less with ``AgreedConfig.compression``).
     """
 
     round: int
@@ -68,6 +71,7 @@ class RoundEntry:
     epsilon: float | None = None
     timings: dict[str, float] = field(default_factory=dict)
     secure: list[str] | None = None
+    sent_bytes: int = 0
 
 
 @dataclass

@@ -313,9 +313,11 @@ class Peer(Generic[M]):
             config=round_config,
         )
         min_peers = config.min_available if config.min_available is not None else agreed.min_peers
-        self.agreed = replace(
-            agreed, rule=self.rule, min_peers=min_peers, learning_rate=config.learning_rate
-        )
+        exact_tail = self.layout.tail if agreed.compression is not None else agreed.exact_tail
+        self.agreed = replace(  # compressed: the metrics tail (sample counts) is sent exact
+            agreed, rule=self.rule, min_peers=min_peers, learning_rate=config.learning_rate,
+            exact_tail=exact_tail,
+        )  # fmt: skip
         self.log = log
         self.session: AgreedSession | None = None
 
@@ -412,6 +414,7 @@ class Peer(Generic[M]):
             eval_metrics=summary.eval_metrics, timings=local.timings,
             epsilon=self._epsilon(),
             secure=list(summary.secure) if isinstance(self.strategy, SecAgg) else None,
+            sent_bytes=result.sent_bytes,
         )  # fmt: skip
         if self.config.evaluate_fn is not None and r < self.config.rounds:
             t = time.monotonic()
