@@ -24,7 +24,7 @@ from gradfed_ipfs.tensor.aggregation import (
     SampleWeightedMean,
     TrimmedMean,
 )
-from gradfed_ipfs.tensor.codecs import Codec, Int4, Int8, TopK, TopKInt8
+from gradfed_ipfs.tensor.codecs import Codec, Int2, Int4, Int8, TopK, TopKInt2, TopKInt8
 
 Array = NDArray[np.float64]
 N_FEATURES = 65  # 64 pixels + bias
@@ -138,7 +138,7 @@ def parse_method(text: str, peers: int) -> AggregationStrategy:
 
 
 def parse_codec(text: str | None) -> Codec | None:
-    """``topk:R``, ``int8``, ``int4`` or ``topk:R,int8``; ``None`` for no compression."""
+    """``int8``, ``int4``, ``int2``, ``topk:R``, ``topk:R,int8``, ``topk:R,int2``; or ``None``."""
     if not text:
         return None
     parts = [p.strip().lower() for p in text.split(",") if p.strip()]
@@ -149,18 +149,18 @@ def parse_codec(text: str | None) -> Codec | None:
         try:
             if name == "topk":
                 ratio = float(arg or 0.01)
-            elif name in ("int8", "int4") and not arg:
+            elif name in ("int8", "int4", "int2") and not arg:
                 bits = int(name[3:])
             else:
-                raise InvalidGradient(f"unknown codec {part!r} (topk:R, int8, int4)")
+                raise InvalidGradient(f"unknown codec {part!r} (topk:R, int8, int4, int2)")
         except ValueError:
             raise InvalidGradient(f"bad codec parameter in {part!r}") from None
-    if ratio is not None and bits == 8:
-        return TopKInt8(ratio=ratio)
+    if ratio is not None and bits in (8, 2):
+        return TopKInt8(ratio=ratio) if bits == 8 else TopKInt2(ratio=ratio)
     if ratio is not None and bits is None:
         return TopK(ratio=ratio)
     if ratio is None and bits is not None:
-        return Int8() if bits == 8 else Int4()
+        return {8: Int8, 4: Int4, 2: Int2}[bits]()
     raise InvalidGradient(f"unsupported codec combination {text!r}")
 
 

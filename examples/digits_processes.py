@@ -97,7 +97,9 @@ async def run_peer(
                 adapter=VectorAdapter(),
                 initial_model=initial_model(),
                 config=task_federation(data, task),
-                agreed=AgreedConfig(members=tuple(members), **KUBO_TIMING),
+                agreed=AgreedConfig(
+                    members=tuple(members), compression=task.compression(), **KUBO_TIMING
+                ),
                 strategy=task.strategy(),
                 session=session,
                 log=log,
@@ -125,10 +127,13 @@ def peer_main(argv: Sequence[str]) -> int:
     add("--alpha", type=float, default=d.alpha)
     add("--seed", type=int, default=d.seed)
     add("--method", default=d.method)
+    add("--diloco", action="store_true", help="DiLoCo's outer Nesterov step (H = --local-steps)")
+    add("--compress", default=d.compress, help="the agreed rounds' codec (digits_model)")
     args = parser.parse_args(argv)
     task = Task(
-        args.peers, args.rounds, args.local_steps, args.lr, args.alpha, args.seed, args.method
-    )
+        args.peers, args.rounds, args.local_steps, args.lr, args.alpha, args.seed, args.method,
+        args.diloco, args.compress,
+    )  # fmt: skip
     members = args.members.split(",")
     history = asyncio.run(
         run_peer(

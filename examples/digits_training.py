@@ -18,10 +18,11 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from gradfed_ipfs.tensor import fedprox_gradient
+from gradfed_ipfs.tensor import Codec, fedprox_gradient
 from gradfed_ipfs.training import (
     Client,
     ConfigValue,
+    DiLoCo,
     FedAvg,
     FederationConfig,
     History,
@@ -40,6 +41,7 @@ from digits_model import (
     accuracy,
     gradient,
     load_data,
+    parse_codec,
     parse_method,
 )
 
@@ -57,16 +59,24 @@ class Task:
     alpha: float = 1.0
     seed: int = 0
     method: str = "fedavg"
+    diloco: bool = False
+    compress: str = ""
 
     def data(self) -> DigitsData:
         """Return the seeded split (the same in every process)."""
         return load_data(self.peers, self.alpha, self.seed)
 
     def strategy(self) -> Strategy:
-        """Return a fresh strategy: ``FedAvg`` or ``Robust(rule)`` for the other ``--method``s."""
+        """Return a fresh strategy: ``DiLoCo`` with ``diloco``, else ``FedAvg`` or ``Robust``."""
+        if self.diloco:
+            return DiLoCo(outer_lr=0.7, momentum=0.9)  # OpenDiLoCo's outer Nesterov SGD
         if self.method.lower() == "fedavg":
             return FedAvg()
         return Robust(parse_method(self.method, self.peers))
+
+    def compression(self) -> Codec | None:
+        """Return the agreed rounds' contribution codec (``None``: dense float32)."""
+        return parse_codec(self.compress)
 
     def flags(self) -> list[str]:
         """Return the task as command-line flags of ``digits_processes.py peer``."""
@@ -74,6 +84,7 @@ class Task:
             f"--peers={self.peers}", f"--rounds={self.rounds}",
             f"--local-steps={self.local_steps}", f"--lr={self.lr!r}",
             f"--alpha={self.alpha!r}", f"--seed={self.seed}", f"--method={self.method}",
+            *(["--diloco"] if self.diloco else []), f"--compress={self.compress}",
         ]  # fmt: skip
 
 
@@ -171,5 +182,6 @@ def simulate(
             config=federation(data, task, **settings),
             strategy=strategy or task.strategy,
             session=session,
+            compression=task.compression(),
         )
     )

@@ -11,7 +11,9 @@ Two ways to run them:
 - with ``--processes``, **one OS process per peer**, each talking only to its own daemon,
   through the training API's agreed rounds (``digits_processes.py``); every process ends on
   the same model CID, printed next to the in-process run of the same task
-  (``digits_training.py``).
+  (``digits_training.py``). There ``--diloco H`` trains H local steps a round under DiLoCo's
+  outer Nesterov step, and ``--compress`` sends each contribution with that codec (int8, int4,
+  int2, topk:R, topk:R,int8, topk:R,int2) with error feedback, inside the agreed rounds.
 
 Options: ``--byzantine K`` makes the last K peers send their delta sign-flipped and scaled by 10;
 ``--dp-noise Z`` clips each delta to ``--dp-clip`` and adds Gaussian noise N(0, (Z·C)²) before it
@@ -19,7 +21,8 @@ leaves the peer (local, client-level DP), accounted per peer with an RDP account
 ``--secagg`` sends sample-weighted deltas masked with the Bonawitz et al. protocol (peer 0 acts
 as the aggregator: it fetches the masked vectors by CID and learns only their sum; the small
 key-agreement messages are passed in-process, not over pubsub); ``--compress`` encodes deltas
-with a codec and error feedback. These four need the one-process mode.
+with a codec and error feedback (with ``--processes``: the agreed rounds' contributions). The
+first three need the one-process mode.
 
 The data and model are in ``digits_model.py``. Run ``python examples/federated_digits.py --help``.
 """
@@ -102,7 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--processes", action="store_true", help="one OS process per peer (training API)")
     add("--method", default=d.method, help="fedavg | median | trimmed:B | krum:F | multikrum:F[:M]")
-    add("--compress", default=None, help="codec for deltas: topk:R | int8 | int4 | topk:R,int8")
+    add(
+        "--compress",
+        default=None,
+        help="codec for deltas: int8 | int4 | int2 | topk:R | topk:R,int8 | topk:R,int2",
+    )
+    add("--diloco", type=int, default=None, metavar="H", help="--processes: DiLoCo, H steps")
     add("--dp-noise", type=float, default=None, help="Gaussian noise multiplier z (local DP)")
     add("--dp-clip", type=float, default=d.dp_clip, help="L2 clip norm C of a delta (with DP)")
     add("--dp-delta", type=float, default=d.dp_delta, help="δ at which ε is reported")
@@ -145,7 +153,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     plot_path = args.plot if args.plot is not None else "" if args.processes else str(DEFAULT_PLOT)
     try:
         if args.processes:
-            return report_processes(options, run_processes_mode(options, keep=args.keep), plot_path)
+            run = run_processes_mode(options, keep=args.keep, diloco=args.diloco)
+            return report_processes(options, run, plot_path)
+        if args.diloco is not None:
+            raise ConfigError("--diloco H: only with --processes (the training API)")
         result = run(options, keep=args.keep)
     except GradfedError as exc:
         print(f"error ({type(exc).__name__}): {exc}", file=sys.stderr)
@@ -179,22 +190,31 @@ def main(argv: Sequence[str] | None = None) -> int:
 # --------------------------------------------------------------------------- --processes
 
 
-def task_of(options: Options, *, keep: bool = False) -> Task:
-    """The training-API task of ``options``; refuses what the processes mode does not do."""
+def task_of(options: Options, *, keep: bool = False, diloco: int | None = None) -> Task:
+    """The training-API task of ``options``; refuses what the processes mode does not do.
+
+    ``diloco`` (``--diloco H``) trains ``H`` local steps a round (in place of
+    ``--local-steps``) under DiLoCo's outer optimizer; ``options.compress`` is the agreed
+    rounds' codec.
+    """
     unsupported = {
-        "--compress": options.compress, "--dp-noise": options.dp_noise is not None,
-        "--secagg": options.secagg, "--byzantine": options.byzantine, "--keep": keep,
+        "--dp-noise": options.dp_noise is not None, "--secagg": options.secagg,
+        "--byzantine": options.byzantine, "--keep": keep,
     }  # fmt: skip
     given = [flag for flag, value in unsupported.items() if value]
     if given:
         raise ConfigError(f"{', '.join(given)}: only without --processes (one-process mode)")
-    if options.peers < 2 or options.rounds < 1 or options.local_steps < 1:
+    if diloco is not None and (diloco < 1 or options.method.lower() != "fedavg"):
+        raise ConfigError("--diloco H needs H >= 1 and --method fedavg (DiLoCo is the rule)")
+    local_steps = options.local_steps if diloco is None else diloco
+    if options.peers < 2 or options.rounds < 1 or local_steps < 1:
         raise ConfigError("--processes needs --peers >= 2, --rounds >= 1, --local-steps >= 1")
     task = Task(
-        options.peers, options.rounds, options.local_steps, options.lr, options.alpha,
-        options.seed, options.method,
+        options.peers, options.rounds, local_steps, options.lr, options.alpha,
+        options.seed, options.method, diloco is not None, options.compress or "",
     )  # fmt: skip
     task.strategy()  # an unknown --method fails here, before any daemon starts
+    task.compression()  # and an unknown --compress
     return task
 
 
@@ -219,12 +239,16 @@ class ProcessesRun:
 
 
 def run_processes_mode(
-    options: Options, log: Callable[[str], None] = print, *, keep: bool = False
+    options: Options,
+    log: Callable[[str], None] = print,
+    *,
+    keep: bool = False,
+    diloco: int | None = None,
 ) -> ProcessesRun:
     """Run the task in one process (reference), then as one OS process per peer over Kubo."""
     from gradfed_ipfs.kubo import KuboSwarm
 
-    task = task_of(options, keep=keep)
+    task = task_of(options, keep=keep, diloco=diloco)
     with single_threaded_blas():
         in_process = simulate(task, session=options.session)[0]
         data = load_data(task.peers, task.alpha, task.seed)
@@ -249,9 +273,13 @@ def report_processes(options: Options, run: ProcessesRun, plot_path: str | Path 
         f"{len(run.peers)} peer processes on one model CID: {run.agreed}; "
         f"the in-process run's CID: {same}"
     )
+    sent = sum(e.sent_bytes for e in run.peers[0].history.entries)
+    print(f"peer 0 sent {sent:,} bytes of contributions ({run.task.compress or 'float32'})")
     if plot_path:
         curve = [a for r, a in run.peers[0].history.metrics_centralized()["accuracy"] if r >= 1]
-        label = f"federated: {options.method}, one process per peer"
+        rule = f"DiLoCo H = {run.task.local_steps}" if run.task.diloco else options.method
+        codec = f", {run.task.compress}" if run.task.compress else ""
+        label = f"federated: {rule}{codec}, one process per peer"
         title = f"digits, softmax regression, {len(run.peers)} peer processes over Kubo"
         Path(plot_path).parent.mkdir(parents=True, exist_ok=True)
         print(f"plot: {plot_curves(curve, run.centralized, label, title, Path(plot_path))}")

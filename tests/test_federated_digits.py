@@ -19,7 +19,7 @@ from gradfed_ipfs.federated.privacy.accountant import RdpPrivacyAccountant, gaus
 from gradfed_ipfs.kubo import KuboDaemon, KuboSwarm
 from gradfed_ipfs.provenance import verify_history
 from gradfed_ipfs.storage import KuboBlockStore
-from gradfed_ipfs.tensor import TopKInt8
+from gradfed_ipfs.tensor import Int2, TopKInt2, TopKInt8
 from tests.required import import_area
 
 import_area("sklearn", "sklearn")
@@ -122,6 +122,8 @@ def test_option_parsing() -> None:
     assert parse_method("krum:1", 4) == Krum(f=1)
     assert parse_method("multikrum:1", 4) == MultiKrum(f=1, m=3)
     assert parse_codec("topk:0.1,int8") == TopKInt8(ratio=0.1)
+    assert parse_codec("topk:0.02,int2") == TopKInt2(ratio=0.02)
+    assert parse_codec("int2") == Int2()
     assert parse_codec(None) is None
     for bad in ("mean", "krum:x", "trimmed:0.7"):
         with pytest.raises(InvalidGradient):
@@ -150,7 +152,14 @@ def test_processes_mode_refuses_what_only_the_one_process_mode_does() -> None:
     assert fd.task_of(fd.Options(peers=3, rounds=2, method="median")) == Task(
         peers=3, rounds=2, method="median"
     )
-    assert fd.main(["--processes", "--compress", "int8"]) == ConfigError.exit_code
+    assert fd.main(["--diloco", "5"]) == ConfigError.exit_code  # the training API's only
+    with pytest.raises(ConfigError, match="--diloco H needs"):
+        fd.task_of(fd.Options(method="median"), diloco=5)
+    with pytest.raises(InvalidGradient, match="unknown codec"):
+        fd.task_of(fd.Options(compress="zstd"))
+    assert fd.task_of(fd.Options(rounds=2, compress="int8"), diloco=7) == Task(
+        rounds=2, local_steps=7, diloco=True, compress="int8"
+    )
 
 
 def test_processes_report_prints_every_peer_beside_the_in_process_run(

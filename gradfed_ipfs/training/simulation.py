@@ -17,6 +17,7 @@ from ..errors import ConfigError
 from ..federated.agreed.session import AgreedConfig
 from ..kubo.pubsub import MemoryPubsubBus
 from ..storage.memory import MemoryBlockStore
+from ..tensor.codecs import Codec
 from .history import History
 from .peer import Client, FederationConfig, LocalDP, ModelAdapter, Peer
 from .secure import SecAgg
@@ -49,11 +50,15 @@ async def run_simulation(  # noqa: PLR0913 - public face: keyword-only settings
     log: Callable[[str], None] | None = None,
     timing: Mapping[str, Any] | None = None,
     privacy: Callable[[int], LocalDP | None] | None = None,
+    compression: Codec | None = None,
 ) -> list[History]:
     """Run one peer per client (``peer-0``, ``peer-1``, ...); return their histories.
 
     ``strategy`` may be a factory (one instance per peer, as separate processes would have);
-    ``log`` receives peer 0's report lines; ``privacy(i)`` gives peer ``i``'s :class:`LocalDP`.
+    ``log`` receives peer 0's report lines; ``privacy(i)`` gives peer ``i``'s :class:`LocalDP`;
+    ``compression`` is the agreed rounds' contribution codec (``AgreedConfig.compression``, with
+    its default error feedback; ``None``: dense float32); ``timing`` overrides
+    :data:`SIMULATION_TIMING`.
 
     Raises
     ------
@@ -65,7 +70,8 @@ async def run_simulation(  # noqa: PLR0913 - public face: keyword-only settings
         raise ConfigError("SecAgg with central_dp needs a factory: one accountant per peer")
     bus = MemoryPubsubBus()
     members = tuple(f"peer-{i}" for i in range(len(clients)))
-    agreed = AgreedConfig(members=members, **{**SIMULATION_TIMING, **(timing or {})})
+    timing = {**SIMULATION_TIMING, **(timing or {})}
+    agreed = AgreedConfig(members=members, compression=compression, **timing)
     async with MemoryBlockStore() as store:
         peers = [
             Peer(

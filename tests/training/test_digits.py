@@ -100,6 +100,25 @@ def test_strategies_learn_the_task(strategy: str) -> None:
     assert histories[0].strategy.startswith(make_strategy(strategy).name)
 
 
+@pytest.mark.parametrize("compress", ["", "int8", "topk:0.2,int2"])
+def test_diloco_with_compressed_contributions_learns_and_sends_fewer_bytes(compress: str) -> None:
+    # the example's --processes --diloco 10 --compress C, in one process
+    small = Task(peers=3, rounds=5, local_steps=10, alpha=0.5, diloco=True, compress=compress)
+    histories = task.simulate(small, session=f"digits-diloco-{compress}")
+    assert len({h.entries[-1].model for h in histories}) == 1
+    assert histories[0].strategy.startswith("diloco")
+    assert final_accuracy(histories[0]) >= 0.85
+    sent = [e.sent_bytes for e in histories[0].entries[:-1]]
+    dense = 4 * 650  # float32 parameters; the framing and the exact metrics tail come on top
+    expected = {
+        "": (dense, 2 * dense),
+        "int8": (dense / 4, dense / 2),
+        "topk:0.2,int2": (0, dense / 6),
+    }
+    low, high = expected[compress]
+    assert all(low < s < high for s in sent), sent
+
+
 # --------------------------------------------------------------------------- OS processes
 
 
