@@ -155,7 +155,7 @@ def test_processes_mode_refuses_what_only_the_one_process_mode_does() -> None:
     assert fd.main(["--diloco", "5"]) == ConfigError.exit_code  # the training API's only
     with pytest.raises(ConfigError, match="--diloco H needs"):
         fd.task_of(fd.Options(method="median"), diloco=5)
-    with pytest.raises(InvalidGradient, match="unknown codec"):
+    with pytest.raises(InvalidGradient, match="codec"):
         fd.task_of(fd.Options(compress="zstd"))
     assert fd.task_of(fd.Options(rounds=2, compress="int8"), diloco=7) == Task(
         rounds=2, local_steps=7, diloco=True, compress="int8"
