@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import dataclasses
+import struct
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
 
 from gradfed_ipfs import AgreedConfig, AgreedRoundResult, AgreedSession, verify_agreed_history
+from gradfed_ipfs.block import Block
 from gradfed_ipfs.errors import ConfigError, QuorumNotReached
-from gradfed_ipfs.formats.roster import AgreedRecord
+from gradfed_ipfs.federated.exchange import encode_gradient
+from gradfed_ipfs.formats.manifest import ChunkManifest
+from gradfed_ipfs.formats.packed import PACKED_HEADER_BYTES
+from gradfed_ipfs.formats.roster import AgreedMessage, AgreedRecord
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore, fetch_gradient
 from gradfed_ipfs.tensor import (
@@ -56,9 +62,7 @@ def initial_model(d: int = D) -> np.ndarray:
 
 
 def gradient(peer: int, round_number: int, d: int = D) -> np.ndarray:
-    return (0.1 * np.random.default_rng([peer, round_number]).standard_normal(d)).astype(
-        np.float32
-    )
+    return (0.1 * np.random.default_rng([peer, round_number]).standard_normal(d)).astype(np.float32)
 
 
 async def run_session(
@@ -108,7 +112,10 @@ async def test_every_encoding_ends_on_one_model_cid(codec: Codec, aggregation: s
         record = AgreedRecord.from_block(await store.get(results[-1][0].record))
         assert record.encoding == codec.packing().label
         records = await verify_agreed_history(
-            store, results[-1][0].record, session="c", genesis=genesis  # type: ignore[arg-type]
+            store,
+            results[-1][0].record,
+            session="c",
+            genesis=genesis,  # type: ignore[arg-type]
         )
         assert [rec.round for rec in records] == [0, 1]
         assert len({bytes(s.model.tobytes()) for s in sessions}) == 1
@@ -125,7 +132,10 @@ async def test_chained_reduce_scatter_with_top_k_int2_equals_all_to_all() -> Non
             )
             assert all(len({res.model for res in rr}) == 1 for rr in results)
             await verify_agreed_history(
-                store, results[-1][0].record, session="c", genesis=genesis  # type: ignore[arg-type]
+                store,
+                results[-1][0].record,
+                session="c",
+                genesis=genesis,  # type: ignore[arg-type]
             )
         models[mode] = [rr[0].model for rr in results]
     assert models["chained"] == models["all-to-all"]  # the same bits either way
@@ -168,7 +178,8 @@ def test_config_takes_only_codecs_with_a_packed_form() -> None:
     with pytest.raises(Exception, match="error_decay"):
         AgreedConfig(PEERS, compression=Int8(), error_decay=1.5)
     config = AgreedConfig(PEERS, compression=Int8(block=256), exact_tail=3)
-    assert config.packing is not None and config.packing.label == "int8/256+3"
+    assert config.packing is not None
+    assert config.packing.label == "int8/256+3"
     assert AgreedConfig(PEERS).packing is None
 
 
@@ -253,7 +264,8 @@ async def test_a_contribution_of_another_encoding_is_refused_like_a_corrupt_one(
             for session in sessions:
                 await session.aclose()
         honest = [res for res in results[:2] if isinstance(res, AgreedRoundResult)]
-        assert len(honest) == 2 and honest[0].model == honest[1].model
+        assert len(honest) == 2
+        assert honest[0].model == honest[1].model
         for res in honest:
             assert res.roster.peers == PEERS[:2]
             assert "int4/1024" in res.rejected[PEERS[2]]
@@ -279,8 +291,102 @@ async def test_a_round_that_leaves_a_peer_out_carries_all_of_its_update() -> Non
         finally:
             for session in sessions:
                 await session.aclose()
-        assert late.record == early[0].record and not late.included
+        assert late.record == early[0].record
+        assert not late.included
         residual = sessions[2].residual
-        assert residual is not None and residual.tobytes() == gradient(2, 0).tobytes()
+        assert residual is not None
+        assert residual.tobytes() == gradient(2, 0).tobytes()
         included = sessions[0].residual
-        assert included is not None and 0 < np.abs(included).max() < 0.01  # int8's rounding
+        assert included is not None
+        assert 0 < np.abs(included).max() < 0.01
+
+
+def nan_scale(data: bytes) -> bytes:
+    """A packed int8 block whose first scale is NaN (header and size still right)."""
+    at = PACKED_HEADER_BYTES
+    return data[:at] + struct.pack("<f", float("nan")) + data[at + 4 :]
+
+
+def too_many_entries(data: bytes) -> bytes:
+    """A packed sparse block claiming one entry more than its chunk has values."""
+    fields = list(struct.unpack_from("<4sBBHIQQQQQ", data))
+    fields[7] = fields[6] + 1  # stored = length + 1
+    return struct.pack("<4sBBHIQQQQQ", *fields) + data[PACKED_HEADER_BYTES:]
+
+
+def repeated_index(data: bytes) -> bytes:
+    """A packed sparse block whose second index delta is 0 (a repeated index)."""
+    at = PACKED_HEADER_BYTES
+    first = next(i for i in range(at, len(data)) if data[i] < 0x80)  # end of the first varint
+    return data[: first + 1] + b"\0" + data[first + 2 :]
+
+
+async def hostile_round(
+    codec: Codec, corrupt: Callable[[bytes], bytes], aggregation: str, d: int
+) -> tuple[list[AgreedRoundResult], MemoryBlockStore, object]:
+    """Three honest peers and one that announces a contribution with one corrupted block."""
+    store = MemoryBlockStore()
+    bus = MemoryPubsubBus()
+    genesis = await AgreedSession.commit_genesis(store, initial_model(d))
+    config = AgreedConfig(  # type: ignore[arg-type]
+        PEERS, compression=codec, aggregation=aggregation, **{**FAST, "min_peers": 3}
+    )
+    honest = [AgreedSession(store, bus.endpoint(p), "c", genesis, config) for p in PEERS[:3]]
+    for session in honest:
+        await session.start(initial_model(d))
+    encoded = await encode_gradient(gradient(3, 0, d), chunk_bytes=CHUNK, compression=codec)
+    *chunks, (root, _) = encoded.blocks
+    if chunks:  # corrupt the first chunk and re-link it from the manifest
+        bad = Block.new(corrupt(chunks[0][0].data))
+        manifest = ChunkManifest.decode(root.data)
+        first = dataclasses.replace(manifest.chunks[0], cid=bad.cid)
+        root = dataclasses.replace(manifest, chunks=(first, *manifest.chunks[1:])).to_block()
+        for block, _ in chunks[1:]:
+            await store.put(block)
+        await store.put(bad)
+    else:
+        root = Block.new(corrupt(root.data))
+    await store.put(root)
+    message = AgreedMessage("contrib", "c", genesis, 0, PEERS[3], root.cid, base=genesis, weight=1)  # type: ignore[arg-type]
+    await bus.endpoint(PEERS[3]).publish(honest[0].topic, message.encode())
+    try:
+        results = await asyncio.gather(
+            *(s.run_round(gradient(i, 0, d)) for i, s in enumerate(honest))
+        )
+    finally:
+        for session in honest:
+            await session.aclose()
+    return list(results), store, genesis
+
+
+@pytest.mark.parametrize(
+    ("codec", "corrupt", "reason"),
+    [
+        (Int8(), nan_scale, "a scale is not a finite value"),
+        (TopK(ratio=0.05), too_many_entries, "claims 1001 stored"),
+        (TopK(ratio=0.05), repeated_index, "indices are repeated"),
+    ],
+    ids=["int8-nan-scale", "topk-more-entries-than-values", "topk-repeated-index"],
+)
+async def test_a_malformed_block_rejects_that_peer_not_the_round(
+    codec: Codec, corrupt: Callable[[bytes], bytes], reason: str
+) -> None:
+    results, store, genesis = await hostile_round(codec, corrupt, "all-to-all", 1000)
+    async with store:
+        assert len({res.model for res in results}) == 1
+        for res in results:
+            assert res.roster.peers == PEERS[:3]
+            assert reason in res.rejected[PEERS[3]]
+        await verify_agreed_history(store, results[0].record, session="c", genesis=genesis)  # type: ignore[arg-type]
+
+
+async def test_a_malformed_chunk_in_reduce_scatter_makes_its_sender_missing() -> None:
+    results, store, genesis = await hostile_round(Int8(), nan_scale, "reduce-scatter", D)
+    async with store:
+        assert len({res.model for res in results}) == 1
+        for res in results:
+            assert res.aggregation == "reduce-scatter"
+            # Listed (its root is a manifest of d values), then missing from every slice.
+            assert PEERS[3] in res.roster.peers
+            assert res.missing == (PEERS[3],)
+        await verify_agreed_history(store, results[0].record, session="c", genesis=genesis)  # type: ignore[arg-type]
