@@ -178,6 +178,14 @@ class AgreedSession:
         return await put_gradient(store, np.asarray(model, np.float32).reshape(-1))
 
     @property
+    def residual(self) -> FloatArray | None:
+        """Error feedback: what this peer's contributions have not sent yet, ``(d,)`` float32.
+
+        ``None`` before the first compressed round, or without compression or error feedback.
+        """
+        return None if self._feedback is None else self._feedback.residual(_OWN)
+
+    @property
     def board(self) -> RoundBoard:
         """What this peer has heard (after :meth:`start`)."""
         return self._parts.board
