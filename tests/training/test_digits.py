@@ -143,6 +143,23 @@ def test_the_examples_peer_processes_match_the_in_process_run(
     assert f'"model": "{runs[0].model}"' in final_line
 
 
+@pytest.mark.kubo
+def test_diloco_and_int8_peer_processes_match_the_in_process_run(
+    kubo_swarm3: list[KuboNode], tmp_path: Path
+) -> None:
+    # federated_digits.py --processes --diloco 10 --compress int8, reduced
+    small = Task(peers=3, rounds=3, local_steps=10, alpha=0.5, diloco=True, compress="int8")
+    runs = run_processes(small, kubo_swarm3, tmp_path, timeout=240.0, log=lambda _: None)
+    assert len({r.model for r in runs}) == 1
+    in_process = task.simulate(small, session="digits-diloco-reference")[0]
+    assert all(r.history.strategy.startswith("diloco") for r in runs)
+    sent = [e.sent_bytes for e in runs[0].history.entries]
+    assert sent == [e.sent_bytes for e in in_process.entries]  # int8: a quarter of 4 * 650, framed
+    assert all(650 < s < 1300 for s in sent)
+    if all(len(e.roster) == 3 for e in runs[0].history.entries):
+        assert runs[0].model == in_process.entries[-1].model
+
+
 def test_local_dp_reports_epsilon_and_a_spent_budget_stops_training() -> None:
     from gradfed_ipfs.federated.privacy.mechanisms import DifferentialPrivacy
     from gradfed_ipfs.training import LocalDP
