@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from gradfed_ipfs.tensor import Codec
 from gradfed_ipfs.training import (
     Client,
     ConfigValue,
@@ -366,9 +367,12 @@ def simulate(
     config: LMConfig = LMConfig(),
     *,
     log: Callable[[str], None] | None = None,
-    timing: Mapping[str, Any] | None = None,
+    compression: Codec | None = None,
 ) -> list[History]:
-    """Run a DiLoCo-style session in one process (in-memory bus and store); the histories."""
+    """Run a DiLoCo-style session in one process (in-memory bus and store); the histories.
+
+    ``compression`` is the agreed rounds' contribution codec (error feedback on).
+    """
     config = replace(config, total_steps=rounds * inner_steps)
     corpus = load_corpus(peers, config)
     return asyncio.run(
@@ -380,7 +384,7 @@ def simulate(
             strategy=strategy,
             session="stdlib-lm",
             log=log,
-            timing=timing,
+            compression=compression,
         )
     )
 
