@@ -13,12 +13,14 @@ peer ``i``'s ``k``-th step uses batch ``batch_of(part_i, config, i, k)`` for ``k
        SGD lr 1.0
 
 ``b``–``d`` run one Kubo daemon per peer (127.0.0.1, a ``KuboSwarm`` started and stopped here),
-every peer in this process. "Bytes per peer" is what one peer's contributions put on the wire
-per exchange (``AgreedRoundResult.sent_bytes``, summed); ``a`` sends a float32 contribution each
-step, so its total is ``--steps`` float32 exchanges of the same size as ``b``'s. "Wire out" is
-each daemon's libp2p bytes out (``stats/bw``), which also counts bitswap serving a contribution
-to every other peer, the model copies and pubsub. Goals (issue 34): ``b`` within 2 % of ``a``'s
-eval loss with ≥ 100× fewer bytes, ``c`` 2 % and ≥ 400×, ``d`` 3 % and ≥ 5,000×.
+every peer in this process, training in threads (``a`` computes every peer's gradient in turn
+in one thread: wall times compare the whole run's cost, not a deployment's). "Bytes per peer"
+is what one peer's contributions put on the wire per exchange (``AgreedRoundResult.sent_bytes``,
+summed); ``a`` sends a float32 contribution each step, so its total is ``--steps`` float32
+exchanges of the same size as ``b``'s. "Wire out" is each daemon's libp2p bytes out
+(``stats/bw``), which also counts bitswap serving a contribution to every other peer, the model
+copies and pubsub. Goals (issue 34): ``b`` within 2 % of ``a``'s eval loss with ≥ 100× fewer
+bytes, ``c`` 2 % and ≥ 400×, ``d`` 3 % and ≥ 5,000×.
 
 Run::
 
@@ -264,6 +266,9 @@ def plot(outcomes: Sequence[Outcome], path: Path, title: str) -> Path:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    base = next((o for o in outcomes if o.key == "a"), None)
+    if base is not None:
+        axes.axhline(base.loss, linestyle="--", color="gray", linewidth=0.8, label="(a) final")
     for o in outcomes:
         xs, ys = zip(*o.curve, strict=True) if o.curve else ((), ())
         axes.plot(xs, ys, marker="o", markersize=3, label=f"({o.key}) {LABELS[o.key]}")
