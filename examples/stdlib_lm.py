@@ -295,8 +295,10 @@ class LMModel:
 def make_client(corpus: Corpus, index: int, config: LMConfig) -> Client[Vector]:
     """Peer ``index``'s client: the round's ``inner_steps`` AdamW steps on its files.
 
-    The round's config gives ``inner_steps`` and ``round`` (global step = round · H + i), so
-    the learning-rate schedule and the batches follow the global step on every peer.
+    The round's config gives ``inner_steps`` H and ``server_round`` r (from 1): inner step
+    ``i`` is global step ``(r - 1)·H + i``, which the learning-rate schedule and the batches
+    follow, so round r trains on the bytes (a)'s steps ``(r - 1)·H …`` see. ``num_samples`` is
+    the windows trained on (``H · batch``; equal on every peer).
     """
     model = LMModel(config)
     part = corpus.parts[index]
@@ -305,7 +307,7 @@ def make_client(corpus: Corpus, index: int, config: LMConfig) -> Client[Vector]:
         vector: Vector, round_config: Mapping[str, ConfigValue]
     ) -> tuple[Vector, int, dict[str, float]]:
         steps = int(round_config["inner_steps"])
-        first = int(round_config["round"]) * steps
+        first = (int(round_config["server_round"]) - 1) * steps  # server rounds count from 1
         model.load(vector)
         losses = []
         for step in range(first, first + steps):
@@ -317,11 +319,7 @@ def make_client(corpus: Corpus, index: int, config: LMConfig) -> Client[Vector]:
                 losses.append(float(loss.detach()))
 
             model.step(step, gradient)
-        return (
-            model.vector(),
-            steps * config.batch * config.context,
-            {"train_loss": float(np.mean(losses))},
-        )
+        return model.vector(), steps * config.batch, {"train_loss": float(np.mean(losses))}
 
     return Client(train=train)
 
@@ -340,7 +338,7 @@ def federation(
     settings: dict[str, object] = {
         "rounds": rounds,
         "fit_metrics": ("train_loss",),
-        "on_fit_config": lambda r: {"inner_steps": inner_steps, "round": r},
+        "on_fit_config": lambda r: {"inner_steps": inner_steps},
         "evaluate_fn": evaluate_fn,
         "final_evaluation": False,
         **kwargs,
@@ -395,6 +393,7 @@ class SyncRun:
 
     losses: list[tuple[int, float]] = field(default_factory=list)
     seconds: float = 0.0
+    vector: Vector = field(default_factory=lambda: np.zeros(0, np.float32))  # final parameters
 
 
 def train_synchronous(
@@ -417,7 +416,7 @@ def train_synchronous(
         model.step(step, gradient)
         if (step + 1) % eval_every == 0 or step + 1 == steps:
             run.losses.append((step + 1, model.evaluate(windows)))
-    run.seconds = time.monotonic() - started
+    run.seconds, run.vector = time.monotonic() - started, model.vector()
     return run
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -45,3 +46,20 @@ def test_a_short_diloco_run_beats_the_untrained_loss_and_ends_on_one_model() -> 
     assert len({h.entries[-1].model for h in histories}) == 1
     assert "diloco" in histories[0].strategy
     assert all(e.results == 2 for e in histories[0].entries)
+
+
+def test_round_r_trains_the_steps_the_every_step_reference_trains() -> None:
+    import_area("torch", "torch")
+    from stdlib_lm import LMConfig, initial_vector, load_corpus, make_client, train_synchronous
+
+    config = LMConfig(batch=2, max_bytes_per_peer=100_000, total_steps=4)
+    corpus = load_corpus(2, config)
+    alone = replace(corpus, parts=corpus.parts[:1])  # one peer: averaging changes nothing
+    client = make_client(alone, 0, config)
+    vector = initial_vector(config)
+    for server_round in (1, 2):  # 2 rounds of H = 2: global steps 0, 1, then 2, 3
+        vector, samples, _ = client.train(vector, {"inner_steps": 2, "server_round": server_round})
+        assert samples == 2 * config.batch
+    reference = train_synchronous(alone, config, 4, eval_every=4)
+    assert np.array_equal(vector, reference.vector)  # the same bytes, schedule and AdamW state
+    assert not np.array_equal(vector, initial_vector(config))
