@@ -8,7 +8,8 @@ peer ``i``'s ``k``-th step uses batch ``batch_of(part_i, config, i, k)`` for ``k
 ``a``  every peer's gradient averaged after every step (the DDP update, in one process; AdamW)
 ``b``  DiLoCo: ``--h`` inner AdamW steps per peer, then an agreed round over Kubo whose rule is
        outer Nesterov SGD (lr 0.7, momentum 0.9) on the mean pseudo-gradient; float32
-``c``  ``b`` with every contribution int8 (``AgreedConfig(compression=Int8())``)
+``c``  ``b`` with every contribution int8 (``AgreedConfig(compression=Int8())``, per-block
+       absmax scales, error feedback on as by default)
 ``d``  SparseLoCo: top-``--ratio`` entries at 2 bits (``TopKInt2``) with error feedback, outer
        SGD lr 1.0
 
@@ -43,7 +44,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +115,6 @@ class Outcome:
     seconds: float
     wire: float | None = None  # libp2p bytes out per daemon (mean)
     agreed: bool = True  # every peer on one model CID
-    notes: list[str] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- variants
