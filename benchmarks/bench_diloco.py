@@ -227,15 +227,18 @@ def table(outcomes: Sequence[Outcome]) -> str:
 
 
 def human(n: float) -> str:
-    """Bytes with a binary-free SI suffix (kB, MB, GB)."""
+    """Bytes with an SI suffix (kB, MB, GB: powers of 1,000)."""
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= size:
             return f"{n / size:,.1f} {unit}"
     return f"{n:,.0f} B"
 
 
-def goal_lines(outcomes: Sequence[Outcome], h: int) -> list[str]:
-    """Whether each goal is met; by how much it is missed otherwise."""
+def goal_lines(outcomes: Sequence[Outcome], h: int, ratio: float) -> list[str]:
+    """Whether each goal is met; by how much it is missed otherwise, and what would meet it.
+
+    The bytes a run sends scale as 1/H (and, for ``d``, about as the density ``ratio``).
+    """
     base = next((o for o in outcomes if o.key == "a"), None)
     if base is None:
         return ["goals: need variant (a) as the reference"]
@@ -250,10 +253,15 @@ def goal_lines(outcomes: Sequence[Outcome], h: int) -> list[str]:
         parts = [f"loss {100 * got_excess:+.2f} % (goal ≤ {100 * excess:.0f} %)"]
         parts.append(f"bytes {got_fewer:,.0f}× fewer (goal ≥ {fewer:,.0f}×)")
         if not loss_ok:
-            parts.append(f"loss missed by {100 * (got_excess - excess):.2f} points")
+            missed = 100 * (got_excess - excess)
+            hint = "more outer rounds: lower H or more --steps"
+            parts.append(f"loss missed by {missed:.2f} points ({hint})")
         if not bytes_ok:
-            need = math.ceil(h * fewer / got_fewer)
-            parts.append(f"bytes missed by {fewer / got_fewer:.2f}× (H ≥ {need} would meet it)")
+            need = f"H ≥ {math.ceil(h * fewer / got_fewer)}"
+            if o.key == "d":
+                need += f" or --ratio ≤ {ratio * got_fewer / fewer:.4f}"
+            short = 100 * (1 - got_fewer / fewer)
+            parts.append(f"bytes missed by {short:.1f} % of the goal ({need} would meet it)")
         lines.append(f"goal ({o.key}) {verdict}: " + "; ".join(parts))
     return lines
 
@@ -346,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for key in kubo:
                 outcomes.append(asyncio.run(run_diloco(key, list(swarm), corpus, config, args)))
     print(table(outcomes))
-    for line in goal_lines(outcomes, args.h):
+    for line in goal_lines(outcomes, args.h, args.ratio):
         print(line)
     if args.plot:
         title = f"stdlib byte LM (d = {d:,}), {args.peers} peers, {args.steps} steps, H = {args.h}"
