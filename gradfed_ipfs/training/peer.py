@@ -215,7 +215,7 @@ class FederationConfig(Generic[M]):
         by the strategy's step on this peer's own round-``r`` update alone (from the current
         optimizer state), as if every peer had sent it (the "eager updates" of Kale et al.
         2025); ``"base"``: round ``r``'s base as it is (a plain one-round-stale update, which
-        oscillates where the local update nearly solves the task).
+        costs more the further local training moves the model).
     """
 
     rounds: int
