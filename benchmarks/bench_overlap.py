@@ -10,14 +10,18 @@ one-round-stale update). It prints the held-out loss of the global model after a
 and all of the rounds, the final held-out accuracy, and the ratio of the final loss to the
 baseline's.
 
-This measures convergence only: over the memory bus an exchange takes milliseconds, so there is
-no wall time to win here; the time overlap saves per round is at most the shorter of the
-exchange and the local training.
+With ``--timing`` it measures wall time instead: FedAvg without and with overlap, each
+peer's ``train`` padded by ``--train-seconds`` of sleep (compute that releases the GIL, as
+PyTorch's kernels do) and every pubsub message delivered ``--latency`` seconds after it is
+published (a slow link; the shared in-memory store stays instant). It prints the seconds per
+round and the held-out loss. Overlap can save at most the shorter of the exchange and the
+training per round.
 
 Run::
 
     python benchmarks/bench_overlap.py
     python benchmarks/bench_overlap.py --rounds 40 --local-steps 20 --alpha 0.3
+    python benchmarks/bench_overlap.py --timing --train-seconds 0.3 --latency 0.1
 
 Results: ``docs/benchmarks.md``.
 """
@@ -25,18 +29,42 @@ Results: ``docs/benchmarks.md``.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 
-from digits_training import Task, final_accuracy, simulate  # noqa: E402
+from digits_training import (  # noqa: E402
+    Task,
+    federation,
+    final_accuracy,
+    initial_model,
+    make_client,
+    simulate,
+)
 
-from gradfed_ipfs.training import DiLoCo, FedAdam, FedAvg, History, Strategy  # noqa: E402
+from gradfed_ipfs import AgreedConfig  # noqa: E402
+from gradfed_ipfs.formats import PubsubMessage  # noqa: E402
+from gradfed_ipfs.kubo import MemoryPubsubBus, PubsubTransport  # noqa: E402
+from gradfed_ipfs.storage import MemoryBlockStore  # noqa: E402
+from gradfed_ipfs.training import (  # noqa: E402
+    Client,
+    ConfigValue,
+    DiLoCo,
+    FedAdam,
+    FedAvg,
+    History,
+    Peer,
+    Strategy,
+    VectorAdapter,
+)
+from gradfed_ipfs.training.simulation import SIMULATION_TIMING  # noqa: E402
 
 STRATEGIES: dict[str, Callable[[], Strategy]] = {
     "fedavg": FedAvg,
@@ -55,6 +83,88 @@ def held_out_losses(history: History) -> list[float]:
     return [loss for _, loss in history.losses_centralized()]
 
 
+class SlowLink:
+    """A pubsub transport whose messages reach the others ``latency`` seconds after publishing."""
+
+    def __init__(self, inner: PubsubTransport, latency: float) -> None:
+        self.inner, self.latency = inner, latency
+        self.pending: set[asyncio.Task[None]] = set()
+
+    async def local_peer_id(self) -> str:
+        return await self.inner.local_peer_id()
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        task = asyncio.get_running_loop().create_task(self._later(topic, data))
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
+
+    async def _later(self, topic: str, data: bytes) -> None:
+        await asyncio.sleep(self.latency)
+        await self.inner.publish(topic, data)
+
+    def subscribe(self, topic: str) -> AsyncIterator[PubsubMessage]:
+        return self.inner.subscribe(topic)
+
+    async def peers(self, topic: str) -> list[str]:
+        return await self.inner.peers(topic)
+
+    async def aclose(self) -> None:
+        for task in list(self.pending):
+            task.cancel()
+        await self.inner.aclose()
+
+
+def padded(client: Client[object], seconds: float) -> Client[object]:
+    """``client`` whose ``train`` also sleeps ``seconds`` (compute that releases the GIL)."""
+
+    def train(
+        model: object, config: Mapping[str, ConfigValue]
+    ) -> tuple[object, int, dict[str, float]]:
+        time.sleep(seconds)
+        out, n, metrics = client.train(model, dict(config))
+        return out, n, dict(metrics)
+
+    return Client(train=train, evaluate=client.evaluate)
+
+
+async def timed_run(
+    task: Task, overlap: bool, latency: float, train_seconds: float
+) -> list[History]:
+    """Run ``task`` with FedAvg over slow links; return the peers' histories."""
+    data, bus = task.data(), MemoryPubsubBus()
+    members = tuple(f"peer-{i}" for i in range(task.peers))
+    agreed = AgreedConfig(members=members, **SIMULATION_TIMING)  # type: ignore[arg-type]
+    config = federation(data, task, overlap=overlap)
+    async with MemoryBlockStore() as store:
+        peers = [
+            Peer(
+                store=store,
+                pubsub=SlowLink(bus.endpoint(peer_id), latency),
+                client=padded(make_client(data, i, task), train_seconds),  # type: ignore[arg-type]
+                adapter=VectorAdapter(),
+                initial_model=initial_model(),
+                config=config,
+                agreed=agreed,
+                strategy=FedAvg(),
+                session=f"timing-{overlap}",
+            )
+            for i, peer_id in enumerate(members)
+        ]
+        return list(await asyncio.gather(*(peer.run() for peer in peers)))
+
+
+def timing(task: Task, args: argparse.Namespace) -> None:
+    """Print seconds per round and the final held-out loss, without and with overlap."""
+    print(f"digits, {task}, train +{args.train_seconds} s, link latency {args.latency} s")
+    print(f"{'setting':12} {'s/round':>8} {'final loss':>11}")
+    for overlap in (False, True):
+        histories = asyncio.run(timed_run(task, overlap, args.latency, args.train_seconds))
+        assert len({h.entries[-1].model for h in histories}) == 1  # one CID on every peer
+        per_round = max(h.seconds for h in histories) / (args.rounds + 1)
+        final = held_out_losses(histories[0])[args.rounds]
+        print(f"{'overlap' if overlap else 'no overlap':12} {per_round:8.3f} {final:11.4f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers", type=int, default=4)
@@ -64,9 +174,15 @@ def main() -> None:
     parser.add_argument("--alpha", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--strategies", nargs="+", default=["fedavg", "diloco"])
+    parser.add_argument("--timing", action="store_true", help="measure wall time instead")
+    parser.add_argument("--train-seconds", type=float, default=0.3)
+    parser.add_argument("--latency", type=float, default=0.1)
     args = parser.parse_args()
     logging.getLogger("gradfed_ipfs").setLevel(logging.WARNING)
     task = Task(args.peers, args.rounds, args.local_steps, args.lr, args.alpha, args.seed)
+    if args.timing:
+        timing(task, args)
+        return
     quarter, half = max(1, args.rounds // 4), max(1, args.rounds // 2)
     print(f"digits, {task}")
     print(f"{'strategy':8} {'setting':18} {'loss@' + str(quarter):>9} {'loss@' + str(half):>9}"
