@@ -213,9 +213,10 @@ class FederationConfig(Generic[M]):
     overlap_start
         Where overlapped training starts. ``"estimate"`` (default): round ``r``'s base moved
         by the strategy's step on this peer's own round-``r`` update alone (from the current
-        optimizer state), as if every peer had sent it (the "eager updates" of Kale et al.
-        2025); ``"base"``: round ``r``'s base as it is (a plain one-round-stale update, which
-        oscillates where the local update nearly solves the task).
+        optimizer state), as if every peer had sent it (the local update as a proxy for the
+        pending average, as in the "eager updates" of Kale et al. 2025,
+        https://arxiv.org/abs/2502.12996); ``"base"``: round ``r``'s base as it is (a plain
+        one-round-stale update, which costs more the further local training moves the model).
     """
 
     rounds: int

@@ -207,7 +207,10 @@ class FedYogi(ServerOptStrategy):
 
 
 class DiLoCo(ServerOptStrategy):
-    """DiLoCo's outer optimizer (Douillard et al. 2023): SGD with Nesterov momentum.
+    """DiLoCo's outer optimizer: SGD with Nesterov momentum.
+
+    Douillard et al. 2023, "DiLoCo: Distributed Low-Communication Training of Language Models",
+    https://arxiv.org/abs/2311.08105.
 
     Each round's ``Δ = lr · Σ (n_i/N) Δ_i`` is the negative pseudo-gradient; the step is
     ``torch.optim.SGD(lr=outer_lr, momentum=momentum, nesterov=True)`` on ``g = −Δ``
@@ -222,7 +225,10 @@ class DiLoCo(ServerOptStrategy):
 
 @dataclass(frozen=True)
 class SparseLoCo(Strategy):
-    """SparseLoCo's outer step (Sarfi et al. 2025): ``x ← x + lr · outer_lr · Σ (n_i/N) Δ_i``.
+    """SparseLoCo's outer step: ``x ← x + lr · outer_lr · Σ (n_i/N) Δ_i``.
+
+    Sarfi et al. 2025, "Communication Efficient LLM Pre-training with SparseLoCo",
+    https://arxiv.org/abs/2508.15706.
 
     No outer momentum: SparseLoCo replaces it with error feedback on the compressed updates,
     which lives where the compression does, on each peer before its update is sent (an agreed

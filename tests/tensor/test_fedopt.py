@@ -17,6 +17,11 @@ from gradfed_ipfs.tensor import (
     fedprox_gradient,
     qfedavg_update,
 )
+from gradfed_ipfs.tensor.fedopt import (
+    decode_optimizer_state,
+    encode_optimizer_state,
+    optimizer_round,
+)
 
 
 def test_fedavgm_without_momentum_is_fedavg() -> None:
@@ -138,3 +143,29 @@ def test_qfedavg_q0_is_the_mean_and_q1_weights_by_loss() -> None:
     )
     with pytest.raises(InvalidGradient):
         qfedavg_update([[1.0]], [1.0, 2.0], q=1.0, lipschitz=1.0)
+
+
+def test_the_state_codec_packs_each_optimizers_arrays_in_its_order() -> None:
+    nesterov = ServerNesterov()
+    _, state = nesterov.step([0.0, 0.0], [1.0, 2.0])
+    vector = encode_optimizer_state(nesterov, state)
+    np.testing.assert_array_equal(vector, np.array([1, 1, 2], np.float32))  # [step, v]
+    back = decode_optimizer_state(nesterov, vector, 2)
+    assert back is not None
+    assert back.step == 1
+    np.testing.assert_array_equal(back.arrays["v"], state.arrays["v"])
+    assert ServerAdam.state_names == ("m", "v")
+    assert ServerMomentum.state_names == ("v",)
+    with pytest.raises(InvalidGradient, match="lacks"):
+        encode_optimizer_state(ServerAdam(), state)  # no "m"
+    with pytest.raises(InvalidGradient, match="does not fit"):
+        decode_optimizer_state(ServerAdam(), vector, 2)
+
+
+def test_optimizer_round_is_the_step_on_the_scaled_weighted_mean() -> None:
+    updates = [np.array([2.0, 0.0], np.float32), np.array([0.0, 4.0], np.float32)]
+    params = np.array([1.0, 1.0], np.float32)
+    moved, vector = optimizer_round(ServerNesterov(), params, updates, [1, 3], 0.5, None)
+    expected, state = ServerNesterov().step(params, np.array([0.25, 1.5], np.float32))
+    np.testing.assert_array_equal(moved, expected)
+    np.testing.assert_array_equal(vector, encode_optimizer_state(ServerNesterov(), state))

@@ -4,13 +4,15 @@ Conventions: the round's aggregate ``Δ`` is the negative pseudo-gradient, so to
 ``param.grad = −Δ``, and our state ``"v"`` is torch's momentum buffer negated.
 
 The bound, where arithmetic is inexact: torch rounds each of its float32 operations (``μ`` and
-``η`` are themselves rounded to float32; ``b·μ``, ``+ g``, ``g + μ b``, ``x − η g'``, with or
-without FMA), while ServerNesterov computes in float64 and rounds once. Each float32 rounding
-is at most half an ulp of its result, and every intermediate is at most about 2× the largest
-magnitude ``m`` among the step's inputs and outputs at that element, so the two differ by at
-most a few ulps of ``m``: we assert at most 4 float32 ulps of ``m`` (measured: 2 for the model,
-1 for the buffer, over 10 steps of 100k values). Relative to the result itself no bound holds
-(``x`` and ``η g'`` may cancel), which is why the bound is in ulps of ``m``.
+``η`` are themselves rounded to float32; then ``μ b``, ``+ g``, ``μ b'``, ``g + μ b'``,
+``η g'`` and ``x − η g'``, fewer with FMA), while ServerNesterov computes in float64 and rounds
+``v'`` and ``x'`` once each. Let ``m`` be the largest magnitude among ``x, Δ, v, v', x'`` at an
+element and ``ulp`` float32's spacing at ``m``; every intermediate is below ``2.71 m``, so each
+rounding costs at most half the spacing at its result (≤ 2 ulp), and ``μ``'s and ``η``'s own
+rounding under 1 ulp each. Summing the worst cases: torch's buffer is within 2 ulp of the exact
+one and its model within 6.5; ours within 1 and 0.5. The test asserts 4 ulps for the buffer and
+8 for the model (measured over 10 steps of 20k values: 1 and 2). Relative to the result itself
+no bound holds (``x`` and ``η g'`` may cancel), which is why the bound is in ulps of ``m``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from tests.required import import_area
 
 torch = import_area("torch", "torch")
 
-ULP_BOUND = 4
+BUFFER_ULPS, MODEL_ULPS = 4, 8
 
 
 def torch_step(
@@ -45,7 +47,7 @@ def ulps(ours: np.ndarray, theirs: np.ndarray, *magnitudes: np.ndarray) -> float
     return float((gap / np.spacing(scale)).max())
 
 
-def test_each_step_is_torchs_within_4_ulps_over_ten_steps() -> None:
+def test_each_step_is_torchs_within_the_ulp_bound_over_ten_steps() -> None:
     rng = np.random.default_rng(0)
     opt = ServerNesterov()
     x = rng.standard_normal(20_000).astype(np.float32)
@@ -65,8 +67,8 @@ def test_each_step_is_torchs_within_4_ulps_over_ten_steps() -> None:
         x = nx
     assert state is not None
     assert state.step == 10
-    assert worst_x <= ULP_BOUND, worst_x
-    assert worst_v <= ULP_BOUND, worst_v
+    assert worst_x <= MODEL_ULPS, worst_x
+    assert worst_v <= BUFFER_ULPS, worst_v
     assert differs > 0  # the comparison is of float32 torch against float64 math, not a copy
 
 
