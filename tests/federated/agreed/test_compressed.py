@@ -6,13 +6,15 @@ import asyncio
 import dataclasses
 import struct
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import numpy as np
 import pytest
 
 from gradfed_ipfs import AgreedConfig, AgreedRoundResult, AgreedSession, verify_agreed_history
 from gradfed_ipfs.block import Block
-from gradfed_ipfs.errors import ConfigError, QuorumNotReached
+from gradfed_ipfs.errors import ConfigError, QuorumNotReached, RoundVerificationFailed
+from gradfed_ipfs.federated.agreed.finished import check_finished_round
 from gradfed_ipfs.federated.exchange import encode_gradient
 from gradfed_ipfs.formats.manifest import ChunkManifest
 from gradfed_ipfs.formats.packed import PACKED_HEADER_BYTES
@@ -390,3 +392,18 @@ async def test_a_malformed_chunk_in_reduce_scatter_makes_its_sender_missing() ->
             assert PEERS[3] in res.roster.peers
             assert res.missing == (PEERS[3],)
         await verify_agreed_history(store, results[0].record, session="c", genesis=genesis)  # type: ignore[arg-type]
+
+
+async def test_a_finished_sliced_record_of_another_encoding_is_not_adopted() -> None:
+    codec = Int8()
+    async with MemoryBlockStore() as store:
+        results, _, _ = await run_session(
+            store, PEERS, 1, compression=codec, aggregation="reduce-scatter"
+        )
+        first = results[0][0]
+        check = partial(check_finished_round, store, first.record, first.roster, first.roster_cid)
+        finished = await check(prev=None, encoding=codec.packing().label)
+        assert finished.records == first.slices
+        for other in (None, "int4/1024"):  # a peer of a dense or an int4 session refuses it
+            with pytest.raises(RoundVerificationFailed, match="not a sliced record"):
+                await check(prev=None, encoding=other)
