@@ -28,6 +28,11 @@ Run::
     python benchmarks/bench_diloco.py                 # 4 peers, 1,000 steps, H = 100
     python benchmarks/bench_diloco.py --quick         # a 2-minute smoke run (2 peers)
     python benchmarks/bench_diloco.py --variants a,d --ratio 0.01
+    python benchmarks/bench_diloco.py --warm-start 500  # all start from 500 averaged steps
+
+``--warm-start K`` gives every variant the same start: the model after ``K`` every-step-averaged
+steps (DiLoCo's experiments start from a pretrained model); the variants then train steps
+``K … K + --steps`` and the warm start's bytes count in none of them.
 
 A full run trains 4 × 4 × 1,000 steps of 16 × 128 bytes: about 30 minutes on 2 CPU cores.
 The table and plot (``--plot``, default ``docs/img/diloco.png``): ``docs/benchmarks.md``.
@@ -44,7 +49,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +64,7 @@ from stdlib_lm import (  # noqa: E402
     UNTRAINED_LOSS,
     Corpus,
     LMConfig,
+    Vector,
     federation,
     final_loss,
     initial_vector,
@@ -136,9 +142,12 @@ def compression_of(key: str, ratio: float) -> dict[str, Any]:
     return {}
 
 
-def run_every_step(corpus: Corpus, config: LMConfig, steps: int, h: int, dense: int) -> Outcome:
+def run_every_step(
+    corpus: Corpus, config: LMConfig, args: Any, dense: int, initial: Vector
+) -> Outcome:
     """Variant ``a``: each step one float32 exchange of ``dense`` bytes per peer."""
-    run = train_synchronous(corpus, config, steps, eval_every=h)
+    run = train_synchronous(corpus, config, args.steps, eval_every=args.h, initial=initial)
+    steps = args.steps
     curve = [(float(step * dense), loss) for step, loss in run.losses]
     return Outcome("a", run.losses[-1][1], curve, float(steps * dense), run.seconds)
 
@@ -152,7 +161,12 @@ async def wire_out(api: str) -> float:
 
 
 async def run_diloco(
-    key: str, nodes: Sequence[KuboDaemon], corpus: Corpus, config: LMConfig, args: Any
+    key: str,
+    nodes: Sequence[KuboDaemon],
+    corpus: Corpus,
+    config: LMConfig,
+    args: Any,
+    initial: Vector,
 ) -> Outcome:
     """Variants ``b``–``d``: one :class:`Peer` per daemon, ``steps / h`` agreed rounds."""
     rounds = args.steps // args.h
@@ -170,7 +184,7 @@ async def run_diloco(
                 pubsub=pubsub,
                 client=make_client(corpus, i, config),
                 adapter=VectorAdapter(),
-                initial_model=initial_vector(config),
+                initial_model=initial,
                 config=federation(
                     corpus, config, rounds, args.h, **({} if i == 0 else {"evaluate_fn": None})
                 ),
@@ -307,6 +321,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--ratio", type=float, default=0.02, help="fraction of entries (d) sends (0.01-0.03)")
     add("--batch", type=int, default=LMConfig.batch, help="windows per step and peer")
     add("--seed", type=int, default=0)
+    add(
+        "--warm-start",
+        type=int,
+        default=0,
+        help="every variant starts from K every-step-averaged steps (DiLoCo's pretrained start)",
+    )
     add("--plot", default=str(DEFAULT_PLOT), help="PNG path ('' for none)")
     add("--quick", action="store_true", help="a smoke run: 2 peers, 40 steps, H = 20, batch 8")
     args = parser.parse_args(argv)
@@ -330,8 +350,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the variants; print the table and the goals; save the plot."""
     args = parse(argv)
     torch_module().set_num_threads(1)  # one per peer thread; 2 cores are shared by the peers
-    config = LMConfig(batch=args.batch, total_steps=args.steps, seed=args.seed)
+    config = LMConfig(batch=args.batch, total_steps=args.warm_start + args.steps, seed=args.seed)
     corpus = load_corpus(args.peers, config)
+    initial = initial_vector(config)
+    if args.warm_start:  # every variant starts from this model, at global step warm_start
+        initial = train_synchronous(corpus, config, args.warm_start, args.warm_start).vector
+        config = replace(config, first_step=args.warm_start)
     d = parameter_count(config)
     commit = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
@@ -341,18 +365,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{config.batch} x {config.context} bytes per peer, H = {args.h}; d = {d:,}; "
         f"{corpus.tokens:,} training bytes in {sum(corpus.files)} files, "
         f"{len(corpus.held_out):,} held-out bytes in {corpus.held_out_files} files; "
-        f"untrained loss {UNTRAINED_LOSS:.3f}; load {os.getloadavg()[0]:.2f}",
+        f"untrained loss {UNTRAINED_LOSS:.3f}; warm start {args.warm_start} steps; "
+        f"load {os.getloadavg()[0]:.2f}",
         flush=True,
     )
     outcomes: list[Outcome] = []
     if "a" in args.variants:
-        outcomes.append(run_every_step(corpus, config, args.steps, args.h, dense_bytes(config)))
+        outcomes.append(run_every_step(corpus, config, args, dense_bytes(config), initial))
         print(f"  a: eval loss {outcomes[-1].loss:.4f} in {outcomes[-1].seconds:.0f} s", flush=True)
     kubo = [k for k in ("b", "c", "d") if k in args.variants]
     if kubo:
         with KuboSwarm(args.peers) as swarm:
             for key in kubo:
-                outcomes.append(asyncio.run(run_diloco(key, list(swarm), corpus, config, args)))
+                run = run_diloco(key, list(swarm), corpus, config, args, initial)
+                outcomes.append(asyncio.run(run))
     print(table(outcomes))
     for line in goal_lines(outcomes, args.h, args.ratio):
         print(line)

@@ -65,6 +65,8 @@ class LMConfig:
 
     ``lr`` is AdamW's peak learning rate (linear warm-up over ``warmup`` steps, then cosine to
     ``lr / 10`` at ``total_steps``); ``batch`` windows of ``context`` bytes per step and peer.
+    ``first_step`` is the global step a run starts at (after a warm start of that many steps:
+    its batches and learning rates follow on).
     """
 
     d_model: int = 128
@@ -76,6 +78,7 @@ class LMConfig:
     weight_decay: float = 0.1
     warmup: int = 50
     total_steps: int = 1000
+    first_step: int = 0
     eval_windows: int = 64
     max_bytes_per_peer: int = 2_000_000
     seed: int = 0
@@ -296,9 +299,9 @@ def make_client(corpus: Corpus, index: int, config: LMConfig) -> Client[Vector]:
     """Peer ``index``'s client: the round's ``inner_steps`` AdamW steps on its files.
 
     The round's config gives ``inner_steps`` H and ``server_round`` r (from 1): inner step
-    ``i`` is global step ``(r - 1)·H + i``, which the learning-rate schedule and the batches
-    follow, so round r trains on the bytes (a)'s steps ``(r - 1)·H …`` see. ``num_samples`` is
-    the windows trained on (``H · batch``; equal on every peer).
+    ``i`` is global step ``first_step + (r - 1)·H + i``, which the learning-rate schedule and
+    the batches follow, so round r trains on the bytes (a)'s steps ``(r - 1)·H …`` see.
+    ``num_samples`` is the windows trained on (``H · batch``; equal on every peer).
     """
     model = LMModel(config)
     part = corpus.parts[index]
@@ -307,7 +310,8 @@ def make_client(corpus: Corpus, index: int, config: LMConfig) -> Client[Vector]:
         vector: Vector, round_config: Mapping[str, ConfigValue]
     ) -> tuple[Vector, int, dict[str, float]]:
         steps = int(round_config["inner_steps"])
-        first = (int(round_config["server_round"]) - 1) * steps  # server rounds count from 1
+        server_round = int(round_config["server_round"])  # counts from 1
+        first = config.first_step + (server_round - 1) * steps
         model.load(vector)
         losses = []
         for step in range(first, first + steps):
@@ -397,25 +401,33 @@ class SyncRun:
 
 
 def train_synchronous(
-    corpus: Corpus, config: LMConfig, steps: int, eval_every: int = 100
+    corpus: Corpus,
+    config: LMConfig,
+    steps: int,
+    eval_every: int = 100,
+    initial: Vector | None = None,
 ) -> SyncRun:
     """Average every peer's gradient after every step (DDP's update, in one process).
 
     Step ``k`` averages the gradients of peer ``i``'s batch ``batch_of(part_i, config, i, k)``
-    over the peers: the same tokens the DiLoCo peers see at their ``k``-th inner step.
+    over the peers: the same tokens the DiLoCo peers see at their ``k``-th inner step. It
+    starts from ``initial`` (default the seeded model) at global step ``config.first_step``.
     """
     started, model = time.monotonic(), LMModel(config)
+    if initial is not None:
+        model.load(initial)
     windows, run = eval_windows(corpus, config), SyncRun()
     peers = len(corpus.parts)
-    for step in range(steps):
+    for k in range(steps):
+        step = config.first_step + k
 
         def gradient(step: int = step) -> None:
             for i, part in enumerate(corpus.parts):
                 (loss_on(model.module, batch_of(part, config, i, step)) / peers).backward()
 
         model.step(step, gradient)
-        if (step + 1) % eval_every == 0 or step + 1 == steps:
-            run.losses.append((step + 1, model.evaluate(windows)))
+        if (k + 1) % eval_every == 0 or k + 1 == steps:
+            run.losses.append((k + 1, model.evaluate(windows)))
     run.seconds, run.vector = time.monotonic() - started, model.vector()
     return run
 

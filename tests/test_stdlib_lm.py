@@ -63,3 +63,11 @@ def test_round_r_trains_the_steps_the_every_step_reference_trains() -> None:
     reference = train_synchronous(alone, config, 4, eval_every=4)
     assert np.array_equal(vector, reference.vector)  # the same bytes, schedule and AdamW state
     assert not np.array_equal(vector, initial_vector(config))
+    # after a warm start of 2 steps both continue at global step 2 from the same model
+    later = replace(config, first_step=2)
+    warm = train_synchronous(alone, config, 2, eval_every=2).vector
+    continued, _, _ = make_client(alone, 0, later).train(
+        warm, {"inner_steps": 2, "server_round": 1}
+    )
+    assert np.array_equal(continued, train_synchronous(alone, later, 2, initial=warm).vector)
+    assert not np.array_equal(continued, train_synchronous(alone, config, 2, initial=warm).vector)
