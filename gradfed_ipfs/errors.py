@@ -24,6 +24,7 @@ CLI exits with. The tree::
     │   ├── MalformedManifest          not a chunk manifest / IPLD record we understand
     │   ├── MalformedAnnouncement      a pubsub announcement that does not parse
     │   ├── NotARoundRecord            a CID given as a round record names another block
+    │   ├── BadSignature               a signed statement whose signature or author fails
     │   └── ArrowBlockError            the seed's GARW block errors (§8.6)
     │       ├── EmptyInput             zero bytes / no blocks (also EmptyError)
     │       ├── ArrowBlockShapeMismatch shape and values disagree (also ShapeMismatch)
@@ -100,10 +101,11 @@ from ._fmt import rust_display
 __all__ = [
     "ArrowBlockError",
     "ArrowBlockShapeMismatch",
+    "BadSignature",
     "BlockCorrupt",
     "BlockNotFound",
-    "BlockTimeout",
     "BlockStoreError",
+    "BlockTimeout",
     "BlockTooLarge",
     "ChainDeadlineExceeded",
     "ChecksumFailed",
@@ -333,6 +335,10 @@ class MalformedAnnouncement(DecodeError):
 
 class NotARoundRecord(DecodeError):
     """A CID given as a round record names something else (a gradient, a roster, ...)."""
+
+
+class BadSignature(DecodeError):
+    """A signed statement whose signature or author (not an Ed25519 peer ID) fails its check."""
 
 
 # --------------------------------------------------------------------------- RPC limits
