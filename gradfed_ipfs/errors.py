@@ -6,7 +6,8 @@ CLI exits with. The tree::
 
     GradfedError                       root; exit_code 1
     ├── ConfigError                    a bad setting (config field, constructor argument); exit 11
-    │   └── SecAggSettingError         a SecAgg encoding or timeout (also SecureAggregationError)
+    │   ├── SecAggSettingError         a SecAgg encoding or timeout (also SecureAggregationError)
+    │   └── FederationFileError        a federation file that is missing or invalid
     ├── GradientError                  the seed's ``GradientError`` enum (seed-api §3); exit 3
     │   ├── ShapeMismatch              lengths or shapes disagree: the ONE "lengths differ" base
     │   │   └── DimensionMismatch      the backward-pass spelling of the same condition
@@ -122,6 +123,7 @@ __all__ = [
     "EmptyInput",
     "FederatedDimensionMismatch",
     "FederatedError",
+    "FederationFileError",
     "GenesisMismatch",
     "GradfedError",
     "GradientError",
@@ -195,6 +197,10 @@ class ConfigError(GradfedError, ValueError):
     def __init__(self, message: str) -> None:
         self.reason = message
         super().__init__(f"Invalid setting: {message}")
+
+
+class FederationFileError(ConfigError):
+    """A federation file that cannot be read, is not TOML, or has an invalid field."""
 
 
 class EmptyError(GradfedError, ValueError):
