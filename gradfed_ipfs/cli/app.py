@@ -32,6 +32,7 @@ from .node import add_node_parser
 from .records import add_record_parsers
 from .resync import add_resync_parser
 from .rounds import add_round_parser
+from .train import add_train_parser
 
 __all__ = ["build_parser", "console", "err_console", "main"]
 
@@ -113,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_record_parsers(commands)
     add_round_parser(commands)
     add_resync_parser(commands)
+    add_train_parser(commands)
     return parser
 
 

@@ -1,8 +1,9 @@
-"""``gradfed-ipfs federation init|show|add-bootstrap|allow``: the federation file.
+"""``gradfed-ipfs federation init|show|add-bootstrap|allow|genesis``: the federation file.
 
 ``init NAME`` writes ``NAME.toml`` (mode 0600) with a fresh swarm key; the key is never
 printed, only its fingerprint. ``add-bootstrap`` adds members' multiaddrs (``/…/tcp/…/p2p/ID``)
-that new nodes dial first; ``allow`` adds peer IDs to the allow-list. Members start their node
+that new nodes dial first; ``allow`` adds peer IDs to the allow-list; ``genesis`` sets the
+initial model's CID (``train --show-genesis`` prints it). Members start their node
 with ``gradfed-ipfs node start --federation FILE``.
 """
 
@@ -83,6 +84,13 @@ def _allow(args: argparse.Namespace) -> int:
     return 0
 
 
+def _genesis(args: argparse.Namespace) -> int:
+    federation = _load(args.file).with_genesis(args.cid)
+    save_federation(federation, args.file, overwrite=True)
+    console.print(f"federation {federation.name} trains from {federation.session.genesis}")
+    return 0
+
+
 def add_federation_parser(commands: Any) -> None:
     """Register ``federation init|show|add-bootstrap|allow`` on ``commands``."""
     parser = commands.add_parser(
@@ -118,3 +126,9 @@ def add_federation_parser(commands: Any) -> None:
     allow.add_argument("file", metavar="FILE")
     allow.add_argument("values", nargs="+", metavar="PEER_ID", help="Ed25519 peer IDs")
     allow.set_defaults(handler=_allow)
+    genesis = actions.add_parser(
+        "genesis", help="set the session's initial model (`gradfed-ipfs train --show-genesis`)"
+    )
+    genesis.add_argument("file", metavar="FILE")
+    genesis.add_argument("cid", metavar="CID")
+    genesis.set_defaults(handler=_genesis)

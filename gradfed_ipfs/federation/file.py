@@ -93,6 +93,10 @@ class Federation:
         merged = tuple(dict.fromkeys([*self.bootstrap, *addresses]))
         return _checked(replace(self, bootstrap=merged))
 
+    def with_genesis(self, genesis: str) -> Federation:
+        """Return a copy whose session trains from the model ``genesis`` (a CID, checked)."""
+        return _checked(replace(self, session=replace(self.session, genesis=genesis)))
+
     def with_allowed(self, *peer_ids: str) -> Federation:
         """Return a copy whose allow-list also holds ``peer_ids`` (checked)."""
         allow = tuple(dict.fromkeys([*self.admission.allow, *peer_ids]))
