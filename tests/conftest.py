@@ -21,7 +21,8 @@ variants keep the ``docker`` mark (``-m docker`` runs just those, ``-m "not dock
 them). The terminal summary ends with the pass counts per provider.
 
 With ``CI=true``, a skipped test of a required area (docker, crate-oracle, ipfs-cluster, torch,
-sklearn) fails the session unless ``GRADFED_ALLOW_SKIP`` names the area (``tests/required.py``).
+sklearn, netns) fails the session unless ``GRADFED_ALLOW_SKIP`` names the area
+(``tests/required.py``).
 """
 
 from __future__ import annotations
