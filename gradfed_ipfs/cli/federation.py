@@ -67,20 +67,23 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _add_bootstrap(args: argparse.Namespace) -> int:
-    federation = _load(args.file)
-    updated = federation.with_bootstrap(*args.values)
-    save_federation(updated, args.file, overwrite=True)
-    added = len(updated.bootstrap) - len(federation.bootstrap)
-    console.print(f"{added} bootstrap address(es) added; {len(updated.bootstrap)} in all")
+    before = _load(args.file)
+    after = before.with_bootstrap(*args.values)
+    save_federation(after, args.file, overwrite=True)
+    added = len(after.bootstrap) - len(before.bootstrap)
+    console.print(f"{added} bootstrap address(es) added; {len(after.bootstrap)} in all")
     return 0
 
 
 def _allow(args: argparse.Namespace) -> int:
-    federation = _load(args.file)
-    updated = federation.with_allowed(*args.values)
-    save_federation(updated, args.file, overwrite=True)
-    added = len(updated.admission.allow) - len(federation.admission.allow)
-    console.print(f"{added} peer ID(s) allowed; {len(updated.admission.allow)} in all")
+    before = _load(args.file)
+    after = before.with_allowed(*args.values)
+    save_federation(after, args.file, overwrite=True)
+    added, total = (
+        len(after.admission.allow) - len(before.admission.allow),
+        len(after.admission.allow),
+    )
+    console.print(f"{added} peer ID(s) allowed; {total} in all")
     return 0
 
 

@@ -53,12 +53,16 @@ def hosts(tmp_path_factory: pytest.TempPathFactory, kubo_binary: Path) -> Iterat
         subprocess.run([str(script / "teardown.sh")], env=env, check=False, timeout=120)
 
 
-def _on(host: str, *argv: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+def _env() -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GRADFED_TASK_ROUNDS": "10"}
     env.pop("GRADFED_IPFS_API", None)
+    return env
+
+
+def _on(host: str, *argv: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["ip", "netns", "exec", host, CLI, *argv],
-        env=env,
+        env=_env(),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -70,18 +74,7 @@ def _trainer(host: str, node_dir: Path, federation: Path) -> subprocess.Popen[st
     argv = ["--node-dir", str(node_dir), "train", "--federation", str(federation), str(TASK)]
     return subprocess.Popen(
         ["ip", "netns", "exec", host, CLI, *argv, "--linger", "20"],
-        env={**os.environ, "PYTHONPATH": str(ROOT), "GRADFED_TASK_ROUNDS": "10"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _trainer(host: str, node_dir: Path, federation: Path) -> subprocess.Popen[str]:
-    argv = ["--node-dir", str(node_dir), "train", "--federation", str(federation), str(TASK)]
-    return subprocess.Popen(
-        ["ip", "netns", "exec", host, CLI, *argv, "--linger", "20"],
-        env={**os.environ, "PYTHONPATH": str(ROOT), "GRADFED_TASK_ROUNDS": "10"},
+        env=_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
