@@ -44,6 +44,10 @@ CLI exits with. The tree::
     │   ├── KuboNotInstalled           no Kubo binary and it could not be built
     │   ├── KuboStartError             a daemon failed to start (message has its log tail)
     │   └── KuboRpcError               a control-plane RPC call (id, swarm/*) failed
+    ├── CometError                     managing CometBFT validators; exit 12
+    │   ├── CometNotInstalled          no CometBFT binary and it could not be built
+    │   ├── CometStartError            a validator (or its ABCI app) failed to start
+    │   └── CometRpcError              a CometBFT RPC call (status, broadcast_tx_*) failed
     ├── FederatedError                 the seed's ``FederatedError`` (seed-api §6.1); exit 7
     │   ├── NoContributions            a round has nothing to aggregate (also EmptyError)
     │   ├── FederatedDimensionMismatch contributions of different lengths (also ShapeMismatch)
@@ -112,6 +116,10 @@ __all__ = [
     "ChecksumFailed",
     "CircularDependency",
     "ClientNotFound",
+    "CometError",
+    "CometNotInstalled",
+    "CometRpcError",
+    "CometStartError",
     "ComputationGraphError",
     "ConfigError",
     "CoordinationError",
@@ -503,6 +511,39 @@ class KuboRpcError(KuboError):
 
     def __init__(self, message: str, *, api_url: str | None = None) -> None:
         self.api_url = api_url
+        super().__init__(message)
+
+
+# --------------------------------------------------------------------------- CometBFT validators
+
+
+class CometError(GradfedError):
+    """Managing local CometBFT validators (or their ABCI applications) failed."""
+
+    exit_code: ClassVar[int] = 12
+
+
+class CometNotInstalled(CometError, FileNotFoundError):
+    """No CometBFT binary was found and ``scripts/install-cometbft`` could not build one."""
+
+
+class CometStartError(CometError, RuntimeError):
+    """A validator or its ABCI app did not become ready; the message ends with its log tail."""
+
+
+class CometRpcError(CometError):
+    """A CometBFT RPC call failed: unreachable, refused, too large, or an error answer.
+
+    Parameters
+    ----------
+    message
+        What failed.
+    rpc_url
+        The validator's RPC URL, when known.
+    """
+
+    def __init__(self, message: str, *, rpc_url: str | None = None) -> None:
+        self.rpc_url = rpc_url
         super().__init__(message)
 
 
