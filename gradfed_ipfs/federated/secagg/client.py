@@ -191,8 +191,10 @@ class SecAggClient:
         Returns
         -------
         list of SecAggPeerRejected
-            One per rejected sender (also kept in :attr:`rejected`); their pairwise masks are
-            still applied, so the server must be told (it then drops them).
+            One per rejected sender (also kept in :attr:`rejected`). To this client a rejected
+            sender is a dropout before masking: :meth:`masked_input` applies no pairwise mask
+            with it, and the server must be told (it then drops the sender, and removes no mask
+            of this client's for it).
         """
         if not self._roster:
             raise SecureAggregationError("share_keys must run before receive_shares")
@@ -237,7 +239,9 @@ class SecAggClient:
             raise SecureAggregationError("a masked input was already sent this round")
         if not self._roster:
             raise SecureAggregationError("share_keys must run before masked_input")
-        neighbours = sorted(self._sharers)  # clients that shared keys, and this client
+        # Clients that shared usable keys with this one, and this client. A rejected sender
+        # gets no pairwise mask: it will be dropped, and nobody may hold its key shares.
+        neighbours = sorted(self._sharers - set(self.rejected))
         if len(neighbours) < self.threshold:
             raise SecureAggregationError(
                 f"only {len(neighbours)} clients shared keys; threshold is {self.threshold}"

@@ -247,22 +247,32 @@ class SecAggServer:
             seed = combine_shares([r.self_mask_shares[u] for r in answers.values()], t)
             total -= prg(kdf(seed, "self-mask", self.context), d, codec.dtype)
         for u in dropped:
-            held = [r.key_shares[u] for r in answers.values() if u in r.key_shares]
-            if len(held) < t:
-                raise SecureAggregationError(
-                    f"only {len(held)} shares of {u}'s key; threshold is {t}"
-                )
-            private = X25519PrivateKey.from_private_bytes(combine_shares(held, t))
-            if raw_public(private.public_key()) != self.roster[u].mask_public_key:
-                raise SecureAggregationError(
-                    f"reconstructed key of {u} does not match its public key"
-                )
-            for v in survivors:
-                peer = X25519PublicKey.from_public_bytes(self.roster[v].mask_public_key)
-                mask = pair_mask(private.exchange(peer), self.context, d, codec.dtype)
-                # v added +mask if v < u, -mask if v > u; undo v's term.
-                if v < u:
-                    total -= mask
-                else:
-                    total += mask
+            self._remove_masks_of(total, u, survivors, list(answers.values()))
         return codec.decode_sum(total)
+
+    def _remove_masks_of(
+        self, total: RingArray, u: str, survivors: list[str], answers: list[UnmaskingShares]
+    ) -> None:
+        """Remove, in place, the pairwise masks survivors applied with dropped client ``u``.
+
+        A survivor that reported ``u`` (its shares were unusable) applied none, so a client
+        whose shares every survivor rejected needs no key shares at all.
+        """
+        masked_with = [v for v in survivors if u not in self.complaints.get(v, set())]
+        if not masked_with:
+            return
+        t, codec, d = self.threshold, self.codec, total.shape[0]
+        held = [r.key_shares[u] for r in answers if u in r.key_shares]
+        if len(held) < t:
+            raise SecureAggregationError(f"only {len(held)} shares of {u}'s key; threshold is {t}")
+        private = X25519PrivateKey.from_private_bytes(combine_shares(held, t))
+        if raw_public(private.public_key()) != self.roster[u].mask_public_key:
+            raise SecureAggregationError(f"reconstructed key of {u} does not match its public key")
+        for v in masked_with:
+            peer = X25519PublicKey.from_public_bytes(self.roster[v].mask_public_key)
+            mask = pair_mask(private.exchange(peer), self.context, d, codec.dtype)
+            # v added +mask if v < u, -mask if v > u; undo v's term.
+            if v < u:
+                total -= mask
+            else:
+                total += mask

@@ -91,14 +91,19 @@ async def fetch_bundles(
 ) -> tuple[list[EncryptedShare], set[str], dict[str, str]]:
     """Fetch every share bundle: (ciphertexts, sharers, malformed sender → reason).
 
-    A bundle that does not decode is the same bytes for every party, so every party leaves its
-    sender out of the sharers (no pairwise masks with it, nothing to unmask).
+    A bundle that does not decode, or lacks a ciphertext for some other client of the round
+    (incomplete), is the same bytes for every party, so every party leaves its sender out of
+    the sharers (a dropout before masking: no pairwise masks with it, nothing to unmask).
     """
     out: list[EncryptedShare] = []
     sharers, bad = set(), {}
     for c, data in (await require_all(ch, clients, "shares", timeout)).items():
         try:
-            out += bundle_from_json(data, c)
+            bundle = bundle_from_json(data, c)
+            missing = set(clients) - {c} - {m.recipient for m in bundle}
+            if missing:
+                raise DecodeError(f"no share for {sorted(missing)[:3]} ({len(missing)} clients)")
+            out += bundle
             sharers.add(c)
         except DecodeError as exc:
             bad[c] = f"share bundle malformed: {exc}"
