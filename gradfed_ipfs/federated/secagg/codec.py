@@ -30,6 +30,8 @@ __all__ = [
     "keys_to_json",
     "load_json",
     "pack_masked",
+    "release_from_json",
+    "release_to_json",
     "request_from_json",
     "server_key_from_json",
     "shares_from_json",
@@ -204,6 +206,29 @@ def request_from_json(data: bytes) -> tuple[list[str], list[str]]:
     """
     body = load_json(data, "unmask request")
     return str_list(body.get("survivors"), "survivors"), str_list(body.get("dropped"), "dropped")
+
+
+def release_to_json(
+    survivors: list[str], dropped: list[str], private_key: bytes | None, answered: list[str]
+) -> bytes:
+    """Encode the aggregator's ``done``: the lists, and for a verifiable round its private key
+    and the survivors whose unmasking answers it used (``private_key=None``: lists only)."""
+    body: dict[str, Any] = {"survivors": survivors, "dropped": dropped}
+    if private_key is not None:
+        body |= {"key": to_hex(private_key), "answered": answered}
+    return json_block(body)
+
+
+def release_from_json(data: bytes) -> tuple[bytes, list[str]]:
+    """Decode a verifiable round's ``done``: (server private key, 32 bytes; answered).
+
+    Raises
+    ------
+    DecodeError
+        If it is malformed or carries no key.
+    """
+    body = load_json(data, "release")
+    return _key32(body.get("key"), "server private key"), str_list(body.get("answered"), "answered")
 
 
 def view_to_json(view: SignedView) -> bytes:

@@ -43,6 +43,9 @@ class SecAggServer:
         t: shares needed to rebuild a secret; also the fewest clients that may be summed.
     clip_range, ring_bits, context, randbytes
         As for :class:`SecAggClient`; ``randbytes`` draws the server's X25519 key.
+    private_key
+        The server's raw X25519 private key instead of a fresh one: a client that re-runs the
+        aggregator's steps with the key the aggregator revealed (a verifiable round).
 
     Attributes
     ----------
@@ -52,6 +55,8 @@ class SecAggServer:
         Client → the senders whose shares it rejected (reported with its masked vector).
     rejected
         Client → why its message was ignored (misaddressed shares, a bad unmasking answer).
+    answered
+        The survivors whose answers :meth:`finalize` used, sorted.
     """
 
     def __init__(
@@ -62,6 +67,7 @@ class SecAggServer:
         ring_bits: int = 32,
         context: bytes = b"",
         randbytes: RandBytes = os.urandom,
+        private_key: bytes | None = None,
     ) -> None:
         if threshold < 2:
             raise SecureAggregationError(f"threshold must be >= 2, got {threshold}")
@@ -73,7 +79,9 @@ class SecAggServer:
         self.sharers: set[str] = set()
         self.complaints: dict[str, set[str]] = {}
         self.rejected: dict[str, str] = {}
-        self._key = X25519PrivateKey.from_private_bytes(randbytes(32))
+        self.answered: list[str] = []
+        raw = randbytes(32) if private_key is None else private_key
+        self._key = X25519PrivateKey.from_private_bytes(raw)
         self._masked: dict[str, RingArray] = {}
         self._total: RingArray | None = None
         self._asked: tuple[list[str], list[str]] | None = None
@@ -82,6 +90,11 @@ class SecAggServer:
     def public_key(self) -> bytes:
         """The server's raw X25519 public key: clients seal their messages to it."""
         return raw_public(self._key.public_key())
+
+    @property
+    def private_key(self) -> bytes:
+        """The server's raw X25519 private key (revealed after a verifiable round only)."""
+        return self._key.private_bytes_raw()
 
     def register(self, keys: Iterable[AdvertisedKeys]) -> dict[str, AdvertisedKeys]:
         """Round 0: collect public keys and return the roster to broadcast.
@@ -241,6 +254,7 @@ class SecAggServer:
             raise SecureAggregationError(
                 f"only {len(answers)} unmasking responses; threshold is {self.threshold}"
             )
+        self.answered = sorted(answers)
         codec, total, t = self.codec, self._total.copy(), self.threshold
         d = total.shape[0]
         for u in survivors:

@@ -42,6 +42,7 @@ __all__ = [
     "fetch_server_key",
     "fetch_views",
     "gather_all",
+    "replay_masked",
     "require_all",
 ]
 
@@ -173,6 +174,36 @@ async def collect_masked(
         for u in sorted(accused):
             rejected.setdefault(u, f"its shares for {c} were unusable")
     return cids
+
+
+async def replay_masked(
+    ch: SecAggChannel,
+    server: SecAggServer,
+    survivors: Collection[str],
+    *,
+    ring_bits: int,
+    length: int,
+    timeout: float,
+) -> None:
+    """Add every survivor's masked vector to ``server`` (a client re-running the aggregator).
+
+    The blocks are the ones the survivors themselves announced to this peer, so an aggregator
+    cannot substitute one. All or nothing: a survivor's block that is missing or does not unseal
+    or decode raises :class:`~gradfed_ipfs.errors.SecureAggregationError`.
+    """
+    alive = set(survivors)
+    if not await ch.wait(lambda: alive <= ch.senders("masked"), timeout):
+        raise SecureAggregationError(f"no masked block of {sorted(alive - ch.senders('masked'))}")
+    fetched = await gather_all({c: ch.fetch("masked", c) for c in sorted(alive)})
+    for c, data in fetched.items():
+        try:
+            if isinstance(data, BaseException):
+                raise DecodeError(f"unavailable: {data}")
+            reported, block = unpack_masked(server.open_from(c, "masked", data))
+            vector = decode_masked_block(block, ring_bits=ring_bits, expected_length=length)
+        except (DecodeError, SecAggPeerRejected) as exc:
+            raise SecureAggregationError(f"masked block of {c} unusable: {exc}") from exc
+        server.receive_masked(c, vector, reported)
 
 
 async def collect_answers(
