@@ -15,9 +15,12 @@ import numpy as np
 import pytest
 
 from gradfed_ipfs import AgreedConfig
+from gradfed_ipfs.federated.secagg_round import SecureRoundPeer, SecureRoundResult
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore
-from gradfed_ipfs.training import Client, FederationConfig, History, Peer, VectorAdapter
+from gradfed_ipfs.training import Client, FedAvg, FederationConfig, History, Peer, VectorAdapter
+from gradfed_ipfs.training.secure import SecAgg
+from tests.training import test_secure as secure
 
 D = 8
 HUGE = 1.0e19  # the issue's 3e38 is above the agreed max_value (2**64): refused as a value
@@ -99,3 +102,35 @@ async def test_attack8_one_peers_metrics_and_counts_do_not_set_the_history(
         if eval_samples > 2**20:  # its tail is refused on every peer: its counts are nowhere
             assert (entry.eval_samples, entry.fit_samples) == (honest_samples, honest_samples)
     assert np.isfinite(peers[0].model_vector).all()
+
+
+async def test_attack8_the_aggregators_made_up_secure_mean_is_not_adopted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Prepare: each round's aggregator replaces the survivors' sum by one whose mean is +5.0
+    # (it reveals its true round key, so the other survivors can recompute the real sum).
+    honest_aggregate = SecureRoundPeer.aggregate
+    lies: list[str] = []
+
+    async def lying(self: SecureRoundPeer) -> SecureRoundResult:
+        result = await honest_aggregate(self)
+        result.total[: secure.D] = 5.0 * result.total[secure.D]  # S_Δ = 5·W: mean +5.0
+        lies.append(self.peer_id)
+        return result
+
+    monkeypatch.setattr(SecureRoundPeer, "aggregate", lying)
+    async with MemoryBlockStore() as store:
+        histories = await secure.run_peers(
+            lambda: SecAgg(FedAvg(), **secure.FAST_SECAGG), stores=[store] * 3
+        )
+        got = await secure.final_params(store, histories[0])
+    # Assert: every round had a lying aggregator, yet every peer took the true FedAvg mean (the
+    # two other survivors' recomputed claim is the majority) and the History names all three.
+    assert len(lies) == secure.ROUNDS
+    secure.check_agreed(histories)
+    bound = secure.quantisation_bound()
+    assert float(np.abs(got - secure.fedavg_reference()).max()) <= bound + 1e-6
+    for history in histories:
+        for entry in history.entries[: secure.ROUNDS]:
+            assert entry.secure == ["peer-0", "peer-1", "peer-2"]
+            assert (entry.results, entry.fit_samples) == (3, sum(secure.SAMPLES))
