@@ -289,3 +289,46 @@ async def test_attack12_unusable_share_bundle_drops_its_sender_and_the_round_goe
         assert set(peers[c].rejected) == {"peer-3"}  # type: ignore[attr-defined]
     exact = exact_sum(inputs, survivors)
     assert np.all(np.abs(result.total - exact) <= tolerance(FixedPoint(4, 8.0, 32), 3, exact))
+
+
+# ---------------------------------------------------------------- issue 32, attack 8 (release)
+
+
+@pytest.mark.parametrize("release", ["honest", "wrong-key", "not-verifiable"])
+async def test_every_survivor_recomputes_a_verifiable_release(
+    monkeypatch: pytest.MonkeyPatch, release: str
+) -> None:
+    # A verifiable round of 4 (threshold 3) where peer-3 vanishes after its keys, so the
+    # release needs the dropped client's key shares too.
+    inputs = inputs_for([f"peer-{i}" for i in range(3)], seed=16)
+    honest_release = round_secagg.release_to_json
+
+    def wrong_key(survivors: list[str], dropped: list[str], key: object, used: list[str]) -> bytes:
+        return honest_release(survivors, dropped, bytes(range(32)), used)
+
+    if release == "wrong-key":
+        monkeypatch.setattr(round_secagg, "release_to_json", wrong_key)
+    _, peers, _ = make_peers(
+        4, 3, seed=160, settings=FAST, verifiable=release != "not-verifiable"
+    )
+    await asyncio.gather(*(p.start() for p in peers.values()))
+
+    async def vanish() -> bool:
+        await peers["peer-3"].share_keys()
+        return False
+
+    jobs = [peers[AGG].aggregate(), vanish(), *(peers[c].run_client(inputs[c]) for c in inputs)]
+    try:
+        outcomes = await asyncio.gather(*jobs)
+    finally:
+        await asyncio.gather(*(p.aclose() for p in peers.values()))
+    result = outcomes[0]
+    assert isinstance(result, SecureRoundResult)
+    assert (result.survivors, result.dropped) == (sorted(inputs), ["peer-3"])
+    for c in inputs:
+        released = peers[c].released  # type: ignore[attr-defined]
+        if release == "honest":  # the very bytes the aggregator decoded
+            assert released is not None
+            assert released.tobytes() == result.total.tobytes()
+        else:
+            assert released is None
