@@ -209,8 +209,7 @@ class VectorLayout:
         fit_total = sum(p.fit_samples for p in fits)
         eval_total = sum(p.eval_samples for p in evaluations)
         fit_values = [
-            robust_mean([(p.fit_samples, p.fit_metrics[n]) for p in fits])
-            for n in self.fit_metrics
+            robust_mean([(p.fit_samples, p.fit_metrics[n]) for p in fits]) for n in self.fit_metrics
         ]
         eval_values = [
             robust_mean([(p.eval_samples, p.eval_metrics[n]) for p in evaluations])

@@ -12,11 +12,16 @@ the sample) is its aggregator. Each client trains, then masks (Flower's weightin
 (zeros when its training failed: it still takes part, or the round would lack its keys). The
 aggregator unmasks only the survivors' sum ``S``, and contributes to the agreed round the
 weighted mean ``S_Δ / W`` (``W = N / max_weight``, ``N = round(S_w · max_weight)`` samples) with
-a tail naming the survivors; the other clients contribute no update (only their evaluation,
-in the clear). With ``central_dp`` the clients clip ``Δ_i`` to L2 norm ``C`` first and the
-aggregator noises ``S_Δ`` (Flower's server-side fixed clipping). :class:`SecureTrainingRule`
-takes that one contribution as the round's fit, of weight ``N``, and hands it to the inner
-strategy, so every peer computes the same model, record and
+a tail naming the survivors. Without ``central_dp`` the SecAgg round is verifiable
+(:class:`~gradfed_ipfs.federated.secagg_round.SecureRoundConfig` ``verifiable``): the
+aggregator reveals its round key, every other survivor recomputes ``S`` from the blocks the
+clients announced and contributes the same fit, and :class:`SecureTrainingRule` takes the fit
+that more than half of the sample contributed with identical bytes, so a made-up mean is
+ignored. With ``central_dp`` the clients clip ``Δ_i`` to L2 norm ``C`` first, the aggregator
+noises ``S_Δ`` (Flower's server-side fixed clipping), the other clients contribute no update
+(only their evaluation, in the clear) and the aggregator's fit is taken: it is trusted for its
+sum and its noise. Either way the one fit, of weight ``N``, goes to the inner strategy, so
+every peer computes the same model, record and
 :class:`~gradfed_ipfs.training.history.History` (``secure`` lists the survivors).
 
 Only strategies that need nothing but the weighted mean are accepted: FedAvg, FedProx, FedAvgM,
@@ -496,7 +501,7 @@ class SecureTrainingRule(TrainingRule):
         return mine[0] if mine else None
 
     def _fit_bytes(self, update: FloatArray, raw: np.ndarray) -> bytes:
-        """The bytes two claims of one fit share: update, results, samples, fit metrics, flags."""
+        """Return what two claims of one fit share: update, results, samples, metrics, flags."""
         n, flags = len(self.layout.fit_metrics), len(self.layout.secure)
         k = len(FIXED_SLOTS)
         slots = np.concatenate([raw[:2], raw[k : k + n], raw[len(raw) - flags :]])

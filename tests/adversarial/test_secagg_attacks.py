@@ -308,9 +308,7 @@ async def test_every_survivor_recomputes_a_verifiable_release(
 
     if release == "wrong-key":
         monkeypatch.setattr(round_secagg, "release_to_json", wrong_key)
-    _, peers, _ = make_peers(
-        4, 3, seed=160, settings=FAST, verifiable=release != "not-verifiable"
-    )
+    _, peers, _ = make_peers(4, 3, seed=160, settings=FAST, verifiable=release != "not-verifiable")
     await asyncio.gather(*(p.start() for p in peers.values()))
 
     async def vanish() -> bool:

@@ -211,8 +211,11 @@ def request_from_json(data: bytes) -> tuple[list[str], list[str]]:
 def release_to_json(
     survivors: list[str], dropped: list[str], private_key: bytes | None, answered: list[str]
 ) -> bytes:
-    """Encode the aggregator's ``done``: the lists, and for a verifiable round its private key
-    and the survivors whose unmasking answers it used (``private_key=None``: lists only)."""
+    """Encode the aggregator's ``done``: the lists, and (verifiable round) its key and answers.
+
+    ``private_key`` is the round's server private key and ``answered`` the survivors whose
+    unmasking answers it used; ``private_key=None`` writes the lists only.
+    """
     body: dict[str, Any] = {"survivors": survivors, "dropped": dropped}
     if private_key is not None:
         body |= {"key": to_hex(private_key), "answered": answered}

@@ -15,8 +15,9 @@ Protocol, per round (one :class:`SecAggClient` per client, one :class:`SecAggSer
    its ``s`` private key (:mod:`.shamir`). The shares for client ``v`` are encrypted with AES-GCM
    under HKDF(X25519(c_u, c_v)) and relayed by the server, which cannot read them. A share that
    does not decrypt or decode rejects its sender (:class:`~gradfed_ipfs.errors.SecAggPeerRejected`)
-   and the recipient reports it to the server with its masked vector; the server then treats the
-   sender as dropped.
+   and the recipient reports it to the server with its masked vector and applies no pairwise
+   mask with it; the server then treats the sender as dropped, removing only the masks that
+   survivors applied.
 2. **Masked input.** Each client encodes its vector in a fixed-point ring Z/2^b (see
    :class:`FixedPoint`) and adds ``PRG(b_u) + Σ_{v>u} PRG(s_uv) - Σ_{v<u} PRG(s_uv)``, where
    ``s_uv`` = HKDF(X25519(s_u, s_v)) and PRG is the ChaCha20 keystream. Pairwise masks cancel in

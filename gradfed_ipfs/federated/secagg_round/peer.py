@@ -26,7 +26,10 @@ Message kinds (:data:`KINDS`), in protocol order:
                      nobody signed other lists (Bonawitz et al.'s consistency check)
 ``unmask-response``  a survivor's shares of the survivors' self-mask seeds and the dropped
                      clients' mask keys, **sealed to the server key**
-``done``             the aggregator's closing notice (JSON block), so clients stop re-publishing
+``done``             the aggregator's closing notice (JSON block), so clients stop re-publishing;
+                     in a ``verifiable`` round it also reveals the round's server private key and
+                     the survivors whose answers were used, and every survivor recomputes the
+                     sum (:meth:`SecureRoundPeer.check_release`)
 
 A subscriber that is not a party (any daemon on the topic) can fetch every block, but reads only
 public keys, share ciphertexts for the clients, the lists and signatures: never a masked vector
@@ -39,9 +42,12 @@ sender and that sender may send that kind (clients or the aggregator); everythin
 dropped and counted in :attr:`SecureRoundPeer.drops`.
 
 Dropouts: key advertisement and share distribution need *every* client of the round (the roster
-is fixed). A client whose share bundle is malformed for everyone is left out by every party; one
-whose share for some client does not decrypt or decode is reported by that client
-(:class:`~gradfed_ipfs.errors.SecAggPeerRejected`) and left out by the aggregator. A client that
+is fixed). A client whose share bundle is malformed for everyone (it does not decode, or lacks
+a share for some other client) is left out by every party; one whose share for some client
+does not decrypt or decode is reported by that client
+(:class:`~gradfed_ipfs.errors.SecAggPeerRejected`), which applies no pairwise mask with it, and
+left out by the aggregator: to them it is a dropout before masking, so a client whose shares
+nobody could use costs no key shares. A client that
 shared its keys but has no usable masked vector at the aggregator within ``mask_timeout`` is
 dropped; its dangling pairwise masks are removed with the survivors' shares, as long as at least
 ``threshold`` clients survive and answer and ``threshold`` of them hold its key share. Otherwise
