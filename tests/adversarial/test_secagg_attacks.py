@@ -255,25 +255,27 @@ def test_server_ignores_an_unmasking_answer_with_foreign_share_points() -> None:
 # ---------------------------------------------------------------- issue 32, attack 12
 
 
-@pytest.mark.parametrize("bundle", ["undecryptable", "incomplete"])
+@pytest.mark.parametrize("bundle", ["undecryptable", "undecryptable-by-one", "incomplete"])
 async def test_attack12_unusable_share_bundle_drops_its_sender_and_the_round_goes_on(
     monkeypatch: pytest.MonkeyPatch, bundle: str
 ) -> None:
-    # peer-3 of 4 (threshold 3) hands every other client a share nobody can use: ciphertexts
-    # that do not decrypt (only each recipient can tell), or no share at all (anyone can tell).
+    # peer-3 of 4 (threshold 3) hands out shares that cannot be used: ciphertexts that do not
+    # decrypt (only each recipient can tell) for every other client or for peer-0 only (then
+    # just 2 < t survivors hold its key), or no share at all (anyone can tell).
     inputs = inputs_for([f"peer-{i}" for i in range(4)], seed=15)
     honest_seal, honest_bundle = SecAggClient._seal_share, round_secagg.bundle_to_json
+    victims = {"peer-0"} if bundle == "undecryptable-by-one" else {"peer-0", "peer-1", "peer-2"}
 
     def garbage(self: SecAggClient, recipient: str, body: bytes) -> EncryptedShare:
         sealed = honest_seal(self, recipient, body)
-        if self.client_id != "peer-3":
+        if self.client_id != "peer-3" or recipient not in victims:
             return sealed
         return EncryptedShare(sealed.sender, sealed.recipient, bytes(len(sealed.ciphertext)))
 
     def empty(sender: str, shares: list[EncryptedShare]) -> bytes:
         return honest_bundle(sender, [] if sender == "peer-3" else shares)
 
-    if bundle == "undecryptable":
+    if bundle.startswith("undecryptable"):
         monkeypatch.setattr(SecAggClient, "_seal_share", garbage)
     else:
         monkeypatch.setattr(round_secagg, "bundle_to_json", empty)
@@ -282,11 +284,12 @@ async def test_attack12_unusable_share_bundle_drops_its_sender_and_the_round_goe
     assert isinstance(result, SecureRoundResult), result  # was: only 0 shares of peer-3's key
     survivors = ["peer-0", "peer-1", "peer-2"]
     assert result.survivors == survivors
-    assert result.dropped == (["peer-3"] if bundle == "undecryptable" else [])
+    assert result.dropped == ([] if bundle == "incomplete" else ["peer-3"])
     assert "peer-3" in result.rejected
     for c in survivors:
         assert outcomes[c] is True
-        assert set(peers[c].rejected) == {"peer-3"}  # type: ignore[attr-defined]
+        rejected = {"peer-3"} if c in victims else set()
+        assert set(peers[c].rejected) == rejected  # type: ignore[attr-defined]
     exact = exact_sum(inputs, survivors)
     assert np.all(np.abs(result.total - exact) <= tolerance(FixedPoint(4, 8.0, 32), 3, exact))
 

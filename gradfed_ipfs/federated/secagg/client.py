@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from ..._types import GradientLike
 from ...errors import DecodeError, SecAggPeerRejected, SecureAggregationError, UnmaskRefused
 from .codec import load_json
-from .crypto import kdf, pair_mask, prg, raw_public, seal, verify_view, view_message
+from .crypto import kdf, pair_mask, pair_seed, prg, raw_public, seal, verify_view, view_message
 from .fixed_point import FixedPoint, RingArray
 from .messages import (
     AdvertisedKeys,
@@ -383,4 +383,10 @@ class SecAggClient:
             self.client_id,
             {u: self._held[u][0] for u in sorted(alive)},
             {u: self._held[u][1] for u in sorted(gone) if u in self._held},
+            {u: self._pair_seed(u) for u in sorted(gone) if u in self._held},
         )
+
+    def _pair_seed(self, other: str) -> bytes:
+        """Return the seed of this client's pairwise mask with ``other`` (a dropout's)."""
+        peer = X25519PublicKey.from_public_bytes(self._roster[other].mask_public_key)
+        return pair_seed(self._mask_key.exchange(peer), self.context)

@@ -272,6 +272,7 @@ def answer_to_json(answer: UnmaskingShares) -> bytes:
             "client_id": answer.client_id,
             "self_mask_shares": shares_to_json(answer.self_mask_shares),
             "key_shares": shares_to_json(answer.key_shares),
+            "pair_seeds": {u: to_hex(seed) for u, seed in answer.pair_seeds.items()},
         }
     )
 
@@ -287,10 +288,14 @@ def answer_from_json(data: bytes, sender: str) -> UnmaskingShares:
     body = load_json(data, "unmask response")
     if body.get("client_id") != sender:
         raise DecodeError("unmasking answer names another client")
+    seeds = body.get("pair_seeds", {})
+    if not isinstance(seeds, dict):
+        raise DecodeError("pair_seeds is not an object")
     return UnmaskingShares(
         sender,
         shares_from_json(body.get("self_mask_shares"), "self_mask_shares"),
         shares_from_json(body.get("key_shares"), "key_shares"),
+        {str(u): _key32(seed, "pair seed") for u, seed in seeds.items()},
     )
 
 

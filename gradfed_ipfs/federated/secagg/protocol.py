@@ -29,9 +29,11 @@ Protocol, per round (one :class:`SecAggClient` per client, one :class:`SecAggSer
    (:class:`~gradfed_ipfs.errors.UnmaskRefused`) unless at least ``t`` survivors signed exactly
    its view and nobody signed another one (Bonawitz et al.'s active-adversary round).
 4. **Unmasking.** Each survivor returns its share of ``b_u`` for every survivor and of ``s_u`` for
-   every dropped client, never both for one client and only once. With >= ``t`` answers the
-   server rebuilds the seeds, strips the self-masks and the dropped clients' dangling pairwise
-   masks, and decodes the sum. Too few survivors, answers or shares raise
+   every dropped client, never both for one client and only once, and for every dropped client
+   it masked with the seed of that pairwise mask (what ``s_u`` would reveal of it anyway). With
+   >= ``t`` answers the server rebuilds the seeds, strips the self-masks and the dropped
+   clients' dangling pairwise masks (from the answered seeds, and from ``s_u`` rebuilt from
+   ``t`` key shares only for a survivor that did not answer), and decodes the sum. Too few survivors, answers or shares raise
    :class:`~gradfed_ipfs.errors.SecureAggregationError`: there is no partial or wrong sum.
 
 Randomness is ``os.urandom`` unless a ``randbytes`` callable is injected (tests inject a seeded

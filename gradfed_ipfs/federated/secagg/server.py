@@ -16,7 +16,7 @@ from ...errors import (
     SecAggPeerRejected,
     SecureAggregationError,
 )
-from .crypto import kdf, pair_mask, prg, raw_public, unseal
+from .crypto import kdf, pair_seed, prg, raw_public, unseal
 from .fixed_point import FixedPoint, RingArray
 from .messages import (
     AdvertisedKeys,
@@ -221,6 +221,8 @@ class SecAggServer:
         return (
             set(answer.self_mask_shares) == set(survivors)
             and set(answer.key_shares) <= set(dropped)
+            and set(answer.pair_seeds) <= set(dropped)
+            and all(len(seed) == 32 for seed in answer.pair_seeds.values())
             and all(s.x == x and 0 <= s.y < PRIME for s in shares)
         )
 
@@ -261,32 +263,46 @@ class SecAggServer:
             seed = combine_shares([r.self_mask_shares[u] for r in answers.values()], t)
             total -= prg(kdf(seed, "self-mask", self.context), d, codec.dtype)
         for u in dropped:
-            self._remove_masks_of(total, u, survivors, list(answers.values()))
+            self._remove_masks_of(total, u, survivors, answers)
         return codec.decode_sum(total)
 
     def _remove_masks_of(
-        self, total: RingArray, u: str, survivors: list[str], answers: list[UnmaskingShares]
+        self, total: RingArray, u: str, survivors: list[str], answers: dict[str, UnmaskingShares]
     ) -> None:
         """Remove, in place, the pairwise masks survivors applied with dropped client ``u``.
 
-        A survivor that reported ``u`` (its shares were unusable) applied none, so a client
-        whose shares every survivor rejected needs no key shares at all.
+        A survivor that reported ``u`` (its shares were unusable) applied none; one that
+        answered with the seed of its mask with ``u`` gives it directly. Only the others need
+        ``u``'s key, rebuilt from ``t`` key shares, so a client whose shares every survivor
+        rejected, or some survivors only, costs no key shares.
         """
+        codec, d = self.codec, total.shape[0]
         masked_with = [v for v in survivors if u not in self.complaints.get(v, set())]
-        if not masked_with:
-            return
-        t, codec, d = self.threshold, self.codec, total.shape[0]
-        held = [r.key_shares[u] for r in answers if u in r.key_shares]
-        if len(held) < t:
-            raise SecureAggregationError(f"only {len(held)} shares of {u}'s key; threshold is {t}")
-        private = X25519PrivateKey.from_private_bytes(combine_shares(held, t))
-        if raw_public(private.public_key()) != self.roster[u].mask_public_key:
-            raise SecureAggregationError(f"reconstructed key of {u} does not match its public key")
+        seeds = {
+            v: answers[v].pair_seeds[u]
+            for v in masked_with
+            if v in answers and u in answers[v].pair_seeds
+        }
+        if set(masked_with) - set(seeds):
+            private = self._dropped_key(u, answers)
+            for v in sorted(set(masked_with) - set(seeds)):
+                peer = X25519PublicKey.from_public_bytes(self.roster[v].mask_public_key)
+                seeds[v] = pair_seed(private.exchange(peer), self.context)
         for v in masked_with:
-            peer = X25519PublicKey.from_public_bytes(self.roster[v].mask_public_key)
-            mask = pair_mask(private.exchange(peer), self.context, d, codec.dtype)
+            mask = prg(seeds[v], d, codec.dtype)
             # v added +mask if v < u, -mask if v > u; undo v's term.
             if v < u:
                 total -= mask
             else:
                 total += mask
+
+    def _dropped_key(self, u: str, answers: dict[str, UnmaskingShares]) -> X25519PrivateKey:
+        """Rebuild dropped client ``u``'s mask key from ``t`` survivors' key shares."""
+        t = self.threshold
+        held = [r.key_shares[u] for r in answers.values() if u in r.key_shares]
+        if len(held) < t:
+            raise SecureAggregationError(f"only {len(held)} shares of {u}'s key; threshold is {t}")
+        private = X25519PrivateKey.from_private_bytes(combine_shares(held, t))
+        if raw_public(private.public_key()) != self.roster[u].mask_public_key:
+            raise SecureAggregationError(f"reconstructed key of {u} does not match its public key")
+        return private
