@@ -33,7 +33,9 @@ Message kinds (:data:`KINDS`), in protocol order:
 
 A subscriber that is not a party (any daemon on the topic) can fetch every block, but reads only
 public keys, share ciphertexts for the clients, the lists and signatures: never a masked vector
-or an unmasking share, so never the sum.
+or an unmasking share, so never the sum. Except in a ``verifiable`` round: once the sum is made,
+its revealed key opens the sealed blocks to anyone who fetches them (what the aggregator saw:
+the sum, never a survivor's vector while fewer than ``threshold`` clients collude).
 
 Announcements are re-published every ``republish_interval`` until the peer closes (gossipsub may
 drop a message, and a subscriber may join late); receivers keep the first CID per
