@@ -33,8 +33,9 @@ Protocol, per round (one :class:`SecAggClient` per client, one :class:`SecAggSer
    it masked with the seed of that pairwise mask (what ``s_u`` would reveal of it anyway). With
    >= ``t`` answers the server rebuilds the seeds, strips the self-masks and the dropped
    clients' dangling pairwise masks (from the answered seeds, and from ``s_u`` rebuilt from
-   ``t`` key shares only for a survivor that did not answer), and decodes the sum. Too few survivors, answers or shares raise
-   :class:`~gradfed_ipfs.errors.SecureAggregationError`: there is no partial or wrong sum.
+   ``t`` key shares only for a survivor that did not answer), and decodes the sum. Too few
+   survivors, answers or shares raise :class:`~gradfed_ipfs.errors.SecureAggregationError`:
+   there is no partial or wrong sum.
 
 Randomness is ``os.urandom`` unless a ``randbytes`` callable is injected (tests inject a seeded
 one to be reproducible; never do that in production). The in-process driver and the seed's
