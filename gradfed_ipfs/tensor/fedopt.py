@@ -13,14 +13,22 @@ https://arxiv.org/abs/1909.06335):
 - :class:`ServerAdam` (FedAdam's): ``v ← β₂ v + (1-β₂) Δ²``, with Adam's bias correction of
   the step size ``η √(1-β₂ᵗ) / (1-β₁ᵗ)`` (as Flower's ``FedAdam`` does).
 - :class:`ServerYogi` (FedYogi's): ``v ← v - (1-β₂) Δ² sign(v - Δ²)``.
+- :class:`ServerNesterov` (DiLoCo's outer optimizer; Douillard et al. 2023,
+  https://arxiv.org/abs/2311.08105): SGD with Nesterov momentum on the pseudo-gradient
+  ``g = −Δ``, as ``torch.optim.SGD(lr, momentum, nesterov=True)``:
+  ``v ← μ v + Δ`` (``v = Δ`` at the first step); ``x ← x + η (Δ + μ v)``.
 
-The training strategies :class:`gradfed_ipfs.training.FedAvgM`, ``FedAdagrad``, ``FedAdam`` and
-``FedYogi`` wrap them.
+The training strategies :class:`gradfed_ipfs.training.FedAvgM`, ``FedAdagrad``, ``FedAdam``,
+``FedYogi`` and ``DiLoCo`` wrap them; :class:`gradfed_ipfs.federated.agreed.OptimizerRule`
+makes any of them an agreed round's update rule.
 
 Defaults are Flower's. The state is an :class:`OptimizerState` of named float32 arrays and a
 step count: plain data, so a round record can store it by CID and every peer applies the same
 update from the same state. Arithmetic is float64 internally and rounds to float32 once per
-step, element-wise, so results are identical on every machine.
+step, element-wise, so results are identical on every machine. :func:`encode_optimizer_state`
+packs a state into one float32 vector (what a round record stores by CID) and
+:func:`decode_optimizer_state` unpacks it; :func:`optimizer_round` is one round's step from
+the contributions.
 
 :func:`fedprox_gradient` is FedProx's client-side proximal term (Li et al. 2020,
 https://arxiv.org/abs/1812.06127); :func:`qfedavg_update` is q-FFL's server step (Li et al.
@@ -40,15 +48,20 @@ from numpy.typing import NDArray
 
 from .._types import FloatArray, GradientLike
 from ..errors import ConfigError, InvalidGradient, ShapeMismatch
+from .deterministic import deterministic_update
 
 __all__ = [
     "ServerAdagrad",
     "ServerAdam",
     "ServerMomentum",
+    "ServerNesterov",
     "ServerYogi",
     "OptimizerState",
     "ServerOptimizer",
+    "decode_optimizer_state",
+    "encode_optimizer_state",
     "fedprox_gradient",
+    "optimizer_round",
     "qfedavg_update",
 ]
 
@@ -114,6 +127,9 @@ class ServerOptimizer(ABC):
 
     name: ClassVar[str]
     """Short name recorded in round records."""
+
+    state_names: ClassVar[tuple[str, ...]] = ("m", "v")
+    """Names of the state arrays, in the order :func:`encode_state` packs them."""
 
     def step(
         self, model: GradientLike, update: GradientLike, state: OptimizerState | None = None
@@ -193,6 +209,7 @@ class ServerMomentum(ServerOptimizer):
     """
 
     name: ClassVar[str] = "fedavgm"
+    state_names: ClassVar[tuple[str, ...]] = ("v",)
     server_learning_rate: float = 1.0
     server_momentum: float = 0.0
 
@@ -205,6 +222,43 @@ class ServerMomentum(ServerOptimizer):
     ) -> tuple[Wide, dict[str, Wide]]:
         velocity = delta if "v" not in state else self.server_momentum * state["v"] + delta
         return x + self.server_learning_rate * velocity, {"v": velocity}
+
+
+@dataclass(frozen=True)
+class ServerNesterov(ServerOptimizer):
+    """DiLoCo's outer optimizer: SGD with Nesterov momentum on the pseudo-gradient ``g = −Δ``.
+
+    The same step as ``torch.optim.SGD(params, lr=η, momentum=μ, nesterov=True)`` given
+    ``param.grad = g`` (torch: ``b ← μ b + g``, ``b = g`` at the first step;
+    ``x ← x − η (g + μ b)``), written in terms of ``Δ`` and ``v = −b``:
+    ``v ← μ v + Δ``; ``x ← x + η (Δ + μ v)``. The state ``"v"`` is torch's momentum buffer
+    negated. Here the step is float64 and rounds once; torch rounds each of its float32
+    operations, so the two agree to within a few float32 ulps of the step's largest magnitude
+    (at most 4 for the buffer and 8 for the model: ``tests/tensor/test_nesterov.py``), not bit
+    for bit; where every operation is exact they agree bit for bit.
+
+    Attributes
+    ----------
+    learning_rate
+        η, the outer learning rate (default 0.7, OpenDiLoCo's).
+    momentum
+        μ in [0, 1) (default 0.9, OpenDiLoCo's).
+    """
+
+    name: ClassVar[str] = "nesterov"
+    state_names: ClassVar[tuple[str, ...]] = ("v",)
+    learning_rate: float = 0.7
+    momentum: float = 0.9
+
+    def __post_init__(self) -> None:
+        _check_positive(learning_rate=self.learning_rate)
+        _check_unit(momentum=self.momentum)
+
+    def _apply(
+        self, x: Wide, delta: Wide, state: dict[str, Wide], step: int
+    ) -> tuple[Wide, dict[str, Wide]]:
+        velocity = delta if "v" not in state else self.momentum * state["v"] + delta
+        return x + self.learning_rate * (delta + self.momentum * velocity), {"v": velocity}
 
 
 @dataclass(frozen=True)
@@ -269,6 +323,71 @@ class ServerYogi(_AdaptiveOptimizer):
 
     def _second_moment(self, v: Wide, squared: Wide) -> Wide:
         return v - (1.0 - self.beta_2) * squared * np.sign(v - squared)
+
+
+def encode_optimizer_state(optimizer: ServerOptimizer, state: OptimizerState) -> FloatArray:
+    """Return ``[step, arrays...]`` as one float32 vector (arrays in ``optimizer.state_names``).
+
+    This is the rule state a round record names by CID.
+
+    Raises
+    ------
+    InvalidGradient
+        If the step is too large for float32 (2**24) or an array is missing.
+    """
+    if state.step >= 1 << 24:
+        raise InvalidGradient(f"optimizer step {state.step} does not fit a float32")
+    missing = [n for n in optimizer.state_names if n not in state.arrays]
+    if missing:
+        raise InvalidGradient(f"optimizer state lacks arrays {missing}")
+    arrays = [np.asarray(state.arrays[n], np.float32).reshape(-1) for n in optimizer.state_names]
+    return np.concatenate([np.array([state.step], np.float32), *arrays])
+
+
+def decode_optimizer_state(
+    optimizer: ServerOptimizer, vector: FloatArray | None, length: int
+) -> OptimizerState | None:
+    """Invert :func:`encode_optimizer_state` for ``length`` params (``None`` stays ``None``).
+
+    Raises
+    ------
+    InvalidGradient
+        If the vector's length or step does not fit (a state from another session).
+    """
+    if vector is None:
+        return None
+    names = optimizer.state_names
+    v = np.asarray(vector, np.float32).reshape(-1)
+    step = float(v[0]) if v.size else -1.0
+    if v.size != 1 + len(names) * length or not (step >= 0 and step == int(step)):
+        raise InvalidGradient(f"optimizer state of {v.size} values does not fit {length} params")
+    arrays = {n: v[1 + i * length : 1 + (i + 1) * length] for i, n in enumerate(names)}
+    return OptimizerState(int(step), arrays)
+
+
+def optimizer_round(
+    optimizer: ServerOptimizer,
+    params: FloatArray,
+    updates: Sequence[FloatArray],
+    weights: Sequence[int],
+    learning_rate: float,
+    state: FloatArray | None,
+) -> tuple[FloatArray, FloatArray]:
+    """One round of a server optimizer: ``Δ = lr · Σ (w_i/W) Δ_i`` fed to ``optimizer``.
+
+    ``params`` float32 ``(d,)``; ``updates`` N ≥ 1 float32 ``(d,)`` in roster order with
+    their positive integer ``weights``; ``state`` the previous round's
+    :func:`encode_optimizer_state` vector (``None`` at the first round). Returns the new
+    float32 params ``(d,)`` and encoded state; bit-identical on every machine (the mean is
+    :func:`~gradfed_ipfs.tensor.deterministic.deterministic_update`'s).
+    """
+    zero = np.zeros_like(params, dtype=np.float32)
+    delta = deterministic_update(zero, updates, weights, 1.0)
+    if learning_rate != 1.0:
+        delta = deterministic_update(zero, [delta], [1], learning_rate)
+    previous = decode_optimizer_state(optimizer, state, params.size)
+    moved, new_state = optimizer.step(params, delta, previous)
+    return moved, encode_optimizer_state(optimizer, new_state)
 
 
 def fedprox_gradient(

@@ -32,6 +32,7 @@ from .secure import SecAgg
 from .simulation import run_simulation
 from .strategy import (
     ConfigValue,
+    DiLoCo,
     FedAdagrad,
     FedAdam,
     FedAvg,
@@ -42,6 +43,7 @@ from .strategy import (
     QFedAvg,
     Robust,
     ServerOptStrategy,
+    SparseLoCo,
     Strategy,
 )
 
@@ -49,6 +51,7 @@ __all__ = [
     "ArraysAdapter",
     "Client",
     "ConfigValue",
+    "DiLoCo",
     "EvaluateFn",
     "FedAdagrad",
     "FedAdam",
@@ -70,6 +73,7 @@ __all__ = [
     "SecAgg",
     "SecAggSettings",
     "ServerOptStrategy",
+    "SparseLoCo",
     "Strategy",
     "TrainFn",
     "TrainingRule",

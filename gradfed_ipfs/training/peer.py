@@ -8,11 +8,19 @@ every peer shares. The strategy, sampling and metric summary run inside the agre
 (:class:`~gradfed_ipfs.training.rule.TrainingRule`), so the model, its optimizer state and the
 round's aggregated metrics are all content-addressed. After the last training round one more
 round evaluates the final model (nobody trains).
+
+With ``FederationConfig(overlap=True)`` a peer trains round ``r + 1``'s update in a worker
+thread while round ``r``'s exchange runs, from its estimate of round ``r``'s model (or that
+round's base): the update it sends in round ``r + 1`` is relative to the model it trained
+from, so the strategy applies it one round late (a one-step-delayed outer update, as streaming
+DiLoCo's overlap). The rule and the records are unchanged: every peer still ends each round on
+the same model CID.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -25,7 +33,7 @@ import numpy as np
 from .._types import FloatArray
 from ..adapters.layout import Layout
 from ..adapters.numpy import flatten, unflatten_list
-from ..errors import ConfigError, InvalidGradient, QuorumNotReached, RoundMismatch
+from ..errors import ConfigError, GradfedError, InvalidGradient, QuorumNotReached, RoundMismatch
 from ..federated.agreed.session import AgreedConfig, AgreedSession
 from ..federated.exchange.fetcher import check_values
 from ..federated.privacy.mechanisms import DifferentialPrivacy
@@ -36,7 +44,7 @@ from .metrics import MAX_SAMPLES, VectorLayout
 from .rule import TrainingRule
 from .sampling import sample_size
 from .secure import SecAgg, SecureFit, SecureTrainingRule, secure_contribution, secure_fit
-from .strategy import ConfigValue, FedAvg, QFedAvg, Strategy
+from .strategy import ConfigValue, FedAvg, FitResult, QFedAvg, Strategy
 
 __all__ = [
     "ArraysAdapter",
@@ -191,6 +199,24 @@ class FederationConfig(Generic[M]):
         (Flower's centralized ``evaluate_fn``; here each peer can run its own).
     final_evaluation
         Run one more round after the last that only evaluates the final model.
+    overlap
+        Train round ``r + 1``'s update (in a worker thread) while round ``r``'s agreed exchange
+        runs, so compute does not wait for the network. Round ``r``'s model is not known yet,
+        so that training starts from an estimate of it (``overlap_start``) and the update sent
+        in round ``r + 1`` is relative to the model it trained from: the strategy applies it
+        one round late (a one-step-delayed outer update). Round 0 and the first round after a
+        resync train as usual. Round ``r + 1``'s sample is not known yet either: with
+        ``fraction`` below 1 a peer trains ahead every round and drops what an unsampled
+        round does not use (:class:`LocalDP` charges it all the same). ``train`` runs at the
+        same time as ``evaluate_fn`` (another thread). Not with :class:`SecAgg`. What it costs
+        in convergence: ``docs/benchmarks.md``.
+    overlap_start
+        Where overlapped training starts. ``"estimate"`` (default): round ``r``'s base moved
+        by the strategy's step on this peer's own round-``r`` update alone (from the current
+        optimizer state), as if every peer had sent it (the local update as a proxy for the
+        pending average, as in the "eager updates" of Kale et al. 2025,
+        https://arxiv.org/abs/2502.12996); ``"base"``: round ``r``'s base as it is (a plain
+        one-round-stale update, which costs more the further local training moves the model).
     """
 
     rounds: int
@@ -203,12 +229,18 @@ class FederationConfig(Generic[M]):
     on_fit_config: Callable[[int], Mapping[str, ConfigValue]] | None = None
     evaluate_fn: Callable[[M, int], tuple[float, Mapping[str, float]]] | None = None
     final_evaluation: bool = True
+    overlap: bool = False
+    overlap_start: Literal["estimate", "base"] = "estimate"
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
             raise ConfigError(f"rounds must be >= 1, got {self.rounds}")
         if not math.isfinite(self.learning_rate):
             raise ConfigError("learning_rate must be finite")
+        if self.overlap_start not in ("estimate", "base"):
+            raise ConfigError(
+                f"overlap_start must be 'estimate' or 'base', not {self.overlap_start!r}"
+            )
 
 
 @dataclass
@@ -224,6 +256,7 @@ class _LocalWork:
     fit_samples: int = 0
     fit_metrics: dict[str, float] = field(default_factory=dict)
     secured: SecureFit | None = None
+    trained: bool = False
 
 
 class Peer(Generic[M]):
@@ -283,6 +316,8 @@ class Peer(Generic[M]):
         self.strategy = strategy if strategy is not None else FedAvg()
         if isinstance(self.strategy, QFedAvg) and client.evaluate is None:
             raise ConfigError("QFedAvg needs clients with evaluate (their loss)")
+        if config.overlap and isinstance(self.strategy, SecAgg):
+            raise ConfigError("overlap does not work with SecAgg (its round needs the sample)")
         self.client, self.adapter, self.config = client, adapter, config
         self.store, self.pubsub, self.session_name = store, pubsub, session
         initial = np.array(adapter.to_vector(initial_model), np.float32).reshape(-1)
@@ -319,6 +354,7 @@ class Peer(Generic[M]):
         )
         self.log = log
         self.session: AgreedSession | None = None
+        self._ahead: tuple[int, asyncio.Task[_LocalWork]] | None = None
 
     @property
     def model_vector(self) -> FloatArray:
@@ -378,6 +414,7 @@ class Peer(Generic[M]):
             if linger > 0:
                 await session.linger(timeout=linger)
         finally:
+            await self._drop_ahead()
             await session.aclose()
         history.seconds = time.monotonic() - started
         return history
@@ -390,12 +427,7 @@ class Peer(Generic[M]):
         config_block = self.rule.config_block(r)
         await self.store.put(config_block)
         sampled = self.rule.sampled(session.session, session.genesis, r, base)
-        local = _LocalWork(round=r)
-        await self._evaluate(local, params, config)
-        if session.peer_id in sampled:
-            await self._fit(local, params, config)
-            if isinstance(self.strategy, SecAgg):
-                await self._secure_fit(local, self.strategy, session, sampled)
+        local = await self._local_work(session, params, config, sampled)
         vector, weight = self._contribution(local)
         result = await session.run_round(vector, weight=weight)
         local.timings["round"] = result.seconds
@@ -421,6 +453,87 @@ class Peer(Generic[M]):
             local.timings["local_evaluate"] = time.monotonic() - t
         return entry
 
+    async def _local_work(
+        self, session: AgreedSession, params: FloatArray, config: Config, sampled: Sequence[str]
+    ) -> _LocalWork:
+        """Evaluate, then train if sampled (or take what was trained ahead), under SecAgg if set.
+
+        With ``overlap``, next round's training starts here, before this round's exchange.
+        """
+        r = session.round
+        local = await self._trained_ahead(r) or _LocalWork(round=r)
+        await self._evaluate(local, params, config)
+        if session.peer_id not in sampled:  # what was trained ahead is not used
+            local.update, local.fit_samples, local.fit_metrics = None, 0, {}
+            self._train_ahead(r + 1, params)
+            return local
+        if not local.trained:
+            await self._fit(local, params, config)
+        self._train_ahead(r + 1, self._ahead_start(session, params, local))
+        if isinstance(self.strategy, SecAgg):
+            await self._secure_fit(local, self.strategy, session, sampled)
+        return local
+
+    def _ahead_start(
+        self, session: AgreedSession, params: FloatArray, local: _LocalWork
+    ) -> FloatArray:
+        """Where next round's training starts (``overlap``): this round's model as guessed.
+
+        ``"estimate"``: the strategy's step on this peer's own update alone (from the current
+        rule state), as if every peer had sent it; ``"base"`` (or no update): ``params``.
+        """
+        if self.config.overlap_start == "base" or local.update is None:
+            return params
+        fit = FitResult(session.peer_id, local.update, max(1, local.fit_samples))
+        lr, state = self.agreed.learning_rate, session.rule_state
+        try:
+            guess, _ = self.strategy.aggregate(params, [fit], lr, state)
+        except GradfedError as exc:  # e.g. Krum needs more than one update: the plain base
+            logger.debug("round %d: no estimate of the round's model: %s", local.round, exc)
+            return params
+        return np.asarray(guess, np.float32).reshape(-1)
+
+    def _train_ahead(self, round_number: int, params: FloatArray) -> None:
+        """With ``overlap``, start training round ``round_number``'s update from ``params``."""
+        if not self.config.overlap or round_number >= self.config.rounds:
+            return
+        work = _LocalWork(round=round_number)
+        base, config = params.copy(), self.rule.config(round_number)
+
+        async def train() -> _LocalWork:
+            await self._fit(work, base, config)
+            return work
+
+        self._ahead = (round_number, asyncio.create_task(train()))
+
+    async def _trained_ahead(self, round_number: int) -> _LocalWork | None:
+        """Return the work trained ahead for ``round_number`` (waiting for it), if any.
+
+        Work trained for another round (a resync moved the session) is dropped.
+        """
+        if self._ahead is None:
+            return None
+        target, task = self._ahead
+        self._ahead = None
+        t = time.monotonic()
+        work = await task  # _fit turns a failing train into this round's failure: no raise
+        if target != round_number:
+            logger.warning(
+                "round %d: dropping the update trained for round %d", round_number, target
+            )
+            return None
+        work.timings["train_wait"] = time.monotonic() - t
+        return work
+
+    async def _drop_ahead(self) -> None:
+        """Stop waiting for work trained ahead (its thread finishes on its own)."""
+        if self._ahead is not None:
+            task = self._ahead[1]
+            self._ahead = None
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
     async def _evaluate(self, local: _LocalWork, params: FloatArray, config: Config) -> None:
         """Evaluate the global model on local data, if the client can (federated evaluation)."""
         if self.client.evaluate is None:
@@ -445,6 +558,7 @@ class Peer(Generic[M]):
             )
         except Exception as exc:  # reported as this round's failure
             logger.warning("round %d: train failed: %s", local.round, exc)
+        local.trained = True
         local.timings["train"] = time.monotonic() - t
 
     async def _secure_fit(

@@ -11,6 +11,10 @@ wires it:
   :func:`~gradfed_ipfs.tensor.fedopt.fedprox_gradient` to their gradients);
 - :class:`FedAvgM`, :class:`FedAdagrad`, :class:`FedAdam`, :class:`FedYogi`: the weighted mean
   is a pseudo-gradient for a :class:`~gradfed_ipfs.tensor.fedopt.ServerOptimizer`;
+- :class:`DiLoCo`: DiLoCo's outer step, Nesterov momentum on the pseudo-gradient
+  (:class:`~gradfed_ipfs.tensor.fedopt.ServerNesterov`); :class:`SparseLoCo`: SparseLoCo's
+  outer step ``x ← x + outer_lr · mean``, no outer momentum (its error feedback is the
+  compression's);
 - :class:`QFedAvg`: q-FFL's update, weighting by each trainer's loss on the global model;
 - :class:`Robust`: any robust rule of :mod:`gradfed_ipfs.tensor` (``Median``,
   ``TrimmedMean``, ``Krum``, ``MultiKrum``, ``Bulyan``); sample counts are not used.
@@ -27,13 +31,15 @@ from typing import ClassVar, TypeAlias
 import numpy as np
 
 from .._types import FloatArray
-from ..errors import ConfigError, InvalidGradient
+from ..errors import ConfigError
 from ..tensor import fedopt
 from ..tensor.aggregation import AggregationStrategy, Contribution, method_name
 from ..tensor.deterministic import deterministic_update
+from ..tensor.fedopt import decode_optimizer_state, encode_optimizer_state
 
 __all__ = [
     "ConfigValue",
+    "DiLoCo",
     "FedAdagrad",
     "FedAdam",
     "FedAvg",
@@ -44,6 +50,7 @@ __all__ = [
     "QFedAvg",
     "Robust",
     "ServerOptStrategy",
+    "SparseLoCo",
     "Strategy",
     "decode_optimizer_state",
     "encode_optimizer_state",
@@ -135,47 +142,6 @@ class FedProx(FedAvg):
         return {"proximal_mu": float(self.proximal_mu)}
 
 
-def _state_names(optimizer: fedopt.ServerOptimizer) -> tuple[str, ...]:
-    return ("v",) if isinstance(optimizer, fedopt.ServerMomentum) else ("m", "v")
-
-
-def encode_optimizer_state(
-    optimizer: fedopt.ServerOptimizer, state: fedopt.OptimizerState
-) -> FloatArray:
-    """Return ``[step, arrays...]`` as one float32 vector (arrays in the optimizer's order).
-
-    Raises
-    ------
-    InvalidGradient
-        If the step is too large for float32 (2**24) or an array is missing.
-    """
-    if state.step >= 1 << 24:
-        raise InvalidGradient(f"optimizer step {state.step} does not fit a float32")
-    arrays = [np.asarray(state.arrays[n], np.float32).reshape(-1) for n in _state_names(optimizer)]
-    return np.concatenate([np.array([state.step], np.float32), *arrays])
-
-
-def decode_optimizer_state(
-    optimizer: fedopt.ServerOptimizer, vector: FloatArray | None, length: int
-) -> fedopt.OptimizerState | None:
-    """Invert :func:`encode_optimizer_state` for ``length`` params (``None`` stays ``None``).
-
-    Raises
-    ------
-    InvalidGradient
-        If the vector's length or step does not fit (a state from another session).
-    """
-    if vector is None:
-        return None
-    names = _state_names(optimizer)
-    v = np.asarray(vector, np.float32).reshape(-1)
-    step = float(v[0]) if v.size else -1.0
-    if v.size != 1 + len(names) * length or not (step >= 0 and step == int(step)):
-        raise InvalidGradient(f"optimizer state of {v.size} values does not fit {length} params")
-    arrays = {n: v[1 + i * length : 1 + (i + 1) * length] for i, n in enumerate(names)}
-    return fedopt.OptimizerState(int(step), arrays)
-
-
 class ServerOptStrategy(Strategy):
     """The weighted mean ``Δ = lr · Σ (n_i/N) Δ_i`` fed to a server optimizer as a gradient.
 
@@ -200,13 +166,10 @@ class ServerOptStrategy(Strategy):
         state: FloatArray | None,
     ) -> tuple[FloatArray, FloatArray | None]:
         """Return the optimizer's step from the previous state (decoded from ``state``)."""
-        zero = np.zeros_like(params, dtype=np.float32)
-        delta = deterministic_update(zero, [f.update for f in fits], [f.weight for f in fits], 1.0)
-        if learning_rate != 1.0:
-            delta = deterministic_update(zero, [delta], [1], learning_rate)
-        previous = decode_optimizer_state(self.optimizer, state, params.size)
-        moved, new_state = self.optimizer.step(params, delta, previous)
-        return moved, encode_optimizer_state(self.optimizer, new_state)
+        updates, weights = [f.update for f in fits], [f.weight for f in fits]
+        return fedopt.optimizer_round(
+            self.optimizer, params, updates, weights, learning_rate, state
+        )
 
 
 class FedAvgM(ServerOptStrategy):
@@ -241,6 +204,62 @@ class FedYogi(ServerOptStrategy):
         self, *, eta: float = 0.01, beta_1: float = 0.9, beta_2: float = 0.99, tau: float = 1e-3
     ) -> None:
         super().__init__(fedopt.ServerYogi(eta, beta_1, beta_2, tau))
+
+
+class DiLoCo(ServerOptStrategy):
+    """DiLoCo's outer optimizer: SGD with Nesterov momentum.
+
+    Douillard et al. 2023, "DiLoCo: Distributed Low-Communication Training of Language Models",
+    https://arxiv.org/abs/2311.08105.
+
+    Each round's ``Δ = lr · Σ (n_i/N) Δ_i`` is the negative pseudo-gradient; the step is
+    ``torch.optim.SGD(lr=outer_lr, momentum=momentum, nesterov=True)`` on ``g = −Δ``
+    (:class:`~gradfed_ipfs.tensor.fedopt.ServerNesterov`). The inner loop (H local steps) is
+    the client's ``train``. Defaults are OpenDiLoCo's (``outer_lr`` 0.7, ``momentum`` 0.9).
+    """
+
+    def __init__(self, outer_lr: float = 0.7, momentum: float = 0.9) -> None:
+        super().__init__(fedopt.ServerNesterov(outer_lr, momentum))
+        self.name = "diloco"  # type: ignore[misc]  # the strategy, not its optimizer
+
+
+@dataclass(frozen=True)
+class SparseLoCo(Strategy):
+    """SparseLoCo's outer step: ``x ← x + lr · outer_lr · Σ (n_i/N) Δ_i``.
+
+    Sarfi et al. 2025, "Communication Efficient LLM Pre-training with SparseLoCo",
+    https://arxiv.org/abs/2508.15706.
+
+    No outer momentum: SparseLoCo replaces it with error feedback on the compressed updates,
+    which lives where the compression does, on each peer before its update is sent (an agreed
+    session's compression settings). Paired with a top-k, 2-bit compression with error feedback,
+    this is SparseLoCo; with dense updates it is FedAvg scaled by ``outer_lr``. With
+    ``outer_lr`` 1.0 it gives FedAvg's bits. Stateless.
+
+    Attributes
+    ----------
+    outer_lr
+        Factor of the mean of the updates (finite, > 0; default 1.0).
+    """
+
+    name: ClassVar[str] = "sparseloco"
+    outer_lr: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.outer_lr) and self.outer_lr > 0):
+            raise ConfigError(f"outer_lr must be finite and > 0, got {self.outer_lr}")
+
+    def aggregate(
+        self,
+        params: FloatArray,
+        fits: Sequence[FitResult],
+        learning_rate: float,
+        state: FloatArray | None,
+    ) -> tuple[FloatArray, FloatArray | None]:
+        """Return ``float32(x + lr · outer_lr · Σ (n_i/N) Δ_i)`` (deterministic)."""
+        updates, weights = [f.update for f in fits], [f.weight for f in fits]
+        factor = float(learning_rate) * float(self.outer_lr)
+        return deterministic_update(params, updates, weights, factor), None
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,15 @@ from gradfed_ipfs.tensor import (
     ServerAdagrad,
     ServerAdam,
     ServerMomentum,
+    ServerNesterov,
     ServerYogi,
     fedprox_gradient,
     qfedavg_update,
+)
+from gradfed_ipfs.tensor.fedopt import (
+    decode_optimizer_state,
+    encode_optimizer_state,
+    optimizer_round,
 )
 
 
@@ -34,6 +40,20 @@ def test_fedavgm_momentum_accumulates_over_rounds() -> None:
     np.testing.assert_allclose(x2, [2.5, 3.0])
     np.testing.assert_allclose(s2.arrays["v"], [1.5, 1.0])
     assert s2.step == 2
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.5])
+def test_nesterov_two_equal_steps_look_ahead(momentum: float) -> None:
+    # Step 1: v = Δ, x = η (1 + μ) Δ.  Step 2: v = (1 + μ) Δ, x += η (Δ + μ (1 + μ) Δ).
+    opt = ServerNesterov(learning_rate=0.5, momentum=momentum)
+    delta = np.array([1.0, -2.0], np.float32)
+    x1, s1 = opt.step([0.0, 0.0], delta)
+    x2, s2 = opt.step(x1, delta, s1)
+    np.testing.assert_array_equal(x1, 0.5 * (1 + momentum) * delta)
+    np.testing.assert_array_equal(s2.arrays["v"], (1 + momentum) * delta)
+    np.testing.assert_array_equal(x2, x1 + 0.5 * (1 + momentum * (1 + momentum)) * delta)
+    assert s2.step == 2
+    assert opt.state_names == ("v",)
 
 
 def test_fedadagrad_two_steps() -> None:
@@ -94,6 +114,10 @@ def test_bad_settings_and_state_are_refused() -> None:
         ServerMomentum(server_momentum=1.0)
     with pytest.raises(ConfigError):
         ServerAdam(eta=0.0)
+    with pytest.raises(ConfigError, match="momentum"):
+        ServerNesterov(momentum=1.0)
+    with pytest.raises(ConfigError, match="learning_rate"):
+        ServerNesterov(learning_rate=float("nan"))
     with pytest.raises(InvalidGradient, match="expected 8"):
         OptimizerState.from_dict({"step": 1, "arrays": {"m": b"\0" * 4}}, 2)
     with pytest.raises(InvalidGradient):
@@ -119,3 +143,29 @@ def test_qfedavg_q0_is_the_mean_and_q1_weights_by_loss() -> None:
     )
     with pytest.raises(InvalidGradient):
         qfedavg_update([[1.0]], [1.0, 2.0], q=1.0, lipschitz=1.0)
+
+
+def test_the_state_codec_packs_each_optimizers_arrays_in_its_order() -> None:
+    nesterov = ServerNesterov()
+    _, state = nesterov.step([0.0, 0.0], [1.0, 2.0])
+    vector = encode_optimizer_state(nesterov, state)
+    np.testing.assert_array_equal(vector, np.array([1, 1, 2], np.float32))  # [step, v]
+    back = decode_optimizer_state(nesterov, vector, 2)
+    assert back is not None
+    assert back.step == 1
+    np.testing.assert_array_equal(back.arrays["v"], state.arrays["v"])
+    assert ServerAdam.state_names == ("m", "v")
+    assert ServerMomentum.state_names == ("v",)
+    with pytest.raises(InvalidGradient, match="lacks"):
+        encode_optimizer_state(ServerAdam(), state)  # no "m"
+    with pytest.raises(InvalidGradient, match="does not fit"):
+        decode_optimizer_state(ServerAdam(), vector, 2)
+
+
+def test_optimizer_round_is_the_step_on_the_scaled_weighted_mean() -> None:
+    updates = [np.array([2.0, 0.0], np.float32), np.array([0.0, 4.0], np.float32)]
+    params = np.array([1.0, 1.0], np.float32)
+    moved, vector = optimizer_round(ServerNesterov(), params, updates, [1, 3], 0.5, None)
+    expected, state = ServerNesterov().step(params, np.array([0.25, 1.5], np.float32))
+    np.testing.assert_array_equal(moved, expected)
+    np.testing.assert_array_equal(vector, encode_optimizer_state(ServerNesterov(), state))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gradfed_ipfs.tensor import Median
 from gradfed_ipfs.training import (
+    DiLoCo,
     FedAdagrad,
     FedAdam,
     FedAvg,
@@ -12,6 +13,7 @@ from gradfed_ipfs.training import (
     FedYogi,
     QFedAvg,
     Robust,
+    SparseLoCo,
     Strategy,
 )
 
@@ -27,5 +29,7 @@ def make_strategy(name: str) -> Strategy:
         "fedyogi": FedYogi,
         "qfedavg": lambda: QFedAvg(q=0.2, client_learning_rate=0.5),
         "median": lambda: Robust(Median()),
+        "diloco": DiLoCo,
+        "sparseloco": SparseLoCo,
     }
     return factories[name]()  # type: ignore[no-any-return]

@@ -90,7 +90,9 @@ def test_fraction_samples_two_of_three_and_the_others_follow() -> None:
     assert len({tuple(e.sampled) for e in entries[:-1]}) > 1  # the sample changes
 
 
-@pytest.mark.parametrize("strategy", ["fedprox", "fedavgm", "fedadam", "qfedavg", "median"])
+@pytest.mark.parametrize(
+    "strategy", ["fedprox", "fedavgm", "fedadam", "qfedavg", "median", "diloco", "sparseloco"]
+)
 def test_strategies_learn_the_task(strategy: str) -> None:
     histories = simulate(strategy, rounds=5)
     assert len({h.entries[-1].model for h in histories}) == 1

@@ -16,6 +16,7 @@ from gradfed_ipfs.tensor import (
     fedprox_gradient,
 )
 from gradfed_ipfs.training import (
+    DiLoCo,
     FedAdagrad,
     FedAdam,
     FedAvg,
@@ -25,6 +26,7 @@ from gradfed_ipfs.training import (
     FitResult,
     QFedAvg,
     Robust,
+    SparseLoCo,
     Strategy,
 )
 from gradfed_ipfs.training.strategy import decode_optimizer_state, encode_optimizer_state
@@ -191,3 +193,36 @@ def test_optimizer_state_codec_round_trips_and_refuses_other_lengths() -> None:
         decode_optimizer_state(strategy.optimizer, vector, 3)
     with pytest.raises(InvalidGradient):
         decode_optimizer_state(strategy.optimizer, f32(-1, 1, 2, 3, 4), 2)
+
+
+def test_diloco_is_nesterov_on_the_weighted_mean_with_opendilocos_defaults() -> None:
+    strategy = DiLoCo()
+    assert strategy.name == "diloco"
+    assert (strategy.optimizer.learning_rate, strategy.optimizer.momentum) == (0.7, 0.9)  # type: ignore[attr-defined]
+    # Δ = (1·[2] + 3·[-2]) / 4 = [-1]. Step 1: v = -1, x = 1 + 0.7·(-1 + 0.9·-1) = -0.33.
+    results = fits(([2], 1, None), ([-2], 3, None))
+    x1, s1 = step(strategy, f32(1), results)
+    np.testing.assert_allclose(x1, f32(1 - 0.7 * 1.9), rtol=1e-6)
+    np.testing.assert_array_equal(s1, f32(1, -1))  # [step, v]
+    # Step 2, same Δ: v = 0.9·-1 - 1 = -1.9; x += 0.7·(-1 + 0.9·-1.9).
+    x2, s2 = step(strategy, x1, results, s1)
+    np.testing.assert_allclose(x2, x1 - 0.7 * (1 + 0.9 * 1.9), rtol=1e-6)
+    np.testing.assert_allclose(s2, f32(2, -1.9), rtol=1e-6)
+    with pytest.raises(ConfigError):
+        DiLoCo(momentum=1.0)
+
+
+def test_sparseloco_is_the_scaled_mean_without_state_and_fedavgs_bits_at_1() -> None:
+    results = fits(([2, 0], 1, None), ([0, 4], 3, None))
+    new, state = step(SparseLoCo(outer_lr=0.5), f32(1, 2), results)
+    np.testing.assert_array_equal(new, f32(1.25, 3.5))
+    assert state is None
+    rng = np.random.default_rng(3)
+    params = rng.standard_normal(64).astype(np.float32)
+    many = [FitResult(f"p{i}", rng.standard_normal(64).astype(np.float32), i + 1) for i in range(3)]
+    plain, _ = FedAvg().aggregate(params, many, 0.3, None)
+    sparse, _ = SparseLoCo().aggregate(params, many, 0.3, None)
+    assert plain.tobytes() == sparse.tobytes()
+    assert SparseLoCo().name == "sparseloco"
+    with pytest.raises(ConfigError):
+        SparseLoCo(outer_lr=0.0)

@@ -2,12 +2,15 @@
 
 :class:`AgreedSession` runs rounds whose roster a ranked coordinator fixes and whose record
 chains to the previous one; :func:`verify_agreed_history` re-verifies a session from its head.
+Custom update rules: :class:`RobustRule` (a robust aggregation) and :class:`OptimizerRule` (a
+server optimizer such as DiLoCo's ``ServerNesterov``, its state stored by CID in each record).
 """
 
 from __future__ import annotations
 
 from .config import AgreedConfig, AgreedRoundResult, ResyncResult, UpdateRule
 from .history import verify_agreed_history, verify_agreed_round
+from .optimizer import OptimizerRule
 from .session import AgreedSession
 from .slicing import RobustRule
 
@@ -15,6 +18,7 @@ __all__ = [
     "AgreedConfig",
     "AgreedRoundResult",
     "AgreedSession",
+    "OptimizerRule",
     "ResyncResult",
     "RobustRule",
     "UpdateRule",
