@@ -23,6 +23,7 @@ CLI exits with. The tree::
     ├── DecodeError                    untrusted bytes that do not decode; exit 4
     │   ├── MalformedArrow             not a gradient Arrow IPC file
     │   ├── MalformedManifest          not a chunk manifest / IPLD record we understand
+    │   ├── MalformedPacked            not a packed (compressed) chunk of the session's encoding
     │   ├── MalformedAnnouncement      a pubsub announcement that does not parse
     │   ├── NotARoundRecord            a CID given as a round record names another block
     │   ├── BadSignature               a signed statement whose signature or author fails
@@ -150,6 +151,7 @@ __all__ = [
     "MalformedAnnouncement",
     "MalformedArrow",
     "MalformedManifest",
+    "MalformedPacked",
     "NoContributions",
     "NodeNotFound",
     "NotARoundRecord",
@@ -341,6 +343,10 @@ class MalformedArrow(DecodeError):
 
 class MalformedManifest(DecodeError):
     """A dag-cbor record (chunk manifest, round record, graph node) of the wrong form."""
+
+
+class MalformedPacked(DecodeError):
+    """A packed contribution chunk (:mod:`~gradfed_ipfs.formats.packed`) that does not decode."""
 
 
 class MalformedAnnouncement(DecodeError):

@@ -18,6 +18,7 @@ from .arrow import (
     store_gradient_as_arrow,
     store_layer_as_arrow,
 )
+from .packed import PACKED_HEADER_BYTES, decode_packed_chunk, encode_packed_chunk, is_packed
 from .pubsub import TOPIC_PREFIX, PubsubMessage, parse_sub_line, session_topic
 from .records import decode_record, encode_record, from_link, require, to_link
 from .statement import LocalSigner, Signer, Statement, decode_statement, sign_statement
@@ -26,6 +27,7 @@ __all__ = [
     "ANNOUNCEMENT_VERSION",
     "MAX_DECODED_ELEMENTS",
     "MAX_MESSAGE_BYTES",
+    "PACKED_HEADER_BYTES",
     "TOPIC_PREFIX",
     "Announcement",
     "AnnouncementFilter",
@@ -36,11 +38,14 @@ __all__ = [
     "Statement",
     "decode_dense_block",
     "decode_gradient",
+    "decode_packed_chunk",
     "decode_record",
     "decode_statement",
     "encode_arrow_file",
+    "encode_packed_chunk",
     "encode_record",
     "from_link",
+    "is_packed",
     "load_gradient_from_arrow",
     "load_layer_from_arrow",
     "open_arrow_file",

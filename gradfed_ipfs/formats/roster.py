@@ -34,7 +34,8 @@ from multiformats import CID
 
 from ..block import Block
 from ..cid import DAG_CBOR, RAW, cid_to_str, make_cid, parse_cid
-from ..errors import DecodeError, MalformedAnnouncement, MalformedManifest
+from ..errors import ConfigError, DecodeError, MalformedAnnouncement, MalformedManifest
+from ..tensor.packing import PackSpec
 from .pubsub import decode_multibase, encode_multibase
 from .records import decode_record, encode_record, require
 
@@ -101,6 +102,15 @@ def _session(value: object, where: str) -> str:
     if not isinstance(value, str) or not 0 < len(value) <= MAX_TEXT_CHARS:
         raise MalformedManifest(f"{where}: session is not a short string")
     return value
+
+
+def _packing(value: object, where: str) -> PackSpec:
+    if not isinstance(value, str) or len(value) > MAX_TEXT_CHARS:
+        raise MalformedManifest(f"{where}: encoding is not a label")
+    try:
+        return PackSpec.parse(value)
+    except ConfigError as exc:
+        raise MalformedManifest(f"{where}: {exc}") from None
 
 
 def _checked_block(block: Block, where: str) -> None:
@@ -270,6 +280,9 @@ class AgreedRecord:
         (written only then) means a reader rebuilds them: from the newest earlier record whose
         model is stored, re-aggregating the rounds since
         (:func:`~gradfed_ipfs.federated.agreed.history.load_result`).
+    encoding
+        The contributions' packed encoding (:attr:`~gradfed_ipfs.tensor.packing.PackSpec.label`,
+        e.g. ``int8/1024``), ``None`` for dense float32; only written when set.
     """
 
     session: str
@@ -286,6 +299,12 @@ class AgreedRecord:
     frauds: tuple[CID, ...] | None = None
     excluded: tuple[str, ...] | None = None
     model_stored: bool = True
+    encoding: str | None = None
+
+    @property
+    def packing(self) -> PackSpec | None:
+        """The contributions' encoding, parsed from :attr:`encoding` (``None``: dense)."""
+        return None if self.encoding is None else PackSpec.parse(self.encoding)
 
     def to_block(self) -> Block:
         """Encode as a dag-cbor block."""
@@ -307,6 +326,7 @@ class AgreedRecord:
                 **({} if self.frauds is None else {"frauds": list(self.frauds)}),
                 **({} if self.excluded is None else {"excluded": list(self.excluded)}),
                 **({} if self.model_stored else {"model_stored": False}),
+                **({} if self.encoding is None else {"encoding": self.encoding}),
             }
         )
 
@@ -345,6 +365,8 @@ class AgreedRecord:
             raise MalformedManifest(f"{where}: excluded peers are not sorted and unique")
         if record.get("model_stored", False) is not False:  # one encoding per record
             raise MalformedManifest(f"{where}: model_stored is written only as false")
+        encoding = record.get("encoding")
+        label = None if encoding is None else _packing(encoding, where).label
         return cls(
             session=_session(record.get("session"), where),
             genesis=_content_cid(record.get("genesis"), where),
@@ -360,6 +382,7 @@ class AgreedRecord:
             frauds=None if frauds is None else tuple(_record_cid(c, where) for c in frauds),
             excluded=peers,
             model_stored="model_stored" not in record,
+            encoding=label,
         )
 
 

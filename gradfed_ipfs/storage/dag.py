@@ -12,6 +12,12 @@ IPLD links (CBOR tag 42)::
      "chunks": [{"cid": CID, "offset": 0, "length": k0}, {"cid": CID, "offset": k0, ...}, ...]}
 
 The manifest CID is the gradient's CID; a small gradient keeps its single raw-block CID.
+
+A compressed gradient (``compression=``, an agreed round's contribution) has the same ranges and
+manifest, but each chunk (or the single raw block) is a packed block
+(:mod:`gradfed_ipfs.formats.packed`) decoding to that range's float32 values; its readers pass
+the expected :class:`~gradfed_ipfs.tensor.packing.PackSpec` as ``packing=`` (a dense block is
+then refused, as a packed one is without it).
 Pinning the manifest with ``pin/add`` (recursive) pins every chunk.
 
 Fetching is concurrent (bounded), every chunk is re-hashed on arrival (the store's ``get``
@@ -40,6 +46,7 @@ from ..errors import (
     InvalidGradient,
     MalformedArrow,
     MalformedManifest,
+    MalformedPacked,
 )
 from ..formats.arrow import (
     META_OFFSET,
@@ -57,6 +64,9 @@ from ..formats.manifest import (
     ChunkRef,
 )
 from ..formats.manifest_window import decode_manifest_window
+from ..formats.packed import decode_packed_chunk, encode_packed_chunk
+from ..tensor.codecs import Codec
+from ..tensor.packing import PackSpec
 from ..tensor.types import DenseGradient
 from .base import MAX_BLOCK_SIZE, UNSET, Block, BlockStore, Unset
 from .fetch_retries import Arrivals, get_with_retries
@@ -129,7 +139,7 @@ def plan_chunks(length: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[tup
     return [(start, min(per, length - start)) for start in range(0, length, per)]
 
 
-async def put_gradient(
+async def put_gradient(  # noqa: PLR0913 - public face: keyword-only options
     store: BlockStore,
     gradient: GradientLike,
     *,
@@ -138,6 +148,8 @@ async def put_gradient(
     concurrency: int = DEFAULT_CONCURRENCY,
     pin: bool = True,
     progress: ProgressCallback | None = None,
+    compression: Codec | None = None,
+    exact_tail: int = 0,
 ) -> CID:
     """Store a gradient and return its CID: a raw block, or a chunked DAG when large.
 
@@ -157,6 +169,11 @@ async def put_gradient(
         Pin the result (recursively: the manifest pins every chunk).
     progress
         Called with ``(done_bytes, total_bytes)`` after each chunk is stored.
+    compression
+        Store packed blocks of this codec (:meth:`~gradfed_ipfs.tensor.codecs.Codec.pack`)
+        instead of dense ones, over the same chunk ranges; ``None``: dense float32.
+    exact_tail
+        With ``compression``: the last ``exact_tail`` values are stored exact.
 
     Returns
     -------
@@ -170,12 +187,14 @@ async def put_gradient(
     if math.prod(recorded) != flat.size:
         raise InvalidGradient(f"shape {list(recorded)} does not hold {flat.size} values")
     total = 4 * flat.size
+    ranges = plan_chunks(flat.size, chunk_bytes) if flat.size > per else [(0, flat.size)]
+    encode = _chunk_encoder(flat, ranges, compression, exact_tail)
     if flat.size <= per:
-        cid = await store.put(Block.new(store_gradient_as_arrow(flat, shape=recorded)), pin=pin)
+        data = encode(0) if encode else store_gradient_as_arrow(flat, shape=recorded)
+        cid = await store.put(Block.new(data), pin=pin)
         if progress is not None:
             progress(total, total)
         return cid
-    ranges = plan_chunks(flat.size, chunk_bytes)
     cids: list[CID | None] = [None] * len(ranges)
     done = 0
 
@@ -183,7 +202,11 @@ async def put_gradient(
         nonlocal done
         offset, length = ranges[index]
         # The offset in the metadata keeps equal chunks (zeros, constants) distinct blocks.
-        data = store_gradient_as_arrow(flat[offset : offset + length], offset=offset)
+        data = (
+            encode(index)
+            if encode
+            else store_gradient_as_arrow(flat[offset : offset + length], offset=offset)
+        )
         # Chunks are pinned through the manifest's recursive pin, not one by one.
         cids[index] = await store.put(Block.new(data), pin=False)
         done += 4 * length
@@ -201,6 +224,17 @@ async def put_gradient(
     cid = await store.put(manifest.to_block(), pin=pin)
     logger.debug("stored %d values as %d chunks under %s", flat.size, len(chunks), cid)
     return cid
+
+
+def _chunk_encoder(
+    flat: FloatArray, ranges: list[tuple[int, int]], compression: Codec | None, exact_tail: int
+) -> Callable[[int], bytes] | None:
+    """Return ``index → packed block bytes`` of a compressed gradient, ``None`` for dense."""
+    if compression is None:
+        return None
+    spec = compression.packing(exact_tail)
+    chunks = compression.pack(flat, ranges, exact_tail)
+    return lambda index: encode_packed_chunk(spec, chunks[index])
 
 
 def _set(cid: CID | None) -> CID:
@@ -259,7 +293,7 @@ ChunkSink = Callable[[ChunkRef, FloatArray], None]
 """Receives each verified chunk's values (a read-only view, valid only during the call)."""
 
 
-async def fetch_chunks(
+async def fetch_chunks(  # noqa: PLR0913 - public face: keyword-only options
     store: BlockStore,
     manifest: ChunkManifest,
     sink: ChunkSink,
@@ -269,6 +303,7 @@ async def fetch_chunks(
     retries: int = 2,
     progress: ProgressCallback | None = None,
     manifest_cid: CID | None = None,
+    packing: PackSpec | None = None,
 ) -> None:
     """Fetch every chunk of ``manifest`` concurrently, verify, decode and pass it to ``sink``.
 
@@ -290,12 +325,15 @@ async def fetch_chunks(
         Called with ``(done_bytes, total_bytes)`` after each chunk.
     manifest_cid
         Named in error messages when given.
+    packing
+        The chunks are packed blocks of this encoding (``None``: dense chunks).
 
     Raises
     ------
     BlockCorrupt
-        If a chunk's bytes do not hash to its CID, or it is not a dense chunk of the declared
-        length; the message names the chunk index and CID. Nothing more is fetched.
+        If a chunk's bytes do not hash to its CID, or it is not a dense chunk (a packed chunk
+        of ``packing``) of the declared length; the message names the chunk index and CID.
+        Nothing more is fetched.
     BlockTimeout
         If a chunk did not arrive within ``timeout`` while no other chunk arrived either (a
         chunk that times out while others keep arriving is asked for again: it was waiting
@@ -313,15 +351,28 @@ async def fetch_chunks(
         nonlocal done
         what = f"chunk {index}{where}"
         block = await get_with_retries(store, ref.cid, timeout, retries, what, arrivals)
-        values = decode_dense_block(block.data, ref.length, offset=ref.offset)
-        if values is None:  # not the canonical bytes of this chunk: the full decoder's turn
-            values = _decode_chunk(block, index, ref, where)
+        if packing is not None:
+            values = _decode_packed(block, index, ref, where, packing, manifest.length)
+        else:
+            dense = decode_dense_block(block.data, ref.length, offset=ref.offset)
+            # None: not the canonical bytes of this chunk, the full decoder's turn
+            values = _decode_chunk(block, index, ref, where) if dense is None else dense
         sink(ref, values)
         done += 4 * ref.length
         if progress is not None:
             progress(done, manifest.nbytes)
 
     await _bounded(concurrency, (fetch_one(i, ref) for i, ref in enumerate(manifest.chunks)))
+
+
+def _decode_packed(
+    block: Block, index: int, ref: ChunkRef, where: str, packing: PackSpec, total: int
+) -> FloatArray:
+    """Decode chunk ``index`` as a packed block of ``packing``, or raise ``BlockCorrupt``."""
+    try:
+        return decode_packed_chunk(block.data, packing, ref.offset, ref.length, total)
+    except MalformedPacked as exc:
+        raise BlockCorrupt(f"chunk {index}{where}: {exc}", cid=ref.cid) from exc
 
 
 def _decode_chunk(block: Block, index: int, ref: ChunkRef, where: str) -> FloatArray:
@@ -354,7 +405,7 @@ def _decode_chunk(block: Block, index: int, ref: ChunkRef, where: str) -> FloatA
     return decoded.values
 
 
-async def fetch_gradient(
+async def fetch_gradient(  # noqa: PLR0913 - public face: keyword-only options
     store: BlockStore,
     cid: CIDLike,
     *,
@@ -364,6 +415,7 @@ async def fetch_gradient(
     progress: ProgressCallback | None = None,
     max_length: int = MAX_DECODED_ELEMENTS,
     expected_length: int | None = None,
+    packing: PackSpec | None = None,
 ) -> FloatArray:
     """Fetch a gradient by CID, raw block or chunked DAG, verified and decoded.
 
@@ -381,6 +433,9 @@ async def fetch_gradient(
     expected_length
         The length the caller requires; a different one raises :class:`DimensionMismatch`
         (before any chunk is fetched, for a chunked gradient).
+    packing
+        A compressed gradient of this encoding (``expected_length`` required): its blocks
+        must be packed blocks of it (:mod:`gradfed_ipfs.formats.packed`); ``None``: dense.
 
     Returns
     -------
@@ -394,16 +449,25 @@ async def fetch_gradient(
         If a dag-cbor CID does not lead to a valid manifest, or it is too long.
     MalformedArrow
         If a raw block is not a dense gradient.
+    MalformedPacked
+        With ``packing``: if a raw block is not a packed block of it.
     DimensionMismatch
         If the length differs from ``expected_length``.
     BlockCorrupt, BlockNotFound, StoreUnavailable
         See :func:`fetch_chunks`.
     """
     parsed = parse_cid(cid)
+    if packing is not None and (expected_length is None or expected_length > max_length):
+        raise InvalidGradient("a packed gradient is fetched with its expected_length (<= max)")
     if parsed.codec.code == RAW:
         block = await get_with_retries(
             store, parsed, timeout, retries, f"block {cid_to_str(parsed)}"
         )
+        if packing is not None and expected_length is not None:
+            packed = decode_packed_chunk(block.data, packing, 0, expected_length, expected_length)
+            if progress is not None:
+                progress(packed.nbytes, packed.nbytes)
+            return packed
         if expected_length is not None and expected_length <= max_length:
             values = decode_dense_block(block.data, expected_length)
             if values is not None:  # the canonical bytes of a flat gradient of that length
@@ -439,6 +503,7 @@ async def fetch_gradient(
         retries=retries,
         progress=progress,
         manifest_cid=parsed,
+        packing=packing,
     )
     return out.reshape(manifest.shape)
 

@@ -2,9 +2,10 @@
 
 Modules: ``types`` (layer gradients), ``metadata`` (dtype, tensor metadata), ``delta``
 (``GradientDelta``), ``compression`` (the seed's ``GradientCompressor``), ``codecs`` (``Codec``
-registry, error feedback), ``aggregation``, ``robust`` (rules; the one clip and norm),
-``bulyan``, ``fedopt`` (server optimizers), ``regional``, ``kernels``, ``verification``,
-``adaptive``. Storing a delta is :mod:`gradfed_ipfs.storage.delta_store`.
+registry, error feedback), ``packing`` (agreed rounds' compressed contributions),
+``aggregation``, ``robust`` (rules; the one clip and norm), ``bulyan``, ``fedopt`` (server
+optimizers), ``regional``, ``kernels``, ``verification``, ``adaptive``. Storing a delta is
+:mod:`gradfed_ipfs.storage.delta_store`.
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ from .codecs import (
     Codec,
     Dense,
     ErrorFeedback,
+    Int2,
     Int4,
     Int8,
     QuantizedCodec,
     RandomK,
     Threshold,
     TopK,
+    TopKInt2,
     TopKInt8,
 )
 from .compression import GradientCompressor
@@ -56,6 +59,7 @@ from .fedopt import (
     fedprox_gradient,
     qfedavg_update,
 )
+from .packing import DEFAULT_PACK_BLOCK, PACKED_CODECS, PackedChunk, PackSpec
 from .regional import (
     combine_region_means,
     federated_average_by_region,
@@ -113,8 +117,13 @@ __all__ = [
     "GradientCompressor",
     "GradientDelta",
     "GradientVerifier",
+    "DEFAULT_PACK_BLOCK",
+    "Int2",
     "Int4",
     "Int8",
+    "PACKED_CODECS",
+    "PackSpec",
+    "PackedChunk",
     "Krum",
     "LayerGradient",
     "Mean",
@@ -132,6 +141,7 @@ __all__ = [
     "TensorMetadata",
     "Threshold",
     "TopK",
+    "TopKInt2",
     "TopKInt8",
     "TrimmedMean",
     "WeightedMean",

@@ -22,7 +22,7 @@ from typing import ClassVar, Final
 import numpy as np
 
 from .._types import FloatArray, GradientLike
-from ..errors import ConfigError, InvalidCompressionRatio, ShapeMismatch
+from ..errors import ConfigError, InvalidCompressionRatio, InvalidGradient, ShapeMismatch
 from .compression import (
     _EPS32,
     GradientCompressor,
@@ -30,6 +30,13 @@ from .compression import (
     _flat,
     _float_tolerance,
     top_k_indices,
+)
+from .packing import (
+    DEFAULT_PACK_BLOCK,
+    PackedChunk,
+    PackSpec,
+    keep_count,
+    pack_chunks,
 )
 from .types import (
     DenseGradient,
@@ -44,12 +51,14 @@ __all__ = [
     "Codec",
     "Dense",
     "ErrorFeedback",
+    "Int2",
     "Int4",
     "Int8",
     "QuantizedCodec",
     "RandomK",
     "Threshold",
     "TopK",
+    "TopKInt2",
     "TopKInt8",
 ]
 
@@ -94,6 +103,22 @@ class Codec(ABC):
     def error_bound(self, values: GradientLike) -> float:
         """Return a bound on ``max |decode(encode(values)) - values|`` (incl. float32 slack)."""
 
+    def packing(self, exact_tail: int = 0) -> PackSpec:
+        """Return this codec's encoding in agreed rounds (:mod:`~gradfed_ipfs.tensor.packing`).
+
+        Raises
+        ------
+        ConfigError
+            If the codec has no packed form (``Dense``, ``Threshold``, ``RandomK``).
+        """
+        return PackSpec(self.codec_id, getattr(self, "block", DEFAULT_PACK_BLOCK), exact_tail)
+
+    def pack(
+        self, values: FloatArray, ranges: list[tuple[int, int]], exact_tail: int = 0
+    ) -> list[PackedChunk]:
+        """Encode ``values`` for an agreed round: one chunk per ``(offset, length)`` range."""
+        return pack_chunks(self.packing(exact_tail), values, ranges)
+
 
 @dataclass(frozen=True)
 class Dense(Codec):
@@ -113,12 +138,6 @@ class Dense(Codec):
     def error_bound(self, values: GradientLike) -> float:
         """Return 0.0."""
         return 0.0
-
-
-def _k_of(ratio: float, k: int | None, size: int) -> int:
-    if k is not None:
-        return min(k, size)
-    return min(size, max(1, math.ceil(ratio * size))) if size else 0
 
 
 def _kth_dropped_magnitude(values: FloatArray, k: int) -> float:
@@ -158,20 +177,27 @@ class TopK(Codec):
     def encode(self, values: GradientLike, shape: Sequence[int] | None = None) -> SparseGradient:
         """Top-k sparsify (empty input gives an empty sparse gradient)."""
         flat = _flat(values)
-        k = _k_of(self.ratio, self.k, flat.size)
+        k = keep_count(self.ratio, self.k, flat.size)
         if k == 0:
             return SparseGradient([], [], _dims(flat, shape))
         return GradientCompressor.top_k(flat, shape, k)
 
     def estimated_ratio(self, size: int) -> float:
         """Return ``4n / 8k``."""
-        k = _k_of(self.ratio, self.k, size)
+        k = keep_count(self.ratio, self.k, size)
         return 4 * size / (8 * k) if k else 1.0
 
     def error_bound(self, values: GradientLike) -> float:
         """Return the (k+1)-th largest magnitude."""
         flat = _flat(values)
-        return _kth_dropped_magnitude(flat, _k_of(self.ratio, self.k, flat.size))
+        return _kth_dropped_magnitude(flat, keep_count(self.ratio, self.k, flat.size))
+
+    def pack(
+        self, values: FloatArray, ranges: list[tuple[int, int]], exact_tail: int = 0
+    ) -> list[PackedChunk]:
+        """Keep the top-k of the lossy part (before the exact tail), values as float32."""
+        keep = keep_count(self.ratio, self.k, max(0, values.size - exact_tail))
+        return pack_chunks(self.packing(exact_tail), values, ranges, keep=keep)
 
 
 @dataclass(frozen=True)
@@ -259,15 +285,56 @@ class RandomK(Codec):
 class QuantizedCodec(Codec):
     """Min/max affine quantization to ``bits`` bits; subclasses fix ``bits``.
 
-    Error bound: ``scale/2`` with ``scale = (max - min)/(2**bits - 1)``, plus float32 slack.
+    Error bound: ``scale/2`` with ``scale = (max - min)/(2**bits - 1)``, plus float32 slack
+    (without clipping).
+
+    In agreed rounds (:meth:`pack`) the values are quantized symmetrically instead, one absmax
+    scale per ``block`` values (:mod:`~gradfed_ipfs.tensor.packing`).
+
+    Parameters
+    ----------
+    block
+        Agreed rounds: values per float32 scale (1 … 2**24).
+    clip_sigmas
+        Clip values to ``mean ± clip_sigmas·std`` before quantizing (per block in agreed
+        rounds, over the whole gradient in :meth:`encode`), as INTELLECT-1 does; ``None``: no
+        clipping (absmax). Clipped values are not sent: error feedback carries them.
     """
 
     codec_id: ClassVar[str] = "quantized"
     bits: ClassVar[int] = 8
 
+    block: int = DEFAULT_PACK_BLOCK
+    clip_sigmas: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.clip_sigmas is not None and not (
+            math.isfinite(self.clip_sigmas) and self.clip_sigmas > 0
+        ):
+            raise ConfigError(f"clip_sigmas must be finite and > 0, got {self.clip_sigmas}")
+        if not 1 <= self.block <= 1 << 24:
+            raise ConfigError(f"block must be in 1..{1 << 24}, got {self.block}")
+
+    def _clip(self, values: GradientLike) -> FloatArray:
+        flat = _flat(values)
+        if self.clip_sigmas is None or flat.size == 0:
+            return flat
+        wide = flat.astype(np.float64)
+        mean, std = wide.mean(), wide.std()
+        return np.clip(wide, mean - self.clip_sigmas * std, mean + self.clip_sigmas * std).astype(
+            np.float32
+        )
+
     def encode(self, values: GradientLike, shape: Sequence[int] | None = None) -> QuantizedGradient:
-        """Quantize with the seed's formula at :attr:`bits` bits."""
-        return GradientCompressor.quantize(values, shape, self.bits)
+        """Quantize with the seed's formula at :attr:`bits` bits (after clipping, if set)."""
+        return GradientCompressor.quantize(self._clip(values), shape, self.bits)
+
+    def pack(
+        self, values: FloatArray, ranges: list[tuple[int, int]], exact_tail: int = 0
+    ) -> list[PackedChunk]:
+        """Quantize per ``block`` values (absmax, after ``clip_sigmas`` clipping if set)."""
+        spec = self.packing(exact_tail)
+        return pack_chunks(spec, values, ranges, clip_sigmas=self.clip_sigmas)
 
     def estimated_ratio(self, size: int) -> float:
         """Return ``4n / (payload + 8)``."""
@@ -300,6 +367,42 @@ class Int4(QuantizedCodec):
     bits: ClassVar[int] = 4
 
 
+def _two_bit(values: FloatArray) -> QuantizedGradient:
+    """Affine min/max quantization to 4 levels, held in an int4 :class:`QuantizedGradient`.
+
+    ``scale = (max - min)/3`` (1.0 when below 1e-8), ``q = rint((v - min)/scale)`` in 0..3,
+    stored as ``q - 8`` so that the int4 dequantization ``(q + 8)·scale + min`` reads it.
+    """
+    if values.size == 0:
+        return QuantizedGradient([], 1.0, 0.0, [0], bits=4)
+    if not np.isfinite(values).all():
+        raise InvalidGradient("cannot quantize non-finite values")
+    lo = np.float32(values.min())
+    span = np.float32(values.max()) - lo
+    scale = np.float32(1.0) if abs(span) < 1e-8 else np.float32(span / np.float32(3))
+    q = np.clip(np.rint((values - lo) / scale), 0, 3).astype(np.int8) - np.int8(8)
+    return QuantizedGradient(q, float(scale), float(lo), [values.size], bits=4)
+
+
+@dataclass(frozen=True)
+class Int2(QuantizedCodec):
+    """2-bit quantization (4 levels). Error bound ``(max - min)/6``.
+
+    Agreed rounds pack four values per byte (:meth:`pack`); :meth:`encode` (the best-effort
+    round's representation) holds the 4 levels in an int4 payload, two values per byte.
+    """
+
+    codec_id: ClassVar[str] = "int2"
+    bits: ClassVar[int] = 2
+
+    def encode(self, values: GradientLike, shape: Sequence[int] | None = None) -> QuantizedGradient:
+        """Quantize to 4 affine levels (after clipping, if set), in an int4 payload."""
+        flat = self._clip(values)
+        quantized = _two_bit(flat)
+        quantized.shape = tuple(_dims(flat, shape))
+        return quantized
+
+
 @dataclass(frozen=True)
 class TopKInt8(Codec):
     """Top-k, then int8 quantization of the kept values (``index`` + ``q`` on the wire).
@@ -308,26 +411,41 @@ class TopKInt8(Codec):
     ``scale_kept = (max_kept - min_kept)/255``, plus float32 slack. About 5 bytes per kept
     entry: 1% top-k is ~80x smaller than dense.
 
+    In agreed rounds (:meth:`pack`) the kept values are quantized symmetrically, one absmax
+    scale per ``block`` kept values of a chunk.
+
     Parameters
     ----------
     ratio
         Fraction of entries to keep, in ``(0, 1]``.
+    block
+        Agreed rounds: kept values per float32 scale (1 … 2**24).
     """
 
     codec_id: ClassVar[str] = "topk-int8"
 
     ratio: float = 0.01
+    block: int = DEFAULT_PACK_BLOCK
 
     def __post_init__(self) -> None:
         if not 0.0 < self.ratio <= 1.0:
             raise InvalidCompressionRatio(self.ratio)
+        if not 1 <= self.block <= 1 << 24:
+            raise ConfigError(f"block must be in 1..{1 << 24}, got {self.block}")
+
+    def pack(
+        self, values: FloatArray, ranges: list[tuple[int, int]], exact_tail: int = 0
+    ) -> list[PackedChunk]:
+        """Keep the top-k of the lossy part and quantize the kept values per ``block``."""
+        keep = keep_count(self.ratio, None, max(0, values.size - exact_tail))
+        return pack_chunks(self.packing(exact_tail), values, ranges, keep=keep)
 
     def encode(
         self, values: GradientLike, shape: Sequence[int] | None = None
     ) -> SparseQuantizedGradient:
         """Top-k then int8."""
         flat = _flat(values)
-        k = _k_of(self.ratio, None, flat.size)
+        k = keep_count(self.ratio, None, flat.size)
         if k == 0:
             empty = QuantizedGradient.from_dense([], [0])
             return SparseQuantizedGradient([], empty, _dims(flat, shape))
@@ -335,13 +453,13 @@ class TopKInt8(Codec):
 
     def estimated_ratio(self, size: int) -> float:
         """Return ``4n / (5k + 8)``."""
-        k = _k_of(self.ratio, None, size)
+        k = keep_count(self.ratio, None, size)
         return 4 * size / (5 * k + 8) if k else 1.0
 
     def error_bound(self, values: GradientLike) -> float:
         """Return the larger of the top-k and the int8 bounds."""
         flat = _flat(values)
-        k = _k_of(self.ratio, None, flat.size)
+        k = keep_count(self.ratio, None, flat.size)
         if k == 0:
             return 0.0
         kept = flat[top_k_indices(flat, k)]
@@ -350,21 +468,62 @@ class TopKInt8(Codec):
         return max(_kth_dropped_magnitude(flat, k), quant) + _float_tolerance(flat)
 
 
+@dataclass(frozen=True)
+class TopKInt2(TopKInt8):
+    """Top-k, then 2-bit values: SparseLoCo's encoding (Sarfi et al., 2025).
+
+    Agreed rounds send a varint delta per kept index (about 1 byte at 1-3 % density) and
+    2 bits per kept value, plus a float32 scale per ``block`` kept values; use it with error
+    feedback. :meth:`encode` (the best-effort representation) holds the 4 affine levels of the
+    kept values in an int4 payload. Error bound: ``max(largest dropped magnitude,
+    (max_kept - min_kept)/6)`` plus float32 slack.
+    """
+
+    codec_id: ClassVar[str] = "topk-int2"
+
+    def encode(
+        self, values: GradientLike, shape: Sequence[int] | None = None
+    ) -> SparseQuantizedGradient:
+        """Top-k, then 4 affine levels of the kept values (int4 payload)."""
+        flat = _flat(values)
+        k = keep_count(self.ratio, None, flat.size)
+        indices = top_k_indices(flat, k)
+        return SparseQuantizedGradient(indices, _two_bit(flat[indices]), _dims(flat, shape))
+
+    def error_bound(self, values: GradientLike) -> float:
+        """Return the larger of the top-k and the 2-bit bounds."""
+        flat = _flat(values)
+        k = keep_count(self.ratio, None, flat.size)
+        if k == 0:
+            return 0.0
+        kept = flat[top_k_indices(flat, k)]
+        span = float(np.float32(kept.max()) - np.float32(kept.min()))
+        quant = span / 6 if span >= 1e-8 else span
+        return max(_kth_dropped_magnitude(flat, k), quant) + _float_tolerance(flat)
+
+
 class ErrorFeedback:
     """Error feedback around a codec: a residual memory per stream (peer, layer...).
 
-    Each call sends ``codec.encode(g + r)`` and keeps ``r' = (g + r) - decode(sent)``. Over
-    rounds, ``Σ decode(sent_t) + r_final = Σ g_t`` up to float32 rounding, so nothing the codec
-    drops is lost, only delayed (Karimireddy et al., 2019, https://arxiv.org/abs/1901.09847).
+    Each call sends ``codec.encode(g + decay·r)`` and keeps ``r' = (g + decay·r) - decode(sent)``.
+    Over rounds with ``decay = 1``, ``Σ decode(sent_t) + r_final = Σ g_t`` up to float32
+    rounding, so nothing the codec drops is lost, only delayed (Karimireddy et al., 2019,
+    https://arxiv.org/abs/1901.09847). :meth:`corrected` and :meth:`keep` are the two halves,
+    for callers that encode another way (an agreed round's packed contribution).
 
     Parameters
     ----------
     codec
         The compressing codec, e.g. ``TopK(ratio=0.01)``.
+    decay
+        Factor of the residual carried into the next call (1.0: all of it).
     """
 
-    def __init__(self, codec: Codec) -> None:
+    def __init__(self, codec: Codec, decay: float = 1.0) -> None:
+        if not math.isfinite(decay):
+            raise ConfigError(f"decay must be finite, got {decay}")
         self.codec = codec
+        self.decay = float(decay)
         self._residuals: dict[str, FloatArray] = {}
 
     def __repr__(self) -> str:
@@ -380,17 +539,32 @@ class ErrorFeedback:
         ShapeMismatch
             If the length differs from this stream's earlier gradients.
         """
+        corrected = self.corrected(stream_id, values)
+        payload = self.codec.encode(corrected, shape)
+        self.keep(stream_id, corrected, self.codec.decode(payload))
+        return payload
+
+    def corrected(self, stream_id: str, values: GradientLike) -> FloatArray:
+        """Return ``values + decay·residual`` (a copy of ``values`` before the first call).
+
+        Raises
+        ------
+        ShapeMismatch
+            If the length differs from this stream's residual.
+        """
         flat = _flat(values)
         residual = self._residuals.get(stream_id)
         if residual is None:
-            corrected = flat.copy()
-        elif residual.size != flat.size:
+            return flat.copy()
+        if residual.size != flat.size:
             raise ShapeMismatch([residual.size], [flat.size])
-        else:
-            corrected = flat + residual
-        payload = self.codec.encode(corrected, shape)
-        self._residuals[stream_id] = corrected - self.codec.decode(payload)
-        return payload
+        if self.decay == 1.0:
+            return flat + residual
+        return flat + np.float32(self.decay) * residual
+
+    def keep(self, stream_id: str, corrected: FloatArray, sent: FloatArray) -> None:
+        """Set the stream's residual to ``corrected - sent`` (what was not sent)."""
+        self._residuals[stream_id] = np.asarray(corrected - sent, np.float32)
 
     def residual(self, stream_id: str) -> FloatArray | None:
         """Return a copy of the stream's residual, or ``None`` before its first encode."""

@@ -283,7 +283,9 @@ class Peer(Generic[M]):
         Rounds, sampling, metrics, configs, evaluation.
     agreed
         The agreed session's members and timing (its ``rule``, ``min_peers`` and
-        ``learning_rate`` are set from ``config``).
+        ``learning_rate`` are set from ``config``). With ``compression`` the parameter part of
+        each contribution is compressed and its metrics tail sent exact (``exact_tail`` is set
+        to the tail's length); not with SecAgg.
     session
         Session name.
     log
@@ -349,9 +351,12 @@ class Peer(Generic[M]):
             config=round_config,
         )
         min_peers = config.min_available if config.min_available is not None else agreed.min_peers
+        if secure and agreed.compression is not None:
+            raise ConfigError("SecAgg sums masked vectors: they cannot be compressed")
         self.agreed = replace(
-            agreed, rule=self.rule, min_peers=min_peers, learning_rate=config.learning_rate
-        )
+            agreed, rule=self.rule, min_peers=min_peers, learning_rate=config.learning_rate,
+            exact_tail=self.layout.tail if agreed.compression is not None else agreed.exact_tail,
+        )  # fmt: skip
         self.log = log
         self.session: AgreedSession | None = None
         self._ahead: tuple[int, asyncio.Task[_LocalWork]] | None = None

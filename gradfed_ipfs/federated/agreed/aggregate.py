@@ -176,6 +176,7 @@ class AggregateStep:
             finished = await check_finished_round(
                 counted, record_cid, roster, adopted.cid, prev=ctx.head, rule=config.rule,
                 base=(ctx.base_model, ctx.rule_state) if held else None,
+                encoding=None if config.packing is None else config.packing.label,
             )  # fmt: skip
         except RoundVerificationFailed as exc:
             why = f"record {record_cid}: {exc}"

@@ -15,6 +15,8 @@ from ...errors import InvalidGradient
 from ...formats.pubsub import session_topic
 from ...formats.roster import Roster
 from ...storage.dag import DEFAULT_CHUNK_BYTES, values_per_chunk
+from ...tensor.codecs import Codec
+from ...tensor.packing import PackSpec
 from ..accumulate.config import DEFAULT_MAX_WEIGHT
 
 __all__ = [
@@ -154,6 +156,22 @@ class AgreedConfig:
         In a reduce-scatter round a chunked contribution's slices are checked by their
         reducers: a sender with a larger value is recorded missing, as for a non-finite one.
         Every member must use the same ``max_weight`` and ``max_value``.
+    compression
+        A codec for the contributions (:class:`~gradfed_ipfs.tensor.Int8`, ``Int4``, ``Int2``,
+        ``TopK``, ``TopKInt8``, ``TopKInt2``), sent as packed blocks
+        (:mod:`~gradfed_ipfs.formats.packed`) over the same chunks; ``None`` (the default):
+        dense float32, records and CIDs as without it. Every member must use the same one: a
+        contribution of another encoding is refused like a corrupt one, and each round record
+        names the encoding (``AgreedRecord.encoding``) so a verifier decodes alike.
+    error_feedback
+        With ``compression``: what this peer's contribution did not send (or all of it, when
+        the round left it out) is added to its next one
+        (``residual ← error_decay·residual + update − decoded(sent)``), kept in the session.
+    error_decay
+        Factor of the residual carried into the next round, in ``[0, 1]``.
+    exact_tail
+        With ``compression``: the last ``exact_tail`` values of every contribution are sent
+        exact (a training session's metrics tail: :class:`~gradfed_ipfs.training.Peer` sets it).
     """
 
     members: tuple[str, ...]
@@ -176,6 +194,10 @@ class AgreedConfig:
     chain_groups: int | None = None
     max_weight: int = DEFAULT_MAX_WEIGHT
     max_value: float | None = DEFAULT_MAX_VALUE
+    compression: Codec | None = None
+    error_feedback: bool = True
+    error_decay: float = 1.0
+    exact_tail: int = 0
 
     def __post_init__(self) -> None:
         if not self.members or len(set(self.members)) != len(self.members):
@@ -200,6 +222,23 @@ class AgreedConfig:
         if not self.done_timeout >= 0:
             raise InvalidGradient("done_timeout must be >= 0 seconds")
         self._check_bounds()
+        self._check_compression()
+
+    def _check_compression(self) -> None:
+        """Check the codec has a packed form, ``error_decay`` and ``exact_tail``."""
+        if self.compression is not None:
+            self.compression.packing(self.exact_tail)  # raises ConfigError for Dense, RandomK...
+        if not 0.0 <= self.error_decay <= 1.0:
+            raise InvalidGradient(f"error_decay must be in [0, 1], got {self.error_decay}")
+        if self.exact_tail < 0:
+            raise InvalidGradient(f"exact_tail must be >= 0, got {self.exact_tail}")
+
+    @property
+    def packing(self) -> PackSpec | None:
+        """The contributions' encoding (``None``: dense float32)."""
+        if self.compression is None:
+            return None
+        return self.compression.packing(self.exact_tail)
 
     def _check_bounds(self) -> None:
         """Check ``max_weight`` (an int ≥ 1) and ``max_value`` (``None`` or in (0, FLT_MAX])."""
@@ -264,6 +303,9 @@ class AgreedRoundResult:
     model_stored
         Whether the holders put ``model`` (``model_every``); if not, fetching it by CID finds
         nothing (``session.model`` holds it; :func:`~.agreed_history.load_result` rebuilds it).
+    sent_bytes
+        Bytes of this peer's own contribution blocks this round (chunks and manifest; dense:
+        ``4·d`` plus the framing), whether or not the roster included it.
     """
 
     round: int
@@ -285,6 +327,7 @@ class AgreedRoundResult:
     missing: tuple[str, ...] = ()
     liars: tuple[str, ...] = ()
     model_stored: bool = True
+    sent_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,8 @@ class OwnContribution:
     weight: int
     stored: asyncio.Future[CID]
     """The put of its blocks (started with the announcement; its failure is the round's)."""
+    nbytes: int = 0
+    """Bytes of its blocks (what this peer sends)."""
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ async def check_finished_round(
     prev: CID | None,
     rule: UpdateRule | None = None,
     base: ModelState | None = None,
+    encoding: str | None = None,
 ) -> FinishedRound:
     """Re-verify a peer's record of a sliced round of ``roster`` that follows ``prev``.
 
@@ -55,6 +56,8 @@ async def check_finished_round(
     contribution fetched whole, as :func:`verify_agreed_round`) and checks its fraud records
     (:func:`~.agreed_slicing.proven_liars`) instead. ``base`` is the round's base model and
     rule state when the caller holds them (else loaded; rebuilt if it was not stored).
+    ``encoding`` is the session's contribution encoding (``AgreedConfig.packing`` label,
+    ``None``: dense): a record naming another is refused.
 
     Raises
     ------
@@ -75,9 +78,11 @@ async def check_finished_round(
         or bytes(record.roster) != bytes(roster_cid)
         or (None if record.prev is None else bytes(record.prev))
         != (None if prev is None else bytes(prev))
+        or record.encoding != encoding
     ):
         raise RoundVerificationFailed(
-            f"record {cid} is not a sliced record of roster {roster_cid} after {prev}"
+            f"record {cid} is not a sliced record of roster {roster_cid} after {prev} "
+            f"(contributions {encoding or 'dense'})"
         )
     used, model, _ = await verify_record(store, record, rule, base)
     liars = await proven_liars(store, record, roster)

@@ -306,6 +306,7 @@ async def load_round_inputs(
     if base is None:
         base = (await _base_of(store, record, rule))[0]
     model = np.asarray(base, np.float32).reshape(-1)
+    packing = record.packing
     try:
         roster = await load_roster(store, record.roster)
         if (
@@ -319,7 +320,9 @@ async def load_round_inputs(
             roster = await sliced_roster(store, record, roster)
         gradients = await asyncio.gather(
             *(
-                fetch_gradient(store, entry.contribution, expected_length=model.size)
+                fetch_gradient(
+                    store, entry.contribution, expected_length=model.size, packing=packing
+                )
                 for entry in roster.entries
             )
         )  # concurrently: one after another, N fetches cost N bitswap round trips
@@ -516,7 +519,7 @@ async def verify_record(
             full = await load_roster(store, record.roster)
         except (BlockStoreError, DecodeError) as exc:
             raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
-        await check_partial_frauds(store, record.frauds, full, model.size)
+        await check_partial_frauds(store, record.frauds, full, model.size, record.packing)
     return roster, model, state
 
 

@@ -53,8 +53,9 @@ from ...kubo.pubsub import PubsubTransport
 from ...storage.base import BlockStore
 from ...storage.dag import fetch_gradient, put_gradient
 from ...storage.retention import GatedStore, RetentionHook
+from ...tensor.codecs import ErrorFeedback
 from ..exchange.announcer import Reannouncer
-from ..exchange.encoded import encode_gradient
+from ..exchange.encoded import EncodedGradient, encode_gradient
 from ..exchange.fetcher import ContributionFetcher, check_values
 from ..sliced.faults import SliceFaults
 from .aggregate import AggregateStep
@@ -69,6 +70,16 @@ from .storage import FinishedRound, RoundStorage
 __all__ = ["AgreedConfig", "AgreedRoundResult", "AgreedSession", "ResyncResult", "agreed_topic"]
 
 logger = logging.getLogger("gradfed_ipfs.federated.agreed")
+
+
+_OWN = "own"  # the error-feedback stream of this peer's contributions
+
+
+def _feedback_of(config: AgreedConfig) -> ErrorFeedback | None:
+    """Return the session's error feedback (``None`` without compression or with it off)."""
+    if config.compression is None or not config.error_feedback:
+        return None
+    return ErrorFeedback(config.compression, config.error_decay)
 
 
 class _Started:
@@ -151,8 +162,11 @@ class AgreedSession:
         self._tasks: list[asyncio.Task[None]] = []
         fetch_store = store if retention is None else GatedStore(store, retention.gate)
         self._fetcher = ContributionFetcher(
-            fetch_store, config.fetch_timeout, self._poke, max_value=config.max_value
-        )
+            fetch_store, config.fetch_timeout, self._poke, max_value=config.max_value,
+            packing=config.packing,
+        )  # fmt: skip
+        self._feedback = _feedback_of(config)
+        self._unsent: tuple[FloatArray, FloatArray] | None = None  # (corrected, sent) this round
         self._storage = RoundStorage(store, retention)
         self._started: _Started | None = None
 
@@ -162,6 +176,14 @@ class AgreedSession:
     async def commit_genesis(store: BlockStore, model: GradientLike) -> CID:
         """Commit (and pin) the initial model; its CID names the session."""
         return await put_gradient(store, np.asarray(model, np.float32).reshape(-1))
+
+    @property
+    def residual(self) -> FloatArray | None:
+        """Error feedback: what this peer's contributions have not sent yet, ``(d,)`` float32.
+
+        ``None`` before the first compressed round, or without compression or error feedback.
+        """
+        return None if self._feedback is None else self._feedback.residual(_OWN)
 
     @property
     def board(self) -> RoundBoard:
@@ -207,7 +229,7 @@ class AgreedSession:
         if slicing is not None:  # only roots are checked before the roster
             self._fetcher = RootFetcher(
                 self._fetcher.store, self.config.fetch_timeout, self._poke,
-                max_value=self.config.max_value,
+                max_value=self.config.max_value, packing=self.config.packing,
             )  # fmt: skip
         messages = SessionMessages(self.session, self.genesis, self.peer_id, self._announcer)
         roster = RosterPhase(self.store, board, messages, self._fetcher, sliced=slicing is not None)
@@ -307,6 +329,7 @@ class AgreedSession:
         """
         parts = self._parts
         values, started = self._start_round(gradient, weight)
+        self._unsent = None
         ctx = await self._contribute(values, int(weight), started)
         try:
             adopted = await parts.roster.take(ctx)
@@ -319,7 +342,22 @@ class AgreedSession:
                 ctx.own.stored.exception()  # retrieved: the round's own error is the one raised
             raise
         await ctx.own.stored  # a failed put is this round's error
+        self._keep_unsent(result)
         return result
+
+    def _keep_unsent(self, result: AgreedRoundResult) -> None:
+        """Error feedback: carry what the round did not apply of this peer's update.
+
+        Only once the round is over (a failed round changes nothing): ``corrected - sent`` when
+        the model used the contribution, all of ``corrected`` when the roster (or every slice)
+        left it out.
+        """
+        if self._feedback is None or self._unsent is None:
+            return
+        corrected, sent = self._unsent
+        used = result.included and self.peer_id not in result.missing
+        self._feedback.keep(_OWN, corrected, sent if used else np.zeros_like(sent))
+        self._unsent = None
 
     def _start_round(self, gradient: GradientLike, weight: int) -> tuple[FloatArray, float]:
         """Check the gradient and make round :attr:`round` current; return its values and start."""
@@ -348,7 +386,7 @@ class AgreedSession:
         r, messages = self.round, self._parts.messages
         self._check_done(r - 1)
         await self._storage.settle(keep=1)  # the last round's blocks may still be on their way
-        encoded = await encode_gradient(values, chunk_bytes=self.config.chunk_bytes)
+        encoded, values = await self._encode(values)
         message = messages.make("contrib", r, encoded.cid, base=self.model_cid, weight=weight)
         await messages.post_now("contrib", message)
         stored = asyncio.ensure_future(self._storage.held(encoded.store(self.store)))
@@ -363,10 +401,31 @@ class AgreedSession:
             rule_state=self.rule_state,
             head=self.head,
             excluded=self.excluded,
-            own=OwnContribution(encoded.cid, values, weight, stored),
+            own=OwnContribution(encoded.cid, values, weight, stored, encoded.nbytes),
             ranking=tuple(coordinator_ranking(self.session, self.genesis, r, self.config.members)),
             started=started,
         )
+
+    async def _encode(self, values: FloatArray) -> tuple[EncodedGradient, FloatArray]:
+        """Encode this peer's contribution; return its blocks and the values peers decode.
+
+        Compressed: the update plus the error-feedback residual is packed, and the decoded
+        values (what every peer aggregates) are checked as the others check them.
+        """
+        config = self.config
+        codec, packing = config.compression, config.packing
+        if codec is None or packing is None:
+            return await encode_gradient(values, chunk_bytes=config.chunk_bytes), values
+        feedback = self._feedback
+        corrected = values if feedback is None else feedback.corrected(_OWN, values)
+        encoded = await encode_gradient(
+            corrected, chunk_bytes=config.chunk_bytes, compression=codec,
+            exact_tail=config.exact_tail,
+        )  # fmt: skip
+        sent = encoded.decoded(packing, values.size)
+        check_values(sent, config.max_value, "compressed gradient")
+        self._unsent = (corrected, sent)
+        return encoded, sent
 
     async def _store(
         self, ctx: RoundContext, adopted: AdoptedRoster, aggregated: Aggregated
@@ -394,6 +453,7 @@ class AgreedSession:
             None if sliced is None else tuple(sliced.records),
             tuple(sliced.frauds) if sliced is not None and sliced.frauds else None,
             tuple(sorted(excluded)) or None, stored,
+            None if config.packing is None else config.packing.label,
         ).to_block()  # fmt: skip
         await self._parts.messages.done(r, encoded[0].cid, record.cid)
         holders = model_holders(
@@ -455,6 +515,7 @@ class AgreedSession:
             seconds=time.monotonic() - ctx.started,
             **slice_report(aggregated.sliced, self.aggregation_reason),
             model_stored=ctx.config.stores_model(r),
+            sent_bytes=ctx.own.nbytes,
         )
 
     def _check_done(self, r: int, *, settle_ties: bool = True) -> None:

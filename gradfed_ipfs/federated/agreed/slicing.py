@@ -338,6 +338,7 @@ class SliceStep:
                 chained=config.chained,
                 chain_groups=config.chain_groups,
                 max_value=config.max_value,
+                packing=config.packing,
             ),
             faults=self._faults,
         )

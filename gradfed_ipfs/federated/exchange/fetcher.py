@@ -12,6 +12,7 @@ from ..._types import FloatArray
 from ...errors import BlockCorrupt, DecodeError, GradientError, InvalidGradient
 from ...storage.base import BlockStore
 from ...storage.dag import fetch_gradient
+from ...tensor.packing import PackSpec
 
 __all__ = ["ContributionFetcher", "check_values", "is_transient"]
 
@@ -53,6 +54,9 @@ class ContributionFetcher:
         Called whenever a fetch finishes (wakes the round's waiters).
     max_value
         Largest magnitude a value may have (``None``: any finite value).
+    packing
+        Contributions are packed blocks of this encoding (``None``: dense); any other block is
+        refused like a corrupt one.
     """
 
     def __init__(
@@ -62,8 +66,10 @@ class ContributionFetcher:
         on_done: Callable[[], None],
         *,
         max_value: float | None = None,
+        packing: PackSpec | None = None,
     ) -> None:
         self.store = store
+        self.packing = packing
         self.timeout = timeout
         self.on_done = on_done
         self.max_value = max_value
@@ -87,7 +93,9 @@ class ContributionFetcher:
         return self.tasks.get(bytes(cid))
 
     async def _fetch(self, cid: CID, length: int) -> FloatArray:
-        values = await fetch_gradient(self.store, cid, timeout=self.timeout, expected_length=length)
+        values = await fetch_gradient(
+            self.store, cid, timeout=self.timeout, expected_length=length, packing=self.packing
+        )
         flat = np.asarray(values, np.float32).reshape(-1)
         check_values(flat, self.max_value, f"contribution {cid}")
         return flat

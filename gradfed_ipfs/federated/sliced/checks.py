@@ -160,7 +160,9 @@ class SliceChecker:
 
         async def fetch_absent(names: set[str]) -> dict[str, FloatArray]:
             wanted = {e.peer: e.contribution for e in roster.entries if e.peer in names}
-            return await fetch_whole(reducer.store, wanted, ctx.d, config.fetch_timeout)
+            return await fetch_whole(
+                reducer.store, wanted, ctx.d, config.fetch_timeout, config.packing
+            )
 
         plan = CheckPlan(
             roster_cid=ctx.roster_cid,

@@ -9,6 +9,7 @@ from multiformats import CID
 from ..._types import FloatArray
 from ...block import Block
 from ...storage.dag import DEFAULT_CONCURRENCY
+from ...tensor.packing import PackSpec
 
 __all__ = ["ReduceScatterConfig", "ReduceScatterResult", "SliceWork"]
 
@@ -39,6 +40,10 @@ class ReduceScatterConfig:
     max_value: float | None = None
     """Largest magnitude an input slice's value may have (every peer the same); a sender whose
     slice has a larger one is recorded missing, as for a non-finite one. ``None``: any finite."""
+    packing: PackSpec | None = None
+    """The contributions' encoding when compressed (every peer the same): an input slice is
+    the decoded chunks of its range (a sparse chunk: the entries whose index falls in it); a
+    chunk of another encoding makes its sender missing. ``None``: dense contributions."""
 
 
 @dataclass

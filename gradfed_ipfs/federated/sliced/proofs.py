@@ -20,6 +20,7 @@ from ...formats.partials import PartialRecord, partial_values
 from ...formats.roster import Roster
 from ...formats.slices import FraudRecord, SliceRecord
 from ...storage.base import Block, BlockStore
+from ...tensor.packing import PackSpec
 from .plan import chain_senders, chain_sum
 from .transport import fetch_range
 
@@ -44,7 +45,12 @@ def partial_fraud_fits(claimed: PartialRecord, correct: SliceRecord, roster: Ros
 
 
 async def partial_lie_proven(
-    store: BlockStore, claimed: PartialRecord, correct: SliceRecord, roster: Roster, d: int
+    store: BlockStore,
+    claimed: PartialRecord,
+    correct: SliceRecord,
+    roster: Roster,
+    d: int,
+    packing: PackSpec | None = None,
 ) -> bool:
     """Return whether partial sum ``claimed`` differs from what its step honestly sums.
 
@@ -64,7 +70,8 @@ async def partial_lie_proven(
     senders = frozenset().union(*chain_senders(roster.peers, claimed.groups)[: claimed.j + 1])
     used = [e for e in roster.entries if e.peer in senders and e.peer not in correct.missing]
     rows = [
-        await fetch_range(store, e.contribution, correct.offset, correct.length, d) for e in used
+        await fetch_range(store, e.contribution, correct.offset, correct.length, d, packing=packing)
+        for e in used
     ]
     honest = chain_sum(None, rows, [e.weight for e in used], correct.weight_sum, claimed.length)
     blocks = [await store.get(c) for c in claimed.values]
@@ -76,9 +83,15 @@ async def partial_lie_proven(
 
 
 async def check_partial_frauds(
-    store: BlockStore, frauds: Sequence[CID], roster: Roster, d: int
+    store: BlockStore,
+    frauds: Sequence[CID],
+    roster: Roster,
+    d: int,
+    packing: PackSpec | None = None,
 ) -> None:
     """Re-check, from the contributions, every fraud record among ``frauds`` naming a partial.
+
+    ``packing``: the contributions' encoding when compressed.
 
     Raises
     ------
@@ -92,7 +105,7 @@ async def check_partial_frauds(
             if isinstance(claimed, SliceRecord):
                 continue  # the one-level proof: the slice results are checked against the model
             correct = SliceRecord.from_block(await store.get(fraud.correct))
-            proven = await partial_lie_proven(store, claimed, correct, roster, d)
+            proven = await partial_lie_proven(store, claimed, correct, roster, d, packing)
         except (BlockStoreError, DecodeError, GradientError) as exc:
             raise RoundVerificationFailed(f"fraud record {cid}: {exc}") from exc
         if not proven:

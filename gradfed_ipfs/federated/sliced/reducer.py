@@ -94,6 +94,7 @@ class Reducer:
                 ctx.d,
                 timeout=self.config.fetch_timeout,
                 concurrency=self.config.concurrency,
+                packing=self.config.packing,
             )
             check_values(values, self.config.max_value, f"contribution {cid}")
             part.rows[peer] = values

@@ -42,6 +42,7 @@ from ...storage.dag import (
     fetch_gradient,
     fetch_manifest,
 )
+from ...tensor.packing import PackSpec
 from ..exchange.announcer import Reannouncer
 
 __all__ = [
@@ -273,8 +274,11 @@ async def fetch_range(
     *,
     timeout: float | Unset = UNSET,
     concurrency: int = DEFAULT_CONCURRENCY,
+    packing: PackSpec | None = None,
 ) -> FloatArray:
     """Fetch values ``offset … offset+length`` of a d-value gradient: only the covering chunks.
+
+    ``packing``: the gradient's blocks are packed blocks of that encoding (else dense).
 
     Raises
     ------
@@ -286,7 +290,9 @@ async def fetch_range(
     parsed = parse_cid(cid)
     stop = offset + length
     if parsed.codec.code == RAW:
-        whole = await fetch_gradient(store, parsed, timeout=timeout, expected_length=d)
+        whole = await fetch_gradient(
+            store, parsed, timeout=timeout, expected_length=d, packing=packing
+        )
         return np.ascontiguousarray(whole.reshape(-1)[offset:stop])
     # Only the covering chunks' links are decoded: a reducer reads N−1 manifests of N links.
     partial = await fetch_manifest(
@@ -301,13 +307,18 @@ async def fetch_range(
         out[lo - offset : hi - offset] = values[lo - ref.offset : hi - ref.offset]
 
     await fetch_chunks(
-        store, partial, into, concurrency=concurrency, timeout=timeout, manifest_cid=parsed
-    )
+        store, partial, into, concurrency=concurrency, timeout=timeout, manifest_cid=parsed,
+        packing=packing,
+    )  # fmt: skip
     return out
 
 
 async def fetch_whole(
-    store: BlockStore, contributions: dict[str, CID], d: int, timeout: float
+    store: BlockStore,
+    contributions: dict[str, CID],
+    d: int,
+    timeout: float,
+    packing: PackSpec | None = None,
 ) -> dict[str, FloatArray]:
     """Fetch whole d-value contributions by sender, concurrently; a failed one is left out.
 
@@ -317,7 +328,9 @@ async def fetch_whole(
 
     async def one(name: str, cid: CID) -> tuple[str, FloatArray | None]:
         try:
-            values = await fetch_gradient(store, cid, timeout=timeout, expected_length=d)
+            values = await fetch_gradient(
+                store, cid, timeout=timeout, expected_length=d, packing=packing
+            )
         except (BlockStoreError, DecodeError, GradientError, TimeoutError) as exc:
             logging.getLogger(__name__).warning("contribution of %s unavailable: %s", name, exc)
             return name, None
