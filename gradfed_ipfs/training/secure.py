@@ -69,7 +69,7 @@ from ..kubo.pubsub import PubsubTransport
 from ..storage.base import BlockStore
 from .metrics import FIXED_SLOTS, MAX_SAMPLES, PeerTail, VectorLayout
 from .rule import TrainingRule
-from .strategy import ConfigValue, FedAvg, FitResult, ServerOptStrategy, Strategy
+from .strategy import ConfigValue, FedAvg, FitResult, ServerOptStrategy, SparseLoCo, Strategy
 
 __all__ = [
     "SecAgg",
@@ -85,7 +85,7 @@ __all__ = [
 
 logger = logging.getLogger("gradfed_ipfs.training")
 
-_LINEAR = "FedAvg, FedProx, FedAvgM, FedAdagrad, FedAdam or FedYogi"
+_LINEAR = "FedAvg, FedProx, FedAvgM, FedAdagrad, FedAdam, FedYogi, DiLoCo or SparseLoCo"
 
 
 class SecAgg(Strategy):
@@ -94,8 +94,9 @@ class SecAgg(Strategy):
     Parameters
     ----------
     strategy
-        The inner strategy: :class:`FedAvg` (or :class:`FedProx`) or a
-        :class:`ServerOptStrategy` (FedAvgM, FedAdagrad, FedAdam, FedYogi).
+        The inner strategy: :class:`FedAvg` (or :class:`FedProx`), :class:`SparseLoCo`'s
+        outer step or a :class:`ServerOptStrategy` (FedAvgM, FedAdagrad, FedAdam, FedYogi,
+        DiLoCo).
     threshold
         Shamir threshold t for the round's k sampled clients (``k/2 < t <= k``); default
         ``k // 2 + 1``, and at least 2.
@@ -137,7 +138,7 @@ class SecAgg(Strategy):
         randbytes: RandBytes = os.urandom,
         central_dp: DifferentialPrivacy | None = None,
     ) -> None:
-        if not isinstance(strategy, FedAvg | ServerOptStrategy):
+        if not isinstance(strategy, FedAvg | ServerOptStrategy | SparseLoCo):
             raise ConfigError(
                 f"SecAgg cannot wrap {strategy.name}: the aggregator learns only the weighted "
                 f"sum of the updates, and {strategy.name} needs each client's update or loss "

@@ -24,6 +24,7 @@ from gradfed_ipfs.storage.base import BlockStore
 from gradfed_ipfs.tensor import Median
 from gradfed_ipfs.training import (
     Client,
+    DiLoCo,
     FedAdam,
     FedAvg,
     FederationConfig,
@@ -33,6 +34,7 @@ from gradfed_ipfs.training import (
     QFedAvg,
     Robust,
     SecAggSettings,
+    SparseLoCo,
     Strategy,
     TrainingRule,
     VectorAdapter,
@@ -496,3 +498,8 @@ def test_an_implausible_secure_tail_is_no_fit_never_a_failed_round(flaw: str) ->
     params, summary = apply(vectors)
     np.testing.assert_array_equal(params, [1.0, 2.0])
     assert (summary.results, summary.secure) == (0, ())
+
+
+def test_secagg_wraps_the_outer_optimizers_of_diloco_and_sparseloco() -> None:
+    for inner in (DiLoCo(), SparseLoCo()):
+        assert SecAgg(inner).strategy is inner
