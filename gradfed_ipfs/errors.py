@@ -6,7 +6,8 @@ CLI exits with. The tree::
 
     GradfedError                       root; exit_code 1
     ├── ConfigError                    a bad setting (config field, constructor argument); exit 11
-    │   └── SecAggSettingError         a SecAgg encoding or timeout (also SecureAggregationError)
+    │   ├── SecAggSettingError         a SecAgg encoding or timeout (also SecureAggregationError)
+    │   └── FederationFileError        a federation file that is missing or invalid
     ├── GradientError                  the seed's ``GradientError`` enum (seed-api §3); exit 3
     │   ├── ShapeMismatch              lengths or shapes disagree: the ONE "lengths differ" base
     │   │   └── DimensionMismatch      the backward-pass spelling of the same condition
@@ -25,6 +26,7 @@ CLI exits with. The tree::
     │   ├── MalformedPacked            not a packed (compressed) chunk of the session's encoding
     │   ├── MalformedAnnouncement      a pubsub announcement that does not parse
     │   ├── NotARoundRecord            a CID given as a round record names another block
+    │   ├── BadSignature               a signed statement whose signature or author fails
     │   └── ArrowBlockError            the seed's GARW block errors (§8.6)
     │       ├── EmptyInput             zero bytes / no blocks (also EmptyError)
     │       ├── ArrowBlockShapeMismatch shape and values disagree (also ShapeMismatch)
@@ -43,6 +45,10 @@ CLI exits with. The tree::
     │   ├── KuboNotInstalled           no Kubo binary and it could not be built
     │   ├── KuboStartError             a daemon failed to start (message has its log tail)
     │   └── KuboRpcError               a control-plane RPC call (id, swarm/*) failed
+    ├── CometError                     managing CometBFT validators; exit 12
+    │   ├── CometNotInstalled          no CometBFT binary and it could not be built
+    │   ├── CometStartError            a validator (or its ABCI app) failed to start
+    │   └── CometRpcError              a CometBFT RPC call (status, broadcast_tx_*) failed
     ├── FederatedError                 the seed's ``FederatedError`` (seed-api §6.1); exit 7
     │   ├── NoContributions            a round has nothing to aggregate (also EmptyError)
     │   ├── FederatedDimensionMismatch contributions of different lengths (also ShapeMismatch)
@@ -101,15 +107,20 @@ from ._fmt import rust_display
 __all__ = [
     "ArrowBlockError",
     "ArrowBlockShapeMismatch",
+    "BadSignature",
     "BlockCorrupt",
     "BlockNotFound",
-    "BlockTimeout",
     "BlockStoreError",
+    "BlockTimeout",
     "BlockTooLarge",
     "ChainDeadlineExceeded",
     "ChecksumFailed",
     "CircularDependency",
     "ClientNotFound",
+    "CometError",
+    "CometNotInstalled",
+    "CometRpcError",
+    "CometStartError",
     "ComputationGraphError",
     "ConfigError",
     "CoordinationError",
@@ -121,6 +132,7 @@ __all__ = [
     "EmptyInput",
     "FederatedDimensionMismatch",
     "FederatedError",
+    "FederationFileError",
     "GenesisMismatch",
     "GradfedError",
     "GradientError",
@@ -195,6 +207,10 @@ class ConfigError(GradfedError, ValueError):
     def __init__(self, message: str) -> None:
         self.reason = message
         super().__init__(f"Invalid setting: {message}")
+
+
+class FederationFileError(ConfigError):
+    """A federation file that cannot be read, is not TOML, or has an invalid field."""
 
 
 class EmptyError(GradfedError, ValueError):
@@ -339,6 +355,10 @@ class MalformedAnnouncement(DecodeError):
 
 class NotARoundRecord(DecodeError):
     """A CID given as a round record names something else (a gradient, a roster, ...)."""
+
+
+class BadSignature(DecodeError):
+    """A signed statement whose signature or author (not an Ed25519 peer ID) fails its check."""
 
 
 # --------------------------------------------------------------------------- RPC limits
@@ -497,6 +517,39 @@ class KuboRpcError(KuboError):
 
     def __init__(self, message: str, *, api_url: str | None = None) -> None:
         self.api_url = api_url
+        super().__init__(message)
+
+
+# --------------------------------------------------------------------------- CometBFT validators
+
+
+class CometError(GradfedError):
+    """Managing local CometBFT validators (or their ABCI applications) failed."""
+
+    exit_code: ClassVar[int] = 12
+
+
+class CometNotInstalled(CometError, FileNotFoundError):
+    """No CometBFT binary was found and ``scripts/install-cometbft`` could not build one."""
+
+
+class CometStartError(CometError, RuntimeError):
+    """A validator or its ABCI app did not become ready; the message ends with its log tail."""
+
+
+class CometRpcError(CometError):
+    """A CometBFT RPC call failed: unreachable, refused, too large, or an error answer.
+
+    Parameters
+    ----------
+    message
+        What failed.
+    rpc_url
+        The validator's RPC URL, when known.
+    """
+
+    def __init__(self, message: str, *, rpc_url: str | None = None) -> None:
+        self.rpc_url = rpc_url
         super().__init__(message)
 
 

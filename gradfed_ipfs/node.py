@@ -37,14 +37,16 @@ import numpy as np
 from multiformats import CID
 
 from ._types import CIDLike, FloatArray, GradientLike
-from .errors import KuboRpcError
+from .errors import ConfigError, KuboRpcError
 from .federated.agreed.config import AgreedConfig
 from .federated.agreed.session import AgreedSession
 from .federated.besteffort.config import RoundConfig
 from .federated.besteffort.gossip import GossipModelSync
 from .federated.besteffort.runner import RoundRunner
+from .formats.statement import LocalSigner, Signer
 from .kubo.pubsub import KuboPubsub, MemoryPubsubBus, PubsubTransport
 from .kubo.rpc import KuboRpc, Transport
+from .kubo.signing import KuboSigner
 from .storage.base import UNSET, AsyncClosing, BlockStore, Unset
 from .storage.dag import fetch_gradient, put_gradient
 from .storage.kubo import KuboBlockStore
@@ -104,34 +106,46 @@ class Node(AsyncClosing):
         self.store: BlockStore = KuboBlockStore(self.api_url, timeout=timeout, rpc=self.rpc)
         self.pubsub: PubsubTransport = KuboPubsub(self.api_url, timeout=timeout, rpc=self.rpc)
         self._peer_id: str | None = None
+        self._signer: Signer | None = None
         self._closers: list[Callable[[], Any]] = []
 
     @classmethod
     def memory(
         cls,
-        peer_id: str,
+        peer_id: str | None = None,
         *,
         bus: MemoryPubsubBus | None = None,
         store: MemoryBlockStore | None = None,
+        signer: LocalSigner | None = None,
     ) -> Node:
         """Return an offline node on an in-memory bus and block store.
 
         Parameters
         ----------
         peer_id
-            The node's peer ID on the bus.
+            The node's peer ID on the bus (default: the signer's).
         bus
             The pubsub bus it shares with other memory nodes (a new one when ``None``).
         store
             The block store it shares with them (a new one when ``None``); memory nodes have
             no bitswap, so nodes that exchange gradients must share one.
+        signer
+            The node's identity key for signed statements (:meth:`signer`); its peer ID is
+            the node's.
 
         Returns
         -------
         Node
             A node whose :meth:`connect` does nothing and whose :meth:`peers` is empty.
         """
+        if signer is not None and peer_id not in (None, signer.peer_id):
+            raise ConfigError(f"peer_id {peer_id} is not the signer's ({signer.peer_id})")
+        if signer is not None:
+            peer_id = signer.peer_id
+        if peer_id is None:
+            raise ConfigError("Node.memory needs a peer_id or a signer")
         node = cls.__new__(cls)
+        node._signer = signer
         node.api_url = f"memory://{peer_id}"
         node.rpc = None
         node.store = store if store is not None else MemoryBlockStore()
@@ -164,6 +178,22 @@ class Node(AsyncClosing):
             if not self._peer_id:
                 raise KuboRpcError(f"id: no peer ID in the answer {answer!r:.200}")
         return self._peer_id
+
+    async def signer(self) -> Signer:
+        """Return the signer of this node's statements: its daemon's identity key (cached).
+
+        Raises
+        ------
+        ConfigError
+            For an in-memory node made without a ``signer``.
+        BadSignature
+            If the daemon's identity is not an Ed25519 key.
+        """
+        if self._signer is None:
+            if self.rpc is None:
+                raise ConfigError("this in-memory node has no signer: Node.memory(signer=...)")
+            self._signer = await KuboSigner.open(self.rpc)
+        return self._signer
 
     async def addresses(self) -> list[str]:
         """Return the daemon's swarm multiaddrs (``id``); empty for an in-memory node."""

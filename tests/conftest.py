@@ -21,7 +21,8 @@ variants keep the ``docker`` mark (``-m docker`` runs just those, ``-m "not dock
 them). The terminal summary ends with the pass counts per provider.
 
 With ``CI=true``, a skipped test of a required area (docker, crate-oracle, ipfs-cluster, torch,
-sklearn) fails the session unless ``GRADFED_ALLOW_SKIP`` names the area (``tests/required.py``).
+sklearn, netns, cometbft) fails the session unless ``GRADFED_ALLOW_SKIP`` names the area
+(``tests/required.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any, Protocol
 import pytest
 from hypothesis import HealthCheck, settings
 
+from gradfed_ipfs.cometbft import live_validator_pids
 from gradfed_ipfs.kubo import KuboDaemon, KuboSwarm, find_kubo_binary, live_daemon_pids
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
 from tests import docker_kubo, required
@@ -284,8 +286,8 @@ async def memory_store() -> AsyncIterator[MemoryBlockStore]:
         yield store
 
 
-def _child_daemon_pids(binary: Path) -> list[int]:
-    """PIDs of ``ipfs daemon`` processes from ``binary`` whose parent is this test process.
+def _child_pids(matches: Callable[[list[bytes]], bool]) -> list[int]:
+    """PIDs of this test process's children whose command line ``matches``.
 
     Only our own children count, so concurrent test runs on the same machine do not interfere.
     """
@@ -300,17 +302,29 @@ def _child_daemon_pids(binary: Path) -> list[int]:
         except OSError:
             continue
         parent = int(stat.rsplit(")", 1)[1].split()[1])
-        is_daemon = (
-            len(cmdline) > 1 and cmdline[0] == str(binary).encode() and cmdline[1] == b"daemon"
-        )
-        if is_daemon and parent == me:
+        if parent == me and matches(cmdline):
             pids.append(int(entry.name))
     return pids
 
 
+def _child_daemon_pids(binary: Path) -> list[int]:
+    """PIDs of ``ipfs daemon`` processes from ``binary`` whose parent is this test process."""
+    return _child_pids(lambda argv: argv[:2] == [str(binary).encode(), b"daemon"])
+
+
+def _child_validator_pids() -> list[int]:
+    """PIDs of ``cometbft node`` and ABCI app processes whose parent is this test process."""
+    app = b"gradfed_ipfs.cometbft.abci"
+    return _child_pids(
+        lambda argv: (
+            (len(argv) > 1 and argv[0].endswith(b"/cometbft") and argv[1] == b"node") or app in argv
+        )
+    )
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_leftover_daemons(pytestconfig: pytest.Config) -> Iterator[None]:
-    """Fail the session if a daemon, container or network this run started is still there."""
+    """Fail the session if a daemon, validator, container or network this run started is left."""
     binary = None
     if _provider(pytestconfig) == "binary":
         try:
@@ -323,6 +337,9 @@ def no_leftover_daemons(pytestconfig: pytest.Config) -> Iterator[None]:
         leftovers += _child_daemon_pids(binary)
     if leftovers:
         pytest.fail(f"Kubo daemons left running after the test session: {sorted(set(leftovers))}")
+    validators = sorted(set(live_validator_pids() + _child_validator_pids()))
+    if validators:
+        pytest.fail(f"CometBFT validators or ABCI apps left after the test session: {validators}")
     docker_leftovers = docker_kubo.leftover_resources()
     if docker_leftovers:
         pytest.fail(f"Docker resources left after the test session: {docker_leftovers}")

@@ -13,6 +13,9 @@ The areas and what they need (``scripts/test`` sets each up on a fresh Debian ma
 ``ipfs-cluster``  Go and the Go module proxy, to build IPFS Cluster (scripts/install-ipfs-cluster)
 ``torch``         PyTorch (the ``test`` extra)
 ``sklearn``       scikit-learn and matplotlib, for the digits examples (the ``test`` extra)
+``netns``         root and iproute2, iptables, gcc, curl, jq: hosts as network namespaces
+                  (``scripts/wan/setup.sh --no-kubo``), for the federation tests
+``cometbft``      Go and the Go module proxy, to build CometBFT (scripts/install-cometbft)
 
 Every other skip is not a required area: the WAN profile (``GRADFED_WAN=1``, root namespaces),
 ``--kubo=external`` or ``--kubo=docker`` leaving out tests that need several daemons or a local
@@ -31,7 +34,7 @@ from typing import Any, Final, NoReturn
 
 import pytest
 
-AREAS: Final = ("docker", "crate-oracle", "ipfs-cluster", "torch", "sklearn")
+AREAS: Final = ("docker", "crate-oracle", "ipfs-cluster", "torch", "sklearn", "netns", "cometbft")
 ALLOW_ENV: Final = "GRADFED_ALLOW_SKIP"
 _TAG: Final = re.compile(r"\[(?P<area>[a-z-]+)\] (?P<reason>.*)", re.DOTALL)
 

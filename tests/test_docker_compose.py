@@ -1,4 +1,4 @@
-"""docker-compose.yml itself: ``up -d``, a 3-peer round against its three APIs, ``down -v``.
+"""docker-compose.yml itself: ``up -d``, one private network, a 3-peer round, ``down -v``.
 
 The project gets a unique name and an override file that makes its network internal (no
 egress). Docker ignores published ports on internal networks, so nothing binds the file's
@@ -9,6 +9,7 @@ relays each API to an ephemeral 127.0.0.1 port instead (``tests/docker_kubo.py``
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -17,7 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from gradfed_ipfs.kubo.rpc_sync import rpc_call_sync
 from tests import docker_kubo
+from tests.cli.test_cli_federation import _exchange
+from tests.cli.test_cli_node import peers_of
+from tests.polling import poll_until
 from tests.required import skip_area
 
 pytestmark = [pytest.mark.kubo, pytest.mark.docker]
@@ -27,7 +32,7 @@ SERVICES = ("kubo-0", "kubo-1", "kubo-2")
 
 def override_file(path: Path) -> Path:
     label = f'{{"{docker_kubo.LABEL}": "{docker_kubo.SESSION}"}}'
-    services = "".join(f"  {name}:\n    labels: {label}\n" for name in SERVICES)
+    services = "".join(f"  {name}:\n    labels: {label}\n" for name in ("init", *SERVICES))
     path.write_text(
         "# The compose test's override: the same services, on an internal network.\n"
         f"services:\n{services}"
@@ -68,7 +73,7 @@ def test_compose_file_runs_a_three_peer_round(tmp_path: Path) -> None:
     docker_kubo.note_docker_use()
     try:
         run([*base, "up", "-d", "--no-build"], env=env, timeout=180)
-        container_ids = run([*base, "ps", "-q"], env=env, timeout=60).split()
+        container_ids = run([*base, "ps", "-q", *SERVICES], env=env, timeout=60).split()
         assert len(container_ids) == len(SERVICES)
         for container_id in container_ids:
             attrs = docker_kubo.inspect_container(container_id)
@@ -78,6 +83,17 @@ def test_compose_file_runs_a_three_peer_round(tmp_path: Path) -> None:
             ip = docker_kubo.container_ip(container_id, network)
             forwarders.append(docker_kubo.LoopbackForwarder((ip, docker_kubo.API_PORT)).start())
         apis = [f"http://127.0.0.1:{forwarder.port}" for forwarder in forwarders]
+        # One private network from the start: the nodes dial each other by themselves, and a
+        # block put on one is fetched through another.
+        ids = [rpc_call_sync(api, "id", timeout=10.0)["ID"] for api in apis]
+        for api, own in zip(apis, ids, strict=True):
+            others = set(ids) - {own}
+            poll_until(lambda api=api, others=others: others <= peers_of(api), timeout=60,
+                       what=f"{api} connected to the other two")  # fmt: skip
+        assert asyncio.run(_exchange(apis[0], apis[2], b"one network")) == b"one network"
+        for api in apis:
+            key = rpc_call_sync(api, "config", {"arg": "Swarm.Transports.Network.QUIC"})
+            assert key["Value"] is False
         round_script = docker_kubo.ROOT / "scripts" / "compose_round.py"
         command = [sys.executable, str(round_script), "--dim", "300000"]
         for api in apis:

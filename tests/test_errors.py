@@ -40,6 +40,7 @@ FAMILY_EXIT_CODES = {
     "ComputationGraphError": 9,
     "PubsubError": 10,
     "ConfigError": 11,
+    "CometError": 12,
 }
 
 

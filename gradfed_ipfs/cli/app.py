@@ -27,10 +27,12 @@ from collections.abc import Sequence
 from ..errors import DecodeError, GradfedError
 from .common import API_ENV, HOME_ENV, UsageError, console, err_console, positive_float
 from .data import add_data_parsers
+from .federation import add_federation_parser
 from .node import add_node_parser
 from .records import add_record_parsers
 from .resync import add_resync_parser
 from .rounds import add_round_parser
+from .train import add_train_parser
 
 __all__ = ["build_parser", "console", "err_console", "main"]
 
@@ -107,10 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(handler=_cmd_demo)
     add_node_parser(commands)
+    add_federation_parser(commands)
     add_data_parsers(commands)
     add_record_parsers(commands)
     add_round_parser(commands)
     add_resync_parser(commands)
+    add_train_parser(commands)
     return parser
 
 

@@ -25,12 +25,15 @@ import os
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
 from ..errors import KuboRpcError, KuboStartError
+from ..federation import PNET_ENV, Federation, load_federation, private_network_config
+from ..federation.network import DEFAULT_LISTEN, swarm_key_text
 from ..kubo.binary import find_kubo_binary
 from ..kubo.daemon import LOOPBACK_CONFIG, WAN_TUNING
 from ..node import Node
@@ -62,6 +65,9 @@ __all__ = ["add_node_parser"]
 
 logger = logging.getLogger("gradfed_ipfs.cli.node")
 
+SWARM_KEY_FILE = "swarm.key"
+MEMBER_FILE = "federation.json"
+
 
 def _ipfs(binary: Path, repo: Path, *args: str) -> None:
     result = subprocess.run(
@@ -79,6 +85,9 @@ def _ipfs(binary: Path, repo: Path, *args: str) -> None:
 def _env(repo: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update({"IPFS_PATH": str(repo), "IPFS_TELEMETRY": "off", "GOLOG_LOG_LEVEL": "error"})
+    env.pop("LIBP2P_FORCE_PNET", None)
+    if (repo / SWARM_KEY_FILE).exists():
+        env.update(PNET_ENV)  # a federation node never starts on the public network
     return env
 
 
@@ -90,10 +99,66 @@ def _log_tail(node_dir: Path, lines: int = 20) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def node_start(node_dir: Path, timeout: float, *, wan: bool = False) -> int:
+@dataclass(frozen=True)
+class PrivateNetwork:
+    """``node start --federation``: the federation and where its node listens and announces."""
+
+    federation: Federation
+    listen: tuple[str, ...] = DEFAULT_LISTEN
+    announce: tuple[str, ...] = ()
+
+
+def _network_config(
+    repo: Path, node_dir: Path, network: PrivateNetwork | None, ports: dict[str, int]
+) -> list[tuple[str, str]]:
+    """Return the config entries of this start; install the swarm key of a federation node.
+
+    Raises
+    ------
+    UsageError
+        If a node that joined a federation is started without one, or with another one.
+    """
+    key_file = repo / SWARM_KEY_FILE
+    if network is None:
+        if key_file.exists():
+            raise UsageError(
+                f"this node is a federation member ({_member_of(node_dir)}): start it with "
+                "--federation FILE, or use another --node-dir for a loopback node"
+            )
+        return [*LOOPBACK_CONFIG, *_pinned(ports)]
+    federation = network.federation
+    text = swarm_key_text(federation)
+    if key_file.exists() and key_file.read_text() != text:
+        raise UsageError(
+            f"this node is a member of {_member_of(node_dir)}, not of {federation.name} "
+            f"(key {federation.fingerprint}); use another --node-dir"
+        )
+    descriptor = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(text)
+    (node_dir / MEMBER_FILE).write_text(
+        json.dumps({"federation": federation.name, "key": federation.fingerprint}) + "\n"
+    )
+    return private_network_config(
+        federation, listen=network.listen, announce=network.announce, api_port=ports.get("api", 0)
+    )
+
+
+def _member_of(node_dir: Path) -> str:
+    try:
+        member = json.loads((node_dir / MEMBER_FILE).read_text())
+        return f"federation {member['federation']}, key {member['key']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "a federation"
+
+
+def node_start(
+    node_dir: Path, timeout: float, *, wan: bool = False, network: PrivateNetwork | None = None
+) -> int:
     """Start the managed daemon (initialising its repo once); print its API URL.
 
-    ``wan`` applies :data:`~gradfed_ipfs.kubo.daemon.WAN_TUNING` (wide-area links).
+    ``wan`` applies :data:`~gradfed_ipfs.kubo.daemon.WAN_TUNING` (wide-area links);
+    ``network`` makes it a node of a federation's private network instead of a loopback one.
     """
     pid = read_pid(node_dir)
     if pid is not None and is_kubo_daemon(pid):
@@ -108,13 +173,14 @@ def node_start(node_dir: Path, timeout: float, *, wan: bool = False) -> int:
             _ipfs(binary, repo, "init", "--profile=test")
     wanted = load_ports(node_dir)
     ports = {key: port for key, port in wanted.items() if port_is_free(port)}
-    for key, value in [*LOOPBACK_CONFIG, *(WAN_TUNING.config() if wan else []), *_pinned(ports)]:
+    config = _network_config(repo, node_dir, network, ports)
+    for key, value in [*config, *(WAN_TUNING.config() if wan else [])]:
         _ipfs(binary, repo, "config", "--json", key, value)
     started = _launch(binary, repo, node_dir, timeout)
     if started is None and ports:
         # a port was taken between the check and the daemon's bind: once more on fresh ones
         ports = {}
-        for key, value in _pinned({"api": 0, "swarm": 0}):
+        for key, value in _pinned({"api": 0, "swarm": 0} if network is None else {"api": 0}):
             _ipfs(binary, repo, "config", "--json", key, value)
         started = _launch(binary, repo, node_dir, timeout)
     if started is None:
@@ -123,6 +189,11 @@ def node_start(node_dir: Path, timeout: float, *, wan: bool = False) -> int:
     got = _ports_of(api, info)
     save_ports(node_dir, got)
     console.print(f"node started: pid {pid}, api {api}, peer {info.get('ID')}")
+    if network is not None:
+        console.print(
+            f"private network of federation {network.federation.name} "
+            f"(key {network.federation.fingerprint}); listening on {', '.join(network.listen)}"
+        )
     for key, port in wanted.items():
         if key in got and got[key] != port:
             console.print(f"note: the {key} port {port} is in use; this start got {got[key]}")
@@ -301,6 +372,16 @@ async def node_connect(api: str, target: str, timeout: float, node_dir: Path | N
     return 0
 
 
+def _network_of(args: argparse.Namespace) -> PrivateNetwork | None:
+    if not args.federation:
+        if args.listen or args.announce:
+            raise UsageError("--listen and --announce need --federation FILE")
+        return None
+    federation = load_federation(args.federation)
+    listen = tuple(args.listen) if args.listen else DEFAULT_LISTEN
+    return PrivateNetwork(federation, listen, tuple(args.announce or ()))
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     node_dir = Path(args.node_dir) if args.node_dir else default_node_dir()
     if args.action == "connect":
@@ -315,7 +396,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.target:
         raise UsageError(f"node {args.action} takes no target")
     if args.action == "start":
-        return node_start(node_dir, args.start_timeout, wan=args.wan)
+        return node_start(node_dir, args.start_timeout, wan=args.wan, network=_network_of(args))
+    if args.federation or args.listen or args.announce:
+        raise UsageError("--federation, --listen and --announce are options of node start")
     if args.action == "stop":
         return node_stop(node_dir)
     return node_status(node_dir)
@@ -349,5 +432,25 @@ def add_node_parser(commands: Any) -> None:
         action="store_true",
         help="for start: tune Kubo for wide-area links (an 8 MiB bitswap window, connection "
         "manager marks 64/192); see benchmarks/bench_wan.py",
+    )
+    node.add_argument(
+        "--federation",
+        metavar="FILE",
+        help="for start: join the private network of this federation file (gradfed-ipfs "
+        "federation init): its swarm key, bootstrap peers, TCP only, API on 127.0.0.1, no gateway",
+    )
+    node.add_argument(
+        "--listen",
+        action="append",
+        metavar="MULTIADDR",
+        help="with --federation: a swarm listen address (repeatable; default "
+        "/ip4/0.0.0.0/tcp/4001 and /ip6/::/tcp/4001)",
+    )
+    node.add_argument(
+        "--announce",
+        action="append",
+        metavar="MULTIADDR",
+        help="with --federation: an address to announce to members (repeatable), e.g. "
+        "/ip4/<public IP>/tcp/4001 behind a port forward",
     )
     node.set_defaults(handler=_dispatch)

@@ -1,4 +1,4 @@
-"""Bytes to objects and back, with no I/O: Arrow blocks, records, pubsub, announcements.
+"""Bytes to objects and back, with no I/O: Arrow blocks, records, pubsub, statements.
 
 Everything a peer sends is decoded here, so this is where sizes and nesting are checked.
 """
@@ -21,6 +21,7 @@ from .arrow import (
 from .packed import PACKED_HEADER_BYTES, decode_packed_chunk, encode_packed_chunk, is_packed
 from .pubsub import TOPIC_PREFIX, PubsubMessage, parse_sub_line, session_topic
 from .records import decode_record, encode_record, from_link, require, to_link
+from .statement import LocalSigner, Signer, Statement, decode_statement, sign_statement
 
 __all__ = [
     "ANNOUNCEMENT_VERSION",
@@ -31,11 +32,15 @@ __all__ = [
     "Announcement",
     "AnnouncementFilter",
     "DecodedGradient",
+    "LocalSigner",
     "PubsubMessage",
+    "Signer",
+    "Statement",
     "decode_dense_block",
     "decode_gradient",
     "decode_packed_chunk",
     "decode_record",
+    "decode_statement",
     "encode_arrow_file",
     "encode_packed_chunk",
     "encode_record",
@@ -47,6 +52,7 @@ __all__ = [
     "parse_sub_line",
     "require",
     "session_topic",
+    "sign_statement",
     "store_gradient_as_arrow",
     "store_layer_as_arrow",
     "to_link",

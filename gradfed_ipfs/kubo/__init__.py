@@ -1,4 +1,4 @@
-"""Kubo: the binary, loopback daemons and swarms, and pubsub (Kubo's and an in-memory bus)."""
+"""Kubo: the binary, loopback daemons and swarms, pubsub (Kubo's and an in-memory bus), signing."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from .daemon import (
     multiaddr_to_url,
 )
 from .pubsub import KuboPubsub, MemoryPubsub, MemoryPubsubBus, PubsubTransport
+from .signing import KuboSigner
 
 __all__ = [
     "KUBO_VERSION",
@@ -20,6 +21,7 @@ __all__ = [
     "WAN_TUNING",
     "KuboDaemon",
     "KuboPubsub",
+    "KuboSigner",
     "KuboSwarm",
     "KuboTuning",
     "MemoryPubsub",

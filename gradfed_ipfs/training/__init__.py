@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..federated.secagg_round import SecAggSettings
 from .history import History, RoundEntry
-from .metrics import RoundSummary, VectorLayout
+from .metrics import RoundSummary, VectorLayout, robust_mean
 from .peer import (
     ArraysAdapter,
     Client,
@@ -79,6 +79,7 @@ __all__ = [
     "TrainingRule",
     "VectorAdapter",
     "VectorLayout",
+    "robust_mean",
     "round_seed",
     "run_simulation",
     "sample_peers",

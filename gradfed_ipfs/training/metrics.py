@@ -8,13 +8,16 @@ Every contribution and every global model of a training session is one float32 v
 In a *contribution*, ``params`` is the peer's update ``local - global`` (zeros when it did not
 train), ``fit`` is 1 when it trained, the samples and metrics are its own, and the evaluation
 is of the round's base model on its data. In a *global model* the tail is the round's agreed
-summary: ``fit`` counts the results, samples are totals and metrics are sample-weighted means
-(fit metrics over the trainers, evaluation over every contributor). The summary is therefore
-part of the model CID every peer agrees on. A session under secure aggregation
+summary: ``fit`` counts the results, samples are totals and metrics are combined by
+:func:`robust_mean` (fit metrics over the trainers, evaluation over every contributor). The
+summary is therefore part of the model CID every peer agrees on. A session under secure aggregation
 (:mod:`gradfed_ipfs.training.secure`) adds one flag per member: in the aggregator's
 contribution and in the global model, 1 marks the members whose masked vectors were summed.
-Peer tails are hostile: a tail with a non-finite or negative value, or a count above
-:data:`MAX_SAMPLES`, counts as a peer that neither trained nor evaluated.
+Peer tails are hostile: a tail with a non-finite or negative value, or a count above the
+session's cap (:attr:`VectorLayout.max_samples`, the agreed ``max_weight``, default 2**20),
+counts as a peer that neither trained nor evaluated, on every peer alike. One peer can
+therefore add at most ``max_samples`` to a round's sample totals, and, as long as the liars are
+a minority of the values combined, cannot move a metric outside the range of the honest ones.
 """
 
 from __future__ import annotations
@@ -27,14 +30,37 @@ import numpy as np
 
 from .._types import FloatArray
 from ..errors import ConfigError, InvalidGradient, ShapeMismatch
+from ..federated.accumulate.config import DEFAULT_MAX_WEIGHT
 
-__all__ = ["FIXED_SLOTS", "MAX_SAMPLES", "PeerTail", "RoundSummary", "VectorLayout"]
+__all__ = ["FIXED_SLOTS", "MAX_SAMPLES", "PeerTail", "RoundSummary", "VectorLayout", "robust_mean"]
 
 FIXED_SLOTS: Final = ("fit", "fit_samples", "eval_samples", "eval_loss")
 """The tail slots every session has, before the declared metrics."""
 
 MAX_SAMPLES: Final = 1 << 24
-"""Largest sample count a tail may carry (float32 holds integers exactly up to 2**24)."""
+"""Largest sample count a tail may ever carry (float32 holds integers exactly up to 2**24)."""
+
+
+def robust_mean(items: Sequence[tuple[int, float]]) -> float:
+    """Combine ``(samples, value)`` pairs: the sample-weighted mean of the middle values.
+
+    The values are sorted and the ``⌊(n - 1) / 2⌋`` lowest and highest are dropped (for odd
+    ``n`` the median is left, for even ``n`` the two middle values, weighted by their samples);
+    ``0.0`` for no items. Why: a peer reports its own metrics and sample count, so a weighted
+    mean lets one peer set it (a loss of −3e38, or an accuracy of 3e38 with the largest
+    allowed count). With at most ``⌊(n - 1) / 2⌋`` liars (any minority) every value left lies
+    between two honest values, so any weighting of them stays within the honest range; the
+    weights (each capped at ``max_samples`` by :meth:`VectorLayout.read_tail`) only choose a
+    point inside it. Two values (and one) are the Flower-style sample-weighted mean. Ties are
+    broken by the samples, so every peer computes the same float64 from the same roster.
+    """
+    ordered = sorted(items, key=lambda item: (item[1], item[0]))
+    cut = (len(ordered) - 1) // 2
+    middle = ordered[cut : len(ordered) - cut] if ordered else []
+    total = sum(w for w, _ in middle)
+    if not total:
+        return 0.0
+    return sum(w * v for w, v in middle) / total
 
 
 @dataclass(frozen=True)
@@ -75,16 +101,23 @@ class VectorLayout:
         Names of the client metrics carried (others returned by clients are dropped).
     secure
         The members, one flag slot each, of a session under secure aggregation (else empty).
+    max_samples
+        Largest sample count (fit or evaluation) a peer's tail may report: the session's
+        agreed ``max_weight`` (default :data:`DEFAULT_MAX_WEIGHT`, 2**20; at most
+        :data:`MAX_SAMPLES`). A tail above it reads as a peer that did nothing.
     """
 
     params: int
     fit_metrics: tuple[str, ...] = ()
     eval_metrics: tuple[str, ...] = ()
     secure: tuple[str, ...] = ()
+    max_samples: int = DEFAULT_MAX_WEIGHT
 
     def __post_init__(self) -> None:
         if self.params < 1:
             raise ConfigError(f"a model needs at least one parameter, got {self.params}")
+        if not 1 <= self.max_samples <= MAX_SAMPLES:
+            raise ConfigError(f"max_samples must be in [1, {MAX_SAMPLES}], got {self.max_samples}")
         for names in (self.fit_metrics, self.eval_metrics, self.secure):
             if len(set(names)) != len(names):
                 raise ConfigError(f"metric names must be distinct: {names}")
@@ -154,7 +187,7 @@ class VectorLayout:
             t.size == self.tail
             and bool(np.isfinite(t).all())
             and t[0] in (0.0, 1.0)
-            and all(0 <= c <= MAX_SAMPLES and c == int(c) for c in (fit_n, eval_n))
+            and all(0 <= c <= self.max_samples and c == int(c) for c in (fit_n, eval_n))
         )
         if not usable:
             return PeerTail(False, 0, 0, 0.0, {}, {})
@@ -168,22 +201,21 @@ class VectorLayout:
         )
 
     def summarize(self, fits: Sequence[PeerTail], evaluations: Sequence[PeerTail]) -> FloatArray:
-        """Return the global tail: ``fits`` and ``evaluations`` merged in the given order."""
+        """Return the global tail: sample totals and :func:`robust_mean` of each metric.
+
+        ``fits`` and ``evaluations`` are checked tails (:meth:`read_tail`); the result does not
+        depend on their order.
+        """
         fit_total = sum(p.fit_samples for p in fits)
         eval_total = sum(p.eval_samples for p in evaluations)
-
-        def mean(items: Sequence[tuple[int, float]], total: int) -> float:
-            return sum(w * v for w, v in items) / total if total else 0.0
-
         fit_values = [
-            mean([(p.fit_samples, p.fit_metrics[n]) for p in fits], fit_total)
-            for n in self.fit_metrics
+            robust_mean([(p.fit_samples, p.fit_metrics[n]) for p in fits]) for n in self.fit_metrics
         ]
         eval_values = [
-            mean([(p.eval_samples, p.eval_metrics[n]) for p in evaluations], eval_total)
+            robust_mean([(p.eval_samples, p.eval_metrics[n]) for p in evaluations])
             for n in self.eval_metrics
         ]
-        loss = mean([(p.eval_samples, p.eval_loss) for p in evaluations], eval_total)
+        loss = robust_mean([(p.eval_samples, p.eval_loss) for p in evaluations])
         fixed = [len(fits), fit_total, eval_total, loss]
         flags = [0.0] * len(self.secure)
         values = [*fixed, *fit_values, *eval_values, *flags]

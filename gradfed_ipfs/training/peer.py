@@ -331,6 +331,7 @@ class Peer(Generic[M]):
         self.layout = VectorLayout(
             initial.size, config.fit_metrics, config.eval_metrics,
             secure=agreed.members if secure else (),
+            max_samples=min(agreed.max_weight, MAX_SAMPLES),
         )  # fmt: skip
         self._genesis_vector = self.layout.genesis(initial)
         user_config = config.on_fit_config
@@ -580,7 +581,13 @@ class Peer(Generic[M]):
 
     def _contribution(self, local: _LocalWork) -> tuple[FloatArray, int]:
         """Return this peer's contribution vector and its weight."""
-        secured, cap = local.secured, self.agreed.max_weight
+        secured, cap = local.secured, self.layout.max_samples
+        if local.eval_samples > cap:  # every peer would read the tail as unusable
+            logger.warning(
+                "round %d: %d evaluation samples exceed the session's max_weight %d: "
+                "evaluation not reported", local.round, local.eval_samples, cap,
+            )  # fmt: skip
+            local.eval_samples, local.eval_loss, local.eval_metrics = 0, 0.0, {}
         if secured is not None and secured.samples > cap:  # no roster may list it
             logger.warning(
                 "round %d: the secure sum's %d samples exceed max_weight %d: not contributed",

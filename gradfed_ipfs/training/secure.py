@@ -12,11 +12,16 @@ the sample) is its aggregator. Each client trains, then masks (Flower's weightin
 (zeros when its training failed: it still takes part, or the round would lack its keys). The
 aggregator unmasks only the survivors' sum ``S``, and contributes to the agreed round the
 weighted mean ``S_Δ / W`` (``W = N / max_weight``, ``N = round(S_w · max_weight)`` samples) with
-a tail naming the survivors; the other clients contribute no update (only their evaluation,
-in the clear). With ``central_dp`` the clients clip ``Δ_i`` to L2 norm ``C`` first and the
-aggregator noises ``S_Δ`` (Flower's server-side fixed clipping). :class:`SecureTrainingRule`
-takes that one contribution as the round's fit, of weight ``N``, and hands it to the inner
-strategy, so every peer computes the same model, record and
+a tail naming the survivors. Without ``central_dp`` the SecAgg round is verifiable
+(:class:`~gradfed_ipfs.federated.secagg_round.SecureRoundConfig` ``verifiable``): the
+aggregator reveals its round key, every other survivor recomputes ``S`` from the blocks the
+clients announced and contributes the same fit, and :class:`SecureTrainingRule` takes the fit
+that more than half of the sample contributed with identical bytes, so a made-up mean is
+ignored. With ``central_dp`` the clients clip ``Δ_i`` to L2 norm ``C`` first, the aggregator
+noises ``S_Δ`` (Flower's server-side fixed clipping), the other clients contribute no update
+(only their evaluation, in the clear) and the aggregator's fit is taken: it is trusted for its
+sum and its noise. Either way the one fit, of weight ``N``, goes to the inner strategy, so
+every peer computes the same model, record and
 :class:`~gradfed_ipfs.training.history.History` (``secure`` lists the survivors).
 
 Only strategies that need nothing but the weighted mean are accepted: FedAvg, FedProx, FedAvgM,
@@ -62,9 +67,9 @@ from ..federated.secagg_round import (
 from ..formats.roster import Roster
 from ..kubo.pubsub import PubsubTransport
 from ..storage.base import BlockStore
-from .metrics import MAX_SAMPLES, PeerTail, VectorLayout
+from .metrics import FIXED_SLOTS, MAX_SAMPLES, PeerTail, VectorLayout
 from .rule import TrainingRule
-from .strategy import ConfigValue, FedAvg, FitResult, ServerOptStrategy, Strategy
+from .strategy import ConfigValue, FedAvg, FitResult, ServerOptStrategy, SparseLoCo, Strategy
 
 __all__ = [
     "SecAgg",
@@ -80,7 +85,7 @@ __all__ = [
 
 logger = logging.getLogger("gradfed_ipfs.training")
 
-_LINEAR = "FedAvg, FedProx, FedAvgM, FedAdagrad, FedAdam or FedYogi"
+_LINEAR = "FedAvg, FedProx, FedAvgM, FedAdagrad, FedAdam, FedYogi, DiLoCo or SparseLoCo"
 
 
 class SecAgg(Strategy):
@@ -89,8 +94,9 @@ class SecAgg(Strategy):
     Parameters
     ----------
     strategy
-        The inner strategy: :class:`FedAvg` (or :class:`FedProx`) or a
-        :class:`ServerOptStrategy` (FedAvgM, FedAdagrad, FedAdam, FedYogi).
+        The inner strategy: :class:`FedAvg` (or :class:`FedProx`), :class:`SparseLoCo`'s
+        outer step or a :class:`ServerOptStrategy` (FedAvgM, FedAdagrad, FedAdam, FedYogi,
+        DiLoCo).
     threshold
         Shamir threshold t for the round's k sampled clients (``k/2 < t <= k``); default
         ``k // 2 + 1``, and at least 2.
@@ -132,7 +138,7 @@ class SecAgg(Strategy):
         randbytes: RandBytes = os.urandom,
         central_dp: DifferentialPrivacy | None = None,
     ) -> None:
-        if not isinstance(strategy, FedAvg | ServerOptStrategy):
+        if not isinstance(strategy, FedAvg | ServerOptStrategy | SparseLoCo):
             raise ConfigError(
                 f"SecAgg cannot wrap {strategy.name}: the aggregator learns only the weighted "
                 f"sum of the updates, and {strategy.name} needs each client's update or loss "
@@ -241,6 +247,7 @@ class SecAgg(Strategy):
             threshold=self.threshold_for(len(clients)),
             length=length,
             settings=self.settings,
+            verifiable=self.central_dp is None,  # with central DP only the noised sum is public
             **self.message_timeouts,
         )
 
@@ -335,11 +342,13 @@ async def run_secure_fit(
     pubsub: PubsubTransport,
     config: SecureRoundConfig,
     vector: FloatArray,
-) -> SecureRoundResult | None:
-    """Run this peer's client role (and aggregator role); return the aggregator's result.
+) -> tuple[FloatArray, list[str], bool] | None:
+    """Run this peer's client role (and aggregator role); return ``(sum, survivors, ours)``.
 
-    A failure of either role is logged, never raised: a client that fails is dropped by the
-    protocol; an aggregator that fails returns ``None`` (the round has no fit).
+    ``ours`` is true on the aggregator (its own result); in a verifiable round another survivor
+    returns the sum it recomputed from the aggregator's release. A failure of either role is
+    logged, never raised: a client that fails is dropped by the protocol; an aggregator that
+    fails, or a client without a checked release, returns ``None``.
     """
     peer = SecureRoundPeer(store, pubsub, config, randbytes=secagg.randbytes)
     try:
@@ -360,7 +369,11 @@ async def run_secure_fit(
                 raise outcome  # cancellation
             logger.warning("round %d: secure %s role failed: %s", config.round_id, role, outcome)
     last = outcomes[-1]
-    return last if isinstance(last, SecureRoundResult) else None
+    if isinstance(last, SecureRoundResult):
+        return last.total, last.survivors, True
+    if peer.released is not None and peer.view is not None:
+        return peer.released, peer.view[0], False
+    return None
 
 
 async def secure_fit(
@@ -375,7 +388,8 @@ async def secure_fit(
     """Take part in the SecAgg round of ``session``'s current round (a sampled peer).
 
     ``update`` is ``None`` when this peer's training failed (it masks zeros). Returns the
-    unmasked (and, with ``central_dp``, noised) fit on the aggregator, else ``None``.
+    unmasked (and, with ``central_dp``, noised) fit on the aggregator; without ``central_dp``
+    also on every survivor that recomputed the sum from the aggregator's release; else ``None``.
     """
     if update is not None and samples > secagg.max_weight:
         logger.warning("%d samples exceed SecAgg's max_weight: not summed", samples)
@@ -389,21 +403,28 @@ async def secure_fit(
     result = await run_secure_fit(secagg, session.store, session.pubsub, config, masked)
     if result is None:
         return None
-    fit = unmasked_fit(layout, result.total, result.survivors, secagg.max_weight)
-    if fit.samples == 0:  # nothing to release
+    summed, survivors, ours = result
+    fit = unmasked_fit(layout, summed, survivors, secagg.max_weight)
+    if fit.samples == 0 or not ours:  # nothing to release, or a sum that is public anyway
         return fit
-    total = secagg.release(result.total, layout.params)
+    total = secagg.release(summed, layout.params)
     if total is None:
         return None
-    return unmasked_fit(layout, total, result.survivors, secagg.max_weight)
+    return unmasked_fit(layout, total, survivors, secagg.max_weight)
 
 
 class SecureTrainingRule(TrainingRule):
-    """:class:`TrainingRule` under :class:`SecAgg`: the aggregator's secure mean is the one fit.
+    """:class:`TrainingRule` under :class:`SecAgg`: one secure mean is the round's one fit.
 
-    Every peer finds the round's aggregator from the sample; its contribution counts as a fit
-    when its tail is sane (``results`` an integer in ``[1, survivors]``, flags 0/1 naming only
-    sampled peers, weight = samples). Other contributions count for evaluation only.
+    A sampled peer's contribution claims the secure fit when its tail is sane (``results`` an
+    integer in ``[1, survivors]``, flags 0/1 naming only sampled peers, weight = samples).
+    Without central DP every survivor that recomputed the sum contributes the same fit as the
+    aggregator, and the fit taken is the one that more than half of the round's sample claim
+    with identical bytes (update, fit slots and flags): a lying aggregator, or any minority of
+    the sample, cannot set it, and if no fit has a majority the round has none (the model only
+    moves on the next round). With central DP only the aggregator can know the noised sum, so
+    its claim is taken as is (the aggregator is trusted for its sum and its noise). Every
+    other slot of a contribution counts for evaluation only.
     """
 
     def label(self, round_number: int) -> str:
@@ -411,6 +432,11 @@ class SecureTrainingRule(TrainingRule):
         secagg = self.strategy
         extra = f" {secagg.summary()}" if isinstance(secagg, SecAgg) else ""
         return super().label(round_number) + extra
+
+    @property
+    def verified(self) -> bool:
+        """Whether a fit needs a majority of the sample (no central DP), not the aggregator's."""
+        return not (isinstance(self.strategy, SecAgg) and self.strategy.central_dp is not None)
 
     def apply(
         self,
@@ -423,39 +449,67 @@ class SecureTrainingRule(TrainingRule):
         """Return the next global vector (params moved by the secure mean, the summary)."""
         params, _ = self.layout.split(model)
         sample = self.sampled(roster.session, roster.genesis, roster.round, roster.base)
-        aggregator = (
-            secure_aggregator(roster.session, roster.genesis, roster.round, sample)
-            if sample
-            else None
-        )
-        fits: list[FitResult] = []
-        fit_tails: list[PeerTail] = []
+        claims, evaluations = self._claims(roster, gradients, sample)
+        fit = self._chosen(claims, sample, roster)
+        new_params, new_state = params, state
+        fit_tails = [] if fit is None else [fit[1]]
+        if fit is not None:
+            new_params, new_state = self.strategy.aggregate(params, [fit[0]], learning_rate, state)
+        summary = self.layout.summarize(fit_tails, evaluations)
+        if fit is not None:
+            raw, flags = fit[2], len(self.layout.secure)
+            summary[0] = raw[0]
+            summary[len(summary) - flags :] = raw[len(raw) - flags :]
+        return np.concatenate([np.asarray(new_params, np.float32), summary]), new_state
+
+    def _claims(
+        self, roster: Roster, gradients: Sequence[FloatArray], sample: Sequence[str]
+    ) -> tuple[dict[bytes, list[tuple[FitResult, PeerTail, np.ndarray]]], list[PeerTail]]:
+        """Return the sane fit claims grouped by their bytes, and every usable evaluation."""
+        claims: dict[bytes, list[tuple[FitResult, PeerTail, np.ndarray]]] = {}
         evaluations: list[PeerTail] = []
-        found: tuple[int, np.ndarray] | None = None
+        sampled = set(sample)
         for entry, vector in zip(roster.entries, gradients, strict=True):
             update, raw = self.layout.split(vector)
             tail = raw.copy()
-            secure = entry.peer == aggregator and self._sane(update, tail, set(sample))
-            if entry.peer == aggregator:
-                tail[0] = 1.0 if secure else 0.0
+            sane = entry.peer in sampled and self._sane(update, tail, sampled)
+            if entry.peer in sampled:
+                tail[0] = 1.0 if sane else 0.0  # a secure tail's fit slot counts results
             peer_tail = self.layout.read_tail(tail)
             if peer_tail.eval_samples > 0:
                 evaluations.append(peer_tail)
-            if secure and peer_tail.fit and entry.weight == peer_tail.fit_samples:
-                fits.append(FitResult(entry.peer, update, entry.weight))
-                fit_tails.append(peer_tail)
-                found = (int(raw[0]), raw[self.layout.tail - len(self.layout.secure) :])
-        new_params, new_state = params, state
-        if fits:
-            new_params, new_state = self.strategy.aggregate(params, fits, learning_rate, state)
-        summary = self.layout.summarize(fit_tails, evaluations)
-        if found is not None:
-            summary[0] = found[0]
-            summary[len(summary) - len(self.layout.secure) :] = found[1]
-        return np.concatenate([np.asarray(new_params, np.float32), summary]), new_state
+            if sane and peer_tail.fit and entry.weight == peer_tail.fit_samples:
+                fit = FitResult(entry.peer, update, entry.weight)
+                claims.setdefault(self._fit_bytes(update, raw), []).append((fit, peer_tail, raw))
+        return claims, evaluations
+
+    def _chosen(
+        self,
+        claims: dict[bytes, list[tuple[FitResult, PeerTail, np.ndarray]]],
+        sample: Sequence[str],
+        roster: Roster,
+    ) -> tuple[FitResult, PeerTail, np.ndarray] | None:
+        """Return the claim the rule takes: a majority of the sample's, or the aggregator's."""
+        if not sample:
+            return None
+        if self.verified:
+            for group in claims.values():
+                if 2 * len(group) > len(sample):  # at most one group can have a majority
+                    return group[0]
+            return None
+        aggregator = secure_aggregator(roster.session, roster.genesis, roster.round, sample)
+        mine = [c for group in claims.values() for c in group if c[0].peer == aggregator]
+        return mine[0] if mine else None
+
+    def _fit_bytes(self, update: FloatArray, raw: np.ndarray) -> bytes:
+        """Return what two claims of one fit share: update, results, samples, metrics, flags."""
+        n, flags = len(self.layout.fit_metrics), len(self.layout.secure)
+        k = len(FIXED_SLOTS)
+        slots = np.concatenate([raw[:2], raw[k : k + n], raw[len(raw) - flags :]])
+        return np.asarray(update, np.float32).tobytes() + slots.astype(np.float32).tobytes()
 
     def _sane(self, update: FloatArray, tail: np.ndarray, sample: set[str]) -> bool:
-        """Whether an aggregator's tail names a plausible secure sum."""
+        """Whether a tail names a plausible secure sum."""
         flags = tail[len(tail) - len(self.layout.secure) :]
         if not (np.isfinite(tail).all() and np.isfinite(update).all()):
             return False

@@ -250,3 +250,86 @@ def test_server_ignores_an_unmasking_answer_with_foreign_share_points() -> None:
     total = server.finalize([answers[0], answers[1], stolen])
     assert server.rejected == {"c2": "answered a different request"}
     np.testing.assert_allclose(total, np.full(4, 3.0), atol=1e-6)
+
+
+# ---------------------------------------------------------------- issue 32, attack 12
+
+
+@pytest.mark.parametrize("bundle", ["undecryptable", "undecryptable-by-one", "incomplete"])
+async def test_attack12_unusable_share_bundle_drops_its_sender_and_the_round_goes_on(
+    monkeypatch: pytest.MonkeyPatch, bundle: str
+) -> None:
+    # peer-3 of 4 (threshold 3) hands out shares that cannot be used: ciphertexts that do not
+    # decrypt (only each recipient can tell) for every other client or for peer-0 only (then
+    # just 2 < t survivors hold its key), or no share at all (anyone can tell).
+    inputs = inputs_for([f"peer-{i}" for i in range(4)], seed=15)
+    honest_seal, honest_bundle = SecAggClient._seal_share, round_secagg.bundle_to_json
+    victims = {"peer-0"} if bundle == "undecryptable-by-one" else {"peer-0", "peer-1", "peer-2"}
+
+    def garbage(self: SecAggClient, recipient: str, body: bytes) -> EncryptedShare:
+        sealed = honest_seal(self, recipient, body)
+        if self.client_id != "peer-3" or recipient not in victims:
+            return sealed
+        return EncryptedShare(sealed.sender, sealed.recipient, bytes(len(sealed.ciphertext)))
+
+    def empty(sender: str, shares: list[EncryptedShare]) -> bytes:
+        return honest_bundle(sender, [] if sender == "peer-3" else shares)
+
+    if bundle.startswith("undecryptable"):
+        monkeypatch.setattr(SecAggClient, "_seal_share", garbage)
+    else:
+        monkeypatch.setattr(round_secagg, "bundle_to_json", empty)
+    outcomes, peers = await run_round(4, 3, inputs, seed=150, settings=SLACK)
+    result = outcomes[AGG]
+    assert isinstance(result, SecureRoundResult), result  # was: only 0 shares of peer-3's key
+    survivors = ["peer-0", "peer-1", "peer-2"]
+    assert result.survivors == survivors
+    assert result.dropped == ([] if bundle == "incomplete" else ["peer-3"])
+    assert "peer-3" in result.rejected
+    for c in survivors:
+        assert outcomes[c] is True
+        rejected = {"peer-3"} if c in victims else set()
+        assert set(peers[c].rejected) == rejected  # type: ignore[attr-defined]
+    exact = exact_sum(inputs, survivors)
+    assert np.all(np.abs(result.total - exact) <= tolerance(FixedPoint(4, 8.0, 32), 3, exact))
+
+
+# ---------------------------------------------------------------- issue 32, attack 8 (release)
+
+
+@pytest.mark.parametrize("release", ["honest", "wrong-key", "not-verifiable"])
+async def test_every_survivor_recomputes_a_verifiable_release(
+    monkeypatch: pytest.MonkeyPatch, release: str
+) -> None:
+    # A verifiable round of 4 (threshold 3) where peer-3 vanishes after its keys, so the
+    # release needs the dropped client's key shares too.
+    inputs = inputs_for([f"peer-{i}" for i in range(3)], seed=16)
+    honest_release = round_secagg.release_to_json
+
+    def wrong_key(survivors: list[str], dropped: list[str], key: object, used: list[str]) -> bytes:
+        return honest_release(survivors, dropped, bytes(range(32)), used)
+
+    if release == "wrong-key":
+        monkeypatch.setattr(round_secagg, "release_to_json", wrong_key)
+    _, peers, _ = make_peers(4, 3, seed=160, settings=FAST, verifiable=release != "not-verifiable")
+    await asyncio.gather(*(p.start() for p in peers.values()))
+
+    async def vanish() -> bool:
+        await peers["peer-3"].share_keys()
+        return False
+
+    jobs = [peers[AGG].aggregate(), vanish(), *(peers[c].run_client(inputs[c]) for c in inputs)]
+    try:
+        outcomes = await asyncio.gather(*jobs)
+    finally:
+        await asyncio.gather(*(p.aclose() for p in peers.values()))
+    result = outcomes[0]
+    assert isinstance(result, SecureRoundResult)
+    assert (result.survivors, result.dropped) == (sorted(inputs), ["peer-3"])
+    for c in inputs:
+        released = peers[c].released  # type: ignore[attr-defined]
+        if release == "honest":  # the very bytes the aggregator decoded
+            assert released is not None
+            assert released.tobytes() == result.total.tobytes()
+        else:
+            assert released is None

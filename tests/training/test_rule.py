@@ -10,7 +10,7 @@ import pytest
 from multiformats import CID
 
 from gradfed_ipfs import AgreedConfig, AgreedSession
-from gradfed_ipfs.errors import RoundVerificationFailed
+from gradfed_ipfs.errors import ConfigError, RoundVerificationFailed
 from gradfed_ipfs.federated.agreed.history import (
     load_record,
     load_result,
@@ -29,6 +29,7 @@ from gradfed_ipfs.training import (
     Strategy,
     TrainingRule,
     VectorLayout,
+    robust_mean,
 )
 from gradfed_ipfs.training.sampling import round_seed, sample_peers, sample_size
 
@@ -226,3 +227,26 @@ def test_settings_are_config_errors() -> None:
         VectorLayout(2, fit_metrics=("a", "a"))
     with pytest.raises(ConfigError):
         QFedAvg(q=-1.0)
+
+
+def test_robust_mean_keeps_any_minority_of_liars_within_the_honest_range() -> None:
+    assert robust_mean([]) == 0.0
+    assert robust_mean([(1, 1.0), (3, 3.0)]) == pytest.approx(2.5)  # two: Flower's weighted mean
+    assert robust_mean([(5, 0.2), (1, 0.9), (2**20, -1e19)]) == 0.2  # three: the median
+    four = robust_mean([(10, 0.4), (30, 0.6), (2**20, 1e19), (20, 0.5)])
+    assert four == pytest.approx((20 * 0.5 + 30 * 0.6) / 50)  # the two middle, by samples
+    honest = [(7, 0.3), (9, 0.35), (11, 0.4)]
+    for liars in ([(2**20, 1e19)] * 2, [(2**20, -1e19), (1, 1e19)]):
+        assert 0.3 <= robust_mean(honest + liars) <= 0.4
+    assert robust_mean(list(reversed(honest))) == robust_mean(honest)  # order-free
+
+
+def test_a_count_above_the_sessions_cap_reads_as_nothing() -> None:
+    layout = VectorLayout(2, eval_metrics=("acc",), max_samples=100)
+    ok = layout.contribution(None, eval_samples=100, eval_loss=1.0, eval_metrics={"acc": 0.5})
+    big = layout.contribution(None, eval_samples=101, eval_loss=1.0, eval_metrics={"acc": 0.5})
+    assert layout.read_tail(layout.split(ok)[1]).eval_samples == 100
+    nothing = layout.read_tail(layout.split(big)[1])
+    assert (nothing.fit, nothing.eval_samples, nothing.eval_metrics) == (False, 0, {})
+    with pytest.raises(ConfigError, match="max_samples"):
+        VectorLayout(2, max_samples=2**25)

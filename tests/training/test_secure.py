@@ -24,6 +24,7 @@ from gradfed_ipfs.storage.base import BlockStore
 from gradfed_ipfs.tensor import Median
 from gradfed_ipfs.training import (
     Client,
+    DiLoCo,
     FedAdam,
     FedAvg,
     FederationConfig,
@@ -33,6 +34,7 @@ from gradfed_ipfs.training import (
     QFedAvg,
     Robust,
     SecAggSettings,
+    SparseLoCo,
     Strategy,
     TrainingRule,
     VectorAdapter,
@@ -190,7 +192,11 @@ async def test_secagg_fedavg_is_fedavg_up_to_fixed_point_and_no_block_holds_an_u
         assert entry.secure == ["peer-0", "peer-1", "peer-2"]
         assert (entry.results, entry.failures) == (3, 0)
         assert entry.fit_samples == plain_entry.fit_samples == sum(SAMPLES)
-        assert entry.fit_metrics["acc"] == pytest.approx(plain_entry.fit_metrics["acc"], abs=1e-6)
+        # In the clear the fit metric is robust_mean's median; under SecAgg it is summed with
+        # the update, so it is the sample-weighted mean (bounded by clip_range, not robust).
+        assert plain_entry.fit_metrics["acc"] == pytest.approx(FIT_ACC[1])
+        weighted = sum(n * a for n, a in zip(SAMPLES, FIT_ACC, strict=True)) / sum(SAMPLES)
+        assert entry.fit_metrics["acc"] == pytest.approx(weighted, abs=1e-6)
         assert entry.eval_loss == pytest.approx(plain_entry.eval_loss, abs=1e-5)
     assert secure[0].strategy.startswith("secagg-fedavg")
     assert len(records) == ROUNDS + 1
@@ -414,23 +420,49 @@ GENESIS = CID.decode("bafkreigh2akiscaildcqabsyg3dfr6chu3fgpregiymsck7e7aqa4s52z
 LAYOUT = VectorLayout(2, fit_metrics=("acc",), secure=MEMBERS)
 
 
-def secure_rule() -> SecureTrainingRule:
+def secure_rule(central_dp: bool = True) -> SecureTrainingRule:
+    dp = DifferentialPrivacy(10.0, 1e-5, 1.0, noise_multiplier=1.0) if central_dp else None
     return SecureTrainingRule(
-        SecAgg(FedAvg()), LAYOUT, MEMBERS, fraction=1.0, min_fit=1, fit_rounds=3,
+        SecAgg(FedAvg(), central_dp=dp), LAYOUT, MEMBERS, fraction=1.0, min_fit=1, fit_rounds=3,
         config=lambda r: {},
     )  # fmt: skip
 
 
-def apply(vectors: dict[str, tuple[np.ndarray, int]]) -> tuple[np.ndarray, Any]:
+def apply(
+    vectors: dict[str, tuple[np.ndarray, int]], *, central_dp: bool = True
+) -> tuple[np.ndarray, Any]:
     ready = {p: (GENESIS, w) for p, (_v, w) in vectors.items()}
     roster = Roster.new("s", GENESIS, 0, GENESIS, MEMBERS[0], MEMBERS, ready)
     model = LAYOUT.genesis(np.array([1.0, 2.0], np.float32))
     gradients = [vectors[e.peer][0] for e in roster.entries]
-    new, _ = secure_rule().apply(model, roster, gradients, 1.0, None)
+    new, _ = secure_rule(central_dp).apply(model, roster, gradients, 1.0, None)
     return LAYOUT.split(new)[0], LAYOUT.summary(new)
 
 
-def test_the_rule_takes_only_the_aggregators_secure_mean() -> None:
+def test_without_central_dp_the_rule_takes_the_fit_a_majority_of_the_sample_claims() -> None:
+    # Prepare: the aggregator claims a made-up mean; the two other survivors recomputed the sum
+    # from its release and claim the true one (with their own evaluations).
+    aggregator = secure_aggregator("s", GENESIS, 0, MEMBERS)
+    true = SecureFit(np.array([0.5, -1.0], np.float32), 30, 3, {"acc": 0.75}, MEMBERS)
+    lie = SecureFit(np.array([5.0, 5.0], np.float32), 30, 3, {"acc": 0.75}, MEMBERS)
+    vectors = {p: (secure_contribution(LAYOUT, true, eval_samples=2, eval_loss=1.0), 30)
+               for p in MEMBERS}  # fmt: skip
+    vectors[aggregator] = (secure_contribution(LAYOUT, lie, eval_samples=2, eval_loss=1.0), 30)
+    # Execute, then again with only one verifier beside the liar (no majority for either).
+    params, summary = apply(vectors, central_dp=False)
+    other = next(p for p in MEMBERS if p != aggregator)
+    vectors[other] = (LAYOUT.contribution(None, eval_samples=2, eval_loss=1.0), 2)
+    alone, nothing = apply(vectors, central_dp=False)
+    # Assert: the true mean is taken, the survivors and results are the verifiers'; without a
+    # majority there is no fit (the model stays) and every evaluation still counts.
+    np.testing.assert_array_equal(params, [1.5, 1.0])
+    assert (summary.results, summary.fit_samples, summary.secure) == (3, 30, MEMBERS)
+    assert summary.eval_samples == 6
+    np.testing.assert_array_equal(alone, [1.0, 2.0])
+    assert (nothing.results, nothing.secure, nothing.eval_samples) == (0, (), 6)
+
+
+def test_with_central_dp_the_rule_takes_only_the_aggregators_secure_mean() -> None:
     # Prepare: the aggregator's secure mean over all three, and a peer that claims a plain fit.
     aggregator = secure_aggregator("s", GENESIS, 0, MEMBERS)
     other = next(p for p in MEMBERS if p != aggregator)
@@ -466,3 +498,8 @@ def test_an_implausible_secure_tail_is_no_fit_never_a_failed_round(flaw: str) ->
     params, summary = apply(vectors)
     np.testing.assert_array_equal(params, [1.0, 2.0])
     assert (summary.results, summary.secure) == (0, ())
+
+
+def test_secagg_wraps_the_outer_optimizers_of_diloco_and_sparseloco() -> None:
+    for inner in (DiLoCo(), SparseLoCo()):
+        assert SecAgg(inner).strategy is inner

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from ..._types import GradientLike
 from ...errors import DecodeError, SecAggPeerRejected, SecureAggregationError, UnmaskRefused
 from .codec import load_json
-from .crypto import kdf, pair_mask, prg, raw_public, seal, verify_view, view_message
+from .crypto import kdf, pair_mask, pair_seed, prg, raw_public, seal, verify_view, view_message
 from .fixed_point import FixedPoint, RingArray
 from .messages import (
     AdvertisedKeys,
@@ -191,8 +191,10 @@ class SecAggClient:
         Returns
         -------
         list of SecAggPeerRejected
-            One per rejected sender (also kept in :attr:`rejected`); their pairwise masks are
-            still applied, so the server must be told (it then drops them).
+            One per rejected sender (also kept in :attr:`rejected`). To this client a rejected
+            sender is a dropout before masking: :meth:`masked_input` applies no pairwise mask
+            with it, and the server must be told (it then drops the sender, and removes no mask
+            of this client's for it).
         """
         if not self._roster:
             raise SecureAggregationError("share_keys must run before receive_shares")
@@ -237,7 +239,9 @@ class SecAggClient:
             raise SecureAggregationError("a masked input was already sent this round")
         if not self._roster:
             raise SecureAggregationError("share_keys must run before masked_input")
-        neighbours = sorted(self._sharers)  # clients that shared keys, and this client
+        # Clients that shared usable keys with this one, and this client. A rejected sender
+        # gets no pairwise mask: it will be dropped, and nobody may hold its key shares.
+        neighbours = sorted(self._sharers - set(self.rejected))
         if len(neighbours) < self.threshold:
             raise SecureAggregationError(
                 f"only {len(neighbours)} clients shared keys; threshold is {self.threshold}"
@@ -379,4 +383,10 @@ class SecAggClient:
             self.client_id,
             {u: self._held[u][0] for u in sorted(alive)},
             {u: self._held[u][1] for u in sorted(gone) if u in self._held},
+            {u: self._pair_seed(u) for u in sorted(gone) if u in self._held},
         )
+
+    def _pair_seed(self, other: str) -> bytes:
+        """Return the seed of this client's pairwise mask with ``other`` (a dropout's)."""
+        peer = X25519PublicKey.from_public_bytes(self._roster[other].mask_public_key)
+        return pair_seed(self._mask_key.exchange(peer), self.context)

@@ -30,6 +30,8 @@ __all__ = [
     "keys_to_json",
     "load_json",
     "pack_masked",
+    "release_from_json",
+    "release_to_json",
     "request_from_json",
     "server_key_from_json",
     "shares_from_json",
@@ -206,6 +208,32 @@ def request_from_json(data: bytes) -> tuple[list[str], list[str]]:
     return str_list(body.get("survivors"), "survivors"), str_list(body.get("dropped"), "dropped")
 
 
+def release_to_json(
+    survivors: list[str], dropped: list[str], private_key: bytes | None, answered: list[str]
+) -> bytes:
+    """Encode the aggregator's ``done``: the lists, and (verifiable round) its key and answers.
+
+    ``private_key`` is the round's server private key and ``answered`` the survivors whose
+    unmasking answers it used; ``private_key=None`` writes the lists only.
+    """
+    body: dict[str, Any] = {"survivors": survivors, "dropped": dropped}
+    if private_key is not None:
+        body |= {"key": to_hex(private_key), "answered": answered}
+    return json_block(body)
+
+
+def release_from_json(data: bytes) -> tuple[bytes, list[str]]:
+    """Decode a verifiable round's ``done``: (server private key, 32 bytes; answered).
+
+    Raises
+    ------
+    DecodeError
+        If it is malformed or carries no key.
+    """
+    body = load_json(data, "release")
+    return _key32(body.get("key"), "server private key"), str_list(body.get("answered"), "answered")
+
+
 def view_to_json(view: SignedView) -> bytes:
     """Encode a ``view`` message: the survivor/dropped view a client signed, and the signature."""
     return json_block(
@@ -244,6 +272,7 @@ def answer_to_json(answer: UnmaskingShares) -> bytes:
             "client_id": answer.client_id,
             "self_mask_shares": shares_to_json(answer.self_mask_shares),
             "key_shares": shares_to_json(answer.key_shares),
+            "pair_seeds": {u: to_hex(seed) for u, seed in answer.pair_seeds.items()},
         }
     )
 
@@ -259,10 +288,14 @@ def answer_from_json(data: bytes, sender: str) -> UnmaskingShares:
     body = load_json(data, "unmask response")
     if body.get("client_id") != sender:
         raise DecodeError("unmasking answer names another client")
+    seeds = body.get("pair_seeds", {})
+    if not isinstance(seeds, dict):
+        raise DecodeError("pair_seeds is not an object")
     return UnmaskingShares(
         sender,
         shares_from_json(body.get("self_mask_shares"), "self_mask_shares"),
         shares_from_json(body.get("key_shares"), "key_shares"),
+        {str(u): _key32(seed, "pair seed") for u, seed in seeds.items()},
     )
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "SEALED_MAGIC",
     "kdf",
     "pair_mask",
+    "pair_seed",
     "prg",
     "raw_public",
     "seal",
@@ -64,7 +65,12 @@ def pair_mask(
     shared: bytes, context: bytes, length: int, dtype: type[np.unsignedinteger]
 ) -> RingArray:
     """Return the pairwise mask of two clients from their X25519 shared secret."""
-    return prg(kdf(shared, "pair-mask", context), length, dtype)
+    return prg(pair_seed(shared, context), length, dtype)
+
+
+def pair_seed(shared: bytes, context: bytes) -> bytes:
+    """Return the 32-byte PRG seed of two clients' pairwise mask (revealed only for a dropout)."""
+    return kdf(shared, "pair-mask", context)
 
 
 def raw_public(public_key: X25519PublicKey | Ed25519PublicKey) -> bytes:

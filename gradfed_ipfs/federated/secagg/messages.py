@@ -6,7 +6,7 @@ See :mod:`.protocol` for the protocol; :mod:`.client` and :mod:`.server` are its
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
@@ -62,11 +62,17 @@ class SignedView:
 
 @dataclass(frozen=True)
 class UnmaskingShares:
-    """Round 4 message: a survivor's shares of survivors' seeds and dropped clients' keys."""
+    """Round 4 message: a survivor's shares of survivors' seeds and dropped clients' keys.
+
+    ``pair_seeds`` holds, for each dropped client this survivor masked with, the 32-byte seed of
+    their pairwise mask: the server removes that mask even when fewer than ``t`` survivors hold
+    the dropped client's key (its shares were usable to some clients only).
+    """
 
     client_id: str
     self_mask_shares: dict[str, Share]
     key_shares: dict[str, Share]
+    pair_seeds: dict[str, bytes] = field(default_factory=dict)
 
 
 def check_threshold(threshold: int, n: int) -> None:

@@ -15,8 +15,9 @@ Protocol, per round (one :class:`SecAggClient` per client, one :class:`SecAggSer
    its ``s`` private key (:mod:`.shamir`). The shares for client ``v`` are encrypted with AES-GCM
    under HKDF(X25519(c_u, c_v)) and relayed by the server, which cannot read them. A share that
    does not decrypt or decode rejects its sender (:class:`~gradfed_ipfs.errors.SecAggPeerRejected`)
-   and the recipient reports it to the server with its masked vector; the server then treats the
-   sender as dropped.
+   and the recipient reports it to the server with its masked vector and applies no pairwise
+   mask with it; the server then treats the sender as dropped, removing only the masks that
+   survivors applied.
 2. **Masked input.** Each client encodes its vector in a fixed-point ring Z/2^b (see
    :class:`FixedPoint`) and adds ``PRG(b_u) + Σ_{v>u} PRG(s_uv) - Σ_{v<u} PRG(s_uv)``, where
    ``s_uv`` = HKDF(X25519(s_u, s_v)) and PRG is the ChaCha20 keystream. Pairwise masks cancel in
@@ -28,10 +29,13 @@ Protocol, per round (one :class:`SecAggClient` per client, one :class:`SecAggSer
    (:class:`~gradfed_ipfs.errors.UnmaskRefused`) unless at least ``t`` survivors signed exactly
    its view and nobody signed another one (Bonawitz et al.'s active-adversary round).
 4. **Unmasking.** Each survivor returns its share of ``b_u`` for every survivor and of ``s_u`` for
-   every dropped client, never both for one client and only once. With >= ``t`` answers the
-   server rebuilds the seeds, strips the self-masks and the dropped clients' dangling pairwise
-   masks, and decodes the sum. Too few survivors, answers or shares raise
-   :class:`~gradfed_ipfs.errors.SecureAggregationError`: there is no partial or wrong sum.
+   every dropped client, never both for one client and only once, and for every dropped client
+   it masked with the seed of that pairwise mask (what ``s_u`` would reveal of it anyway). With
+   >= ``t`` answers the server rebuilds the seeds, strips the self-masks and the dropped
+   clients' dangling pairwise masks (from the answered seeds, and from ``s_u`` rebuilt from
+   ``t`` key shares only for a survivor that did not answer), and decodes the sum. Too few
+   survivors, answers or shares raise :class:`~gradfed_ipfs.errors.SecureAggregationError`:
+   there is no partial or wrong sum.
 
 Randomness is ``os.urandom`` unless a ``randbytes`` callable is injected (tests inject a seeded
 one to be reproducible; never do that in production). The in-process driver and the seed's

@@ -16,7 +16,7 @@ from ...errors import (
     SecAggPeerRejected,
     SecureAggregationError,
 )
-from .crypto import kdf, pair_mask, prg, raw_public, unseal
+from .crypto import kdf, pair_seed, prg, raw_public, unseal
 from .fixed_point import FixedPoint, RingArray
 from .messages import (
     AdvertisedKeys,
@@ -43,6 +43,9 @@ class SecAggServer:
         t: shares needed to rebuild a secret; also the fewest clients that may be summed.
     clip_range, ring_bits, context, randbytes
         As for :class:`SecAggClient`; ``randbytes`` draws the server's X25519 key.
+    private_key
+        The server's raw X25519 private key instead of a fresh one: a client that re-runs the
+        aggregator's steps with the key the aggregator revealed (a verifiable round).
 
     Attributes
     ----------
@@ -52,6 +55,8 @@ class SecAggServer:
         Client → the senders whose shares it rejected (reported with its masked vector).
     rejected
         Client → why its message was ignored (misaddressed shares, a bad unmasking answer).
+    answered
+        The survivors whose answers :meth:`finalize` used, sorted.
     """
 
     def __init__(
@@ -62,6 +67,7 @@ class SecAggServer:
         ring_bits: int = 32,
         context: bytes = b"",
         randbytes: RandBytes = os.urandom,
+        private_key: bytes | None = None,
     ) -> None:
         if threshold < 2:
             raise SecureAggregationError(f"threshold must be >= 2, got {threshold}")
@@ -73,7 +79,9 @@ class SecAggServer:
         self.sharers: set[str] = set()
         self.complaints: dict[str, set[str]] = {}
         self.rejected: dict[str, str] = {}
-        self._key = X25519PrivateKey.from_private_bytes(randbytes(32))
+        self.answered: list[str] = []
+        raw = randbytes(32) if private_key is None else private_key
+        self._key = X25519PrivateKey.from_private_bytes(raw)
         self._masked: dict[str, RingArray] = {}
         self._total: RingArray | None = None
         self._asked: tuple[list[str], list[str]] | None = None
@@ -82,6 +90,11 @@ class SecAggServer:
     def public_key(self) -> bytes:
         """The server's raw X25519 public key: clients seal their messages to it."""
         return raw_public(self._key.public_key())
+
+    @property
+    def private_key(self) -> bytes:
+        """The server's raw X25519 private key (revealed after a verifiable round only)."""
+        return self._key.private_bytes_raw()
 
     def register(self, keys: Iterable[AdvertisedKeys]) -> dict[str, AdvertisedKeys]:
         """Round 0: collect public keys and return the roster to broadcast.
@@ -208,6 +221,8 @@ class SecAggServer:
         return (
             set(answer.self_mask_shares) == set(survivors)
             and set(answer.key_shares) <= set(dropped)
+            and set(answer.pair_seeds) <= set(dropped)
+            and all(len(seed) == 32 for seed in answer.pair_seeds.values())
             and all(s.x == x and 0 <= s.y < PRIME for s in shares)
         )
 
@@ -241,28 +256,53 @@ class SecAggServer:
             raise SecureAggregationError(
                 f"only {len(answers)} unmasking responses; threshold is {self.threshold}"
             )
+        self.answered = sorted(answers)
         codec, total, t = self.codec, self._total.copy(), self.threshold
         d = total.shape[0]
         for u in survivors:
             seed = combine_shares([r.self_mask_shares[u] for r in answers.values()], t)
             total -= prg(kdf(seed, "self-mask", self.context), d, codec.dtype)
         for u in dropped:
-            held = [r.key_shares[u] for r in answers.values() if u in r.key_shares]
-            if len(held) < t:
-                raise SecureAggregationError(
-                    f"only {len(held)} shares of {u}'s key; threshold is {t}"
-                )
-            private = X25519PrivateKey.from_private_bytes(combine_shares(held, t))
-            if raw_public(private.public_key()) != self.roster[u].mask_public_key:
-                raise SecureAggregationError(
-                    f"reconstructed key of {u} does not match its public key"
-                )
-            for v in survivors:
-                peer = X25519PublicKey.from_public_bytes(self.roster[v].mask_public_key)
-                mask = pair_mask(private.exchange(peer), self.context, d, codec.dtype)
-                # v added +mask if v < u, -mask if v > u; undo v's term.
-                if v < u:
-                    total -= mask
-                else:
-                    total += mask
+            self._remove_masks_of(total, u, survivors, answers)
         return codec.decode_sum(total)
+
+    def _remove_masks_of(
+        self, total: RingArray, u: str, survivors: list[str], answers: dict[str, UnmaskingShares]
+    ) -> None:
+        """Remove, in place, the pairwise masks survivors applied with dropped client ``u``.
+
+        A survivor that reported ``u`` (its shares were unusable) applied none; one that
+        answered with the seed of its mask with ``u`` gives it directly. Only the others need
+        ``u``'s key, rebuilt from ``t`` key shares, so a client whose shares every survivor
+        rejected, or some survivors only, costs no key shares.
+        """
+        codec, d = self.codec, total.shape[0]
+        masked_with = [v for v in survivors if u not in self.complaints.get(v, set())]
+        seeds = {
+            v: answers[v].pair_seeds[u]
+            for v in masked_with
+            if v in answers and u in answers[v].pair_seeds
+        }
+        if set(masked_with) - set(seeds):
+            private = self._dropped_key(u, answers)
+            for v in sorted(set(masked_with) - set(seeds)):
+                peer = X25519PublicKey.from_public_bytes(self.roster[v].mask_public_key)
+                seeds[v] = pair_seed(private.exchange(peer), self.context)
+        for v in masked_with:
+            mask = prg(seeds[v], d, codec.dtype)
+            # v added +mask if v < u, -mask if v > u; undo v's term.
+            if v < u:
+                total -= mask
+            else:
+                total += mask
+
+    def _dropped_key(self, u: str, answers: dict[str, UnmaskingShares]) -> X25519PrivateKey:
+        """Rebuild dropped client ``u``'s mask key from ``t`` survivors' key shares."""
+        t = self.threshold
+        held = [r.key_shares[u] for r in answers.values() if u in r.key_shares]
+        if len(held) < t:
+            raise SecureAggregationError(f"only {len(held)} shares of {u}'s key; threshold is {t}")
+        private = X25519PrivateKey.from_private_bytes(combine_shares(held, t))
+        if raw_public(private.public_key()) != self.roster[u].mask_public_key:
+            raise SecureAggregationError(f"reconstructed key of {u} does not match its public key")
+        return private

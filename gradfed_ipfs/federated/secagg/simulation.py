@@ -87,7 +87,7 @@ def run_secure_aggregation(
     for cid, client in clients.items():
         if cid not in drop_before_masking:
             masked[cid] = client.masked_input(inputs[cid])
-            server.receive_masked(cid, masked[cid])
+            server.receive_masked(cid, masked[cid], client.rejected)
     survivors, dropped = server.unmask_request()
     views = [clients[v].confirm(survivors, dropped) for v in survivors]
     answers = [

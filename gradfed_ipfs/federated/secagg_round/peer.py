@@ -26,11 +26,16 @@ Message kinds (:data:`KINDS`), in protocol order:
                      nobody signed other lists (Bonawitz et al.'s consistency check)
 ``unmask-response``  a survivor's shares of the survivors' self-mask seeds and the dropped
                      clients' mask keys, **sealed to the server key**
-``done``             the aggregator's closing notice (JSON block), so clients stop re-publishing
+``done``             the aggregator's closing notice (JSON block), so clients stop re-publishing;
+                     in a ``verifiable`` round it also reveals the round's server private key and
+                     the survivors whose answers were used, and every survivor recomputes the
+                     sum (:meth:`SecureRoundPeer.check_release`)
 
 A subscriber that is not a party (any daemon on the topic) can fetch every block, but reads only
 public keys, share ciphertexts for the clients, the lists and signatures: never a masked vector
-or an unmasking share, so never the sum.
+or an unmasking share, so never the sum. Except in a ``verifiable`` round: once the sum is made,
+its revealed key opens the sealed blocks to anyone who fetches them (what the aggregator saw:
+the sum, never a survivor's vector while fewer than ``threshold`` clients collude).
 
 Announcements are re-published every ``republish_interval`` until the peer closes (gossipsub may
 drop a message, and a subscriber may join late); receivers keep the first CID per
@@ -39,9 +44,12 @@ sender and that sender may send that kind (clients or the aggregator); everythin
 dropped and counted in :attr:`SecureRoundPeer.drops`.
 
 Dropouts: key advertisement and share distribution need *every* client of the round (the roster
-is fixed). A client whose share bundle is malformed for everyone is left out by every party; one
-whose share for some client does not decrypt or decode is reported by that client
-(:class:`~gradfed_ipfs.errors.SecAggPeerRejected`) and left out by the aggregator. A client that
+is fixed). A client whose share bundle is malformed for everyone (it does not decode, or lacks
+a share for some other client) is left out by every party; one whose share for some client
+does not decrypt or decode is reported by that client
+(:class:`~gradfed_ipfs.errors.SecAggPeerRejected`), which applies no pairwise mask with it, and
+left out by the aggregator: to them it is a dropout before masking, so a client whose shares
+nobody could use costs no key shares. A client that
 shared its keys but has no usable masked vector at the aggregator within ``mask_timeout`` is
 dropped; its dangling pairwise masks are removed with the survivors' shares, as long as at least
 ``threshold`` clients survive and answer and ``threshold`` of them hold its key share. Otherwise
@@ -55,6 +63,7 @@ it. Clients trust the ``server-key`` the aggregator's authenticated pubsub ident
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections import Counter
@@ -78,6 +87,8 @@ from ..secagg.codec import (
     json_block,
     keys_to_json,
     pack_masked,
+    release_from_json,
+    release_to_json,
     request_from_json,
     to_hex,
     view_to_json,
@@ -92,6 +103,7 @@ from .steps import (
     fetch_roster,
     fetch_server_key,
     fetch_views,
+    replay_masked,
 )
 
 __all__ = [
@@ -103,6 +115,9 @@ __all__ = [
     "run_secure_round",
     "secagg_topic",
 ]
+
+
+logger = logging.getLogger("gradfed_ipfs.federated")
 
 
 def secagg_topic(session_id: str) -> str:
@@ -135,6 +150,11 @@ class SecureRoundConfig:
         Seconds between re-publications of a party's announcements.
     subscriber_timeout
         Seconds :meth:`SecureRoundPeer.start` waits for the other parties to subscribe.
+    verifiable
+        After the sum, the aggregator reveals its round key and the answers it used in ``done``,
+        and every survivor re-runs the unmasking on the blocks the other clients announced
+        (:attr:`SecureRoundPeer.released`): the clients then learn the sum too, so use it only
+        where the sum is published anyway (the training wrapper without central DP).
     """
 
     session_id: str
@@ -147,6 +167,7 @@ class SecureRoundConfig:
     fetch_timeout: float = 30.0
     republish_interval: float = 0.5
     subscriber_timeout: float = 10.0
+    verifiable: bool = False
 
     def __post_init__(self) -> None:
         if len(set(self.clients)) != len(self.clients) or not self.clients:
@@ -219,6 +240,12 @@ class SecureRoundPeer:
     rejected
         Peer → the error that made this peer's client role leave it out (its share bundle
         or its share for this client did not decode or decrypt).
+    released
+        In a verifiable round, the survivors' sum this client recomputed itself (float32
+        ``(d,)``, the same bytes as the honest aggregator's ``total``); ``None`` otherwise, or
+        when the aggregator's release did not check out (the reason is logged).
+    view
+        The (survivors, dropped) lists this client signed, once it has.
     """
 
     def __init__(
@@ -233,6 +260,8 @@ class SecureRoundPeer:
         self.transport = transport
         self.config = config
         self.rejected: dict[str, SecAggPeerRejected] = {}
+        self.released: FloatArray | None = None
+        self.view: tuple[list[str], list[str]] | None = None
         self._rand = randbytes
         self._channel: SecAggChannel | None = None
         self._client: SecAggClient | None = None
@@ -368,13 +397,62 @@ class SecureRoundPeer:
         if ch.peer_id not in survivors:
             return False
         await ch.post("view", view_to_json(client.confirm(survivors, dropped)))
+        self.view = (survivors, dropped)
         views = await fetch_views(ch, cfg.clients, survivors, cfg.settings.view_timeout)
         answer = client.unmask(survivors, dropped, views)
         server_key = await self._fetch_server_key()
         sealed = client.seal_for_server(server_key, "unmask-response", answer_to_json(answer))
         await ch.post("unmask-response", sealed)
         await ch.wait(lambda: ("done", agg) in ch.inbox, cfg.settings.response_timeout)
+        if cfg.verifiable:
+            try:
+                self.released = await self.check_release(survivors, dropped)
+            except (SecureAggregationError, DecodeError, BlockStoreError) as exc:
+                logger.warning("secagg: the aggregator's release does not check out: %s", exc)
         return True
+
+    async def check_release(self, survivors: list[str], dropped: list[str]) -> FloatArray:
+        """Re-run the aggregator's steps with the key it revealed; return the survivors' sum.
+
+        Uses only what the parties announced to this client: the masked blocks and answers of
+        their authenticated senders, and the survivor lists this client's signed view agreed on.
+
+        Raises
+        ------
+        SecureAggregationError
+            If there is no release, its key is not the round's server key, a survivor's block
+            or a named answer is unusable, or the recomputed lists or answers differ.
+        """
+        cfg, ch, phases = self.config, self._ch, self.config.settings
+        if ("done", cfg.aggregator) not in ch.inbox:
+            raise SecureAggregationError("no release from the aggregator in time")
+        try:
+            key, answered = release_from_json(await ch.fetch("done", cfg.aggregator))
+        except (DecodeError, BlockStoreError) as exc:
+            raise SecureAggregationError(f"release unusable: {exc}") from exc
+        server = SecAggServer(
+            cfg.threshold, clip_range=phases.clip_range, ring_bits=phases.ring_bits,
+            context=cfg.context, private_key=key,
+        )  # fmt: skip
+        if server.public_key != await self._fetch_server_key():
+            raise SecureAggregationError("the revealed key is not the round's server key")
+        server.register((await fetch_roster(ch, cfg.clients, phases.phase_timeout)).values())
+        server.route_shares(*(await fetch_bundles(ch, cfg.clients, phases.phase_timeout))[:2])
+        await replay_masked(
+            ch, server, survivors, ring_bits=phases.ring_bits, length=cfg.length,
+            timeout=phases.response_timeout,
+        )  # fmt: skip
+        if server.unmask_request() != (sorted(survivors), sorted(dropped)):
+            raise SecureAggregationError("the survivors' blocks give other survivor lists")
+        if not set(answered) <= set(survivors):
+            raise SecureAggregationError("the release names answers of non-survivors")
+        answers = await collect_answers(
+            ch, server, answered, timeout=phases.response_timeout, rejected={}
+        )
+        total = server.finalize(answers)
+        if server.answered != sorted(answered):
+            raise SecureAggregationError("the named answers are not all usable")
+        return total
 
     async def run_client(self, gradient: GradientLike) -> bool:
         """Every client round in order; return whether this client's vector was summed."""
@@ -423,7 +501,8 @@ class SecureRoundPeer:
         answers = await collect_answers(ch, server, survivors, timeout=wait, rejected=rejected)
         total = server.finalize(answers)
         rejected.update(server.rejected)
-        await ch.post("done", json_block({"survivors": survivors, "dropped": dropped}))
+        key = server.private_key if cfg.verifiable else None
+        await ch.post("done", release_to_json(survivors, dropped, key, server.answered))
         mean = (total / np.float32(len(survivors))).astype(np.float32)
         stats = RoundStats(
             round_id=cfg.round_id,

@@ -42,6 +42,7 @@ __all__ = [
     "fetch_server_key",
     "fetch_views",
     "gather_all",
+    "replay_masked",
     "require_all",
 ]
 
@@ -91,14 +92,19 @@ async def fetch_bundles(
 ) -> tuple[list[EncryptedShare], set[str], dict[str, str]]:
     """Fetch every share bundle: (ciphertexts, sharers, malformed sender → reason).
 
-    A bundle that does not decode is the same bytes for every party, so every party leaves its
-    sender out of the sharers (no pairwise masks with it, nothing to unmask).
+    A bundle that does not decode, or lacks a ciphertext for some other client of the round
+    (incomplete), is the same bytes for every party, so every party leaves its sender out of
+    the sharers (a dropout before masking: no pairwise masks with it, nothing to unmask).
     """
     out: list[EncryptedShare] = []
     sharers, bad = set(), {}
     for c, data in (await require_all(ch, clients, "shares", timeout)).items():
         try:
-            out += bundle_from_json(data, c)
+            bundle = bundle_from_json(data, c)
+            missing = set(clients) - {c} - {m.recipient for m in bundle}
+            if missing:
+                raise DecodeError(f"no share for {sorted(missing)[:3]} ({len(missing)} clients)")
+            out += bundle
             sharers.add(c)
         except DecodeError as exc:
             bad[c] = f"share bundle malformed: {exc}"
@@ -168,6 +174,36 @@ async def collect_masked(
         for u in sorted(accused):
             rejected.setdefault(u, f"its shares for {c} were unusable")
     return cids
+
+
+async def replay_masked(
+    ch: SecAggChannel,
+    server: SecAggServer,
+    survivors: Collection[str],
+    *,
+    ring_bits: int,
+    length: int,
+    timeout: float,
+) -> None:
+    """Add every survivor's masked vector to ``server`` (a client re-running the aggregator).
+
+    The blocks are the ones the survivors themselves announced to this peer, so an aggregator
+    cannot substitute one. All or nothing: a survivor's block that is missing or does not unseal
+    or decode raises :class:`~gradfed_ipfs.errors.SecureAggregationError`.
+    """
+    alive = set(survivors)
+    if not await ch.wait(lambda: alive <= ch.senders("masked"), timeout):
+        raise SecureAggregationError(f"no masked block of {sorted(alive - ch.senders('masked'))}")
+    fetched = await gather_all({c: ch.fetch("masked", c) for c in sorted(alive)})
+    for c, data in fetched.items():
+        try:
+            if isinstance(data, BaseException):
+                raise DecodeError(f"unavailable: {data}")
+            reported, block = unpack_masked(server.open_from(c, "masked", data))
+            vector = decode_masked_block(block, ring_bits=ring_bits, expected_length=length)
+        except (DecodeError, SecAggPeerRejected) as exc:
+            raise SecureAggregationError(f"masked block of {c} unusable: {exc}") from exc
+        server.receive_masked(c, vector, reported)
 
 
 async def collect_answers(

@@ -1,0 +1,28 @@
+"""CometBFT: the pinned binary, loopback validator networks and the Python ABCI app.
+
+The agreement engine of the CometBFT control plane (issue #36): :class:`CometNetwork` runs
+``n`` validators on 127.0.0.1, each with its own :mod:`~gradfed_ipfs.cometbft.abci` app process,
+a deterministic log of the project's signed statements. Not yet wired into agreed sessions.
+"""
+
+from __future__ import annotations
+
+from .binary import COMETBFT_VERSION, default_cometbft_path, find_cometbft_binary
+from .config import DEFAULT_TIMING, BlockTiming
+from .rpc import BroadcastResult, CometRpc, QueryResult, comet_call
+from .validator import CometNetwork, Validator, live_validator_pids
+
+__all__ = [
+    "COMETBFT_VERSION",
+    "DEFAULT_TIMING",
+    "BlockTiming",
+    "BroadcastResult",
+    "CometNetwork",
+    "CometRpc",
+    "QueryResult",
+    "Validator",
+    "comet_call",
+    "default_cometbft_path",
+    "find_cometbft_binary",
+    "live_validator_pids",
+]

@@ -1,0 +1,232 @@
+"""Signed statements: what a peer says, bound to its peer ID, checkable offline by anyone.
+
+A statement is a dag-cbor map ``{"type": "statement", "version": 1, "author", "kind",
+"body", "signature"}``. ``body`` is the statement's own dag-cbor bytes (a roster, a vote, a
+claim: whatever ``kind`` names); ``signature`` is the author's Ed25519 signature of
+:func:`signed_bytes`, which binds the author, the kind and the body together.
+
+The key is the peer's libp2p identity: an Ed25519 peer ID (``12D3KooW…``) is the identity
+multihash of the protobuf-encoded public key, so the peer ID *is* the verification key and no
+key directory is needed. Kubo signs with it through its ``key/sign`` RPC, which prefixes the
+data with ``libp2p-key signed message:`` (:data:`LIBP2P_KEY_PREFIX`); :class:`LocalSigner` signs
+the same bytes in process (the in-memory bus and tests), so a statement signed either way
+verifies the same way. RSA and secp256k1 peer IDs are refused: their keys are not in the ID.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from multiformats import multibase
+
+from ..block import Block
+from ..errors import BadSignature, MalformedManifest
+from .records import decode_record, encode_record, require
+
+__all__ = [
+    "LIBP2P_KEY_PREFIX",
+    "MAX_STATEMENT_BYTES",
+    "LocalSigner",
+    "Signer",
+    "Statement",
+    "decode_statement",
+    "ed25519_key_of",
+    "peer_id_of",
+    "sign_statement",
+    "signed_bytes",
+]
+
+LIBP2P_KEY_PREFIX: Final = b"libp2p-key signed message:"
+"""What Kubo's ``key/sign`` and ``key/verify`` put before the data they sign."""
+MAX_STATEMENT_BYTES: Final = 256 * 1024
+"""Largest encoded statement accepted (a roster of a thousand entries fits)."""
+_DOMAIN: Final = b"gradfed/v1/statement\x00"
+_KIND_CHARS: Final = 64
+# Identity multihash (0x00), length 36, protobuf PublicKey {Type: Ed25519 (1), Data: 32 bytes}.
+_ED25519_ID_PREFIX: Final = bytes([0x00, 0x24, 0x08, 0x01, 0x12, 0x20])
+_BASE58BTC: Final = multibase.get("base58btc")
+
+
+def ed25519_key_of(peer_id: str) -> Ed25519PublicKey:
+    """Return the Ed25519 public key that an Ed25519 peer ID (``12D3KooW…``) embeds.
+
+    Raises
+    ------
+    BadSignature
+        If ``peer_id`` is not a base58btc Ed25519 peer ID (RSA and secp256k1 IDs included).
+    """
+    if not isinstance(peer_id, str) or not 40 <= len(peer_id) <= 64:
+        raise BadSignature(f"not an Ed25519 peer ID: {peer_id!r:.80}")
+    try:
+        raw = _BASE58BTC.decode("z" + peer_id)
+    except (ValueError, KeyError) as exc:
+        raise BadSignature(f"not an Ed25519 peer ID: {peer_id!r:.80}") from exc
+    if len(raw) != len(_ED25519_ID_PREFIX) + 32 or not raw.startswith(_ED25519_ID_PREFIX):
+        raise BadSignature(f"not an Ed25519 peer ID (its key is not in it): {peer_id:.80}")
+    return Ed25519PublicKey.from_public_bytes(raw[len(_ED25519_ID_PREFIX) :])
+
+
+def peer_id_of(key: Ed25519PublicKey) -> str:
+    """Return the libp2p peer ID (``12D3KooW…``) of an Ed25519 public key."""
+    raw = key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return str(_BASE58BTC.encode(_ED25519_ID_PREFIX + raw))[1:]
+
+
+def signed_bytes(author: str, kind: str, body: bytes) -> bytes:
+    """Return the bytes an author's key signs for a statement (without Kubo's prefix).
+
+    Length-prefixed fields after a domain tag, so no two different statements share them.
+    """
+    fields = [author.encode("utf-8"), kind.encode("utf-8"), body]
+    return _DOMAIN + b"".join(len(f).to_bytes(4, "big") + f for f in fields)
+
+
+class Signer(Protocol):
+    """Whatever signs this peer's statements: its Kubo node or a :class:`LocalSigner`."""
+
+    @property
+    def peer_id(self) -> str:
+        """The signer's Ed25519 peer ID."""
+        ...
+
+    def sign(self, data: bytes) -> Awaitable[bytes]:
+        """Return the 64-byte Ed25519 signature of ``LIBP2P_KEY_PREFIX + data``."""
+        ...
+
+
+class LocalSigner:
+    """An Ed25519 identity held in process (in-memory sessions, tests, offline tools).
+
+    Parameters
+    ----------
+    key
+        The private key; default a new random one.
+    """
+
+    def __init__(self, key: Ed25519PrivateKey | None = None) -> None:
+        self._key = key if key is not None else Ed25519PrivateKey.generate()
+        self._peer_id = peer_id_of(self._key.public_key())
+
+    @classmethod
+    def from_seed(cls, seed: bytes) -> LocalSigner:
+        """Return the signer whose private key is the 32-byte ``seed`` (deterministic tests)."""
+        return cls(Ed25519PrivateKey.from_private_bytes(seed))
+
+    def __repr__(self) -> str:
+        return f"LocalSigner({self._peer_id})"
+
+    @property
+    def peer_id(self) -> str:
+        """The peer ID of this identity."""
+        return self._peer_id
+
+    async def sign(self, data: bytes) -> bytes:
+        """Sign ``LIBP2P_KEY_PREFIX + data``, as Kubo's ``key/sign`` does."""
+        return self._key.sign(LIBP2P_KEY_PREFIX + data)
+
+
+@dataclass(frozen=True)
+class Statement:
+    """A signed statement whose signature has been checked.
+
+    Only :func:`decode_statement` and :func:`sign_statement` make them.
+
+    Attributes
+    ----------
+    author
+        The signer's peer ID.
+    kind
+        What ``body`` is (1..64 characters, e.g. ``"agreed/roster"``).
+    body
+        The statement's own bytes (dag-cbor by convention).
+    signature
+        64-byte Ed25519 signature of :func:`signed_bytes` with Kubo's prefix.
+    block
+        The encoded statement (its CID names it).
+    """
+
+    author: str
+    kind: str
+    body: bytes
+    signature: bytes
+    block: Block
+
+
+def _check_kind(kind: str) -> None:
+    if not isinstance(kind, str) or not 1 <= len(kind) <= _KIND_CHARS or not kind.isascii():
+        raise MalformedManifest(f"statement kind must be 1..{_KIND_CHARS} ASCII characters")
+
+
+def _verify(author: str, kind: str, body: bytes, signature: bytes) -> None:
+    key = ed25519_key_of(author)
+    try:
+        key.verify(signature, LIBP2P_KEY_PREFIX + signed_bytes(author, kind, body))
+    except InvalidSignature:
+        raise BadSignature(f"{kind} statement: signature of {author:.60} does not verify") from None
+
+
+def _fields(author: str, kind: str, body: bytes, signature: bytes) -> dict[str, Any]:
+    return {
+        "type": "statement",
+        "version": 1,
+        "author": author,
+        "kind": kind,
+        "body": body,
+        "signature": signature,
+    }
+
+
+async def sign_statement(signer: Signer, kind: str, body: bytes) -> Statement:
+    """Sign ``body`` as a ``kind`` statement of ``signer`` and return it, checked.
+
+    Raises
+    ------
+    BadSignature
+        If the signer's signature does not verify against its own peer ID (a signer whose key
+        is not the peer ID's, e.g. an RSA identity).
+    """
+    _check_kind(kind)
+    author = signer.peer_id
+    signature = await signer.sign(signed_bytes(author, kind, bytes(body)))
+    _verify(author, kind, bytes(body), signature)
+    block = encode_record(_fields(author, kind, bytes(body), signature))
+    return Statement(author, kind, bytes(body), signature, block)
+
+
+def decode_statement(block: Block, *, kind: str | None = None) -> Statement:
+    """Decode and verify a statement block (size bounded before decoding).
+
+    Parameters
+    ----------
+    block
+        The statement's block (re-hashed against its CID by whoever fetched it).
+    kind
+        The kind expected, if any.
+
+    Raises
+    ------
+    MalformedManifest
+        If it is too large, not a statement, or not of ``kind``.
+    BadSignature
+        If its author is not an Ed25519 peer ID or the signature does not verify.
+    """
+    if len(block.data) > MAX_STATEMENT_BYTES:
+        raise MalformedManifest(f"statement of {len(block.data)} bytes > {MAX_STATEMENT_BYTES}")
+    record = decode_record(block, "statement")
+    where = f"statement {block.cid}"
+    author = require(record, "author", str, where)
+    found = require(record, "kind", str, where)
+    body = require(record, "body", bytes, where)
+    signature = require(record, "signature", bytes, where)
+    _check_kind(found)
+    if kind is not None and found != kind:
+        raise MalformedManifest(f"{where} is a {found!r} statement, not {kind!r}")
+    if len(signature) != 64:
+        raise BadSignature(f"{where}: a signature of {len(signature)} bytes, not 64")
+    _verify(author, found, body, signature)
+    return Statement(author, found, body, signature, block)

@@ -1,0 +1,50 @@
+"""A member's task file for the federation tests: least squares on its own seeded shard.
+
+Every member draws its data from ``GRADFED_TASK_SEED`` and its index, so the members' shards
+differ and the federation's model converges to the shared true weights.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import numpy as np
+
+from gradfed_ipfs.federation import Member, Task
+from gradfed_ipfs.training import Client, FederationConfig, VectorAdapter
+
+DIM = 8
+TRUE_WEIGHTS = np.linspace(-1.0, 1.0, DIM, dtype=np.float32)
+
+
+def task(member: Member) -> Task:
+    seed = int(os.environ.get("GRADFED_TASK_SEED", "0"))
+    rng = np.random.default_rng([seed, member.index])
+    features = rng.normal(size=(64, DIM)).astype(np.float32)
+    targets = features @ TRUE_WEIGHTS + 0.01 * rng.normal(size=64).astype(np.float32)
+
+    def loss_of(weights: np.ndarray) -> float:
+        return float(np.mean((features @ weights - targets) ** 2))
+
+    def train(
+        weights: np.ndarray, config: Mapping[str, object]
+    ) -> tuple[np.ndarray, int, dict[str, float]]:
+        local = weights.astype(np.float32).copy()
+        for _ in range(5):
+            gradient = 2 * features.T @ (features @ local - targets) / len(targets)
+            local -= np.float32(0.05) * gradient.astype(np.float32)
+        return local, len(targets), {}
+
+    def evaluate(
+        weights: np.ndarray, config: Mapping[str, object]
+    ) -> tuple[float, int, dict[str, float]]:
+        return loss_of(weights), len(targets), {}
+
+    rounds = int(os.environ.get("GRADFED_TASK_ROUNDS", "10"))
+    return Task(
+        client=Client(train=train, evaluate=evaluate),
+        adapter=VectorAdapter(),
+        initial_model=np.zeros(DIM, np.float32),
+        config=FederationConfig(rounds=rounds, final_evaluation=False),
+    )
