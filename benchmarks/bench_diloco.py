@@ -34,7 +34,8 @@ Run::
 steps (DiLoCo's experiments start from a pretrained model); the variants then train steps
 ``K … K + --steps`` and the warm start's bytes count in none of them.
 
-A full run trains 4 × 4 × 1,000 steps of 16 × 128 bytes: about 30 minutes on 2 CPU cores.
+A full run trains 4 × 4 × 1,000 steps of 16 × 128 bytes; at about 0.2 CPU seconds a step,
+an estimated 35 minutes on 2 idle cores ((a) runs in one thread: about 13 of them).
 The table and plot (``--plot``, default ``docs/img/diloco.png``): ``docs/benchmarks.md``.
 """
 
