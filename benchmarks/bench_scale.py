@@ -29,6 +29,7 @@ import os
 import pstats
 import random
 import resource
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -97,13 +98,14 @@ class RoundRow:
     records: int
     roster: int
     aggregation: str = ""
+    resync: float = 0.0
     errors: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         n = self.members
         verdict = "one CID" if self.records == 1 and not self.errors else "DIVERGED"
         return (
-            f"N={n:>5} round={self.round} wall={self.seconds:7.2f}s "
+            f"N={n:>5} round={self.round} wall={self.seconds:7.2f}s (+{self.resync:5.1f}s resync) "
             f"cpu/member={1e3 * self.cpu / n:7.1f} ms  msgs/member={self.messages / n:6.1f} "
             f"bytes/member={self.bytes / n / 1e3:7.1f} kB  absent={self.absent:>3} "
             f"roster={self.roster:>5}/{self.ran} {self.aggregation} records={self.records} {verdict}  "
@@ -136,12 +138,33 @@ def config_for(args: argparse.Namespace, n: int) -> AgreedConfig:
         announce_interval=0.5 * scale,
         max_announce_interval=4.0 * scale,
         chunk_bytes=args.chunk_bytes,
-        model_every=4,
+        model_every=1,  # an absent member's resync fetches the head's model, not rebuilds it
     )
+
+
+def _dump_tasks() -> None:
+    """Print where every task waits (``kill -USR1 <pid>``: a round that does not finish)."""
+    from collections import Counter
+
+    where = Counter(
+        " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in reversed(t.get_stack(limit=6)))
+        for t in asyncio.all_tasks()
+    )
+    for stack, count in where.most_common(25):
+        print(f"{count:6d}  {stack}", file=sys.stderr, flush=True)
+
+
+async def _watch(seconds: float) -> None:
+    """Dump the tasks every ``seconds`` while a round runs (a stalled round shows where)."""
+    while seconds > 0:
+        await asyncio.sleep(seconds)
+        print(f"round still running after {seconds:.0f} s more:", file=sys.stderr)
+        _dump_tasks()
 
 
 async def run_scale(args: argparse.Namespace, n: int) -> list[RoundRow]:
     """Run ``args.rounds`` rounds of ``n`` members; return one row per round."""
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _dump_tasks)
     config = config_for(args, n)
     store, bus = MemoryBlockStore(), MemoryPubsubBus()
     model = np.random.default_rng(args.seed).standard_normal(args.d).astype(np.float32)
@@ -178,6 +201,7 @@ async def _one_round(
     messages = sum(t.messages for t in transports)
     sent = sum(t.bytes for t in transports)
     gc.collect()
+    watchdog = asyncio.create_task(_watch(args.watchdog))
     cpu, started = _cpu(), time.monotonic()
     outcomes = await asyncio.gather(
         *(
@@ -194,6 +218,8 @@ async def _one_round(
         *(sessions[i].resync(timeout=60.0, grace=1.0) for i in absent), return_exceptions=True
     )
     cpu = _cpu() - cpu
+    watchdog.cancel()
+    synced_seconds = time.monotonic() - started - seconds
     results = [o for o in outcomes if isinstance(o, AgreedRoundResult)]
     errors = [
         f"{type(o).__name__}: {o}"[:120]
@@ -215,6 +241,7 @@ async def _one_round(
         len({bytes(res.record) for res in results}),
         max((len(res.roster.peers) for res in results), default=0),
         ",".join(sorted({res.aggregation for res in results})),
+        synced_seconds,
         [e for e in errors if not e.startswith(QuorumNotReached.__name__)] or errors,
     )
 
@@ -231,6 +258,9 @@ def main() -> None:
     parser.add_argument("--chunk-bytes", type=int, default=65_536)
     parser.add_argument("--collect-timeout", type=float, default=3.0, help="at N = 64 (scaled)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--watchdog", type=float, default=300.0, help="dump tasks when a round takes this long"
+    )
     parser.add_argument("--profile", type=str, default="", help="write a cProfile here")
     args = parser.parse_args()
     counts = [int(n) for n in args.members.split(",")]
