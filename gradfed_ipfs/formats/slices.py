@@ -206,7 +206,8 @@ class SliceRecord:
             rule, a non-finite learning rate, an empty slice, inputs or missing peers not
             unique, more than ``MAX_ROSTER_ENTRIES`` of them, a weight sum out of range.
         """
-        known = _RECORDS.get(block.data)
+        # Decoded with ``expected``, a record is remembered but decoded again (it is cheap then).
+        known = _RECORDS.get(block.data) if expected is None else None
         if known is None:
             known = _RECORDS.put(block.data, cls._from_block(block, expected), len(block.data))
         return known

@@ -145,17 +145,18 @@ class MemorySliceBoard:
                 "slice board: %d message(s) refused (%s), last from %s", count, reason, sender
             )
 
-    async def _add(self, message: SliceMessage) -> None:
+    async def _add(self, message: SliceMessage) -> bool:
+        """Keep ``message``; return whether it was kept now (not heard before, not refused)."""
         sender = message.sender
         if sender not in self.members:
             self._refuse("stranger", sender)
-            return
+            return False
         heard = _identity(message)
         if heard in self._seen:
-            return
+            return False
         if self._kept[sender] >= self.cap:
             self._refuse("flood", sender)
-            return
+            return False
         async with self._changed:
             self._seen.add(heard)
             self._kept[sender] += 1
@@ -166,6 +167,7 @@ class MemorySliceBoard:
                     self._filled[key[:2]] = self._filled.get(key[:2], 0) + 1
                 self._slices.setdefault(key, []).append(message)
             self._changed.notify_all()
+        return True
 
     async def wait_for(self, ready: Callable[[], bool], timeout: float) -> bool:
         """Wait until ``ready()`` holds (re-checked on each message); ``False`` on timeout."""
@@ -204,6 +206,9 @@ class PubsubSliceBoard(MemorySliceBoard):
         self.peer = peer
         self.announcer = announcer
         self._posted: dict[str, bytes] = {}  # re-announcement key -> roster CID bytes
+        # (from, bytes) of messages kept -> their roster: a re-publication is not decoded
+        # again. One per kept message (member_cap); forget() drops other rosters'.
+        self._repeats: dict[tuple[str, bytes], CID] = {}
         self._count = 0
         self._listener: asyncio.Task[None] | None = None
 
@@ -224,10 +229,15 @@ class PubsubSliceBoard(MemorySliceBoard):
             if message.from_peer not in self.members:
                 self._refuse("stranger", message.from_peer)  # not worth decoding
                 continue
+            repeat = (message.from_peer, message.data)
+            if repeat in self._repeats:
+                continue
             try:
-                await self._add(SliceMessage.decode(message.data, message.from_peer))
+                decoded = SliceMessage.decode(message.data, message.from_peer)
             except MalformedAnnouncement:
                 continue  # a hostile or broken peer's bytes: dropped, the round goes on
+            if await self._add(decoded):
+                self._repeats[repeat] = decoded.roster
 
     async def publish(self, message: SliceMessage) -> None:
         """Publish ``message`` on the topic and add it to this peer's view."""
@@ -243,6 +253,7 @@ class PubsubSliceBoard(MemorySliceBoard):
     def forget(self, keep: CID) -> None:
         """Drop other rounds' messages and stop re-publishing this peer's about them."""
         super().forget(keep)
+        self._repeats = {k: r for k, r in self._repeats.items() if r == keep}
         if self.announcer is not None:
             for key, roster in list(self._posted.items()):
                 if roster != bytes(keep):
