@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import cProfile
 import gc
+import logging
 import os
 import pstats
 import random
@@ -40,13 +41,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_load import _cpu, gradient  # noqa: E402
+from bench_load import _cpu, gradient
 
-from gradfed_ipfs.errors import QuorumNotReached  # noqa: E402
-from gradfed_ipfs.federated.agreed import AgreedConfig, AgreedRoundResult, AgreedSession  # noqa: E402
-from gradfed_ipfs.formats import PubsubMessage  # noqa: E402
-from gradfed_ipfs.kubo import MemoryPubsubBus, PubsubTransport  # noqa: E402
-from gradfed_ipfs.storage import MemoryBlockStore  # noqa: E402
+from gradfed_ipfs.errors import QuorumNotReached
+from gradfed_ipfs.federated.agreed import AgreedConfig, AgreedRoundResult, AgreedSession
+from gradfed_ipfs.formats import PubsubMessage
+from gradfed_ipfs.kubo import MemoryPubsubBus, PubsubTransport
+from gradfed_ipfs.storage import MemoryBlockStore
 
 
 class CountingPubsub:
@@ -67,7 +68,8 @@ class CountingPubsub:
         await self.inner.publish(topic, data)
 
     def subscribe(self, topic: str) -> AsyncIterator[PubsubMessage]:
-        return self._lossy(self.inner.subscribe(topic))
+        heard = self.inner.subscribe(topic)
+        return self._lossy(heard) if self.loss else heard  # no generator per message at 0
 
     async def _lossy(self, heard: AsyncIterator[PubsubMessage]) -> AsyncIterator[PubsubMessage]:
         async for message in heard:
@@ -108,7 +110,8 @@ class RoundRow:
             f"N={n:>5} round={self.round} wall={self.seconds:7.2f}s (+{self.resync:5.1f}s resync) "
             f"cpu/member={1e3 * self.cpu / n:7.1f} ms  msgs/member={self.messages / n:6.1f} "
             f"bytes/member={self.bytes / n / 1e3:7.1f} kB  absent={self.absent:>3} "
-            f"roster={self.roster:>5}/{self.ran} {self.aggregation} records={self.records} {verdict}  "
+            f"roster={self.roster:>5}/{self.ran} {self.aggregation} "
+            f"records={self.records} {verdict}  "
             f"rss={_rss() / 2**30:5.2f} GiB load={os.getloadavg()[0]:4.1f}"
             + (f"  errors={self.errors[:3]}" if self.errors else "")
         )
@@ -152,6 +155,11 @@ def _dump_tasks() -> None:
     )
     for stack, count in where.most_common(25):
         print(f"{count:6d}  {stack}", file=sys.stderr, flush=True)
+    for task in asyncio.all_tasks():  # the stragglers' whole stacks
+        frames = task.get_stack(limit=6)
+        key = " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in reversed(frames))
+        if where[key] <= 2:
+            task.print_stack(limit=20, file=sys.stderr)
 
 
 async def _watch(seconds: float) -> None:
@@ -262,7 +270,11 @@ def main() -> None:
         "--watchdog", type=float, default=300.0, help="dump tasks when a round takes this long"
     )
     parser.add_argument("--profile", type=str, default="", help="write a cProfile here")
+    parser.add_argument("--log", type=str, default="", help="log gradfed_ipfs at this level")
     args = parser.parse_args()
+    if args.log:
+        logging.basicConfig(level=logging.WARNING, format="%(relativeCreated)9.0f %(message)s")
+        logging.getLogger("gradfed_ipfs").setLevel(args.log.upper())
     counts = [int(n) for n in args.members.split(",")]
     mode = "all-to-all" if args.all_to_all else ("chained" if args.chained else "one-level")
     print(
