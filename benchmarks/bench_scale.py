@@ -134,7 +134,9 @@ def config_for(args: argparse.Namespace, n: int) -> AgreedConfig:
         aggregation="all-to-all" if args.all_to_all else "reduce-scatter",
         chained=args.chained,
         collect_timeout=args.collect_timeout * scale,
-        takeover_timeout=2.0 * scale,
+        # A backup coordinator waits this per rank after collect_timeout: on a saturated
+        # process the first roster is late, and an early backup's would split the members.
+        takeover_timeout=args.takeover_timeout * scale,
         round_timeout=600.0 * scale,
         fetch_timeout=60.0 * scale,
         reducer_timeout=10.0 * scale,
@@ -265,6 +267,7 @@ def main() -> None:
     parser.add_argument("--loss", type=float, default=0.0, help="share of pubsub messages lost")
     parser.add_argument("--chunk-bytes", type=int, default=65_536)
     parser.add_argument("--collect-timeout", type=float, default=3.0, help="at N = 64 (scaled)")
+    parser.add_argument("--takeover-timeout", type=float, default=10.0, help="at N = 64")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--watchdog", type=float, default=300.0, help="dump tasks when a round takes this long"
