@@ -210,7 +210,7 @@ class Roster:
 
     @classmethod
     def _from_block(cls, block: Block) -> Roster:
-        where = f"roster {block.cid}"
+        where = f"roster {cid_to_str(block.cid)}"  # str(CID) costs ~1 ms
         _checked_block(block, where)
         record = decode_record(block, _ROSTER)
         expected = require(record, "expected", list, where)
@@ -337,7 +337,7 @@ class AgreedRecord:
 
     @classmethod
     def _from_block(cls, block: Block) -> AgreedRecord:
-        where = f"round record {block.cid}"
+        where = f"round record {cid_to_str(block.cid)}"
         _checked_block(block, where)
         record = decode_record(block, _RECORD)
         prev = record.get("prev")

@@ -288,7 +288,7 @@ class FraudRecord:
             If it is too large, not a v1 fraud record, a link is not dag-cbor, or
             ``claimed == correct``.
         """
-        where = f"fraud record {block.cid}"
+        where = f"fraud record {cid_to_str(block.cid)}"
         _block(block, where)
         record = decode_record(block, _FRAUD)
         claimed = _link(record.get("claimed"), where, (DAG_CBOR,))
