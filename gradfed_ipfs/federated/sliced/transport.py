@@ -114,7 +114,10 @@ class MemorySliceBoard:
         self._seen: set[tuple[object, ...]] = set()
         self._slices: dict[tuple[tuple[int, bytes], int, int, str], list[SliceMessage]] = {}
         self._filled: dict[tuple[tuple[int, bytes], int], int] = {}
-        self._changed = asyncio.Condition()
+        # Set (and replaced) at each kept message. Not a Condition: its lock made every woken
+        # waiter queue for it again, each acquire scanning the lock's queue (O(N²) a message
+        # for a peer's ~N waiting steps).
+        self._changed = asyncio.Event()
 
     def records(self, roster: CID, phase: int, k: int, kind: str = "slice") -> list[SliceMessage]:
         """Return the ``slice`` (or ``partial``) messages of ``k`` in ``phase`` of a roster."""
@@ -157,26 +160,29 @@ class MemorySliceBoard:
         if self._kept[sender] >= self.cap:
             self._refuse("flood", sender)
             return False
-        async with self._changed:
-            self._seen.add(heard)
-            self._kept[sender] += 1
-            self.messages.append(message)
-            if message.kind in ("slice", "partial"):
-                key = (_key(message.roster), message.phase, message.k, message.kind)
-                if key not in self._slices and message.kind == "slice":
-                    self._filled[key[:2]] = self._filled.get(key[:2], 0) + 1
-                self._slices.setdefault(key, []).append(message)
-            self._changed.notify_all()
+        self._seen.add(heard)
+        self._kept[sender] += 1
+        self.messages.append(message)
+        if message.kind in ("slice", "partial"):
+            key = (_key(message.roster), message.phase, message.k, message.kind)
+            if key not in self._slices and message.kind == "slice":
+                self._filled[key[:2]] = self._filled.get(key[:2], 0) + 1
+            self._slices.setdefault(key, []).append(message)
+        self._changed.set()  # wakes the waiters not woken yet (a burst wakes each once)
+        self._changed = asyncio.Event()
         return True
 
     async def wait_for(self, ready: Callable[[], bool], timeout: float) -> bool:
         """Wait until ``ready()`` holds (re-checked on each message); ``False`` on timeout."""
-        async with self._changed:
-            try:
-                await asyncio.wait_for(self._changed.wait_for(ready), timeout)
-            except TimeoutError:
-                return ready()
-        return True
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    changed = self._changed  # taken before the check: no message is missed
+                    if ready():
+                        return True
+                    await changed.wait()
+        except TimeoutError:
+            return ready()
 
 
 class PubsubSliceBoard(MemorySliceBoard):
