@@ -172,6 +172,16 @@ async def _watch(seconds: float) -> None:
         _dump_tasks()
 
 
+async def _catch_up(session: AgreedSession, target: int, timeout: float = 120.0) -> None:
+    """Resync until ``session`` is at round ``target`` (each member's earlier head is known
+    at once: a resync may return before the others' new heads are heard)."""
+    deadline = time.monotonic() + timeout
+    while session.round < target and time.monotonic() < deadline:
+        await session.resync(timeout=10.0, grace=1.0)
+        if session.round < target:
+            await asyncio.sleep(0.2)  # the new heads are on their way
+
+
 async def run_scale(args: argparse.Namespace, n: int) -> list[RoundRow]:
     """Run ``args.rounds`` rounds of ``n`` members; return one row per round."""
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _dump_tasks)
@@ -224,8 +234,9 @@ async def _one_round(
     )
     seconds = time.monotonic() - started
     # The absent members catch up (their CPU is counted: a real member pays it too).
+    target = max((sessions[i].round for i in running), default=0)
     synced = await asyncio.gather(
-        *(sessions[i].resync(timeout=60.0, grace=1.0) for i in absent), return_exceptions=True
+        *(_catch_up(sessions[i], target) for i in absent), return_exceptions=True
     )
     cpu = _cpu() - cpu
     watchdog.cancel()
