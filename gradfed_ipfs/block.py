@@ -26,6 +26,10 @@ class Block:
 
     cid: CID
     data: bytes = field(repr=False)
+    hashed: bool = field(default=False, init=False, repr=False)
+    """Whether this process hashed ``data`` into ``cid`` (:meth:`new`, a verifying
+    :meth:`from_parts`): a store's ``put`` need not hash these bytes again. Not an argument
+    (nor copied by ``dataclasses.replace``): a constructed block is never taken as hashed."""
 
     @classmethod
     def new(cls, data: bytes, codec: CodecName | int = "raw") -> Block:
@@ -45,13 +49,18 @@ class Block:
             )
         if len(data) == 0:
             raise InvalidGradient("Block size 0 below minimum 1")
-        return cls(make_cid(data, codec), bytes(data))
+        return cls(make_cid(data, codec), bytes(data))._hashed()
 
     @classmethod
     def from_parts(cls, cid: CIDLike, data: bytes, *, verify: bool = True) -> Block:
         """Build a block from a CID and bytes, re-hashing unless ``verify`` is false."""
         parsed = verify_cid(cid, data) if verify else parse_cid(cid)
-        return cls(parsed, bytes(data))
+        block = cls(parsed, bytes(data))
+        return block._hashed() if verify else block
+
+    def _hashed(self) -> Block:
+        object.__setattr__(self, "hashed", True)  # frozen: set once, by new and from_parts
+        return self
 
     def verify(self) -> None:
         """Re-hash the data; raise :class:`BlockCorrupt` if it does not match the CID."""

@@ -12,7 +12,6 @@ than :data:`MAX_JSON_DEPTH` before :func:`json.loads` (which recurses once per l
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Final
 
 import numpy as np
@@ -35,30 +34,34 @@ MAX_JSON_DEPTH: Final = 32
 MAX_ARROW_BATCHES: Final = 1024
 """Most record batches one Arrow block may list (gradfed writes one)."""
 
-_STRING: Final = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_OPEN: Final = np.frombuffer(b"[{", np.uint8)
-_CLOSE: Final = np.frombuffer(b"]}", np.uint8)
-_OPEN_CODES: Final = frozenset(b"[{")
-_CLOSE_CODES: Final = frozenset(b"]}")
+_STRUCTURE: Final = b'"[]{}'
+_DELETE: Final = bytes(set(range(256)) - set(_STRUCTURE))
+"""Every byte but quotes and brackets: what :func:`json_depth` deletes before it scans."""
 _SHORT: Final = 256
-"""Texts up to this many bytes are scanned in Python (every Arrow block carries two)."""
+"""Skeletons up to this many bytes are scanned in Python (NumPy's set-up costs ~40 µs)."""
 
 
 def json_depth(data: str | bytes) -> int:
     """Return the deepest bracket nesting of JSON text, in linear time without recursion.
 
-    Brackets inside strings do not count. Invalid JSON gets a depth too (it fails later).
+    Brackets inside strings do not count. Invalid JSON gets a depth too (it fails later; up
+    to its first invalid byte the count is exact, and :func:`json.loads` stops there).
+    A bounded scan, not a regular expression (~60 µs per KiB of string): escaped backslashes
+    and then escaped quotes are removed (``bytes.replace`` scans left to right, as JSON pairs
+    escapes), every byte but quotes and brackets is deleted (``bytes.translate``), and the
+    brackets between the remaining quote pairs are counted.
     """
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
-    stripped = _STRING.sub(b'""', raw)
-    if len(stripped) <= _SHORT:  # a shape or a metadata field: NumPy's set-up costs ~40 µs
+    skeleton = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _DELETE)
+    outside = b"".join(skeleton.split(b'"')[::2])  # even pieces: between strings
+    if len(outside) <= _SHORT:
         depth = deepest = 0
-        for code in stripped:
-            depth += (code in _OPEN_CODES) - (code in _CLOSE_CODES)
+        for code in outside:
+            depth += 1 if code in b"[{" else -1
             deepest = max(deepest, depth)
         return deepest
-    codes = np.frombuffer(stripped, np.uint8)
-    steps = np.isin(codes, _OPEN).astype(np.int64) - np.isin(codes, _CLOSE)
+    codes = np.frombuffer(outside, np.uint8)
+    steps = np.where((codes == ord("[")) | (codes == ord("{")), 1, -1)
     return int(max(0, np.cumsum(steps).max()))
 
 

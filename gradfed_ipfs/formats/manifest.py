@@ -25,6 +25,7 @@ from ..cid import RAW, parse_cid
 from ..errors import MalformedManifest
 from .fast_cbor import decode_dag_cbor, encode_dag_cbor
 from .limits import MAX_DECODED_ELEMENTS
+from .memo import DecodeMemo
 
 __all__ = ["MANIFEST_FORMAT", "MANIFEST_VERSION", "MAX_CHUNKS", "ChunkManifest", "ChunkRef"]
 
@@ -35,6 +36,7 @@ MANIFEST_VERSION: Final = 1
 MAX_CHUNKS: Final = 65_536
 """Most chunks a manifest may list (64 Ki x 2 MiB = 128 GiB of float32)."""
 _MAX_DIMS: Final = 32
+_MANIFESTS: Final[DecodeMemo[bytes, ChunkManifest]] = DecodeMemo()
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,11 +140,15 @@ class ChunkManifest:
         """
         if len(data) > MAX_BLOCK_SIZE:
             raise MalformedManifest(f"manifest of {len(data)} bytes exceeds {MAX_BLOCK_SIZE}")
+        key = bytes(data)  # remembered (DecodeMemo): a session's members read each one
+        known = _MANIFESTS.get(key)
+        if known is not None and known.length <= max_length:  # the one check it depends on
+            return known
         try:
-            record = decode_dag_cbor(bytes(data))
+            record = decode_dag_cbor(key)
         except Exception as exc:  # dag_cbor raises many types on garbage input
             raise MalformedManifest(f"manifest is not dag-cbor: {exc}") from exc
-        return cls.from_ipld(record, max_length=max_length)
+        return _MANIFESTS.put(key, cls.from_ipld(record, max_length=max_length), len(key))
 
     @classmethod
     def from_ipld(cls, record: object, *, max_length: int = MAX_DECODED_ELEMENTS) -> ChunkManifest:

@@ -31,6 +31,7 @@ from multiformats import CID
 from ..block import Block
 from ..cid import DAG_CBOR, RAW, cid_to_str, make_cid
 from ..errors import MalformedManifest
+from .memo import DecodeMemo
 from .records import decode_record, encode_record, require
 from .roster import MAX_ROSTER_ENTRIES, MAX_WEIGHT
 from .slices import _block, _count, _input, _link, _peer
@@ -45,6 +46,7 @@ __all__ = [
 PARTIAL_BLOCK_VALUES: Final = 1 << 17
 """float64 values per raw block of a partial sum (1 MiB)."""
 _PARTIAL: Final = "gradfed.slice-partial"
+_RECORDS: Final[DecodeMemo[bytes, PartialRecord]] = DecodeMemo()
 
 
 def partial_blocks(values: np.ndarray) -> list[Block]:
@@ -128,7 +130,7 @@ class PartialRecord:
 
     @classmethod
     def from_block(cls, block: Block) -> PartialRecord:
-        """Decode and check a partial-sum record.
+        """Decode and check a partial-sum record (remembered: :class:`~.memo.DecodeMemo`).
 
         Raises
         ------
@@ -137,6 +139,13 @@ class PartialRecord:
             not unique or missing peers unsorted, ``prev`` absent for ``j > 0`` (or present
             for ``j = 0``), a value-block count that does not fit ``length``.
         """
+        known = _RECORDS.get(block.data)
+        if known is None:
+            known = _RECORDS.put(block.data, cls._from_block(block), len(block.data))
+        return known
+
+    @classmethod
+    def _from_block(cls, block: Block) -> PartialRecord:
         where = f"partial record {cid_to_str(block.cid)}"
         _block(block, where)
         record = decode_record(block, _PARTIAL)

@@ -28,7 +28,7 @@ import functools
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 from multiformats import CID
 
@@ -36,6 +36,7 @@ from ..block import Block
 from ..cid import DAG_CBOR, RAW, cid_to_str, make_cid, parse_cid
 from ..errors import ConfigError, DecodeError, MalformedAnnouncement, MalformedManifest
 from ..tensor.packing import PackSpec
+from .memo import DecodeMemo
 from .pubsub import decode_multibase, encode_multibase
 from .records import decode_record, encode_record, require
 
@@ -71,6 +72,9 @@ MessageKind = Literal["contrib", "roster", "done"]
 _KINDS: Final = ("contrib", "roster", "done")
 _ROSTER: Final = "gradfed.roster"
 _RECORD: Final = "gradfed.agreed-round"
+_MESSAGE: Final = "gradfed.agreed-message"  # a memo key only: messages are JSON
+_MEMO: Final[DecodeMemo[tuple[str, bytes], Any]] = DecodeMemo()
+"""Rosters, records and messages decoded (:class:`~.memo.DecodeMemo`), by kind and bytes."""
 
 
 def _peer(value: object, where: str) -> str:
@@ -201,7 +205,7 @@ class Roster:
 
     @classmethod
     def from_block(cls, block: Block) -> Roster:
-        """Decode and check a roster block.
+        """Decode and check a roster block (remembered: :class:`~.memo.DecodeMemo`).
 
         Raises
         ------
@@ -209,7 +213,14 @@ class Roster:
             If it is too large, not a v1 roster, or any field is out of shape: entries not
             strictly sorted by peer, a weight outside ``[1, MAX_WEIGHT]``, too many entries.
         """
-        where = f"roster {block.cid}"
+        known = _MEMO.get((_ROSTER, block.data))
+        if known is None:
+            known = _MEMO.put((_ROSTER, block.data), cls._from_block(block), len(block.data))
+        return cast(Roster, known)
+
+    @classmethod
+    def _from_block(cls, block: Block) -> Roster:
+        where = f"roster {cid_to_str(block.cid)}"  # str(CID) costs ~1 ms
         _checked_block(block, where)
         record = decode_record(block, _ROSTER)
         expected = require(record, "expected", list, where)
@@ -332,14 +343,21 @@ class AgreedRecord:
 
     @classmethod
     def from_block(cls, block: Block) -> AgreedRecord:
-        """Decode and check a round record block.
+        """Decode and check a round record block (remembered: :class:`~.memo.DecodeMemo`).
 
         Raises
         ------
         MalformedManifest
             If it is too large, not a v1 agreed-round record, or a field is out of shape.
         """
-        where = f"round record {block.cid}"
+        known = _MEMO.get((_RECORD, block.data))
+        if known is None:
+            known = _MEMO.put((_RECORD, block.data), cls._from_block(block), len(block.data))
+        return cast(AgreedRecord, known)
+
+    @classmethod
+    def _from_block(cls, block: Block) -> AgreedRecord:
+        where = f"round record {cid_to_str(block.cid)}"
         _checked_block(block, where)
         record = decode_record(block, _RECORD)
         prev = record.get("prev")
@@ -443,13 +461,20 @@ class AgreedMessage:
 
     @classmethod
     def decode(cls, data: bytes) -> AgreedMessage:
-        """Parse and check a message.
+        """Parse and check a message (remembered: :class:`~.memo.DecodeMemo`).
 
         Raises
         ------
         MalformedAnnouncement
             If it is too large, not JSON, or a field is missing or out of shape for its kind.
         """
+        known = _MEMO.get((_MESSAGE, bytes(data)))
+        if known is None:
+            known = _MEMO.put((_MESSAGE, bytes(data)), cls._decode(data), len(data))
+        return cast(AgreedMessage, known)
+
+    @classmethod
+    def _decode(cls, data: bytes) -> AgreedMessage:
         if len(data) > MAX_MESSAGE_BYTES:
             raise MalformedAnnouncement(f"agreed message of {len(data)} bytes is too large")
         try:

@@ -42,6 +42,7 @@ from ..cid import DAG_CBOR, RAW, cid_to_str, parse_cid, verify_cid
 from ..errors import BlockCorrupt, DecodeError, MalformedAnnouncement, MalformedManifest
 from .fast_cbor import encode_dag_cbor
 from .limits import load_json
+from .memo import DecodeMemo
 from .records import decode_record, encode_record, require
 from .roster import MAX_PEER_ID_CHARS, MAX_ROSTER_ENTRIES, MAX_WEIGHT
 
@@ -67,6 +68,8 @@ SLICE_RULES: Final = ("fedavg", "median", "trimmed_mean")
 _SLICE: Final = "gradfed.slice"
 _FRAUD: Final = "gradfed.slice-fraud"
 _MAX_INDEX: Final = 1 << 53
+_MESSAGES: Final[DecodeMemo[tuple[bytes, str], SliceMessage]] = DecodeMemo()
+_RECORDS: Final[DecodeMemo[bytes, SliceRecord]] = DecodeMemo()
 
 
 def split_slice_rule(rule: str) -> tuple[str, float] | None:
@@ -191,7 +194,7 @@ class SliceRecord:
 
     @classmethod
     def from_block(cls, block: Block, expected: SliceInputs | None = None) -> SliceRecord:
-        """Decode and check a slice record.
+        """Decode and check a slice record (remembered: :class:`~.memo.DecodeMemo`).
 
         ``expected`` inputs (:class:`SliceInputs`), when the record names exactly those, are
         not decoded again: the result and the errors are the same either way.
@@ -203,6 +206,14 @@ class SliceRecord:
             rule, a non-finite learning rate, an empty slice, inputs or missing peers not
             unique, more than ``MAX_ROSTER_ENTRIES`` of them, a weight sum out of range.
         """
+        # Decoded with ``expected``, a record is remembered but decoded again (it is cheap then).
+        known = _RECORDS.get(block.data) if expected is None else None
+        if known is None:
+            known = _RECORDS.put(block.data, cls._from_block(block, expected), len(block.data))
+        return known
+
+    @classmethod
+    def _from_block(cls, block: Block, expected: SliceInputs | None) -> SliceRecord:
         where = f"slice record {cid_to_str(block.cid)}"
         _block(block, where)
         known = None if expected is None else {expected.encoded: _KNOWN_INPUTS}
@@ -277,7 +288,7 @@ class FraudRecord:
             If it is too large, not a v1 fraud record, a link is not dag-cbor, or
             ``claimed == correct``.
         """
-        where = f"fraud record {block.cid}"
+        where = f"fraud record {cid_to_str(block.cid)}"
         _block(block, where)
         record = decode_record(block, _FRAUD)
         claimed = _link(record.get("claimed"), where, (DAG_CBOR,))
@@ -340,7 +351,7 @@ class SliceMessage:
 
     @classmethod
     def decode(cls, data: bytes, sender: str) -> SliceMessage:
-        """Decode a message from ``sender``.
+        """Decode a message from ``sender`` (remembered: :class:`~.memo.DecodeMemo`).
 
         Raises
         ------
@@ -348,6 +359,14 @@ class SliceMessage:
             If it is too large, not JSON of this shape, a CID does not parse or is not
             dag-cbor, a ``slice``/``fraud`` lacks its CID, or a projection is not finite.
         """
+        key = (bytes(data), sender)
+        known = _MESSAGES.get(key)
+        if known is None:
+            known = _MESSAGES.put(key, cls._decode(data, sender), len(data))
+        return known
+
+    @classmethod
+    def _decode(cls, data: bytes, sender: str) -> SliceMessage:
         if len(data) > MAX_SLICE_MESSAGE_BYTES:
             raise MalformedAnnouncement(f"slice message of {len(data)} bytes is too large")
         body = load_json(data, "slice message", error=MalformedAnnouncement)

@@ -19,7 +19,8 @@ __all__ = ["MemoryBlockStore"]
 class MemoryBlockStore(AsyncClosing):
     """A dict of CID → bytes that behaves like a :class:`~gradfed_ipfs.storage.BlockStore`.
 
-    Blocks are verified on ``put`` and again on ``get`` (so tests that tamper with
+    Blocks are verified on ``put`` (unless this process hashed them: ``Block.hashed``) and
+    again on ``get``, always (so tests that tamper with
     :attr:`blocks` see ``BlockCorrupt``). ``get`` of a missing block raises ``BlockNotFound`` at
     once: there is no network to wait for. Pins are tracked; :meth:`collect_garbage` drops the
     blocks no pin protects (a pinned dag-cbor block protects what it links, as in Kubo).
@@ -42,7 +43,8 @@ class MemoryBlockStore(AsyncClosing):
             raise BlockTooLarge(
                 f"block of {len(block.data)} bytes exceeds {self.max_block_size}", cid=block.cid
             )
-        block.verify()
+        if not block.hashed:  # a block this process hashed (Block.new) is not hashed twice
+            block.verify()
         key = bytes(block.cid)
         self.blocks[key] = (block.cid, block.data)
         if pin:

@@ -43,6 +43,9 @@ __all__ = [
 
 MAX_ROUNDS_AHEAD: Final = 16
 """Rounds beyond the current one whose messages are kept (later ones are dropped)."""
+_REPEATS_PER_MEMBER: Final = 16
+"""Recorded messages a board remembers per member to drop their re-publications undecoded
+(an honest member sends three a round; the board holds two rounds)."""
 
 
 def coordinator_ranking(
@@ -131,6 +134,11 @@ class RoundBoard:
         self.inline: dict[bytes, tuple[int, bytes]] = {}
         self.dropped: Counter[str] = Counter()
         self._event = asyncio.Event()
+        # (from, bytes) of recorded messages -> their round: a re-publication is dropped
+        # before it is decoded (recording it again would change nothing). Bounded: rounds
+        # before the previous one are forgotten, and at most _REPEATS_PER_MEMBER a member.
+        self._repeats: dict[tuple[str, bytes], int] = {}
+        self._repeat_cap = _REPEATS_PER_MEMBER * len(self.members)
 
     @property
     def changed(self) -> asyncio.Event:
@@ -150,9 +158,13 @@ class RoundBoard:
         # coordinator did not put them, and a fetch would wait for nothing until fetch_timeout.
         for key in [k for k, (r, _) in self.inline.items() if r < round_number - 1]:
             del self.inline[key]
+        self._repeats = {k: r for k, r in self._repeats.items() if r >= round_number - 1}
 
     def accept(self, message: PubsubMessage) -> AgreedMessage | None:
         """Check one pubsub message and record it; return it, or ``None`` if dropped."""
+        repeat = (message.from_peer, message.data)
+        if repeat in self._repeats:
+            return self._drop("repeat")
         decoded = self._decode(message)
         if decoded is None:
             return None
@@ -166,6 +178,9 @@ class RoundBoard:
             return self._drop("window") if decoded.kind != "done" else decoded
         if not self._record(decoded):
             return self._drop("equivocation")  # the first claim stands
+        # A contribution of a later round is handed out again (its prefetch waits for it).
+        if decoded.round <= self.current + 1 and len(self._repeats) < self._repeat_cap:
+            self._repeats[repeat] = decoded.round
         self._notify()
         return decoded
 

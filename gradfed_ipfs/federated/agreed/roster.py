@@ -125,11 +125,12 @@ class RosterPhase:
             close_at=ctx.started + config.collect_timeout + ctx.rank * config.takeover_timeout,
             deadline=ctx.started + config.round_timeout,
         )
+        base = bytes(ctx.base)  # not once per contribution and board change
         while True:
             event = self._board.changed
             state = self._board.state(ctx.number)
             for peer, heard in state.contributions.items():
-                if bytes(heard.base) == bytes(ctx.base) and peer not in ctx.rejected:
+                if bytes(heard.base) == base and peer not in ctx.rejected:
                     self.fetch(heard.cid, ctx.d)
             adopted = await self._try_rosters(ctx, c.tried)
             if adopted is not None:
@@ -172,8 +173,9 @@ class RosterPhase:
     def _ready(self, ctx: RoundContext) -> dict[str, tuple[CID, int]]:
         """Contributions on this round's base whose blocks are fetched and verified."""
         entries = {ctx.peer: (ctx.own.cid, ctx.own.weight)}
+        base = bytes(ctx.base)
         for peer, c in self._board.state(ctx.number).contributions.items():
-            if bytes(c.base) == bytes(ctx.base):
+            if bytes(c.base) == base:
                 entries[peer] = (c.cid, c.weight)
         for peer in ctx.excluded:  # proven liars (this one too): no roster may list them
             entries.pop(peer, None)

@@ -111,6 +111,8 @@ class ChainRound:
         self._reducer, self._ctx, self._groups = reducer, ctx, groups
         self._heard_upto, self._heard_missing = 0, dict[int, set[str]]()  # _reported_missing's
         self._partials: dict[bytes, np.ndarray] = {}  # own and loaded partial sums, by CID
+        # (phase, j) -> (board list, its length, steps of level j with a record): _level_heard's
+        self._level_counts: dict[tuple[int, int], tuple[list[SliceMessage], int, int]] = {}
         self.chains = self._plan()
         """Every slice's ``groups`` steps, in chain order (the last writes the record)."""
 
@@ -168,8 +170,7 @@ class ChainRound:
         def ready() -> bool:  # (announced: a backup loads the input only if it takes over)
             if j and not reducer.records(ctx, phase, chain[j - 1]):
                 return False
-            heard = sum(1 for s in level if reducer.records(ctx, phase, s))
-            return heard >= (len(level) + 1) // 2
+            return self._level_heard(phase, j, level) >= (len(level) + 1) // 2
 
         def gone() -> set[str]:
             known = ctx.unfetchable | ctx.replaced | exclude
@@ -250,6 +251,20 @@ class ChainRound:
             for task in (fetch, watch):
                 task.cancel()
             await asyncio.gather(fetch, watch, return_exceptions=True)
+
+    def _level_heard(self, phase: int, j: int, level: list[SliceWork]) -> int:
+        """Return how many steps of ``level`` (step ``j`` of every chain) have a record.
+
+        Counted again only once the board has grown: every waiting step of a peer asks on
+        every board message (about N steps, S = ⌈N/G⌉ records looked up each time).
+        """
+        messages = self._reducer.board.messages  # appended to; forget() makes a new list
+        known = self._level_counts.get((phase, j))
+        if known is not None and known[0] is messages and known[1] == len(messages):
+            return known[2]
+        heard = sum(1 for s in level if self._reducer.records(self._ctx, phase, s))
+        self._level_counts[(phase, j)] = (messages, len(messages), heard)
+        return heard
 
     def _reported_missing(self, phase: int) -> set[str]:
         """Senders a roster peer's partial or slice record of ``phase`` lists ``missing``.

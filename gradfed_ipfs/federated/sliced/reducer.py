@@ -16,6 +16,7 @@ from typing import cast
 from multiformats import CID
 
 from ..._types import FloatArray
+from ...cid import cid_to_str
 from ...errors import (
     BlockStoreError,
     DecodeError,
@@ -96,7 +97,7 @@ class Reducer:
                 concurrency=self.config.concurrency,
                 packing=self.config.packing,
             )
-            check_values(values, self.config.max_value, f"contribution {cid}")
+            check_values(values, self.config.max_value, f"contribution {cid_to_str(cid)}")
             part.rows[peer] = values
         except (BlockStoreError, DecodeError, GradientError):
             part.failed.add(peer)  # the sender's fault: it is excluded, not the round

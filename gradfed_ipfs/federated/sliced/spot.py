@@ -108,12 +108,21 @@ async def _exchange(
     """
     await board.publish(SliceMessage("proj", peer, roster_cid, cid=None, values=mine))
 
+    found: dict[str, tuple[float, ...]] = {}
+    read: tuple[list[SliceMessage], int] = ([], 0)  # the board's list, and how far it was read
+
     def published() -> dict[str, tuple[float, ...]]:
-        found: dict[str, tuple[float, ...]] = {}
-        for m in board.messages:  # a peer's first values count
+        # Runs on every board message: read only what was added (forget() makes a new list).
+        nonlocal read
+        messages, start = board.messages, read[1]
+        if messages is not read[0]:
+            found.clear()
+            start = 0
+        for m in messages[start:]:  # a peer's first values count
             if m.kind == "proj" and m.roster == roster_cid and len(m.values) == len(mine):
                 found.setdefault(m.sender, m.values)
-        return found
+        read = (messages, len(messages))
+        return dict(found)
 
     others = inputs - {peer}
 

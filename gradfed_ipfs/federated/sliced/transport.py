@@ -115,7 +115,10 @@ class MemorySliceBoard:
         self._seen: set[tuple[object, ...]] = set()
         self._slices: dict[tuple[tuple[int, bytes], int, int, str], list[SliceMessage]] = {}
         self._filled: dict[tuple[tuple[int, bytes], int], int] = {}
-        self._changed = asyncio.Condition()
+        # Set (and replaced) at each kept message. Not a Condition: its lock made every woken
+        # waiter queue for it again, each acquire scanning the lock's queue (O(N²) a message
+        # for a peer's ~N waiting steps).
+        self._changed = asyncio.Event()
 
     def records(self, roster: CID, phase: int, k: int, kind: str = "slice") -> list[SliceMessage]:
         """Return the ``slice`` (or ``partial``) messages of ``k`` in ``phase`` of a roster."""
@@ -146,36 +149,41 @@ class MemorySliceBoard:
                 "slice board: %d message(s) refused (%s), last from %s", count, reason, sender
             )
 
-    async def _add(self, message: SliceMessage) -> None:
+    async def _add(self, message: SliceMessage) -> bool:
+        """Keep ``message``; return whether it was kept now (not heard before, not refused)."""
         sender = message.sender
         if sender not in self.members:
             self._refuse("stranger", sender)
-            return
+            return False
         heard = _identity(message)
         if heard in self._seen:
-            return
+            return False
         if self._kept[sender] >= self.cap:
             self._refuse("flood", sender)
-            return
-        async with self._changed:
-            self._seen.add(heard)
-            self._kept[sender] += 1
-            self.messages.append(message)
-            if message.kind in ("slice", "partial"):
-                key = (_key(message.roster), message.phase, message.k, message.kind)
-                if key not in self._slices and message.kind == "slice":
-                    self._filled[key[:2]] = self._filled.get(key[:2], 0) + 1
-                self._slices.setdefault(key, []).append(message)
-            self._changed.notify_all()
+            return False
+        self._seen.add(heard)
+        self._kept[sender] += 1
+        self.messages.append(message)
+        if message.kind in ("slice", "partial"):
+            key = (_key(message.roster), message.phase, message.k, message.kind)
+            if key not in self._slices and message.kind == "slice":
+                self._filled[key[:2]] = self._filled.get(key[:2], 0) + 1
+            self._slices.setdefault(key, []).append(message)
+        self._changed.set()  # wakes the waiters not woken yet (a burst wakes each once)
+        self._changed = asyncio.Event()
+        return True
 
     async def wait_for(self, ready: Callable[[], bool], timeout: float) -> bool:
         """Wait until ``ready()`` holds (re-checked on each message); ``False`` on timeout."""
-        async with self._changed:
-            try:
-                await asyncio.wait_for(self._changed.wait_for(ready), timeout)
-            except TimeoutError:
-                return ready()
-        return True
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    changed = self._changed  # taken before the check: no message is missed
+                    if ready():
+                        return True
+                    await changed.wait()
+        except TimeoutError:
+            return ready()
 
 
 class PubsubSliceBoard(MemorySliceBoard):
@@ -205,6 +213,9 @@ class PubsubSliceBoard(MemorySliceBoard):
         self.peer = peer
         self.announcer = announcer
         self._posted: dict[str, bytes] = {}  # re-announcement key -> roster CID bytes
+        # (from, bytes) of messages kept -> their roster: a re-publication is not decoded
+        # again. One per kept message (member_cap); forget() drops other rosters'.
+        self._repeats: dict[tuple[str, bytes], CID] = {}
         self._count = 0
         self._listener: asyncio.Task[None] | None = None
 
@@ -225,10 +236,15 @@ class PubsubSliceBoard(MemorySliceBoard):
             if message.from_peer not in self.members:
                 self._refuse("stranger", message.from_peer)  # not worth decoding
                 continue
+            repeat = (message.from_peer, message.data)
+            if repeat in self._repeats:
+                continue
             try:
-                await self._add(SliceMessage.decode(message.data, message.from_peer))
+                decoded = SliceMessage.decode(message.data, message.from_peer)
             except MalformedAnnouncement:
                 continue  # a hostile or broken peer's bytes: dropped, the round goes on
+            if await self._add(decoded):
+                self._repeats[repeat] = decoded.roster
 
     async def publish(self, message: SliceMessage) -> None:
         """Publish ``message`` on the topic and add it to this peer's view."""
@@ -244,6 +260,7 @@ class PubsubSliceBoard(MemorySliceBoard):
     def forget(self, keep: CID) -> None:
         """Drop other rounds' messages and stop re-publishing this peer's about them."""
         super().forget(keep)
+        self._repeats = {k: r for k, r in self._repeats.items() if r == keep}
         if self.announcer is not None:
             for key, roster in list(self._posted.items()):
                 if roster != bytes(keep):
