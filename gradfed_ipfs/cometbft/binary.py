@@ -8,11 +8,10 @@ a source checkout.
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 from typing import Final
 
+from .._binary import PinnedBinary
 from ..errors import CometNotInstalled
 
 __all__ = ["COMETBFT_VERSION", "default_cometbft_path", "find_cometbft_binary"]
@@ -20,16 +19,15 @@ __all__ = ["COMETBFT_VERSION", "default_cometbft_path", "find_cometbft_binary"]
 COMETBFT_VERSION: Final = "v1.0.1"
 """The CometBFT release this project pins (the newest v1.0.x on the Go module proxy)."""
 
+_COMETBFT: Final = PinnedBinary(
+    "CometBFT", COMETBFT_VERSION, "cometbft", "cometbft", "install-cometbft",
+    "GRADFED_COMETBFT_BIN", CometNotInstalled,
+)  # fmt: skip
+
 
 def default_cometbft_path(version: str = COMETBFT_VERSION) -> Path:
     """Return where ``scripts/install-cometbft`` puts the binary (under ``$XDG_CACHE_HOME``)."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "gradfed-ipfs" / "cometbft" / version / "cometbft"
-
-
-def _install_script() -> Path | None:
-    candidate = Path(__file__).resolve().parents[2] / "scripts" / "install-cometbft"
-    return candidate if candidate.is_file() else None
+    return _COMETBFT.default_path(version)
 
 
 def find_cometbft_binary(*, build: bool = True) -> Path:
@@ -45,23 +43,4 @@ def find_cometbft_binary(*, build: bool = True) -> Path:
     CometNotInstalled
         If no binary exists and none could be built.
     """
-    override = os.environ.get("GRADFED_COMETBFT_BIN")
-    path = Path(override) if override else default_cometbft_path()
-    if path.is_file() and os.access(path, os.X_OK):
-        return path
-    script = _install_script()
-    if build and script is not None:
-        result = subprocess.run(
-            [str(script)], capture_output=True, text=True, check=False, timeout=1800
-        )
-        built = Path(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else None
-        if result.returncode == 0 and built is not None and built.is_file():
-            return built
-        raise CometNotInstalled(
-            f"building CometBFT {COMETBFT_VERSION} with {script} failed "
-            f"(exit {result.returncode}):\n" + "\n".join(result.stderr.splitlines()[-20:])
-        )
-    raise CometNotInstalled(
-        f"no CometBFT binary at {path}; run scripts/install-cometbft (builds CometBFT "
-        f"{COMETBFT_VERSION} from the Go module proxy) or set GRADFED_COMETBFT_BIN"
-    )
+    return _COMETBFT.find(build=build)

@@ -7,11 +7,10 @@ builds it from the Go module proxy) when this package sits in a source checkout.
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 from typing import Final
 
+from .._binary import PinnedBinary
 from ..errors import KuboNotInstalled
 
 __all__ = ["KUBO_VERSION", "default_kubo_path", "find_kubo_binary", "install_script_path"]
@@ -19,17 +18,20 @@ __all__ = ["KUBO_VERSION", "default_kubo_path", "find_kubo_binary", "install_scr
 KUBO_VERSION: Final = "v0.43.1"
 """The Kubo release this project pins and tests against."""
 
+_KUBO: Final = PinnedBinary(
+    "Kubo", KUBO_VERSION, "kubo", "ipfs", "install-kubo", "GRADFED_KUBO_BIN", KuboNotInstalled,
+    hint=", or point GRADFED_IPFS_API at a running daemon",
+)  # fmt: skip
+
 
 def default_kubo_path(version: str = KUBO_VERSION) -> Path:
     """Return where ``scripts/install-kubo`` puts the binary (under ``$XDG_CACHE_HOME``)."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "gradfed-ipfs" / "kubo" / version / "ipfs"
+    return _KUBO.default_path(version)
 
 
 def install_script_path() -> Path | None:
     """Return ``scripts/install-kubo`` of the source checkout this package runs from, if any."""
-    candidate = Path(__file__).resolve().parents[2] / "scripts" / "install-kubo"
-    return candidate if candidate.is_file() else None
+    return _KUBO.script_path()
 
 
 def find_kubo_binary(*, build: bool = True) -> Path:
@@ -45,23 +47,4 @@ def find_kubo_binary(*, build: bool = True) -> Path:
     KuboNotInstalled
         If no binary exists and none could be built.
     """
-    override = os.environ.get("GRADFED_KUBO_BIN")
-    path = Path(override) if override else default_kubo_path()
-    if path.is_file() and os.access(path, os.X_OK):
-        return path
-    script = install_script_path()
-    if build and script is not None:
-        result = subprocess.run(
-            [str(script)], capture_output=True, text=True, check=False, timeout=1800
-        )
-        built = Path(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else None
-        if result.returncode == 0 and built is not None and built.is_file():
-            return built
-        raise KuboNotInstalled(
-            f"building Kubo {KUBO_VERSION} with {script} failed (exit {result.returncode}):\n"
-            + "\n".join(result.stderr.splitlines()[-20:])
-        )
-    raise KuboNotInstalled(
-        f"no Kubo binary at {path}; run scripts/install-kubo (builds Kubo {KUBO_VERSION} from the "
-        "Go module proxy) or set GRADFED_KUBO_BIN, or point GRADFED_IPFS_API at a running daemon"
-    )
+    return _KUBO.find(build=build)
