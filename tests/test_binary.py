@@ -31,9 +31,9 @@ def test_a_missing_tool_is_a_typed_error_saying_how_to_build_it(
 ) -> None:
     monkeypatch.setenv("GRADFED_TOOL_BIN", str(tmp_path / "absent"))
     assert TOOL.script_path() is None  # no such script in scripts/
-    with pytest.raises(KuboNotInstalled, match="run scripts/install-no-such-tool .* or give up"):
+    with pytest.raises(KuboNotInstalled, match=r"run scripts/install-no-such-tool .* or give up"):
         TOOL.find()
     comet = PinnedBinary("C", "v1", "c", "c", "install-c", "GRADFED_C_BIN", CometNotInstalled)
     monkeypatch.setenv("GRADFED_C_BIN", str(tmp_path / "absent"))
-    with pytest.raises(CometNotInstalled, match="set GRADFED_C_BIN$"):
+    with pytest.raises(CometNotInstalled, match=r"set GRADFED_C_BIN$"):
         comet.find(build=False)
