@@ -22,7 +22,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .._types import FloatArray
+from ..._types import FloatArray
 
 __all__ = ["DenseLayout", "DenseTemplate", "template_for"]
 

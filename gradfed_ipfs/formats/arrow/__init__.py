@@ -26,11 +26,11 @@ layout (an Int32 ``index`` column beside ``value`` and no metadata) and any numb
 batches. Decoding a single-batch dense file is zero-copy: the returned array is a read-only
 view on the input buffer. Dense blocks are written, and when a caller knows the layout it
 expects (:func:`decode_dense_block`: length, shape, chunk offset) read, by template
-(:mod:`~gradfed_ipfs.formats.arrow_template`): only bytes identical to this writer's canonical
+(:mod:`~gradfed_ipfs.formats.arrow.template`): only bytes identical to this writer's canonical
 encoding of that layout take that path; everything else comes here.
 
 Every byte given to the loader is untrusted: the footer and batch headers are checked before
-pyarrow reads a batch (:mod:`~gradfed_ipfs.formats.arrow_footer`: no compressed bodies, no
+pyarrow reads a batch (:mod:`~gradfed_ipfs.formats.arrow.footer`: no compressed bodies, no
 repeated or overlapping batches, declared rows within budget), column types, lengths, index
 bounds, shapes and quantization parameters are checked before use, decoded tensors are capped
 at ``max_elements`` (and must hold ``expected_length`` elements when the caller knows it), JSON
@@ -50,16 +50,17 @@ from typing import Final
 import numpy as np
 import pyarrow as pa
 
-from .._types import FloatArray, GradientLike
-from ..errors import GradientError, MalformedArrow
-from ..tensor.types import (
+from ..._types import FloatArray, GradientLike
+from ...errors import GradientError, MalformedArrow
+from ...tensor.types import (
     DenseGradient,
     LayerGradient,
     QuantizedGradient,
     SparseGradient,
     SparseQuantizedGradient,
 )
-from .arrow_fields import (
+from ..limits import MAX_ARROW_BATCHES, MAX_DECODED_ELEMENTS, check_elements
+from .fields import (
     _INDEX,
     _Q,
     _VALUE,
@@ -78,9 +79,8 @@ from .arrow_fields import (
     parse_shape,
     quantized_column,
 )
-from .arrow_footer import scan_arrow_file
-from .arrow_template import DenseLayout, template_for
-from .limits import MAX_ARROW_BATCHES, MAX_DECODED_ELEMENTS, check_elements
+from .footer import scan_arrow_file
+from .template import DenseLayout, template_for
 
 __all__ = [
     "ARROW_MAGIC",
@@ -194,7 +194,7 @@ def decode_dense_block(
 
     A read-only view on ``data`` when its bytes are exactly what :func:`store_gradient_as_arrow`
     writes for ``length`` values of ``shape`` (default ``(length,)``) at chunk ``offset``
-    (:mod:`~gradfed_ipfs.formats.arrow_template`); ``None`` means "use the full decoder",
+    (:mod:`~gradfed_ipfs.formats.arrow.template`); ``None`` means "use the full decoder",
     which alone raises for malformed blocks.
     """
     if not 4 * length <= len(data) <= 4 * length + _MAX_FRAMING:
@@ -276,7 +276,7 @@ def open_arrow_file(
     """Open untrusted Arrow IPC file bytes and return the schema and validated batches.
 
     The footer and batch headers are checked first
-    (:func:`~gradfed_ipfs.formats.arrow_footer.scan_arrow_file`), so no batch is read,
+    (:func:`~gradfed_ipfs.formats.arrow.footer.scan_arrow_file`), so no batch is read,
     decompressed or repeated before its declared size passes.
 
     Parameters

@@ -24,7 +24,7 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
-from ..errors import MalformedArrow
+from ...errors import MalformedArrow
 
 __all__ = ["ArrowFileLayout", "scan_arrow_file"]
 

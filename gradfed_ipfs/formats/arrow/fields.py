@@ -14,9 +14,9 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from ..errors import MalformedArrow
-from ..tensor.types import QuantizedGradient, unpack_int4
-from .limits import load_json
+from ...errors import MalformedArrow
+from ...tensor.types import QuantizedGradient, unpack_int4
+from ..limits import load_json
 
 __all__ = [
     "META_BITS",
