@@ -33,7 +33,7 @@ import asyncio
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,8 +50,7 @@ from digits_training import (  # noqa: E402
 )
 
 from gradfed_ipfs import AgreedConfig  # noqa: E402
-from gradfed_ipfs.formats import PubsubMessage  # noqa: E402
-from gradfed_ipfs.kubo import MemoryPubsubBus, PubsubTransport  # noqa: E402
+from gradfed_ipfs.kubo import MemoryPubsubBus, PubsubTransport, PubsubWrapper  # noqa: E402
 from gradfed_ipfs.storage import MemoryBlockStore  # noqa: E402
 from gradfed_ipfs.training import (  # noqa: E402
     Client,
@@ -83,15 +82,13 @@ def held_out_losses(history: History) -> list[float]:
     return [loss for _, loss in history.losses_centralized()]
 
 
-class SlowLink:
+class SlowLink(PubsubWrapper):
     """A pubsub transport whose messages reach the others ``latency`` seconds after publishing."""
 
     def __init__(self, inner: PubsubTransport, latency: float) -> None:
-        self.inner, self.latency = inner, latency
+        super().__init__(inner)
+        self.latency = latency
         self.pending: set[asyncio.Task[None]] = set()
-
-    async def local_peer_id(self) -> str:
-        return await self.inner.local_peer_id()
 
     async def publish(self, topic: str, data: bytes) -> None:
         task = asyncio.get_running_loop().create_task(self._later(topic, data))
@@ -101,12 +98,6 @@ class SlowLink:
     async def _later(self, topic: str, data: bytes) -> None:
         await asyncio.sleep(self.latency)
         await self.inner.publish(topic, data)
-
-    def subscribe(self, topic: str) -> AsyncIterator[PubsubMessage]:
-        return self.inner.subscribe(topic)
-
-    async def peers(self, topic: str) -> list[str]:
-        return await self.inner.peers(topic)
 
     async def aclose(self) -> None:
         for task in list(self.pending):

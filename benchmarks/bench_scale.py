@@ -46,21 +46,19 @@ from bench_load import _cpu, gradient
 from gradfed_ipfs.errors import QuorumNotReached
 from gradfed_ipfs.federated.agreed import AgreedConfig, AgreedRoundResult, AgreedSession
 from gradfed_ipfs.formats import PubsubMessage
-from gradfed_ipfs.kubo import MemoryPubsubBus, PubsubTransport
+from gradfed_ipfs.kubo import MemoryPubsubBus, PubsubTransport, PubsubWrapper
 from gradfed_ipfs.storage import MemoryBlockStore
 
 
-class CountingPubsub:
+class CountingPubsub(PubsubWrapper):
     """A member's transport: counts what it publishes, drops a seeded share of what it hears."""
 
     def __init__(self, inner: PubsubTransport, loss: float, seed: int) -> None:
-        self.inner, self.loss, self.rng = inner, loss, random.Random(seed)
+        super().__init__(inner)
+        self.loss, self.rng = loss, random.Random(seed)
         self.messages = 0
         self.bytes = 0
         self.dropped = 0
-
-    async def local_peer_id(self) -> str:
-        return await self.inner.local_peer_id()
 
     async def publish(self, topic: str, data: bytes) -> None:
         self.messages += 1

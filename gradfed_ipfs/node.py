@@ -46,7 +46,6 @@ from .federated.besteffort.runner import RoundRunner
 from .formats.statement import LocalSigner, Signer
 from .kubo.pubsub import KuboPubsub, MemoryPubsubBus, PubsubTransport
 from .kubo.rpc import KuboRpc, Transport
-from .kubo.signing import KuboSigner
 from .storage.base import UNSET, AsyncClosing, BlockStore, Unset
 from .storage.dag import fetch_gradient, put_gradient
 from .storage.kubo import KuboBlockStore
@@ -149,7 +148,9 @@ class Node(AsyncClosing):
         node.api_url = f"memory://{peer_id}"
         node.rpc = None
         node.store = store if store is not None else MemoryBlockStore()
-        node.pubsub = (bus if bus is not None else MemoryPubsubBus()).endpoint(peer_id)
+        node.pubsub = (bus if bus is not None else MemoryPubsubBus()).endpoint(
+            peer_id, signer=signer
+        )
         node._peer_id = peer_id
         node._closers = []
         return node
@@ -180,19 +181,18 @@ class Node(AsyncClosing):
         return self._peer_id
 
     async def signer(self) -> Signer:
-        """Return the signer of this node's statements: its daemon's identity key (cached).
+        """Return the signer of this node's statements: its pubsub identity (cached).
+
+        A daemon's identity key (``key/sign``); on the in-memory bus the node's ``signer``, or
+        one derived from its name (:class:`~gradfed_ipfs.kubo.MemoryPubsubBus`).
 
         Raises
         ------
-        ConfigError
-            For an in-memory node made without a ``signer``.
         BadSignature
             If the daemon's identity is not an Ed25519 key.
         """
         if self._signer is None:
-            if self.rpc is None:
-                raise ConfigError("this in-memory node has no signer: Node.memory(signer=...)")
-            self._signer = await KuboSigner.open(self.rpc)
+            self._signer = await self.pubsub.signer()
         return self._signer
 
     async def addresses(self) -> list[str]:

@@ -21,9 +21,21 @@ from .arrow import (
 from .packed import PACKED_HEADER_BYTES, decode_packed_chunk, encode_packed_chunk, is_packed
 from .pubsub import TOPIC_PREFIX, PubsubMessage, parse_sub_line, session_topic
 from .records import decode_record, encode_record, from_link, require, to_link
-from .statement import LocalSigner, Signer, Statement, decode_statement, sign_statement
+from .statement import (
+    PEER_ID_KEYS,
+    KeyBook,
+    KeyDirectory,
+    LocalSigner,
+    Signer,
+    Statement,
+    decode_statement,
+    sign_statement,
+)
 
 __all__ = [
+    "PEER_ID_KEYS",
+    "KeyBook",
+    "KeyDirectory",
     "ANNOUNCEMENT_VERSION",
     "MAX_DECODED_ELEMENTS",
     "MAX_MESSAGE_BYTES",

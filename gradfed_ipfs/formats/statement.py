@@ -31,6 +31,9 @@ from .records import decode_record, encode_record, require
 __all__ = [
     "LIBP2P_KEY_PREFIX",
     "MAX_STATEMENT_BYTES",
+    "PEER_ID_KEYS",
+    "KeyBook",
+    "KeyDirectory",
     "LocalSigner",
     "Signer",
     "Statement",
@@ -71,6 +74,60 @@ def ed25519_key_of(peer_id: str) -> Ed25519PublicKey:
     return Ed25519PublicKey.from_public_bytes(raw[len(_ED25519_ID_PREFIX) :])
 
 
+class KeyBook(Protocol):
+    """Where a verifier finds an author's public key."""
+
+    def key_of(self, author: str) -> Ed25519PublicKey:
+        """Return ``author``'s Ed25519 public key; raise :class:`BadSignature` if unknown."""
+        ...
+
+
+class _PeerIdKeys:
+    """Keys embedded in Ed25519 peer IDs: nothing to look up (what real networks use)."""
+
+    def key_of(self, author: str) -> Ed25519PublicKey:
+        return ed25519_key_of(author)
+
+    def __repr__(self) -> str:
+        return "PEER_ID_KEYS"
+
+
+PEER_ID_KEYS: Final[KeyBook] = _PeerIdKeys()
+"""The default :class:`KeyBook`: an author's key is the one its Ed25519 peer ID embeds."""
+
+
+class KeyDirectory:
+    """Named authors bound to keys (the in-memory bus's peers are names like ``"peer-a"``).
+
+    An author that was never added is looked up as an Ed25519 peer ID, so a directory also
+    verifies statements of real identities.
+    """
+
+    def __init__(self) -> None:
+        self._keys: dict[str, Ed25519PublicKey] = {}
+
+    def add(self, author: str, key: Ed25519PublicKey) -> None:
+        """Bind ``author`` to ``key``.
+
+        Raises
+        ------
+        BadSignature
+            If ``author`` is already bound to another key.
+        """
+        raw = key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+        known = self._keys.setdefault(author, key)
+        if known.public_bytes(Encoding.Raw, PublicFormat.Raw) != raw:
+            raise BadSignature(f"{author:.60} is already bound to another key")
+
+    def key_of(self, author: str) -> Ed25519PublicKey:
+        """Return the key bound to ``author``, else the one its peer ID embeds."""
+        known = self._keys.get(author)
+        return known if known is not None else ed25519_key_of(author)
+
+    def __contains__(self, author: object) -> bool:
+        return author in self._keys
+
+
 def peer_id_of(key: Ed25519PublicKey) -> str:
     """Return the libp2p peer ID (``12D3KooW…``) of an Ed25519 public key."""
     raw = key.public_bytes(Encoding.Raw, PublicFormat.Raw)
@@ -106,23 +163,31 @@ class LocalSigner:
     ----------
     key
         The private key; default a new random one.
+    name
+        The author name it signs as (the in-memory bus's peer names; verifiers then need a
+        :class:`KeyDirectory` that binds it); default the key's peer ID.
     """
 
-    def __init__(self, key: Ed25519PrivateKey | None = None) -> None:
+    def __init__(self, key: Ed25519PrivateKey | None = None, *, name: str | None = None) -> None:
         self._key = key if key is not None else Ed25519PrivateKey.generate()
-        self._peer_id = peer_id_of(self._key.public_key())
+        self._peer_id = name if name is not None else peer_id_of(self._key.public_key())
 
     @classmethod
-    def from_seed(cls, seed: bytes) -> LocalSigner:
+    def from_seed(cls, seed: bytes, *, name: str | None = None) -> LocalSigner:
         """Return the signer whose private key is the 32-byte ``seed`` (deterministic tests)."""
-        return cls(Ed25519PrivateKey.from_private_bytes(seed))
+        return cls(Ed25519PrivateKey.from_private_bytes(seed), name=name)
+
+    @property
+    def public_key(self) -> Ed25519PublicKey:
+        """The signer's public key."""
+        return self._key.public_key()
 
     def __repr__(self) -> str:
         return f"LocalSigner({self._peer_id})"
 
     @property
     def peer_id(self) -> str:
-        """The peer ID of this identity."""
+        """The author this identity signs as (its peer ID unless named)."""
         return self._peer_id
 
     async def sign(self, data: bytes) -> bytes:
@@ -162,8 +227,8 @@ def _check_kind(kind: str) -> None:
         raise MalformedManifest(f"statement kind must be 1..{_KIND_CHARS} ASCII characters")
 
 
-def _verify(author: str, kind: str, body: bytes, signature: bytes) -> None:
-    key = ed25519_key_of(author)
+def _verify(author: str, kind: str, body: bytes, signature: bytes, keys: KeyBook) -> None:
+    key = keys.key_of(author)
     try:
         key.verify(signature, LIBP2P_KEY_PREFIX + signed_bytes(author, kind, body))
     except InvalidSignature:
@@ -181,8 +246,12 @@ def _fields(author: str, kind: str, body: bytes, signature: bytes) -> dict[str, 
     }
 
 
-async def sign_statement(signer: Signer, kind: str, body: bytes) -> Statement:
+async def sign_statement(
+    signer: Signer, kind: str, body: bytes, *, keys: KeyBook = PEER_ID_KEYS
+) -> Statement:
     """Sign ``body`` as a ``kind`` statement of ``signer`` and return it, checked.
+
+    ``keys`` is where verifiers find the signer's key (a named signer's directory).
 
     Raises
     ------
@@ -193,12 +262,14 @@ async def sign_statement(signer: Signer, kind: str, body: bytes) -> Statement:
     _check_kind(kind)
     author = signer.peer_id
     signature = await signer.sign(signed_bytes(author, kind, bytes(body)))
-    _verify(author, kind, bytes(body), signature)
+    _verify(author, kind, bytes(body), signature, keys)
     block = encode_record(_fields(author, kind, bytes(body), signature))
     return Statement(author, kind, bytes(body), signature, block)
 
 
-def decode_statement(block: Block, *, kind: str | None = None) -> Statement:
+def decode_statement(
+    block: Block, *, kind: str | None = None, keys: KeyBook = PEER_ID_KEYS
+) -> Statement:
     """Decode and verify a statement block (size bounded before decoding).
 
     Parameters
@@ -207,6 +278,8 @@ def decode_statement(block: Block, *, kind: str | None = None) -> Statement:
         The statement's block (re-hashed against its CID by whoever fetched it).
     kind
         The kind expected, if any.
+    keys
+        Where the author's key is found (default: in its Ed25519 peer ID).
 
     Raises
     ------
@@ -228,5 +301,5 @@ def decode_statement(block: Block, *, kind: str | None = None) -> Statement:
         raise MalformedManifest(f"{where} is a {found!r} statement, not {kind!r}")
     if len(signature) != 64:
         raise BadSignature(f"{where}: a signature of {len(signature)} bytes, not 64")
-    _verify(author, found, body, signature)
+    _verify(author, found, body, signature, keys)
     return Statement(author, found, body, signature, block)

@@ -12,7 +12,7 @@ from .daemon import (
     live_daemon_pids,
     multiaddr_to_url,
 )
-from .pubsub import KuboPubsub, MemoryPubsub, MemoryPubsubBus, PubsubTransport
+from .pubsub import KuboPubsub, MemoryPubsub, MemoryPubsubBus, PubsubTransport, PubsubWrapper
 from .signing import KuboSigner
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "MemoryPubsub",
     "MemoryPubsubBus",
     "PubsubTransport",
+    "PubsubWrapper",
     "default_kubo_path",
     "find_kubo_binary",
     "live_daemon_pids",

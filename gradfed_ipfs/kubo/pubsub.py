@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final, Protocol
 
 from ..errors import (
+    BadSignature,
+    ConfigError,
     DecodeError,
     PubsubError,
     PubsubRequestError,
@@ -40,8 +43,11 @@ from ..formats.pubsub import (
     parse_sub_line,
     session_topic,
 )
+from ..formats.statement import PEER_ID_KEYS, KeyBook, KeyDirectory, LocalSigner, Signer
+from ..formats.statement import ed25519_key_of as _ed25519_key_of
 from .rpc import MAX_PUBSUB_LINE_BYTES, KuboRpc, Transport
 from .rpc_errors import ErrorFamily
+from .signing import KuboSigner
 
 __all__ = [
     "PUBSUB_ERRORS",
@@ -52,6 +58,7 @@ __all__ = [
     "MemoryPubsubBus",
     "PubsubMessage",
     "PubsubTransport",
+    "PubsubWrapper",
     "decode_multibase",
     "decode_topic",
     "encode_multibase",
@@ -76,10 +83,24 @@ PUBSUB_ERRORS: Final = ErrorFamily(
 
 
 class PubsubTransport(Protocol):
-    """What announcements need from pubsub: publish, subscribe, and who else listens."""
+    """What announcements need from pubsub: publish, subscribe, who else listens, and identity.
+
+    The transport is the peer's identity on the network: it authenticates the ``from`` of what
+    it publishes, signs this peer's statements (:meth:`signer`) and knows where the others'
+    keys are (:attr:`keys`).
+    """
 
     async def local_peer_id(self) -> str:
         """Return this node's peer ID (the ``from`` of what it publishes)."""
+        ...
+
+    async def signer(self) -> Signer:
+        """Return what signs this node's statements (its identity key)."""
+        ...
+
+    @property
+    def keys(self) -> KeyBook:
+        """Where the statements' authors' keys are found."""
         ...
 
     async def publish(self, topic: str, data: bytes) -> None:
@@ -97,6 +118,46 @@ class PubsubTransport(Protocol):
     async def aclose(self) -> None:
         """Release the transport's resources."""
         ...
+
+
+class PubsubWrapper:
+    """A transport that hands every call to ``inner``: subclass it to change one part.
+
+    Loss, delay or counting wrappers (tests, benchmarks, simulations) override ``publish`` or
+    ``subscribe`` and keep the inner transport's identity, peers and lifetime.
+    """
+
+    def __init__(self, inner: PubsubTransport) -> None:
+        self.inner = inner
+
+    async def local_peer_id(self) -> str:
+        """Return the inner transport's peer ID."""
+        return await self.inner.local_peer_id()
+
+    async def signer(self) -> Signer:
+        """Return the inner transport's signer."""
+        return await self.inner.signer()
+
+    @property
+    def keys(self) -> KeyBook:
+        """The inner transport's key book."""
+        return self.inner.keys
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        """Publish through the inner transport."""
+        await self.inner.publish(topic, data)
+
+    def subscribe(self, topic: str) -> AsyncIterator[PubsubMessage]:
+        """Subscribe through the inner transport."""
+        return self.inner.subscribe(topic)
+
+    async def peers(self, topic: str) -> list[str]:
+        """Return the inner transport's peers on ``topic``."""
+        return await self.inner.peers(topic)
+
+    async def aclose(self) -> None:
+        """Close the inner transport."""
+        await self.inner.aclose()
 
 
 # --------------------------------------------------------------------------- Kubo
@@ -151,6 +212,7 @@ class KuboPubsub:
         self.reconnects = 0
         self.bad_lines = 0
         self._peer_id: str | None = None
+        self._signer: KuboSigner | None = None
         self._closed = False
         self._publishing = asyncio.Lock()
         self._owns_rpc = rpc is None
@@ -169,6 +231,17 @@ class KuboPubsub:
             answer = await self._post("id", {})
             self._peer_id = str(answer["ID"])
         return self._peer_id
+
+    async def signer(self) -> KuboSigner:
+        """Return the daemon's identity key as a signer (``key/sign``; cached)."""
+        if self._signer is None:
+            self._signer = await KuboSigner.open(self.rpc)
+        return self._signer
+
+    @property
+    def keys(self) -> KeyBook:
+        """Peer IDs are keys on a real network (:data:`~gradfed_ipfs.formats.PEER_ID_KEYS`)."""
+        return PEER_ID_KEYS
 
     async def publish(self, topic: str, data: bytes) -> None:
         """``pubsub/pub``: the topic in multibase, the data as a multipart file.
@@ -273,20 +346,61 @@ class KuboPubsub:
 # --------------------------------------------------------------------------- in memory
 
 
+_MEMORY_KEY_DOMAIN: Final = b"gradfed-ipfs memory bus identity\0"
+
+
 class MemoryPubsubBus:
     """An in-process pubsub network for unit tests: every endpoint sees every publication.
 
     Subscriptions register synchronously when :meth:`MemoryPubsub.subscribe` is called, so a
     subscriber sees exactly the messages published after that call.
+
+    Endpoints sign their statements too. A named endpoint (``"peer-a"``) gets a key derived from
+    its name, bound in :attr:`keys`: deterministic, so sessions give the same CIDs on every run,
+    and public, so the bus is a simulation of a network, not a place for secrets. An endpoint
+    whose name is an Ed25519 peer ID needs its own signer (:meth:`endpoint`).
     """
 
     def __init__(self) -> None:
         self._queues: dict[str, list[tuple[str, asyncio.Queue[PubsubMessage]]]] = {}
         self._seqno = 0
+        self.keys = KeyDirectory()
+        self._signers: dict[str, LocalSigner] = {}
 
-    def endpoint(self, peer_id: str) -> MemoryPubsub:
-        """Return a transport for ``peer_id`` on this bus."""
+    def endpoint(self, peer_id: str, *, signer: LocalSigner | None = None) -> MemoryPubsub:
+        """Return a transport for ``peer_id`` on this bus, signing with ``signer``.
+
+        Raises
+        ------
+        ConfigError
+            If ``signer`` signs as another author, or ``peer_id`` is an Ed25519 peer ID and no
+            signer is given (its key cannot be derived from its name).
+        """
+        if signer is not None:
+            if signer.peer_id != peer_id:
+                raise ConfigError(f"endpoint {peer_id} cannot sign as {signer.peer_id}")
+            self._signers.setdefault(peer_id, signer)
+            if peer_id not in self.keys and not _is_peer_id(peer_id):
+                self.keys.add(peer_id, signer.public_key)
         return MemoryPubsub(self, peer_id)
+
+    def signer(self, peer_id: str) -> LocalSigner:
+        """Return the signer of ``peer_id`` on this bus (derived from its name if none given).
+
+        Raises
+        ------
+        ConfigError
+            If ``peer_id`` is an Ed25519 peer ID whose signer was never given.
+        """
+        known = self._signers.get(peer_id)
+        if known is not None:
+            return known
+        if _is_peer_id(peer_id):
+            raise ConfigError(f"{peer_id} is a peer ID: give its signer (bus.endpoint(signer=))")
+        seed = hashlib.sha256(_MEMORY_KEY_DOMAIN + peer_id.encode("utf-8")).digest()
+        signer = self._signers[peer_id] = LocalSigner.from_seed(seed, name=peer_id)
+        self.keys.add(peer_id, signer.public_key)
+        return signer
 
     def deliver(self, sender: str, topic: str, data: bytes) -> None:
         """Hand a message from ``sender`` to every subscriber of ``topic`` (the sender too)."""
@@ -329,6 +443,15 @@ class MemoryPubsub:
         """Return this endpoint's peer ID."""
         return self.peer_id
 
+    async def signer(self) -> LocalSigner:
+        """Return this endpoint's signer (:meth:`MemoryPubsubBus.signer`)."""
+        return self.bus.signer(self.peer_id)
+
+    @property
+    def keys(self) -> KeyBook:
+        """The bus's key directory."""
+        return self.bus.keys
+
     async def publish(self, topic: str, data: bytes) -> None:
         """Deliver ``data`` to every current subscriber of ``topic``."""
         self.bus.deliver(self.peer_id, topic, data)
@@ -354,3 +477,11 @@ class MemoryPubsub:
 
     async def aclose(self) -> None:
         """Nothing to release."""
+
+
+def _is_peer_id(name: str) -> bool:
+    try:
+        _ed25519_key_of(name)
+    except BadSignature:
+        return False
+    return True

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from gradfed_ipfs import ConfigError, Node
+from gradfed_ipfs.errors import BadSignature
 from gradfed_ipfs.formats import LocalSigner, decode_statement, sign_statement
 from gradfed_ipfs.formats.pubsub import encode_multibase
 from gradfed_ipfs.formats.statement import LIBP2P_KEY_PREFIX, signed_bytes
+from gradfed_ipfs.kubo import MemoryPubsubBus
 from tests.conftest import KuboNode
 
 
@@ -52,8 +55,41 @@ async def test_a_memory_node_signs_with_its_local_key() -> None:
     assert decode_statement(statement.block).author == signer.peer_id
 
 
-async def test_a_memory_node_without_a_key_cannot_sign() -> None:
-    with pytest.raises(ConfigError, match="no signer"):
-        await Node.memory("peer-a").signer()
+async def test_a_named_memory_node_signs_with_a_key_its_bus_binds() -> None:
+    bus = MemoryPubsubBus()
+    node = Node.memory("peer-a", bus=bus)
+    signer = await node.signer()
+    assert signer.peer_id == "peer-a"
+    statement = await sign_statement(signer, "agreed/done", b"x", keys=bus.keys)
+    assert decode_statement(statement.block, keys=bus.keys).author == "peer-a"
+    with pytest.raises(BadSignature):  # a name is not a peer ID: its key is in the bus only
+        decode_statement(statement.block)
+    other = MemoryPubsubBus()  # another bus binds the same name to the same derived key
+    assert (await other.endpoint("peer-a").signer()).public_key == signer.public_key
+    with pytest.raises(BadSignature):  # a second key for the name is refused
+        bus.keys.add("peer-a", LocalSigner().public_key)
+
+
+async def test_a_memory_endpoint_cannot_sign_as_someone_else() -> None:
+    bus = MemoryPubsubBus()
     with pytest.raises(ConfigError, match="not the signer's"):
         Node.memory("peer-a", signer=LocalSigner())
+    with pytest.raises(ConfigError, match="cannot sign as"):
+        bus.endpoint("peer-a", signer=LocalSigner())
+    with pytest.raises(ConfigError, match="give its signer"):
+        await bus.endpoint(LocalSigner().peer_id).signer()
+    hostile = LocalSigner(name="peer-b")  # signs as peer-b with a key the bus never bound
+    bus.signer("peer-b")
+    forged = await sign_statement(hostile, "agreed/done", b"x", keys=_Only(hostile))
+    with pytest.raises(BadSignature, match="does not verify"):
+        decode_statement(forged.block, keys=bus.keys)
+
+
+class _Only:
+    """A key book that knows one signer (the forger's own view)."""
+
+    def __init__(self, signer: LocalSigner) -> None:
+        self.signer = signer
+
+    def key_of(self, author: str) -> Ed25519PublicKey:
+        return self.signer.public_key

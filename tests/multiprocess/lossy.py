@@ -6,24 +6,18 @@ import random
 from collections.abc import AsyncIterator
 
 from gradfed_ipfs.formats import PubsubMessage
-from gradfed_ipfs.kubo import PubsubTransport
+from gradfed_ipfs.kubo import PubsubTransport, PubsubWrapper
 
 
-class LossyPubsub:
+class LossyPubsub(PubsubWrapper):
     """Wrap a transport; each received message is dropped with probability ``loss`` (seeded)."""
 
     def __init__(self, inner: PubsubTransport, loss: float, seed: int) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.loss = loss
         self.rng = random.Random(seed)
         self.dropped = 0
         self.delivered = 0
-
-    async def local_peer_id(self) -> str:
-        return await self.inner.local_peer_id()
-
-    async def publish(self, topic: str, data: bytes) -> None:
-        await self.inner.publish(topic, data)
 
     def subscribe(self, topic: str) -> AsyncIterator[PubsubMessage]:
         return self._lossy(self.inner.subscribe(topic))
@@ -35,9 +29,3 @@ class LossyPubsub:
                 continue
             self.delivered += 1
             yield message
-
-    async def peers(self, topic: str) -> list[str]:
-        return await self.inner.peers(topic)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()

@@ -20,7 +20,7 @@ from gradfed_ipfs.federated.sliced.peer import (
 from gradfed_ipfs.federated.sliced.transport import member_cap
 from gradfed_ipfs.formats.pubsub import PubsubMessage
 from gradfed_ipfs.formats.slices import SliceMessage
-from gradfed_ipfs.kubo import KuboPubsub
+from gradfed_ipfs.kubo import KuboPubsub, PubsubWrapper
 from tests.federated.sliced.test_peer import CHUNK, LR, Round, make_round, reference
 
 RECORD = 40_000  # bytes of each flood message's inline record: about the issue's 40 KB
@@ -98,22 +98,17 @@ async def test_a_refused_message_is_not_remembered_as_heard() -> None:
     assert board.messages == []
 
 
-class _Watched:
+class _Watched(PubsubWrapper):
     """A pubsub transport telling the test how many of a sender's messages the board has read.
 
     The board's listener asks for the next message once it has handled the last one.
     """
 
     def __init__(self, inner: KuboPubsub, sender: str, count: int) -> None:
-        self.inner, self.sender, self.count = inner, sender, count
+        super().__init__(inner)
+        self.sender, self.count = sender, count
         self.read = 0
         self.done = asyncio.Event()
-
-    async def local_peer_id(self) -> str:
-        return await self.inner.local_peer_id()
-
-    async def publish(self, topic: str, data: bytes) -> None:
-        await self.inner.publish(topic, data)
 
     def subscribe(self, topic: str) -> AsyncIterator[PubsubMessage]:
         return self._watch(self.inner.subscribe(topic))
