@@ -226,8 +226,12 @@ def write_genesis(
     *,
     chain_id: str,
     genesis_time: str,
+    app_state: Mapping[str, Any] | None = None,
 ) -> None:
     """Write one genesis (``validators``, ``chain_id``, RFC 3339 ``genesis_time``) to each home.
+
+    ``app_state`` (JSON) is what the ABCI app gets at ``InitChain`` (e.g. a round chain's
+    members, :class:`~gradfed_ipfs.cometbft.abci.RoundsGenesis`); none by default.
 
     The consensus parameters are the first home's (``cometbft init``'s defaults): 4 MiB blocks,
     Ed25519 keys, vote extensions and PBTS off.
@@ -237,6 +241,8 @@ def write_genesis(
     genesis["genesis_time"] = genesis_time
     genesis["initial_height"] = "1"
     genesis["app_hash"] = ""
+    if app_state is not None:
+        genesis["app_state"] = dict(app_state)
     genesis["validators"] = [
         {"address": v.address, "pub_key": dict(v.pub_key), "power": str(v.power), "name": v.name}
         for v in validators
