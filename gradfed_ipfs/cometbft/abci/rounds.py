@@ -94,6 +94,8 @@ class RoundsGenesis:
         Least held contributions a round closes with at its deadline.
     collect_ms
         Block-time milliseconds from a round's opening to its deadline.
+    max_weight
+        Largest contribution weight accepted (the session's ``max_weight``).
     """
 
     session: str
@@ -101,6 +103,7 @@ class RoundsGenesis:
     members: tuple[str, ...]
     min_peers: int
     collect_ms: int
+    max_weight: int = 2**53
 
     def __post_init__(self) -> None:
         members = tuple(sorted(set(self.members)))
@@ -112,6 +115,8 @@ class RoundsGenesis:
             raise MalformedManifest(f"min_peers {self.min_peers} not in [1, {len(members)}]")
         if not 0 <= self.collect_ms <= 10**9:
             raise MalformedManifest(f"collect_ms {self.collect_ms} not in [0, 1e9]")
+        if not 1 <= self.max_weight <= 2**53:
+            raise MalformedManifest(f"max_weight {self.max_weight} not in [1, 2**53]")
 
     @property
     def f(self) -> int:
@@ -127,6 +132,7 @@ class RoundsGenesis:
             "members": list(self.members),
             "min_peers": self.min_peers,
             "collect_ms": self.collect_ms,
+            "max_weight": self.max_weight,
         }
 
     @classmethod
@@ -148,7 +154,7 @@ class RoundsGenesis:
             return cls(
                 str(state["session"]), str(state["genesis"]),
                 tuple(str(m) for m in state["members"]), int(state["min_peers"]),
-                int(state["collect_ms"]),
+                int(state["collect_ms"]), int(state.get("max_weight", 2**53)),
             )  # fmt: skip
         except (KeyError, TypeError, ValueError, DecodeError) as exc:
             raise MalformedManifest(f"round chain app_state: {exc}") from exc
@@ -207,6 +213,9 @@ class RoundView:
         Results submitted so far (distinct authors).
     evidence
         Peers that equivocated in this round.
+    contributions
+        The contributions accepted so far, sorted by peer (until the round is final; a held
+        next round's may still be dropped when its base is decided).
     """
 
     round: int
@@ -217,6 +226,7 @@ class RoundView:
     model: str | None
     results: int = 0
     evidence: tuple[str, ...] = ()
+    contributions: tuple[RosterLine, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Return the dag-cbor map of the ``/round`` answer."""
@@ -226,6 +236,7 @@ class RoundView:
             else [[e.peer, e.cid, e.weight] for e in self.roster],
             "record": self.record, "model": self.model, "results": self.results,
             "evidence": list(self.evidence),
+            "contributions": [[e.peer, e.cid, e.weight] for e in self.contributions],
         }  # fmt: skip
 
     @classmethod
@@ -240,16 +251,18 @@ class RoundView:
         try:
             assert isinstance(value, dict)  # noqa: S101 - turned into MalformedManifest below
             roster = value["roster"]
-            lines = None if roster is None else tuple(
-                RosterLine(str(p), str(c), int(w)) for p, c, w in roster
-            )  # fmt: skip
             return cls(
-                int(value["round"]), str(value["status"]), value["base"], lines,
-                value["record"], value["model"], int(value["results"]),
-                tuple(str(p) for p in value["evidence"]),
+                int(value["round"]), str(value["status"]), value["base"],
+                None if roster is None else _lines(roster), value["record"], value["model"],
+                int(value["results"]), tuple(str(p) for p in value["evidence"]),
+                _lines(value["contributions"]),
             )  # fmt: skip
         except (AssertionError, KeyError, TypeError, ValueError) as exc:
             raise MalformedManifest(f"not a /round answer: {exc!r:.200}") from exc
+
+
+def _lines(value: Any) -> tuple[RosterLine, ...]:
+    return tuple(RosterLine(str(p), str(c), int(w)) for p, c, w in value)
 
 
 @dataclass
@@ -345,9 +358,12 @@ class RoundMachine:
             base = self.genesis.genesis if r == 0 else None
             return RoundView(r, "waiting" if r > state.current else "open", base, None, None, None)
         status = "waiting" if r > state.current else "open" if known.roster is None else "closed"
+        contributions = tuple(
+            RosterLine(p, c.cid, c.weight) for p, c in sorted(known.contributions.items())
+        )
         return RoundView(
             r, status, known.base, known.roster, None, None, len(known.results),
-            tuple(sorted(known.equivocators)),
+            tuple(sorted(known.equivocators)), contributions,
         )  # fmt: skip
 
     @property
@@ -419,6 +435,8 @@ class RoundMachine:
             return Verdict(TxCode.CLOSED, f"round {state.number} is closed")
         if peer in state.equivocators:
             return Verdict(TxCode.CONFLICT, f"{peer:.60} equivocated in round {state.number}")
+        if body.weight > self.genesis.max_weight:
+            return Verdict(TxCode.MALFORMED, f"weight {body.weight} > {self.genesis.max_weight}")
         if state.base is not None and body.base != state.base:
             return Verdict(TxCode.WRONG_BASE, f"base {body.base}, not {state.base}")
         if peer in state.contributions:
