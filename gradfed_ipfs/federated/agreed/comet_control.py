@@ -62,6 +62,8 @@ logger = logging.getLogger("gradfed_ipfs.federated.agreed")
 
 POLL_INTERVAL: Final = 0.1
 """Seconds between reads of the app's state of a round."""
+_RETRY: Final = 0.25
+"""Seconds between submissions of a transaction the validator could not take yet."""
 
 
 def rounds_genesis(session: str, genesis: CID | str, config: AgreedConfig) -> RoundsGenesis:
@@ -130,8 +132,8 @@ class CometControl:
         """
         r, own = ctx.number, ctx.own
         tx = await contribution_tx(self._signer, self._session, r, own.cid, own.weight, ctx.base)
-        await self._submit(tx, f"round {r} contribution")
         deadline = ctx.started + ctx.config.round_timeout
+        await self._submit(tx, f"round {r} contribution", deadline)
         attested: set[str] = {ctx.peer}
         while True:
             view = await self.view(r)
@@ -155,8 +157,8 @@ class CometControl:
         """
         r, record = ctx.number, str(finished.record.cid)
         tx = await result_tx(self._signer, self._session, r, record, finished.model)
-        await self._submit(tx, f"round {r} result")
         deadline = time.monotonic() + ctx.config.round_timeout
+        await self._submit(tx, f"round {r} result", deadline)
         while True:
             view = await self.view(r)
             if view.status == "final":
@@ -167,12 +169,25 @@ class CometControl:
                 raise QuorumNotReached(r, view.results, len(ctx.config.members))
             await asyncio.sleep(POLL_INTERVAL)  # the app's state changes only with blocks
 
-    async def _submit(self, tx: bytes, what: str) -> None:
-        """Hand ``tx`` to the validator; a refusal is logged (the chain decides without it)."""
-        try:
-            await self.rpc.broadcast_tx_sync(tx)
-        except CometRpcError as exc:
-            logger.warning("%s refused by the validator: %s", what, exc)
+    async def _submit(self, tx: bytes, what: str, deadline: float) -> None:
+        """Hand ``tx`` to the validator, retrying until ``deadline`` while it cannot take it.
+
+        The app's refusal (CheckTx's code) is logged and final: the chain decides without it.
+        A validator still catching up, unreachable or with a full mempool is asked again.
+        """
+        while True:
+            try:
+                await self.rpc.broadcast_tx_sync(tx)
+                return
+            except CometRpcError as exc:
+                text = str(exc)
+                if "already exists in cache" in text:  # submitted before: it is in the mempool
+                    return
+                if "code=" in text or time.monotonic() >= deadline:
+                    logger.warning("%s refused by the validator: %s", what, exc)
+                    return
+                logger.debug("%s: validator busy (%s); again", what, exc)
+            await asyncio.sleep(_RETRY)  # a validator's readiness is not an event we can await
 
     async def _attest(self, ctx: RoundContext, view: RoundView, attested: set[str]) -> None:
         """Fetch the round's contributions; attest each that verifies (once per peer)."""
@@ -194,7 +209,8 @@ class CometControl:
                     ctx.rejected[line.peer] = f"contribution {line.cid}: {task.exception()}"
                 continue
             tx = await attestation_tx(self._signer, self._session, ctx.number, line.peer, line.cid)
-            await self._submit(tx, f"round {ctx.number} attestation of {line.peer}")
+            what = f"round {ctx.number} attestation of {line.peer}"
+            await self._submit(tx, what, ctx.started + ctx.config.round_timeout)
 
     async def _adopt(
         self, ctx: RoundContext, lines: tuple[RosterLine, ...], deadline: float
