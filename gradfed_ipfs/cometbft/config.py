@@ -8,6 +8,7 @@ value took; ``genesis.json`` is JSON, rewritten whole.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import tomllib
@@ -212,6 +213,11 @@ class GenesisValidator:
     pub_key: Mapping[str, str]
     power: int
     name: str
+
+    @property
+    def key_bytes(self) -> bytes:
+        """The raw 32-byte Ed25519 public key (what a member's binding statement names)."""
+        return base64.b64decode(self.pub_key["value"])
 
     @classmethod
     def of_home(cls, home: Path, *, power: int = 1, name: str = "") -> GenesisValidator:

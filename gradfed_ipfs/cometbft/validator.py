@@ -377,9 +377,20 @@ class CometNetwork:
         self.app_state = app_state
         self.root: Path | None = None
         self.validators: list[Validator] = []
+        self._entries: list[GenesisValidator] = []
 
     def start(self) -> Self:
         """Initialise every home, write the genesis and configs, start all; all or nothing."""
+        self.prepare()
+        return self.launch()
+
+    def prepare(self) -> list[GenesisValidator]:
+        """Initialise every home (keys included); return the validators' genesis entries.
+
+        Between :meth:`prepare` and :meth:`launch` the members can sign statements that bind
+        these keys to their identities (:func:`~gradfed_ipfs.cometbft.abci.validator_binding`)
+        and put them into the genesis ``app_state``.
+        """
         self.root = Path(tempfile.mkdtemp(prefix="gradfed-comet-"))
         self.validators = [
             Validator(
@@ -391,11 +402,23 @@ class CometNetwork:
             for i in range(self.n)
         ]
         try:
-            entries = [v.init() for v in self.validators]
+            self._entries = [v.init() for v in self.validators]
+        except BaseException:
+            self.stop()
+            raise
+        return list(self._entries)
+
+    def launch(self, app_state: Mapping[str, Any] | None = None) -> Self:
+        """Write the genesis (``app_state``, default the constructor's) and configs; start all.
+
+        After :meth:`prepare`; all or nothing (every home is removed on failure).
+        """
+        try:
             now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
             homes = [v.home for v in self.validators]
+            state = self.app_state if app_state is None else app_state
             write_genesis(
-                homes, entries, chain_id=self.chain_id, genesis_time=now, app_state=self.app_state
+                homes, self._entries, chain_id=self.chain_id, genesis_time=now, app_state=state
             )
             for v in self.validators:
                 v.configure([o.p2p_address for o in self.validators if o is not v], self.timing)

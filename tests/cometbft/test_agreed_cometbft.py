@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import pytest
 
 from gradfed_ipfs.block import Block
 from gradfed_ipfs.cometbft import CometNetwork, CometRpc
-from gradfed_ipfs.cometbft.abci import RoundView, contribution_tx
+from gradfed_ipfs.cometbft.abci import RoundView, contribution_tx, validator_binding
 from gradfed_ipfs.federated.agreed import (
     AgreedConfig,
     AgreedRoundResult,
@@ -69,12 +69,19 @@ async def federation(kubo_swarm4: list[Any], cometbft_binary: Path) -> AsyncIter
     pubsubs = [KuboPubsub(n.api_url) for n in nodes]
     model = np.random.default_rng(7).standard_normal(D).astype(np.float32)
     genesis = await AgreedSession.commit_genesis(stores[0], model)
-    # A fresh chain per test (the daemons are shared): a session name per chain is enough.
-    app_state = rounds_genesis(SESSION, genesis, config).to_dict()
-    network = CometNetwork(4, binary=cometbft_binary, app_state=app_state)
+    network = CometNetwork(4, binary=cometbft_binary)
     sessions: list[AgreedSession] = []
     try:
-        await asyncio.to_thread(network.start)
+        # Each member binds its validator's key to its peer ID: a statement its daemon signs.
+        entries = await asyncio.to_thread(network.prepare)
+        bindings = [
+            await validator_binding(
+                await pubsub.signer(), SESSION, network.chain_id, entry.key_bytes
+            )
+            for pubsub, entry in zip(pubsubs, entries, strict=True)
+        ]
+        chain = replace(rounds_genesis(SESSION, genesis, config), bindings=tuple(bindings))
+        await asyncio.to_thread(network.launch, chain.to_dict())
         await asyncio.to_thread(network.wait_for_height, 1, timeout=30)
         for store, pubsub, validator in zip(stores, pubsubs, network, strict=True):
             session = AgreedSession(

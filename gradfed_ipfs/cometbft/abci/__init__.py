@@ -10,6 +10,7 @@ protobuf messages are generated from CometBFT's own ``.proto`` files (``pb/``,
 
 from __future__ import annotations
 
+from .bindings import check_bindings
 from .handler import APP_VERSION, QUERY_PATHS, LedgerApp, StateMachine
 from .ledger import StatementLedger, TxCode, Verdict
 from .rounds import (
@@ -25,9 +26,11 @@ from .txs import (
     ATTESTATION,
     CONTRIBUTION,
     RESULT,
+    VALIDATOR,
     attestation_tx,
     contribution_tx,
     result_tx,
+    validator_binding,
 )
 
 __all__ = [
@@ -36,6 +39,7 @@ __all__ = [
     "ATTESTATION",
     "CONTRIBUTION",
     "RESULT",
+    "VALIDATOR",
     "ROUND_QUERY_PATHS",
     "RosterLine",
     "RoundMachine",
@@ -43,8 +47,10 @@ __all__ = [
     "RoundsGenesis",
     "StateMachine",
     "attestation_tx",
+    "check_bindings",
     "contribution_tx",
     "result_tx",
+    "validator_binding",
     "MAX_FRAME_BYTES",
     "QUERY_PATHS",
     "AbciServer",

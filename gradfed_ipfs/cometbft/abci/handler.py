@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Final, Protocol
 
 from ...errors import DecodeError
+from .bindings import check_bindings
 from .ledger import QUERY_PATHS, StatementLedger, Verdict
 from .pb.cometbft.abci.v1 import types_pb2 as abci
 from .rounds import RoundMachine, RoundsGenesis
@@ -91,8 +92,12 @@ class LedgerApp:
     def _init_chain(self, request: abci.Request) -> abci.Response:
         # The genesis validators stay as they are (no updates); the app hash is the empty state's.
         # A MalformedManifest here (a round chain's broken app_state) stops the node: no app.
-        rounds = RoundsGenesis.from_app_state(request.init_chain.app_state_bytes)
+        init = request.init_chain
+        rounds = RoundsGenesis.from_app_state(init.app_state_bytes)
         if rounds is not None:
+            if rounds.bindings:
+                validators = [(v.pub_key_type, v.pub_key_bytes) for v in init.validators]
+                check_bindings(rounds, init.chain_id, validators)
             self.ledger = RoundMachine(rounds)
         return abci.Response(init_chain=abci.InitChainResponse(app_hash=self.ledger.app_hash))
 

@@ -96,6 +96,10 @@ class RoundsGenesis:
         Block-time milliseconds from a round's opening to its deadline.
     max_weight
         Largest contribution weight accepted (the session's ``max_weight``).
+    bindings
+        Each member's signed ``comet/validator`` statement naming its validator's key
+        (:func:`~.txs.validator_binding`; checked against the genesis validators at
+        ``InitChain`` by :func:`~.bindings.check_bindings`); empty: validators not bound.
     """
 
     session: str
@@ -104,6 +108,7 @@ class RoundsGenesis:
     min_peers: int
     collect_ms: int
     max_weight: int = 2**53
+    bindings: tuple[bytes, ...] = ()
 
     def __post_init__(self) -> None:
         members = tuple(sorted(set(self.members)))
@@ -133,6 +138,7 @@ class RoundsGenesis:
             "min_peers": self.min_peers,
             "collect_ms": self.collect_ms,
             "max_weight": self.max_weight,
+            "bindings": [b.hex() for b in self.bindings],
         }
 
     @classmethod
@@ -155,6 +161,7 @@ class RoundsGenesis:
                 str(state["session"]), str(state["genesis"]),
                 tuple(str(m) for m in state["members"]), int(state["min_peers"]),
                 int(state["collect_ms"]), int(state.get("max_weight", 2**53)),
+                tuple(bytes.fromhex(str(b)) for b in state.get("bindings", ())),
             )  # fmt: skip
         except (KeyError, TypeError, ValueError, DecodeError) as exc:
             raise MalformedManifest(f"round chain app_state: {exc}") from exc

@@ -8,7 +8,10 @@ that says it (its Ed25519 peer ID is its key) and whose body is a dag-cbor map:
 - ``comet/attestation`` ``{session, round, peer, cid}``: the author fetched ``peer``'s
   contribution ``cid`` of ``round`` and verified it (bounds, size, hash);
 - ``comet/result`` ``{session, round, record, model}``: the author's record CID of ``round``
-  and the model CID it names.
+  and the model CID it names;
+- ``comet/validator`` ``{session, chain_id, pub_key}`` (not a transaction: part of the chain's
+  genesis): the author's validator signs with the raw 32-byte Ed25519 key ``pub_key`` on chain
+  ``chain_id``, so the validator and the member are one identity (:func:`validator_binding`).
 
 CIDs are carried as strings (checked and normalised by :func:`~gradfed_ipfs.cid.parse_cid`), so
 a body decodes to plain values; ``session`` binds a statement to one session, so it cannot be
@@ -33,19 +36,24 @@ __all__ = [
     "KINDS",
     "MAX_ROUND",
     "RESULT",
+    "VALIDATOR",
     "Attestation",
     "Contribution",
     "Result",
     "RoundTx",
+    "ValidatorBinding",
     "attestation_tx",
     "contribution_tx",
+    "decode_binding",
     "decode_body",
     "result_tx",
+    "validator_binding",
 ]
 
 CONTRIBUTION: Final = "comet/contribution"
 ATTESTATION: Final = "comet/attestation"
 RESULT: Final = "comet/result"
+VALIDATOR: Final = "comet/validator"
 KINDS: Final = (CONTRIBUTION, ATTESTATION, RESULT)
 """The statement kinds of the round machine."""
 MAX_ROUND: Final = 2**40
@@ -83,6 +91,15 @@ class Result:
     round: int
     record: str
     model: str
+
+
+@dataclass(frozen=True)
+class ValidatorBinding:
+    """``comet/validator``: the author's validator key (raw Ed25519) on chain ``chain_id``."""
+
+    session: str
+    chain_id: str
+    pub_key: bytes
 
 
 RoundTx = Contribution | Attestation | Result
@@ -176,3 +193,29 @@ async def result_tx(
     body = {"session": session, "round": round_number, "record": str(parse_cid(record)),
             "model": str(parse_cid(model))}  # fmt: skip
     return await _sign(signer, RESULT, body)
+
+
+def decode_binding(body: bytes) -> ValidatorBinding:
+    """Decode and check the body of a ``comet/validator`` statement.
+
+    Raises
+    ------
+    MalformedManifest
+        If it is not a map of ``session``, ``chain_id`` and a 32-byte ``pub_key``.
+    """
+    try:
+        decoded = dag_cbor.decode(body)
+    except Exception as exc:  # dag_cbor raises several unrelated types on bad input
+        raise MalformedManifest(f"{VALIDATOR} body is not dag-cbor: {exc}") from exc
+    if not isinstance(decoded, dict) or set(decoded) != {"session", "chain_id", "pub_key"}:
+        raise MalformedManifest(f"{VALIDATOR} body must be a map of session, chain_id, pub_key")
+    key = decoded["pub_key"]
+    if not isinstance(key, bytes) or len(key) != 32:
+        raise MalformedManifest(f"{VALIDATOR}: pub_key must be 32 bytes (Ed25519)")
+    return ValidatorBinding(_text(decoded, "session"), _text(decoded, "chain_id"), key)
+
+
+async def validator_binding(signer: Signer, session: str, chain_id: str, pub_key: bytes) -> bytes:
+    """Return ``signer``'s signed ``comet/validator`` statement binding its validator's key."""
+    body = {"session": session, "chain_id": chain_id, "pub_key": bytes(pub_key)}
+    return await _sign(signer, VALIDATOR, body)
