@@ -3,7 +3,8 @@ validator and its Python round machine, all on loopback.
 
 Three all-to-all rounds end on one record everywhere (and re-verify from the head); a member
 that sends a contribution nobody can verify is left out by the chain's roster (no honest member
-attests it), and with its validator crashed the other three go on.
+attests it; it then equivocates, which the chain records as evidence), and with its validator
+crashed the other three go on.
 """
 
 from __future__ import annotations
@@ -154,18 +155,20 @@ async def test_a_hostile_then_crashed_member_is_left_out_and_the_others_go_on(
     everyone = _one_record(await _round(fed, 0, [0, 1, 2, 3]))
     assert len(everyone.roster.entries) == 4
     # Round 1: member 3 signs a contribution whose block is no gradient (its own daemon
-    # serves it); nobody can verify it, so no honest member attests it.
+    # serves it): nobody can verify it, so no honest member attests it. Then it signs another
+    # one and sends it through another validator: two contributions of one round, evidence.
     hostile = fed.sessions[3]
-    junk = Block.new(b"not a gradient", "raw")
-    await fed.stores[3].put(junk)
     signer = await fed.pubsubs[3].signer()
-    tx = await contribution_tx(signer, SESSION, 1, junk.cid, 1, hostile.model_cid)
-    await CometRpc(fed.network[3].rpc_url).broadcast_tx_sync(tx)
+    for i, junk in enumerate([Block.new(b"not a gradient", "raw"), Block.new(b"nor this", "raw")]):
+        await fed.stores[3].put(junk)
+        tx = await contribution_tx(signer, SESSION, 1, junk.cid, 1, hostile.model_cid)
+        await CometRpc(fed.network[3 - i].rpc_url).broadcast_tx_sync(tx)
     honest = _one_record(await _round(fed, 1, [0, 1, 2]))
     assert fed.members[3] not in honest.roster.peers
     assert len(honest.roster.entries) == 3
     view = await _app_view(fed, 0, 1)
     assert (view.status, view.record) == ("final", str(honest.record))
+    assert view.evidence == (fed.members[3],)
     assert [line.peer for line in view.roster or ()] == list(honest.roster.peers)
     # Round 2: member 3's machine is gone (its validator and app killed); 3 of 4 validators
     # still commit blocks, the round closes at its deadline with the other three.

@@ -129,6 +129,8 @@ class CometControl:
         ------
         QuorumNotReached
             If the chain decided no roster by ``round_timeout``.
+        CometRpcError
+            If this member's validator does not answer (the round fails; the chain goes on).
         """
         r, own = ctx.number, ctx.own
         tx = await contribution_tx(self._signer, self._session, r, own.cid, own.weight, ctx.base)
