@@ -4,7 +4,8 @@ validator and its Python round machine, all on loopback.
 Three all-to-all rounds end on one record everywhere (and re-verify from the head); a member
 that sends a contribution nobody can verify is left out by the chain's roster (no honest member
 attests it; it then equivocates, which the chain records as evidence), and with its validator
-crashed the other three go on.
+crashed the other three go on. With two validators of four down a round stalls (no block, no
+decision) and resumes to one record on all four once they are back.
 """
 
 from __future__ import annotations
@@ -180,3 +181,35 @@ async def test_a_hostile_then_crashed_member_is_left_out_and_the_others_go_on(
         fed.stores[0], after.record, session=SESSION, genesis=fed.genesis
     )
     assert [rec.round for rec in records] == [0, 1, 2]
+
+
+async def test_with_two_validators_down_a_round_stalls_and_resumes(federation: Federation) -> None:
+    fed = federation
+    first = _one_record(await _round(fed, 0, [0, 1, 2, 3]))
+    down = [fed.network[2], fed.network[3]]
+    for validator in down:
+        validator.kill()  # half the voting power: no block can commit
+    alive = [fed.network[0], fed.network[1]]
+    stalled_at = max(v.latest()[0] for v in alive)
+    running = asyncio.ensure_future(_round(fed, 1, [0, 1, 2, 3]))
+    # A check of absence: watched for ten block intervals plus the consensus timeouts.
+    timing = fed.network.timing
+    watch = 10 * timing.timeout_commit + timing.timeout_propose + timing.timeout_precommit
+    deadline = asyncio.get_running_loop().time() + watch
+    while asyncio.get_running_loop().time() < deadline:
+        assert not running.done()
+        heights = [(await CometRpc(v.rpc_url).latest())[0] for v in alive]
+        assert max(heights) <= stalled_at + 1, heights  # one in flight may still commit
+        await asyncio.sleep(timing.timeout_commit / 3)  # paces the watch; waits for no event
+    views = [await _app_view(fed, i, 1) for i in (0, 1)]
+    assert all(v.status in ("waiting", "open") for v in views)  # nothing decided meanwhile
+    for validator in down:
+        await asyncio.to_thread(validator.start)  # replayed from its blocks, then block sync
+    resumed = _one_record(await running)  # all four: the same record
+    # The restarted members' contributions may miss the round's block-time deadline (their
+    # validators catch up first): the roster holds at least min_peers, the live two included.
+    assert len(resumed.roster.entries) >= 3
+    assert set(fed.members[:2]) <= set(resumed.roster.peers)
+    assert resumed.base == first.model
+    views = [await _app_view(fed, i, 1) for i in range(4)]
+    assert {(v.status, v.record) for v in views} == {("final", str(resumed.record))}

@@ -130,21 +130,23 @@ class CometControl:
         QuorumNotReached
             If the chain decided no roster by ``round_timeout``.
         CometRpcError
-            If this member's validator does not answer (the round fails; the chain goes on).
+            If this member's validator does not answer by then (the chain goes on without it).
         """
         r, own = ctx.number, ctx.own
         tx = await contribution_tx(self._signer, self._session, r, own.cid, own.weight, ctx.base)
         deadline = ctx.started + ctx.config.round_timeout
         await self._submit(tx, f"round {r} contribution", deadline)
         attested: set[str] = {ctx.peer}
+        seen = 0
         while True:
-            view = await self.view(r)
-            if view.roster is not None:
+            view = await self._look(r, deadline)
+            if view is not None and view.roster is not None:
                 return await self._adopt(ctx, view.roster, deadline)
-            if view.status == "open":
+            if view is not None and view.status == "open":
+                seen = len(view.contributions)
                 await self._attest(ctx, view, attested)
             if time.monotonic() >= deadline:
-                raise QuorumNotReached(r, len(view.contributions), ctx.config.quorum)
+                raise QuorumNotReached(r, seen, ctx.config.quorum)
             await asyncio.sleep(POLL_INTERVAL)  # the app's state changes only with blocks
 
     async def settle(self, ctx: RoundContext, finished: FinishedRound) -> None:
@@ -162,14 +164,29 @@ class CometControl:
         deadline = time.monotonic() + ctx.config.round_timeout
         await self._submit(tx, f"round {r} result", deadline)
         while True:
-            view = await self.view(r)
-            if view.status == "final":
+            view = await self._look(r, deadline)
+            if view is not None and view.status == "final":
                 if view.record != record:
                     raise RoundMismatch(r, record, {"cometbft": str(view.record)})
                 return
             if time.monotonic() >= deadline:
-                raise QuorumNotReached(r, view.results, len(ctx.config.members))
+                results = 0 if view is None else view.results
+                raise QuorumNotReached(r, results, len(ctx.config.members))
             await asyncio.sleep(POLL_INTERVAL)  # the app's state changes only with blocks
+
+    async def _look(self, r: int, deadline: float) -> RoundView | None:
+        """Read round ``r``; ``None`` while the validator does not answer, until ``deadline``.
+
+        A member's validator may be restarting (its app replays the chain) or catching up: the
+        round waits for it rather than failing.
+        """
+        try:
+            return await self.view(r)
+        except CometRpcError as exc:
+            if time.monotonic() >= deadline:
+                raise
+            logger.debug("round %d: validator not answering (%s)", r, exc)
+            return None
 
     async def _submit(self, tx: bytes, what: str, deadline: float) -> None:
         """Hand ``tx`` to the validator, retrying until ``deadline`` while it cannot take it.
