@@ -2,13 +2,14 @@
 
 The agreement engine of the CometBFT control plane (issue #36): :class:`CometNetwork` runs
 ``n`` validators on 127.0.0.1, each with its own :mod:`~gradfed_ipfs.cometbft.abci` app process,
-a deterministic log of the project's signed statements. Not yet wired into agreed sessions.
+a deterministic log of the project's signed statements or the round machine of agreed sessions
+(``AgreedConfig(control="cometbft")``).
 """
 
 from __future__ import annotations
 
 from .binary import COMETBFT_VERSION, default_cometbft_path, find_cometbft_binary
-from .config import DEFAULT_TIMING, BlockTiming
+from .config import DEFAULT_TIMING, BlockTiming, GenesisValidator
 from .rpc import BroadcastResult, CometRpc, QueryResult, comet_call
 from .validator import CometNetwork, Validator, live_validator_pids
 
@@ -19,6 +20,7 @@ __all__ = [
     "BroadcastResult",
     "CometNetwork",
     "CometRpc",
+    "GenesisValidator",
     "QueryResult",
     "Validator",
     "comet_call",

@@ -8,6 +8,7 @@ value took; ``genesis.json`` is JSON, rewritten whole.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import tomllib
@@ -213,6 +214,11 @@ class GenesisValidator:
     power: int
     name: str
 
+    @property
+    def key_bytes(self) -> bytes:
+        """The raw 32-byte Ed25519 public key (what a member's binding statement names)."""
+        return base64.b64decode(self.pub_key["value"])
+
     @classmethod
     def of_home(cls, home: Path, *, power: int = 1, name: str = "") -> GenesisValidator:
         """Read the key that ``cometbft init`` wrote into ``home``."""
@@ -226,8 +232,12 @@ def write_genesis(
     *,
     chain_id: str,
     genesis_time: str,
+    app_state: Mapping[str, Any] | None = None,
 ) -> None:
     """Write one genesis (``validators``, ``chain_id``, RFC 3339 ``genesis_time``) to each home.
+
+    ``app_state`` (JSON) is what the ABCI app gets at ``InitChain`` (e.g. a round chain's
+    members, :class:`~gradfed_ipfs.cometbft.abci.RoundsGenesis`); none by default.
 
     The consensus parameters are the first home's (``cometbft init``'s defaults): 4 MiB blocks,
     Ed25519 keys, vote extensions and PBTS off.
@@ -237,6 +247,8 @@ def write_genesis(
     genesis["genesis_time"] = genesis_time
     genesis["initial_height"] = "1"
     genesis["app_hash"] = ""
+    if app_state is not None:
+        genesis["app_state"] = dict(app_state)
     genesis["validators"] = [
         {"address": v.address, "pub_key": dict(v.pub_key), "power": str(v.power), "name": v.name}
         for v in validators

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -352,6 +352,9 @@ class CometNetwork:
         The chain's name; a random ``gradfed-…`` one when ``None``.
     start_timeout
         Seconds each validator gets to become ready.
+    app_state
+        The genesis ``app_state`` (JSON): which state machine the apps run and its settings
+        (:meth:`~gradfed_ipfs.cometbft.abci.RoundsGenesis.to_dict`); none: a statement log.
     """
 
     def __init__(
@@ -362,6 +365,7 @@ class CometNetwork:
         timing: BlockTiming = DEFAULT_TIMING,
         chain_id: str | None = None,
         start_timeout: float = 60.0,
+        app_state: Mapping[str, Any] | None = None,
     ) -> None:
         if n < 1:
             raise ValueError(f"a network needs at least one validator, got {n}")
@@ -370,11 +374,23 @@ class CometNetwork:
         self.timing = timing
         self.chain_id = chain_id or f"gradfed-{secrets.token_hex(4)}"
         self.start_timeout = start_timeout
+        self.app_state = app_state
         self.root: Path | None = None
         self.validators: list[Validator] = []
+        self._entries: list[GenesisValidator] = []
 
     def start(self) -> Self:
         """Initialise every home, write the genesis and configs, start all; all or nothing."""
+        self.prepare()
+        return self.launch()
+
+    def prepare(self) -> list[GenesisValidator]:
+        """Initialise every home (keys included); return the validators' genesis entries.
+
+        Between :meth:`prepare` and :meth:`launch` the members can sign statements that bind
+        these keys to their identities (:func:`~gradfed_ipfs.cometbft.abci.validator_binding`)
+        and put them into the genesis ``app_state``.
+        """
         self.root = Path(tempfile.mkdtemp(prefix="gradfed-comet-"))
         self.validators = [
             Validator(
@@ -386,10 +402,24 @@ class CometNetwork:
             for i in range(self.n)
         ]
         try:
-            entries = [v.init() for v in self.validators]
+            self._entries = [v.init() for v in self.validators]
+        except BaseException:
+            self.stop()
+            raise
+        return list(self._entries)
+
+    def launch(self, app_state: Mapping[str, Any] | None = None) -> Self:
+        """Write the genesis (``app_state``, default the constructor's) and configs; start all.
+
+        After :meth:`prepare`; all or nothing (every home is removed on failure).
+        """
+        try:
             now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
             homes = [v.home for v in self.validators]
-            write_genesis(homes, entries, chain_id=self.chain_id, genesis_time=now)
+            state = self.app_state if app_state is None else app_state
+            write_genesis(
+                homes, self._entries, chain_id=self.chain_id, genesis_time=now, app_state=state
+            )
             for v in self.validators:
                 v.configure([o.p2p_address for o in self.validators if o is not v], self.timing)
             with ThreadPoolExecutor(max_workers=min(self.n, 8)) as pool:

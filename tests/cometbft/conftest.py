@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,3 +27,10 @@ def network(cometbft_binary: Path) -> Iterator[CometNetwork]:
     with CometNetwork(4, binary=cometbft_binary) as net:
         net.wait_for_height(1, timeout=30)
         yield net
+
+
+@pytest.fixture
+def kubo_swarm4(kubo_provider: str, kubo_pool: Any) -> list[Any]:
+    """Four connected Kubo daemons shared by the session (one per member of a 4-member chain)."""
+    nodes: list[Any] = kubo_pool.get(kubo_provider, 4)
+    return nodes

@@ -1,36 +1,67 @@
-"""ABCI 2.0 requests to :class:`StatementLedger` calls, and its answers to ABCI responses.
+"""ABCI 2.0 requests to a state machine's calls, and its answers to ABCI responses.
 
 One :class:`LedgerApp` serves all four of a validator's ABCI connections (consensus, mempool,
 query, snapshot); the server calls :meth:`LedgerApp.handle` for one request at a time, so the
-ledger needs no locks. Snapshots are not offered (state sync is off: a validator that falls
-behind catches up by block sync and replays blocks into its app).
+state machine needs no locks. Which machine runs is the chain's choice: ``InitChain``'s
+``app_state`` naming :data:`~.rounds.APP_STATE_TAG` starts a :class:`~.rounds.RoundMachine`
+(agreed rounds), anything else a :class:`~.ledger.StatementLedger`. Snapshots are not offered
+(state sync is off: a validator that falls behind catches up by block sync and replays blocks
+into its app).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final
+from typing import Final, Protocol
 
 from ...errors import DecodeError
-from .ledger import StatementLedger
+from .bindings import check_bindings
+from .ledger import QUERY_PATHS, StatementLedger, Verdict
 from .pb.cometbft.abci.v1 import types_pb2 as abci
+from .rounds import RoundMachine, RoundsGenesis
 
-__all__ = ["APP_VERSION", "QUERY_PATHS", "LedgerApp"]
+__all__ = ["APP_VERSION", "QUERY_PATHS", "LedgerApp", "StateMachine"]
 
 APP_VERSION: Final = 1
 """The state machine's version (``InfoResponse.app_version``)."""
-QUERY_PATHS: Final = ("/entry", "/size", "/statement")
-"""``abci_query`` paths: ``/entry`` with ``KIND/INDEX``, ``/size`` with ``KIND`` (a decimal
-count), ``/statement`` with a CID; each answers from the committed state only."""
 _NOT_FOUND: Final = 1
 _BAD_QUERY: Final = 2
 
 
-class LedgerApp:
-    """The ABCI application of a validator: its :class:`StatementLedger` behind ABCI 2.0."""
+class StateMachine(Protocol):
+    """What :class:`LedgerApp` drives: a deterministic machine over transactions."""
 
-    def __init__(self, ledger: StatementLedger | None = None) -> None:
-        self.ledger = ledger if ledger is not None else StatementLedger()
+    height: int
+    app_hash: bytes
+
+    def check(self, tx: bytes) -> Verdict:
+        """Judge ``tx`` against the committed state."""
+        ...
+
+    def prepare(self, txs: list[bytes]) -> list[bytes]:
+        """Keep the transactions a proposal should hold."""
+        ...
+
+    def finalize(
+        self, height: int, txs: list[bytes], time_ns: int = 0
+    ) -> tuple[list[Verdict], bytes]:
+        """Execute a decided block (held until :meth:`commit`)."""
+        ...
+
+    def commit(self) -> None:
+        """Make the finalized block the committed state."""
+        ...
+
+    def query(self, path: str, data: bytes) -> tuple[bytes | None, str]:
+        """``(value, "")``, ``(None, "")`` (not found) or ``(None, reason)``."""
+        ...
+
+
+class LedgerApp:
+    """The ABCI application of a validator: its state machine behind ABCI 2.0."""
+
+    def __init__(self, ledger: StateMachine | None = None) -> None:
+        self.ledger: StateMachine = ledger if ledger is not None else StatementLedger()
 
     def handle(self, request: abci.Request) -> abci.Response:
         """Answer one request (``Flush`` and ``Echo`` included).
@@ -59,7 +90,15 @@ class LedgerApp:
         return abci.Response(info=answer)
 
     def _init_chain(self, request: abci.Request) -> abci.Response:
-        # The genesis validators stay as they are (no updates); the app hash is the empty log's.
+        # The genesis validators stay as they are (no updates); the app hash is the empty state's.
+        # A MalformedManifest here (a round chain's broken app_state) stops the node: no app.
+        init = request.init_chain
+        rounds = RoundsGenesis.from_app_state(init.app_state_bytes)
+        if rounds is not None:
+            if rounds.bindings:
+                validators = [(v.pub_key_type, v.pub_key_bytes) for v in init.validators]
+                check_bindings(rounds, init.chain_id, validators)
+            self.ledger = RoundMachine(rounds)
         return abci.Response(init_chain=abci.InitChainResponse(app_hash=self.ledger.app_hash))
 
     def _check_tx(self, request: abci.Request) -> abci.Response:
@@ -69,13 +108,7 @@ class LedgerApp:
     def _prepare_proposal(self, request: abci.Request) -> abci.Response:
         # Propose only what would be accepted: a block of refused transactions is dead weight.
         # Dropping transactions keeps the list within max_tx_bytes, as CometBFT handed it over.
-        seen: set[str] = set()
-        txs: list[bytes] = []
-        for tx in request.prepare_proposal.txs:
-            verdict = self.ledger.check(tx, also_seen=seen)
-            if verdict.statement is not None:
-                seen.add(str(verdict.statement.block.cid))
-                txs.append(tx)
+        txs = self.ledger.prepare(list(request.prepare_proposal.txs))
         return abci.Response(prepare_proposal=abci.PrepareProposalResponse(txs=txs))
 
     def _process_proposal(self, request: abci.Request) -> abci.Response:
@@ -86,7 +119,8 @@ class LedgerApp:
 
     def _finalize_block(self, request: abci.Request) -> abci.Response:
         block = request.finalize_block
-        verdicts, app_hash = self.ledger.finalize(block.height, list(block.txs))
+        time_ns = block.time.seconds * 1_000_000_000 + block.time.nanos
+        verdicts, app_hash = self.ledger.finalize(block.height, list(block.txs), time_ns)
         results = [abci.ExecTxResult(code=v.code, log=v.log) for v in verdicts]
         answer = abci.FinalizeBlockResponse(tx_results=results, app_hash=app_hash)
         return abci.Response(finalize_block=answer)
@@ -102,7 +136,7 @@ class LedgerApp:
         if asked.height not in (0, ledger.height):
             answer.code, answer.log = _BAD_QUERY, f"only the latest height ({ledger.height})"
             return abci.Response(query=answer)
-        value, log = _query_value(ledger, asked.path, asked.data)
+        value, log = ledger.query(asked.path, asked.data)
         if value is None:
             answer.code, answer.log = _NOT_FOUND if not log else _BAD_QUERY, log or "not found"
         else:
@@ -136,24 +170,6 @@ class LedgerApp:
     def _apply_snapshot_chunk(self, request: abci.Request) -> abci.Response:
         result = abci.APPLY_SNAPSHOT_CHUNK_RESULT_ABORT
         return abci.Response(apply_snapshot_chunk=abci.ApplySnapshotChunkResponse(result=result))
-
-
-def _query_value(ledger: StatementLedger, path: str, data: bytes) -> tuple[bytes | None, str]:
-    """``(value, "")``, ``(None, "")`` for not found, or ``(None, reason)`` for a bad query."""
-    try:
-        key = data.decode("ascii")
-    except UnicodeDecodeError:
-        return None, "query data must be ASCII"
-    if path == "/size":
-        return str(ledger.size(key)).encode(), ""
-    if path == "/statement":
-        return ledger.statement(key), ""
-    if path == "/entry":
-        kind, _, index = key.rpartition("/")
-        if not kind or not index.isdigit() or len(index) > 18:
-            return None, "/entry data must be KIND/INDEX"
-        return ledger.entry(kind, int(index)), ""
-    return None, f"unknown query path {path!r} (known: {', '.join(QUERY_PATHS)})"
 
 
 _Handler = Callable[[LedgerApp, abci.Request], abci.Response]

@@ -26,7 +26,11 @@ from ...block import Block
 from ...errors import BadSignature, GradfedError
 from ...formats.statement import MAX_STATEMENT_BYTES, Statement, decode_statement
 
-__all__ = ["StatementLedger", "TxCode", "Verdict"]
+__all__ = ["QUERY_PATHS", "StatementLedger", "TxCode", "Verdict"]
+
+QUERY_PATHS: Final = ("/entry", "/size", "/statement")
+"""``abci_query`` paths: ``/entry`` with ``KIND/INDEX``, ``/size`` with ``KIND`` (a decimal
+count), ``/statement`` with a CID; each answers from the committed state only."""
 
 _CHAIN_TAG: Final = b"gradfed/v1/cometbft/log\x00"
 
@@ -39,6 +43,13 @@ class TxCode(IntEnum):
     BAD_SIGNATURE = 2
     DUPLICATE = 3
     TOO_LARGE = 4
+    NOT_MEMBER = 5
+    OTHER_SESSION = 6
+    OTHER_ROUND = 7
+    CLOSED = 8
+    NOT_CLOSED = 9
+    WRONG_BASE = 10
+    CONFLICT = 11
 
 
 @dataclass(frozen=True)
@@ -101,10 +112,24 @@ class StatementLedger:
             return Verdict(TxCode.DUPLICATE, f"statement {cid} is already logged")
         return Verdict(TxCode.OK, "", statement)
 
-    def finalize(self, height: int, txs: list[bytes]) -> tuple[list[Verdict], bytes]:
+    def prepare(self, txs: list[bytes]) -> list[bytes]:
+        """Return the transactions of a proposal that would be accepted, in order."""
+        seen: set[str] = set()
+        kept: list[bytes] = []
+        for tx in txs:
+            verdict = self.check(tx, also_seen=seen)
+            if verdict.statement is not None:
+                seen.add(str(verdict.statement.block.cid))
+                kept.append(tx)
+        return kept
+
+    def finalize(
+        self, height: int, txs: list[bytes], time_ns: int = 0
+    ) -> tuple[list[Verdict], bytes]:
         """Execute a decided block: return each transaction's verdict and the new app hash.
 
-        The result is held until :meth:`commit`; queries still see the committed state.
+        The result is held until :meth:`commit`; queries still see the committed state. The
+        block time ``time_ns`` does not matter to a log.
         """
         verdicts: list[Verdict] = []
         accepted: list[Statement] = []
@@ -154,3 +179,20 @@ class StatementLedger:
     def kinds(self) -> list[str]:
         """Return the kinds with at least one committed statement, sorted."""
         return sorted(self._logs)
+
+    def query(self, path: str, data: bytes) -> tuple[bytes | None, str]:
+        """``(value, "")``, ``(None, "")`` for not found, or ``(None, reason)`` for a bad query."""
+        try:
+            key = data.decode("ascii")
+        except UnicodeDecodeError:
+            return None, "query data must be ASCII"
+        if path == "/size":
+            return str(self.size(key)).encode(), ""
+        if path == "/statement":
+            return self.statement(key), ""
+        if path == "/entry":
+            kind, _, index = key.rpartition("/")
+            if not kind or not index.isdigit() or len(index) > 18:
+                return None, "/entry data must be KIND/INDEX"
+            return self.entry(kind, int(index)), ""
+        return None, f"unknown query path {path!r} (known: {', '.join(QUERY_PATHS)})"

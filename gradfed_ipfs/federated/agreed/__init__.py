@@ -4,11 +4,15 @@
 chains to the previous one; :func:`verify_agreed_history` re-verifies a session from its head.
 Custom update rules: :class:`RobustRule` (a robust aggregation) and :class:`OptimizerRule` (a
 server optimizer such as DiLoCo's ``ServerNesterov``, its state stored by CID in each record).
+Control planes (``AgreedConfig.control``): pubsub, or a CometBFT chain of the members
+(:class:`CometControl`; its chain's genesis from :func:`rounds_genesis`).
 """
 
 from __future__ import annotations
 
+from .comet_control import CometControl, rounds_genesis
 from .config import AgreedConfig, AgreedRoundResult, ResyncResult, UpdateRule
+from .control import PubsubControl, RoundControl
 from .history import verify_agreed_history, verify_agreed_round
 from .optimizer import OptimizerRule
 from .session import AgreedSession
@@ -18,10 +22,14 @@ __all__ = [
     "AgreedConfig",
     "AgreedRoundResult",
     "AgreedSession",
+    "CometControl",
     "OptimizerRule",
+    "PubsubControl",
     "ResyncResult",
     "RobustRule",
+    "RoundControl",
     "UpdateRule",
+    "rounds_genesis",
     "verify_agreed_history",
     "verify_agreed_round",
 ]

@@ -21,16 +21,21 @@ from ..accumulate.config import DEFAULT_MAX_WEIGHT
 
 __all__ = [
     "AGGREGATIONS",
+    "CONTROLS",
     "DEFAULT_MAX_VALUE",
     "AgreedConfig",
     "AgreedRoundResult",
     "Aggregation",
+    "Control",
     "ResyncResult",
     "UpdateRule",
     "agreed_topic",
 ]
 
 Aggregation = Literal["all-to-all", "reduce-scatter", "auto"]
+Control = Literal["pubsub", "cometbft"]
+CONTROLS: tuple[Control, ...] = ("pubsub", "cometbft")
+"""Who decides a round's roster and final record (``AgreedConfig.control``)."""
 AGGREGATIONS: tuple[Aggregation, ...] = ("all-to-all", "reduce-scatter", "auto")
 """How an agreed round computes its model (see :mod:`.agreed_slicing`)."""
 
@@ -172,6 +177,12 @@ class AgreedConfig:
     exact_tail
         With ``compression``: the last ``exact_tail`` values of every contribution are sent
         exact (a training session's metrics tail: :class:`~gradfed_ipfs.training.Peer` sets it).
+    control
+        The control plane: ``"pubsub"`` (the default: a ranked coordinator's roster, ``done``
+        messages) or ``"cometbft"`` (a CometBFT chain of the members decides each round's
+        roster and final record: :mod:`~.comet_control`; the session then needs its own
+        validator's RPC, ``AgreedSession(validator_rpc=...)``; all-to-all rounds only). The
+        same on every member.
     """
 
     members: tuple[str, ...]
@@ -198,6 +209,7 @@ class AgreedConfig:
     error_feedback: bool = True
     error_decay: float = 1.0
     exact_tail: int = 0
+    control: Control = "pubsub"
 
     def __post_init__(self) -> None:
         if not self.members or len(set(self.members)) != len(self.members):
@@ -208,6 +220,10 @@ class AgreedConfig:
             raise InvalidGradient("learning_rate must be finite")
         if self.aggregation not in AGGREGATIONS:
             raise InvalidGradient(f"aggregation must be one of {AGGREGATIONS}")
+        if self.control not in CONTROLS or (
+            self.control == "cometbft" and self.aggregation != "all-to-all"
+        ):
+            raise InvalidGradient(f"control must be one of {CONTROLS} (cometbft: all-to-all)")
         values_per_chunk(self.chunk_bytes)  # checks its range
         for name in ("collect_timeout", "takeover_timeout", "round_timeout", "reducer_timeout",
                      "announce_interval", "max_announce_interval", "fetch_timeout"):  # fmt: skip

@@ -46,7 +46,8 @@ from multiformats import CID
 
 from ..._types import CIDLike, FloatArray, GradientLike
 from ...cid import parse_cid
-from ...errors import GenesisMismatch, InvalidGradient, RoundMismatch
+from ...cometbft.rpc import CometRpc
+from ...errors import ConfigError, GenesisMismatch, InvalidGradient, RoundMismatch
 from ...formats.pubsub import PubsubMessage
 from ...formats.roster import AgreedMessage, AgreedRecord
 from ...kubo.pubsub import PubsubTransport
@@ -59,8 +60,10 @@ from ..exchange.encoded import EncodedGradient, encode_gradient
 from ..exchange.fetcher import ContributionFetcher, check_values
 from ..sliced.faults import SliceFaults
 from .aggregate import AggregateStep
+from .comet_control import CometControl
 from .config import AgreedConfig, AgreedRoundResult, ResyncResult, agreed_topic
 from .context import AdoptedRoster, Aggregated, OwnContribution, RoundContext, SessionMessages
+from .control import PubsubControl, RoundControl
 from .coordinator import Head, RoundBoard, best_head, coordinator_ranking, model_holders
 from .history import ResultLoad, check_exclusions, load_head
 from .roster import RosterPhase
@@ -92,9 +95,10 @@ class _Started:
         roster: RosterPhase,
         aggregate: AggregateStep,
         slicing: SliceStep | None,
+        control: RoundControl,
     ) -> None:
         self.board, self.messages, self.roster = board, messages, roster
-        self.aggregate, self.slicing = aggregate, slicing
+        self.aggregate, self.slicing, self.control = aggregate, slicing, control
 
 
 class AgreedSession:
@@ -126,6 +130,9 @@ class AgreedSession:
     faults
         Test and benchmark hooks of this peer's reducer in reduce-scatter rounds
         (:mod:`~gradfed_ipfs.federated.sliced.faults`; default: honest).
+    validator_rpc
+        With ``config.control == "cometbft"``: ``http://127.0.0.1:PORT`` of this member's own
+        CometBFT validator (:mod:`~.comet_control`).
     """
 
     def __init__(
@@ -138,7 +145,11 @@ class AgreedSession:
         *,
         retention: RetentionHook | None = None,
         faults: SliceFaults | None = None,
+        validator_rpc: str | None = None,
     ) -> None:
+        if config.control == "cometbft" and validator_rpc is None:
+            raise ConfigError("control='cometbft' needs the member's validator_rpc")
+        self.validator_rpc = validator_rpc
         self.store = store
         self.retention = retention
         self.pubsub = pubsub
@@ -234,12 +245,21 @@ class AgreedSession:
         messages = SessionMessages(self.session, self.genesis, self.peer_id, self._announcer)
         roster = RosterPhase(self.store, board, messages, self._fetcher, sliced=slicing is not None)
         aggregate = AggregateStep(self.store, board, slicing)
-        self._started = _Started(board, messages, roster, aggregate, slicing)
+        control = await self._open_control(roster)
+        self._started = _Started(board, messages, roster, aggregate, slicing, control)
         heard = self.pubsub.subscribe(self.topic)
         self._tasks = [
             asyncio.create_task(self._listen(heard)),
             asyncio.create_task(self._announcer.run()),
         ]
+
+    async def _open_control(self, roster: RosterPhase) -> RoundControl:
+        """Return the session's control plane (``config.control``; see :mod:`.control`)."""
+        if self.validator_rpc is None or self.config.control != "cometbft":
+            return PubsubControl(roster)
+        signer = await self.pubsub.signer()
+        rpc = CometRpc(self.validator_rpc)
+        return CometControl(rpc, signer, self.session, self.genesis, self._fetcher)
 
     async def _open_slicing(self) -> SliceStep | None:
         """Decide the session's mode (:func:`~.slicing.choose_slicing`, logged); start its step.
@@ -336,9 +356,10 @@ class AgreedSession:
         self._unsent = None
         ctx = await self._contribute(values, int(weight), started, error_feedback)
         try:
-            adopted = await parts.roster.take(ctx)
+            adopted = await parts.control.take(ctx)
             aggregated = await parts.aggregate.run(ctx, adopted)
             finished = await self._store(ctx, adopted, aggregated)
+            await parts.control.settle(ctx, finished)
             result = await self._confirm(ctx, finished, aggregated)
         except BaseException:
             await asyncio.wait([ctx.own.stored])

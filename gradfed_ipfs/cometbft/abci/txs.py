@@ -1,0 +1,221 @@
+"""The transactions of agreed rounds on CometBFT: signed statements with small dag-cbor bodies.
+
+Each transaction is one :mod:`~gradfed_ipfs.formats.statement` whose author is the member
+that says it (its Ed25519 peer ID is its key) and whose body is a dag-cbor map:
+
+- ``comet/contribution`` ``{session, round, cid, weight, base}``: the author's contribution to
+  ``round`` (its gradient's CID and integer weight) on the model CID ``base``;
+- ``comet/attestation`` ``{session, round, peer, cid}``: the author fetched ``peer``'s
+  contribution ``cid`` of ``round`` and verified it (bounds, size, hash);
+- ``comet/result`` ``{session, round, record, model}``: the author's record CID of ``round``
+  and the model CID it names;
+- ``comet/validator`` ``{session, chain_id, pub_key}`` (not a transaction: part of the chain's
+  genesis): the author's validator signs with the raw 32-byte Ed25519 key ``pub_key`` on chain
+  ``chain_id``, so the validator and the member are one identity (:func:`validator_binding`).
+
+CIDs are carried as strings (checked and normalised by :func:`~gradfed_ipfs.cid.parse_cid`), so
+a body decodes to plain values; ``session`` binds a statement to one session, so it cannot be
+replayed into another session's chain. Decoding checks every field's type and bounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+import dag_cbor
+
+from ..._types import CIDLike
+from ...cid import parse_cid
+from ...errors import DecodeError, MalformedManifest
+from ...formats.statement import Signer, sign_statement
+
+__all__ = [
+    "ATTESTATION",
+    "CONTRIBUTION",
+    "KINDS",
+    "MAX_ROUND",
+    "RESULT",
+    "VALIDATOR",
+    "Attestation",
+    "Contribution",
+    "Result",
+    "RoundTx",
+    "ValidatorBinding",
+    "attestation_tx",
+    "contribution_tx",
+    "decode_binding",
+    "decode_body",
+    "result_tx",
+    "validator_binding",
+]
+
+CONTRIBUTION: Final = "comet/contribution"
+ATTESTATION: Final = "comet/attestation"
+RESULT: Final = "comet/result"
+VALIDATOR: Final = "comet/validator"
+KINDS: Final = (CONTRIBUTION, ATTESTATION, RESULT)
+"""The statement kinds of the round machine."""
+MAX_ROUND: Final = 2**40
+"""Largest round number accepted (bounds the integers a body may carry)."""
+_MAX_WEIGHT: Final = 2**53
+_MAX_TEXT: Final = 256
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """``comet/contribution``: ``peer``'s gradient ``cid`` of weight ``weight`` on ``base``."""
+
+    session: str
+    round: int
+    cid: str
+    weight: int
+    base: str
+
+
+@dataclass(frozen=True)
+class Attestation:
+    """``comet/attestation``: the author holds and verified ``peer``'s ``cid`` of ``round``."""
+
+    session: str
+    round: int
+    peer: str
+    cid: str
+
+
+@dataclass(frozen=True)
+class Result:
+    """``comet/result``: the author's record CID of ``round`` and the model CID it names."""
+
+    session: str
+    round: int
+    record: str
+    model: str
+
+
+@dataclass(frozen=True)
+class ValidatorBinding:
+    """``comet/validator``: the author's validator key (raw Ed25519) on chain ``chain_id``."""
+
+    session: str
+    chain_id: str
+    pub_key: bytes
+
+
+RoundTx = Contribution | Attestation | Result
+
+
+def _text(body: dict[str, Any], key: str) -> str:
+    value = body.get(key)
+    if not isinstance(value, str) or not 1 <= len(value) <= _MAX_TEXT:
+        raise MalformedManifest(f"field {key!r} must be a string of 1..{_MAX_TEXT} characters")
+    return value
+
+
+def _cid(body: dict[str, Any], key: str) -> str:
+    return str(parse_cid(_text(body, key)))
+
+
+def _int(body: dict[str, Any], key: str, low: int, high: int) -> int:
+    value = body.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise MalformedManifest(f"field {key!r} must be an integer in [{low}, {high}]")
+    return value
+
+
+_FIELDS: Final = {
+    CONTRIBUTION: {"session", "round", "cid", "weight", "base"},
+    ATTESTATION: {"session", "round", "peer", "cid"},
+    RESULT: {"session", "round", "record", "model"},
+}
+
+
+def decode_body(kind: str, body: bytes) -> RoundTx:
+    """Decode and check the body of a statement of ``kind`` (one of :data:`KINDS`).
+
+    Raises
+    ------
+    MalformedManifest
+        If ``kind`` is unknown, the body is not a dag-cbor map of exactly its fields, or a
+        field has the wrong type or is out of bounds (CIDs must parse).
+    """
+    fields = _FIELDS.get(kind)
+    if fields is None:
+        raise MalformedManifest(f"unknown transaction kind {kind!r}")
+    try:
+        decoded = dag_cbor.decode(body)
+    except Exception as exc:  # dag_cbor raises several unrelated types on bad input
+        raise MalformedManifest(f"{kind} body is not dag-cbor: {exc}") from exc
+    if not isinstance(decoded, dict) or set(decoded) != fields:
+        raise MalformedManifest(f"{kind} body must be a map of {sorted(fields)}")
+    try:
+        return _build(kind, decoded)
+    except DecodeError as exc:
+        raise MalformedManifest(f"{kind}: {exc}") from exc
+
+
+def _build(kind: str, body: dict[str, Any]) -> RoundTx:
+    session, number = _text(body, "session"), _int(body, "round", 0, MAX_ROUND)
+    if kind == CONTRIBUTION:
+        weight = _int(body, "weight", 1, _MAX_WEIGHT)
+        return Contribution(session, number, _cid(body, "cid"), weight, _cid(body, "base"))
+    if kind == ATTESTATION:
+        return Attestation(session, number, _text(body, "peer"), _cid(body, "cid"))
+    return Result(session, number, _cid(body, "record"), _cid(body, "model"))
+
+
+async def _sign(signer: Signer, kind: str, body: dict[str, Any]) -> bytes:
+    statement = await sign_statement(signer, kind, dag_cbor.encode(body))
+    return statement.block.data
+
+
+async def contribution_tx(
+    signer: Signer, session: str, round_number: int, cid: CIDLike, weight: int, base: CIDLike
+) -> bytes:
+    """Return the signed ``comet/contribution`` transaction of ``signer``."""
+    body = {"session": session, "round": round_number, "cid": str(parse_cid(cid)),
+            "weight": int(weight), "base": str(parse_cid(base))}  # fmt: skip
+    return await _sign(signer, CONTRIBUTION, body)
+
+
+async def attestation_tx(
+    signer: Signer, session: str, round_number: int, peer: str, cid: CIDLike
+) -> bytes:
+    """Return ``signer``'s signed ``comet/attestation`` of ``peer``'s contribution ``cid``."""
+    body = {"session": session, "round": round_number, "peer": peer, "cid": str(parse_cid(cid))}
+    return await _sign(signer, ATTESTATION, body)
+
+
+async def result_tx(
+    signer: Signer, session: str, round_number: int, record: CIDLike, model: CIDLike
+) -> bytes:
+    """Return ``signer``'s signed ``comet/result`` (its record and model CIDs of the round)."""
+    body = {"session": session, "round": round_number, "record": str(parse_cid(record)),
+            "model": str(parse_cid(model))}  # fmt: skip
+    return await _sign(signer, RESULT, body)
+
+
+def decode_binding(body: bytes) -> ValidatorBinding:
+    """Decode and check the body of a ``comet/validator`` statement.
+
+    Raises
+    ------
+    MalformedManifest
+        If it is not a map of ``session``, ``chain_id`` and a 32-byte ``pub_key``.
+    """
+    try:
+        decoded = dag_cbor.decode(body)
+    except Exception as exc:  # dag_cbor raises several unrelated types on bad input
+        raise MalformedManifest(f"{VALIDATOR} body is not dag-cbor: {exc}") from exc
+    if not isinstance(decoded, dict) or set(decoded) != {"session", "chain_id", "pub_key"}:
+        raise MalformedManifest(f"{VALIDATOR} body must be a map of session, chain_id, pub_key")
+    key = decoded["pub_key"]
+    if not isinstance(key, bytes) or len(key) != 32:
+        raise MalformedManifest(f"{VALIDATOR}: pub_key must be 32 bytes (Ed25519)")
+    return ValidatorBinding(_text(decoded, "session"), _text(decoded, "chain_id"), key)
+
+
+async def validator_binding(signer: Signer, session: str, chain_id: str, pub_key: bytes) -> bytes:
+    """Return ``signer``'s signed ``comet/validator`` statement binding its validator's key."""
+    body = {"session": session, "chain_id": chain_id, "pub_key": bytes(pub_key)}
+    return await _sign(signer, VALIDATOR, body)

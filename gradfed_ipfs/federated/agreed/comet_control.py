@@ -1,0 +1,262 @@
+"""The CometBFT control plane of an agreed session: the members' chain decides each round.
+
+Each member runs a validator whose app is the round machine
+(:class:`~gradfed_ipfs.cometbft.abci.RoundMachine`, genesis from :func:`rounds_genesis`). In
+round ``r`` a peer, through its own validator's RPC:
+
+1. submits its signed **contribution** (CID, weight, base) with ``broadcast_tx_sync`` (the
+   contribution is also announced on pubsub as before, so others start fetching at once);
+2. reads the round's contributions from the app (``/round``), fetches and verifies each one
+   from IPFS as in the pubsub plane and submits a signed **attestation** for each that
+   verifies (a corrupt or oversized one is never attested, so it cannot enter the roster);
+3. takes the **roster** the app decides (the contributions held by more than ``f`` members, at
+   the block-time deadline or once every member's is held), fetches what it lacks of it, and
+   builds the round's :class:`~gradfed_ipfs.formats.roster.Roster` from it (coordinator: the
+   round's rank 0, so the roster block is the same on every peer);
+4. after aggregating and writing its record as before, submits its **result** (record and
+   model CIDs) and waits until the app has ``2f + 1`` equal results: the round is final. A
+   final record other than this peer's raises :class:`~gradfed_ipfs.errors.RoundMismatch`.
+
+The app answers from committed blocks only; the chain is polled every :data:`POLL_INTERVAL`
+seconds (about a third of the default block interval).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Final
+
+import dag_cbor
+from multiformats import CID
+
+from ..._types import FloatArray
+from ...cid import parse_cid
+from ...cometbft.abci import (
+    RosterLine,
+    RoundsGenesis,
+    RoundView,
+    attestation_tx,
+    contribution_tx,
+    result_tx,
+)
+from ...cometbft.rpc import CometRpc
+from ...errors import (
+    CometRpcError,
+    DecodeError,
+    QuorumNotReached,
+    RoundMismatch,
+    RoundVerificationFailed,
+)
+from ...formats.roster import Roster
+from ...formats.statement import Signer
+from ..exchange.fetcher import ContributionFetcher, is_transient
+from .config import AgreedConfig
+from .context import AdoptedRoster, RoundContext
+from .storage import FinishedRound
+
+__all__ = ["POLL_INTERVAL", "CometControl", "rounds_genesis"]
+
+logger = logging.getLogger("gradfed_ipfs.federated.agreed")
+
+POLL_INTERVAL: Final = 0.1
+"""Seconds between reads of the app's state of a round."""
+_RETRY: Final = 0.25
+"""Seconds between submissions of a transaction the validator could not take yet."""
+
+
+def rounds_genesis(session: str, genesis: CID | str, config: AgreedConfig) -> RoundsGenesis:
+    """Return the round chain's genesis for a session: its members, quorum and deadline.
+
+    ``min_peers`` is the session's quorum, the deadline ``collect_timeout`` (in block time),
+    ``max_weight`` the session's.
+    """
+    return RoundsGenesis(
+        session, str(genesis), config.members, config.quorum,
+        round(config.collect_timeout * 1000), config.max_weight,
+    )  # fmt: skip
+
+
+class CometControl:
+    """The CometBFT control plane of one peer (see the module docstring).
+
+    Parameters
+    ----------
+    rpc
+        This member's own validator.
+    signer
+        This member's identity (its daemon's key: ``await pubsub.signer()``).
+    session
+        The session's name.
+    genesis
+        The session's genesis model CID.
+    fetcher
+        The session's contribution fetcher (fetches and verifies by CID).
+    """
+
+    def __init__(
+        self,
+        rpc: CometRpc,
+        signer: Signer,
+        session: str,
+        genesis: CID,
+        fetcher: ContributionFetcher,
+    ) -> None:
+        self.rpc, self._signer, self._fetcher = rpc, signer, fetcher
+        self._session, self._genesis = session, genesis
+
+    async def view(self, r: int) -> RoundView:
+        """Read round ``r`` from the validator's app.
+
+        Raises
+        ------
+        CometRpcError
+            If the validator does not answer, or answers with something that is not a view.
+        """
+        answer = await self.rpc.abci_query("/round", str(r).encode())
+        if answer.code != 0:
+            raise CometRpcError(f"/round {r}: code {answer.code}: {answer.log:.200}")
+        try:
+            return RoundView.from_dict(dag_cbor.decode(answer.value))
+        except (DecodeError, ValueError) as exc:  # dag_cbor's errors are ValueErrors
+            raise CometRpcError(f"/round {r}: {exc}") from exc
+
+    async def take(self, ctx: RoundContext) -> AdoptedRoster:
+        """Contribute, attest what verifies, and adopt the roster the chain decides.
+
+        Raises
+        ------
+        QuorumNotReached
+            If the chain decided no roster by ``round_timeout``.
+        CometRpcError
+            If this member's validator does not answer by then (the chain goes on without it).
+        """
+        r, own = ctx.number, ctx.own
+        tx = await contribution_tx(self._signer, self._session, r, own.cid, own.weight, ctx.base)
+        deadline = ctx.started + ctx.config.round_timeout
+        await self._submit(tx, f"round {r} contribution", deadline)
+        attested: set[str] = {ctx.peer}
+        seen = 0
+        while True:
+            view = await self._look(r, deadline)
+            if view is not None and view.roster is not None:
+                return await self._adopt(ctx, view.roster, deadline)
+            if view is not None and view.status == "open":
+                seen = len(view.contributions)
+                await self._attest(ctx, view, attested)
+            if time.monotonic() >= deadline:
+                raise QuorumNotReached(r, seen, ctx.config.quorum)
+            await asyncio.sleep(POLL_INTERVAL)  # the app's state changes only with blocks
+
+    async def settle(self, ctx: RoundContext, finished: FinishedRound) -> None:
+        """Submit this peer's result and wait until the round is final.
+
+        Raises
+        ------
+        RoundMismatch
+            If the chain finalized another record (this peer must resync).
+        QuorumNotReached
+            If no ``2f + 1`` equal results arrived within ``round_timeout``.
+        """
+        r, record = ctx.number, str(finished.record.cid)
+        tx = await result_tx(self._signer, self._session, r, record, finished.model)
+        deadline = time.monotonic() + ctx.config.round_timeout
+        await self._submit(tx, f"round {r} result", deadline)
+        while True:
+            view = await self._look(r, deadline)
+            if view is not None and view.status == "final":
+                if view.record != record:
+                    raise RoundMismatch(r, record, {"cometbft": str(view.record)})
+                return
+            if time.monotonic() >= deadline:
+                results = 0 if view is None else view.results
+                raise QuorumNotReached(r, results, len(ctx.config.members))
+            await asyncio.sleep(POLL_INTERVAL)  # the app's state changes only with blocks
+
+    async def _look(self, r: int, deadline: float) -> RoundView | None:
+        """Read round ``r``; ``None`` while the validator does not answer, until ``deadline``.
+
+        A member's validator may be restarting (its app replays the chain) or catching up: the
+        round waits for it rather than failing.
+        """
+        try:
+            return await self.view(r)
+        except CometRpcError as exc:
+            if time.monotonic() >= deadline:
+                raise
+            logger.debug("round %d: validator not answering (%s)", r, exc)
+            return None
+
+    async def _submit(self, tx: bytes, what: str, deadline: float) -> None:
+        """Hand ``tx`` to the validator, retrying until ``deadline`` while it cannot take it.
+
+        The app's refusal (CheckTx's code) is logged and final: the chain decides without it.
+        A validator still catching up, unreachable or with a full mempool is asked again.
+        """
+        while True:
+            try:
+                await self.rpc.broadcast_tx_sync(tx)
+                return
+            except CometRpcError as exc:
+                text = str(exc)
+                if "already exists in cache" in text:  # submitted before: it is in the mempool
+                    return
+                if "code=" in text or time.monotonic() >= deadline:
+                    logger.warning("%s refused by the validator: %s", what, exc)
+                    return
+                logger.debug("%s: validator busy (%s); again", what, exc)
+            await asyncio.sleep(_RETRY)  # a validator's readiness is not an event we can await
+
+    async def _attest(self, ctx: RoundContext, view: RoundView, attested: set[str]) -> None:
+        """Fetch the round's contributions; attest each that verifies (once per peer)."""
+        for line in view.contributions:
+            if line.peer in attested:
+                continue
+            if line.weight > ctx.config.max_weight or line.peer in ctx.excluded:
+                attested.add(line.peer)
+                ctx.rejected[line.peer] = f"weight {line.weight} or excluded: not attested"
+                continue
+            task = self._fetcher.fetch(parse_cid(line.cid), ctx.d)
+            if not task.done():
+                continue
+            attested.add(line.peer)
+            if task.cancelled() or task.exception() is not None:
+                if is_transient(task):
+                    attested.discard(line.peer)  # fetched again at the next look
+                else:
+                    ctx.rejected[line.peer] = f"contribution {line.cid}: {task.exception()}"
+                continue
+            tx = await attestation_tx(self._signer, self._session, ctx.number, line.peer, line.cid)
+            what = f"round {ctx.number} attestation of {line.peer}"
+            await self._submit(tx, what, ctx.started + ctx.config.round_timeout)
+
+    async def _adopt(
+        self, ctx: RoundContext, lines: tuple[RosterLine, ...], deadline: float
+    ) -> AdoptedRoster:
+        """Fetch the decided roster's contributions (retrying until ``deadline``); adopt it."""
+        gradients = [await self._values(ctx, line, deadline) for line in lines]
+        entries = {line.peer: (parse_cid(line.cid), line.weight) for line in lines}
+        roster = Roster.new(
+            self._session, self._genesis, ctx.number, ctx.base, ctx.ranking[0],
+            ctx.config.members, entries,
+        )  # fmt: skip
+        block = roster.to_block()
+        logger.debug("round %d: chain roster %s (%d entries)", ctx.number, block.cid, len(lines))
+        return AdoptedRoster(block.cid, roster, block, tuple(gradients))
+
+    async def _values(self, ctx: RoundContext, line: RosterLine, deadline: float) -> FloatArray:
+        """Return a roster entry's values: more than ``f`` members hold it, so one serves it."""
+        cid = parse_cid(line.cid)
+        while True:
+            task = self._fetcher.fetch(cid, ctx.d)
+            await asyncio.wait([task], timeout=max(0.0, deadline - time.monotonic()))
+            if task.done() and not (task.cancelled() or task.exception() is not None):
+                return task.result()
+            if task.done() and not is_transient(task):
+                raise RoundVerificationFailed(
+                    f"round {ctx.number}: the chain's roster lists {line.cid} of {line.peer}, "
+                    f"which does not verify ({task.exception()}): more than f members attested it"
+                )
+            if time.monotonic() >= deadline:
+                raise QuorumNotReached(ctx.number, 0, len(ctx.config.members))
