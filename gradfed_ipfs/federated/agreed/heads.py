@@ -165,6 +165,7 @@ class HeadChooser:
             record = await load_record(self.store, head.record, timeout=self.timeout)
             problem = self._record_problem(head, record)
             if not problem:
+                self._link(head.record, record)  # its author's vote for what it extends
                 roster = await load_roster(self.store, record.roster, timeout=self.timeout)
                 outside = sorted(set(roster.peers) - self.members)
                 problem = f"its roster lists non-member(s) {', '.join(outside)}" if outside else ""
@@ -172,13 +173,19 @@ class HeadChooser:
             problem = f"{type(exc).__name__}: {exc}"
         if problem:
             return self._remember(head, problem)
-        self._links[bytes(head.record)] = None if record.prev is None else bytes(record.prev)
-        while len(self._links) > MAX_REFUSED_HEADS:
-            del self._links[next(iter(self._links))]
         votes = count_votes(heads, head.record, roster.peers, self._links)
         if not has_majority(votes, roster.peers):
             return f"done votes from {len(votes)} of its roster's {len(roster.peers)} peers"
         return ""
+
+    def _link(self, cid: CID, record: AgreedRecord) -> None:
+        """Keep ``record``'s ``prev`` (bounded): a vote for it is a vote for what it extends.
+
+        Also for a head refused later (its roster is missing): its author still built on it.
+        """
+        self._links[bytes(cid)] = None if record.prev is None else bytes(record.prev)
+        while len(self._links) > MAX_REFUSED_HEADS:
+            del self._links[next(iter(self._links))]
 
     def _record_problem(self, head: Head, record: AgreedRecord) -> str:
         """Why a head's record is not the announced round of this session (``""``: it is)."""
