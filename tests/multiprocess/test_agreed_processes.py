@@ -196,7 +196,7 @@ def test_killed_peer_is_absent_then_resyncs(
     print([[(e["round"], e["seconds"]) for e in p.of("round")] for p in [*peers, restarted]])
     assert closed_without_victim()
     resync = restarted.of("resync")[0]
-    assert resync["changed"]
+    assert resync["changed"], resync
     assert resync["round"] > 5
     assert len({p.final()["model"] for p in [*peers, restarted]}) == 1  # type: ignore[index]
     later = [e for e in restarted.of("round") if e["included"]]

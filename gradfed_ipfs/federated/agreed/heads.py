@@ -41,6 +41,7 @@ __all__ = [
 
 MAX_REFUSED_HEADS: Final = 1024
 """Refused head records a :class:`HeadChooser` remembers (the oldest are forgotten first)."""
+_FEW_VOTES: Final = "done votes from"
 
 
 def ranked_heads(heads: Iterable[Head]) -> list[Head]:
@@ -89,13 +90,15 @@ class HeadChoice:
     """What :meth:`HeadChooser.choose` found: the adopted head (if any) and what it refused.
 
     ``refused`` maps each member whose head was refused to why; ``endorsed`` is set when a
-    refused head had the votes of more than half of its roster (its chain did not verify).
+    refused head had the votes of more than half of its roster (its chain did not verify),
+    ``outvoted`` when one lacked them (more votes may still come).
     """
 
     head: Head | None = None
     verified: VerifiedHead | None = None
     refused: dict[str, str] = field(default_factory=dict)
     endorsed: bool = False
+    outvoted: bool = False
 
 
 class HeadChooser:
@@ -146,7 +149,9 @@ class HeadChooser:
             if own is not None and bytes(head.record) == bytes(own):
                 break  # this peer's own head ranks above every one left
             why = await self._refusal(head, heads)
-            if not why:
+            if why.startswith(_FEW_VOTES):
+                choice.outvoted = True
+            elif not why:
                 why = await self._verify(head, history, result, deadline, choice)
             if not why:
                 choice.head = head
@@ -175,7 +180,7 @@ class HeadChooser:
             return self._remember(head, problem)
         votes = count_votes(heads, head.record, roster.peers, self._links)
         if not has_majority(votes, roster.peers):
-            return f"done votes from {len(votes)} of its roster's {len(roster.peers)} peers"
+            return f"{_FEW_VOTES} {len(votes)} of its roster's {len(roster.peers)} peers"
         return ""
 
     def _link(self, cid: CID, record: AgreedRecord) -> None:

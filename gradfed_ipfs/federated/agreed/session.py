@@ -62,7 +62,7 @@ from .aggregate import AggregateStep
 from .config import AgreedConfig, AgreedRoundResult, ResyncResult, agreed_topic
 from .context import AdoptedRoster, Aggregated, OwnContribution, RoundContext, SessionMessages
 from .coordinator import Head, RoundBoard, best_head, coordinator_ranking, model_holders
-from .heads import HeadChooser
+from .heads import HeadChoice, HeadChooser
 from .history import ResultLoad, VerifiedHead
 from .roster import RosterPhase
 from .slicing import RootFetcher, SliceStep, choose_slicing, slice_report, slices_topic
@@ -560,7 +560,9 @@ class AgreedSession:
         peer then applies to its rosters), and its last rounds re-aggregated (up to
         ``AgreedConfig.model_every`` of them, from this peer's model or the last stored one).
         The head's model is the recomputed one. Refused heads are skipped when announced
-        again; :attr:`ResyncResult.refused` says why each was refused.
+        again; :attr:`ResyncResult.refused` says why each was refused. While a head lacks
+        votes and none is adopted, new heads are waited for (each change tried) until
+        ``timeout``.
 
         Raises
         ------
@@ -572,17 +574,16 @@ class AgreedSession:
         await self._storage.settle()
         grace = 2 * self.config.announce_interval if grace is None else grace
         others = [p for p in self.config.members if p != self.peer_id]
+        ends = time.monotonic() + timeout
         heads = await self.board.gather_heads(others, grace=grace, timeout=timeout)
-        heads.pop(self.peer_id, None)
-        if self.head is not None:
-            heads[self.peer_id] = Head(self.round - 1, self.model_cid, self.head)
-        choice = await self._heads.choose(
-            heads, self.head, history=self.history, deadline=timeout, result=ResultLoad(
-                self.model.size, self.config.fetch_timeout, self.config.rule,
-                known={bytes(self.model_cid): (self.model, self.rule_state)},
-                max_rebuild=self.config.model_every,  # an honest chain stores one that often
-            ),
-        )  # fmt: skip
+        while True:
+            choice = await self._choose(heads, timeout)
+            left = ends - time.monotonic()
+            if choice.head is not None or not choice.outvoted or left <= 0:
+                break
+            if not await self._new_heads(left):  # a head lacked votes: wait for more
+                break
+            heads = dict(self.board.heads)
         best, verified = choice.head, choice.verified
         if best is None or verified is None:
             if choice.endorsed and self.head is None:
@@ -596,6 +597,24 @@ class AgreedSession:
         return ResyncResult(
             True, self.round, self.model_cid, self.head, tuple(c for c, _ in verified.chain),
             refused=choice.refused, recomputed=verified.recomputed,
+        )  # fmt: skip
+
+    async def _new_heads(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for a member's head to change; return whether one did."""
+        heard = dict(self.board.heads)
+        return await self.board.wait_until(lambda: self.board.heads != heard, timeout)
+
+    async def _choose(self, heads: dict[str, Head], timeout: float) -> HeadChoice:
+        """Choose among the others' ``heads`` and this peer's own (see :meth:`resync`)."""
+        heads = {p: h for p, h in heads.items() if p != self.peer_id}
+        if self.head is not None:
+            heads[self.peer_id] = Head(self.round - 1, self.model_cid, self.head)
+        return await self._heads.choose(
+            heads, self.head, history=self.history, deadline=timeout, result=ResultLoad(
+                self.model.size, self.config.fetch_timeout, self.config.rule,
+                known={bytes(self.model_cid): (self.model, self.rule_state)},
+                max_rebuild=self.config.model_every,  # an honest chain stores one that often
+            ),
         )  # fmt: skip
 
     def _adopt(self, best: Head, verified: VerifiedHead) -> None:
