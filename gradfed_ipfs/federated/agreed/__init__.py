@@ -2,6 +2,8 @@
 
 :class:`AgreedSession` runs rounds whose roster a ranked coordinator fixes and whose record
 chains to the previous one; :func:`verify_agreed_history` re-verifies a session from its head.
+A resync adopts a head only with the ``done`` votes of more than half of its roster
+(:func:`count_votes`, :func:`has_majority`) and once it verifies.
 Custom update rules: :class:`RobustRule` (a robust aggregation) and :class:`OptimizerRule` (a
 server optimizer such as DiLoCo's ``ServerNesterov``, its state stored by CID in each record).
 """
@@ -9,6 +11,7 @@ server optimizer such as DiLoCo's ``ServerNesterov``, its state stored by CID in
 from __future__ import annotations
 
 from .config import AgreedConfig, AgreedRoundResult, ResyncResult, UpdateRule
+from .heads import count_votes, has_majority
 from .history import verify_agreed_history, verify_agreed_round
 from .optimizer import OptimizerRule
 from .session import AgreedSession
@@ -22,6 +25,8 @@ __all__ = [
     "ResyncResult",
     "RobustRule",
     "UpdateRule",
+    "count_votes",
+    "has_majority",
     "verify_agreed_history",
     "verify_agreed_round",
 ]

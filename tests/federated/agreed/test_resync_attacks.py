@@ -18,14 +18,17 @@ from multiformats import CID
 
 from gradfed_ipfs._types import CIDLike
 from gradfed_ipfs.block import Block
-from gradfed_ipfs.cid import parse_cid
+from gradfed_ipfs.cid import make_cid, parse_cid
 from gradfed_ipfs.errors import NoVerifiableHead, RoundVerificationFailed
 from gradfed_ipfs.federated.agreed import (
     AgreedConfig,
     AgreedSession,
     ResyncResult,
+    count_votes,
+    has_majority,
     verify_agreed_history,
 )
+from gradfed_ipfs.federated.agreed.coordinator import Head
 from gradfed_ipfs.formats.roster import AgreedRecord, Roster
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore, put_gradient
@@ -261,3 +264,21 @@ async def test_nothing_verifiable_with_a_majority_behind_it_is_a_typed_error(
     assert set(caught.value.refused) == {"peer-a", "peer-b", EVIL}
     assert late.round == 0
     assert late.head is None
+
+
+def test_votes_count_roster_peers_and_later_heads_that_extend_the_record() -> None:
+    x, y, z = (Roster.new("s1", make_cid(b"g"), r, make_cid(b"g"), "x", [], {}).to_block().cid
+               for r in range(3))  # fmt: skip
+    heads = {
+        "peer-a": Head(0, x, x),
+        "peer-b": Head(1, y, y),  # y extends x
+        "peer-c": Head(2, z, z),  # z is not linked
+        "stranger": Head(0, x, x),
+    }
+    links = {bytes(y): bytes(x), bytes(z): None}
+    roster = ("peer-a", "peer-b", "peer-c")
+    assert count_votes(heads, x, roster) == {"peer-a"}
+    assert count_votes(heads, x, roster, links) == {"peer-a", "peer-b"}
+    assert has_majority({"peer-a", "peer-b"}, roster)
+    assert not has_majority({"peer-a", "stranger"}, roster)
+    assert not has_majority({"peer-a"}, ("peer-a", "peer-b"))  # half is not more than half
