@@ -60,6 +60,7 @@ CLI exits with. The tree::
     │   ├── RoundMismatch              peers announced a different result CID for a round
     │   ├── GenesisMismatch            a model or record of another session's genesis
     │   ├── RoundVerificationFailed    an agreed round record does not re-verify
+    │   │   └── NoVerifiableHead       no announced head could be adopted (resync)
     │   ├── ChainDeadlineExceeded      a record chain's walk (or re-check) passed its deadline
     │   └── SecureAggregationError     the masked-sum protocol cannot proceed
     │       ├── SecAggPeerRejected     one party's SecAgg message is unusable (names the party)
@@ -153,6 +154,7 @@ __all__ = [
     "MalformedManifest",
     "MalformedPacked",
     "NoContributions",
+    "NoVerifiableHead",
     "NodeNotFound",
     "NotARoundRecord",
     "NotStarted",
@@ -676,6 +678,18 @@ class GenesisMismatch(FederatedError, ValueError):
 
 class RoundVerificationFailed(FederatedError):
     """An agreed round record, its roster or its result does not re-verify."""
+
+
+class NoVerifiableHead(RoundVerificationFailed):
+    """No announced agreed head could be adopted, though one had its roster's majority.
+
+    ``refused`` maps each member whose head was refused to why.
+    """
+
+    def __init__(self, refused: dict[str, str]) -> None:
+        self.refused = dict(refused)
+        reasons = "; ".join(f"{peer}: {why}" for peer, why in sorted(self.refused.items()))
+        super().__init__(f"no announced head verifies ({reasons})")
 
 
 class ChainDeadlineExceeded(FederatedError, TimeoutError):

@@ -32,7 +32,8 @@ from ..errors import (
     RoundVerificationFailed,
 )
 from ..federated.agreed.config import agreed_topic
-from ..federated.agreed.coordinator import Head, best_head
+from ..federated.agreed.coordinator import Head
+from ..federated.agreed.heads import ranked_heads
 from ..federated.agreed.history import ResultLoad, check_exclusions, load_head, verify_record
 from ..formats.pubsub import PubsubMessage
 from ..formats.roster import AgreedMessage, AgreedRecord
@@ -125,12 +126,8 @@ async def listen_for_heads(
 
 
 def _candidates(heads: dict[str, Head]) -> list[CID]:
-    """Record CIDs of the distinct heads, best first (see :func:`best_head`)."""
-    pool, ordered = list(heads.values()), []
-    while (best := best_head(pool)) is not None:
-        ordered.append(best.record)
-        pool = [h for h in pool if bytes(h.record) != bytes(best.record)]
-    return ordered
+    """Record CIDs of the distinct heads, best first (see :func:`ranked_heads`)."""
+    return [head.record for head in ranked_heads(heads.values())]
 
 
 def _unrecomputable(chain: list[tuple[CID, AgreedRecord]]) -> list[AgreedRecord]:

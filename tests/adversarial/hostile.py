@@ -1,6 +1,7 @@
 """Builders of hostile blocks: each returns the smallest bytes that show one attack (issue 15).
 
-Shared by the attack tests and the fuzzers of ``tests/adversarial``.
+Shared by the attack tests and the fuzzers of ``tests/adversarial`` (and, for forged agreed
+heads, by the multi-process peers of ``tests/multiprocess``).
 """
 
 from __future__ import annotations
@@ -10,8 +11,12 @@ import struct
 
 import numpy as np
 import pyarrow as pa
+from multiformats import CID
 
+from gradfed_ipfs.federated.agreed.history import load_record
 from gradfed_ipfs.formats.arrow import META_COUNT, META_ENCODING, META_SHAPE, encode_arrow_file
+from gradfed_ipfs.formats.roster import AgreedRecord, Roster
+from gradfed_ipfs.storage import BlockStore, put_gradient
 
 _FOOTER_TAIL = 10  # int32 footer length + "ARROW1"
 
@@ -109,3 +114,23 @@ def lying_rows_block(rows: int = 1000, claimed: int = 2**40) -> bytes:
     if not patched:
         raise AssertionError("row count not found in the batch header")
     return bytes(data)
+
+
+FORGED_FILL = 1234.5
+"""Every value of the fake model a forged head names."""
+
+
+async def forged_head(store: BlockStore, head: CID, length: int) -> tuple[CID, CID]:
+    """Put a record extending ``head`` by one round whose result is a stored fake model.
+
+    Its roster is never put (nobody serves it), so nobody can re-aggregate the round; the fake
+    model (``length`` values of :data:`FORGED_FILL`) is stored. Returns ``(result, record)``.
+    """
+    real = await load_record(store, head)
+    fake = await put_gradient(store, np.full(length, FORGED_FILL, np.float32))
+    unserved = Roster.new(real.session, real.genesis, real.round + 1, real.result, "x", [], {})
+    record = AgreedRecord(
+        real.session, real.genesis, real.round + 1, head, real.result,
+        unserved.to_block().cid, fake, real.learning_rate,
+    )  # fmt: skip
+    return fake, await store.put(record.to_block())

@@ -2,8 +2,11 @@
 
 Run from the repository root: ``python -m tests.multiprocess.peer --api URL --index I ...``.
 Prints one JSON object per line on stdout (``start``, ``resync``, ``round``, ``error``,
-``final``) and exits 0 after ``--rounds`` rounds (lingering until every member has finished).
-Deltas are seeded by (peer index, round), so the expected models are reproducible.
+``forged``, ``final``) and exits 0 after ``--rounds`` rounds (lingering until every member has
+finished). Deltas are seeded by (peer index, round), so the expected models are reproducible.
+Hostile and attack-watching modes (issue 32): ``--forge`` announces a forged head after the
+rounds; ``--await-head R`` waits to hear a head of round ``R`` before a resync; ``--resync-after``
+resyncs once the rounds are done; ``--hold`` keeps the process (and its head) up until stopped.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from gradfed_ipfs import AgreedConfig, AgreedSession
 from gradfed_ipfs.errors import QuorumNotReached, RoundMismatch
 from gradfed_ipfs.kubo import KuboPubsub, PubsubTransport
 from gradfed_ipfs.storage import KuboBlockStore
+from tests.adversarial.hostile import forged_head
 from tests.multiprocess.lossy import LossyPubsub
 
 
@@ -69,8 +73,7 @@ async def run(args: argparse.Namespace) -> int:
         await session.start(initial_model(args.dim))
         emit("start", peer=session.peer_id)
         if args.resync:
-            synced = await session.resync(timeout=20.0)
-            emit("resync", changed=synced.changed, round=synced.round, model=str(synced.model))
+            await resync(session, args.await_head)
         while session.round < args.rounds:
             r = session.round
             if args.all_from is not None and r >= args.all_from:
@@ -96,7 +99,11 @@ async def run(args: argparse.Namespace) -> int:
                 seconds=round(result.seconds, 3),
                 aggregation=result.aggregation,
             )
+        if args.resync_after:
+            await resync(session, args.await_head)
         finished = await session.linger(timeout=args.linger)
+        if args.forge:  # after lingering, which re-announces the real head
+            await forge(session, args.dim)
         emit(
             "final",
             model=str(session.model_cid),
@@ -105,11 +112,39 @@ async def run(args: argparse.Namespace) -> int:
             dropped=dict(session.board.dropped),
             lost=getattr(pubsub, "dropped", 0),
         )
+        if args.hold:
+            await asyncio.Event().wait()  # until stopped; the announcer keeps our head heard
     finally:
         await session.aclose()
         await pubsub.aclose()
         await store.aclose()
     return 0
+
+
+async def resync(session: AgreedSession, await_head: int | None) -> None:
+    """Resync and emit what it did; first, with ``await_head``, wait (up to 30 s) to hear every
+    other member's head, one of them of round ``await_head`` or later."""
+    if await_head is not None:
+        others = set(session.config.members) - {session.peer_id}
+
+        def heard() -> bool:
+            heads = session.board.heads
+            return others <= heads.keys() and any(h.round >= await_head for h in heads.values())
+
+        await session.board.wait_until(heard, 30.0)
+    synced = await session.resync(timeout=20.0)
+    emit(
+        "resync", changed=synced.changed, round=synced.round, model=str(synced.model),
+        head=str(synced.head), refused=synced.refused, recomputed=synced.recomputed,
+    )  # fmt: skip
+
+
+async def forge(session: AgreedSession, dim: int) -> None:
+    """Announce a forged next-round head: a stored fake model, a roster nobody serves."""
+    assert session.head is not None
+    result, record = await forged_head(session.store, session.head, dim)
+    await session._parts.messages.done(session.round, result, record)
+    emit("forged", round=session.round, record=str(record), model=str(result))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--round-timeout", type=float, default=30.0)
     parser.add_argument("--linger", type=float, default=15.0)
     parser.add_argument("--resync", action="store_true")
+    parser.add_argument("--resync-after", action="store_true", help="resync after the rounds")
+    parser.add_argument("--await-head", type=int, default=None, help="before a resync")
+    parser.add_argument("--forge", action="store_true", help="then announce a forged head")
+    parser.add_argument("--hold", action="store_true", help="stay up until stopped")
     parser.add_argument(
         "--all-from", type=int, default=None, help="from this round on, min_peers = all members"
     )

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from gradfed_ipfs.cli.children import JsonLinesChild
 from gradfed_ipfs.federated.agreed.history import model_cid, verify_agreed_history
 from gradfed_ipfs.storage import KuboBlockStore
+from tests.adversarial.hostile import FORGED_FILL
 from tests.conftest import KuboNode
 from tests.multiprocess.peer import initial_model
 from tests.polling import poll_until
@@ -193,7 +196,7 @@ def test_killed_peer_is_absent_then_resyncs(
     print([[(e["round"], e["seconds"]) for e in p.of("round")] for p in [*peers, restarted]])
     assert closed_without_victim()
     resync = restarted.of("resync")[0]
-    assert resync["changed"]
+    assert resync["changed"], resync
     assert resync["round"] > 5
     assert len({p.final()["model"] for p in [*peers, restarted]}) == 1  # type: ignore[index]
     later = [e for e in restarted.of("round") if e["included"]]
@@ -218,3 +221,52 @@ def test_late_peer_catches_up_then_contributes(
     newcomer = kubo_swarm3[2].peer_id
     assert any(newcomer in e["roster"] for e in peers[0].of("round"))
     assert all(newcomer not in peers[0].rounds()[r]["roster"] for r in range(5))
+
+
+def test_forged_head_is_refused_by_an_honest_and_a_restarted_process(
+    spawn: Any, kubo_swarm3: list[KuboNode], tmp_path: Path
+) -> None:
+    """Issue 32, attack 3, one process per peer: after 3 honest rounds the peer of daemon 2
+    announces a round-3 record extending the real head, naming a stored fake model and a
+    roster nobody serves. Peer 1 (still up) and peer 0 (restarted: a new process resyncing
+    from nothing) both stay on the honest model; so does the CLI's resync."""
+    rounds = ["--rounds", "3", "--linger", "10"]
+    first = spawn(0, *rounds)
+    honest = spawn(1, *rounds, "--resync-after", "--await-head", "3", "--hold")
+    evil = spawn(2, *rounds, "--forge", "--hold")
+    wait_final([first, honest], timeout=60)
+    poll_until(lambda: bool(evil.of("forged")), timeout=30, what="the forged head")
+    forged = evil.of("forged")[0]
+    real = first.final()["head"]  # type: ignore[index]
+    model = first.final()["model"]  # type: ignore[index]
+    assert honest.rounds()[2]["record"] == real
+    stayed = honest.of("resync")[0]
+    assert not stayed["changed"]
+    assert (stayed["round"], stayed["head"], stayed["model"]) == (3, real, model)
+    assert forged["record"] in stayed["refused"][kubo_swarm3[2].peer_id]
+
+    restarted = spawn(0, *rounds, "--resync", "--await-head", "3")
+    wait_final([restarted], timeout=60)
+    synced = restarted.of("resync")[0]
+    assert synced["changed"]
+    assert (synced["round"], synced["head"], synced["model"]) == (3, real, model)
+    assert synced["recomputed"] == 3
+    assert forged["record"] in synced["refused"][kubo_swarm3[2].peer_id]
+    assert restarted.final()["model"] == model  # type: ignore[index]
+
+    out = tmp_path / "model.npy"
+    cli = subprocess.run(
+        [
+            sys.executable, "-c", "import sys; from gradfed_ipfs.cli import main; sys.exit(main())",
+            "--api", kubo_swarm3[0].api_url, "resync", "--session", spawn.session,
+            "--genesis", spawn.genesis, "--listen", "20", "--grace", "3", "--deadline", "60",
+            "-o", str(out),
+        ],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert cli.returncode == 0, cli.stderr
+    assert f"record CID {real}" in cli.stdout
+    assert f"model CID  {model}" in cli.stdout
+    written = np.load(out)
+    assert float(written.mean()) != pytest.approx(FORGED_FILL)

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 
-from gradfed_ipfs import AgreedConfig, ConfigError, Node
+from gradfed_ipfs import AgreedConfig, AgreedSession, ConfigError, Node
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore
 from gradfed_ipfs.training import (
@@ -21,6 +21,7 @@ from gradfed_ipfs.training import (
     run_simulation,
 )
 from gradfed_ipfs.training.simulation import SIMULATION_TIMING
+from tests.adversarial.hostile import FORGED_FILL, forged_head
 from tests.conftest import KuboNode
 from tests.polling import apoll_until
 
@@ -136,3 +137,54 @@ async def test_a_lingering_peer_is_still_there_for_a_member_that_comes_late() ->
     assert early[0].session is not None
     assert late.session.model_cid == early[0].session.model_cid
     assert late.session.round == 2
+
+
+async def test_a_peer_resuming_past_a_forged_head_adopts_the_honest_one() -> None:
+    """Issue 32, attack 3, through ``Peer.run(resume=True)``: after 3 honest rounds (peers 0,
+    1 and 2 of 4) peer 2 announces a round-3 record extending the real head, naming a stored
+    fake model and a roster nobody serves; peer 3 starts from nothing and resumes."""
+    members = tuple(f"peer-{i}" for i in range(4))
+    timing = {**SIMULATION_TIMING, "collect_timeout": 0.5, "round_timeout": 10.0}
+    config: FederationConfig[np.ndarray] = FederationConfig(
+        rounds=3, final_evaluation=False, min_available=3
+    )
+    bus, store = MemoryPubsubBus(), MemoryBlockStore()
+    nodes = [Node.memory(m, bus=bus, store=store) for m in members]
+
+    def member(i: int) -> Peer[np.ndarray]:
+        agreed = AgreedConfig(members=members, **timing)  # type: ignore[arg-type]
+        return Peer(node=nodes[i], client=client(i), adapter=VectorAdapter(),
+                    initial_model=np.zeros(D, np.float32), config=config, agreed=agreed,
+                    session="forged")  # fmt: skip
+
+    async with nodes[0], nodes[1], nodes[2], nodes[3]:
+        first = [member(0), member(1), member(2)]
+        # peers 0 and 1 linger until peer 3 has announced a head; peer 2 stops
+        running = [asyncio.create_task(p.run(linger=30.0)) for p in first[:2]]
+        await first[2].run()
+        done = first[2].session
+        assert done is not None
+        assert done.head is not None
+        evil = AgreedSession(store, nodes[2].pubsub, "forged", done.genesis, done.config)
+        await evil.start()
+        try:
+            result, record = await forged_head(store, done.head, done.model.size)
+            await evil._parts.messages.done(3, result, record)
+
+            async def heard() -> bool:
+                heads = [p.session.board.heads.get("peer-2") for p in first[:2] if p.session]
+                return all(h is not None and h.record == record for h in heads)
+
+            await apoll_until(heard, timeout=10.0, what="the forged head")
+            late = member(3)
+            await late.run(resume=True, resync_timeout=5.0)
+        finally:
+            await evil.aclose()
+        await asyncio.gather(*running)
+    honest = first[0].session
+    assert late.session is not None
+    assert honest is not None
+    assert (late.session.round, late.session.head) == (3, honest.head)
+    assert late.session.model_cid == honest.model_cid != result
+    np.testing.assert_array_equal(late.model_vector, first[0].model_vector)
+    assert float(np.mean(late.model_vector)) != pytest.approx(FORGED_FILL)

@@ -2,6 +2,8 @@
 
 :class:`AgreedSession` runs rounds whose roster a ranked coordinator fixes and whose record
 chains to the previous one; :func:`verify_agreed_history` re-verifies a session from its head.
+A resync adopts a head only with the ``done`` votes of more than half of its roster
+(:func:`count_votes`, :func:`has_majority`) and once it verifies.
 Custom update rules: :class:`RobustRule` (a robust aggregation) and :class:`OptimizerRule` (a
 server optimizer such as DiLoCo's ``ServerNesterov``, its state stored by CID in each record).
 Control planes (``AgreedConfig.control``): pubsub, or a CometBFT chain of the members
@@ -13,6 +15,7 @@ from __future__ import annotations
 from .comet_control import CometControl, rounds_genesis
 from .config import AgreedConfig, AgreedRoundResult, ResyncResult, UpdateRule
 from .control import PubsubControl, RoundControl
+from .heads import count_votes, has_majority
 from .history import verify_agreed_history, verify_agreed_round
 from .optimizer import OptimizerRule
 from .session import AgreedSession
@@ -30,6 +33,8 @@ __all__ = [
     "RoundControl",
     "UpdateRule",
     "rounds_genesis",
+    "count_votes",
+    "has_majority",
     "verify_agreed_history",
     "verify_agreed_round",
 ]

@@ -348,10 +348,17 @@ class AgreedRoundResult:
 
 @dataclass(frozen=True)
 class ResyncResult:
-    """What :meth:`AgreedSession.resync` did: the adopted head and the records it followed."""
+    """What :meth:`AgreedSession.resync` did: the adopted head and the records it followed.
+
+    ``refused`` maps each member whose head was not adopted to why (its record is missing or
+    of another session, too few of its roster voted for it, or its chain did not verify);
+    ``recomputed`` is how many of the new records' rounds were re-aggregated.
+    """
 
     changed: bool
     round: int
     model: CID
     head: CID | None
     records: tuple[CID, ...] = ()
+    refused: dict[str, str] = field(default_factory=dict)
+    recomputed: int = 0

@@ -55,6 +55,7 @@ __all__ = [
     "MAX_REBUILD_ROUNDS",
     "ModelState",
     "ResultLoad",
+    "VerifiedHead",
     "check_exclusions",
     "load_chain",
     "load_head",
@@ -66,7 +67,9 @@ __all__ = [
     "recompute_round",
     "verify_agreed_history",
     "verify_agreed_round",
+    "verify_head",
     "verify_record",
+    "verify_rounds",
 ]
 
 MAX_CHAIN_ROUNDS: Final = 100_000
@@ -563,10 +566,7 @@ async def verify_agreed_history(
         raise RoundVerificationFailed(f"chain from {start}: {exc}") from exc
     await check_exclusions(store, chain)
     if recompute:
-        base: ModelState | None = None  # each round's result is the next one's base
-        for _, record in chain:
-            _, model, state = await verify_record(store, record, rule, base)
-            base = (model, state)
+        await verify_rounds(store, [record for _, record in chain], rule)
         return [record for _, record in chain]
     for _, record in chain:  # kept under retention: the slice records still fit their rosters
         if record.slices is not None:
@@ -576,3 +576,122 @@ async def verify_agreed_history(
                 raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
             await sliced_roster(store, record, roster)
     return [record for _, record in chain]
+
+
+async def verify_rounds(
+    store: BlockStore,
+    records: list[AgreedRecord],
+    rule: UpdateRule | None = None,
+    base: ModelState | None = None,
+) -> ModelState:
+    """Verify consecutive ``records`` (oldest first, each by :func:`verify_record`).
+
+    Returns the last record's recomputed model and rule state.
+
+    ``base`` is the first record's base model and rule state when the caller holds them (else
+    loaded); each recomputed model is the next round's base, so nothing is fetched twice.
+
+    Raises
+    ------
+    RoundVerificationFailed
+        If a round is missing, malformed, or does not verify.
+    """
+    for record in records:
+        _, model, state = await verify_record(store, record, rule, base)
+        base = (model, state)
+    if base is None:
+        raise RoundVerificationFailed("no round to verify")
+    return base
+
+
+@dataclass(frozen=True)
+class VerifiedHead:
+    """A head :func:`verify_head` checked: its chain, recomputed model, rule state, liars.
+
+    ``chain`` holds the records this peer had not followed, oldest first; ``recomputed`` is how
+    many of its last rounds were re-aggregated (the rest had their links and exclusions checked).
+    """
+
+    chain: list[tuple[CID, AgreedRecord]]
+    model: FloatArray
+    state: FloatArray | None
+    excluded: frozenset[str]
+    recomputed: int
+
+
+async def verify_head(
+    store: BlockStore,
+    head: CIDLike,
+    *,
+    session: str,
+    genesis: CID,
+    history: Collection[bytes],
+    result: ResultLoad,
+    deadline: float | None = None,
+) -> VerifiedHead:
+    """Check a head before adopting it: its new records, their exclusions, its last rounds.
+
+    The records from ``head`` back to one in ``history`` (or the genesis) are walked
+    (:func:`load_chain`, ``deadline`` bounding the walk) and their proven liars checked
+    (:func:`check_exclusions`); then the last ``max(1, result.max_rebuild)`` of them (all, for a
+    peer that far behind or less) are re-aggregated and checked as :func:`verify_agreed_history`
+    does (:func:`verify_rounds`), starting from a model in ``result.known`` or the stored (else
+    rebuilt: :func:`load_result`) model before them. The head's model is the recomputed one:
+    a stored model that its roster does not re-aggregate to is never adopted. The cost is
+    bounded by how far this peer is behind and by ``max_rebuild``, not by the session's length.
+
+    Raises
+    ------
+    GenesisMismatch
+        If a record names another session or genesis, or the chain does not extend ``history``.
+    RoundVerificationFailed
+        If a block is missing or malformed, or a link, exclusion or result does not verify.
+    ChainDeadlineExceeded
+        If the walk passes ``deadline``.
+    """
+    start = parse_cid(head)
+    try:
+        chain = await load_chain(
+            store, start, session=session, genesis=genesis, stop_at=history, deadline=deadline
+        )
+    except (BlockStoreError, DecodeError) as exc:
+        raise RoundVerificationFailed(f"chain from {start}: {exc}") from exc
+    first = chain[0][1]
+    if first.prev is not None and bytes(first.prev) not in history:
+        raise GenesisMismatch(f"head {start} does not extend this peer's history")
+    excluded = await check_exclusions(store, chain)
+    count = min(len(chain), max(1, result.max_rebuild))
+    records = [record for _, record in chain[-count:]]
+    before = chain[-count - 1][1] if count < len(chain) else None
+    base = await _start_of(store, records[0], before, result)
+    model, state = await verify_rounds(store, records, result.rule, base)
+    return VerifiedHead(chain, model, state, excluded, count)
+
+
+async def _start_of(
+    store: BlockStore, record: AgreedRecord, prev: AgreedRecord | None, result: ResultLoad
+) -> ModelState:
+    """Return the model (and rule state) ``record`` starts from, as ``result`` says to load it.
+
+    ``prev`` is its predecessor when the caller holds it (else fetched); a model in
+    ``result.known`` is taken as it is, else it is fetched or rebuilt (:func:`load_result`).
+    """
+    known = result.known or {}
+    if bytes(record.base) in known:
+        return known[bytes(record.base)]
+    try:
+        if record.prev is None:  # the genesis (load_chain checked the base is it)
+            model = await fetch_gradient(
+                store, record.base, timeout=result.timeout, expected_length=result.length
+            )
+            return np.asarray(model, np.float32).reshape(-1), None
+        if prev is None:
+            prev = await load_record(store, record.prev, timeout=result.timeout)
+    except (BlockStoreError, DecodeError, ShapeMismatch) as exc:
+        raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
+    if not _follows(prev, record):
+        raise RoundVerificationFailed(f"round {record.round} does not follow {record.prev}")
+    return await load_result(
+        store, prev, result.rule, timeout=result.timeout, length=result.length, known=known,
+        max_rounds=result.max_rebuild,
+    )  # fmt: skip

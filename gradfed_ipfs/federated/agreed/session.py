@@ -47,7 +47,13 @@ from multiformats import CID
 from ..._types import CIDLike, FloatArray, GradientLike
 from ...cid import parse_cid
 from ...cometbft.rpc import CometRpc
-from ...errors import ConfigError, GenesisMismatch, InvalidGradient, RoundMismatch
+from ...errors import (
+    ConfigError,
+    GenesisMismatch,
+    InvalidGradient,
+    NoVerifiableHead,
+    RoundMismatch,
+)
 from ...formats.pubsub import PubsubMessage
 from ...formats.roster import AgreedMessage, AgreedRecord
 from ...kubo.pubsub import PubsubTransport
@@ -65,7 +71,8 @@ from .config import AgreedConfig, AgreedRoundResult, ResyncResult, agreed_topic
 from .context import AdoptedRoster, Aggregated, OwnContribution, RoundContext, SessionMessages
 from .control import PubsubControl, RoundControl
 from .coordinator import Head, RoundBoard, best_head, coordinator_ranking, model_holders
-from .history import ResultLoad, check_exclusions, load_head
+from .heads import HeadChoice, HeadChooser
+from .history import ResultLoad, VerifiedHead
 from .roster import RosterPhase
 from .slicing import RootFetcher, SliceStep, choose_slicing, slice_report, slices_topic
 from .storage import FinishedRound, RoundStorage
@@ -180,6 +187,9 @@ class AgreedSession:
         self._unsent: tuple[FloatArray, FloatArray] | None = None  # (corrected, sent) this round
         self._storage = RoundStorage(store, retention)
         self._started: _Started | None = None
+        self._heads = HeadChooser(
+            store, session, self.genesis, config.members, config.fetch_timeout
+        )  # remembers the heads it refused
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -575,51 +585,85 @@ class AgreedSession:
     # ------------------------------------------------------------------ catching up
 
     async def resync(self, *, timeout: float = 10.0, grace: float | None = None) -> ResyncResult:
-        """Adopt the latest agreed head the other members announce, by CID.
+        """Adopt the best agreed head the other members announce that checks out.
 
         Waits until every other member's head is heard, or one is heard and ``grace`` seconds
-        (default two announce intervals) have passed, or ``timeout``. The best head has the
-        highest round, then the most peers behind it, then the smallest record CID. Its chain
-        is walked back to a record this peer already followed (or the genesis) and checked
-        (links, rounds, genesis, and the proven liars: :func:`~.agreed_history.check_exclusions`,
-        whose ``excluded`` the peer then applies to its rosters); then the head's model is
-        fetched (or rebuilt from the last stored one, or this peer's, by re-aggregating the
-        rounds since: ``AgreedConfig.model_every``) and adopted.
+        (default two announce intervals) have passed, or ``timeout``. Heads rank by highest
+        round, then most peers behind them, then smallest record CID; the first one ranked
+        above this peer's own head is adopted that (:class:`~.heads.HeadChooser`) has a record
+        of this session and genesis, ``done`` votes from more than half of its roster, and a
+        chain that verifies (:func:`~.history.verify_head`): walked back to a record this peer
+        already followed (or the genesis), its proven liars checked (whose ``excluded`` the
+        peer then applies to its rosters), and its last rounds re-aggregated (up to
+        ``AgreedConfig.model_every`` of them, from this peer's model or the last stored one).
+        The head's model is the recomputed one. Refused heads are skipped when announced
+        again; :attr:`ResyncResult.refused` says why each was refused. While a head lacks
+        votes and none is adopted, new heads are waited for (each change tried) until
+        ``timeout``.
 
         Raises
         ------
-        GenesisMismatch, RoundVerificationFailed
-            If the chain is not a valid chain of this session.
+        NoVerifiableHead
+            If this peer has no head of its own, no head was adopted, and one of those refused
+            had the votes of more than half of its roster (the session went on, and this peer
+            cannot follow it).
         """
         await self._storage.settle()
         grace = 2 * self.config.announce_interval if grace is None else grace
         others = [p for p in self.config.members if p != self.peer_id]
+        ends = time.monotonic() + timeout
         heads = await self.board.gather_heads(others, grace=grace, timeout=timeout)
+        while True:
+            choice = await self._choose(heads, timeout)
+            left = ends - time.monotonic()
+            if choice.head is not None or not choice.outvoted or left <= 0:
+                break
+            if not await self._new_heads(left):  # a head lacked votes: wait for more
+                break
+            heads = dict(self.board.heads)
+        best, verified = choice.head, choice.verified
+        if best is None or verified is None:
+            if choice.endorsed and self.head is None:
+                raise NoVerifiableHead(choice.refused)
+            return ResyncResult(
+                False, self.round, self.model_cid, self.head, refused=choice.refused
+            )
+        self._adopt(best, verified)
+        await self._parts.messages.done(best.round, best.result, best.record)
+        logger.info("%s resynced to round %d (%s)", self.peer_id, self.round, best.record)
+        return ResyncResult(
+            True, self.round, self.model_cid, self.head, tuple(c for c, _ in verified.chain),
+            refused=choice.refused, recomputed=verified.recomputed,
+        )  # fmt: skip
+
+    async def _new_heads(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for a member's head to change; return whether one did."""
+        heard = dict(self.board.heads)
+        return await self.board.wait_until(lambda: self.board.heads != heard, timeout)
+
+    async def _choose(self, heads: dict[str, Head], timeout: float) -> HeadChoice:
+        """Choose among the others' ``heads`` and this peer's own (see :meth:`resync`)."""
+        heads = {p: h for p, h in heads.items() if p != self.peer_id}
         if self.head is not None:
             heads[self.peer_id] = Head(self.round - 1, self.model_cid, self.head)
-        best = best_head(heads.values())
-        if best is None or bytes(best.record) == bytes(self.head or b""):
-            return ResyncResult(False, self.round, self.model_cid, self.head)
-        chain, model, state = await load_head(
-            self.store, best.record, session=self.session, genesis=self.genesis,
-            history=self.history, result=ResultLoad(
+        return await self._heads.choose(
+            heads, self.head, history=self.history, deadline=timeout, result=ResultLoad(
                 self.model.size, self.config.fetch_timeout, self.config.rule,
                 known={bytes(self.model_cid): (self.model, self.rule_state)},
                 max_rebuild=self.config.model_every,  # an honest chain stores one that often
             ),
         )  # fmt: skip
-        excluded = await check_exclusions(self.store, chain)  # fraud records are peers' data
-        self.rule_state = state  # the custom rule resumes from the head's state
-        self.model = np.array(model, np.float32).reshape(-1)
-        self.model_cid, self.head, self.round = chain[-1][1].result, best.record, best.round + 1
+
+    def _adopt(self, best: Head, verified: VerifiedHead) -> None:
+        """Make a verified head current: its recomputed model, rule state and proven liars."""
+        self.rule_state = verified.state  # the custom rule resumes from the head's state
+        self.model = np.array(verified.model, np.float32).reshape(-1)
+        self.model_cid, self.head, self.round = best.result, best.record, best.round + 1
         self._storage.unstored_head = None
-        self.excluded = excluded
-        for cid, record in chain:
+        self.excluded = verified.excluded
+        for cid, record in verified.chain:
             self.history[bytes(cid)] = record.round
         self.board.advance(self.round)
-        await self._parts.messages.done(best.round, best.result, best.record)
-        logger.info("%s resynced to round %d (%s)", self.peer_id, self.round, best.record)
-        return ResyncResult(True, self.round, self.model_cid, self.head, tuple(c for c, _ in chain))
 
     async def linger(self, *, timeout: float, grace: float | None = None) -> set[str]:
         """Announce the head until every member has announced the same round's, then ``grace`` s.
