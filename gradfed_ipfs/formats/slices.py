@@ -17,8 +17,9 @@ And one small JSON pubsub message, :class:`SliceMessage`, of three kinds: ``slic
 record CID for slice ``k`` in ``phase``, with the record's bytes in base64 when they fit, so
 that readers need not fetch them), ``proj`` (the sender's check values: projections
 ``⟨z_k, g[k]⟩``, one float per slice, or for median and trimmed-mean rounds its values at the
-``s`` spot-checked coordinates of every slice) and ``fraud`` (a fraud record CID). The sender
-is pubsub's ``from``.
+``s`` spot-checked coordinates of every slice, and ``checked``: the values it computed from
+another sender's blocks for a slice that sender wrote, see :mod:`~gradfed_ipfs.federated.sliced.spot`)
+and ``fraud`` (a fraud record CID). The sender is pubsub's ``from``.
 
 Decoders check sizes, types, counts and order and raise
 :class:`~gradfed_ipfs.errors.MalformedManifest` (records) or
@@ -50,6 +51,7 @@ __all__ = [
     "MAX_SLICE_MESSAGE_BYTES",
     "MAX_SLICE_RECORD_BYTES",
     "SLICE_RULES",
+    "Checked",
     "FraudRecord",
     "SliceInputs",
     "SliceKind",
@@ -304,6 +306,10 @@ class FraudRecord:
         )
 
 
+Checked = tuple[int, str, tuple[float, ...]]
+"""One checked value set of a ``proj`` message: ``(k, author, values)``."""
+
+
 SliceKind = Literal["slice", "partial", "proj", "fraud"]
 _MESSAGE: Final = "gradfed.slice-msg"
 
@@ -329,6 +335,10 @@ class SliceMessage:
     """A ``slice`` (or ``partial``) message's record bytes (they hash to ``cid``): readers need
     not fetch them.
     Sent only when the message stays within :data:`MAX_SLICE_MESSAGE_BYTES`."""
+    checked: tuple[Checked, ...] = ()
+    """A ``proj`` message's check values of other senders, each ``(k, author, values)``: what
+    this peer computed from ``author``'s contribution blocks for slice ``k``, which ``author``
+    wrote (a reducer's own check values are not taken on its word)."""
 
     def encode(self) -> bytes:
         """Return the JSON bytes (without the sender); the record's bytes only if they fit."""
@@ -341,6 +351,8 @@ class SliceMessage:
             "cid": None if self.cid is None else str(self.cid),
             "values": list(self.values),
         }
+        if self.checked:
+            body["checked"] = [[k, author, list(values)] for k, author, values in self.checked]
         if self.block is not None:
             body["block"] = base64.b64encode(self.block).decode()
             data = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
@@ -385,10 +397,7 @@ class SliceMessage:
         values = body.get("values")
         if not isinstance(values, list) or len(values) > MAX_ROSTER_ENTRIES:
             raise MalformedAnnouncement("slice message: values is not a short list")
-        if not all(
-            isinstance(v, float | int) and not isinstance(v, bool) and math.isfinite(v)
-            for v in values
-        ):
+        if not _finite(values):
             raise MalformedAnnouncement("slice message: a projection is not a finite number")
         link = body.get("cid")
         if (link is None) != (kind == "proj"):
@@ -401,7 +410,51 @@ class SliceMessage:
         if roster.codec.code != DAG_CBOR or (cid is not None and cid.codec.code != DAG_CBOR):
             raise MalformedAnnouncement("slice message: links must be dag-cbor records")
         block = _inline_block(body.get("block"), cid, kind)
-        return cls(kind, sender, roster, phase, k, cid, tuple(float(v) for v in values), block)
+        checked = _checked(body.get("checked"), kind)
+        return cls(
+            kind, sender, roster, phase, k, cid, tuple(float(v) for v in values), block, checked
+        )
+
+
+def _finite(values: object) -> bool:
+    return isinstance(values, list) and all(
+        isinstance(v, float | int) and not isinstance(v, bool) and math.isfinite(v)
+        for v in values
+    )
+
+
+def _checked(items: object, kind: str) -> tuple[Checked, ...]:
+    """Return a ``proj`` message's ``checked`` entries, bounded and typed.
+
+    Raises
+    ------
+    MalformedAnnouncement
+        If they come with another kind, or are not short lists of ``[k, peer, [finite...]]``.
+    """
+    if items is None:
+        return ()
+    if kind != "proj" or not isinstance(items, list) or len(items) > MAX_ROSTER_ENTRIES:
+        raise MalformedAnnouncement("slice message: checked is not a short list of a proj")
+    out: list[Checked] = []
+    total = 0
+    for item in items:
+        if not isinstance(item, list) or len(item) != 3:
+            raise MalformedAnnouncement("slice message: a checked entry is not [k, peer, values]")
+        k, author, values = item
+        if (
+            not isinstance(k, int)
+            or isinstance(k, bool)
+            or not 0 <= k < 1 << 20
+            or not isinstance(author, str)
+            or not 0 < len(author) <= MAX_PEER_ID_CHARS
+            or not _finite(values)
+        ):
+            raise MalformedAnnouncement("slice message: a checked entry is malformed")
+        total += len(values)
+        if total > MAX_ROSTER_ENTRIES:
+            raise MalformedAnnouncement("slice message: too many checked values")
+        out.append((k, author, tuple(float(v) for v in values)))
+    return tuple(out)
 
 
 def _inline_block(text: object, cid: CID | None, kind: str) -> bytes | None:

@@ -112,6 +112,8 @@ class Reducer:
         """
         await self.rows(ctx, part, exclude)
         missing = exclude | part.failed
+        if announced:
+            missing = self.faults.missing(part.k, missing)
         used = [e for e in ctx.roster.entries if e.peer not in missing]
         if not used:
             raise InvalidGradient(f"slice {part.k}: every roster input is missing")

@@ -89,7 +89,7 @@ def _key(cid: CID) -> tuple[int, bytes]:
 def _identity(m: SliceMessage) -> tuple[object, ...]:
     """Return what makes two messages the same (CIDs as keys: encoding them as text is slow)."""
     cid = None if m.cid is None else _key(m.cid)
-    return (m.sender, m.kind, _key(m.roster), m.phase, m.k, cid, m.values)
+    return (m.sender, m.kind, _key(m.roster), m.phase, m.k, cid, m.values, m.checked)
 
 
 class MemorySliceBoard:
