@@ -43,6 +43,9 @@ class SliceRound:
         First reducers a backup replaced (in earlier phases: likely gone).
     garbage
         Reducers whose announced records were refused, with why.
+    served
+        ``(sender, k)`` → whether this peer fetched that sender's slice ``k`` when a record
+        claimed it missing (:meth:`~.reducer.Reducer.false_claims`).
     """
 
     roster: Roster
@@ -54,6 +57,7 @@ class SliceRound:
     unfetchable: set[str] = field(default_factory=set)
     replaced: set[str] = field(default_factory=set)
     garbage: dict[str, str] = field(default_factory=dict)
+    served: dict[tuple[str, int], bool] = field(default_factory=dict)
 
     @property
     def d(self) -> int:

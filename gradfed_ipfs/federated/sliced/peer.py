@@ -289,9 +289,16 @@ class ReduceScatterPeer:
             except BlockStoreError:
                 continue  # not served: the next-ranked record, if any, counts
             place = (record.k, record.offset, record.length)
-            if record.roster == ctx.roster_cid and place == (p.k, p.offset, p.length):
+            if record.roster != ctx.roster_cid or place != (p.k, p.offset, p.length):
+                ctx.garbage[m.sender] = f"slice record {cid} is not slice {p.k} of this round"
+                continue
+            censored = await reducer.false_claims(ctx, p, set(record.missing), exclude)
+            if not censored:
                 return cid, record, m.sender
-            ctx.garbage[m.sender] = f"slice record {cid} is not slice {p.k} of this round"
+            for name in censored:  # refused: the next-ranked record, if any, counts
+                claimant = reducer.claimant(ctx, phase, name, m.sender)
+                ctx.garbage[claimant] = f"false missing claim: {name} serves slice {p.k}"
+                logger.warning("slice %d: %s claimed %s missing; it is not", p.k, claimant, name)
         # All garbage, and its backups stood aside on seeing one: each honest peer reduces it.
         logger.warning("slice %d: every announced record refused; reducing it here", p.k)
         fresh = SliceWork(p.k, p.offset, p.length, p.ranking)

@@ -151,10 +151,11 @@ async def test_reduce_scatter_rounds_equal_all_to_all_with_less_download_and_rev
         assert (await put_gradient(MemoryBlockStore(), want)) == sliced[r][0].model
         base = want
     for rs, a2a in zip(rs_peers.counting, a2a_peers.counting, strict=True):
-        # 2 rounds: all-to-all fetches 3 whole gradients a round, reduce-scatter ~2·3/4 of one.
+        # 2 rounds: all-to-all fetches 3 whole gradients a round, reduce-scatter ~2·3/4 of one
+        # and 1/4 to verify a slice author's own check values: 7/12 of all-to-all.
         assert a2a.downloaded >= 2 * 3 * D * 4
         assert rs.downloaded <= 2 * 2.5 * D * 4
-        assert rs.downloaded < 0.6 * a2a.downloaded
+        assert rs.downloaded < 0.65 * a2a.downloaded
     head = sliced[1][0].record
     records = await verify_agreed_history(rs_peers.store, head, session="rs", genesis=genesis)  # type: ignore[arg-type]
     assert [rec.round for rec in records] == [0, 1]

@@ -1,0 +1,109 @@
+"""A reducer cannot hide a lie by shifting its own check values, nor censor a sender with a
+false ``missing`` claim (issue 32, item 6; attacks 5 and 6)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from gradfed_ipfs.federated.sliced import SliceFaults
+from gradfed_ipfs.federated.sliced.peer import (
+    MemorySliceBoard,
+    ReduceScatterConfig,
+    ReduceScatterPeer,
+    ReduceScatterResult,
+)
+from gradfed_ipfs.federated.sliced.plan import projection_seed, projection_vector, reducer_rankings
+from gradfed_ipfs.federated.sliced.proofs import check_partial_frauds
+from gradfed_ipfs.formats.partials import PartialRecord
+from gradfed_ipfs.formats.slices import FraudRecord, SliceRecord
+from tests.federated.sliced.hostile import Censor, HidingLiar
+from tests.federated.sliced.test_peer import CHUNK, D, LR, Round, make_round, reference
+
+
+async def _run(
+    r: Round, faults: dict[str, SliceFaults], **settings: object
+) -> tuple[dict[str, ReduceScatterResult], MemorySliceBoard]:
+    board = MemorySliceBoard(members=r.roster.peers)
+    config = ReduceScatterConfig(
+        chunk_bytes=CHUNK, learning_rate=LR, phase_timeout=20, **settings  # type: ignore[arg-type]
+    )
+    peers = {
+        p: ReduceScatterPeer(p, r.store, board, config, faults=faults.get(p))
+        for p in r.roster.peers
+    }
+    results = await asyncio.gather(
+        *(peer.run(r.roster, r.roster_cid, r.base, r.grads[p]) for p, peer in peers.items())
+    )
+    return dict(zip(peers, results, strict=True)), board
+
+
+def _true_value(r: Round, res: ReduceScatterResult, liar: str, k: int, offset: int) -> float:
+    """The liar's honest check value of slice ``k`` (the projection of its rows there)."""
+    seed = projection_seed([bytes(c) for c in res.records])
+    n = SliceRecord.from_block(res.record_blocks[bytes(res.records[k])]).length
+    z = projection_vector(seed, k, n)
+    return float(np.einsum("i,i->", z, r.grads[liar][offset : offset + n].astype(np.float64)))
+
+
+async def test_a_reducer_shifting_its_own_check_value_by_its_lie_is_caught_and_proven() -> None:
+    """Attack 5: +5.0 on every value of its slice, its own check value shifted to match."""
+    r = await make_round(4)
+    liar = reducer_rankings(bytes(r.roster_cid), 4, r.roster.peers)[1][0]  # reduces slice 1
+    scale = sum(r.weights.values()) / (LR * r.weights[liar])
+    hiding = HidingLiar(5.0, scale)
+    results, board = await _run(r, {liar: hiding})
+    honest = {p: res for p, res in results.items() if p != liar}
+    assert hiding.k == 1  # it did lie, in its own slice
+    assert {res.model_cid for res in honest.values()} == {await reference(r)}
+    assert all(res.liars == {liar} for res in honest.values())
+    assert all(liar in res.false_values for res in honest.values())
+    (fraud_cid,) = {c for res in honest.values() for c in res.frauds}
+    fraud = FraudRecord.from_block(await r.store.get(fraud_cid))
+    assert (fraud.reducer, fraud.k) == (liar, 1)
+    # It did publish the shifted value (the projection of its lie), not its rows' one.
+    res = next(iter(honest.values()))
+    offset = SliceRecord.from_block(res.record_blocks[bytes(res.records[1])]).offset
+    (said,) = {m.values for m in board.messages if m.kind == "proj" and m.sender == liar}
+    assert said == hiding.published
+    assert abs(said[1] - _true_value(r, res, liar, 1, offset)) > 1.0
+    # Its backup published the value its blocks give, which every peer checked.
+    checked = [c for m in board.messages if m.kind == "proj" for c in m.checked if c[1] == liar]
+    assert checked and all(c[0] == 1 for c in checked)
+
+
+async def test_a_chained_partial_hidden_by_a_shifted_check_value_is_blamed_and_proven() -> None:
+    """Attack 5, chained: the author of step (0, 0) adds 5.0 to its partial sum and shifts
+    its own check value of slice 0; the slice's writer is honest."""
+    r = await make_round(8)
+    groups = 2
+    rankings = reducer_rankings(bytes(r.roster_cid), 4 * groups, r.roster.peers)
+    liar, writer = rankings[0][0], rankings[groups - 1][0]
+    assert writer != liar
+    hiding = HidingLiar(5.0, sum(r.weights.values()) / r.weights[liar], partials=True)
+    results, _ = await _run(
+        r, {liar: hiding}, chained=True, chain_groups=groups, reducer_timeout=0.3
+    )
+    honest = {p: res for p, res in results.items() if p != liar}
+    assert hiding.k == 0
+    assert {res.model_cid for res in honest.values()} == {await reference(r)}
+    assert all(res.liars == {liar} for res in honest.values())
+    assert all(liar in res.false_values for res in honest.values())
+    (fraud_cid,) = {c for res in honest.values() for c in res.frauds}
+    fraud = FraudRecord.from_block(await r.store.get(fraud_cid))
+    assert (fraud.reducer, fraud.k) == (liar, 0)
+    assert PartialRecord.from_block(await r.store.get(fraud.claimed)).j == 0
+    await check_partial_frauds(r.store, [fraud_cid], r.roster, D)  # the proof re-checks
+
+
+async def test_a_false_missing_claim_excludes_nobody_and_names_the_claimant() -> None:
+    """Attack 6: a reducer claims it could not fetch an honest sender's slice."""
+    r = await make_round(4)
+    censor, victim = r.roster.peers[1], r.roster.peers[2]
+    results, _ = await _run(r, {censor: Censor(victim)})
+    assert {res.model_cid for res in results.values()} == {await reference(r)}
+    assert all(res.missing == () for res in results.values())
+    honest = {p: res for p, res in results.items() if p != censor}
+    assert all("false missing claim" in res.garbage[censor] for res in honest.values())
+    assert all(victim not in res.garbage for res in honest.values())
