@@ -10,6 +10,7 @@ refused, which records were read and which slices this peer computed).
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from multiformats import CID
@@ -58,6 +59,8 @@ class SliceRound:
     replaced: set[str] = field(default_factory=set)
     garbage: dict[str, str] = field(default_factory=dict)
     served: dict[tuple[str, int], bool] = field(default_factory=dict)
+    probing: dict[str, asyncio.Lock] = field(default_factory=dict)
+    """Sender → the lock its claim probes take (one at a time)."""
 
     @property
     def d(self) -> int:

@@ -117,13 +117,15 @@ class Reducer:
         """
         todo = sorted(claimed - exclude - ctx.unfetchable)
         for name in todo:
-            if (name, part.k) in ctx.served:
-                continue
-            probe = SliceWork(part.k, part.offset, part.length, [])
-            entry = next((e for e in ctx.roster.entries if e.peer == name), None)
-            if entry is not None:
-                await self._row(ctx, probe, name, entry.contribution)
-            ctx.served[(name, part.k)] = name in probe.rows
+            # One probe of a sender at a time: a dead one costs one fetch timeout, not N.
+            async with ctx.probing.setdefault(name, asyncio.Lock()):
+                if (name, part.k) in ctx.served or name in ctx.unfetchable:
+                    continue
+                probe = SliceWork(part.k, part.offset, part.length, [])
+                entry = next((e for e in ctx.roster.entries if e.peer == name), None)
+                if entry is not None:
+                    await self._row(ctx, probe, name, entry.contribution)
+                ctx.served[(name, part.k)] = name in probe.rows
         return [name for name in todo if ctx.served.get((name, part.k))]
 
     def claimant(self, ctx: SliceRound, phase: int, name: str, default: str) -> str:
