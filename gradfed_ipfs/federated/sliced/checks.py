@@ -127,8 +127,12 @@ class SliceChecker:
                 raise TimeoutError(f"slice {k}: result unreadable and its recompute failed")
         check = await self._check(ctx, state, authors)
         if check.false:
-            logger.warning("false check values of slice authors: %s", ", ".join(sorted(check.false)))
+            logger.warning(
+                "false check values of slice authors: %s", ", ".join(sorted(check.false))
+            )
         outcome.false_values.update(check.false)
+        for name in sorted(check.false):
+            await self._reducer.keep_evidence(ctx, self._reducer.announced(ctx, name, "proj", None))
         for k in check.suspects:
             if k in broken:
                 continue  # recomputed already: its values are the true ones
@@ -309,6 +313,8 @@ class SliceChecker:
         """Put and announce the fraud record proving ``liar``'s ``claimed`` record wrong."""
         reducer = self._reducer
         outcome.liars.add(liar)
+        for kind in ("slice", "partial"):  # its signed announcement of the lie
+            await reducer.keep_evidence(ctx, reducer.announced(ctx, liar, kind, claimed))
         fraud = FraudRecord(ctx.roster_cid, part.k, liar, claimed, correct)
         fraud_cid = await put_pinned_alone(reducer.store, fraud.to_block())
         outcome.frauds.append(fraud_cid)

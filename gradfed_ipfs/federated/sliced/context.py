@@ -61,6 +61,8 @@ class SliceRound:
     served: dict[tuple[str, int], bool] = field(default_factory=dict)
     probing: dict[str, asyncio.Lock] = field(default_factory=dict)
     """Sender → the lock its claim probes take (one at a time)."""
+    evidence: dict[str, CID] = field(default_factory=dict)
+    """Member → the CID of its signed board statement this round showed false (put)."""
 
     @property
     def d(self) -> int:

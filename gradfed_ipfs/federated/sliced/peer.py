@@ -219,6 +219,7 @@ class ReduceScatterPeer:
             recomputed=checked.redone,
             false_values=checked.false_values,
             garbage=dict(ctx.garbage),
+            evidence=dict(ctx.evidence),
             downloaded=self.store.downloaded - before,
             seconds=time.monotonic() - started,
             record_blocks={
@@ -296,9 +297,10 @@ class ReduceScatterPeer:
             if not censored:
                 return cid, record, m.sender
             for name in censored:  # refused: the next-ranked record, if any, counts
-                claimant = reducer.claimant(ctx, phase, name, m.sender)
-                ctx.garbage[claimant] = f"false missing claim: {name} serves slice {p.k}"
-                logger.warning("slice %d: %s claimed %s missing; it is not", p.k, claimant, name)
+                claim = reducer.claimant(ctx, phase, name) or m
+                ctx.garbage[claim.sender] = f"false missing claim: {name} serves slice {p.k}"
+                await reducer.keep_evidence(ctx, claim)
+                logger.warning("slice %d: %s claimed %s missing: false", p.k, claim.sender, name)
         # All garbage, and its backups stood aside on seeing one: each honest peer reduces it.
         logger.warning("slice %d: every announced record refused; reducing it here", p.k)
         fresh = SliceWork(p.k, p.offset, p.length, p.ranking)

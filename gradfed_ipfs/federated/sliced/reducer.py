@@ -128,8 +128,8 @@ class Reducer:
                 ctx.served[(name, part.k)] = name in probe.rows
         return [name for name in todo if ctx.served.get((name, part.k))]
 
-    def claimant(self, ctx: SliceRound, phase: int, name: str, default: str) -> str:
-        """Return who first announced a record of ``phase`` listing ``name`` missing.
+    def claimant(self, ctx: SliceRound, phase: int, name: str) -> SliceMessage | None:
+        """Return the first announcement of a record of ``phase`` listing ``name`` missing.
 
         A chained step lists a sender another step reported missing without fetching it
         (:meth:`~.chain.ChainRound._step_rows`), so the first such record is the claim.
@@ -149,8 +149,28 @@ class Reducer:
             except (DecodeError, BlockCorrupt):
                 continue
             if name in record.missing:
-                return message.sender
-        return default
+                return message
+        return None
+
+    async def keep_evidence(self, ctx: SliceRound, message: SliceMessage | None) -> None:
+        """Put ``message``'s signed statement and note it in ``ctx.evidence`` (if signed)."""
+        if message is None or message.signed is None or message.sender in ctx.evidence:
+            return
+        ctx.evidence[message.sender] = await put_pinned_alone(self.store, message.signed.block)
+
+    def announced(
+        self, ctx: SliceRound, sender: str, kind: str, cid: CID | None
+    ) -> SliceMessage | None:
+        """Return ``sender``'s first board message of this round of ``kind`` naming ``cid``."""
+        for message in self.board.messages:
+            if (
+                message.sender == sender
+                and message.kind == kind
+                and message.roster == ctx.roster_cid
+                and (cid is None or message.cid == cid)
+            ):
+                return message
+        return None
 
     async def reduce(
         self, ctx: SliceRound, part: SliceWork, exclude: set[str], *, announced: bool = False

@@ -106,8 +106,10 @@ async def _exchange(
     stall: float | None = None,
     checked: tuple[Checked, ...] = (),
 ) -> dict[str, SliceMessage]:
-    """Publish this peer's check values; return every sender's first ``proj``, once ``inputs``'
-    are in (``checked``: the values this peer computed for other senders, published with them).
+    """Publish this peer's check values; return every sender's first ``proj`` message.
+
+    It returns once ``inputs``' are in; ``checked`` are the values this peer computed for
+    other senders, published with its own.
 
     A sender gone since its commit publishes none: the wait ends after ``timeout`` s, or
     (``stall``) once another input's values arrived and then none for ``stall`` s: the values
@@ -280,8 +282,11 @@ class AuthorCheck:
 
 
 def _same(a: Sequence[float], b: Sequence[float]) -> bool:
-    """Return whether two honest computations of check values agree (the same code and
-    inputs give the same bits; float64 slack for another platform's summation order)."""
+    """Return whether two honest computations of check values agree.
+
+    The same code and inputs give the same bits; the slack is for another platform's float64
+    summation order.
+    """
     return len(a) == len(b) and all(
         abs(x - y) <= 2.0**-30 * (abs(x) + abs(y)) + 1e-12 for x, y in zip(a, b, strict=True)
     )
@@ -382,7 +387,8 @@ async def check_slices(
         if authors.alter is not None:
             mine = authors.alter(mine, samples.project)
         checked = tuple(
-            (k, name, samples.slice_values(k, row)) for (k, name), row in sorted(authors.rows.items())
+            (k, name, samples.slice_values(k, row))
+            for (k, name), row in sorted(authors.rows.items())
         )
     messages = await _exchange(
         board, peer, plan.roster_cid, mine, awaited, wait.timeout, stall, checked
@@ -404,9 +410,7 @@ async def check_slices(
             continue  # unverifiable without every input's values: kept as announced
         if samples.fails(plan, k, names, seen, results[k]):
             suspects.append(k)
-    return SliceCheck(
-        suspects, seen, samples.zs, samples.indices, samples.starts, frozenset(false)
-    )
+    return SliceCheck(suspects, seen, samples.zs, samples.indices, samples.starts, frozenset(false))
 
 
 async def _check_authors(

@@ -19,7 +19,7 @@ from gradfed_ipfs.federated.sliced.proofs import check_partial_frauds
 from gradfed_ipfs.formats.partials import PartialRecord
 from gradfed_ipfs.formats.slices import FraudRecord, SliceRecord
 from tests.federated.sliced.hostile import Censor, HidingLiar
-from tests.federated.sliced.test_peer import CHUNK, D, LR, Round, make_round, reference
+from tests.federated.sliced.test_peer import CHUNK, LR, D, Round, make_round, reference
 
 
 async def _run(
@@ -27,7 +27,10 @@ async def _run(
 ) -> tuple[dict[str, ReduceScatterResult], MemorySliceBoard]:
     board = MemorySliceBoard(members=r.roster.peers)
     config = ReduceScatterConfig(
-        chunk_bytes=CHUNK, learning_rate=LR, phase_timeout=20, **settings  # type: ignore[arg-type]
+        chunk_bytes=CHUNK,
+        learning_rate=LR,
+        phase_timeout=20,
+        **settings,  # type: ignore[arg-type]
     )
     peers = {
         p: ReduceScatterPeer(p, r.store, board, config, faults=faults.get(p))
@@ -70,7 +73,8 @@ async def test_a_reducer_shifting_its_own_check_value_by_its_lie_is_caught_and_p
     assert abs(said[1] - _true_value(r, res, liar, 1, offset)) > 1.0
     # Its backup published the value its blocks give, which every peer checked.
     checked = [c for m in board.messages if m.kind == "proj" for c in m.checked if c[1] == liar]
-    assert checked and all(c[0] == 1 for c in checked)
+    assert checked
+    assert all(c[0] == 1 for c in checked)
 
 
 async def test_a_chained_partial_hidden_by_a_shifted_check_value_is_blamed_and_proven() -> None:

@@ -385,7 +385,8 @@ async def test_well_formed_slice_messages_from_outside_the_roster_are_ignored() 
     try:
         for k in range(4):  # a record for every slice, first: it would fill the phase at once
             forged = SliceMessage("slice", "intruder", r.roster_cid, 0, k, r.roster_cid)
-            bus.deliver("intruder", topic, forged.encode())
+            signed = await forged.sign(bus.signer("intruder"), bus.keys)  # its own key
+            bus.deliver("intruder", topic, signed.encode())
         for board in boards:
             assert await board.wait_for(lambda b=board: b.filled(r.roster_cid, 0) == 4, 5.0)
         results = await asyncio.gather(
