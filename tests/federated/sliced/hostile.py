@@ -16,23 +16,30 @@ A = TypeVar("A", bound=np.ndarray)
 
 @dataclass
 class HidingLiar(SliceFaults):
-    """Adds ``amount`` to every value of the first slice (or, ``partials``, the first chained
-    partial sum) it announces, and shifts its own check value of that slice by the projection
-    of its lie: ``scale`` is ``W / (lr · w)`` for a slice result, ``W / w`` for a partial sum
-    (``W`` the roster's weight sum, ``w`` its own weight), so the projection check passes."""
+    """Adds ``amount`` to every value of the first slice result or chained partial sum it
+    announces (``partials``: only partial sums, or only slice results; ``None``: either), and
+    shifts its own check value of that slice by the projection of its lie so that the
+    projection check passes: by ``ratio / lr`` times it for a slice result, ``ratio`` for a
+    partial sum (``ratio`` is ``W / w``: the roster's weight sum over its own weight)."""
 
     amount: float
-    scale: float
-    partials: bool = False
+    ratio: float
+    lr: float
+    partials: bool | None = None
     k: int | None = None
     length: int = 0
+    scale: float = 0.0
     published: tuple[float, ...] = ()
     """The check values it published (its true ones are its rows')."""
 
     def alter(self, k: int, values: A) -> A:
-        if (values.dtype == np.float64) != self.partials or self.k not in (None, k):
+        partial = values.dtype == np.float64
+        if self.partials not in (None, partial) or self.k not in (None, k):
             return values
+        if self.k is None:
+            self.partials = partial
         self.k, self.length = k, int(values.size)
+        self.scale = self.ratio if partial else self.ratio / self.lr
         return cast(A, (values + values.dtype.type(self.amount)).astype(values.dtype))
 
     def check_values(

@@ -10,14 +10,17 @@ import numpy as np
 from gradfed_ipfs.federated.sliced import SliceFaults
 from gradfed_ipfs.federated.sliced.peer import (
     MemorySliceBoard,
+    PubsubSliceBoard,
     ReduceScatterConfig,
     ReduceScatterPeer,
     ReduceScatterResult,
 )
 from gradfed_ipfs.federated.sliced.plan import projection_seed, projection_vector, reducer_rankings
 from gradfed_ipfs.federated.sliced.proofs import check_partial_frauds
+from gradfed_ipfs.formats import decode_statement
 from gradfed_ipfs.formats.partials import PartialRecord
-from gradfed_ipfs.formats.slices import FraudRecord, SliceRecord
+from gradfed_ipfs.formats.slices import FraudRecord, SliceMessage, SliceRecord
+from gradfed_ipfs.kubo import MemoryPubsubBus
 from tests.federated.sliced.hostile import Censor, HidingLiar
 from tests.federated.sliced.test_peer import CHUNK, LR, D, Round, make_round, reference
 
@@ -54,8 +57,7 @@ async def test_a_reducer_shifting_its_own_check_value_by_its_lie_is_caught_and_p
     """Attack 5: +5.0 on every value of its slice, its own check value shifted to match."""
     r = await make_round(4)
     liar = reducer_rankings(bytes(r.roster_cid), 4, r.roster.peers)[1][0]  # reduces slice 1
-    scale = sum(r.weights.values()) / (LR * r.weights[liar])
-    hiding = HidingLiar(5.0, scale)
+    hiding = HidingLiar(5.0, sum(r.weights.values()) / r.weights[liar], LR, partials=False)
     results, board = await _run(r, {liar: hiding})
     honest = {p: res for p, res in results.items() if p != liar}
     assert hiding.k == 1  # it did lie, in its own slice
@@ -85,12 +87,13 @@ async def test_a_chained_partial_hidden_by_a_shifted_check_value_is_blamed_and_p
     rankings = reducer_rankings(bytes(r.roster_cid), 4 * groups, r.roster.peers)
     liar, writer = rankings[0][0], rankings[groups - 1][0]
     assert writer != liar
-    hiding = HidingLiar(5.0, sum(r.weights.values()) / r.weights[liar], partials=True)
+    hiding = HidingLiar(5.0, sum(r.weights.values()) / r.weights[liar], LR, partials=True)
     results, _ = await _run(
         r, {liar: hiding}, chained=True, chain_groups=groups, reducer_timeout=0.3
     )
     honest = {p: res for p, res in results.items() if p != liar}
     assert hiding.k == 0
+    assert hiding.published  # its shifted check values
     assert {res.model_cid for res in honest.values()} == {await reference(r)}
     assert all(res.liars == {liar} for res in honest.values())
     assert all(liar in res.false_values for res in honest.values())
@@ -111,3 +114,65 @@ async def test_a_false_missing_claim_excludes_nobody_and_names_the_claimant() ->
     honest = {p: res for p, res in results.items() if p != censor}
     assert all("false missing claim" in res.garbage[censor] for res in honest.values())
     assert all(victim not in res.garbage for res in honest.values())
+
+
+async def _run_pubsub(
+    r: Round, faults: dict[str, SliceFaults], bus: MemoryPubsubBus
+) -> tuple[dict[str, ReduceScatterResult], list[PubsubSliceBoard]]:
+    """A round over signing pubsub boards (one per peer, on ``bus``)."""
+    topic = "gradfed/v1/s/slices"
+    config = ReduceScatterConfig(chunk_bytes=CHUNK, learning_rate=LR, phase_timeout=20)
+    boards = [
+        PubsubSliceBoard(bus.endpoint(p), topic, p, members=r.roster.peers) for p in r.roster.peers
+    ]
+    for board in boards:
+        await board.__aenter__()
+    try:
+        results = await asyncio.gather(
+            *(
+                ReduceScatterPeer(p, r.store, b, config, faults=faults.get(p)).run(
+                    r.roster, r.roster_cid, r.base, r.grads[p]
+                )
+                for p, b in zip(r.roster.peers, boards, strict=True)
+            )
+        )
+    finally:
+        for board in boards:
+            await board.__aexit__(None, None, None)
+    return dict(zip(r.roster.peers, results, strict=True)), boards
+
+
+async def test_over_signing_boards_the_hidden_lie_and_its_false_values_are_signed_evidence() -> (
+    None
+):
+    r = await make_round(4)
+    liar = reducer_rankings(bytes(r.roster_cid), 4, r.roster.peers)[1][0]
+    hiding = HidingLiar(5.0, sum(r.weights.values()) / r.weights[liar], LR, partials=False)
+    bus = MemoryPubsubBus()
+    results, _ = await _run_pubsub(r, {liar: hiding}, bus)
+    honest = {p: res for p, res in results.items() if p != liar}
+    assert {res.model_cid for res in honest.values()} == {await reference(r)}
+    assert all(res.liars == {liar} for res in honest.values())
+    for res in honest.values():
+        # The signed statement of its false check values (the first it was caught in) or of
+        # its lying record: its key signed it, and it says what the blocks contradict.
+        statement = decode_statement(await r.store.get(res.evidence[liar]), keys=bus.keys)
+        assert statement.author == liar
+        assert statement.kind in ("sliced/proj", "sliced/slice")
+        if statement.kind == "sliced/proj":
+            assert SliceMessage.decode(statement.body, liar).values == hiding.published
+
+
+async def test_over_signing_boards_a_false_missing_claim_is_signed_evidence() -> None:
+    r = await make_round(4)
+    censor, victim = r.roster.peers[1], r.roster.peers[2]
+    bus = MemoryPubsubBus()
+    results, _ = await _run_pubsub(r, {censor: Censor(victim)}, bus)
+    assert {res.model_cid for res in results.values()} == {await reference(r)}
+    honest = {p: res for p, res in results.items() if p != censor}
+    for res in honest.values():
+        statement = decode_statement(await r.store.get(res.evidence[censor]), keys=bus.keys)
+        assert (statement.author, statement.kind) == (censor, "sliced/slice")
+        message = SliceMessage.decode(statement.body, censor)
+        record = SliceRecord.from_block(await r.store.get(message.cid))  # type: ignore[arg-type]
+        assert victim in record.missing  # the claim, signed; the victim's blocks are served
