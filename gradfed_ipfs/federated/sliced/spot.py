@@ -33,7 +33,12 @@ no fraud record follows. The false values differ from that peer's block at the s
 coordinates (its projection from its slice), which is how it is told apart:
 :meth:`SliceCheck.false_publishers` names it, and the round's result lists it in
 ``false_values``. It is not excluded from later rosters: its message is not a block anyone can
-re-check, so only the peers that saw it know.
+re-check, so only the peers that saw it know (on a signing board its signed values are kept
+in the round's ``evidence``).
+
+A slice's author is the one sender whose false values could hide a lie (its own rows of the
+slice are held by nobody else): :class:`AuthorCheck` has another peer compute them from its
+blocks, so a reducer that shifts its own check value by the projection of its lie is caught.
 """
 
 from __future__ import annotations
