@@ -107,10 +107,11 @@ async def test_reduce_scatter_agreed_round_over_kubo_equals_all_to_all_and_downl
     for rs, a2a in zip(rs_bytes, a2a_bytes, strict=True):
         assert a2a >= 2 * D * 4  # two other whole gradients
         # The slice plan gives 4/3·d·4 B (1.05-1.19 MB: 13 chunks split 5/4/4) plus manifests
-        # and records; about one run in seven a peer fetched 2-3 chunks more (1.29-1.37 MB, not
-        # yet explained). The bound is issue 14's per-peer goal, and clearly under all-to-all.
+        # and records, and a slice of the author it verifies (d/3: 0.26-0.33 MB); about one run
+        # in seven a peer fetched 2-3 chunks more (not yet explained). The bound is issue 14's
+        # per-peer goal, and under all-to-all (at 3 peers the verified slice is a third of d).
         assert rs <= 2.5 * D * 4
-        assert rs <= 0.9 * a2a
+        assert rs < a2a
 
 
 @pytest.mark.kubo
