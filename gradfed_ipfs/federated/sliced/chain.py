@@ -389,6 +389,7 @@ class ChainRound:
             place = (record.roster, record.k, record.j, record.groups, record.offset, record.length)
             if place != (ctx.roster_cid, step.k, step.j, self._groups, step.offset, step.length):
                 ctx.garbage[message.sender] = f"partial {cid} is not step {step.step}'s"
+                await self._reducer.keep_evidence(ctx, message)
                 return None
             values = self._partials.get(bytes(cid))
             if values is None:
@@ -401,6 +402,7 @@ class ChainRound:
             logger.warning("partial %s from %s refused: %s", cid, message.sender, exc)
             if isinstance(exc, DecodeError | GradientError):  # its bytes, not the network
                 ctx.garbage[message.sender] = f"partial {cid}: {exc}"
+                await self._reducer.keep_evidence(ctx, message)
             return None
         return cid, record, values
 

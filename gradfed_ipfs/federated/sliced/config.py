@@ -67,7 +67,8 @@ class ReduceScatterResult:
     """Members whose signed board statement this peer showed false, and its CID (put in the
     store): the announcement of a record a fraud record proves wrong, check values that the
     author's blocks contradict, a record whose ``missing`` claim the sender's blocks
-    contradict. Anyone can check its signature and re-check it against the blocks. Empty on
+    contradict, a record or partial sum refused as garbage. Anyone can check its signature and
+    re-check it against the blocks. Empty on
     boards that do not sign (:class:`~.transport.MemorySliceBoard`)."""
     downloaded: int = 0
     seconds: float = 0.0

@@ -292,12 +292,14 @@ class ReduceScatterPeer:
                 record = await reducer.load(ctx, m, expected)
             except DecodeError as exc:
                 ctx.garbage[m.sender] = f"slice record {cid}: {exc}"
+                await reducer.keep_evidence(ctx, m)  # its signed announcement of the bytes
                 continue  # a reducer's garbage: the next-ranked record, if any, counts
             except BlockStoreError:
                 continue  # not served: the next-ranked record, if any, counts
             place = (record.k, record.offset, record.length)
             if record.roster != ctx.roster_cid or place != (p.k, p.offset, p.length):
                 ctx.garbage[m.sender] = f"slice record {cid} is not slice {p.k} of this round"
+                await reducer.keep_evidence(ctx, m)
                 continue
             censored = await reducer.false_claims(ctx, p, set(record.missing), exclude)
             if not censored:

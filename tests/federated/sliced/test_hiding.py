@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 
+from gradfed_ipfs.errors import DecodeError
 from gradfed_ipfs.federated.sliced import SliceFaults
 from gradfed_ipfs.federated.sliced.peer import (
     MemorySliceBoard,
@@ -22,7 +24,15 @@ from gradfed_ipfs.formats.partials import PartialRecord
 from gradfed_ipfs.formats.slices import FraudRecord, SliceMessage, SliceRecord
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from tests.federated.sliced.hostile import Censor, HidingLiar
-from tests.federated.sliced.test_peer import CHUNK, LR, D, Round, make_round, reference
+from tests.federated.sliced.test_peer import (
+    CHUNK,
+    LR,
+    D,
+    Round,
+    _GarbageRecord,
+    make_round,
+    reference,
+)
 
 
 async def _run(
@@ -134,12 +144,15 @@ async def _run_pubsub(
                     r.roster, r.roster_cid, r.base, r.grads[p]
                 )
                 for p, b in zip(r.roster.peers, boards, strict=True)
-            )
+            ),
+            return_exceptions=True,  # a hostile peer's own round is its business
         )
     finally:
         for board in boards:
             await board.__aexit__(None, None, None)
-    return dict(zip(r.roster.peers, results, strict=True)), boards
+    out = {p: res for p, res in zip(r.roster.peers, results, strict=True) if p not in faults}
+    assert all(isinstance(res, ReduceScatterResult) for res in out.values()), results
+    return {p: res for p, res in out.items() if isinstance(res, ReduceScatterResult)}, boards
 
 
 async def test_over_signing_boards_the_hidden_lie_and_its_false_values_are_signed_evidence() -> (
@@ -176,3 +189,20 @@ async def test_over_signing_boards_a_false_missing_claim_is_signed_evidence() ->
         message = SliceMessage.decode(statement.body, censor)
         record = SliceRecord.from_block(await r.store.get(message.cid))  # type: ignore[arg-type]
         assert victim in record.missing  # the claim, signed; the victim's blocks are served
+
+
+async def test_over_signing_boards_a_garbage_record_is_signed_evidence() -> None:
+    r = await make_round(4)
+    garbage = reducer_rankings(bytes(r.roster_cid), 4, r.roster.peers)[0][0]
+    bus = MemoryPubsubBus()
+    results, _ = await _run_pubsub(r, {garbage: _GarbageRecord()}, bus)
+    honest = {p: res for p, res in results.items() if p != garbage}
+    assert {res.model_cid for res in honest.values()} == {await reference(r)}
+    for res in honest.values():
+        assert set(res.garbage) == {garbage}
+        statement = decode_statement(await r.store.get(res.evidence[garbage]), keys=bus.keys)
+        assert (statement.author, statement.kind) == (garbage, "sliced/slice")
+        named = SliceMessage.decode(statement.body, garbage).cid
+        assert named is not None
+        with pytest.raises(DecodeError):  # what it signed for slice 0 is no slice record
+            SliceRecord.from_block(await r.store.get(named))
