@@ -193,19 +193,19 @@ class SliceChecker:
         and verify it for free; only when the author announced that step itself do the first
         other peers of its ranking fetch them.
         """
-        members = set(ctx.roster.peers)
         if chain is None:
             return {
                 (k, sender): (frozenset([q for q in p.ranking if q != sender][:VERIFIERS]), p)
-                for k, (p, (_, _, sender)) in enumerate(zip(parts, chosen, strict=True))
-                if sender in members
+                for k, (p, (_, record, sender)) in enumerate(zip(parts, chosen, strict=True))
+                if sender in {name for name, _ in record.inputs}  # not missing: its values count
             }
         out: dict[tuple[int, str], tuple[frozenset[str], SliceWork]] = {}
         for k, steps in enumerate(chain.chains):
+            inputs = {name for name, _ in chosen[k][1].inputs}
             announced = [
-                {m.sender for m in self._reducer.records(ctx, phase, step)} & members
+                {m.sender for m in self._reducer.records(ctx, phase, step)} & inputs
                 for step in steps[:-1]
-            ] + [{chosen[k][2]} & members]
+            ] + [{chosen[k][2]} & inputs]
             for author in set().union(*announced):
                 g = next(j for j, step in enumerate(steps) if author in (step.senders or ()))
                 holders = announced[g] - {author}
