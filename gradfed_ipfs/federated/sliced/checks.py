@@ -188,7 +188,7 @@ class SliceChecker:
         The authors of slice ``k`` are its chosen record's announcer and, chained, every
         member that announced a partial sum of its chain in ``phase``. One level, an author's
         verifiers are the first :data:`~.spot.VERIFIERS` other peers of the slice's ranking
-        (each peer is ranked so about twice a round: ``2·d/N`` values more to fetch). Chained,
+        (each peer is ranked so about once a round: ``d/N`` values more to fetch). Chained,
         the peers that announced the step reading the author's group already hold its rows
         and verify it for free; only when the author announced that step itself do the first
         other peers of its ranking fetch them.
@@ -209,9 +209,8 @@ class SliceChecker:
             for author in set().union(*announced):
                 g = next(j for j, step in enumerate(steps) if author in (step.senders or ()))
                 holders = announced[g] - {author}
-                if not holders:
-                    holders = {q for q in steps[g].ranking if q != author}
-                    holders = set([q for q in steps[g].ranking if q in holders][:VERIFIERS])
+                if not holders:  # it announced its own group's step: nobody holds its rows
+                    holders = set([q for q in steps[g].ranking if q != author][:VERIFIERS])
                 out[(k, author)] = (frozenset(holders), steps[g])
         return out
 

@@ -72,8 +72,10 @@ __all__ = [
 ]
 
 VERIFIERS: Final = 1
-"""Peers that compute a slice author's own check values from its blocks (see
-:class:`AuthorCheck`): two, so that one of them colluding with the author does not hide it."""
+"""Peers that fetch a one-level slice author's rows to compute its own check values (see
+:class:`AuthorCheck`): the next-ranked peer of its slice, ``d/N`` values a round for each
+peer. One liar is caught; a liar colluding with its verifier is not (each verifier more costs
+every peer ``d/N`` values a round)."""
 SPOT_SAMPLES: Final = 64
 """Coordinates sampled per slice (fewer when ``s·N`` would exceed one message's 1024 values)."""
 _MAX_VALUES: Final = 1024
@@ -257,14 +259,17 @@ class AuthorCheck:
     A sender's check values are its own word. For the members that wrote a slice (its
     record's and, chained, its partial sums' announcers) that word would let a lie through:
     the author shifts its own value of the slice by the projection of its lie, and nobody
-    else holds its rows of that slice. So :data:`VERIFIERS` other peers of each step's
-    ranking fetch the author's rows of the slice from its contribution blocks (``d/N`` values,
-    or ``d/S`` chained, per pair; each peer verifies about two pairs a round) and publish what
-    they compute with their own check values. Every peer compares: when a verifier's values
-    and the author's differ, it fetches the author's rows itself and uses the values they
-    give, so the slice's check fails and its recompute proves the lie; the one of the two
-    whose values were false is reported (:attr:`SliceCheck.false`). A verifier's lie costs a
-    fetch, never an honest author's slice.
+    else holds its rows of that slice. So another member computes the author's values of the
+    slice from its rows: one level, the next :data:`VERIFIERS` peers of the slice's ranking
+    fetch them from its contribution blocks (``d/N`` values; each peer verifies about one
+    author a round); chained, the announcer of the step that reads the author's group already
+    holds them (and when that is the author itself, the step's next-ranked peer fetches
+    ``d/S``). The verifier publishes what it computes with its own check values. Every peer
+    compares: when a verifier's values and the author's differ, it fetches the author's rows
+    itself and uses the values they give, so the slice's check fails and its recompute proves
+    the lie; the one of the two whose values were false is reported
+    (:attr:`SliceCheck.false`). A verifier's lie costs a fetch, never an honest author's
+    slice.
 
     Attributes
     ----------
