@@ -206,3 +206,21 @@ async def test_over_signing_boards_a_garbage_record_is_signed_evidence() -> None
         assert named is not None
         with pytest.raises(DecodeError):  # what it signed for slice 0 is no slice record
             SliceRecord.from_block(await r.store.get(named))
+
+
+async def test_a_false_missing_claim_in_a_chained_partial_excludes_nobody() -> None:
+    """Attack 6, chained: the author of step (0, 0) claims a sender of its group missing.
+    Steps that took the report on its word list the sender too; every record that does is
+    refused and recomputed, and the first claimant is named."""
+    r = await make_round(8)
+    groups = 2
+    rankings = reducer_rankings(bytes(r.roster_cid), 4 * groups, r.roster.peers)
+    censor = rankings[0][0]  # step (0, 0): reads group 0
+    victim = next(p for p in r.roster.peers[:4] if p != censor)
+    results, _ = await _run(
+        r, {censor: Censor(victim)}, chained=True, chain_groups=groups, reducer_timeout=0.3
+    )
+    honest = {p: res for p, res in results.items() if p != censor}
+    assert {res.model_cid for res in honest.values()} == {await reference(r)}
+    assert all(res.missing == () for res in honest.values())
+    assert all("false missing claim" in res.garbage[censor] for res in honest.values())
