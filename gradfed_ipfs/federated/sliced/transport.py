@@ -196,7 +196,7 @@ class PubsubSliceBoard(MemorySliceBoard):
     :meth:`~gradfed_ipfs.kubo.PubsubTransport.signer`; re-publications repeat its bytes), and
     a member's message whose statement is missing or does not verify against the
     transport's :attr:`~gradfed_ipfs.kubo.PubsubTransport.keys` is dropped (``dropped``
-    ``unsigned``): what a member claims on the board (a record with its ``missing``
+    ``unsigned``, ``malformed``): what a member claims on the board (a record with its ``missing``
     senders, check values) is a signed statement a proof can name. Use as ``async with``:
     it listens meanwhile.
     Without an ``announcer`` lost messages are not re-published (a lost ``slice`` costs a
@@ -251,6 +251,7 @@ class PubsubSliceBoard(MemorySliceBoard):
             try:
                 decoded = SliceMessage.decode(message.data, message.from_peer, self.transport.keys)
             except DecodeError:  # malformed, or a signature that does not verify
+                self._refuse("malformed", message.from_peer)
                 continue  # a hostile or broken peer's bytes: dropped, the round goes on
             if decoded.signed is None:
                 self._refuse("unsigned", message.from_peer)

@@ -184,6 +184,7 @@ async def test_a_members_unsigned_or_foreign_signed_messages_are_dropped() -> No
     finally:
         await board.__aexit__(None, None, None)
     assert board.dropped["unsigned"] == 1
+    assert board.dropped["malformed"] == 1  # the foreign signature
     (kept,) = board.messages
     assert (kept.sender, kept.values) == (other, (2.0,) * 4)
     assert kept.signed is not None
