@@ -224,3 +224,25 @@ async def test_a_false_missing_claim_in_a_chained_partial_excludes_nobody() -> N
     assert {res.model_cid for res in honest.values()} == {await reference(r)}
     assert all(res.missing == () for res in honest.values())
     assert all("false missing claim" in res.garbage[censor] for res in honest.values())
+
+
+async def test_a_verifier_lying_about_an_honest_author_costs_a_fetch_and_frames_nobody() -> None:
+    r = await make_round(4)
+    ranking = reducer_rankings(bytes(r.roster_cid), 4, r.roster.peers)[1]
+    author, verifier = ranking[0], ranking[1]
+    board = MemorySliceBoard(members=r.roster.peers)
+    # Its first check values count: a false value for the author of slice 1 (and its own).
+    forged = SliceMessage(
+        "proj", verifier, r.roster_cid, values=(0.0,) * 4, checked=((1, author, (123.0,)),)
+    )
+    await board.publish(forged)
+    config = ReduceScatterConfig(chunk_bytes=CHUNK, learning_rate=LR, phase_timeout=20)
+    peers = {p: ReduceScatterPeer(p, r.store, board, config) for p in r.roster.peers}
+    results = await asyncio.gather(
+        *(peer.run(r.roster, r.roster_cid, r.base, r.grads[p]) for p, peer in peers.items())
+    )
+    assert {res.model_cid for res in results} == {await reference(r)}
+    assert all(not res.liars and not res.frauds for res in results)
+    others = [res for p, res in zip(peers, results, strict=True) if p != verifier]
+    assert all(verifier in res.false_values for res in others)
+    assert all(author not in res.false_values for res in results)
