@@ -17,8 +17,10 @@ And one small JSON pubsub message, :class:`SliceMessage`, of three kinds: ``slic
 record CID for slice ``k`` in ``phase``, with the record's bytes in base64 when they fit, so
 that readers need not fetch them), ``proj`` (the sender's check values: projections
 ``⟨z_k, g[k]⟩``, one float per slice, or for median and trimmed-mean rounds its values at the
-``s`` spot-checked coordinates of every slice) and ``fraud`` (a fraud record CID). The sender
-is pubsub's ``from``.
+``s`` spot-checked coordinates of every slice, and ``checked``: the values it computed from
+another sender's blocks for a slice that sender wrote) and ``fraud`` (a fraud record CID).
+The sender is pubsub's ``from``; on a signing board the message is the sender's signed
+statement (kind ``sliced/<kind>``).
 
 Decoders check sizes, types, counts and order and raise
 :class:`~gradfed_ipfs.errors.MalformedManifest` (records) or
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import json
 import math
 from collections.abc import Iterable
@@ -45,11 +48,13 @@ from .limits import load_json
 from .memo import DecodeMemo
 from .records import decode_record, encode_record, require
 from .roster import MAX_PEER_ID_CHARS, MAX_ROSTER_ENTRIES, MAX_WEIGHT
+from .statement import PEER_ID_KEYS, KeyBook, Signer, Statement, decode_statement, sign_statement
 
 __all__ = [
     "MAX_SLICE_MESSAGE_BYTES",
     "MAX_SLICE_RECORD_BYTES",
     "SLICE_RULES",
+    "Checked",
     "FraudRecord",
     "SliceInputs",
     "SliceKind",
@@ -304,8 +309,13 @@ class FraudRecord:
         )
 
 
+Checked = tuple[int, str, tuple[float, ...]]
+"""One checked value set of a ``proj`` message: ``(k, author, values)``."""
+
+
 SliceKind = Literal["slice", "partial", "proj", "fraud"]
 _MESSAGE: Final = "gradfed.slice-msg"
+_SIGNED: Final = "gradfed.slice-signed"
 
 
 @dataclass(frozen=True)
@@ -329,9 +339,37 @@ class SliceMessage:
     """A ``slice`` (or ``partial``) message's record bytes (they hash to ``cid``): readers need
     not fetch them.
     Sent only when the message stays within :data:`MAX_SLICE_MESSAGE_BYTES`."""
+    checked: tuple[Checked, ...] = ()
+    """A ``proj`` message's check values of other senders, each ``(k, author, values)``: what
+    this peer computed from ``author``'s contribution blocks for slice ``k``, which ``author``
+    wrote (a reducer's own check values are not taken on its word)."""
+    signed: Statement | None = field(default=None, compare=False, repr=False)
+    """The sender's signed statement of this message (kind ``sliced/<kind>``, body
+    :meth:`statement_body`): what a proof of its lie names. ``None``: unsigned (boards of
+    peers simulated in one process)."""
+
+    def statement_body(self) -> bytes:
+        """Return the bytes a sender signs: the message's JSON without the record's bytes."""
+        return SliceMessage(
+            self.kind, self.sender, self.roster, self.phase, self.k, self.cid, self.values,
+            checked=self.checked,
+        ).encode()  # fmt: skip
+
+    async def sign(self, signer: Signer, keys: KeyBook = PEER_ID_KEYS) -> SliceMessage:
+        """Return this message signed by ``signer`` (one signature: re-announce its bytes)."""
+        statement = await sign_statement(
+            signer, f"sliced/{self.kind}", self.statement_body(), keys=keys
+        )
+        return dataclasses.replace(self, signed=statement)
 
     def encode(self) -> bytes:
-        """Return the JSON bytes (without the sender); the record's bytes only if they fit."""
+        """Return the JSON bytes (without the sender); the record's bytes only if they fit.
+
+        A signed message is ``{t, kind, st, block?}``: its statement's block in base64 (the
+        fields are the statement's body), ``kind`` in clear for filters.
+        """
+        if self.signed is not None:
+            return self._encode_signed(self.signed)
         body: dict[str, object] = {
             "t": _MESSAGE,
             "kind": self.kind,
@@ -341,6 +379,8 @@ class SliceMessage:
             "cid": None if self.cid is None else str(self.cid),
             "values": list(self.values),
         }
+        if self.checked:
+            body["checked"] = [[k, author, list(values)] for k, author, values in self.checked]
         if self.block is not None:
             body["block"] = base64.b64encode(self.block).decode()
             data = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
@@ -349,27 +389,73 @@ class SliceMessage:
             del body["block"]  # too large to ride along: readers fetch the record by CID
         return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
 
+    def _encode_signed(self, signed: Statement) -> bytes:
+        body: dict[str, object] = {
+            "t": _SIGNED,
+            "kind": self.kind,
+            "st": base64.b64encode(signed.block.data).decode(),
+        }
+        if self.block is not None:
+            body["block"] = base64.b64encode(self.block).decode()
+            data = json.dumps(body, separators=(",", ":")).encode()
+            if len(data) <= MAX_SLICE_MESSAGE_BYTES:
+                return data
+            del body["block"]
+        return json.dumps(body, separators=(",", ":")).encode()
+
     @classmethod
-    def decode(cls, data: bytes, sender: str) -> SliceMessage:
+    def decode(cls, data: bytes, sender: str, keys: KeyBook = PEER_ID_KEYS) -> SliceMessage:
         """Decode a message from ``sender`` (remembered: :class:`~.memo.DecodeMemo`).
+
+        A signed message's statement is checked: its author must be ``sender`` (found in
+        ``keys``), its kind ``sliced/<kind>``, its body a message of that kind.
 
         Raises
         ------
         MalformedAnnouncement
             If it is too large, not JSON of this shape, a CID does not parse or is not
             dag-cbor, a ``slice``/``fraud`` lacks its CID, or a projection is not finite.
+        BadSignature
+            If a signed message's signature does not verify.
         """
         key = (bytes(data), sender)
         known = _MESSAGES.get(key)
         if known is None:
-            known = _MESSAGES.put(key, cls._decode(data, sender), len(data))
+            known = _MESSAGES.put(key, cls._decode(data, sender, keys), len(data))
         return known
 
     @classmethod
-    def _decode(cls, data: bytes, sender: str) -> SliceMessage:
+    def _decode(cls, data: bytes, sender: str, keys: KeyBook = PEER_ID_KEYS) -> SliceMessage:
         if len(data) > MAX_SLICE_MESSAGE_BYTES:
             raise MalformedAnnouncement(f"slice message of {len(data)} bytes is too large")
         body = load_json(data, "slice message", error=MalformedAnnouncement)
+        if isinstance(body, dict) and body.get("t") == _SIGNED:
+            return cls._decode_signed(body, sender, keys)
+        return cls._decode_fields(body, sender)
+
+    @classmethod
+    def _decode_signed(cls, body: dict[str, object], sender: str, keys: KeyBook) -> SliceMessage:
+        kind, text = body.get("kind"), body.get("st")
+        if kind not in ("slice", "partial", "proj", "fraud") or not isinstance(text, str):
+            raise MalformedAnnouncement("signed slice message: no kind or statement")
+        try:
+            raw = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise MalformedAnnouncement(f"signed slice message: statement: {exc}") from None
+        statement = decode_statement(Block.new(raw, "dag-cbor"), kind=f"sliced/{kind}", keys=keys)
+        if statement.author != sender:
+            raise MalformedAnnouncement(
+                f"signed slice message from {sender:.60} is {statement.author:.60}'s"
+            )
+        inner = load_json(statement.body, "slice message", error=MalformedAnnouncement)
+        message = cls._decode_fields(inner, sender)
+        if message.kind != kind or message.block is not None:
+            raise MalformedAnnouncement("signed slice message: its statement is another message")
+        block = _inline_block(body.get("block"), message.cid, message.kind)
+        return dataclasses.replace(message, block=block, signed=statement)
+
+    @classmethod
+    def _decode_fields(cls, body: object, sender: str) -> SliceMessage:
         if not isinstance(body, dict) or body.get("t") != _MESSAGE:
             raise MalformedAnnouncement("not a slice message")
         kind = body.get("kind")
@@ -385,10 +471,7 @@ class SliceMessage:
         values = body.get("values")
         if not isinstance(values, list) or len(values) > MAX_ROSTER_ENTRIES:
             raise MalformedAnnouncement("slice message: values is not a short list")
-        if not all(
-            isinstance(v, float | int) and not isinstance(v, bool) and math.isfinite(v)
-            for v in values
-        ):
+        if not _finite(values):
             raise MalformedAnnouncement("slice message: a projection is not a finite number")
         link = body.get("cid")
         if (link is None) != (kind == "proj"):
@@ -401,7 +484,50 @@ class SliceMessage:
         if roster.codec.code != DAG_CBOR or (cid is not None and cid.codec.code != DAG_CBOR):
             raise MalformedAnnouncement("slice message: links must be dag-cbor records")
         block = _inline_block(body.get("block"), cid, kind)
-        return cls(kind, sender, roster, phase, k, cid, tuple(float(v) for v in values), block)
+        checked = _checked(body.get("checked"), kind)
+        return cls(
+            kind, sender, roster, phase, k, cid, tuple(float(v) for v in values), block, checked
+        )
+
+
+def _finite(values: object) -> bool:
+    return isinstance(values, list) and all(
+        isinstance(v, float | int) and not isinstance(v, bool) and math.isfinite(v) for v in values
+    )
+
+
+def _checked(items: object, kind: str) -> tuple[Checked, ...]:
+    """Return a ``proj`` message's ``checked`` entries, bounded and typed.
+
+    Raises
+    ------
+    MalformedAnnouncement
+        If they come with another kind, or are not short lists of ``[k, peer, [finite...]]``.
+    """
+    if items is None:
+        return ()
+    if kind != "proj" or not isinstance(items, list) or len(items) > MAX_ROSTER_ENTRIES:
+        raise MalformedAnnouncement("slice message: checked is not a short list of a proj")
+    out: list[Checked] = []
+    total = 0
+    for item in items:
+        if not isinstance(item, list) or len(item) != 3:
+            raise MalformedAnnouncement("slice message: a checked entry is not [k, peer, values]")
+        k, author, values = item
+        if (
+            not isinstance(k, int)
+            or isinstance(k, bool)
+            or not 0 <= k < 1 << 20
+            or not isinstance(author, str)
+            or not 0 < len(author) <= MAX_PEER_ID_CHARS
+            or not _finite(values)
+        ):
+            raise MalformedAnnouncement("slice message: a checked entry is malformed")
+        total += len(values)
+        if total > MAX_ROSTER_ENTRIES:
+            raise MalformedAnnouncement("slice message: too many checked values")
+        out.append((k, author, tuple(float(v) for v in values)))
+    return tuple(out)
 
 
 def _inline_block(text: object, cid: CID | None, kind: str) -> bytes | None:

@@ -199,8 +199,10 @@ class ChainRound:
                 await asyncio.gather(rows, return_exceptions=True)
         used = [e for e in self._ctx.roster.entries if e.peer not in exclude]
         weight_sum = sum(e.weight for e in used)
+        missing = set(exclude) | step.failed | set(() if prev is None else prev[1].missing)
+        missing = self._reducer.faults.missing(step.k, missing)  # (a test's false claim)
         group = [e for e in used if e.peer in cast(frozenset[str], step.senders)]
-        group = [e for e in group if e.peer not in step.failed]
+        group = [e for e in group if e.peer not in missing]
         acc = chain_sum(
             None if prev is None else prev[2],
             [step.rows[e.peer] for e in group],
@@ -208,7 +210,6 @@ class ChainRound:
             weight_sum,
             step.length,
         )
-        missing = set(exclude) | step.failed | set(() if prev is None else prev[1].missing)
         if step.step is not None:
             return await self._put_partial(phase, step, prev, _Sum(group, missing, weight_sum, acc))
         await self._put_slice(phase, step, acc, missing)
@@ -389,6 +390,7 @@ class ChainRound:
             place = (record.roster, record.k, record.j, record.groups, record.offset, record.length)
             if place != (ctx.roster_cid, step.k, step.j, self._groups, step.offset, step.length):
                 ctx.garbage[message.sender] = f"partial {cid} is not step {step.step}'s"
+                await self._reducer.keep_evidence(ctx, message)
                 return None
             values = self._partials.get(bytes(cid))
             if values is None:
@@ -401,6 +403,7 @@ class ChainRound:
             logger.warning("partial %s from %s refused: %s", cid, message.sender, exc)
             if isinstance(exc, DecodeError | GradientError):  # its bytes, not the network
                 ctx.garbage[message.sender] = f"partial {cid}: {exc}"
+                await self._reducer.keep_evidence(ctx, message)
             return None
         return cid, record, values
 

@@ -32,8 +32,8 @@ from .config import SliceWork
 from .context import SliceRound
 from .plan import projection_seed
 from .reducer import Reducer
-from .spot import CheckPlan, CheckWait, SliceCheck, check_slices
-from .transport import fetch_whole
+from .spot import VERIFIERS, AuthorCheck, CheckPlan, CheckWait, SliceCheck, check_slices
+from .transport import fetch_range, fetch_whole
 
 __all__ = ["CheckOutcome", "Chosen", "SliceChecker"]
 
@@ -101,7 +101,22 @@ class SliceChecker:
         proven lie (in a chained round, ``chain`` names the wrong partial sum the wrong record
         was built on, if any: that one is the lie).
         """
+        pairs = self._verifiers(ctx, parts, chosen, chain, phase)
+        mine = [pair for pair, (peers, _) in pairs.items() if self._reducer.peer in peers]
+        # The authors' rows this peer verifies are fetched with the results, not after them
+        # (a chained step's rows are at hand already).
+        rows_task = asyncio.gather(
+            *(self._row(ctx, parts[k], name, pairs[(k, name)][1]) for k, name in mine)
+        )
         results, broken = await self._gather(ctx, chosen)
+        fetched = await rows_task
+        rows = {pair: row for pair, row in zip(mine, fetched, strict=True) if row is not None}
+        authors = AuthorCheck(
+            {pair: peers for pair, (peers, _) in pairs.items()},
+            rows,
+            lambda k, name: self._row(ctx, parts[k], name),
+            self._reducer.faults.check_values,
+        )
         ctx.unfetchable.clear()  # a recompute excludes the records' missing, tries the rest
         outcome = CheckOutcome(results, [cid for cid, _, _ in chosen])
         state = _Checking(parts, chosen, [rec for _, rec, _ in chosen], outcome, chain, phase)
@@ -110,7 +125,14 @@ class SliceChecker:
         for k in broken:
             if await self._settle(ctx, state, k) is None:
                 raise TimeoutError(f"slice {k}: result unreadable and its recompute failed")
-        check = await self._check(ctx, state)
+        check = await self._check(ctx, state, authors)
+        if check.false:
+            logger.warning(
+                "false check values of slice authors: %s", ", ".join(sorted(check.false))
+            )
+        outcome.false_values.update(check.false)
+        for name in sorted(check.false):
+            await self._reducer.keep_evidence(ctx, self._reducer.announced(ctx, name, "proj", None))
         for k in check.suspects:
             if k in broken:
                 continue  # recomputed already: its values are the true ones
@@ -153,7 +175,71 @@ class SliceChecker:
         )
         return np.asarray(values, np.float32).reshape(-1)
 
-    async def _check(self, ctx: SliceRound, state: _Checking) -> SliceCheck:
+    def _verifiers(
+        self,
+        ctx: SliceRound,
+        parts: list[SliceWork],
+        chosen: list[Chosen],
+        chain: ChainRound | None,
+        phase: int,
+    ) -> dict[tuple[int, str], tuple[frozenset[str], SliceWork]]:
+        """Return ``(k, author)`` → its verifiers and the step that reads its rows.
+
+        The authors of slice ``k`` are its chosen record's announcer and, chained, every
+        member that announced a partial sum of its chain in ``phase``. One level, an author's
+        verifiers are the first :data:`~.spot.VERIFIERS` other peers of the slice's ranking
+        (each peer is ranked so about once a round: ``d/N`` values more to fetch). Chained,
+        the peers that announced the step reading the author's group already hold its rows
+        and verify it for free; only when the author announced that step itself do the first
+        other peers of its ranking fetch them.
+        """
+        if chain is None:
+            return {
+                (k, sender): (frozenset([q for q in p.ranking if q != sender][:VERIFIERS]), p)
+                for k, (p, (_, record, sender)) in enumerate(zip(parts, chosen, strict=True))
+                if sender in {name for name, _ in record.inputs}  # not missing: its values count
+            }
+        out: dict[tuple[int, str], tuple[frozenset[str], SliceWork]] = {}
+        for k, steps in enumerate(chain.chains):
+            inputs = {name for name, _ in chosen[k][1].inputs}
+            announced = [
+                {m.sender for m in self._reducer.records(ctx, phase, step)} & inputs
+                for step in steps[:-1]
+            ] + [{chosen[k][2]} & inputs]
+            for author in set().union(*announced):
+                g = next(j for j, step in enumerate(steps) if author in (step.senders or ()))
+                holders = announced[g] - {author}
+                if not holders:  # it announced its own group's step: nobody holds its rows
+                    holders = set([q for q in steps[g].ranking if q != author][:VERIFIERS])
+                out[(k, author)] = (frozenset(holders), steps[g])
+        return out
+
+    async def _row(
+        self, ctx: SliceRound, part: SliceWork, name: str, step: SliceWork | None = None
+    ) -> FloatArray | None:
+        """Fetch ``name``'s values of slice ``part`` from its contribution (``None``: failed).
+
+        ``step``: a chained step of that slice whose rows this peer may hold already.
+        """
+        if name == self._reducer.peer:
+            return ctx.own[part.offset : part.offset + part.length]
+        if step is not None and name in step.rows:
+            return step.rows[name]
+        entry = next((e for e in ctx.roster.entries if e.peer == name), None)
+        if entry is None:
+            return None
+        config = self._reducer.config
+        try:
+            return await fetch_range(
+                self._reducer.store, entry.contribution, part.offset, part.length, ctx.d,
+                timeout=config.fetch_timeout, concurrency=config.concurrency,
+                packing=config.packing,
+            )  # fmt: skip
+        except UNREADABLE as exc:
+            logger.warning("slice %d of %s unavailable to check: %s", part.k, name, exc)
+            return None
+
+    async def _check(self, ctx: SliceRound, state: _Checking, authors: AuthorCheck) -> SliceCheck:
         """Run the cheap check (projections for fedavg, spot checks for median, trimmed mean)."""
         reducer, config = self._reducer, self._reducer.config
         roster = ctx.roster
@@ -181,7 +267,7 @@ class SliceChecker:
         )
         results = state.outcome.results
         return await check_slices(
-            reducer.board, reducer.peer, plan, ctx.own, state.checked, results, wait
+            reducer.board, reducer.peer, plan, ctx.own, state.checked, results, wait, authors
         )
 
     async def _settle(self, ctx: SliceRound, state: _Checking, k: int) -> SliceWork | None:
@@ -226,6 +312,8 @@ class SliceChecker:
         """Put and announce the fraud record proving ``liar``'s ``claimed`` record wrong."""
         reducer = self._reducer
         outcome.liars.add(liar)
+        for kind in ("slice", "partial"):  # its signed announcement of the lie
+            await reducer.keep_evidence(ctx, reducer.announced(ctx, liar, kind, claimed))
         fraud = FraudRecord(ctx.roster_cid, part.k, liar, claimed, correct)
         fraud_cid = await put_pinned_alone(reducer.store, fraud.to_block())
         outcome.frauds.append(fraud_cid)

@@ -63,6 +63,13 @@ class ReduceScatterResult:
     garbage: dict[str, str] = field(default_factory=dict)
     """Reducers whose announced partial sum or slice record this peer refused (not one of this
     round, unreadable), with why: each cost a recompute; not excluded (only this peer saw it)."""
+    evidence: dict[str, CID] = field(default_factory=dict)
+    """Members whose signed board statement this peer showed false, and its CID (put in the
+    store): the announcement of a record a fraud record proves wrong, check values that the
+    author's blocks contradict, a record whose ``missing`` claim the sender's blocks
+    contradict, a record or partial sum refused as garbage. Anyone can check its signature and
+    re-check it against the blocks. Empty on
+    boards that do not sign (:class:`~.transport.MemorySliceBoard`)."""
     downloaded: int = 0
     seconds: float = 0.0
     record_blocks: dict[bytes, Block] = field(default_factory=dict, repr=False)

@@ -10,6 +10,7 @@ refused, which records were read and which slices this peer computed).
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from multiformats import CID
@@ -43,6 +44,9 @@ class SliceRound:
         First reducers a backup replaced (in earlier phases: likely gone).
     garbage
         Reducers whose announced records were refused, with why.
+    served
+        ``(sender, k)`` → whether this peer fetched that sender's slice ``k`` when a record
+        claimed it missing (:meth:`~.reducer.Reducer.false_claims`).
     """
 
     roster: Roster
@@ -54,6 +58,11 @@ class SliceRound:
     unfetchable: set[str] = field(default_factory=set)
     replaced: set[str] = field(default_factory=set)
     garbage: dict[str, str] = field(default_factory=dict)
+    served: dict[tuple[str, int], bool] = field(default_factory=dict)
+    probing: dict[str, asyncio.Lock] = field(default_factory=dict)
+    """Sender → the lock its claim probes take (one at a time)."""
+    evidence: dict[str, CID] = field(default_factory=dict)
+    """Member → the CID of its signed board statement this round showed false (put)."""
 
     @property
     def d(self) -> int:

@@ -9,6 +9,7 @@ A :class:`~.peer.ReduceScatterPeer` (and an agreed session, which passes them on
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar, cast
 
@@ -52,6 +53,24 @@ class SliceFaults:
     ) -> tuple[Block, FloatArray]:
         """Return the slice record and values this peer keeps, having put ``block`` (its own)."""
         return block, values
+
+    def missing(self, k: int, missing: set[str]) -> set[str]:
+        """Return the senders this peer's record (or partial) of slice ``k`` claims missing.
+
+        Called for the slices and chain steps it serves; ``missing`` is what it really could
+        not fetch (and the phase's exclusions).
+        """
+        return missing
+
+    def check_values(
+        self, values: tuple[float, ...], project: Callable[[int, FloatArray], float]
+    ) -> tuple[float, ...]:
+        """Return the check values this peer publishes instead of its true ``values``.
+
+        ``project(k, v)`` is ``⟨z_k, v⟩`` of a vector of slice ``k``'s length (fedavg rounds):
+        what a liar needs to shift its own value by the projection of its lie.
+        """
+        return values
 
 
 @dataclass

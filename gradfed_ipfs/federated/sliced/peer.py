@@ -12,7 +12,11 @@ Given an agreed :class:`~gradfed_ipfs.formats.roster.Roster` of N contributions 
    roster order (:func:`~.slices.reduce_values`), puts the result block and a
    :class:`~gradfed_ipfs.formats.slices.SliceRecord` (no reducer name in it: two honest
    reducers write the same CID) and announces it on the :class:`SliceBoard`.
-2. **missing senders**: a contribution a reducer cannot fetch is listed ``missing``. The
+2. **missing senders**: a contribution a reducer cannot fetch is listed ``missing``. Every
+   peer checks such a claim before it counts (:meth:`~.reducer.Reducer.false_claims`: it
+   fetches the sender's slice itself); a record whose claim is false is refused like
+   garbage (the next-ranked record counts, else each peer reduces the slice) and its
+   claimant named in ``garbage``. The
    exclusion set of phase ``p+1`` is the union of ``missing`` over every phase-``p`` record;
    reducers redo their slice with it (from the rows they already hold) until a phase adds no
    one, so every slice of the result excludes the same senders and the weights agree.
@@ -21,7 +25,9 @@ Given an agreed :class:`~gradfed_ipfs.formats.roster.Roster` of N contributions 
    (:func:`~.slices.projection_seed`; unknown to reducers when they commit), and checks
    ``⟨z_k, R_k⟩`` against ``⟨z_k, base_k⟩ + lr·Σ (w_i/W)⟨z_k, g_i[k]⟩`` within float32
    rounding (``fedavg``; median and trimmed-mean slices are spot checked at ``s`` coordinates
-   of the same seed, :mod:`.slice_check`). A failing slice is recomputed by the checker (d/N
+   of the same seed, :mod:`.slice_check`). A slice author's own values are not taken on its
+   word (:class:`~.spot.AuthorCheck`: another peer computes them from its blocks). A failing
+   slice is recomputed by the checker (d/N
    values of each input); a different CID is a proven lie: the checker puts and announces a
    :class:`~gradfed_ipfs.formats.slices.FraudRecord` (the same bytes from every honest
    checker), the next-ranked honest reducer announces the correct record, and the liar is
@@ -219,6 +225,7 @@ class ReduceScatterPeer:
             recomputed=checked.redone,
             false_values=checked.false_values,
             garbage=dict(ctx.garbage),
+            evidence=dict(ctx.evidence),
             downloaded=self.store.downloaded - before,
             seconds=time.monotonic() - started,
             record_blocks={
@@ -285,13 +292,23 @@ class ReduceScatterPeer:
                 record = await reducer.load(ctx, m, expected)
             except DecodeError as exc:
                 ctx.garbage[m.sender] = f"slice record {cid}: {exc}"
+                await reducer.keep_evidence(ctx, m)  # its signed announcement of the bytes
                 continue  # a reducer's garbage: the next-ranked record, if any, counts
             except BlockStoreError:
                 continue  # not served: the next-ranked record, if any, counts
             place = (record.k, record.offset, record.length)
-            if record.roster == ctx.roster_cid and place == (p.k, p.offset, p.length):
+            if record.roster != ctx.roster_cid or place != (p.k, p.offset, p.length):
+                ctx.garbage[m.sender] = f"slice record {cid} is not slice {p.k} of this round"
+                await reducer.keep_evidence(ctx, m)
+                continue
+            censored = await reducer.false_claims(ctx, p, set(record.missing), exclude)
+            if not censored:
                 return cid, record, m.sender
-            ctx.garbage[m.sender] = f"slice record {cid} is not slice {p.k} of this round"
+            for name in censored:  # refused: the next-ranked record, if any, counts
+                claim = reducer.claimant(ctx, phase, name) or m
+                ctx.garbage[claim.sender] = f"false missing claim: {name} serves slice {p.k}"
+                await reducer.keep_evidence(ctx, claim)
+                logger.warning("slice %d: %s claimed %s missing: false", p.k, claim.sender, name)
         # All garbage, and its backups stood aside on seeing one: each honest peer reduces it.
         logger.warning("slice %d: every announced record refused; reducing it here", p.k)
         fresh = SliceWork(p.k, p.offset, p.length, p.ranking)

@@ -18,11 +18,13 @@ from multiformats import CID
 from ..._types import FloatArray
 from ...cid import cid_to_str
 from ...errors import (
+    BlockCorrupt,
     BlockStoreError,
     DecodeError,
     GradientError,
     InvalidGradient,
 )
+from ...formats.partials import PartialRecord
 from ...formats.slices import SliceInputs, SliceMessage, SliceRecord
 from ...storage.base import Block
 from ...storage.dag import put_gradient
@@ -103,6 +105,73 @@ class Reducer:
             part.failed.add(peer)  # the sender's fault: it is excluded, not the round
             ctx.unfetchable.add(peer)
 
+    async def false_claims(
+        self, ctx: SliceRound, part: SliceWork, claimed: set[str], exclude: set[str]
+    ) -> list[str]:
+        """Return the senders of ``claimed`` whose slice ``part`` this peer can fetch after all.
+
+        A record's ``missing`` claim ("I could not fetch it") excludes a sender from every
+        slice, so it is checked before it counts: the sender's rows of the slice are fetched
+        here (once a round per sender and slice; a sender this peer already failed to fetch
+        is taken as missing). A sender that serves valid rows was censored, not missing.
+        """
+        todo = sorted(claimed - exclude - ctx.unfetchable)
+        for name in todo:
+            # One probe of a sender at a time: a dead one costs one fetch timeout, not N.
+            async with ctx.probing.setdefault(name, asyncio.Lock()):
+                if (name, part.k) in ctx.served or name in ctx.unfetchable:
+                    continue
+                probe = SliceWork(part.k, part.offset, part.length, [])
+                entry = next((e for e in ctx.roster.entries if e.peer == name), None)
+                if entry is not None:
+                    await self._row(ctx, probe, name, entry.contribution)
+                ctx.served[(name, part.k)] = name in probe.rows
+        return [name for name in todo if ctx.served.get((name, part.k))]
+
+    def claimant(self, ctx: SliceRound, phase: int, name: str) -> SliceMessage | None:
+        """Return the first announcement of a record of ``phase`` listing ``name`` missing.
+
+        A chained step lists a sender another step reported missing without fetching it
+        (:meth:`~.chain.ChainRound._step_rows`), so the first such record is the claim.
+        """
+        for message in self.board.messages:
+            if (
+                message.kind not in ("slice", "partial")
+                or message.phase != phase
+                or message.block is None
+                or message.roster != ctx.roster_cid
+                or message.sender not in ctx.roster.peers
+            ):
+                continue
+            kind = PartialRecord if message.kind == "partial" else SliceRecord
+            try:
+                record = kind.from_block(Block.from_parts(cast(CID, message.cid), message.block))
+            except (DecodeError, BlockCorrupt):
+                continue
+            if name in record.missing:
+                return message
+        return None
+
+    async def keep_evidence(self, ctx: SliceRound, message: SliceMessage | None) -> None:
+        """Put ``message``'s signed statement and note it in ``ctx.evidence`` (if signed)."""
+        if message is None or message.signed is None or message.sender in ctx.evidence:
+            return
+        ctx.evidence[message.sender] = await put_pinned_alone(self.store, message.signed.block)
+
+    def announced(
+        self, ctx: SliceRound, sender: str, kind: str, cid: CID | None
+    ) -> SliceMessage | None:
+        """Return ``sender``'s first board message of this round of ``kind`` naming ``cid``."""
+        for message in self.board.messages:
+            if (
+                message.sender == sender
+                and message.kind == kind
+                and message.roster == ctx.roster_cid
+                and (cid is None or message.cid == cid)
+            ):
+                return message
+        return None
+
     async def reduce(
         self, ctx: SliceRound, part: SliceWork, exclude: set[str], *, announced: bool = False
     ) -> tuple[Block, FloatArray]:
@@ -112,6 +181,8 @@ class Reducer:
         """
         await self.rows(ctx, part, exclude)
         missing = exclude | part.failed
+        if announced:
+            missing = self.faults.missing(part.k, missing)
         used = [e for e in ctx.roster.entries if e.peer not in missing]
         if not used:
             raise InvalidGradient(f"slice {part.k}: every roster input is missing")

@@ -33,7 +33,12 @@ no fraud record follows. The false values differ from that peer's block at the s
 coordinates (its projection from its slice), which is how it is told apart:
 :meth:`SliceCheck.false_publishers` names it, and the round's result lists it in
 ``false_values``. It is not excluded from later rosters: its message is not a block anyone can
-re-check, so only the peers that saw it know.
+re-check, so only the peers that saw it know (on a signing board its signed values are kept
+in the round's ``evidence``).
+
+A slice's author is the one sender whose false values could hide a lie (its own rows of the
+slice are held by nobody else): :class:`AuthorCheck` has another peer compute them from its
+blocks, so a reducer that shifts its own check value by the projection of its lie is caught.
 """
 
 from __future__ import annotations
@@ -49,12 +54,14 @@ from multiformats import CID
 from numpy.typing import NDArray
 
 from ..._types import FloatArray
-from ...formats.slices import SliceMessage, SliceRecord
+from ...formats.slices import Checked, SliceMessage, SliceRecord
 from .plan import projection, projection_tolerance, projection_vector, reduce_values
 from .transport import MemorySliceBoard
 
 __all__ = [
     "SPOT_SAMPLES",
+    "VERIFIERS",
+    "AuthorCheck",
     "CheckPlan",
     "CheckWait",
     "SliceCheck",
@@ -64,6 +71,11 @@ __all__ = [
     "spot_values",
 ]
 
+VERIFIERS: Final = 1
+"""Peers that fetch a one-level slice author's rows to compute its own check values (see
+:class:`AuthorCheck`): the next-ranked peer of its slice, ``d/N`` values a round for each
+peer. One liar is caught; a liar colluding with its verifier is not (each verifier more costs
+every peer ``d/N`` values a round)."""
 SPOT_SAMPLES: Final = 64
 """Coordinates sampled per slice (fewer when ``s·N`` would exceed one message's 1024 values)."""
 _MAX_VALUES: Final = 1024
@@ -99,19 +111,25 @@ async def _exchange(
     inputs: set[str],
     timeout: float,
     stall: float | None = None,
-) -> dict[str, tuple[float, ...]]:
-    """Publish this peer's check values; return every sender's first, once ``inputs``' are in.
+    checked: tuple[Checked, ...] = (),
+) -> dict[str, SliceMessage]:
+    """Publish this peer's check values; return every sender's first ``proj`` message.
+
+    It returns once ``inputs``' are in; ``checked`` are the values this peer computed for
+    other senders, published with its own.
 
     A sender gone since its commit publishes none: the wait ends after ``timeout`` s, or
     (``stall``) once another input's values arrived and then none for ``stall`` s: the values
     come in a burst once the slices are known, and a straggler's are computed from its blocks.
     """
-    await board.publish(SliceMessage("proj", peer, roster_cid, cid=None, values=mine))
+    await board.publish(
+        SliceMessage("proj", peer, roster_cid, cid=None, values=mine, checked=checked)
+    )
 
-    found: dict[str, tuple[float, ...]] = {}
+    found: dict[str, SliceMessage] = {}
     read: tuple[list[SliceMessage], int] = ([], 0)  # the board's list, and how far it was read
 
-    def published() -> dict[str, tuple[float, ...]]:
+    def published() -> dict[str, SliceMessage]:
         # Runs on every board message: read only what was added (forget() makes a new list).
         nonlocal read
         messages, start = board.messages, read[1]
@@ -120,7 +138,7 @@ async def _exchange(
             start = 0
         for m in messages[start:]:  # a peer's first values count
             if m.kind == "proj" and m.roster == roster_cid and len(m.values) == len(mine):
-                found.setdefault(m.sender, m.values)
+                found.setdefault(m.sender, m)
         read = (messages, len(messages))
         return dict(found)
 
@@ -164,6 +182,9 @@ class SliceCheck:
     """Robust rules: each slice's sampled coordinates (empty for fedavg)."""
     starts: Sequence[int]
     """Robust rules: where each slice's values begin in a sender's published values."""
+    false: frozenset[str] = frozenset()
+    """Authors whose own check values of a slice they wrote were false (their blocks say
+    otherwise; ``published`` holds the true ones), and verifiers whose values were."""
 
     def false_publishers(self, k: int, rows: Mapping[str, FloatArray]) -> list[str]:
         """Senders whose published values for slice ``k`` are not those of their slice ``rows``.
@@ -227,6 +248,60 @@ class CheckWait:
     stall: float | None = None
 
 
+Projector = Callable[[int, FloatArray], float]
+"""``project(k, v)``: ``⟨z_k, v⟩`` of a ``length``-value vector of slice ``k`` (fedavg)."""
+
+
+@dataclass(frozen=True)
+class AuthorCheck:
+    """The check of the check values of each slice's authors, which they cannot tune.
+
+    A sender's check values are its own word. For the members that wrote a slice (its
+    record's and, chained, its partial sums' announcers) that word would let a lie through:
+    the author shifts its own value of the slice by the projection of its lie, and nobody
+    else holds its rows of that slice. So another member computes the author's values of the
+    slice from its rows: one level, the next :data:`VERIFIERS` peers of the slice's ranking
+    fetch them from its contribution blocks (``d/N`` values; each peer verifies about one
+    author a round); chained, the announcer of the step that reads the author's group already
+    holds them (and when that is the author itself, the step's next-ranked peer fetches
+    ``d/S``). The verifier publishes what it computes with its own check values. Every peer
+    compares: when a verifier's values and the author's differ, it fetches the author's rows
+    itself and uses the values they give, so the slice's check fails and its recompute proves
+    the lie; the one of the two whose values were false is reported
+    (:attr:`SliceCheck.false`). A verifier's lie costs a fetch, never an honest author's
+    slice.
+
+    Attributes
+    ----------
+    verifiers
+        ``(k, author)`` → the peers whose computed values count for that pair.
+    rows
+        ``(k, author)`` → the author's slice-``k`` values (float32) this peer fetched: the
+        pairs it verifies.
+    fetch_row
+        Fetches an author's slice-``k`` values when a pair is disputed (``None``: failed).
+    alter
+        A fault hook: the check values this peer publishes instead of its true ones, given
+        the slices' :data:`Projector` (:meth:`~.faults.SliceFaults.check_values`).
+    """
+
+    verifiers: Mapping[tuple[int, str], frozenset[str]]
+    rows: Mapping[tuple[int, str], FloatArray]
+    fetch_row: Callable[[int, str], Awaitable[FloatArray | None]]
+    alter: Callable[[tuple[float, ...], Projector], tuple[float, ...]] | None = None
+
+
+def _same(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Return whether two honest computations of check values agree.
+
+    The same code and inputs give the same bits; the slack is for another platform's float64
+    summation order.
+    """
+    return len(a) == len(b) and all(
+        abs(x - y) <= 2.0**-30 * (abs(x) + abs(y)) + 1e-12 for x, y in zip(a, b, strict=True)
+    )
+
+
 @dataclass(frozen=True)
 class _Samples:
     """Each slice's projection vector (fedavg) or sampled coordinates (robust rules)."""
@@ -244,6 +319,20 @@ class _Samples:
         count = spot_count(len(ranges))
         indices = [spot_indices(plan.seed, k, n, count) for k, (_, n) in enumerate(ranges)]
         return cls([], indices, [int(x) for x in np.cumsum([0, *(len(ix) for ix in indices)])])
+
+    def span(self, k: int) -> slice:
+        """Return where slice ``k``'s values are in a sender's check values."""
+        return slice(k, k + 1) if self.zs else slice(self.starts[k], self.starts[k + 1])
+
+    def slice_values(self, k: int, row: FloatArray) -> tuple[float, ...]:
+        """Return the check values of slice ``k`` of an honest sender whose slice is ``row``."""
+        if self.zs:
+            return (projection(self.zs[k], row),)
+        return tuple(float(v) for v in row[self.indices[k]])
+
+    def project(self, k: int, values: FloatArray) -> float:
+        """Return ``⟨z_k, values⟩`` (fedavg; 0.0 for the robust rules)."""
+        return projection(self.zs[k], values) if self.zs else 0.0
 
     def values_of(self, plan: CheckPlan, vector: FloatArray) -> tuple[float, ...]:
         """Return the check values an honest sender of ``vector`` (d values) publishes."""
@@ -288,12 +377,14 @@ async def check_slices(
     records: Sequence[SliceRecord],
     results: Sequence[FloatArray],
     wait: CheckWait,
+    authors: AuthorCheck | None = None,
 ) -> SliceCheck:
     """Publish this peer's check values, wait for the inputs', return the slices that fail.
 
     ``records`` and ``results`` are the slices' chosen slice records and result values
     (float32, ``length`` each); ``own`` this peer's gradient. A slice an input still has no
-    values for (see :class:`CheckWait`) is not checked.
+    values for (see :class:`CheckWait`) is not checked. ``authors``: the check of the slice
+    authors' own values (``None``: every sender's values taken on its word).
     """
     samples = _Samples.of(plan)
     inputs = {name for record in records for name, _ in record.inputs}
@@ -301,11 +392,27 @@ async def check_slices(
     awaited = inputs - wait.silent if fetch_absent is not None else inputs
     stall = wait.stall if fetch_absent is not None else None  # else waiting is the only way
     mine = samples.values_of(plan, own)
-    seen = await _exchange(board, peer, plan.roster_cid, mine, awaited, wait.timeout, stall)
+    checked: tuple[Checked, ...] = ()
+    if authors is not None:
+        if authors.alter is not None:
+            mine = authors.alter(mine, samples.project)
+        checked = tuple(
+            (k, name, samples.slice_values(k, row))
+            for (k, name), row in sorted(authors.rows.items())
+        )
+    messages = await _exchange(
+        board, peer, plan.roster_cid, mine, awaited, wait.timeout, stall, checked
+    )
+    seen = {name: m.values for name, m in messages.items()}
     absent = inputs - set(seen)
+    computed: set[str] = set()  # values computed here from blocks: nothing to dispute
     if absent and fetch_absent is not None:
         fetched = await fetch_absent(absent)
         seen = {**seen, **{name: samples.values_of(plan, v) for name, v in fetched.items()}}
+        computed = set(fetched)
+    false: set[str] = set()
+    if authors is not None:
+        false = await _check_authors(samples, seen, messages, authors, computed, peer)
     suspects = []
     for k, record in enumerate(records):
         names = [name for name, _ in record.inputs]
@@ -313,4 +420,43 @@ async def check_slices(
             continue  # unverifiable without every input's values: kept as announced
         if samples.fails(plan, k, names, seen, results[k]):
             suspects.append(k)
-    return SliceCheck(suspects, seen, samples.zs, samples.indices, samples.starts)
+    return SliceCheck(suspects, seen, samples.zs, samples.indices, samples.starts, frozenset(false))
+
+
+async def _check_authors(
+    samples: _Samples,
+    seen: dict[str, tuple[float, ...]],
+    messages: Mapping[str, SliceMessage],
+    authors: AuthorCheck,
+    computed: set[str],
+    peer: str,
+) -> set[str]:
+    """Settle the authors' disputed check values (see :class:`AuthorCheck`) in ``seen``.
+
+    Returns the peers whose values were false: an author whose own values its blocks
+    contradict (``seen`` then holds the true ones), or a verifier whose did.
+    """
+    claims: dict[tuple[int, str], dict[str, tuple[float, ...]]] = {}
+    for sender, message in messages.items():
+        for k, name, values in message.checked:
+            if sender in authors.verifiers.get((k, name), ()):
+                claims.setdefault((k, name), {}).setdefault(sender, values)
+    false: set[str] = set()
+    for (k, name), heard in sorted(claims.items()):
+        said = seen.get(name)
+        if said is None or name in computed or name == peer:
+            continue  # not an input, or its values come from its blocks already
+        span = samples.span(k)
+        if all(_same(values, said[span]) for values in heard.values()):
+            continue
+        row = authors.rows.get((k, name))
+        if row is None:
+            row = await authors.fetch_row(k, name)
+        if row is None:
+            continue  # its blocks are gone: the pair stays as published
+        true = samples.slice_values(k, row)
+        if not _same(true, said[span]):
+            false.add(name)
+            seen[name] = said[: span.start] + true + said[span.stop :]
+        false.update(v for v, values in heard.items() if not _same(values, true))
+    return false

@@ -29,10 +29,10 @@ from ...errors import (
     DecodeError,
     DimensionMismatch,
     GradientError,
-    MalformedAnnouncement,
 )
 from ...formats.pubsub import PubsubMessage
 from ...formats.slices import SliceMessage
+from ...formats.statement import Signer
 from ...kubo.pubsub import PubsubTransport
 from ...storage.base import UNSET, BlockStore, StoreWrapper, Unset
 from ...storage.dag import (
@@ -89,7 +89,7 @@ def _key(cid: CID) -> tuple[int, bytes]:
 def _identity(m: SliceMessage) -> tuple[object, ...]:
     """Return what makes two messages the same (CIDs as keys: encoding them as text is slow)."""
     cid = None if m.cid is None else _key(m.cid)
-    return (m.sender, m.kind, _key(m.roster), m.phase, m.k, cid, m.values)
+    return (m.sender, m.kind, _key(m.roster), m.phase, m.k, cid, m.values, m.checked)
 
 
 class MemorySliceBoard:
@@ -191,7 +191,14 @@ class PubsubSliceBoard(MemorySliceBoard):
 
     Messages carry no sender; pubsub's authenticated ``from`` is used, so a peer cannot speak
     for another. A non-member's messages are dropped before they are decoded, and malformed
-    ones are dropped. Use as ``async with``: it listens meanwhile.
+    ones are dropped. Each message this peer publishes is signed once
+    (:meth:`~gradfed_ipfs.formats.slices.SliceMessage.sign`, with the transport's
+    :meth:`~gradfed_ipfs.kubo.PubsubTransport.signer`; re-publications repeat its bytes), and
+    a member's message whose statement is missing or does not verify against the
+    transport's :attr:`~gradfed_ipfs.kubo.PubsubTransport.keys` is dropped (``dropped``
+    ``unsigned``, ``malformed``): what a member claims on the board (a record with its ``missing``
+    senders, check values) is a signed statement a proof can name. Use as ``async with``:
+    it listens meanwhile.
     Without an ``announcer`` lost messages are not re-published (a lost ``slice`` costs a
     takeover, a lost ``proj`` leaves slices unverified); with one (a running
     :class:`~.announcer.Reannouncer` on ``topic``) each message is re-published until
@@ -218,8 +225,10 @@ class PubsubSliceBoard(MemorySliceBoard):
         self._repeats: dict[tuple[str, bytes], CID] = {}
         self._count = 0
         self._listener: asyncio.Task[None] | None = None
+        self._signer: Signer | None = None
 
     async def __aenter__(self) -> PubsubSliceBoard:
+        self._signer = await self.transport.signer()
         messages = self.transport.subscribe(self.topic)
         self._listener = asyncio.create_task(self._listen(messages))
         return self
@@ -240,14 +249,24 @@ class PubsubSliceBoard(MemorySliceBoard):
             if repeat in self._repeats:
                 continue
             try:
-                decoded = SliceMessage.decode(message.data, message.from_peer)
-            except MalformedAnnouncement:
+                decoded = SliceMessage.decode(message.data, message.from_peer, self.transport.keys)
+            except DecodeError:  # malformed, or a signature that does not verify
+                self._refuse("malformed", message.from_peer)
                 continue  # a hostile or broken peer's bytes: dropped, the round goes on
+            if decoded.signed is None:
+                self._refuse("unsigned", message.from_peer)
+                continue
             if await self._add(decoded):
                 self._repeats[repeat] = decoded.roster
 
     async def publish(self, message: SliceMessage) -> None:
-        """Publish ``message`` on the topic and add it to this peer's view."""
+        """Sign ``message``, publish it on the topic and add it to this peer's view.
+
+        Signed once: the announcer re-publishes the same bytes.
+        """
+        if self._signer is None:
+            raise RuntimeError("PubsubSliceBoard is used outside its async with")
+        message = await message.sign(self._signer, self.transport.keys)
         await self._add(message)
         if self.announcer is None:
             await self.transport.publish(self.topic, message.encode())

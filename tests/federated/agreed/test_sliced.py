@@ -36,6 +36,7 @@ from gradfed_ipfs.tensor.bulyan import Bulyan
 from gradfed_ipfs.tensor.deterministic import deterministic_update
 from gradfed_ipfs.tensor.robust import coordinate_median, trimmed_mean
 from tests.federated.agreed.test_rounds import _DeafToRound
+from tests.federated.sliced.hostile import Censor, HidingLiar
 from tests.multiprocess.lossy import LossyPubsub
 
 PEERS = ("peer-a", "peer-b", "peer-c", "peer-d")
@@ -151,10 +152,11 @@ async def test_reduce_scatter_rounds_equal_all_to_all_with_less_download_and_rev
         assert (await put_gradient(MemoryBlockStore(), want)) == sliced[r][0].model
         base = want
     for rs, a2a in zip(rs_peers.counting, a2a_peers.counting, strict=True):
-        # 2 rounds: all-to-all fetches 3 whole gradients a round, reduce-scatter ~2·3/4 of one.
+        # 2 rounds: all-to-all fetches 3 whole gradients a round, reduce-scatter ~2·3/4 of one
+        # and 1/4 to verify a slice author's own check values: 7/12 of all-to-all.
         assert a2a.downloaded >= 2 * 3 * D * 4
         assert rs.downloaded <= 2 * 2.5 * D * 4
-        assert rs.downloaded < 0.6 * a2a.downloaded
+        assert rs.downloaded < 0.65 * a2a.downloaded
     head = sliced[1][0].record
     records = await verify_agreed_history(rs_peers.store, head, session="rs", genesis=genesis)  # type: ignore[arg-type]
     assert [rec.round for rec in records] == [0, 1]
@@ -675,4 +677,63 @@ async def test_a_sender_whose_slice_is_above_max_value_is_missing_and_the_model_
     assert all(hostile in res.rejected for res in results)
     assert len({res.model for res in results}) == 1
     assert np.isfinite(peers.sessions[0].model).all()
+    await verify_agreed_history(store, results[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("chained", [False, True])
+async def test_a_reducer_hiding_its_lie_in_its_own_check_values_is_caught(chained: bool) -> None:
+    """Issue 32, attack 5: +5.0 on its slice (or, chained, its partial sum) and its own check
+    value shifted by the lie's projection. Weights are 1 + index: W = 10."""
+    index = 2
+    hiding = HidingLiar(5.0, 10 / (1 + index), LR)  # whatever it announces first
+    settings: dict[str, object] = {"chained": True, "chain_groups": 2} if chained else {}
+    store, bus = MemoryBlockStore(), MemoryPubsubBus()
+    peers = Peers(store, bus)
+    genesis = await peers.start(
+        PEERS, aggregation="reduce-scatter", faults={index: hiding}, **settings
+    )
+    liar = peers.sessions[index]
+    try:
+        results = await asyncio.gather(
+            *(s.run_round(gradient(i, 0), weight=1 + i) for i, s in enumerate(peers.sessions)),
+            return_exceptions=True,  # the liar's own view of the round is its business
+        )
+    finally:
+        await peers.close()
+    assert hiding.k is not None  # it lied
+    assert hiding.published  # and published its own check values shifted to hide it
+    honest = [res for s, res in zip(peers.sessions, results, strict=True) if s is not liar]
+    assert all(isinstance(res, AgreedRoundResult) for res in honest), results
+    checked = [res for res in honest if isinstance(res, AgreedRoundResult)]
+    want = await reference(checked[0], initial_model(), 0)
+    assert {res.model for res in checked} == {await put_gradient(MemoryBlockStore(), want)}
+    assert all(res.liars == (liar.peer_id,) for res in checked)
+    assert all(liar.peer_id in s.excluded for s in peers.sessions if s is not liar)
+    await verify_agreed_history(store, checked[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
+
+
+async def test_a_false_missing_claim_drops_nobody_and_names_the_claimant_round_after_round() -> (
+    None
+):
+    """Issue 32, attack 6: a reducer claims, in every round, that it could not fetch an
+    honest sender's slice. The sender stays in every slice; the claimant is rejected."""
+    censor, victim = 1, PEERS[2]
+    store, bus = MemoryBlockStore(), MemoryPubsubBus()
+    peers = Peers(store, bus)
+    genesis = await peers.start(
+        PEERS, aggregation="reduce-scatter", faults={censor: Censor(victim)}
+    )
+    base = initial_model()
+    try:
+        for r in range(3):
+            results = await peers.round(r)
+            assert all(res.missing == () for res in results)
+            assert all(victim in res.roster.peers for res in results)
+            want = await reference(results[0], base, r)
+            assert {res.model for res in results} == {await put_gradient(MemoryBlockStore(), want)}
+            honest = [res for i, res in enumerate(results) if i != censor]
+            assert all("false missing claim" in res.rejected[PEERS[censor]] for res in honest)
+            base = want
+    finally:
+        await peers.close()
     await verify_agreed_history(store, results[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import tracemalloc
 from collections.abc import AsyncIterator, Iterator
 
@@ -20,7 +21,7 @@ from gradfed_ipfs.federated.sliced.peer import (
 from gradfed_ipfs.federated.sliced.transport import member_cap
 from gradfed_ipfs.formats.pubsub import PubsubMessage
 from gradfed_ipfs.formats.slices import SliceMessage
-from gradfed_ipfs.kubo import KuboPubsub, PubsubWrapper
+from gradfed_ipfs.kubo import KuboPubsub, MemoryPubsubBus, PubsubWrapper
 from tests.federated.sliced.test_peer import CHUNK, LR, Round, make_round, reference
 
 RECORD = 40_000  # bytes of each flood message's inline record: about the issue's 40 KB
@@ -159,3 +160,32 @@ async def test_a_strangers_flood_over_kubo_pubsub_is_not_kept(
         await asyncio.gather(announcing, return_exceptions=True)
         for pubsub in pubsubs:
             await pubsub.aclose()
+
+
+async def test_a_members_unsigned_or_foreign_signed_messages_are_dropped() -> None:
+    """A member's board message counts only as its own signed statement (issue 32)."""
+    r = await make_round(4)
+    bus = MemoryPubsubBus()
+    topic = "gradfed/v1/s/slices"
+    member, other = r.roster.peers[0], r.roster.peers[1]
+    board = PubsubSliceBoard(bus.endpoint(member), topic, member, members=r.roster.peers)
+    await board.__aenter__()
+    try:
+        plain = SliceMessage("proj", other, r.roster_cid, cid=None, values=(1.0,) * 4)
+        bus.deliver(other, topic, plain.encode())  # unsigned
+        # Signed by another member's key, sent as ``other``: its author is not the sender.
+        foreign = await plain.sign(bus.signer(r.roster.peers[2]), bus.keys)
+        bus.deliver(other, topic, foreign.encode())
+        signed = await dataclasses.replace(plain, values=(2.0,) * 4).sign(
+            bus.signer(other), bus.keys
+        )
+        bus.deliver(other, topic, signed.encode())
+        assert await board.wait_for(lambda: len(board.messages) == 1, 5.0)
+    finally:
+        await board.__aexit__(None, None, None)
+    assert board.dropped["unsigned"] == 1
+    assert board.dropped["malformed"] == 1  # the foreign signature
+    (kept,) = board.messages
+    assert (kept.sender, kept.values) == (other, (2.0,) * 4)
+    assert kept.signed is not None
+    assert kept.signed.author == other

@@ -208,8 +208,8 @@ class _Hanging(StoreWrapper):
 
 async def test_a_dead_sender_costs_one_fetch_timeout_and_no_takeover_wait() -> None:
     """A sender gone after its commit (each chunk times out) is asked for by the steps of its
-    group only, once each; the backup of its own step takes over without ``reducer_timeout``
-    (its rank 0 is reported missing) and does not ask for it again."""
+    group, once each; the backup of its own step takes over without ``reducer_timeout``
+    (its rank 0 is reported missing)."""
     r = await make_round(16, d=D)
     groups = 4
     rankings = reducer_rankings(bytes(r.roster_cid), 16, r.roster.peers)
@@ -232,4 +232,7 @@ async def test_a_dead_sender_costs_one_fetch_timeout_and_no_takeover_wait() -> N
         next(g for g in chain_senders(r.roster.peers, groups) if dead in g)
     )
     owners = {rankings[k * groups + group][0] for k in range(4)} - {dead}
-    assert asked == owners  # the steps of its group, not the backup that replaced it
+    # The steps of its group asked while reducing (the backup that replaced it did not wait
+    # for it); the others asked once more each, to check the records' claim that it is
+    # missing before excluding it (issue 32, item 6).
+    assert owners <= asked
