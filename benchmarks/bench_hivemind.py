@@ -43,6 +43,8 @@ import asyncio
 import contextlib
 import cProfile
 import hashlib
+import itertools
+import logging
 import os
 import pstats
 import re
@@ -138,7 +140,7 @@ def tcp_received(pids: set[int], skip_ports: set[int]) -> dict[tuple[str, ...], 
         ["ss", "-tinpH", "state", "established"], capture_output=True, text=True, check=False
     ).stdout.splitlines()
     sockets: dict[tuple[str, ...], int] = {}
-    for line, info in zip(out, out[1:], strict=False):
+    for line, info in itertools.pairwise(out):
         head = _SOCKET.match(line.strip()) if not line.startswith("\t") else None
         if head is None or int(head[5]) not in pids or int(head[2]) in skip_ports:
             continue
@@ -162,6 +164,7 @@ class Row:
     daemons: int
     seconds: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
+    cpu_self: list[float] = field(default_factory=list)
     received: list[int] = field(default_factory=list)
     matchmaking: list[float] = field(default_factory=list)
     rss: int = 0
@@ -184,6 +187,7 @@ class Row:
         return (
             f"{self.side:>8} N={self.n:>3} daemons={self.daemons:>3} "
             f"time={self.time:6.2f} s{mm} cpu={statistics.median(self.cpu):6.1f} s "
+            f"(this process {statistics.median(self.cpu_self):5.1f} s) "
             f"recv/peer={statistics.median(self.received) / self.n / 1e6:6.1f} MB "
             f"pss={self.rss / 2**30:5.2f} GiB max|err|={self.max_error:.1e}{cids} {self.note}"
         )
@@ -226,6 +230,7 @@ def run_hivemind(n: int, d: int, rounds: int, seed: int, matchmaking: float) -> 
             pids = process_tree(os.getpid())
             p2p = {p for p in pids if _name(p) == "p2pd"}
             sockets, cpu, started = tcp_received(p2p, set()), cpu_of(pids), time.monotonic()
+            cpu_self = cpu_of([os.getpid()])
             steps = [
                 a.step(wait=False, require_trigger=True, weight=float(weight_of(i)), timeout=600)
                 for i, a in enumerate(averagers)
@@ -246,6 +251,7 @@ def run_hivemind(n: int, d: int, rounds: int, seed: int, matchmaking: float) -> 
             row.seconds.append(seconds)
             row.matchmaking.append(formed - started)
             row.cpu.append(cpu_of(pids) - cpu)
+            row.cpu_self.append(cpu_of([os.getpid()]) - cpu_self)
             row.received.append(received_between(sockets, tcp_received(p2p, set())))
             row.rss = max(row.rss, pss_of(pids))
             want = reference(seed, r, n, d)
@@ -347,7 +353,9 @@ class Hub:
         await self.pubsub.aclose()
 
 
-def agreed_config(members: tuple[str, ...], n: int, chunk_bytes: int) -> AgreedConfig:
+def agreed_config(
+    members: tuple[str, ...], n: int, chunk_bytes: int, announce: float
+) -> AgreedConfig:
     """Every member required; timeouts loose enough for a shared 2-core machine."""
     scale = max(1.0, n / 32)
     return AgreedConfig(
@@ -360,8 +368,8 @@ def agreed_config(members: tuple[str, ...], n: int, chunk_bytes: int) -> AgreedC
         round_timeout=600.0 * scale,
         fetch_timeout=60.0 * scale,
         reducer_timeout=20.0 * scale,
-        announce_interval=0.25 * scale,
-        max_announce_interval=2.0 * scale,
+        announce_interval=announce * scale,
+        max_announce_interval=4 * announce * scale,
         chunk_bytes=chunk_bytes,
         learning_rate=1.0,
     )
@@ -406,7 +414,7 @@ async def run_ours(swarm: list[Any], n: int, args: argparse.Namespace) -> Row:
     d, seed = args.d, args.seed
     row = Row("ours", n, len(swarm))
     pubsubs, stores, hubs, members = await _transports(swarm, n)
-    config = agreed_config(members, n, args.chunk_bytes)
+    config = agreed_config(members, n, args.chunk_bytes, args.announce)
     model = np.zeros(d, dtype=np.float32)
     genesis = await AgreedSession.commit_genesis(stores[0], model)
     sessions = [
@@ -421,14 +429,13 @@ async def run_ours(swarm: list[Any], n: int, args: argparse.Namespace) -> Row:
             pids = [os.getpid(), *daemon_pids]
             sockets = tcp_received(daemon_pids, rpc_ports)
             before = sessions[0].model.astype(np.float64)
-            cpu, started = cpu_of(pids), time.monotonic()
+            grads = [gradient(seed, r, i, d) for i in range(n)]  # made before the clock starts
+            cpu, cpu_self, started = cpu_of(pids), cpu_of(pids[:1]), time.monotonic()
             with _profiled(args.profile if r == 1 else ""):
                 results = await asyncio.gather(
-                    *(
-                        s.run_round(gradient(seed, r, i, d), weight=weight_of(i))
-                        for i, s in enumerate(sessions)
-                    )
+                    *(s.run_round(grads[i], weight=weight_of(i)) for i, s in enumerate(sessions))
                 )
+            del grads
             seconds = time.monotonic() - started
             row.records.append(len({bytes(res.record) for res in results}))
             print(f"  ours N={n} round {r}: {seconds:.2f} s, records={row.records[-1]}", flush=True)
@@ -437,9 +444,8 @@ async def run_ours(swarm: list[Any], n: int, args: argparse.Namespace) -> Row:
                 continue
             row.seconds.append(seconds)
             row.cpu.append(cpu_of(pids) - cpu)
-            row.received.append(
-                received_between(sockets, tcp_received(daemon_pids, rpc_ports))
-            )
+            row.cpu_self.append(cpu_of(pids[:1]) - cpu_self)
+            row.received.append(received_between(sockets, tcp_received(daemon_pids, rpc_ports)))
             row.rss = max(row.rss, pss_of(pids))
             _check(row, sessions, before + reference(seed, r, n, d))
     finally:
@@ -475,11 +481,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="measured rounds (+1 warm-up)")
     parser.add_argument("--daemons", type=int, default=0, help="Kubo daemons (0: one per peer)")
     parser.add_argument("--sides", type=str, default="hivemind,ours")
-    parser.add_argument("--chunk-bytes", type=int, default=262_144)
+    parser.add_argument("--chunk-bytes", type=int, default=1 << 20)
     parser.add_argument("--matchmaking", type=float, default=5.0, help="min_matchmaking_time")
+    parser.add_argument(
+        "--announce", type=float, default=0.25, help="first re-announce interval (s, at N <= 32)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", type=str, default="", help="cProfile ours' first round")
+    parser.add_argument("--log", type=str, default="", help="log gradfed_ipfs at this level")
     args = parser.parse_args()
+    if args.log:
+        logging.basicConfig(level=logging.WARNING, format="%(relativeCreated)9.0f %(message)s")
+        logging.getLogger("gradfed_ipfs").setLevel(args.log.upper())
     sides = args.sides.split(",")
     print(
         f"# d={args.d:,} rounds={args.rounds} cpus={os.cpu_count()} "
