@@ -425,7 +425,7 @@ async def run_ours(swarm: list[Any], n: int, args: argparse.Namespace) -> Row:
     rpc_ports = {int(node.api_url.rsplit(":", 1)[1]) for node in swarm}
     try:
         await asyncio.gather(*(s.start(model) for s in sessions))
-        for r in range(args.rounds + 1):
+        for r in range(max(1, args.rounds + (args.rounds > 0))):
             pids = [os.getpid(), *daemon_pids]
             sockets = tcp_received(daemon_pids, rpc_ports)
             before = sessions[0].model.astype(np.float64)
@@ -439,9 +439,9 @@ async def run_ours(swarm: list[Any], n: int, args: argparse.Namespace) -> Row:
             seconds = time.monotonic() - started
             row.records.append(len({bytes(res.record) for res in results}))
             print(f"  ours N={n} round {r}: {seconds:.2f} s, records={row.records[-1]}", flush=True)
-            if r == 0:
+            if r == 0 and args.rounds:
                 row.records.clear()
-                continue
+                continue  # the warm-up round (none with --rounds 0: the first is measured)
             row.seconds.append(seconds)
             row.cpu.append(cpu_of(pids) - cpu)
             row.cpu_self.append(cpu_of(pids[:1]) - cpu_self)
@@ -478,7 +478,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers", type=str, default="8,16,32", metavar="N,N,...")
     parser.add_argument("--d", type=int, default=1_000_000)
-    parser.add_argument("--rounds", type=int, default=1, help="measured rounds (+1 warm-up)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measured rounds after one warm-up (ours, 0: one round, measured, no warm-up)",
+    )
     parser.add_argument("--daemons", type=int, default=0, help="Kubo daemons (0: one per peer)")
     parser.add_argument("--sides", type=str, default="hivemind,ours")
     parser.add_argument("--chunk-bytes", type=int, default=1 << 20)
@@ -494,6 +499,8 @@ def main() -> None:
         logging.basicConfig(level=logging.WARNING, format="%(relativeCreated)9.0f %(message)s")
         logging.getLogger("gradfed_ipfs").setLevel(args.log.upper())
     sides = args.sides.split(",")
+    if args.rounds < 1 and "hivemind" in sides:
+        parser.error("--rounds 0 is for --sides ours only")
     print(
         f"# d={args.d:,} rounds={args.rounds} cpus={os.cpu_count()} "
         f"load={' '.join(f'{x:.1f}' for x in os.getloadavg())} "
