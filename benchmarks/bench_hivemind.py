@@ -238,7 +238,11 @@ def run_hivemind(n: int, d: int, rounds: int, seed: int, matchmaking: float) -> 
             deadline = started + 600
             while any(s.stage != AveragingStage.AWAITING_TRIGGER for s in steps):
                 if time.monotonic() > deadline or any(s.done() for s in steps):
-                    raise RuntimeError(f"hivemind matchmaking failed at N={n}")
+                    waiting = sum(s.stage != AveragingStage.AWAITING_TRIGGER for s in steps)
+                    raise RuntimeError(
+                        f"no group of {n} formed in {time.monotonic() - started:.0f} s "
+                        f"({waiting} averagers still matchmaking)"
+                    )
                 time.sleep(0.01)  # polling against a deadline
             formed = time.monotonic()
             for s in steps:
@@ -509,11 +513,12 @@ def main() -> None:
     )
     rows: list[tuple[Row | None, Row | None]] = []
     for n in (int(x) for x in args.peers.split(",")):
-        theirs = (
-            run_hivemind(n, args.d, args.rounds, args.seed, args.matchmaking)
-            if "hivemind" in sides
-            else None
-        )
+        theirs = None
+        if "hivemind" in sides:
+            try:
+                theirs = run_hivemind(n, args.d, args.rounds, args.seed, args.matchmaking)
+            except RuntimeError as exc:  # no group formed: say so, and still run ours
+                print(f"hivemind N={n:>3}: {exc}", flush=True)
         if theirs is not None:
             print(theirs.line(), flush=True)
         ours = ours_in_swarm(n, args.daemons or n, args) if "ours" in sides else None
