@@ -490,7 +490,7 @@ def main() -> None:
     )
     parser.add_argument("--daemons", type=int, default=0, help="Kubo daemons (0: one per peer)")
     parser.add_argument("--sides", type=str, default="hivemind,ours")
-    parser.add_argument("--chunk-bytes", type=int, default=1 << 20)
+    parser.add_argument("--chunk-bytes", type=int, default=262_144)  # see docs: 1 MiB doubles bytes
     parser.add_argument("--matchmaking", type=float, default=5.0, help="min_matchmaking_time")
     parser.add_argument(
         "--announce", type=float, default=0.25, help="first re-announce interval (s, at N <= 32)"
