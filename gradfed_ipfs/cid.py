@@ -107,10 +107,12 @@ def _cid_bytes(cid: CID) -> bytes:
     whose codec code fits one varint byte is ``0x01 <code> <multihash>``; any other goes to
     multiformats (``tests/test_cid.py`` compares the two).
     """
-    if cid.version == 1:
-        code = cid.codec.code
+    # The slots behind ``version``, ``codec`` and ``digest``: their properties cost ~1.7 µs of
+    # the ~3.2 µs a call took, on the roster phase's hot path (O(N) a board change a member).
+    if cid._version == 1:
+        code = cid._codec.code
         if code < 0x80:
-            return bytes((1, code)) + cid.digest
+            return bytes((1, code)) + cid._digest
     return _multiformats_cid_bytes(cid)
 
 
