@@ -106,7 +106,7 @@ async def test_three_peers_with_lossy_peer_agree_every_round(store: MemoryBlockS
         model = await fetch_gradient(store, sessions[0].model_cid)
         np.testing.assert_allclose(model, reference, rtol=0, atol=1e-6)
         records = await verify_agreed_history(
-            store, sessions[0].head, session="s1", genesis=genesis
+            store, sessions[0].head, keys=bus.keys, session="s1", genesis=genesis
         )  # type: ignore[arg-type]
         assert [rec.round for rec in records] == list(range(8))
     finally:

@@ -36,6 +36,7 @@ from gradfed_ipfs.tensor.bulyan import Bulyan
 from gradfed_ipfs.tensor.deterministic import deterministic_update
 from gradfed_ipfs.tensor.robust import coordinate_median, trimmed_mean
 from tests.federated.agreed.test_rounds import _DeafToRound
+from tests.helpers import MEMORY_KEYS
 from tests.multiprocess.lossy import LossyPubsub
 
 PEERS = ("peer-a", "peer-b", "peer-c", "peer-d")
@@ -156,7 +157,9 @@ async def test_reduce_scatter_rounds_equal_all_to_all_with_less_download_and_rev
         assert rs.downloaded <= 2 * 2.5 * D * 4
         assert rs.downloaded < 0.6 * a2a.downloaded
     head = sliced[1][0].record
-    records = await verify_agreed_history(rs_peers.store, head, session="rs", genesis=genesis)  # type: ignore[arg-type]
+    records = await verify_agreed_history(
+        rs_peers.store, head, keys=MEMORY_KEYS, session="rs", genesis=genesis
+    )  # type: ignore[arg-type]
     assert [rec.round for rec in records] == [0, 1]
     assert all(rec.slices is not None and len(rec.slices) == 4 for rec in records)
 
@@ -192,6 +195,7 @@ async def test_trimmed_mean_round_is_sliced_and_equals_its_all_to_all_round() ->
     await verify_agreed_history(
         peers.store,
         sliced[0][0].record,
+        keys=MEMORY_KEYS,
         session="rs",
         genesis=genesis,
         rule=rule,  # type: ignore[arg-type]
@@ -319,7 +323,9 @@ async def test_a_lying_reducer_is_caught_and_the_honest_peers_exclude_it() -> No
     assert all("lying" in res.rejected[liar.peer_id] for res in honest)
     assert all(liar.peer_id in s.excluded for s in peers.sessions if s is not liar)
     # The record links the recomputed slice, not the lie: it re-verifies.
-    await verify_agreed_history(store, honest[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
+    await verify_agreed_history(
+        store, honest[0].record, keys=MEMORY_KEYS, session="rs", genesis=genesis
+    )  # type: ignore[arg-type]
 
 
 class GarbageResults(SliceFaults):
@@ -353,7 +359,9 @@ async def test_a_reducer_whose_result_is_garbage_is_excluded_and_the_record_reve
     assert {res.model for res in honest} == {await put_gradient(MemoryBlockStore(), want)}
     assert all(res.liars == (liar.peer_id,) for res in honest)
     # The fraud record against an unreadable result is checked like any other: it re-verifies.
-    await verify_agreed_history(store, honest[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
+    await verify_agreed_history(
+        store, honest[0].record, keys=bus.keys, session="rs", genesis=genesis
+    )  # type: ignore[arg-type]
 
 
 async def test_a_sender_whose_chunk_is_lost_is_missing_everywhere_and_the_record_verifies() -> None:
@@ -394,7 +402,9 @@ async def test_a_sender_whose_chunk_is_lost_is_missing_everywhere_and_the_record
     )
     assert {res.model for res in results} == {await put_gradient(MemoryBlockStore(), want)}
     # The record re-verifies: its slice records say who is missing, so the verifier leaves it out.
-    await verify_agreed_history(store, results[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
+    await verify_agreed_history(
+        store, results[0].record, keys=bus.keys, session="rs", genesis=genesis
+    )  # type: ignore[arg-type]
 
 
 async def test_a_member_left_out_of_the_roster_assembles_the_same_model_from_the_slices() -> None:
@@ -501,7 +511,9 @@ async def test_a_lie_is_caught_when_a_colluding_sender_withholds_its_check_value
     want = await reference(results[0], initial_model(), 0)
     assert {res.model for res in honest} == {await put_gradient(MemoryBlockStore(), want)}
     assert all(res.liars == (liar,) for res in honest)
-    await verify_agreed_history(store, honest[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
+    await verify_agreed_history(
+        store, honest[0].record, keys=bus.keys, session="rs", genesis=genesis
+    )  # type: ignore[arg-type]
 
 
 async def late_joiner(
@@ -633,6 +645,7 @@ async def test_chained_rounds_equal_all_to_all_and_reverify() -> None:
     records = await verify_agreed_history(
         peers.store,
         chained[1][0].record,
+        keys=MEMORY_KEYS,
         session="rs",
         genesis=genesis,  # type: ignore[arg-type]
     )
@@ -646,7 +659,9 @@ async def test_a_lying_step_of_a_chained_round_is_excluded_and_the_record_reveri
     store, genesis, _, liar, honest = await lying_round(liar_index, chained=True, chain_groups=2)
     assert all(res.liars == (liar.peer_id,) for res in honest)
     # Whether its step was a partial sum or a slice record, the record proves it again.
-    await verify_agreed_history(store, honest[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
+    await verify_agreed_history(
+        store, honest[0].record, keys=MEMORY_KEYS, session="rs", genesis=genesis
+    )  # type: ignore[arg-type]
 
 
 async def test_a_sender_whose_slice_is_above_max_value_is_missing_and_the_model_stays_finite() -> (
@@ -675,4 +690,6 @@ async def test_a_sender_whose_slice_is_above_max_value_is_missing_and_the_model_
     assert all(hostile in res.rejected for res in results)
     assert len({res.model for res in results}) == 1
     assert np.isfinite(peers.sessions[0].model).all()
-    await verify_agreed_history(store, results[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
+    await verify_agreed_history(
+        store, results[0].record, keys=bus.keys, session="rs", genesis=genesis
+    )  # type: ignore[arg-type]

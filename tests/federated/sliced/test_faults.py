@@ -28,6 +28,7 @@ from tests.federated.agreed.test_sliced import (
     gradient,
     initial_model,
 )
+from tests.helpers import MEMORY_KEYS
 
 LIAR = PEERS[2]
 
@@ -104,7 +105,9 @@ async def test_a_peer_that_resyncs_after_a_lie_excludes_the_liar_and_refuses_its
     live = [grads[p] for p in results[0].roster.peers]
     want = deterministic_update(base_model, live, [1] * 3, LR)
     assert results[0].model == await put_gradient(MemoryBlockStore(), want)
-    records = await verify_agreed_history(store, results[0].record, session="rs", genesis=genesis)
+    records = await verify_agreed_history(
+        store, results[0].record, keys=bus.keys, session="rs", genesis=genesis
+    )
     assert [r.excluded for r in records] == [(LIAR,), (LIAR,)]
     assert records[1].frauds is None  # no lie in round 1: the exclusion is carried forward
 
@@ -121,7 +124,9 @@ async def test_records_that_forget_a_liar_or_list_it_later_fail_verification() -
     ):
         cid = await store.put(bad.to_block())
         with pytest.raises(RoundVerificationFailed, match="excludes"):
-            await verify_agreed_history(store, cid, session="rs", genesis=genesis, recompute=False)
+            await verify_agreed_history(
+                store, cid, keys=MEMORY_KEYS, session="rs", genesis=genesis, recompute=False
+            )
     # 2. A fraud record whose "correct" record is not the recorded slice proves nothing.
     assert record0.frauds is not None
     assert record0.slices is not None
@@ -131,7 +136,9 @@ async def test_records_that_forget_a_liar_or_list_it_later_fail_verification() -
     await store.put(wrong.to_block())
     cid = await store.put(dataclasses.replace(record0, frauds=(wrong.to_block().cid,)).to_block())
     with pytest.raises(RoundVerificationFailed, match="does not prove"):
-        await verify_agreed_history(store, cid, session="rs", genesis=genesis, recompute=False)
+        await verify_agreed_history(
+            store, cid, keys=MEMORY_KEYS, session="rs", genesis=genesis, recompute=False
+        )
 
     # 3. A later (all-to-all) round whose roster lists the liar is refused, though it
     #    re-aggregates correctly; the same round without the liar verifies.
@@ -149,9 +156,18 @@ async def test_records_that_forget_a_liar_or_list_it_later_fail_verification() -
         return await store.put(record.to_block())
 
     fine = await round1((PEERS[0], PEERS[1], PEERS[3]))
-    assert len(await verify_agreed_history(store, fine, session="rs", genesis=genesis)) == 2
+    assert (
+        len(
+            await verify_agreed_history(
+                store, fine, keys=MEMORY_KEYS, session="rs", genesis=genesis
+            )
+        )
+        == 2
+    )
     with pytest.raises(RoundVerificationFailed, match="lists proven lying reducer"):
-        await verify_agreed_history(store, await round1(PEERS), session="rs", genesis=genesis)
+        await verify_agreed_history(
+            store, await round1(PEERS), keys=MEMORY_KEYS, session="rs", genesis=genesis
+        )
 
 
 def test_roster_problem_refuses_a_proven_liar_and_records_stay_backward_compatible() -> None:
