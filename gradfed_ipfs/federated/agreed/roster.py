@@ -79,12 +79,13 @@ class _Collection:
     derived: bytes | None = None  # the coordinator's roster, derived here before heard
     waiting: bool = False  # a roster whose time has come is still being fetched
     learned: dict[bytes, CID] = field(default_factory=dict)  # rosters named by done records
+    # (signer, roster CID) of roster messages not from the coordinator they name: refused by
+    # sender, not by CID (the named coordinator's own message may carry the same roster)
+    refused: set[tuple[str, bytes]] = field(default_factory=set)
 
 
-def _own_problem(ctx: RoundContext, roster: Roster, author: str | None) -> str:
-    """Why ``roster`` fails this peer's own checks: its signer, and its own entry."""
-    if author is not None and roster.coordinator != author:
-        return f"signed by {author}, names {roster.coordinator} as coordinator"
+def _own_problem(ctx: RoundContext, roster: Roster) -> str:
+    """Why ``roster`` fails this peer's own check: its own entry must be its contribution."""
     mine = [e for e in roster.entries if e.peer == ctx.peer]
     if mine and bytes(mine[0].contribution) != bytes(ctx.own.cid):
         return f"lists {mine[0].contribution} as this peer's contribution, not {ctx.own.cid}"
@@ -257,7 +258,7 @@ class RosterPhase:
         candidates += [(cid, None) for cid in c.learned.values()]
         c.waiting = False
         for cid, author in candidates:
-            if bytes(cid) in c.tried:
+            if bytes(cid) in c.tried or (author or "", bytes(cid)) in c.refused:
                 continue
             adopted = await self._adopt(ctx, cid, author, c)
             if adopted is not None:
@@ -342,21 +343,36 @@ class RosterPhase:
             tried.add(bytes(cid))
             ctx.rejected[f"roster {cid}"] = str(exc)
             return None
-        problem = roster_problem(
-            roster, self._board.session, self._board.genesis, ctx.number, ctx.base,
-            ctx.config, ctx.excluded, self._board.keys,
-        )  # fmt: skip
-        blamed = roster.coordinator if author is None else author
-        problem = problem or _own_problem(ctx, roster, author)
-        if problem:
-            tried.add(bytes(cid))
-            ctx.rejected[blamed] = f"roster {cid}: {problem}"
+        if self._refused(ctx, c, cid, author, roster):
             return None
         if author is None:  # learned from a record: its named coordinator's time must come
             rank = ctx.ranking.index(roster.coordinator)
             if ctx.config.takeover_at(rank) > time.monotonic() - ctx.started:
                 return None
         return roster
+
+    def _refused(
+        self, ctx: RoundContext, c: _Collection, cid: CID, author: str | None, roster: Roster
+    ) -> bool:
+        """Check a loaded roster; name whom to blame in ``ctx.rejected`` if it is refused.
+
+        A roster that is not this round's (or lists what its owners did not sign, or not this
+        peer's own contribution as its entry) is refused by CID; a roster message from another
+        member than the coordinator it names, by sender and CID.
+        """
+        problem = roster_problem(
+            roster, self._board.session, self._board.genesis, ctx.number, ctx.base,
+            ctx.config, ctx.excluded, self._board.keys,
+        ) or _own_problem(ctx, roster)  # fmt: skip
+        if problem:
+            c.tried.add(bytes(cid))
+            ctx.rejected[author or roster.coordinator] = f"roster {cid}: {problem}"
+            return True
+        if author is not None and roster.coordinator != author:
+            c.refused.add((author, bytes(cid)))
+            ctx.rejected[author] = f"roster {cid}: names {roster.coordinator} as coordinator"
+            return True
+        return False
 
     async def _load_roster(self, cid: CID, timeout: float) -> Roster:
         """Decode a roster once: from its inline message, else fetched from the store."""
