@@ -6,6 +6,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from gradfed_ipfs import MemoryPubsubBus
 from gradfed_ipfs.errors import ConfigError
+from gradfed_ipfs.formats.roster import AgreedMessage, sign_message
 from gradfed_ipfs.formats.statement import PEER_ID_KEYS
 
 
@@ -42,3 +43,8 @@ class _MemoryNameKeys:
 
 MEMORY_KEYS = _MemoryNameKeys()
 """Keys of memory-bus names (pass as ``keys=`` to offline verifiers)."""
+
+
+async def signed(message: AgreedMessage, bus: MemoryPubsubBus) -> bytes:
+    """Return ``message`` as its sender publishes it on ``bus``: its signed statement's bytes."""
+    return (await sign_message(message, bus.signer(message.peer), bus.keys)).block.data

@@ -14,7 +14,7 @@ from gradfed_ipfs import AgreedConfig, AgreedSession, put_gradient
 from gradfed_ipfs.cid import make_cid, parse_cid
 from gradfed_ipfs.cli.agreed import Deadline, agreed_history, check_agreed_round
 from gradfed_ipfs.cli.common import console
-from gradfed_ipfs.formats.roster import AgreedMessage, AgreedRecord, Roster
+from gradfed_ipfs.formats.roster import AgreedMessage, AgreedRecord, Roster, sign_message
 from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
 from gradfed_ipfs.tensor.deterministic import deterministic_update
@@ -193,10 +193,12 @@ async def test_resync_adopts_the_latest_head_from_the_peers_announcements(
     # A member announcing a forged head of a later round: refused, the honest head adopted.
     liar = agreed.sessions[1]
     await liar.aclose()  # it stops announcing its honest head
-    lie = AgreedMessage(
+    lie_message = AgreedMessage(
         "done", "cli-agreed", parse_cid(agreed.genesis), 5, liar.peer_id,
         parse_cid(genesis), record=parse_cid(forged),
-    ).encode()  # fmt: skip
+    )  # fmt: skip
+    signer = await agreed.pubsubs[1].signer()
+    lie = (await sign_message(lie_message, signer, agreed.pubsubs[1].keys)).block.data
     members = ["--member", agreed.sessions[0].peer_id, "--member", liar.peer_id]
 
     async def lie_until_done(task: asyncio.Future[tuple[int, str, str]]) -> None:

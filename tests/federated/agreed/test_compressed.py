@@ -33,7 +33,7 @@ from gradfed_ipfs.tensor import (
     TopKInt8,
 )
 from gradfed_ipfs.tensor.deterministic import deterministic_update
-from tests.helpers import MEMORY_KEYS
+from tests.helpers import MEMORY_KEYS, signed
 
 PEERS = ("peer-a", "peer-b", "peer-c", "peer-d")
 CHUNK = 65_536
@@ -353,7 +353,7 @@ async def hostile_round(
         root = Block.new(corrupt(root.data))
     await store.put(root)
     message = AgreedMessage("contrib", "c", genesis, 0, PEERS[3], root.cid, base=genesis, weight=1)  # type: ignore[arg-type]
-    await bus.endpoint(PEERS[3]).publish(honest[0].topic, message.encode())
+    await bus.endpoint(PEERS[3]).publish(honest[0].topic, await signed(message, bus))
     try:
         results = await asyncio.gather(
             *(s.run_round(gradient(i, 0, d)) for i, s in enumerate(honest))

@@ -19,9 +19,10 @@ from gradfed_ipfs.errors import (
     RoundMismatch,
 )
 from gradfed_ipfs.formats import PubsubMessage
-from gradfed_ipfs.formats.roster import AgreedMessage
+from gradfed_ipfs.formats.roster import AgreedMessage, open_message
 from gradfed_ipfs.kubo import MemoryPubsubBus, PubsubTransport
 from gradfed_ipfs.storage import MemoryBlockStore, fetch_gradient
+from tests.helpers import signed
 from tests.multiprocess.lossy import LossyPubsub
 from tests.polling import apoll_until
 
@@ -298,7 +299,7 @@ async def test_a_roster_nobody_serves_does_not_hold_the_round() -> None:
         )
         bogus = make_cid(b"a roster nobody stored", "dag-cbor")
         message = AgreedMessage("roster", "s1", genesis, 0, PEERS[2], bogus)
-        await bus.endpoint(PEERS[2]).publish(sessions[0].topic, message.encode())
+        await bus.endpoint(PEERS[2]).publish(sessions[0].topic, await signed(message, bus))
         try:
             results = await run_all(sessions, [0, 1])
         finally:
@@ -321,7 +322,7 @@ class _DeafToRound(LossyPubsub):
     async def _lossy(self, messages: AsyncIterator[PubsubMessage]) -> AsyncIterator[PubsubMessage]:
         async for message in messages:
             try:
-                decoded = AgreedMessage.decode(message.data)
+                decoded, _ = open_message(message.data, self.keys)
             except DecodeError:
                 yield message  # not an agreed message (a slice board's)
                 continue

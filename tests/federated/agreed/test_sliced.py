@@ -36,7 +36,7 @@ from gradfed_ipfs.tensor.bulyan import Bulyan
 from gradfed_ipfs.tensor.deterministic import deterministic_update
 from gradfed_ipfs.tensor.robust import coordinate_median, trimmed_mean
 from tests.federated.agreed.test_rounds import _DeafToRound
-from tests.helpers import MEMORY_KEYS
+from tests.helpers import MEMORY_KEYS, signed
 from tests.multiprocess.lossy import LossyPubsub
 
 PEERS = ("peer-a", "peer-b", "peer-c", "peer-d")
@@ -285,7 +285,7 @@ async def test_a_silent_reducer_is_taken_over_and_a_dead_peer_does_not_stop_the_
         weight=4,  # type: ignore[arg-type]
     )
     try:
-        await bus.endpoint(dead).publish(peers.sessions[0].topic, message.encode())
+        await bus.endpoint(dead).publish(peers.sessions[0].topic, await signed(message, bus))
         results = await peers.round(0)
     finally:
         await peers.close()
@@ -386,7 +386,7 @@ async def test_a_sender_whose_chunk_is_lost_is_missing_everywhere_and_the_record
         weight=4,  # type: ignore[arg-type]
     )
     try:
-        await bus.endpoint(gone).publish(peers.sessions[0].topic, message.encode())
+        await bus.endpoint(gone).publish(peers.sessions[0].topic, await signed(message, bus))
         results = await peers.round(0)
     finally:
         await peers.close()
@@ -558,7 +558,7 @@ async def test_a_peer_joining_a_round_the_others_finished_checks_their_record_in
             other = await put_gradient(store, initial_model())
             fake = await store.put(dataclasses.replace(record, result=other).to_block())
             message = AgreedMessage("done", "rs", genesis, 0, liar, other, record=fake)
-            await bus.endpoint(liar).publish(late.topic, message.encode())
+            await bus.endpoint(liar).publish(late.topic, await signed(message, bus))
             await late.board.wait_until(
                 lambda: bytes(late.board.state(0).done[liar].record) == bytes(fake), 5.0
             )
@@ -680,7 +680,7 @@ async def test_a_sender_whose_slice_is_above_max_value_is_missing_and_the_model_
         "contrib", "rs", genesis, 0, hostile, contribution, base=genesis, weight=2**20,  # type: ignore[arg-type]
     )  # fmt: skip
     try:
-        await bus.endpoint(hostile).publish(peers.sessions[0].topic, message.encode())
+        await bus.endpoint(hostile).publish(peers.sessions[0].topic, await signed(message, bus))
         results = await peers.round(0)
     finally:
         await peers.close()

@@ -28,7 +28,7 @@ from tests.federated.agreed.test_sliced import (
     gradient,
     initial_model,
 )
-from tests.helpers import MEMORY_KEYS
+from tests.helpers import MEMORY_KEYS, signed
 
 LIAR = PEERS[2]
 
@@ -92,8 +92,8 @@ async def test_a_peer_that_resyncs_after_a_lie_excludes_the_liar_and_refuses_its
         endpoint, topic = bus.endpoint(LIAR), late.topic
         contrib = AgreedMessage("contrib", "rs", genesis, 1, LIAR, cids[LIAR], base=base, weight=1)
         roster = AgreedMessage("roster", "rs", genesis, 1, LIAR, forged.cid, inline=forged.data)
-        await endpoint.publish(topic, contrib.encode())
-        await endpoint.publish(topic, roster.encode())
+        await endpoint.publish(topic, await signed(contrib, bus))
+        await endpoint.publish(topic, await signed(roster, bus))
         results = await asyncio.gather(
             *(s.run_round(grads[s.peer_id], weight=1) for s in peers.sessions)
         )
