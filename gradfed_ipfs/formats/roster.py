@@ -295,7 +295,9 @@ def _entry_fields(entry: RosterEntry) -> list[Any]:
 def _entry(item: object, where: str) -> RosterEntry:
     """Decode one ``[peer, cid, weight(, signature)]`` entry."""
     if not isinstance(item, list) or len(item) not in (3, 4):
-        raise MalformedManifest(f"{where}: an entry is not [peer, cid, weight, signature]")
+        raise MalformedManifest(
+            f"{where}: an entry is not [peer, cid, weight] or [peer, cid, weight, signature]"
+        )
     weight = item[2]
     if not isinstance(weight, int) or isinstance(weight, bool):
         raise MalformedManifest(f"{where}: weight is not an integer")

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -47,6 +48,8 @@ _TICK: Final = 0.05
 """Longest wait between checks of the clock-driven steps (seconds)."""
 _Entry = tuple[CID, int, bytes | None]
 """A contribution as a roster lists it: CID, weight and its owner's signature."""
+_VOTE_WAIT: Final = 1.0
+"""Longest wait for a ``done`` record when counting the votes behind an early roster (s)."""
 MAX_WALK_BACK: Final = MAX_ROUNDS_AHEAD
 """Most records walked back from a later round's ``done`` to find a missed round's roster."""
 
@@ -82,6 +85,7 @@ class _Collection:
     # (signer, roster CID) of roster messages not from the coordinator they name: refused by
     # sender, not by CID (the named coordinator's own message may carry the same roster)
     refused: set[tuple[str, bytes]] = field(default_factory=set)
+    named: dict[bytes, bytes | None] = field(default_factory=dict)  # done record -> its roster
 
 
 def _own_problem(ctx: RoundContext, roster: Roster) -> str:
@@ -252,6 +256,13 @@ class RosterPhase:
         elapsed = time.monotonic() - ctx.started
         heard = [(ranking.index(p), p, cid) for p, cid in state.rosters.items() if p in ranking]
         due = [(rank, p, cid) for rank, p, cid in heard if ctx.config.takeover_at(rank) <= elapsed]
+        if len(due) < len(heard) and state.done:  # early by this clock: settled already?
+            settled = await self._settled(ctx, state, c)
+            due = [
+                (rank, p, cid)
+                for rank, p, cid in heard
+                if (rank, p, cid) in due or bytes(cid) in settled
+            ]
         if not due:
             await self._rosters_from_records(ctx, state, c)
         candidates: list[tuple[CID, str | None]] = [(cid, p) for _, p, cid in sorted(due)]
@@ -264,6 +275,28 @@ class RosterPhase:
             if adopted is not None:
                 return adopted
         return None
+
+    async def _settled(self, ctx: RoundContext, state: RoundState, c: _Collection) -> set[bytes]:
+        """Roster CIDs that this round's ``done`` records of more than half the members name.
+
+        A peer that starts a round late (its clock behind the others') would otherwise wait
+        for a roster's time the others have long passed, or publish its own.
+        """
+        votes: Counter[bytes] = Counter()
+        for head in state.done.values():
+            key = bytes(head.record)
+            if key not in c.named:
+                c.named[key] = None  # one try a record: a record nobody serves costs one wait
+                try:
+                    record = await load_record(self._store, head.record, timeout=_VOTE_WAIT)
+                except (BlockStoreError, DecodeError):
+                    continue
+                if record.round == ctx.number and bytes(record.base) == bytes(ctx.base):
+                    c.named[key] = bytes(record.roster)
+            roster = c.named[key]
+            if roster is not None:
+                votes[roster] += 1
+        return {cid for cid, n in votes.items() if 2 * n > len(ctx.config.members)}
 
     async def _rosters_from_records(
         self, ctx: RoundContext, state: RoundState, c: _Collection
