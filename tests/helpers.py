@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from multiformats import CID
 
 from gradfed_ipfs import MemoryPubsubBus
 from gradfed_ipfs.errors import ConfigError
@@ -48,3 +49,12 @@ MEMORY_KEYS = _MemoryNameKeys()
 async def signed(message: AgreedMessage, bus: MemoryPubsubBus) -> bytes:
     """Return ``message`` as its sender publishes it on ``bus``: its signed statement's bytes."""
     return (await sign_message(message, bus.signer(message.peer), bus.keys)).block.data
+
+
+async def signed_entry(
+    session: str, genesis: CID, round_number: int, base: CID, peer: str, cid: CID, weight: int = 1
+) -> tuple[CID, int, bytes]:
+    """Return a roster entry ``(cid, weight, signature)`` signed by memory-bus peer ``peer``."""
+    message = AgreedMessage("contrib", session, genesis, round_number, peer, cid, base, weight)
+    statement = await sign_message(message, MemoryPubsubBus().signer(peer), MEMORY_KEYS)
+    return cid, weight, statement.signature

@@ -173,7 +173,15 @@ class RosterPhase:
         return adopted
 
     async def _close(self, ctx: RoundContext, c: _Collection, state: RoundState) -> bool:
-        """Publish (or derive) a roster if this peer may now; return whether it did."""
+        """Publish (or derive) a roster if this peer may now; return whether it did.
+
+        Never once more than half the members announced this round's ``done`` or a later one:
+        the round is over elsewhere, and this (late) peer takes the roster it settled on.
+        """
+        heads = self._board.heads.items()
+        over = sum(1 for p, h in heads if p != ctx.peer and h.round >= ctx.number)
+        if 2 * over > len(ctx.config.members):
+            return False
         if c.quorum == len(c.members) and not c.waiting and ctx.ranking[0] not in state.rosters:
             # min_peers = all: the only roster any coordinator may publish is the complete
             # one, so a peer holding every member's contribution derives it without waiting.
