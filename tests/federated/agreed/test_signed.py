@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from multiformats import CID
 
-from gradfed_ipfs import AgreedSession, verify_agreed_history
+from gradfed_ipfs import AgreedRoundResult, AgreedSession, verify_agreed_history
 from gradfed_ipfs.errors import RoundVerificationFailed
 from gradfed_ipfs.federated.agreed.config import AgreedConfig
 from gradfed_ipfs.federated.agreed.coordinator import (
@@ -227,3 +227,32 @@ async def test_verify_agreed_history_rejects_a_tampered_entry_signature() -> Non
             await verify_agreed_history(
                 store, head, session=SESSION, genesis=genesis, keys=bus.keys, recompute=False
             )
+
+
+async def test_a_roster_heard_before_its_time_is_kept_and_taken_when_it_comes() -> None:
+    """Rank 0 is absent; rank 1 publishes at its time. Rank 2 started the round a second
+    later, so by its clock rank 1's time comes later: it keeps the roster, takes it then (not
+    before), and does not publish its own meanwhile."""
+    store, bus = MemoryBlockStore(), MemoryPubsubBus()
+    genesis = await AgreedSession.commit_genesis(store, initial_model())
+    ranking = coordinator_ranking(SESSION, genesis, 0, PEERS)
+    config = AgreedConfig(members=PEERS, min_peers=2, **FAST)  # type: ignore[arg-type]
+    first, late = (
+        AgreedSession(store, bus.endpoint(p), SESSION, genesis, config) for p in ranking[1:]
+    )
+    for session in (first, late):
+        await session.start(initial_model())
+
+    async def later() -> AgreedRoundResult:
+        await asyncio.sleep(1.0)
+        return await late.run_round(delta(PEERS.index(late.peer_id), 0))
+
+    try:
+        results = await asyncio.gather(
+            first.run_round(delta(PEERS.index(first.peer_id), 0)), later()
+        )
+    finally:
+        await close([first, late])
+    assert results[0].record == results[1].record
+    assert results[1].roster.coordinator == ranking[1]
+    assert results[1].seconds >= config.takeover_at(1)  # held until rank 1's time by its clock
