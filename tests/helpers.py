@@ -1,6 +1,14 @@
-"""Helpers shared by the tests: one fake clock, one home."""
+"""Helpers shared by the tests: one fake clock and the memory bus's name keys, one home."""
 
 from __future__ import annotations
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from multiformats import CID
+
+from gradfed_ipfs import MemoryPubsubBus
+from gradfed_ipfs.errors import ConfigError
+from gradfed_ipfs.formats.roster import AgreedMessage, sign_message
+from gradfed_ipfs.formats.statement import PEER_ID_KEYS
 
 
 class FakeClock:
@@ -15,3 +23,38 @@ class FakeClock:
     def advance(self, seconds: float) -> None:
         """Move the clock forward by ``seconds``."""
         self.now += seconds
+
+
+class _MemoryNameKeys:
+    """The keys a :class:`~gradfed_ipfs.MemoryPubsubBus` derives from endpoint names.
+
+    Any bus derives the same key for a name, so histories written over one bus verify
+    with these where that bus is out of reach; real peer IDs are their own keys.
+    """
+
+    def __init__(self) -> None:
+        self._bus = MemoryPubsubBus()
+
+    def key_of(self, author: str) -> Ed25519PublicKey:
+        try:
+            return self._bus.signer(author).public_key
+        except ConfigError:  # an Ed25519 peer ID: its key is in it
+            return PEER_ID_KEYS.key_of(author)
+
+
+MEMORY_KEYS = _MemoryNameKeys()
+"""Keys of memory-bus names (pass as ``keys=`` to offline verifiers)."""
+
+
+async def signed(message: AgreedMessage, bus: MemoryPubsubBus) -> bytes:
+    """Return ``message`` as its sender publishes it on ``bus``: its signed statement's bytes."""
+    return (await sign_message(message, bus.signer(message.peer), bus.keys)).block.data
+
+
+async def signed_entry(
+    session: str, genesis: CID, round_number: int, base: CID, peer: str, cid: CID, weight: int = 1
+) -> tuple[CID, int, bytes]:
+    """Return a roster entry ``(cid, weight, signature)`` signed by memory-bus peer ``peer``."""
+    message = AgreedMessage("contrib", session, genesis, round_number, peer, cid, base, weight)
+    statement = await sign_message(message, MemoryPubsubBus().signer(peer), MEMORY_KEYS)
+    return cid, weight, statement.signature

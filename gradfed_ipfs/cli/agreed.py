@@ -25,6 +25,7 @@ from multiformats import CID
 from rich.table import Table
 
 from ..errors import (
+    BadSignature,
     BlockStoreError,
     ChainDeadlineExceeded,
     DecodeError,
@@ -40,7 +41,7 @@ from ..federated.agreed.history import (
     load_round_inputs,
     verify_record,
 )
-from ..formats.roster import AgreedRecord, Roster
+from ..formats.roster import AgreedRecord, Roster, verify_roster_entries
 from ..storage.base import BlockStore
 from ..storage.dag import fetch_gradient
 from ..storage.kubo import KuboBlockStore
@@ -157,6 +158,9 @@ async def check_agreed_round(
             if models is not None:
                 models.clear()
                 models[bytes(record.result)] = (model, state)
+            unsigned = _unsigned(roster)
+            if unsigned:  # it re-aggregates, but lists what its owners did not sign
+                return AgreedCheck(text, record, roster, f"mismatch: {unsigned}", ok=False)
             return AgreedCheck(text, record, roster, "verified", ok=True)
         prev = None if record.prev is None else await load_record(store, record.prev)
         if prev is not None and not prev.model_stored and prev.rule is not None:
@@ -184,6 +188,20 @@ async def check_agreed_round(
         "the training API and its rule)"
     )
     return AgreedCheck(text, record, roster, status, ok=False, unverifiable=True)
+
+
+def _unsigned(roster: Roster | None) -> str:
+    """Why ``roster``'s entries are not its owners' signed contributions (``""``: they are).
+
+    The CLI reads Kubo peers' records: their authors' keys are their peer IDs.
+    """
+    if roster is None:
+        return "roster: not fetched"
+    try:
+        verify_roster_entries(roster)
+    except BadSignature as exc:
+        return str(exc)
+    return ""
 
 
 def _table(title: str, checks: list[AgreedCheck]) -> Table:

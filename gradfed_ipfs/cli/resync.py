@@ -36,7 +36,7 @@ from ..federated.agreed.coordinator import Head
 from ..federated.agreed.heads import ranked_heads
 from ..federated.agreed.history import ResultLoad, check_exclusions, load_head, verify_record
 from ..formats.pubsub import PubsubMessage
-from ..formats.roster import AgreedMessage, AgreedRecord
+from ..formats.roster import AgreedRecord, open_message
 from ..kubo.pubsub import KuboPubsub
 from ..storage.base import BlockStore
 from ..storage.dag import fetch_gradient
@@ -58,9 +58,9 @@ __all__ = ["add_resync_parser", "listen_for_heads"]
 def _head_of(
     message: PubsubMessage, session: str, genesis: CID, members: frozenset[str]
 ) -> tuple[str, Head] | None:
-    """Return ``(peer, head)`` for a well-formed, authenticated ``done``; ``None`` otherwise."""
+    """Return ``(peer, head)`` for a well-formed ``done`` its sender signed; ``None`` otherwise."""
     try:
-        decoded = AgreedMessage.decode(message.data)
+        decoded, _ = open_message(message.data)  # Kubo peers: their keys are their IDs
     except DecodeError:
         return None
     if (

@@ -4,8 +4,12 @@ Two dag-cbor records (keys sorted canonically, CIDs as tag-42 links):
 
 ``gradfed.roster`` v1
     ``{session, genesis, round, base, coordinator, expected: [peer...],
-    entries: [[peer, contribution, weight]...]}``, entries sorted by peer ID, one per peer.
-    ``base`` is the model CID the round starts from; every peer aggregates exactly ``entries``.
+    entries: [[peer, contribution, weight, signature]...]}``, entries sorted by peer ID, one
+    per peer. ``base`` is the model CID the round starts from; every peer aggregates exactly
+    ``entries``. ``signature`` is the entry owner's signature of its ``agreed/contrib``
+    statement (:func:`contribution_body`, rebuilt from the roster and the entry), so a roster
+    cannot name a contribution its owner did not announce (:func:`verify_roster_entries`);
+    entries of three items (no signature) still decode, and are refused by those checks.
 ``gradfed.agreed-round`` v1
     ``{session, genesis, round, prev, base, roster, result, learning_rate}``: ``prev`` links the
     previous round's record (``None`` for round 0), ``result`` is the new model CID; optional
@@ -15,7 +19,10 @@ Two dag-cbor records (keys sorted canonically, CIDs as tag-42 links):
 
 And one small JSON pubsub message, :class:`AgreedMessage`, of three kinds: ``contrib`` (a
 peer's contribution CID and weight for a round on a base model), ``roster`` (a coordinator's
-roster CID) and ``done`` (a peer's result model CID and round record CID: its head).
+roster CID) and ``done`` (a peer's result model CID and round record CID: its head). On the
+wire it is the body of its sender's signed statement (:mod:`~.statement`) of kind
+``agreed/contrib``, ``agreed/roster`` or ``agreed/done`` (:func:`sign_message`,
+:func:`open_message`).
 
 Every decoder checks sizes, types, counts and order before building anything, and raises
 :class:`~gradfed_ipfs.errors.MalformedManifest` (records) or
@@ -27,6 +34,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, cast
 
@@ -34,15 +42,31 @@ from multiformats import CID
 
 from ..block import Block
 from ..cid import DAG_CBOR, RAW, cid_to_str, make_cid, parse_cid
-from ..errors import ConfigError, DecodeError, MalformedAnnouncement, MalformedManifest
+from ..errors import (
+    BadSignature,
+    ConfigError,
+    DecodeError,
+    MalformedAnnouncement,
+    MalformedManifest,
+)
 from ..tensor.packing import PackSpec
 from .memo import DecodeMemo
 from .pubsub import decode_multibase, encode_multibase
 from .records import decode_record, encode_record, require
+from .statement import (
+    PEER_ID_KEYS,
+    KeyBook,
+    Signer,
+    Statement,
+    decode_statement,
+    sign_statement,
+    verify_signed,
+)
 
 __all__ = [
     "MAX_INLINE_BYTES",
     "MAX_MESSAGE_BYTES",
+    "MAX_SIGNED_MESSAGE_BYTES",
     "MAX_PEER_ID_CHARS",
     "MAX_ROSTER_ENTRIES",
     "MAX_WEIGHT",
@@ -51,6 +75,11 @@ __all__ = [
     "MessageKind",
     "Roster",
     "RosterEntry",
+    "contribution_body",
+    "message_kind",
+    "open_message",
+    "sign_message",
+    "verify_roster_entries",
 ]
 
 MAX_ROSTER_ENTRIES: Final = 1024
@@ -61,6 +90,8 @@ MAX_WEIGHT: Final = 1 << 40
 """Largest contribution weight (sample count) accepted."""
 MAX_MESSAGE_BYTES: Final = 8192
 """Largest agreed-round pubsub message accepted, in bytes."""
+MAX_SIGNED_MESSAGE_BYTES: Final = MAX_MESSAGE_BYTES + 1024
+"""Largest signed agreed message (its statement: the message plus author and signature)."""
 MAX_INLINE_BYTES: Final = 3072
 """Largest roster block carried inside its ``roster`` message (larger ones are fetched)."""
 MAX_RECORD_BYTES: Final = 256 * 1024
@@ -73,6 +104,8 @@ _KINDS: Final = ("contrib", "roster", "done")
 _ROSTER: Final = "gradfed.roster"
 _RECORD: Final = "gradfed.agreed-round"
 _MESSAGE: Final = "gradfed.agreed-message"  # a memo key only: messages are JSON
+_SIGNED: Final = "gradfed.agreed-statement"  # a memo key only
+_SIGNATURE_BYTES: Final = 64
 _MEMO: Final[DecodeMemo[tuple[str, bytes], Any]] = DecodeMemo()
 """Rosters, records and messages decoded (:class:`~.memo.DecodeMemo`), by kind and bytes."""
 
@@ -124,11 +157,16 @@ def _checked_block(block: Block, where: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class RosterEntry:
-    """One roster line: a peer, its contribution's CID and its integer weight (samples)."""
+    """One roster line: a peer, its contribution's CID, weight (samples) and signature.
+
+    ``signature`` is the peer's of its ``agreed/contrib`` statement (``None``: unsigned,
+    refused by :func:`verify_roster_entries`).
+    """
 
     peer: str
     contribution: CID
     weight: int
+    signature: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -168,10 +206,13 @@ class Roster:
         base: CID,
         coordinator: str,
         expected: tuple[str, ...] | list[str],
-        entries: dict[str, tuple[CID, int]],
+        entries: Mapping[str, tuple[CID, int] | tuple[CID, int, bytes | None]],
     ) -> Roster:
-        """Build a roster, sorting ``entries`` (peer → (CID, weight)) and ``expected``."""
-        lines = tuple(RosterEntry(p, entries[p][0], entries[p][1]) for p in sorted(entries))
+        """Build a roster, sorting ``entries`` and ``expected``.
+
+        ``entries`` maps a peer to (CID, weight) or (CID, weight, its contribution signature).
+        """
+        lines = tuple(RosterEntry(p, *entries[p]) for p in sorted(entries))
         return cls(
             session, genesis, round_number, base, coordinator, tuple(sorted(expected)), lines
         )
@@ -199,7 +240,7 @@ class Roster:
                 "base": self.base,
                 "coordinator": self.coordinator,
                 "expected": list(self.expected),
-                "entries": [[e.peer, e.contribution, e.weight] for e in self.entries],
+                "entries": [_entry_fields(e) for e in self.entries],
             }
         )
 
@@ -231,15 +272,7 @@ class Roster:
         if list(peers) != sorted(set(peers)):
             raise MalformedManifest(f"{where}: expected peers are not sorted and unique")
         lines = []
-        for item in entries:
-            if not isinstance(item, list) or len(item) != 3:
-                raise MalformedManifest(f"{where}: an entry is not [peer, cid, weight]")
-            weight = item[2]
-            if not isinstance(weight, int) or isinstance(weight, bool):
-                raise MalformedManifest(f"{where}: weight is not an integer")
-            if not 1 <= weight <= MAX_WEIGHT:
-                raise MalformedManifest(f"{where}: weight {weight} out of range")
-            lines.append(RosterEntry(_peer(item[0], where), _content_cid(item[1], where), weight))
+        lines = [_entry(item, where) for item in entries]
         names = [line.peer for line in lines]
         if names != sorted(set(names)):
             raise MalformedManifest(f"{where}: entries are not sorted by unique peer")
@@ -252,6 +285,66 @@ class Roster:
             expected=peers,
             entries=tuple(lines),
         )
+
+
+def _entry_fields(entry: RosterEntry) -> list[Any]:
+    fields: list[Any] = [entry.peer, entry.contribution, entry.weight]
+    return fields if entry.signature is None else [*fields, entry.signature]
+
+
+def _entry(item: object, where: str) -> RosterEntry:
+    """Decode one ``[peer, cid, weight(, signature)]`` entry."""
+    if not isinstance(item, list) or len(item) not in (3, 4):
+        raise MalformedManifest(
+            f"{where}: an entry is not [peer, cid, weight] or [peer, cid, weight, signature]"
+        )
+    weight = item[2]
+    if not isinstance(weight, int) or isinstance(weight, bool):
+        raise MalformedManifest(f"{where}: weight is not an integer")
+    if not 1 <= weight <= MAX_WEIGHT:
+        raise MalformedManifest(f"{where}: weight {weight} out of range")
+    signature = item[3] if len(item) == 4 else None
+    if signature is not None and (
+        not isinstance(signature, bytes) or len(signature) != _SIGNATURE_BYTES
+    ):
+        raise MalformedManifest(f"{where}: an entry's signature is not {_SIGNATURE_BYTES} bytes")
+    return RosterEntry(_peer(item[0], where), _content_cid(item[1], where), weight, signature)
+
+
+def contribution_body(roster: Roster, entry: RosterEntry) -> bytes:
+    """Return the body of the ``agreed/contrib`` statement ``entry``'s owner signed.
+
+    The owner's ``contrib`` message of the roster's session, genesis, round and base, naming
+    the entry's peer, CID and weight (:meth:`AgreedMessage.encode` is canonical: receivers
+    refuse a ``contrib`` whose bytes are not, so every listed signature is over these bytes).
+    """
+    return AgreedMessage(
+        "contrib", roster.session, roster.genesis, roster.round, entry.peer, entry.contribution,
+        roster.base, entry.weight,
+    ).encode()  # fmt: skip
+
+
+def verify_roster_entries(roster: Roster, keys: KeyBook = PEER_ID_KEYS) -> None:
+    """Check every entry carries its owner's signature of the contribution it lists.
+
+    Raises
+    ------
+    BadSignature
+        Naming the first entry whose signature is missing or does not verify (another
+        round's, base's, CID's or weight's statement, or another author's).
+    """
+    for entry in roster.entries:
+        if entry.signature is None:
+            raise BadSignature(f"roster entry of {entry.peer:.60} is not signed")
+        try:
+            verify_signed(
+                entry.peer, message_kind("contrib"), contribution_body(roster, entry),
+                entry.signature, keys,
+            )  # fmt: skip
+        except BadSignature as exc:
+            raise BadSignature(
+                f"roster entry of {entry.peer:.60} is not its signed contribution: {exc}"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -509,6 +602,66 @@ class AgreedMessage:
         ):
             raise MalformedAnnouncement(f"agreed message weight {weight!r} out of range")
         return message
+
+
+def message_kind(kind: MessageKind) -> str:
+    """Return the statement kind an agreed message of ``kind`` is signed as (``agreed/…``)."""
+    return f"agreed/{kind}"
+
+
+async def sign_message(
+    message: AgreedMessage, signer: Signer, keys: KeyBook = PEER_ID_KEYS
+) -> Statement:
+    """Sign ``message`` as its sender's statement; its block's bytes are what is published."""
+    return await sign_statement(signer, message_kind(message.kind), message.encode(), keys=keys)
+
+
+def open_message(data: bytes, keys: KeyBook = PEER_ID_KEYS) -> tuple[AgreedMessage, bytes]:
+    """Decode a published agreed message, its sender's statement; return it and its signature.
+
+    Remembered (:class:`~.memo.DecodeMemo`, by key book and bytes): a re-publication is not
+    verified again.
+
+    The statement's author must be the message's ``peer``, its kind the message's, and a
+    ``contrib`` body canonical (roster entries carry only the signature of those bytes).
+
+    Raises
+    ------
+    MalformedManifest
+        If ``data`` is not a statement (an unsigned message) or is too large.
+    BadSignature
+        If its signature does not verify.
+    MalformedAnnouncement
+        If the body is not an agreed message, or is not the author's, of the statement's kind,
+        or (``contrib``) canonical.
+    """
+    key = (_SIGNED, keys, bytes(data))
+    known = _SIGNED_MEMO.get(key)
+    if known is None:
+        known = _SIGNED_MEMO.put(key, _open(bytes(data), keys), len(data))
+    return known
+
+
+def _open(data: bytes, keys: KeyBook) -> tuple[AgreedMessage, bytes]:
+    if len(data) > MAX_SIGNED_MESSAGE_BYTES:
+        raise MalformedManifest(f"signed agreed message of {len(data)} bytes is too large")
+    if not data or data[:1] == b"{":  # a plain JSON message: unsigned (not worth a CID)
+        raise MalformedManifest("agreed message is not a signed statement")
+    statement = decode_statement(Block.new(data, "dag-cbor"), keys=keys)
+    message = AgreedMessage.decode(statement.body)
+    if statement.author != message.peer or statement.kind != message_kind(message.kind):
+        raise MalformedAnnouncement(
+            f"a {statement.kind} statement of {statement.author:.60} carries a {message.kind} "
+            f"message of {message.peer:.60}"
+        )
+    if message.kind == "contrib" and message.encode() != statement.body:
+        raise MalformedAnnouncement("agreed contrib message is not in canonical form")
+    return message, statement.signature
+
+
+_SIGNED_MEMO: Final[DecodeMemo[tuple[str, KeyBook, bytes], tuple[AgreedMessage, bytes]]] = (
+    DecodeMemo()
+)
 
 
 def _text_cid(value: object) -> CID:

@@ -26,6 +26,7 @@ from multiformats import multibase
 
 from ..block import Block
 from ..errors import BadSignature, MalformedManifest
+from .memo import DecodeMemo
 from .records import decode_record, encode_record, require
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "peer_id_of",
     "sign_statement",
     "signed_bytes",
+    "verify_signed",
 ]
 
 LIBP2P_KEY_PREFIX: Final = b"libp2p-key signed message:"
@@ -53,6 +55,9 @@ _KIND_CHARS: Final = 64
 # Identity multihash (0x00), length 36, protobuf PublicKey {Type: Ed25519 (1), Data: 32 bytes}.
 _ED25519_ID_PREFIX: Final = bytes([0x00, 0x24, 0x08, 0x01, 0x12, 0x20])
 _BASE58BTC: Final = multibase.get("base58btc")
+_VERIFIED: Final[DecodeMemo[tuple[object, bytes, bytes], bool]] = DecodeMemo()
+"""Signatures that verified, by key book and (signed bytes, signature): a re-announced or
+re-read statement is not verified again (only successes are kept)."""
 
 
 def ed25519_key_of(peer_id: str) -> Ed25519PublicKey:
@@ -227,12 +232,26 @@ def _check_kind(kind: str) -> None:
         raise MalformedManifest(f"statement kind must be 1..{_KIND_CHARS} ASCII characters")
 
 
-def _verify(author: str, kind: str, body: bytes, signature: bytes, keys: KeyBook) -> None:
+def verify_signed(author: str, kind: str, body: bytes, signature: bytes, keys: KeyBook) -> None:
+    """Check ``signature`` is ``author``'s of a ``kind`` statement with ``body`` (remembered).
+
+    For statements a verifier rebuilds from what it holds (a roster entry is its owner's
+    contribution statement: only the signature is carried).
+
+    Raises
+    ------
+    BadSignature
+        If the author's key is unknown or the signature does not verify.
+    """
+    data = signed_bytes(author, kind, body)
+    if _VERIFIED.get((keys, data, signature)):
+        return
     key = keys.key_of(author)
     try:
-        key.verify(signature, LIBP2P_KEY_PREFIX + signed_bytes(author, kind, body))
+        key.verify(signature, LIBP2P_KEY_PREFIX + data)
     except InvalidSignature:
         raise BadSignature(f"{kind} statement: signature of {author:.60} does not verify") from None
+    _VERIFIED.put((keys, data, signature), True, len(data) + len(signature))
 
 
 def _fields(author: str, kind: str, body: bytes, signature: bytes) -> dict[str, Any]:
@@ -262,7 +281,7 @@ async def sign_statement(
     _check_kind(kind)
     author = signer.peer_id
     signature = await signer.sign(signed_bytes(author, kind, bytes(body)))
-    _verify(author, kind, bytes(body), signature, keys)
+    verify_signed(author, kind, bytes(body), signature, keys)
     block = encode_record(_fields(author, kind, bytes(body), signature))
     return Statement(author, kind, bytes(body), signature, block)
 
@@ -301,5 +320,5 @@ def decode_statement(
         raise MalformedManifest(f"{where} is a {found!r} statement, not {kind!r}")
     if len(signature) != 64:
         raise BadSignature(f"{where}: a signature of {len(signature)} bytes, not 64")
-    _verify(author, found, body, signature, keys)
+    verify_signed(author, found, body, signature, keys)
     return Statement(author, found, body, signature, block)

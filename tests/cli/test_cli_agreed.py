@@ -14,7 +14,8 @@ from gradfed_ipfs import AgreedConfig, AgreedSession, put_gradient
 from gradfed_ipfs.cid import make_cid, parse_cid
 from gradfed_ipfs.cli.agreed import Deadline, agreed_history, check_agreed_round
 from gradfed_ipfs.cli.common import console
-from gradfed_ipfs.formats.roster import AgreedMessage, AgreedRecord, Roster
+from gradfed_ipfs.formats.roster import AgreedMessage, AgreedRecord, Roster, sign_message
+from gradfed_ipfs.formats.statement import LocalSigner
 from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
 from gradfed_ipfs.tensor.deterministic import deterministic_update
@@ -193,10 +194,12 @@ async def test_resync_adopts_the_latest_head_from_the_peers_announcements(
     # A member announcing a forged head of a later round: refused, the honest head adopted.
     liar = agreed.sessions[1]
     await liar.aclose()  # it stops announcing its honest head
-    lie = AgreedMessage(
+    lie_message = AgreedMessage(
         "done", "cli-agreed", parse_cid(agreed.genesis), 5, liar.peer_id,
         parse_cid(genesis), record=parse_cid(forged),
-    ).encode()  # fmt: skip
+    )  # fmt: skip
+    signer = await agreed.pubsubs[1].signer()
+    lie = (await sign_message(lie_message, signer, agreed.pubsubs[1].keys)).block.data
     members = ["--member", agreed.sessions[0].peer_id, "--member", liar.peer_id]
 
     async def lie_until_done(task: asyncio.Future[tuple[int, str, str]]) -> None:
@@ -239,6 +242,20 @@ async def test_a_missing_input_is_unverifiable_and_a_wrong_result_a_mismatch() -
             assert check.unverifiable == (contribution == gone)
 
 
+async def test_a_round_that_re_aggregates_but_lists_unsigned_entries_is_a_mismatch() -> None:
+    async with MemoryBlockStore() as store:
+        model = initial_model()
+        base = await put_gradient(store, model)
+        held = await put_gradient(store, delta(0, 0))
+        result = await put_gradient(store, deterministic_update(model, [delta(0, 0)], [1], 1.0))
+        roster = Roster.new("s", base, 0, base, "p0", ["p0"], {"p0": (held, 1)})
+        listed = await store.put(roster.to_block())
+        record = AgreedRecord("s", base, 0, None, base, listed, result, 1.0)
+        check = await check_agreed_round(store, await store.put(record.to_block()))
+    assert check.status == "mismatch: roster entry of p0 is not signed"
+    assert not check.ok
+
+
 async def test_history_says_which_rounds_rest_on_an_unverifiable_one(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -248,10 +265,13 @@ async def test_history_says_which_rounds_rest_on_an_unverifiable_one(
         genesis = await put_gradient(store, model)
         claimed = (model + 1).astype(np.float32)  # what a rule would have made: not recomputed
         claimed_cid = await put_gradient(store, claimed)
-        rosters = []
+        rosters, signer = [], LocalSigner()  # a real identity: the CLI's keys are peer IDs
+        p0 = signer.peer_id
         for r, base in enumerate((genesis, claimed_cid)):
-            entry = {"p0": (await put_gradient(store, delta(0, r)), 1)}
-            rosters.append(Roster.new("s", genesis, r, base, "p0", ["p0"], entry))
+            cid = await put_gradient(store, delta(0, r))
+            contrib = AgreedMessage("contrib", "s", genesis, r, p0, cid, base, 1)
+            entry = {p0: (cid, 1, (await sign_message(contrib, signer)).signature)}
+            rosters.append(Roster.new("s", genesis, r, base, p0, [p0], entry))
         roster_cids = [await store.put(roster.to_block()) for roster in rosters]
         first = AgreedRecord(
             "s", genesis, 0, None, genesis, roster_cids[0], claimed_cid, 1.0, "fedadam(eta=0.1)"

@@ -16,8 +16,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from multiformats import CID
 
 from gradfed_ipfs.cli.children import JsonLinesChild
+from gradfed_ipfs.federated.agreed.coordinator import coordinator_ranking
 from gradfed_ipfs.federated.agreed.history import model_cid, verify_agreed_history
 from gradfed_ipfs.storage import KuboBlockStore
 from tests.adversarial.hostile import FORGED_FILL
@@ -270,3 +272,47 @@ def test_forged_head_is_refused_by_an_honest_and_a_restarted_process(
     assert f"model CID  {model}" in cli.stdout
     written = np.load(out)
     assert float(written.mean()) != pytest.approx(FORGED_FILL)
+
+
+def test_a_roster_hijack_across_processes_is_held(
+    spawn: Any, kubo_swarm3: list[KuboNode], tmp_path: Path
+) -> None:
+    """Issue 32's attack 1 over real daemons, one process per peer: the member ranked last in
+    round 0 publishes from t = 0 a roster of made-up contributions (the cap's weight for
+    itself, the rank-0 peer named as coordinator), plain and signed with its own key. The
+    honest peers take their own roster in every round; the history verifies offline."""
+    everyone = [node.peer_id for node in kubo_swarm3]
+    genesis = CID.decode(spawn.genesis)
+    ranking = coordinator_ranking(spawn.session, genesis, 0, tuple(everyone))
+    attacker = everyone.index(ranking[-1])
+    honest = [i for i in range(3) if i != attacker]
+    argv = [
+        sys.executable, "-m", "tests.multiprocess.hijacker",
+        "--api", kubo_swarm3[attacker].api_url, "--members", ",".join(everyone),
+        "--session", spawn.session, "--genesis", spawn.genesis, "--coordinator", ranking[0],
+        "--dim", str(DIM), "--seconds", "20",
+    ]  # fmt: skip
+    hijacker = JsonLinesChild(
+        argv,
+        stderr=tmp_path / "hijacker.log",
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        run = ["--min-peers", "2", "--collect-timeout", "1.0", "--rounds", "3", "--linger", "2"]
+        peers = [spawn(i, *run) for i in honest]
+        wait_final(peers, timeout=90)
+        poll_until(lambda: hijacker.of("published"), timeout=30, what="the hijacker's report")
+    finally:
+        hijacker.stop()
+    assert hijacker.of("published")[0]["count"] > 0
+    want = sorted(everyone[i] for i in honest)
+    for peer in peers:
+        rounds = peer.rounds()
+        assert sorted(rounds) == [0, 1, 2]
+        assert all(rounds[r]["roster"] == want and rounds[r]["included"] for r in rounds)
+        assert peer.final()["dropped"].get("unsigned", 0) > 0  # type: ignore[index]
+    for r in range(3):
+        assert len({peer.rounds()[r]["record"] for peer in peers}) == 1
+    head = peers[0].final()["head"]  # type: ignore[index]
+    assert verify_history(kubo_swarm3[honest[1]], head, spawn.session, spawn.genesis) == 3

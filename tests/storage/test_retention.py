@@ -302,7 +302,7 @@ async def test_agreed_session_reports_rounds_and_old_rounds_stop_verifying(
         with pytest.raises(RoundVerificationFailed):
             await verify_agreed_round(store, records[r])  # its contributions were dropped
     chain = await verify_agreed_history(
-        store, records[-1], session="s1", genesis=genesis, recompute=False
+        store, records[-1], keys=bus.keys, session="s1", genesis=genesis, recompute=False
     )
     assert [record.round for record in chain] == list(range(6))
     assert await store.has(genesis)

@@ -193,17 +193,19 @@ async def test_optimizer_state_rides_in_the_record_and_a_late_peer_resumes_it(
         records = await verify_agreed_history(
             store,
             head,
+            keys=bus.keys,
             session="s",
             genesis=genesis,
             rule=rule(make()),  # type: ignore[arg-type]
         )
         assert len(records) == 4
         with pytest.raises(RoundVerificationFailed):  # a default-rule verifier needs the rule
-            await verify_agreed_history(store, head, session="s", genesis=genesis)  # type: ignore[arg-type]
+            await verify_agreed_history(store, head, keys=bus.keys, session="s", genesis=genesis)  # type: ignore[arg-type]
         with pytest.raises(RoundVerificationFailed):  # another rule does not reproduce the records
             await verify_agreed_history(
                 store,
                 head,
+                keys=bus.keys,
                 session="s",
                 genesis=genesis,
                 rule=rule(FedAvg()),  # type: ignore[arg-type]

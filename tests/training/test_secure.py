@@ -50,6 +50,7 @@ from gradfed_ipfs.training.secure import (
 )
 from gradfed_ipfs.training.simulation import SIMULATION_TIMING
 from tests.conftest import KuboNode
+from tests.helpers import MEMORY_KEYS
 
 D = 24
 ROUNDS = 2
@@ -168,11 +169,21 @@ async def test_secagg_fedavg_is_fedavg_up_to_fixed_point_and_no_block_holds_an_u
         # A third party re-runs every round from the blocks (the secure mean is an input).
         head, genesis = secure[0].entries[-1].record, secure[0].genesis
         records = await verify_agreed_history(
-            secure_store, head, session="secure-test", genesis=genesis, rule=peers[0].rule
+            secure_store,
+            head,
+            keys=MEMORY_KEYS,
+            session="secure-test",
+            genesis=genesis,
+            rule=peers[0].rule,
         )
         with pytest.raises(RoundVerificationFailed):  # the plain rule does not reproduce them
             await verify_agreed_history(
-                secure_store, head, session="secure-test", genesis=genesis, rule=plain_rule()
+                secure_store,
+                head,
+                keys=MEMORY_KEYS,
+                session="secure-test",
+                genesis=genesis,
+                rule=plain_rule(),
             )
         # Every block of both runs (contributions, SecAgg messages, models, records): plain
         # FedAvg publishes every update; under SecAgg none is in any block (the masked vectors

@@ -92,6 +92,13 @@ class AgreedConfig:
         After the round starts, the coordinator closes the roster with what it has.
     takeover_timeout
         Delay per coordinator rank before the next one publishes a roster itself.
+    takeover_skew
+        Clock margin of the coordinator schedule, in seconds: a roster from rank ``k ≥ 1`` is
+        taken only from ``collect_timeout + k · takeover_timeout - takeover_skew`` after the
+        round started by the receiver's clock (rank 0's at once; one heard earlier is kept
+        and taken when its time comes), and only if it names its sender as coordinator.
+        ``None`` (the default): half a ``takeover_timeout``, so rank ``k``'s time stays after
+        rank ``k - 1``'s publication. It covers peers starting a round at different times.
     round_timeout
         No adopted roster by then raises ``QuorumNotReached``.
     done_timeout
@@ -190,6 +197,7 @@ class AgreedConfig:
     learning_rate: float = 1.0
     collect_timeout: float = 10.0
     takeover_timeout: float = 5.0
+    takeover_skew: float | None = None
     round_timeout: float = 60.0
     done_timeout: float = 0.0
     announce_interval: float = 0.25
@@ -225,20 +233,26 @@ class AgreedConfig:
         ):
             raise InvalidGradient(f"control must be one of {CONTROLS} (cometbft: all-to-all)")
         values_per_chunk(self.chunk_bytes)  # checks its range
-        for name in ("collect_timeout", "takeover_timeout", "round_timeout", "reducer_timeout",
-                     "announce_interval", "max_announce_interval", "fetch_timeout"):  # fmt: skip
-            if not getattr(self, name) > 0:
-                raise InvalidGradient(f"{name} must be > 0 seconds")
+        self._check_timing()
         if self.model_replicas is not None and self.model_replicas < 1:
             raise InvalidGradient("model_replicas must be >= 1 or None (every roster peer)")
         if self.model_every < 1:
             raise InvalidGradient("model_every must be >= 1 (1: every round's model is stored)")
         if self.chain_groups is not None and self.chain_groups < 1:
             raise InvalidGradient("chain_groups must be >= 1 or None (about √N)")
-        if not self.done_timeout >= 0:
-            raise InvalidGradient("done_timeout must be >= 0 seconds")
         self._check_bounds()
         self._check_compression()
+
+    def _check_timing(self) -> None:
+        """Check every timeout and interval is positive, and the skew and done wait not negative."""
+        for name in ("collect_timeout", "takeover_timeout", "round_timeout", "reducer_timeout",
+                     "announce_interval", "max_announce_interval", "fetch_timeout"):  # fmt: skip
+            if not getattr(self, name) > 0:
+                raise InvalidGradient(f"{name} must be > 0 seconds")
+        if self.takeover_skew is not None and not 0 <= self.takeover_skew < float("inf"):
+            raise InvalidGradient("takeover_skew must be >= 0 seconds (or None)")
+        if not self.done_timeout >= 0:
+            raise InvalidGradient("done_timeout must be >= 0 seconds")
 
     def _check_compression(self) -> None:
         """Check the codec has a packed form, ``error_decay`` and ``exact_tail``."""
@@ -248,6 +262,13 @@ class AgreedConfig:
             raise InvalidGradient(f"error_decay must be in [0, 1], got {self.error_decay}")
         if self.exact_tail < 0:
             raise InvalidGradient(f"exact_tail must be >= 0, got {self.exact_tail}")
+
+    def takeover_at(self, rank: int) -> float:
+        """Seconds after a round's start from which coordinator ``rank``'s roster is taken."""
+        if rank == 0:
+            return 0.0
+        skew = self.takeover_timeout / 2 if self.takeover_skew is None else self.takeover_skew
+        return max(0.0, self.collect_timeout + rank * self.takeover_timeout - skew)
 
     @property
     def packing(self) -> PackSpec | None:

@@ -4,8 +4,9 @@
 this peer's contribution, the coordinator ranking) and handed to every collaborator of
 :class:`~.session.AgreedSession`; only its ``rejected`` map grows as the round goes on.
 :class:`AdoptedRoster` and :class:`Aggregated` are what the roster and aggregate steps hand on.
-:class:`SessionMessages` builds this peer's :class:`~gradfed_ipfs.formats.roster.AgreedMessage`
-and keeps re-announcing the ones it still owes.
+:class:`SessionMessages` builds this peer's :class:`~gradfed_ipfs.formats.roster.AgreedMessage`,
+signs each once (the transport's signer) and keeps re-announcing the ones it still owes, as the
+same statement bytes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from multiformats import CID
 
 from ..._types import FloatArray
 from ...block import Block
-from ...formats.roster import AgreedMessage, MessageKind, Roster
+from ...formats.roster import AgreedMessage, MessageKind, Roster, sign_message
+from ...formats.statement import KeyBook, Signer, Statement
 from ..exchange.announcer import Reannouncer
 from ..sliced.peer import ReduceScatterResult
 from ..sliced.retention import SliceBlocks
@@ -37,6 +39,8 @@ class OwnContribution:
     """The put of its blocks (started with the announcement; its failure is the round's)."""
     nbytes: int = 0
     """Bytes of its blocks (what this peer sends)."""
+    signature: bytes | None = None
+    """This peer's signature of its ``agreed/contrib`` statement (its roster entry's)."""
 
 
 @dataclass(frozen=True)
@@ -127,11 +131,24 @@ class SessionMessages:
         This peer's ID.
     announcer
         The session's re-announcer (its ``run`` task is the session's).
+    signer, keys
+        This peer's signer and where verifiers find its key (the transport's).
     """
 
-    def __init__(self, session: str, genesis: CID, peer: str, announcer: Reannouncer) -> None:
+    def __init__(
+        self,
+        session: str,
+        genesis: CID,
+        peer: str,
+        announcer: Reannouncer,
+        *,
+        signer: Signer,
+        keys: KeyBook,
+    ) -> None:
         self._session, self._genesis, self._peer = session, genesis, peer
         self._announcer = announcer
+        self._signer, self._keys = signer, keys
+        self._signed: dict[str, Statement] = {}  # key -> the last statement posted under it
 
     def make(
         self,
@@ -150,13 +167,25 @@ class SessionMessages:
             record, inline,
         )  # fmt: skip
 
-    async def post(self, key: str, message: AgreedMessage) -> None:
-        """Announce now and keep re-announcing under ``key`` until replaced or withdrawn."""
-        await self._announcer.post(key, message.encode())
+    async def sign(self, key: str, message: AgreedMessage) -> Statement:
+        """Return ``message`` signed (once: the last statement under ``key`` is reused)."""
+        body = message.encode()
+        known = self._signed.get(key)
+        if known is None or known.body != body:
+            known = self._signed[key] = await sign_message(message, self._signer, self._keys)
+        return known
 
-    async def post_now(self, key: str, message: AgreedMessage) -> None:
+    async def post(self, key: str, message: AgreedMessage) -> Statement:
+        """Announce now and keep re-announcing under ``key`` until replaced or withdrawn."""
+        statement = await self.sign(key, message)
+        await self._announcer.post(key, statement.block.data)
+        return statement
+
+    async def post_now(self, key: str, message: AgreedMessage) -> Statement:
         """Announce before returning (the daemon has it), then re-announce like :meth:`post`."""
-        await self._announcer.post_now(key, message.encode())
+        statement = await self.sign(key, message)
+        await self._announcer.post_now(key, statement.block.data)
+        return statement
 
     def withdraw(self, key: str) -> None:
         """Stop re-announcing ``key``."""

@@ -3,9 +3,11 @@
 :func:`coordinator_ranking` orders a round's members by rendezvous hash of (session, genesis,
 round, peer): rank 0 publishes the roster, rank k takes over ``k`` takeover timeouts later.
 :class:`RoundBoard` is the pure receiving side of the agreed-round topic: it checks each pubsub
-message (:class:`~gradfed_ipfs.formats.roster.AgreedMessage`), drops and counts by reason what is
-malformed, foreign, forged, from a non-member, one's own, out of the round window or an
-equivocation, and keeps per round the contributions, roster CIDs and ``done`` heads heard.
+message (:class:`~gradfed_ipfs.formats.roster.AgreedMessage`, signed by its sender:
+:func:`~gradfed_ipfs.formats.roster.open_message`), drops and counts by reason what is
+unsigned, wrongly signed, malformed, foreign, forged, from a non-member, one's own, out of the
+round window or an equivocation, and keeps per round the contributions (with their
+signatures, which rosters carry), roster CIDs and ``done`` heads heard.
 Waiters use :meth:`RoundBoard.changed` (grab the event, check, then wait) so no change is missed.
 """
 
@@ -23,9 +25,10 @@ from typing import Final
 from multiformats import CID
 
 from ...cid import cid_to_str
-from ...errors import DecodeError
+from ...errors import BadSignature, DecodeError, MalformedManifest
 from ...formats.pubsub import PubsubMessage
-from ...formats.roster import AgreedMessage, Roster
+from ...formats.roster import AgreedMessage, Roster, open_message, verify_roster_entries
+from ...formats.statement import KeyBook
 from .config import AgreedConfig
 
 __all__ = [
@@ -43,6 +46,11 @@ __all__ = [
 
 MAX_ROUNDS_AHEAD: Final = 16
 """Rounds beyond the current one whose messages are kept (later ones are dropped)."""
+_REASONS: Final[dict[type[DecodeError], str]] = {
+    BadSignature: "bad-signature",
+    MalformedManifest: "unsigned",  # not a statement at all (or a bad one)
+}
+"""Drop reasons of a message that does not decode, by error (else ``malformed``)."""
 _REPEATS_PER_MEMBER: Final = 16
 """Recorded messages a board remembers per member to drop their re-publications undecoded
 (an honest member sends three a round; the board holds two rounds)."""
@@ -82,11 +90,16 @@ def model_holders(
 
 @dataclass(frozen=True, slots=True)
 class Contribution:
-    """A peer's announced contribution for a round: its CID, weight and base model CID."""
+    """A peer's announced contribution for a round: its CID, weight and base model CID.
+
+    ``signature`` is the peer's of its ``agreed/contrib`` statement (``None`` on an unsigned
+    board): what a roster entry listing it carries.
+    """
 
     cid: CID
     weight: int
     base: CID
+    signature: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,12 +131,23 @@ class RoundBoard:
         This peer (its own messages are dropped).
     members
         The session's peers; messages from others are dropped.
+    keys
+        Where the senders' keys are (``pubsub.keys``): every message must then be its sender's
+        signed statement, else it is dropped as ``unsigned`` or ``bad-signature``. ``None``:
+        plain messages (a regional session's top-level board).
     """
 
     def __init__(
-        self, session: str, genesis: CID, local_peer: str, members: tuple[str, ...]
+        self,
+        session: str,
+        genesis: CID,
+        local_peer: str,
+        members: tuple[str, ...],
+        *,
+        keys: KeyBook | None = None,
     ) -> None:
         self.session = session
+        self.keys = keys
         self.genesis = genesis
         self.local_peer = local_peer
         self.members = frozenset(members)
@@ -165,9 +189,10 @@ class RoundBoard:
         repeat = (message.from_peer, message.data)
         if repeat in self._repeats:
             return self._drop("repeat")
-        decoded = self._decode(message)
-        if decoded is None:
+        opened = self._decode(message)
+        if opened is None:
             return None
+        decoded, signature = opened
         if decoded.kind == "done":
             head = Head(decoded.round, decoded.cid, decoded.record or decoded.cid)
             known = self.heads.get(decoded.peer)
@@ -176,7 +201,7 @@ class RoundBoard:
         if not self.current - 1 <= decoded.round <= self.current + MAX_ROUNDS_AHEAD:
             self._notify()
             return self._drop("window") if decoded.kind != "done" else decoded
-        if not self._record(decoded):
+        if not self._record(decoded, signature):
             return self._drop("equivocation")  # the first claim stands
         # A contribution of a later round is handed out again (its prefetch waits for it).
         if decoded.round <= self.current + 1 and len(self._repeats) < self._repeat_cap:
@@ -184,23 +209,34 @@ class RoundBoard:
         self._notify()
         return decoded
 
-    def _decode(self, message: PubsubMessage) -> AgreedMessage | None:
+    def _decode(self, message: PubsubMessage) -> tuple[AgreedMessage, bytes | None] | None:
         """Decode a message of this session from a member that signed it; else drop it."""
         if message.from_peer == self.local_peer:  # Kubo echoes ours back: not worth decoding
-            return self._drop("own")
+            self._drop("own")
+            return None
         try:
-            decoded = AgreedMessage.decode(message.data)
-        except DecodeError:
-            return self._drop("malformed")
+            decoded, signature = self._open(message.data)
+        except DecodeError as exc:
+            self._drop(_REASONS.get(type(exc), "malformed"))
+            return None
         if decoded.session != self.session or bytes(decoded.genesis) != bytes(self.genesis):
-            return self._drop("foreign")
+            self._drop("foreign")
+            return None
         if decoded.peer != message.from_peer:
-            return self._drop("forged")
+            self._drop("forged")
+            return None
         if decoded.peer not in self.members:
-            return self._drop("stranger")
-        return decoded
+            self._drop("stranger")
+            return None
+        return decoded, signature
 
-    def _record(self, decoded: AgreedMessage) -> bool:
+    def _open(self, data: bytes) -> tuple[AgreedMessage, bytes | None]:
+        """Decode a message (and its statement's signature, on a signed board)."""
+        if self.keys is None:
+            return AgreedMessage.decode(data), None
+        return open_message(data, self.keys)
+
+    def _record(self, decoded: AgreedMessage, signature: bytes | None) -> bool:
         """Keep what a message in the round window says; ``False``: a second contribution."""
         state = self.state(decoded.round)
         if decoded.kind == "contrib":
@@ -209,7 +245,7 @@ class RoundBoard:
                 return False
             if known is None and decoded.base is not None and decoded.weight is not None:
                 state.contributions[decoded.peer] = Contribution(
-                    decoded.cid, decoded.weight, decoded.base
+                    decoded.cid, decoded.weight, decoded.base, signature
                 )
         elif decoded.kind == "roster":
             first = state.rosters.setdefault(decoded.peer, decoded.cid)
@@ -288,12 +324,15 @@ def roster_problem(
     base: CID,
     config: AgreedConfig,
     excluded: Collection[str] = (),
+    keys: KeyBook | None = None,
 ) -> str:
     """Return why ``roster`` cannot be this round's (``""`` when it can).
 
     ``excluded`` are the peers the session's agreed history proves lying reducers
     (:attr:`~gradfed_ipfs.formats.roster.AgreedRecord.excluded` of the round's base record):
     a roster listing one is refused, as is one listing a weight above ``config.max_weight``.
+    With ``keys``, every entry must carry its owner's signature of the contribution it lists
+    (:func:`~gradfed_ipfs.formats.roster.verify_roster_entries`).
     """
     if roster.session != session or bytes(roster.genesis) != bytes(genesis):
         return "another session"
@@ -313,4 +352,9 @@ def roster_problem(
     quorum = effective_quorum(config, excluded)
     if len(roster.entries) < quorum:
         return f"{len(roster.entries)} entries < min_peers {quorum}"
+    if keys is not None:
+        try:
+            verify_roster_entries(roster, keys)
+        except BadSignature as exc:
+            return str(exc)
     return ""

@@ -26,6 +26,7 @@ from multiformats import CID
 
 from ...errors import BlockStoreError, DecodeError, FederatedError, GradientError
 from ...formats.roster import AgreedRecord
+from ...formats.statement import PEER_ID_KEYS, KeyBook
 from ...storage.base import BlockStore
 from .coordinator import Head, best_head
 from .history import ResultLoad, VerifiedHead, load_record, load_roster, verify_head
@@ -123,9 +124,11 @@ class HeadChooser:
         genesis: CID,
         members: Collection[str],
         timeout: float,
+        *,
+        keys: KeyBook = PEER_ID_KEYS,
     ) -> None:
         self.store, self.session, self.genesis = store, session, genesis
-        self.members, self.timeout = frozenset(members), timeout
+        self.members, self.timeout, self.keys = frozenset(members), timeout, keys
         self._refused: OrderedDict[bytes, str] = OrderedDict()
         self._links: dict[bytes, bytes | None] = {}
 
@@ -212,7 +215,7 @@ class HeadChooser:
         try:
             choice.verified = await verify_head(
                 self.store, head.record, session=self.session, genesis=self.genesis,
-                history=history, result=result, deadline=deadline,
+                history=history, result=result, deadline=deadline, keys=self.keys,
             )  # fmt: skip
         except (FederatedError, BlockStoreError, DecodeError, GradientError) as exc:
             choice.endorsed = True

@@ -19,6 +19,10 @@ Lying reducers proven in a round (its fraud records) are excluded for the rest o
 reducers its fraud records prove (:func:`~.agreed_slicing.proven_liars`), and that no roster
 lists a peer excluded before its round. It needs only records, rosters, fraud and slice records
 (all kept under retention), so it runs with or without ``recompute``.
+
+Every roster entry must carry its owner's signature of the contribution it lists
+(:func:`check_roster_signatures`, offline: the authors' keys are their peer IDs, or a
+memory bus's ``bus.keys``), with or without ``recompute``.
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ from ...errors import (
     RoundVerificationFailed,
     ShapeMismatch,
 )
-from ...formats.roster import AgreedRecord, Roster
+from ...formats.roster import AgreedRecord, Roster, verify_roster_entries
+from ...formats.statement import PEER_ID_KEYS, KeyBook
 from ...storage.base import UNSET, BlockStore, Unset
 from ...storage.dag import fetch_gradient
 from ...tensor.deterministic import deterministic_update
@@ -57,6 +62,7 @@ __all__ = [
     "ResultLoad",
     "VerifiedHead",
     "check_exclusions",
+    "check_roster_signatures",
     "load_chain",
     "load_head",
     "load_record",
@@ -281,6 +287,28 @@ async def check_exclusions(
     except (BlockStoreError, DecodeError) as exc:
         raise RoundVerificationFailed(f"exclusions: {exc}") from exc
     return before
+
+
+async def check_roster_signatures(
+    store: BlockStore, chain: list[tuple[CID, AgreedRecord]], keys: KeyBook = PEER_ID_KEYS
+) -> None:
+    """Check every roster of ``chain`` lists only its owners' signed contributions.
+
+    Raises
+    ------
+    RoundVerificationFailed
+        If an entry is unsigned or its signature is not its owner's of that contribution
+        (:func:`~gradfed_ipfs.formats.roster.verify_roster_entries`), or a roster cannot be
+        fetched or decoded.
+    """
+    for _, record in chain:
+        try:
+            roster = await load_roster(store, record.roster)
+            verify_roster_entries(roster, keys)
+        except (BlockStoreError, DecodeError) as exc:
+            raise RoundVerificationFailed(
+                f"round {record.round}: roster {record.roster}: {exc}"
+            ) from exc
 
 
 async def load_round_inputs(
@@ -526,7 +554,7 @@ async def verify_record(
     return roster, model, state
 
 
-async def verify_agreed_history(
+async def verify_agreed_history(  # noqa: PLR0913 - public face: keyword-only settings
     store: BlockStore,
     head: CIDLike,
     *,
@@ -536,13 +564,16 @@ async def verify_agreed_history(
     max_rounds: int = MAX_CHAIN_ROUNDS,
     rule: UpdateRule | None = None,
     deadline: float | None = None,
+    keys: KeyBook = PEER_ID_KEYS,
 ) -> list[AgreedRecord]:
-    """Verify the chain ending at ``head``: links, genesis, exclusions, (by default) every result.
+    """Verify the chain ending at ``head``: links, genesis, exclusions, signatures, results.
 
-    ``deadline`` bounds the walk of the chain (see :func:`load_chain`). Without ``recompute`` a
-    sliced round's slice records are still checked against its roster
-    (:func:`~.agreed_slicing.sliced_roster`): records, rosters, slice and fraud records are what
-    retention keeps forever.
+    Every roster entry must be its owner's signed contribution (:func:`check_roster_signatures`;
+    ``keys``: where the authors' keys are, a memory bus's ``bus.keys``); every result is
+    recomputed unless ``recompute`` is false. ``deadline`` bounds the walk of the chain (see
+    :func:`load_chain`). Without ``recompute`` a sliced round's slice records are still
+    checked against its roster (:func:`~.agreed_slicing.sliced_roster`): records, rosters,
+    slice and fraud records are what retention keeps forever.
 
     Returns
     -------
@@ -565,6 +596,7 @@ async def verify_agreed_history(
     except (BlockStoreError, DecodeError) as exc:
         raise RoundVerificationFailed(f"chain from {start}: {exc}") from exc
     await check_exclusions(store, chain)
+    await check_roster_signatures(store, chain, keys)
     if recompute:
         await verify_rounds(store, [record for _, record in chain], rule)
         return [record for _, record in chain]
@@ -628,12 +660,14 @@ async def verify_head(
     history: Collection[bytes],
     result: ResultLoad,
     deadline: float | None = None,
+    keys: KeyBook = PEER_ID_KEYS,
 ) -> VerifiedHead:
     """Check a head before adopting it: its new records, their exclusions, its last rounds.
 
     The records from ``head`` back to one in ``history`` (or the genesis) are walked
     (:func:`load_chain`, ``deadline`` bounding the walk) and their proven liars checked
-    (:func:`check_exclusions`); then the last ``max(1, result.max_rebuild)`` of them (all, for a
+    (:func:`check_exclusions`) and their rosters' entry signatures (:func:`check_roster_signatures`,
+    against ``keys``); then the last ``max(1, result.max_rebuild)`` of them (all, for a
     peer that far behind or less) are re-aggregated and checked as :func:`verify_agreed_history`
     does (:func:`verify_rounds`), starting from a model in ``result.known`` or the stored (else
     rebuilt: :func:`load_result`) model before them. The head's model is the recomputed one:
@@ -660,6 +694,7 @@ async def verify_head(
     if first.prev is not None and bytes(first.prev) not in history:
         raise GenesisMismatch(f"head {start} does not extend this peer's history")
     excluded = await check_exclusions(store, chain)
+    await check_roster_signatures(store, chain, keys)  # every entry its owner's contribution
     count = min(len(chain), max(1, result.max_rebuild))
     records = [record for _, record in chain[-count:]]
     before = chain[-count - 1][1] if count < len(chain) else None

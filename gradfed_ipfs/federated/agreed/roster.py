@@ -4,6 +4,11 @@
 (one per started session) and handed each round's :class:`~.context.RoundContext`: it decides
 which contributions are ready, builds, publishes or derives the roster, and adopts the
 best-ranked valid roster heard (directly, or through another peer's ``done`` record).
+
+A roster is taken only when it is this round's, every entry is its owner's signed
+contribution (this peer's own entry its own), and its coordinator's takeover time has come by
+this peer's clock (:meth:`~.config.AgreedConfig.takeover_at`); one heard by message only from
+the coordinator it names. One heard early is kept and tried when its time comes.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -40,6 +46,10 @@ logger = logging.getLogger("gradfed_ipfs.federated.agreed")
 
 _TICK: Final = 0.05
 """Longest wait between checks of the clock-driven steps (seconds)."""
+_Entry = tuple[CID, int, bytes | None]
+"""A contribution as a roster lists it: CID, weight and its owner's signature."""
+_VOTE_WAIT: Final = 1.0
+"""Longest wait for a ``done`` record when counting the votes behind an early roster (s)."""
 MAX_WALK_BACK: Final = MAX_ROUNDS_AHEAD
 """Most records walked back from a later round's ``done`` to find a missed round's roster."""
 
@@ -70,6 +80,20 @@ class _Collection:
     deadline: float
     tried: set[bytes] = field(default_factory=set)
     derived: bytes | None = None  # the coordinator's roster, derived here before heard
+    waiting: bool = False  # a roster whose time has come is still being fetched
+    learned: dict[bytes, CID] = field(default_factory=dict)  # rosters named by done records
+    # (signer, roster CID) of roster messages not from the coordinator they name: refused by
+    # sender, not by CID (the named coordinator's own message may carry the same roster)
+    refused: set[tuple[str, bytes]] = field(default_factory=set)
+    named: dict[bytes, bytes | None] = field(default_factory=dict)  # done record -> its roster
+
+
+def _own_problem(ctx: RoundContext, roster: Roster) -> str:
+    """Why ``roster`` fails this peer's own check: its own entry must be its contribution."""
+    mine = [e for e in roster.entries if e.peer == ctx.peer]
+    if mine and bytes(mine[0].contribution) != bytes(ctx.own.cid):
+        return f"lists {mine[0].contribution} as this peer's contribution, not {ctx.own.cid}"
+    return ""
 
 
 class RosterPhase:
@@ -132,7 +156,7 @@ class RosterPhase:
             for peer, heard in state.contributions.items():
                 if bytes(heard.base) == base and peer not in ctx.rejected:
                     self.fetch(heard.cid, ctx.d)
-            adopted = await self._try_rosters(ctx, c.tried)
+            adopted = await self._try_rosters(ctx, c)
             if adopted is not None:
                 break
             if await self._close(ctx, c, state):
@@ -149,8 +173,16 @@ class RosterPhase:
         return adopted
 
     async def _close(self, ctx: RoundContext, c: _Collection, state: RoundState) -> bool:
-        """Publish (or derive) a roster if this peer may now; return whether it did."""
-        if c.quorum == len(c.members) and not state.rosters:
+        """Publish (or derive) a roster if this peer may now; return whether it did.
+
+        Never once more than half the members announced this round's ``done`` or a later one:
+        the round is over elsewhere, and this (late) peer takes the roster it settled on.
+        """
+        heads = self._board.heads.items()
+        over = sum(1 for p, h in heads if p != ctx.peer and h.round >= ctx.number)
+        if 2 * over > len(ctx.config.members):
+            return False
+        if c.quorum == len(c.members) and not c.waiting and ctx.ranking[0] not in state.rosters:
             # min_peers = all: the only roster any coordinator may publish is the complete
             # one, so a peer holding every member's contribution derives it without waiting.
             ready = self._ready(ctx)
@@ -160,7 +192,7 @@ class RosterPhase:
                 else:
                     c.derived = bytes(self._derive(ctx, ctx.ranking[0], ready))
                 return True
-        if not state.rosters or all(bytes(cid) in c.tried for cid in state.rosters.values()):
+        if not c.waiting:  # no roster due is on its way (early ones wait for their time)
             ready = self._ready(ctx)
             complete = set(ready) == c.members  # every member but proven liars
             if (ctx.rank == 0 and complete) or (
@@ -170,33 +202,31 @@ class RosterPhase:
                 return True
         return False
 
-    def _ready(self, ctx: RoundContext) -> dict[str, tuple[CID, int]]:
+    def _ready(self, ctx: RoundContext) -> dict[str, _Entry]:
         """Contributions on this round's base whose blocks are fetched and verified."""
-        entries = {ctx.peer: (ctx.own.cid, ctx.own.weight)}
+        entries = {ctx.peer: (ctx.own.cid, ctx.own.weight, ctx.own.signature)}
         base = bytes(ctx.base)
         for peer, c in self._board.state(ctx.number).contributions.items():
             if bytes(c.base) == base:
-                entries[peer] = (c.cid, c.weight)
+                entries[peer] = (c.cid, c.weight, c.signature)
         for peer in ctx.excluded:  # proven liars (this one too): no roster may list them
             entries.pop(peer, None)
-        for peer, (_, weight) in list(entries.items()):
+        for peer, (_, weight, _) in list(entries.items()):
             if weight > ctx.config.max_weight:  # no roster may list it either
                 ctx.rejected[peer] = f"weight {weight} > max_weight {ctx.config.max_weight}"
                 del entries[peer]
         ready = {}
-        for peer, (cid, weight) in entries.items():
+        for peer, (cid, weight, signature) in entries.items():
             task = self._fetcher.get(cid)
             if task is None or not task.done() or task.cancelled():
                 continue
             if task.exception() is None:
-                ready[peer] = (cid, weight)
+                ready[peer] = (cid, weight, signature)
             elif not is_transient(task):
                 ctx.rejected[peer] = f"contribution {cid}: {task.exception()}"
         return ready
 
-    def _derive(
-        self, ctx: RoundContext, coordinator: str, ready: dict[str, tuple[CID, int]]
-    ) -> CID:
+    def _derive(self, ctx: RoundContext, coordinator: str, ready: dict[str, _Entry]) -> CID:
         """Build (and cache) the roster ``coordinator`` would publish from ``ready``."""
         config = ctx.config
         roster = Roster.new(
@@ -208,7 +238,7 @@ class RosterPhase:
         self._board.state(ctx.number).rosters.setdefault(coordinator, block.cid)
         return block.cid
 
-    async def _publish(self, ctx: RoundContext, ready: dict[str, tuple[CID, int]]) -> None:
+    async def _publish(self, ctx: RoundContext, ready: dict[str, _Entry]) -> None:
         cid = self._derive(ctx, ctx.peer, ready)
         block = self._rosters[bytes(cid)][1]
         inline = block.data if len(block.data) <= MAX_INLINE_BYTES else None
@@ -220,61 +250,102 @@ class RosterPhase:
             "round %d: %s published roster %s (%d entries)", ctx.number, ctx.peer, cid, len(ready)
         )
 
-    async def _try_rosters(self, ctx: RoundContext, tried: set[bytes]) -> AdoptedRoster | None:
+    async def _try_rosters(self, ctx: RoundContext, c: _Collection) -> AdoptedRoster | None:
         """Adopt the best-ranked valid roster heard (directly or through a ``done`` record).
 
-        A peer that heard neither round ``r``'s rosters nor its ``done`` messages (they are
-        re-announced only until their senders' next round, so a peer busy elsewhere, e.g.
-        resyncing, can miss them all) but hears a later round's ``done`` walks that record's
-        ``prev`` links back to round ``r`` (at most :data:`MAX_WALK_BACK` records) for its roster.
+        A roster message counts once its sender's takeover time has come (an early one is
+        kept, not fetched). A peer that heard neither round ``r``'s rosters nor its ``done``
+        messages (they are re-announced only until their senders' next round, so a peer busy
+        elsewhere, e.g. resyncing, can miss them all) but hears a later round's ``done`` walks
+        that record's ``prev`` links back to round ``r`` (at most :data:`MAX_WALK_BACK`
+        records) for its roster, taken once its named coordinator's time has come.
         """
         state, ranking = self._board.state(ctx.number), ctx.ranking
-        candidates = [(ranking.index(p), c) for p, c in state.rosters.items() if p in ranking]
-        if not candidates:
-            await self._rosters_from_records(ctx, state, tried)
-            candidates = [(ranking.index(p), c) for p, c in state.rosters.items() if p in ranking]
-        for _, cid in sorted(candidates, key=lambda item: item[0]):
-            if bytes(cid) in tried:
+        elapsed = time.monotonic() - ctx.started
+        heard = [(ranking.index(p), p, cid) for p, cid in state.rosters.items() if p in ranking]
+        due = [(rank, p, cid) for rank, p, cid in heard if ctx.config.takeover_at(rank) <= elapsed]
+        if len(due) < len(heard) and state.done:  # early by this clock: settled already?
+            settled = await self._settled(ctx, state, c)
+            due = [
+                (rank, p, cid)
+                for rank, p, cid in heard
+                if (rank, p, cid) in due or bytes(cid) in settled
+            ]
+        if not due:
+            await self._rosters_from_records(ctx, state, c)
+        candidates: list[tuple[CID, str | None]] = [(cid, p) for _, p, cid in sorted(due)]
+        candidates += [(cid, None) for cid in c.learned.values()]
+        c.waiting = False
+        for cid, author in candidates:
+            if bytes(cid) in c.tried or (author or "", bytes(cid)) in c.refused:
                 continue
-            adopted = await self._adopt(ctx, cid, tried)
+            adopted = await self._adopt(ctx, cid, author, c)
             if adopted is not None:
                 return adopted
         return None
 
+    async def _settled(self, ctx: RoundContext, state: RoundState, c: _Collection) -> set[bytes]:
+        """Roster CIDs that this round's ``done`` records of more than half the members name.
+
+        A peer that starts a round late (its clock behind the others') would otherwise wait
+        for a roster's time the others have long passed, or publish its own.
+        """
+        votes: Counter[bytes] = Counter()
+        for head in state.done.values():
+            key = bytes(head.record)
+            if key not in c.named:
+                c.named[key] = None  # one try a record: a record nobody serves costs one wait
+                try:
+                    record = await load_record(self._store, head.record, timeout=_VOTE_WAIT)
+                except (BlockStoreError, DecodeError):
+                    continue
+                if record.round == ctx.number and bytes(record.base) == bytes(ctx.base):
+                    c.named[key] = bytes(record.roster)
+            roster = c.named[key]
+            if roster is not None:
+                votes[roster] += 1
+        return {cid for cid, n in votes.items() if 2 * n > len(ctx.config.members)}
+
     async def _rosters_from_records(
-        self, ctx: RoundContext, state: RoundState, tried: set[bytes]
+        self, ctx: RoundContext, state: RoundState, c: _Collection
     ) -> None:
         """Learn round ``r``'s rosters from the ``done`` records heard (this round's or later)."""
         r = ctx.number
         later = [(p, h) for p, h in self._board.heads.items() if r < h.round <= r + MAX_WALK_BACK]
         for peer, head in [*state.done.items(), *later]:
-            if bytes(head.record) in tried:
+            if bytes(head.record) in c.tried:
                 continue
-            tried.add(bytes(head.record))
+            c.tried.add(bytes(head.record))
             try:
                 found = await walk_back(self._store, r, head.record, ctx.config.fetch_timeout)
             except (BlockStoreError, DecodeError) as exc:
                 ctx.rejected[peer] = f"record {head.record}: {exc}"
                 continue
             if found is not None and bytes(found[1].base) == bytes(ctx.base):
-                state.rosters.setdefault(peer, found[1].roster)
+                c.learned.setdefault(bytes(found[1].roster), found[1].roster)
 
-    async def _adopt(self, ctx: RoundContext, cid: CID, tried: set[bytes]) -> AdoptedRoster | None:
+    async def _adopt(
+        self, ctx: RoundContext, cid: CID, author: str | None, c: _Collection
+    ) -> AdoptedRoster | None:
         """Validate a roster and its contributions; ``None`` while its blocks are still coming.
 
-        Reduce-scatter rounds check only the roots here; ``gradients`` is then ``None``.
+        ``author`` is the roster message's signer (``None``: learned from a record). Reduce-
+        scatter rounds check only the roots here; ``gradients`` is then ``None``.
         """
-        roster = await self._checked_roster(ctx, cid, tried)
+        tried = c.tried
+        roster = await self._checked_roster(ctx, cid, author, c)
         if roster is None:
             return None
         tasks = [self.fetch(entry.contribution, ctx.d) for entry in roster.entries]
         if not all(task.done() for task in tasks):
+            c.waiting = True
             return None
         gradients = []
         for entry, task in zip(roster.entries, tasks, strict=True):
             if task.cancelled() or task.exception() is not None:
                 if is_transient(task):
                     self.fetch(entry.contribution, ctx.d)  # retry until the round deadline
+                    c.waiting = True
                     return None
                 tried.add(bytes(cid))
                 ctx.rejected[roster.coordinator] = f"roster {cid} lists a bad {entry.contribution}"
@@ -287,9 +358,15 @@ class RosterPhase:
         return AdoptedRoster(cid, roster, block, None if self._sliced else tuple(gradients))
 
     async def _checked_roster(
-        self, ctx: RoundContext, cid: CID, tried: set[bytes]
+        self, ctx: RoundContext, cid: CID, author: str | None, c: _Collection
     ) -> Roster | None:
-        """Load roster ``cid`` and check it fits the round; ``None`` (rejected, or not yet)."""
+        """Load roster ``cid`` and check it fits the round; ``None`` (rejected, or not yet).
+
+        Checked: :func:`~.coordinator.roster_problem` with the entries' signatures, the
+        coordinator named (the message's signer), this peer's own entry, and for a roster
+        learned from a record its coordinator's takeover time (else it is tried again later).
+        """
+        tried = c.tried
         try:
             roster = await self._load_roster(cid, ctx.config.fetch_timeout)
         except BlockTimeout as exc:
@@ -301,20 +378,42 @@ class RosterPhase:
             return None
         except (BlockNotFound, BlockStoreError) as exc:
             logger.debug("round %d: roster %s not fetched yet: %s", ctx.number, cid, exc)
+            c.waiting = True
             return None
         except DecodeError as exc:
             tried.add(bytes(cid))
             ctx.rejected[f"roster {cid}"] = str(exc)
             return None
+        if self._refused(ctx, c, cid, author, roster):
+            return None
+        if author is None:  # learned from a record: its named coordinator's time must come
+            rank = ctx.ranking.index(roster.coordinator)
+            if ctx.config.takeover_at(rank) > time.monotonic() - ctx.started:
+                return None
+        return roster
+
+    def _refused(
+        self, ctx: RoundContext, c: _Collection, cid: CID, author: str | None, roster: Roster
+    ) -> bool:
+        """Check a loaded roster; name whom to blame in ``ctx.rejected`` if it is refused.
+
+        A roster that is not this round's (or lists what its owners did not sign, or not this
+        peer's own contribution as its entry) is refused by CID; a roster message from another
+        member than the coordinator it names, by sender and CID.
+        """
         problem = roster_problem(
             roster, self._board.session, self._board.genesis, ctx.number, ctx.base,
-            ctx.config, ctx.excluded,
-        )  # fmt: skip
+            ctx.config, ctx.excluded, self._board.keys,
+        ) or _own_problem(ctx, roster)  # fmt: skip
         if problem:
-            tried.add(bytes(cid))
-            ctx.rejected[roster.coordinator] = f"roster {cid}: {problem}"
-            return None
-        return roster
+            c.tried.add(bytes(cid))
+            ctx.rejected[author or roster.coordinator] = f"roster {cid}: {problem}"
+            return True
+        if author is not None and roster.coordinator != author:
+            c.refused.add((author, bytes(cid)))
+            ctx.rejected[author] = f"roster {cid}: names {roster.coordinator} as coordinator"
+            return True
+        return False
 
     async def _load_roster(self, cid: CID, timeout: float) -> Roster:
         """Decode a roster once: from its inline message, else fetched from the store."""

@@ -29,8 +29,13 @@ A peer that misses the roster message learns the roster from another peer's ``do
 in a reduce-scatter round the others have finished it also re-verifies that record instead of
 waiting for slices nobody announces any more (:class:`~.aggregate.AggregateStep`).
 No roster with ``min_peers`` contributions by ``round_timeout`` raises
-:class:`~gradfed_ipfs.errors.QuorumNotReached`. The coordinator is trusted to list only
-contributions that were announced (peers do check that it lists members' verified blocks).
+:class:`~gradfed_ipfs.errors.QuorumNotReached`.
+
+Every message is its sender's signed statement (``agreed/contrib``, ``agreed/roster``,
+``agreed/done``; the transport's signer), and a roster entry carries its owner's signature of
+the contribution it lists: a coordinator can leave contributions out, not make them up. A
+roster message is taken only from the coordinator it names, once that rank's takeover time
+has come by the receiver's clock (:meth:`AgreedConfig.takeover_at`).
 """
 
 from __future__ import annotations
@@ -188,7 +193,7 @@ class AgreedSession:
         self._storage = RoundStorage(store, retention)
         self._started: _Started | None = None
         self._heads = HeadChooser(
-            store, session, self.genesis, config.members, config.fetch_timeout
+            store, session, self.genesis, config.members, config.fetch_timeout, keys=pubsub.keys
         )  # remembers the heads it refused
 
     # ------------------------------------------------------------------ lifecycle
@@ -245,14 +250,19 @@ class AgreedSession:
         self.peer_id = await self.pubsub.local_peer_id()
         if self.peer_id not in self.config.members:
             raise GenesisMismatch(f"peer {self.peer_id} is not a member of {self.session!r}")
-        board = RoundBoard(self.session, self.genesis, self.peer_id, self.config.members)
+        board = RoundBoard(
+            self.session, self.genesis, self.peer_id, self.config.members, keys=self.pubsub.keys
+        )
         slicing = await self._open_slicing()
         if slicing is not None:  # only roots are checked before the roster
             self._fetcher = RootFetcher(
                 self._fetcher.store, self.config.fetch_timeout, self._poke,
                 max_value=self.config.max_value, packing=self.config.packing,
             )  # fmt: skip
-        messages = SessionMessages(self.session, self.genesis, self.peer_id, self._announcer)
+        messages = SessionMessages(
+            self.session, self.genesis, self.peer_id, self._announcer,
+            signer=await self.pubsub.signer(), keys=self.pubsub.keys,
+        )  # fmt: skip
         roster = RosterPhase(self.store, board, messages, self._fetcher, sliced=slicing is not None)
         aggregate = AggregateStep(self.store, board, slicing)
         control = await self._open_control(roster)
@@ -425,7 +435,7 @@ class AgreedSession:
         await self._storage.settle(keep=1)  # the last round's blocks may still be on their way
         encoded, values = await self._encode(values, error_feedback)
         message = messages.make("contrib", r, encoded.cid, base=self.model_cid, weight=weight)
-        await messages.post_now("contrib", message)
+        signed = await messages.post_now("contrib", message)
         stored = asyncio.ensure_future(self._storage.held(encoded.store(self.store)))
         self._fetcher.known(encoded.cid, values)
         logger.debug("round %d: contributed after %.3fs", r, time.monotonic() - started)
@@ -438,7 +448,9 @@ class AgreedSession:
             rule_state=self.rule_state,
             head=self.head,
             excluded=self.excluded,
-            own=OwnContribution(encoded.cid, values, weight, stored, encoded.nbytes),
+            own=OwnContribution(
+                encoded.cid, values, weight, stored, encoded.nbytes, signed.signature
+            ),
             ranking=tuple(coordinator_ranking(self.session, self.genesis, r, self.config.members)),
             started=started,
         )

@@ -33,6 +33,7 @@ from gradfed_ipfs.tensor import (
     TopKInt8,
 )
 from gradfed_ipfs.tensor.deterministic import deterministic_update
+from tests.helpers import MEMORY_KEYS, signed
 
 PEERS = ("peer-a", "peer-b", "peer-c", "peer-d")
 CHUNK = 65_536
@@ -116,6 +117,7 @@ async def test_every_encoding_ends_on_one_model_cid(codec: Codec, aggregation: s
         records = await verify_agreed_history(
             store,
             results[-1][0].record,
+            keys=MEMORY_KEYS,
             session="c",
             genesis=genesis,  # type: ignore[arg-type]
         )
@@ -136,6 +138,7 @@ async def test_chained_reduce_scatter_with_top_k_int2_equals_all_to_all() -> Non
             await verify_agreed_history(
                 store,
                 results[-1][0].record,
+                keys=MEMORY_KEYS,
                 session="c",
                 genesis=genesis,  # type: ignore[arg-type]
             )
@@ -350,7 +353,7 @@ async def hostile_round(
         root = Block.new(corrupt(root.data))
     await store.put(root)
     message = AgreedMessage("contrib", "c", genesis, 0, PEERS[3], root.cid, base=genesis, weight=1)  # type: ignore[arg-type]
-    await bus.endpoint(PEERS[3]).publish(honest[0].topic, message.encode())
+    await bus.endpoint(PEERS[3]).publish(honest[0].topic, await signed(message, bus))
     try:
         results = await asyncio.gather(
             *(s.run_round(gradient(i, 0, d)) for i, s in enumerate(honest))
@@ -379,7 +382,9 @@ async def test_a_malformed_block_rejects_that_peer_not_the_round(
         for res in results:
             assert res.roster.peers == PEERS[:3]
             assert reason in res.rejected[PEERS[3]]
-        await verify_agreed_history(store, results[0].record, session="c", genesis=genesis)  # type: ignore[arg-type]
+        await verify_agreed_history(
+            store, results[0].record, keys=MEMORY_KEYS, session="c", genesis=genesis
+        )  # type: ignore[arg-type]
 
 
 async def test_a_malformed_chunk_in_reduce_scatter_makes_its_sender_missing() -> None:
@@ -391,7 +396,9 @@ async def test_a_malformed_chunk_in_reduce_scatter_makes_its_sender_missing() ->
             # Listed (its root is a manifest of d values), then missing from every slice.
             assert PEERS[3] in res.roster.peers
             assert res.missing == (PEERS[3],)
-        await verify_agreed_history(store, results[0].record, session="c", genesis=genesis)  # type: ignore[arg-type]
+        await verify_agreed_history(
+            store, results[0].record, keys=MEMORY_KEYS, session="c", genesis=genesis
+        )  # type: ignore[arg-type]
 
 
 async def test_a_finished_sliced_record_of_another_encoding_is_not_adopted() -> None:

@@ -71,7 +71,9 @@ async def test_unstored_models_are_rebuilt_bit_for_bit_and_the_history_verifies(
         np.testing.assert_array_equal(model, models[r])
         assert state is None
         await verify_agreed_round(store, cid)  # its base is rebuilt when it was not stored
-    chain = await verify_agreed_history(store, records[-1], session="s1", genesis=genesis)
+    chain = await verify_agreed_history(
+        store, records[-1], keys=bus.keys, session="s1", genesis=genesis
+    )
     assert [rec.model_stored for rec in chain] == [(r + 1) % EVERY == 0 for r in range(7)]
     # What a peer already holds ends the walk back: nothing before round 5 is needed then.
     last = await load_record(store, records[-1])

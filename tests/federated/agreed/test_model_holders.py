@@ -98,7 +98,7 @@ async def test_only_the_holders_store_the_model_and_every_peer_can_read_it(
             values = await fetch_gradient(store, results[0].model)
             np.testing.assert_array_equal(values, sessions[1].model)
         records = await verify_agreed_history(
-            store, sessions[2].head, session="s1", genesis=genesis
+            store, sessions[2].head, keys=bus.keys, session="s1", genesis=genesis
         )
         assert [rec.round for rec in records] == list(range(ROUNDS))
     finally:

@@ -24,6 +24,7 @@ from tests.federated.agreed.test_rounds import (
     make_sessions,
     run_all,
 )
+from tests.helpers import MEMORY_KEYS
 
 ROUNDS = 4
 
@@ -58,7 +59,9 @@ async def test_three_peers_agree_on_nesterov_rounds_and_the_history_verifies() -
     assert stored.step == ROUNDS
     assert state is not None
     np.testing.assert_allclose(stored.arrays["v"], state.arrays["v"], rtol=0, atol=1e-6)
-    chain = await verify_agreed_history(store, head, session="s1", genesis=genesis, rule=rule)
+    chain = await verify_agreed_history(
+        store, head, keys=bus.keys, session="s1", genesis=genesis, rule=rule
+    )
     assert [rec.round for rec in chain] == list(range(ROUNDS))
     # The last model is rebuilt bit for bit from the rounds (model_every=2 stored round 3's).
     model, _ = await load_result(store, record, rule)
@@ -79,9 +82,11 @@ async def test_a_verifier_with_other_hyperparameters_or_no_rule_refuses_the_hist
     assert head is not None
     other = OptimizerRule(ServerNesterov(momentum=0.5))
     with pytest.raises(RoundVerificationFailed):
-        await verify_agreed_history(store, head, session="s1", genesis=genesis, rule=other)
+        await verify_agreed_history(
+            store, head, keys=bus.keys, session="s1", genesis=genesis, rule=other
+        )
     with pytest.raises(RoundVerificationFailed, match="pass it"):
-        await verify_agreed_history(store, head, session="s1", genesis=genesis)
+        await verify_agreed_history(store, head, keys=bus.keys, session="s1", genesis=genesis)
 
 
 @pytest.mark.kubo
@@ -127,7 +132,7 @@ async def test_on_kubo_a_restarted_peer_resumes_the_nesterov_state_and_agrees(
         assert len({bytes(res.model) for res in results}) == 1
         head = results[0].record
         chain = await verify_agreed_history(
-            stores[1], head, session="nesterov", genesis=genesis, rule=rule
+            stores[1], head, keys=MEMORY_KEYS, session="nesterov", genesis=genesis, rule=rule
         )
         assert [rec.round for rec in chain] == [0, 1, 2]
     finally:

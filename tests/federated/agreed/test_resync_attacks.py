@@ -35,6 +35,7 @@ from gradfed_ipfs.storage import MemoryBlockStore, put_gradient
 from gradfed_ipfs.storage.base import UNSET, Unset
 from gradfed_ipfs.tensor.deterministic import deterministic_update
 from tests.adversarial.hostile import FORGED_FILL, forged_head
+from tests.helpers import MEMORY_KEYS, signed_entry
 from tests.polling import apoll_until
 
 D = 1000
@@ -226,7 +227,10 @@ async def test_head_with_votes_from_a_minority_of_its_roster_is_refused(
     store, base = four.store, b.model
     grads = [delta(i, 3) for i in range(3)]
     cids = [await put_gradient(store, g) for g in grads]
-    entries = {p: (c, 1 + i) for i, (p, c) in enumerate(zip(four.members[:3], cids, strict=True))}
+    entries = {  # the members' own signed contributions (evil relays them)
+        p: await signed_entry("s1", four.genesis, 3, b.model_cid, p, c, 1 + i)
+        for i, (p, c) in enumerate(zip(four.members[:3], cids, strict=True))
+    }
     roster = Roster.new("s1", four.genesis, 3, b.model_cid, EVIL, four.members, entries)
     model = deterministic_update(base, grads, [1, 2, 3], 1.0)
     result = await put_gradient(store, model)
@@ -235,7 +239,9 @@ async def test_head_with_votes_from_a_minority_of_its_roster_is_refused(
         1.0,
     ).to_block()  # fmt: skip
     record = await store.put(block)
-    checked = await verify_agreed_history(store, record, session="s1", genesis=four.genesis)
+    checked = await verify_agreed_history(
+        store, record, session="s1", genesis=four.genesis, keys=MEMORY_KEYS
+    )
     assert len(checked) == 4  # control: only its votes are wrong
     await announce(evil, 3, result, record)
 

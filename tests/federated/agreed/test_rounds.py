@@ -19,9 +19,10 @@ from gradfed_ipfs.errors import (
     RoundMismatch,
 )
 from gradfed_ipfs.formats import PubsubMessage
-from gradfed_ipfs.formats.roster import AgreedMessage
+from gradfed_ipfs.formats.roster import AgreedMessage, open_message
 from gradfed_ipfs.kubo import MemoryPubsubBus, PubsubTransport
 from gradfed_ipfs.storage import MemoryBlockStore, fetch_gradient
+from tests.helpers import signed
 from tests.multiprocess.lossy import LossyPubsub
 from tests.polling import apoll_until
 
@@ -106,7 +107,7 @@ async def test_three_peers_with_lossy_peer_agree_every_round(store: MemoryBlockS
         model = await fetch_gradient(store, sessions[0].model_cid)
         np.testing.assert_allclose(model, reference, rtol=0, atol=1e-6)
         records = await verify_agreed_history(
-            store, sessions[0].head, session="s1", genesis=genesis
+            store, sessions[0].head, keys=bus.keys, session="s1", genesis=genesis
         )  # type: ignore[arg-type]
         assert [rec.round for rec in records] == list(range(8))
     finally:
@@ -290,15 +291,16 @@ class KuboLikeStore(MemoryBlockStore):
 async def test_a_roster_nobody_serves_does_not_hold_the_round() -> None:
     # A member announces a roster CID that no daemon has (and no inline bytes); honest peers
     # must give up on it after one fetch timeout and close the round with their own roster.
+    # (A skew margin of a minute: its sender's takeover time has come, so it is fetched.)
     async with KuboLikeStore() as store:
         bus = MemoryPubsubBus()
         genesis = await AgreedSession.commit_genesis(store, initial_model())
         sessions = await make_sessions(
-            store, [bus.endpoint(p) for p in PEERS[:2]], genesis, min_peers=2
+            store, [bus.endpoint(p) for p in PEERS[:2]], genesis, min_peers=2, takeover_skew=60.0
         )
         bogus = make_cid(b"a roster nobody stored", "dag-cbor")
         message = AgreedMessage("roster", "s1", genesis, 0, PEERS[2], bogus)
-        await bus.endpoint(PEERS[2]).publish(sessions[0].topic, message.encode())
+        await bus.endpoint(PEERS[2]).publish(sessions[0].topic, await signed(message, bus))
         try:
             results = await run_all(sessions, [0, 1])
         finally:
@@ -321,7 +323,7 @@ class _DeafToRound(LossyPubsub):
     async def _lossy(self, messages: AsyncIterator[PubsubMessage]) -> AsyncIterator[PubsubMessage]:
         async for message in messages:
             try:
-                decoded = AgreedMessage.decode(message.data)
+                decoded, _ = open_message(message.data, self.keys)
             except DecodeError:
                 yield message  # not an agreed message (a slice board's)
                 continue

@@ -73,7 +73,9 @@ async def test_a_hostile_coordinator_with_weight_2_40_does_not_decide_the_model(
             assert res.roster.peers == tuple(sorted(honest))
             assert all(e.weight <= 2**20 for e in res.roster.entries)
             assert "max_weight" in res.rejected[hostile]  # its roster (and its record)
-        await verify_agreed_history(store, results[0].record, session="s1", genesis=genesis)
+        await verify_agreed_history(
+            store, results[0].record, keys=bus.keys, session="s1", genesis=genesis
+        )
 
 
 async def test_a_contribution_above_max_value_is_refused_and_not_listed() -> None:

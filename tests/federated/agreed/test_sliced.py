@@ -37,6 +37,7 @@ from gradfed_ipfs.tensor.deterministic import deterministic_update
 from gradfed_ipfs.tensor.robust import coordinate_median, trimmed_mean
 from tests.federated.agreed.test_rounds import _DeafToRound
 from tests.federated.sliced.hostile import Censor, HidingLiar
+from tests.helpers import MEMORY_KEYS, signed
 from tests.multiprocess.lossy import LossyPubsub
 
 PEERS = ("peer-a", "peer-b", "peer-c", "peer-d")
@@ -158,7 +159,9 @@ async def test_reduce_scatter_rounds_equal_all_to_all_with_less_download_and_rev
         assert rs.downloaded <= 2 * 2.5 * D * 4
         assert rs.downloaded < 0.65 * a2a.downloaded
     head = sliced[1][0].record
-    records = await verify_agreed_history(rs_peers.store, head, session="rs", genesis=genesis)  # type: ignore[arg-type]
+    records = await verify_agreed_history(
+        rs_peers.store, head, keys=MEMORY_KEYS, session="rs", genesis=genesis
+    )  # type: ignore[arg-type]
     assert [rec.round for rec in records] == [0, 1]
     assert all(rec.slices is not None and len(rec.slices) == 4 for rec in records)
 
@@ -194,6 +197,7 @@ async def test_trimmed_mean_round_is_sliced_and_equals_its_all_to_all_round() ->
     await verify_agreed_history(
         peers.store,
         sliced[0][0].record,
+        keys=MEMORY_KEYS,
         session="rs",
         genesis=genesis,
         rule=rule,  # type: ignore[arg-type]
@@ -283,7 +287,7 @@ async def test_a_silent_reducer_is_taken_over_and_a_dead_peer_does_not_stop_the_
         weight=4,  # type: ignore[arg-type]
     )
     try:
-        await bus.endpoint(dead).publish(peers.sessions[0].topic, message.encode())
+        await bus.endpoint(dead).publish(peers.sessions[0].topic, await signed(message, bus))
         results = await peers.round(0)
     finally:
         await peers.close()
@@ -321,7 +325,9 @@ async def test_a_lying_reducer_is_caught_and_the_honest_peers_exclude_it() -> No
     assert all("lying" in res.rejected[liar.peer_id] for res in honest)
     assert all(liar.peer_id in s.excluded for s in peers.sessions if s is not liar)
     # The record links the recomputed slice, not the lie: it re-verifies.
-    await verify_agreed_history(store, honest[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
+    await verify_agreed_history(
+        store, honest[0].record, keys=MEMORY_KEYS, session="rs", genesis=genesis
+    )  # type: ignore[arg-type]
 
 
 class GarbageResults(SliceFaults):
@@ -355,7 +361,9 @@ async def test_a_reducer_whose_result_is_garbage_is_excluded_and_the_record_reve
     assert {res.model for res in honest} == {await put_gradient(MemoryBlockStore(), want)}
     assert all(res.liars == (liar.peer_id,) for res in honest)
     # The fraud record against an unreadable result is checked like any other: it re-verifies.
-    await verify_agreed_history(store, honest[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
+    await verify_agreed_history(
+        store, honest[0].record, keys=bus.keys, session="rs", genesis=genesis
+    )  # type: ignore[arg-type]
 
 
 async def test_a_sender_whose_chunk_is_lost_is_missing_everywhere_and_the_record_verifies() -> None:
@@ -380,7 +388,7 @@ async def test_a_sender_whose_chunk_is_lost_is_missing_everywhere_and_the_record
         weight=4,  # type: ignore[arg-type]
     )
     try:
-        await bus.endpoint(gone).publish(peers.sessions[0].topic, message.encode())
+        await bus.endpoint(gone).publish(peers.sessions[0].topic, await signed(message, bus))
         results = await peers.round(0)
     finally:
         await peers.close()
@@ -396,7 +404,9 @@ async def test_a_sender_whose_chunk_is_lost_is_missing_everywhere_and_the_record
     )
     assert {res.model for res in results} == {await put_gradient(MemoryBlockStore(), want)}
     # The record re-verifies: its slice records say who is missing, so the verifier leaves it out.
-    await verify_agreed_history(store, results[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
+    await verify_agreed_history(
+        store, results[0].record, keys=bus.keys, session="rs", genesis=genesis
+    )  # type: ignore[arg-type]
 
 
 async def test_a_member_left_out_of_the_roster_assembles_the_same_model_from_the_slices() -> None:
@@ -503,7 +513,9 @@ async def test_a_lie_is_caught_when_a_colluding_sender_withholds_its_check_value
     want = await reference(results[0], initial_model(), 0)
     assert {res.model for res in honest} == {await put_gradient(MemoryBlockStore(), want)}
     assert all(res.liars == (liar,) for res in honest)
-    await verify_agreed_history(store, honest[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
+    await verify_agreed_history(
+        store, honest[0].record, keys=bus.keys, session="rs", genesis=genesis
+    )  # type: ignore[arg-type]
 
 
 async def late_joiner(
@@ -548,7 +560,7 @@ async def test_a_peer_joining_a_round_the_others_finished_checks_their_record_in
             other = await put_gradient(store, initial_model())
             fake = await store.put(dataclasses.replace(record, result=other).to_block())
             message = AgreedMessage("done", "rs", genesis, 0, liar, other, record=fake)
-            await bus.endpoint(liar).publish(late.topic, message.encode())
+            await bus.endpoint(liar).publish(late.topic, await signed(message, bus))
             await late.board.wait_until(
                 lambda: bytes(late.board.state(0).done[liar].record) == bytes(fake), 5.0
             )
@@ -635,6 +647,7 @@ async def test_chained_rounds_equal_all_to_all_and_reverify() -> None:
     records = await verify_agreed_history(
         peers.store,
         chained[1][0].record,
+        keys=MEMORY_KEYS,
         session="rs",
         genesis=genesis,  # type: ignore[arg-type]
     )
@@ -648,7 +661,9 @@ async def test_a_lying_step_of_a_chained_round_is_excluded_and_the_record_reveri
     store, genesis, _, liar, honest = await lying_round(liar_index, chained=True, chain_groups=2)
     assert all(res.liars == (liar.peer_id,) for res in honest)
     # Whether its step was a partial sum or a slice record, the record proves it again.
-    await verify_agreed_history(store, honest[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
+    await verify_agreed_history(
+        store, honest[0].record, keys=MEMORY_KEYS, session="rs", genesis=genesis
+    )  # type: ignore[arg-type]
 
 
 async def test_a_sender_whose_slice_is_above_max_value_is_missing_and_the_model_stays_finite() -> (
@@ -667,7 +682,7 @@ async def test_a_sender_whose_slice_is_above_max_value_is_missing_and_the_model_
         "contrib", "rs", genesis, 0, hostile, contribution, base=genesis, weight=2**20,  # type: ignore[arg-type]
     )  # fmt: skip
     try:
-        await bus.endpoint(hostile).publish(peers.sessions[0].topic, message.encode())
+        await bus.endpoint(hostile).publish(peers.sessions[0].topic, await signed(message, bus))
         results = await peers.round(0)
     finally:
         await peers.close()
@@ -677,7 +692,9 @@ async def test_a_sender_whose_slice_is_above_max_value_is_missing_and_the_model_
     assert all(hostile in res.rejected for res in results)
     assert len({res.model for res in results}) == 1
     assert np.isfinite(peers.sessions[0].model).all()
-    await verify_agreed_history(store, results[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
+    await verify_agreed_history(
+        store, results[0].record, keys=bus.keys, session="rs", genesis=genesis
+    )  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("chained", [False, True])
@@ -709,7 +726,9 @@ async def test_a_reducer_hiding_its_lie_in_its_own_check_values_is_caught(chaine
     assert {res.model for res in checked} == {await put_gradient(MemoryBlockStore(), want)}
     assert all(res.liars == (liar.peer_id,) for res in checked)
     assert all(liar.peer_id in s.excluded for s in peers.sessions if s is not liar)
-    await verify_agreed_history(store, checked[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
+    await verify_agreed_history(
+        store, checked[0].record, keys=bus.keys, session="rs", genesis=genesis
+    )  # type: ignore[arg-type]
 
 
 async def test_a_false_missing_claim_drops_nobody_and_names_the_claimant_round_after_round() -> (
@@ -736,4 +755,6 @@ async def test_a_false_missing_claim_drops_nobody_and_names_the_claimant_round_a
             base = want
     finally:
         await peers.close()
-    await verify_agreed_history(store, results[0].record, session="rs", genesis=genesis)  # type: ignore[arg-type]
+    await verify_agreed_history(
+        store, results[0].record, keys=bus.keys, session="rs", genesis=genesis
+    )  # type: ignore[arg-type]

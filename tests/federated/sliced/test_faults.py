@@ -28,6 +28,7 @@ from tests.federated.agreed.test_sliced import (
     gradient,
     initial_model,
 )
+from tests.helpers import MEMORY_KEYS, signed, signed_entry
 
 LIAR = PEERS[2]
 
@@ -43,6 +44,7 @@ async def lie_then_resync() -> tuple[Peers, AgreedSession, CID, list[CID]]:
         aggregation="reduce-scatter",
         min_peers=3,
         collect_timeout=0.5,
+        takeover_skew=60.0,  # every rank's roster is checked at once (the liar's included)
         faults={2: Lying(1e-2)},
     )
     try:
@@ -91,8 +93,8 @@ async def test_a_peer_that_resyncs_after_a_lie_excludes_the_liar_and_refuses_its
         endpoint, topic = bus.endpoint(LIAR), late.topic
         contrib = AgreedMessage("contrib", "rs", genesis, 1, LIAR, cids[LIAR], base=base, weight=1)
         roster = AgreedMessage("roster", "rs", genesis, 1, LIAR, forged.cid, inline=forged.data)
-        await endpoint.publish(topic, contrib.encode())
-        await endpoint.publish(topic, roster.encode())
+        await endpoint.publish(topic, await signed(contrib, bus))
+        await endpoint.publish(topic, await signed(roster, bus))
         results = await asyncio.gather(
             *(s.run_round(grads[s.peer_id], weight=1) for s in peers.sessions)
         )
@@ -104,7 +106,9 @@ async def test_a_peer_that_resyncs_after_a_lie_excludes_the_liar_and_refuses_its
     live = [grads[p] for p in results[0].roster.peers]
     want = deterministic_update(base_model, live, [1] * 3, LR)
     assert results[0].model == await put_gradient(MemoryBlockStore(), want)
-    records = await verify_agreed_history(store, results[0].record, session="rs", genesis=genesis)
+    records = await verify_agreed_history(
+        store, results[0].record, keys=bus.keys, session="rs", genesis=genesis
+    )
     assert [r.excluded for r in records] == [(LIAR,), (LIAR,)]
     assert records[1].frauds is None  # no lie in round 1: the exclusion is carried forward
 
@@ -121,7 +125,9 @@ async def test_records_that_forget_a_liar_or_list_it_later_fail_verification() -
     ):
         cid = await store.put(bad.to_block())
         with pytest.raises(RoundVerificationFailed, match="excludes"):
-            await verify_agreed_history(store, cid, session="rs", genesis=genesis, recompute=False)
+            await verify_agreed_history(
+                store, cid, keys=MEMORY_KEYS, session="rs", genesis=genesis, recompute=False
+            )
     # 2. A fraud record whose "correct" record is not the recorded slice proves nothing.
     assert record0.frauds is not None
     assert record0.slices is not None
@@ -131,7 +137,9 @@ async def test_records_that_forget_a_liar_or_list_it_later_fail_verification() -
     await store.put(wrong.to_block())
     cid = await store.put(dataclasses.replace(record0, frauds=(wrong.to_block().cid,)).to_block())
     with pytest.raises(RoundVerificationFailed, match="does not prove"):
-        await verify_agreed_history(store, cid, session="rs", genesis=genesis, recompute=False)
+        await verify_agreed_history(
+            store, cid, keys=MEMORY_KEYS, session="rs", genesis=genesis, recompute=False
+        )
 
     # 3. A later (all-to-all) round whose roster lists the liar is refused, though it
     #    re-aggregates correctly; the same round without the liar verifies.
@@ -139,7 +147,10 @@ async def test_records_that_forget_a_liar_or_list_it_later_fail_verification() -
 
     async def round1(listed: tuple[str, ...]) -> CID:
         grads = [gradient(PEERS.index(p), 1) for p in listed]
-        entries = {p: (await put_gradient(store, g), 1) for p, g in zip(listed, grads, strict=True)}
+        entries = {
+            p: await signed_entry("rs", genesis, 1, record0.result, p, await put_gradient(store, g))
+            for p, g in zip(listed, grads, strict=True)
+        }
         roster = Roster.new("rs", genesis, 1, record0.result, PEERS[0], PEERS, entries)
         roster_cid = await store.put(roster.to_block())
         model = await put_gradient(store, deterministic_update(base, grads, [1] * len(grads), LR))
@@ -149,9 +160,18 @@ async def test_records_that_forget_a_liar_or_list_it_later_fail_verification() -
         return await store.put(record.to_block())
 
     fine = await round1((PEERS[0], PEERS[1], PEERS[3]))
-    assert len(await verify_agreed_history(store, fine, session="rs", genesis=genesis)) == 2
+    assert (
+        len(
+            await verify_agreed_history(
+                store, fine, keys=MEMORY_KEYS, session="rs", genesis=genesis
+            )
+        )
+        == 2
+    )
     with pytest.raises(RoundVerificationFailed, match="lists proven lying reducer"):
-        await verify_agreed_history(store, await round1(PEERS), session="rs", genesis=genesis)
+        await verify_agreed_history(
+            store, await round1(PEERS), keys=MEMORY_KEYS, session="rs", genesis=genesis
+        )
 
 
 def test_roster_problem_refuses_a_proven_liar_and_records_stay_backward_compatible() -> None:

@@ -133,14 +133,19 @@ async def test_sliced_rounds_under_retention_keep_records_drop_old_slices_and_re
             assert (await store.has(entry.contribution)) == kept, (r, entry.peer)
     # The chain, its rosters, slice and fraud records still verify without recomputation ...
     chain = await verify_agreed_history(
-        store, results[-1][0].record, session="rs", genesis=genesis, recompute=False
+        store, results[-1][0].record, keys=bus.keys, session="rs", genesis=genesis, recompute=False
     )
     assert [rec.excluded for rec in chain] == [None] + [(PEERS[2],)] * (ROUNDS - 1)
     swapped = records[0].slices or ()
     bad = dataclasses.replace(records[0], slices=(swapped[1], swapped[0], *swapped[2:]))
     with pytest.raises(RoundVerificationFailed, match="does not fit"):
         await verify_agreed_history(
-            store, await store.put(bad.to_block()), session="rs", genesis=genesis, recompute=False
+            store,
+            await store.put(bad.to_block()),
+            keys=bus.keys,
+            session="rs",
+            genesis=genesis,
+            recompute=False,
         )
     # ... the last round re-aggregates, an old one reports its dropped inputs.
     await verify_agreed_round(store, results[-1][0].record)
