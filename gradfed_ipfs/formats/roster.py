@@ -50,6 +50,7 @@ from ..errors import (
     MalformedManifest,
 )
 from ..tensor.packing import PackSpec
+from .fast_cbor import encode_dag_cbor
 from .memo import DecodeMemo
 from .pubsub import decode_multibase, encode_multibase
 from .records import decode_record, encode_record, require
@@ -75,6 +76,8 @@ __all__ = [
     "MessageKind",
     "Roster",
     "RosterEntry",
+    "COMET_CONTRIBUTION",
+    "comet_contribution_body",
     "contribution_body",
     "message_kind",
     "open_message",
@@ -324,8 +327,45 @@ def contribution_body(roster: Roster, entry: RosterEntry) -> bytes:
     ).encode()  # fmt: skip
 
 
+COMET_CONTRIBUTION: Final = "comet/contribution"
+"""Kind of a contribution transaction on a CometBFT control plane (its entries' signatures)."""
+
+
+def comet_contribution_body(
+    session: str, round_number: int, cid: CID, weight: int, base: CID
+) -> bytes:
+    """Return the body of a ``comet/contribution`` transaction (dag-cbor, CIDs as text).
+
+    A roster decided on a CometBFT chain lists each entry with the signature of its owner's
+    contribution transaction: the same claim (this CID, weight and base in this round of the
+    session) as an ``agreed/contrib`` statement.
+    """
+    return encode_dag_cbor(
+        {"session": session, "round": round_number, "cid": cid_to_str(cid),
+         "weight": int(weight), "base": cid_to_str(base)}
+    )  # fmt: skip
+
+
+def _entry_verifies(roster: Roster, entry: RosterEntry, keys: KeyBook) -> None:
+    """Verify ``entry``'s signature as its ``agreed/contrib``, else its chain transaction."""
+    assert entry.signature is not None  # noqa: S101 - checked by the caller
+    try:
+        verify_signed(
+            entry.peer, message_kind("contrib"), contribution_body(roster, entry),
+            entry.signature, keys,
+        )  # fmt: skip
+    except BadSignature:
+        body = comet_contribution_body(
+            roster.session, roster.round, entry.contribution, entry.weight, roster.base
+        )
+        verify_signed(entry.peer, COMET_CONTRIBUTION, body, entry.signature, keys)
+
+
 def verify_roster_entries(roster: Roster, keys: KeyBook = PEER_ID_KEYS) -> None:
     """Check every entry carries its owner's signature of the contribution it lists.
+
+    The signature is of its owner's ``agreed/contrib`` statement, or (a roster decided on a
+    CometBFT chain) of its ``comet/contribution`` transaction.
 
     Raises
     ------
@@ -337,10 +377,7 @@ def verify_roster_entries(roster: Roster, keys: KeyBook = PEER_ID_KEYS) -> None:
         if entry.signature is None:
             raise BadSignature(f"roster entry of {entry.peer:.60} is not signed")
         try:
-            verify_signed(
-                entry.peer, message_kind("contrib"), contribution_body(roster, entry),
-                entry.signature, keys,
-            )  # fmt: skip
+            _entry_verifies(roster, entry, keys)
         except BadSignature as exc:
             raise BadSignature(
                 f"roster entry of {entry.peer:.60} is not its signed contribution: {exc}"

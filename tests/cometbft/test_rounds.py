@@ -10,7 +10,6 @@ import pytest
 from gradfed_ipfs.block import Block
 from gradfed_ipfs.cometbft.abci import (
     LedgerApp,
-    RosterLine,
     RoundMachine,
     RoundsGenesis,
     RoundView,
@@ -21,7 +20,7 @@ from gradfed_ipfs.cometbft.abci import (
 )
 from gradfed_ipfs.cometbft.abci.pb.cometbft.abci.v1 import types_pb2 as abci
 from gradfed_ipfs.errors import MalformedManifest
-from gradfed_ipfs.formats.statement import LocalSigner, sign_statement
+from gradfed_ipfs.formats.statement import LocalSigner, decode_statement, sign_statement
 
 SIGNERS = [LocalSigner.from_seed(bytes([i + 1]) * 32) for i in range(4)]
 A, B, C, D = SIGNERS
@@ -282,9 +281,12 @@ async def test_init_chain_with_a_round_app_state_runs_the_round_machine() -> Non
     assert answer_q.code == 0
     view = RoundView.from_dict(dag_cbor.decode(answer_q.value))
     assert view.status == "closed"
-    assert view.roster == tuple(
-        RosterLine(p, _cid(f"{p}/0"), 1) for p in sorted(s.peer_id for s in SIGNERS)
-    )
+    assert view.roster is not None
+    assert [(e.peer, e.cid, e.weight) for e in view.roster] == [
+        (p, _cid(f"{p}/0"), 1) for p in sorted(s.peer_id for s in SIGNERS)
+    ]
+    signed = {decode_statement(Block.new(tx, "dag-cbor")).signature for tx in contributed}
+    assert {e.signature for e in view.roster} <= signed  # each line: its owner's tx signature
     members = app.handle(abci.Request(query=abci.QueryRequest(path="/members"))).query
     decoded = dag_cbor.decode(members.value)
     assert isinstance(decoded, dict)

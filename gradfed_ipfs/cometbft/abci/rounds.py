@@ -36,7 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import dag_cbor
@@ -169,11 +169,12 @@ class RoundsGenesis:
 
 @dataclass(frozen=True)
 class RosterLine:
-    """One decided roster entry: a peer's contribution CID and weight."""
+    """One decided roster entry: a peer's contribution CID, weight and its tx's signature."""
 
     peer: str
     cid: str
     weight: int
+    signature: bytes = b""
 
 
 @dataclass
@@ -240,10 +241,10 @@ class RoundView:
         return {
             "round": self.round, "status": self.status, "base": self.base,
             "roster": None if self.roster is None
-            else [[e.peer, e.cid, e.weight] for e in self.roster],
+            else [[e.peer, e.cid, e.weight, e.signature] for e in self.roster],
             "record": self.record, "model": self.model, "results": self.results,
             "evidence": list(self.evidence),
-            "contributions": [[e.peer, e.cid, e.weight] for e in self.contributions],
+            "contributions": [[e.peer, e.cid, e.weight, e.signature] for e in self.contributions],
         }  # fmt: skip
 
     @classmethod
@@ -269,7 +270,7 @@ class RoundView:
 
 
 def _lines(value: Any) -> tuple[RosterLine, ...]:
-    return tuple(RosterLine(str(p), str(c), int(w)) for p, c, w in value)
+    return tuple(RosterLine(str(p), str(c), int(w), bytes(s)) for p, c, w, s in value)
 
 
 @dataclass
@@ -366,7 +367,8 @@ class RoundMachine:
             return RoundView(r, "waiting" if r > state.current else "open", base, None, None, None)
         status = "waiting" if r > state.current else "open" if known.roster is None else "closed"
         contributions = tuple(
-            RosterLine(p, c.cid, c.weight) for p, c in sorted(known.contributions.items())
+            RosterLine(p, c.cid, c.weight, c.signature)
+            for p, c in sorted(known.contributions.items())
         )
         return RoundView(
             r, status, known.base, known.roster, None, None, len(known.results),
@@ -426,7 +428,8 @@ class RoundMachine:
         if cid in state.seen:
             return Verdict(TxCode.DUPLICATE, f"statement {cid} is already logged")
         if isinstance(body, Contribution):
-            verdict = self._contribute(work, state, statement.author, body)
+            signed = replace(body, signature=statement.signature)  # what its roster line carries
+            verdict = self._contribute(work, state, statement.author, signed)
         elif isinstance(body, Attestation):
             verdict = self._attest(state, statement.author, body)
         else:
@@ -514,7 +517,9 @@ class RoundMachine:
         everyone = set(held) == self._members - state.equivocators
         due = time_ns - state.opened_ns >= self.genesis.collect_ms * 1_000_000
         if everyone or (due and len(held) >= self.genesis.min_peers):
-            state.roster = tuple(RosterLine(p, held[p].cid, held[p].weight) for p in sorted(held))
+            state.roster = tuple(
+                RosterLine(p, held[p].cid, held[p].weight, held[p].signature) for p in sorted(held)
+            )
             lines = [[e.peer, e.cid, e.weight] for e in state.roster]
             item = _decided_item(state.number, "roster", lines)
             work.decided_head = _chain(_DECIDED_TAG, work.decided_head, item)

@@ -28,6 +28,7 @@ import dag_cbor
 from ..._types import CIDLike
 from ...cid import parse_cid
 from ...errors import DecodeError, MalformedManifest
+from ...formats.roster import comet_contribution_body
 from ...formats.statement import Signer, sign_statement
 
 __all__ = [
@@ -71,6 +72,8 @@ class Contribution:
     cid: str
     weight: int
     base: str
+    signature: bytes = b""
+    """The transaction's signature (set by the machine; what the roster entry carries)."""
 
 
 @dataclass(frozen=True)
@@ -173,9 +176,8 @@ async def contribution_tx(
     signer: Signer, session: str, round_number: int, cid: CIDLike, weight: int, base: CIDLike
 ) -> bytes:
     """Return the signed ``comet/contribution`` transaction of ``signer``."""
-    body = {"session": session, "round": round_number, "cid": str(parse_cid(cid)),
-            "weight": int(weight), "base": str(parse_cid(base))}  # fmt: skip
-    return await _sign(signer, CONTRIBUTION, body)
+    body = comet_contribution_body(session, round_number, parse_cid(cid), weight, parse_cid(base))
+    return (await sign_statement(signer, CONTRIBUTION, body)).block.data
 
 
 async def attestation_tx(

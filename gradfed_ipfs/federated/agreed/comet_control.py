@@ -236,7 +236,9 @@ class CometControl:
     ) -> AdoptedRoster:
         """Fetch the decided roster's contributions (retrying until ``deadline``); adopt it."""
         gradients = [await self._values(ctx, line, deadline) for line in lines]
-        entries = {line.peer: (parse_cid(line.cid), line.weight) for line in lines}
+        entries = {  # each entry signed by its owner's contribution transaction
+            line.peer: (parse_cid(line.cid), line.weight, line.signature or None) for line in lines
+        }
         roster = Roster.new(
             self._session, self._genesis, ctx.number, ctx.base, ctx.ranking[0],
             ctx.config.members, entries,
