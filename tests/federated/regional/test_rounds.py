@@ -14,6 +14,7 @@ from multiformats import CID
 from gradfed_ipfs.block import Block
 from gradfed_ipfs.errors import ConfigError, QuorumNotReached, RoundVerificationFailed
 from gradfed_ipfs.federated.agreed.history import load_record
+from gradfed_ipfs.federated.regional import sign_vote
 from gradfed_ipfs.federated.regional.session import (
     RegionalConfig,
     RegionalRoundResult,
@@ -21,7 +22,6 @@ from gradfed_ipfs.federated.regional.session import (
     regional_topic,
     verify_regional_round,
 )
-from gradfed_ipfs.federated.regional import sign_vote
 from gradfed_ipfs.formats.regional import RegionalRecord, RegionVote
 from gradfed_ipfs.formats.roster import AgreedRecord
 from gradfed_ipfs.formats.statement import KeyDirectory
