@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,7 +32,7 @@ from gradfed_ipfs.formats.regional import RegionalRecord, RegionVote, RegionVote
 from gradfed_ipfs.formats.roster import AgreedMessage, Roster
 from gradfed_ipfs.kubo import MemoryPubsubBus, PubsubWrapper
 from gradfed_ipfs.kubo.pubsub import PubsubTransport
-from gradfed_ipfs.storage import MemoryBlockStore, fetch_gradient, put_gradient
+from gradfed_ipfs.storage import BlockStore, MemoryBlockStore, fetch_gradient, put_gradient
 from gradfed_ipfs.tensor import region_mean
 from tests.polling import apoll_until
 
@@ -52,7 +53,14 @@ def gradient(peer: str, round_number: int) -> np.ndarray:
     return rng.standard_normal(D).astype(np.float32)
 
 
-async def self_made_record(store: MemoryBlockStore, honest: CID, value: np.ndarray) -> CID:
+async def self_made_record(
+    store: BlockStore,
+    honest: CID,
+    value: np.ndarray,
+    *,
+    author: str = "evil",
+    expected: tuple[str, ...] = ("evil", "us-1"),
+) -> CID:
     """Evil's own us record of the round: a roster of itself, its value as the result.
 
     Ground until its CID sorts before the honest record's (on main, a tie of one announcer
@@ -60,17 +68,12 @@ async def self_made_record(store: MemoryBlockStore, honest: CID, value: np.ndarr
     """
     await apoll_until(lambda: store.has(honest), timeout=5.0, what="the honest us record")
     record = await load_record(store, honest)
-    roster = Roster.new(
-        record.session, record.genesis, record.round, record.base, "evil", ("evil", "us-1"), {}
-    )
     for i in range(200):
         mine = value + np.float32(i * 1e-3)
         contribution = await put_gradient(store, mine)
-        roster = dataclasses.replace(
-            roster, entries=Roster.new(
-                roster.session, roster.genesis, roster.round, roster.base, "evil",
-                roster.expected, {"evil": (contribution, 1)},
-            ).entries,
+        roster = Roster.new(
+            record.session, record.genesis, record.round, record.base, author, expected,
+            {author: (contribution, 1)},
         )  # fmt: skip
         roster_cid = await store.put(roster.to_block())
         result = await put_gradient(store, region_mean([mine]))
@@ -144,8 +147,9 @@ async def attack(*, evil_votes_honestly: bool, rounds: int, **settings: object) 
             records.append(outcome)  # type: ignore[arg-type]
             results.append(dict(zip(sessions, mine, strict=True)))  # type: ignore[arg-type]
     finally:
-        for closable in [*sessions.values(), evil]:
-            await closable.aclose()
+        for session in sessions.values():
+            await session.aclose()
+        await evil.aclose()
     return store, bus, config, results, records
 
 
@@ -180,7 +184,7 @@ async def test_attack_11_a_self_made_region_record_is_not_combined() -> None:
         lie_cid = await store.put(lie.to_block())
         for options in ({"config": config}, {"regions": REGIONS}, {}):
             with pytest.raises(RoundVerificationFailed, match="1 votes, 2 needed"):
-                await verify_regional_round(store, lie_cid, keys=bus.keys, **options)  # type: ignore[arg-type]
+                await verify_regional_round(store, lie_cid, keys=bus.keys, **options)
 
 
 async def test_a_region_whose_majority_does_not_vote_is_not_combined_by_anyone() -> None:
@@ -268,7 +272,7 @@ async def test_the_board_keeps_members_votes_for_their_own_region_and_round_only
     record = Block.new(b"\xa0", "dag-cbor").cid
     board = VoteBoard("reg", genesis, REGIONS, bus.keys)
 
-    async def vote(peer: str, **changes: object) -> bytes:
+    async def vote(peer: str, **changes: Any) -> bytes:
         body = dataclasses.replace(
             RegionVote("reg", genesis, 0, REGIONS.get(peer, "us"), record), **changes
         )
