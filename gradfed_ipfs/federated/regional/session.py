@@ -11,19 +11,24 @@ Peers are tagged with regions (:class:`~.regional_config.RegionalConfig`). Round
    region's :class:`~gradfed_ipfs.formats.roster.AgreedRecord` names its roster and its
    aggregate; a member absent from the region round is absent from its roster only.
    Contributions are announced on the region's topic and fetched by its peers alone.
-2. **announce**: every peer of a combined region announces ``done{region aggregate, region
-   record}`` on the top-level topic (:func:`~.regional_config.regional_topic`), re-announced
-   until the next round. A region that ``in-regions`` does not combine announces nothing there:
-   nothing of it is ever fetched outside it.
-3. **combine**: a peer adopts, for each other combined region, the record announced by most of
-   that region's peers (then the smallest CID) that checks out (session, round, rule, a roster
-   of that region's members), fetches its aggregate, and combines the region aggregates
-   (:func:`~.regional_config.combine_regions`, regions sorted). It stores the result and a
-   :class:`~gradfed_ipfs.formats.regional.RegionalRecord` (the region records sorted, the mode,
-   the result): every honest peer writes the same bytes, so the same top-level CID.
+2. **vote**: every peer of a combined region signs one ``regional/vote`` statement naming its
+   region's record (:mod:`.votes`) and re-announces the same bytes on the top-level topic
+   (:func:`~.config.regional_topic`) until the next round. A region that ``in-regions`` does
+   not combine announces nothing there: nothing of it is ever fetched outside it.
+3. **combine**: a peer adopts, for every combined region (its own included), the record with
+   votes of more than half of that region's members and at least its ``min_peers``
+   (:meth:`~.config.RegionalConfig.votes_needed`) that checks out (session, round, rule, a
+   roster of that region's members). Its evidence is the vote set of the first such voters in
+   member order (the rule and its limit: :mod:`.votes`), which the peer stores and relays.
+   It fetches the aggregates and combines them (:func:`~.config.combine_regions`, regions
+   sorted), and stores the result and a
+   :class:`~gradfed_ipfs.formats.regional.RegionalRecord` (per region its record and vote
+   set, the mode, the result): honest peers write the same bytes, so the same top-level CID.
+   A record without enough votes is never fetched; its voters are named in ``rejected``.
 
-:func:`verify_regional_round` re-checks a top-level record from its CID alone: each region
-record is re-aggregated from its roster's contributions
+:func:`verify_regional_round` re-checks a top-level record from its CID alone: each region's
+votes are checked (signatures, members, round, enough of them), each region record is
+re-aggregated from its roster's contributions
 (:func:`~.agreed_history.verify_agreed_round`), then the combine is recomputed.
 """
 

@@ -208,9 +208,14 @@ class VoteBoard:
             return 0
         block = Block.new(message.data, "dag-cbor")
         try:
-            carried = RegionVotes.from_block(block).votes  # a relayed vote set
+            relayed = RegionVotes.from_block(block)
         except DecodeError:
-            carried = (block.data,)  # one vote (checked by add)
+            carried: tuple[bytes, ...] = (block.data,)  # one vote (checked by add)
+        else:
+            carried = relayed.votes
+            if len(carried) > sum(r == relayed.region for r in self.regions.values()):
+                self.dropped["malformed"] += 1  # more votes than voters: no signature checked
+                return 0
         new = sum(self.add(data) for data in carried)
         if len(self._seen) < _SEEN_PER_MEMBER * len(self.regions):
             self._seen[digest] = self.current

@@ -297,8 +297,11 @@ async def test_the_board_keeps_members_votes_for_their_own_region_and_round_only
         for i in range(6)
     ]
     assert board.accept(message("eu-2", relayed.to_block().data)) == 0  # known already
+    padded = RegionVotes("us", record, relayed.votes * 3)  # us has 2 members
+    assert board.accept(message("eu-2", padded.to_block().data)) == 0
     assert sum(board.accept(message("evil", v)) for v in evil_votes) == 4
     assert board.dropped["flood"] == 2
+    assert board.dropped["malformed"] == 2
     board.advance(2)
     assert board.votes(0, "us") == {}
 
