@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ from gradfed_ipfs.federated.regional import (
     RegionalRoundResult,
     RegionalSession,
     VoteBoard,
+    decode_vote,
     sign_vote,
     verify_regional_round,
     vote_quorum,
@@ -194,15 +196,38 @@ async def test_a_region_whose_majority_does_not_vote_is_not_combined_by_anyone()
         await attack(evil_votes_honestly=False, rounds=1, round_timeout=1.5)
 
 
+class LosesFirst(PubsubWrapper):
+    """A receiver's lossy link: the first ``count`` top-level messages from ``sender`` are lost."""
+
+    def __init__(self, inner: PubsubTransport, sender: str, count: int) -> None:
+        super().__init__(inner)
+        self.sender, self.count = sender, count
+
+    def subscribe(self, topic: str) -> AsyncIterator[PubsubMessage]:
+        messages = self.inner.subscribe(topic)
+
+        async def lossy() -> AsyncIterator[PubsubMessage]:
+            async for message in messages:
+                if "/regional/" in topic and message.from_peer == self.sender and self.count > 0:
+                    self.count -= 1
+                    continue
+                yield message
+
+        return lossy()
+
+
 async def honest_round(
-    **settings: object,
+    *, lossy: dict[str, tuple[str, int]] | None = None, **settings: object
 ) -> tuple[MemoryBlockStore, MemoryPubsubBus, RegionalConfig, RegionalRecord]:
     store = MemoryBlockStore()
     genesis = await put_gradient(store, np.zeros(D, np.float32))
     regions = {"eu-1": "eu", "eu-2": "eu", "eu-3": "eu", "us-1": "us"}
     config = RegionalConfig(regions, **{**FAST, **settings})  # type: ignore[arg-type]
     bus = MemoryPubsubBus()
-    sessions = [RegionalSession(store, bus.endpoint(p), "reg", genesis, config) for p in regions]
+    links: dict[str, PubsubTransport] = {p: bus.endpoint(p) for p in regions}
+    for receiver, (sender, count) in (lossy or {}).items():
+        links[receiver] = LosesFirst(links[receiver], sender, count)
+    sessions = [RegionalSession(store, links[p], "reg", genesis, config) for p in regions]
     for session in sessions:
         await session.start()
     try:
@@ -214,6 +239,26 @@ async def honest_round(
     top = RegionalRecord.from_block(await store.get(results[0].record))
     await verify_regional_round(store, results[0].record, config=config, keys=bus.keys)
     return store, bus, config, top
+
+
+async def test_a_lost_vote_of_an_earlier_member_is_waited_for_so_the_vote_sets_agree() -> None:
+    # eu needs 2 of 3 votes. us-1 loses eu-1's first top-level messages, so it holds eu-2's
+    # and eu-3's votes first; taking them would name another vote set than the eu peers'
+    # (eu-1, eu-2). It waits for eu-1's vote (re-announced, and relayed in vote sets).
+    store, bus, _, top = await honest_round(lossy={"us-1": ("eu-1", 3)}, min_peers=1)
+    voters = [
+        decode_vote(v, bus.keys).author
+        for v in RegionVotes.from_block(await store.get(top.votes[0])).votes
+    ]
+    assert voters == ["eu-1", "eu-2"]
+
+
+async def test_a_vote_that_never_reaches_a_peer_comes_relayed_in_a_vote_set() -> None:
+    # eu needs all 3 votes (the default); us-1 hears nothing from eu-1 on the top-level topic.
+    # eu-2 and eu-3 relay the vote set they adopted, which carries eu-1's vote.
+    store, bus, _, top = await honest_round(lossy={"us-1": ("eu-1", 10**9)}, round_timeout=5.0)
+    votes = RegionVotes.from_block(await store.get(top.votes[0])).votes
+    assert [decode_vote(v, bus.keys).author for v in votes] == ["eu-1", "eu-2", "eu-3"]
 
 
 async def with_eu_votes(store: MemoryBlockStore, top: RegionalRecord, votes: list[bytes]) -> CID:
