@@ -216,8 +216,12 @@ class VoteBoard:
             if len(carried) > sum(r == relayed.region for r in self.regions.values()):
                 self.dropped["malformed"] += 1  # more votes than voters: no signature checked
                 return 0
+        early = self.dropped["window"]
         new = sum(self.add(data) for data in carried)
-        if len(self._seen) < _SEEN_PER_MEMBER * len(self.regions):
+        # A vote of a round beyond the window is not remembered: it counts once the round comes.
+        if self.dropped["window"] == early and len(self._seen) < _SEEN_PER_MEMBER * len(
+            self.regions
+        ):
             self._seen[digest] = self.current
         return new
 

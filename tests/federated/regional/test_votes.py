@@ -349,6 +349,8 @@ async def test_the_board_keeps_members_votes_for_their_own_region_and_round_only
     assert board.dropped["malformed"] == 2
     board.advance(2)
     assert board.votes(0, "us") == {}
+    # The vote of round 17, dropped at round 0 (beyond the window), counts once it is near.
+    assert board.accept(message("evil", await vote("evil", round=17))) == 1
 
 
 def test_votes_needed_and_the_first_voters_rule() -> None:
