@@ -25,6 +25,7 @@ from .federated.regional import verify_regional_round
 from .formats.records import decode_record
 from .formats.regional import RegionalRecord
 from .formats.roster import AgreedRecord
+from .formats.statement import PEER_ID_KEYS, KeyBook
 from .provenance.round_record import ROUND_RECORD_TYPE, verify_round
 from .storage.base import BlockStore
 
@@ -69,12 +70,16 @@ async def record_kind(store: BlockStore, record_cid: CIDLike) -> RecordKind:
         return kind  # type: ignore[return-value]
     raise NotARoundRecord(
         f"{cid} is not a round record (neither a {ROUND_RECORD_TYPE}, an agreed-round nor a "
-        "regional-round v1 dag-cbor record)"
+        "regional-round v2 dag-cbor record)"
     )
 
 
 async def verify(
-    record_cid: CIDLike, store: BlockStore, *, rule: UpdateRule | None = None
+    record_cid: CIDLike,
+    store: BlockStore,
+    *,
+    rule: UpdateRule | None = None,
+    keys: KeyBook = PEER_ID_KEYS,
 ) -> Verified:
     """Re-verify the round record ``record_cid`` names, with the check of its type.
 
@@ -86,6 +91,9 @@ async def verify(
         Where the record, its roster, contributions and models are fetched.
     rule
         An agreed round's custom update rule, when it has one.
+    keys
+        Where signers' keys are found (a regional round's votes; memory-bus sessions pass
+        ``bus.keys``).
 
     Raises
     ------
@@ -100,7 +108,7 @@ async def verify(
     if kind == "agreed":
         return Verified(kind, (await verify_agreed_round(store, record_cid, rule)).round)
     if kind == "regional":
-        return Verified(kind, (await verify_regional_round(store, record_cid)).round)
+        return Verified(kind, (await verify_regional_round(store, record_cid, keys=keys)).round)
     checked = await verify_round(record_cid, store)
     if not checked.ok:
         raise RoundVerificationFailed(f"round {checked.round}: {checked.status}")

@@ -12,7 +12,7 @@ from gradfed_ipfs.errors import NotARoundRecord, RoundVerificationFailed
 from gradfed_ipfs.verification import record_kind
 from tests.federated.agreed.test_rounds import PEERS, close, make_sessions, run_all
 from tests.federated.agreed.test_rounds import initial_model as agreed_model
-from tests.federated.regional.test_rounds import REGIONS, run_peers
+from tests.federated.regional.test_rounds import KEYS, REGIONS, run_peers
 from tests.provenance.test_round_record import run_rounds
 
 
@@ -56,11 +56,13 @@ async def test_an_agreed_round_record_is_re_aggregated() -> None:
 async def test_a_regional_round_record_is_recombined() -> None:
     store, _, rounds = await run_peers(sorted(REGIONS), rounds=1)
     top = next(iter(rounds[0].values())).record
-    verified = await verify(top, store)
+    verified = await verify(top, store, keys=KEYS)
     assert (verified.kind, verified.round) == ("regional", 0)
     forged = await tampered(store, top, "combine", "weighted")
     with pytest.raises(RoundVerificationFailed, match="combine to"):
-        await verify(forged, store)
+        await verify(forged, store, keys=KEYS)
+    with pytest.raises(RoundVerificationFailed, match="not an Ed25519 peer ID"):
+        await verify(top, store)  # the bus's names are no peer IDs: their votes need its keys
 
 
 async def test_a_cid_that_names_no_round_record_is_refused() -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "RegionalRoundResult",
     "combine_regions",
     "regional_topic",
+    "votes_needed",
 ]
 
 
@@ -78,6 +79,15 @@ def combine_regions(
     return combine_region_means(means, None if combine == "hierarchical" else weight_sums)
 
 
+def votes_needed(members: int, min_peers: int | None = None) -> int:
+    """Return the votes a region record needs: more than half of ``members``, ``min_peers`` least.
+
+    ``min_peers`` is capped at ``members``; ``None`` means all of them (the regions' default).
+    """
+    quorum = members if min_peers is None else min(min_peers, members)
+    return max(members // 2 + 1, quorum)
+
+
 @dataclass(frozen=True)
 class RegionalConfig:
     """Settings every peer of a regional session shares (times in seconds).
@@ -94,7 +104,9 @@ class RegionalConfig:
         The regions combined by ``in-regions`` (required there, refused otherwise).
     min_peers
         Least contributions a region's roster lists (capped at the region's size); default
-        all of the region's members.
+        all of the region's members. A region record counts only with signed votes of more
+        than half of its region's members and at least ``min_peers``
+        (:meth:`votes_needed`).
     collect_timeout, takeover_timeout, announce_interval, max_announce_interval, fetch_timeout
         As in :class:`~gradfed_ipfs.federated.agreed.config.AgreedConfig`, per region.
     round_timeout
@@ -152,6 +164,10 @@ class RegionalConfig:
     def members(self, region: str) -> tuple[str, ...]:
         """Return the peers of ``region``, sorted."""
         return self._members[region]
+
+    def votes_needed(self, region: str) -> int:
+        """Return the signed votes a record of ``region`` needs (:func:`votes_needed`)."""
+        return votes_needed(len(self._members[region]), self.min_peers)
 
     def agreed(self, region: str) -> AgreedConfig:
         """Return the agreed-session settings of ``region`` (its members, the region rule)."""

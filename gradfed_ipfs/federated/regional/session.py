@@ -11,19 +11,24 @@ Peers are tagged with regions (:class:`~.regional_config.RegionalConfig`). Round
    region's :class:`~gradfed_ipfs.formats.roster.AgreedRecord` names its roster and its
    aggregate; a member absent from the region round is absent from its roster only.
    Contributions are announced on the region's topic and fetched by its peers alone.
-2. **announce**: every peer of a combined region announces ``done{region aggregate, region
-   record}`` on the top-level topic (:func:`~.regional_config.regional_topic`), re-announced
-   until the next round. A region that ``in-regions`` does not combine announces nothing there:
-   nothing of it is ever fetched outside it.
-3. **combine**: a peer adopts, for each other combined region, the record announced by most of
-   that region's peers (then the smallest CID) that checks out (session, round, rule, a roster
-   of that region's members), fetches its aggregate, and combines the region aggregates
-   (:func:`~.regional_config.combine_regions`, regions sorted). It stores the result and a
-   :class:`~gradfed_ipfs.formats.regional.RegionalRecord` (the region records sorted, the mode,
-   the result): every honest peer writes the same bytes, so the same top-level CID.
+2. **vote**: every peer of a combined region signs one ``regional/vote`` statement naming its
+   region's record (:mod:`.votes`) and re-announces the same bytes on the top-level topic
+   (:func:`~.config.regional_topic`) until the next round. A region that ``in-regions`` does
+   not combine announces nothing there: nothing of it is ever fetched outside it.
+3. **combine**: a peer adopts, for every combined region (its own included), the record with
+   votes of more than half of that region's members and at least its ``min_peers``
+   (:meth:`~.config.RegionalConfig.votes_needed`) that checks out (session, round, rule, a
+   roster of that region's members). Its evidence is the vote set of the first such voters in
+   member order (the rule and its limit: :mod:`.votes`), which the peer stores and relays.
+   It fetches the aggregates and combines them (:func:`~.config.combine_regions`, regions
+   sorted), and stores the result and a
+   :class:`~gradfed_ipfs.formats.regional.RegionalRecord` (per region its record and vote
+   set, the mode, the result): honest peers write the same bytes, so the same top-level CID.
+   A record without enough votes is never fetched; its voters are named in ``rejected``.
 
-:func:`verify_regional_round` re-checks a top-level record from its CID alone: each region
-record is re-aggregated from its roster's contributions
+:func:`verify_regional_round` re-checks a top-level record from its CID alone: each region's
+votes are checked (signatures, members, round, enough of them), each region record is
+re-aggregated from its roster's contributions
 (:func:`~.agreed_history.verify_agreed_round`), then the combine is recomputed.
 """
 
@@ -33,8 +38,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 from multiformats import CID
@@ -51,13 +56,13 @@ from ...errors import (
     QuorumNotReached,
     RoundVerificationFailed,
 )
-from ...formats.regional import RegionalRecord, region_session
-from ...formats.roster import AgreedMessage, AgreedRecord
+from ...formats.regional import RegionalRecord, RegionVote, RegionVotes, region_session
+from ...formats.roster import AgreedRecord
+from ...formats.statement import PEER_ID_KEYS, KeyBook, Signer
 from ...kubo.pubsub import PubsubTransport
 from ...storage.base import BlockStore
 from ...storage.dag import fetch_gradient
-from ...storage.retention import put_pinned_alone
-from ..agreed.coordinator import RoundBoard
+from ...storage.retention import put_all_pinned_alone, put_pinned_alone
 from ..agreed.history import load_record, load_roster, model_cid, verify_agreed_round
 from ..agreed.session import AgreedSession
 from ..exchange.announcer import Reannouncer
@@ -69,7 +74,9 @@ from .config import (
     RegionMeanRule,
     combine_regions,
     regional_topic,
+    votes_needed,
 )
+from .votes import VoteBoard, check_vote_set, sign_vote, vote_quorum, vote_set
 
 __all__ = [
     "RegionMeanRule",
@@ -81,9 +88,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("gradfed_ipfs.federated.regional")
-
-_TOP: str = "regional"
-"""Suffix of the top-level board's session name."""
 
 
 class RegionalSession:
@@ -121,7 +125,8 @@ class RegionalSession:
         self.peer_id = ""
         self.region = ""
         self._region: AgreedSession | None = None
-        self._board: RoundBoard | None = None
+        self._board: VoteBoard | None = None
+        self._identity: Signer | None = None
         self._announcer = Reannouncer(
             pubsub, self.topic, config.announce_interval, config.max_announce_interval
         )
@@ -159,9 +164,7 @@ class RegionalSession:
             self.genesis,
             self.config.agreed(region),
         )
-        self._board = RoundBoard(
-            f"{self.session}/{_TOP}", self.genesis, self.peer_id, tuple(self.config.regions)
-        )
+        self._board = VoteBoard(self.session, self.genesis, self.config.regions, self.pubsub.keys)
         await self._region.start(model)
         board, messages = self._board, self.pubsub.subscribe(self.topic)
 
@@ -189,8 +192,8 @@ class RegionalSession:
         Raises
         ------
         QuorumNotReached
-            If this region adopted no roster, or a combined region's record was not heard,
-            by ``round_timeout``.
+            If this region adopted no roster, or a combined region's record did not gather
+            enough signed votes, by ``round_timeout``.
         RoundMismatch
             As :meth:`AgreedSession.run_round` (this peer's region disagreed).
         """
@@ -198,30 +201,28 @@ class RegionalSession:
         started = time.monotonic()
         board.advance(r)
         mine = await self.region_session.run_round(gradient, weight=weight)
-        # region -> (record CID, aggregate, weight total)
-        found: dict[str, tuple[CID, FloatArray, int]] = {}
         if self.region in config.combined:
-            message = AgreedMessage(
-                "done", board.session, self.genesis, r, self.peer_id, mine.model,
-                record=mine.record,
-            )  # fmt: skip
-            await self._announcer.post("done", message.encode())
-            total = sum(entry.weight for entry in mine.roster.entries)
-            found[self.region] = (mine.record, self.region_session.model, total)
+            body = RegionVote(self.session, self.genesis, r, self.region, mine.record)
+            vote = await sign_vote(await self._signer(), self.pubsub.keys, body)
+            board.add(vote.data)
+            await self._announcer.post("vote", vote.data)  # signed once, re-announced as is
         else:
-            self._announcer.withdraw("done")
+            self._announcer.withdraw("vote")
         rejected: dict[str, str] = {}
-        await self._gather(r, found, rejected)
-        means = {region: values for region, (_, values, _) in found.items()}
-        sums = {region: total for region, (_, _, total) in found.items()}
+        found = await self._gather(r, rejected)
+        means = {region: adopted.values for region, adopted in found.items()}
+        sums = {region: adopted.total for region, adopted in found.items()}
         aggregate = combine_regions(config.combine, means, sums, config.allowed)
         encoded = await encode_gradient(aggregate)
-        regions = tuple((region, found[region][0]) for region in sorted(found))
+        ordered = sorted(found)
+        regions = tuple((region, found[region].record) for region in ordered)
+        votes = [found[region].votes.to_block() for region in ordered]
         top = RegionalRecord(
             self.session, self.genesis, r, config.combine, config.allowed, regions,
-            encoded.cid,
+            encoded.cid, tuple(block.cid for block in votes),
         )  # fmt: skip
         await encoded.store(self.store)
+        await put_all_pinned_alone(self.store, votes)
         record_cid = await put_pinned_alone(self.store, top.to_block())
         return RegionalRoundResult(
             round=r,
@@ -239,47 +240,72 @@ class RegionalSession:
 
     # ------------------------------------------------------------------ helpers
 
-    async def _gather(
-        self, r: int, found: dict[str, tuple[CID, FloatArray, int]], rejected: dict[str, str]
-    ) -> None:
-        """Adopt a record of every combined region into ``found`` (``round_timeout`` s)."""
+    async def _signer(self) -> Signer:
+        if self._identity is None:
+            self._identity = await self.pubsub.signer()
+        return self._identity
+
+    async def _gather(self, r: int, rejected: dict[str, str]) -> dict[str, _Adopted]:
+        """Adopt a voted record of every combined region (``round_timeout`` s)."""
         board, combined = self._require_board(), self.config.combined
         deadline = time.monotonic() + self.config.round_timeout
+        found: dict[str, _Adopted] = {}
         tried: set[bytes] = set()
+        waiting: dict[tuple[str, bytes], float] = {}  # a gap in the first voters: since when
         while True:
             event = board.changed
             for region in combined:
                 if region not in found:
-                    adopted = await self._adopt(r, region, rejected, tried)
+                    adopted = await self._adopt(r, region, rejected, tried, waiting)
                     if adopted is not None:
                         found[region] = adopted
+                        # Relayed, so a vote its author sent to this peer only reaches all.
+                        await self._announcer.post(f"votes/{region}", adopted.votes.to_block().data)
             if len(found) == len(combined):
-                return
+                self._name_other_votes(r, found, rejected)
+                return found
             if time.monotonic() >= deadline:
                 raise QuorumNotReached(r, len(found), len(combined))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), 0.05)
 
-    def _require_board(self) -> RoundBoard:
+    def _name_other_votes(
+        self, r: int, found: Mapping[str, _Adopted], rejected: dict[str, str]
+    ) -> None:
+        """Name in ``rejected`` every member that voted for a record of its region not adopted."""
+        board = self._require_board()
+        for region, adopted in found.items():
+            for raw, by_author in board.votes(r, region).items():
+                if raw != bytes(adopted.record):
+                    for author, vote in by_author.items():
+                        rejected.setdefault(
+                            author, f"voted for region record {vote.body.record}, not counted"
+                        )
+
+    def _require_board(self) -> VoteBoard:
         if self._board is None:
             raise RuntimeError("RegionalSession.start() has not been called")
         return self._board
 
     async def _adopt(
-        self, r: int, region: str, rejected: dict[str, str], tried: set[bytes]
-    ) -> tuple[CID, FloatArray, int] | None:
-        """Adopt ``region``'s most-announced valid round-``r`` record: its CID, aggregate, total.
+        self,
+        r: int,
+        region: str,
+        rejected: dict[str, str],
+        tried: set[bytes],
+        waiting: dict[tuple[str, bytes], float],
+    ) -> _Adopted | None:
+        """Adopt ``region``'s round-``r`` record with enough votes, if one checks out.
 
-        A record or aggregate not stored yet (peers store them after announcing) is retried.
+        A record or aggregate not stored yet (peers store them after voting) is retried.
         """
-        members = set(self.config.members(region))
-        done = self._require_board().state(r).done
-        heard = {bytes(h.record): h.record for p, h in done.items() if p in members}
-        votes = Counter(bytes(h.record) for p, h in done.items() if p in members and h.round == r)
-        for raw, _ in sorted(votes.items(), key=lambda item: (-item[1], item[0])):
-            if raw in tried:
+        members, need = self.config.members(region), self.config.votes_needed(region)
+        by_record = self._require_board().votes(r, region)
+        for raw, by_author in sorted(by_record.items(), key=lambda item: (-len(item[1]), item[0])):
+            quorum = vote_quorum(members, need, by_author)
+            if raw in tried or quorum is None or not self._settled(region, raw, quorum, waiting):
                 continue
-            cid = heard[raw]
+            cid = next(iter(by_author.values())).body.record
             try:
                 record = await load_record(self.store, cid, timeout=self.config.fetch_timeout)
                 problem, total = await self._record_problem(record, r, region)
@@ -290,14 +316,28 @@ class RegionalSession:
                 logger.debug("round %d: region %s record %s not fetched: %s", r, region, cid, exc)
                 continue
             except (BlockStoreError, DecodeError, DimensionMismatch) as exc:
-                problem, values = str(exc), None  # the announcers' fault, not the round's
+                problem, values = str(exc), None  # the voters' fault, not the round's
             tried.add(raw)
             if values is None:
-                for peer in (p for p, h in done.items() if bytes(h.record) == raw):
+                for peer in by_author:
                     rejected[peer] = f"region record {cid}: {problem}"
                 continue
-            return cid, values, total
+            chosen = vote_set(by_author[peer] for peer in quorum[0])
+            return _Adopted(cid, chosen, values, total)
         return None
+
+    def _settled(
+        self,
+        region: str,
+        raw: bytes,
+        quorum: tuple[tuple[str, ...], bool],
+        waiting: dict[tuple[str, bytes], float],
+    ) -> bool:
+        """Whether the vote set is final: no earlier member missing, or waited for long enough."""
+        if quorum[1]:
+            return True
+        since = waiting.setdefault((region, raw), time.monotonic())
+        return time.monotonic() - since >= self.config.takeover_timeout
 
     async def _fetch(self, cid: CID) -> FloatArray:
         values = await fetch_gradient(
@@ -322,58 +362,68 @@ class RegionalSession:
         return "", sum(entry.weight for entry in roster.entries)
 
 
+@dataclass(frozen=True)
+class _Adopted:
+    """A region's adopted record: its CID, its vote set, its aggregate and weight total."""
+
+    record: CID
+    votes: RegionVotes
+    values: FloatArray
+    total: int
+
+
 async def verify_regional_round(
     store: BlockStore,
     record_cid: CIDLike,
     *,
     session: str | None = None,
     regions: Mapping[str, str] | None = None,
+    config: RegionalConfig | None = None,
+    keys: KeyBook = PEER_ID_KEYS,
 ) -> RegionalRecord:
     """Re-verify a regional round from its top-level record's CID alone.
 
-    Every region record is re-aggregated from its roster's contributions (and must belong to
-    its region and round), then the combine is recomputed; both must hash to the recorded CIDs.
+    Every region record must carry enough signed votes of its region's members (its vote
+    set), is re-aggregated from its roster's contributions (and must belong to its region and
+    round), then the combine is recomputed; both must hash to the recorded CIDs.
 
     Parameters
     ----------
     store
-        Where to fetch the records, rosters, contributions and aggregates.
+        Where to fetch the records, vote sets, rosters, contributions and aggregates.
     record_cid
         The top-level record's CID.
     session
         The session it must belong to (any when ``None``).
     regions
         Peer ID → region (the session's :attr:`RegionalConfig.regions`): when given, every
-        roster may list only peers of its own region.
+        roster may list only peers of its own region and votes count against those members.
+    config
+        The session's settings: as ``regions``, and each region's votes must reach
+        :meth:`RegionalConfig.votes_needed` (``min_peers`` included). Without ``config`` or
+        ``regions`` a region's members are those its roster expects (a record that forges its
+        roster's member list too is caught only by passing them).
+    keys
+        Where voters' keys are found (default: in their Ed25519 peer IDs; memory-bus
+        sessions pass ``bus.keys``).
 
     Raises
     ------
     RoundVerificationFailed
-        If anything is missing, malformed or recomputes to another CID.
+        If anything is missing, malformed, short of votes or recomputes to another CID.
     """
     cid = parse_cid(record_cid)
+    if config is not None:
+        regions = config.regions
     try:
         top = RegionalRecord.from_block(await store.get(cid))
         if session is not None and top.session != session:
             raise RoundVerificationFailed(f"record {cid} belongs to {top.session!r}")
         means: dict[str, FloatArray] = {}
         sums: dict[str, int] = {}
-        for region, region_cid in top.regions:
-            record = await verify_agreed_round(store, region_cid, REGION_MEAN)
-            roster = await load_roster(store, record.roster)
-            if (
-                record.session != region_session(top.session, region)
-                or bytes(record.genesis) != bytes(top.genesis)
-                or record.round != top.round
-                or record.rule != REGION_MEAN.LABEL
-            ):
-                raise RoundVerificationFailed(
-                    f"region {region}'s record {region_cid} is not round {top.round}'s"
-                )
-            if regions is not None and any(regions.get(p) != region for p in roster.peers):
-                raise RoundVerificationFailed(f"region {region}'s roster lists another region")
-            sums[region] = sum(entry.weight for entry in roster.entries)
-            means[region] = np.asarray(await fetch_gradient(store, record.result), np.float32)
+        for (region, region_cid), votes_cid in zip(top.regions, top.votes, strict=True):
+            check = _RegionCheck(top, region, region_cid, regions, config, keys)
+            means[region], sums[region] = await check.run(store, votes_cid)
         combined = combine_regions(top.combine, means, sums, top.allowed)
     except (BlockStoreError, DecodeError, DimensionMismatch, InvalidGradient) as exc:
         raise RoundVerificationFailed(f"regional record {cid}: {exc}") from exc
@@ -383,3 +433,43 @@ async def verify_regional_round(
             f"round {top.round}: the regions combine to {recomputed}, record says {top.result}"
         )
     return top
+
+
+@dataclass(frozen=True)
+class _RegionCheck:
+    """The verification of one region entry of a top-level record."""
+
+    top: RegionalRecord
+    region: str
+    record: CID
+    regions: Mapping[str, str] | None
+    config: RegionalConfig | None
+    keys: KeyBook
+
+    async def run(self, store: BlockStore, votes_cid: CID) -> tuple[FloatArray, int]:
+        """Check the votes, then re-aggregate; return the region's aggregate and weight total."""
+        top, region = self.top, self.region
+        record = await verify_agreed_round(store, self.record, REGION_MEAN)
+        roster = await load_roster(store, record.roster)
+        if (
+            record.session != region_session(top.session, region)
+            or bytes(record.genesis) != bytes(top.genesis)
+            or record.round != top.round
+            or record.rule != REGION_MEAN.LABEL
+        ):
+            raise RoundVerificationFailed(
+                f"region {region}'s record {self.record} is not round {top.round}'s"
+            )
+        if self.regions is not None and any(self.regions.get(p) != region for p in roster.peers):
+            raise RoundVerificationFailed(f"region {region}'s roster lists another region")
+        members = roster.expected
+        if self.regions is not None:
+            members = tuple(sorted(p for p, r in self.regions.items() if r == region))
+        need = votes_needed(len(members), 1)  # more than half
+        if self.config is not None:
+            need = self.config.votes_needed(region)
+        expected = RegionVote(top.session, top.genesis, top.round, region, self.record)
+        votes = RegionVotes.from_block(await store.get(votes_cid))
+        check_vote_set(votes, expected, members, need, self.keys)
+        total = sum(entry.weight for entry in roster.entries)
+        return np.asarray(await fetch_gradient(store, record.result), np.float32), total

@@ -9,18 +9,24 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from multiformats import CID
 
+from gradfed_ipfs.errors import RoundVerificationFailed
+from gradfed_ipfs.federated.agreed import AgreedSession
+from gradfed_ipfs.federated.regional import sign_vote, vote_set
+from gradfed_ipfs.federated.regional.config import regional_topic
 from gradfed_ipfs.federated.regional.session import (
     RegionalConfig,
     RegionalRoundResult,
     RegionalSession,
     verify_regional_round,
 )
-from gradfed_ipfs.formats.regional import RegionalRecord
+from gradfed_ipfs.formats.regional import RegionalRecord, RegionVote, region_session
 from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import KuboBlockStore, put_gradient
 from gradfed_ipfs.tensor import federated_average_in_regions, hierarchical_federated_average
 from tests.cli.test_cli import run_cli
+from tests.federated.regional.test_votes import self_made_record
 
 pytestmark = pytest.mark.kubo
 
@@ -129,3 +135,64 @@ async def test_the_cli_verifies_a_regional_record_and_refuses_a_forged_one(
         code, _, err = await asyncio.to_thread(run_cli, capsys, *api, command, forged)
         assert code == 1, command
         assert "combine to" in err
+
+
+async def test_attack_11_a_self_made_region_record_is_not_combined(peers: Peers) -> None:
+    # eu = daemons 0 and 1, us = daemon 2. Daemon 1 (evil) runs its eu round as a member, then
+    # announces a record of its own (a roster of itself, its value as the result) with its
+    # daemon's signed vote for it, and signs a vote for the real eu record too.
+    session = "regional-kubo-attack"
+    regions = dict(zip(peers.ids, ["eu", "eu", "us"], strict=True))
+    genesis = await put_gradient(peers.stores[0], gradient(session, 99))
+    config = RegionalConfig(regions, **TIMING)  # type: ignore[arg-type]
+    evil_id, evil_store, evil_pubsub = peers.ids[1], peers.stores[1], peers.transports[1]
+    honest = [
+        RegionalSession(peers.stores[i], peers.transports[i], session, genesis, config)
+        for i in (0, 2)
+    ]
+    evil = AgreedSession(
+        evil_store, evil_pubsub, region_session(session, "eu"), genesis, config.agreed("eu")
+    )
+
+    async def evil_round() -> tuple[CID, CID]:
+        real = (await evil.run_round(gradient(session, 1))).record
+        forged = await self_made_record(
+            evil_store, real, gradient(session, 1) + 100,
+            author=evil_id, expected=tuple(sorted(peers.ids[:2])),
+        )  # fmt: skip
+        signer = await evil_pubsub.signer()
+        for record in (forged, real):
+            body = RegionVote(session, genesis, 0, "eu", record)
+            vote = await sign_vote(signer, evil_pubsub.keys, body)
+            for _ in range(3):  # pubsub is lossy; honest peers re-announce, evil repeats
+                await evil_pubsub.publish(regional_topic(session, genesis), vote.data)
+        return real, forged
+
+    try:
+        for s in honest:
+            await s.start()
+        await evil.start()
+        attack = asyncio.create_task(evil_round())
+        results = await asyncio.gather(
+            *(s.run_round(gradient(session, i)) for s, i in zip(honest, (0, 2), strict=True))
+        )
+        real, forged = await attack
+    finally:
+        for s in honest:
+            await s.aclose()
+        await evil.aclose()
+    assert len({bytes(r.record) for r in results}) == 1
+    assert dict(results[0].regions)["eu"] == real != forged
+    assert "not counted" in results[1].rejected[evil_id]
+    for store in (peers.stores[0], peers.stores[2]):
+        await verify_regional_round(store, results[0].record, config=config)
+    # The same top-level record with the self-made eu record and evil's lone vote is refused.
+    top = RegionalRecord.from_block(await peers.stores[0].get(results[0].record))
+    body = RegionVote(session, genesis, 0, "eu", forged)
+    lone = await sign_vote(await evil_pubsub.signer(), evil_pubsub.keys, body)
+    evidence = await peers.stores[0].put(vote_set([lone]).to_block())
+    lie = dataclasses.replace(
+        top, regions=(("eu", forged), top.regions[1]), votes=(evidence, top.votes[1])
+    )
+    with pytest.raises(RoundVerificationFailed, match="1 votes, 2 needed"):
+        await verify_regional_round(peers.stores[0], await peers.stores[0].put(lie.to_block()))

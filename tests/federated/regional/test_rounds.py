@@ -14,6 +14,7 @@ from multiformats import CID
 from gradfed_ipfs.block import Block
 from gradfed_ipfs.errors import ConfigError, QuorumNotReached, RoundVerificationFailed
 from gradfed_ipfs.federated.agreed.history import load_record
+from gradfed_ipfs.federated.regional import sign_vote
 from gradfed_ipfs.federated.regional.session import (
     RegionalConfig,
     RegionalRoundResult,
@@ -21,8 +22,9 @@ from gradfed_ipfs.federated.regional.session import (
     regional_topic,
     verify_regional_round,
 )
-from gradfed_ipfs.formats.regional import RegionalRecord
-from gradfed_ipfs.formats.roster import AgreedMessage, AgreedRecord
+from gradfed_ipfs.formats.regional import RegionalRecord, RegionVote
+from gradfed_ipfs.formats.roster import AgreedRecord
+from gradfed_ipfs.formats.statement import KeyDirectory
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore, fetch_gradient, put_gradient
 from gradfed_ipfs.storage.base import UNSET, Unset
@@ -34,6 +36,17 @@ from gradfed_ipfs.tensor import (
 
 D = 300
 REGIONS = {"eu-1": "eu", "eu-2": "eu", "eu-3": "eu", "us-1": "us", "us-2": "us"}
+
+
+def bus_keys() -> KeyDirectory:
+    """The keys every MemoryPubsubBus derives from these names (for offline verifiers)."""
+    bus = MemoryPubsubBus()
+    for name in (*REGIONS, "evil"):
+        bus.signer(name)
+    return bus.keys
+
+
+KEYS = bus_keys()
 FAST = {
     "collect_timeout": 1.0,
     "takeover_timeout": 0.5,
@@ -124,14 +137,18 @@ async def test_hierarchical_rounds_agree_and_equal_the_tensor_formula() -> None:
         expected = hierarchical_federated_average(tagged)
         np.testing.assert_array_equal(first.aggregate, expected)
         np.testing.assert_array_equal(await fetch_gradient(store, first.result), expected)
-        top = await verify_regional_round(store, first.record, session="reg", regions=REGIONS)
+        top = await verify_regional_round(
+            store, first.record, session="reg", regions=REGIONS, keys=KEYS
+        )
         assert top.combine == "hierarchical"
         assert top.round == r
     assert rounds[1]["eu-1"].record != rounds[0]["eu-1"].record
     with pytest.raises(RoundVerificationFailed, match="another region"):
-        await verify_regional_round(store, first.record, regions={**REGIONS, "eu-2": "us"})
+        await verify_regional_round(
+            store, first.record, regions={**REGIONS, "eu-2": "us"}, keys=KEYS
+        )
     with pytest.raises(RoundVerificationFailed, match="belongs to"):
-        await verify_regional_round(store, first.record, session="other")
+        await verify_regional_round(store, first.record, session="other", keys=KEYS)
 
 
 async def test_weighted_is_the_flat_weighted_mean() -> None:
@@ -141,7 +158,7 @@ async def test_weighted_is_the_flat_weighted_mean() -> None:
     peers = sorted(REGIONS)
     flat = region_mean([gradient(p) for p in peers], [weights[p] for p in peers])
     np.testing.assert_allclose(first.aggregate, flat, rtol=0, atol=1e-6)
-    await verify_regional_round(store, first.record)
+    await verify_regional_round(store, first.record, keys=KEYS)
 
 
 async def test_in_regions_never_fetches_a_disallowed_regions_data() -> None:
@@ -163,7 +180,7 @@ async def test_in_regions_never_fetches_a_disallowed_regions_data() -> None:
         else:
             assert not view.fetched & eu_blocks, peer  # only the eu aggregate leaves eu
     verifier = RecordingStore(store)
-    await verify_regional_round(verifier, first.record)  # type: ignore[arg-type]
+    await verify_regional_round(verifier, first.record, keys=KEYS)  # type: ignore[arg-type]
     assert not verifier.fetched & us_blocks
 
 
@@ -176,7 +193,7 @@ async def test_a_peer_absent_from_its_region_is_left_out_and_all_still_agree() -
     assert eu.region_roster.absent == ("eu-3",)
     tagged = [(REGIONS[p], gradient(p)) for p in present]
     np.testing.assert_array_equal(first.aggregate, hierarchical_federated_average(tagged))
-    await verify_regional_round(store, first.record)
+    await verify_regional_round(store, first.record, keys=KEYS)
 
 
 async def test_a_tampered_region_aggregate_fails_verification() -> None:
@@ -202,42 +219,60 @@ async def test_a_tampered_region_aggregate_fails_verification() -> None:
     forged_top = RegionalRecord(
         top.session, top.genesis, top.round, top.combine, top.allowed,
         (("eu", forged_eu_cid), ("us", dict(top.regions)["us"])),
-        await put_gradient(store, combined),
+        await put_gradient(store, combined), top.votes,
     )  # fmt: skip
     forged_cid = await store.put(forged_top.to_block())
     with pytest.raises(RoundVerificationFailed, match="re-aggregates"):
-        await verify_regional_round(store, forged_cid)
+        await verify_regional_round(store, forged_cid, keys=KEYS)
     # A top record whose own result is off fails too.
     lying_top = RegionalRecord(
         top.session, top.genesis, top.round, top.combine, top.allowed, top.regions,
-        forged_result,
+        forged_result, top.votes,
     )  # fmt: skip
     with pytest.raises(RoundVerificationFailed, match="combine to"):
-        await verify_regional_round(store, await store.put(lying_top.to_block()))
+        await verify_regional_round(store, await store.put(lying_top.to_block()), keys=KEYS)
 
 
-async def test_a_junk_region_record_rejects_its_announcer_not_the_round() -> None:
-    async def announce_junk(store: MemoryBlockStore, bus: MemoryPubsubBus, genesis: CID) -> None:
-        # A junk dag-cbor block whose CID sorts first, so every eu peer tries it before the
-        # honest us record (the most-announced record wins; ties go to the smallest CID).
+async def test_a_junk_region_record_rejects_its_voters_not_the_round() -> None:
+    async def vote_junk(store: MemoryBlockStore, bus: MemoryPubsubBus, genesis: CID) -> None:
+        # A junk dag-cbor block whose CID sorts first, voted for by both us members (a
+        # majority: it counts, and ties with the honest record go to the smallest CID), so
+        # every peer tries it before the honest us record.
         junk = next(
             block
             for i in range(100_000)
             if (block := Block.new(dag_cbor.encode({"junk": i}), "dag-cbor")).cid.digest[2] == 0
         )
         await store.put(junk)
-        message = AgreedMessage(
-            "done", "reg/regional", genesis, 0, "us-2", junk.cid, record=junk.cid
-        )
-        await bus.endpoint("us-2").publish(regional_topic("reg", genesis), message.encode())
+        for peer in ("us-1", "us-2"):
+            body = RegionVote("reg", genesis, 0, "us", junk.cid)
+            vote = await sign_vote(bus.signer(peer), bus.keys, body)
+            await bus.endpoint(peer).publish(regional_topic("reg", genesis), vote.data)
 
-    present = [p for p in sorted(REGIONS) if p != "us-2"]
-    store, _, rounds = await run_peers(present, min_peers=1, hostile=announce_junk)
+    store, _, rounds = await run_peers(sorted(REGIONS), hostile=vote_junk)
     first = same(rounds[0])
-    assert rounds[0]["us-1"].region_roster.peers == ("us-1",)
-    for peer in ("eu-1", "eu-2", "eu-3"):
-        assert "not a" in rounds[0][peer].rejected["us-2"], rounds[0][peer].rejected
-    await verify_regional_round(store, first.record)
+    for peer in sorted(REGIONS):
+        for voter in ("us-1", "us-2"):
+            assert "not a" in rounds[0][peer].rejected[voter], rounds[0][peer].rejected
+    await verify_regional_round(store, first.record, keys=KEYS)
+
+
+async def test_a_vote_for_an_unvoted_record_is_not_fetched_and_names_its_voter() -> None:
+    junk = Block.new(dag_cbor.encode({"junk": "minority"}), "dag-cbor")
+
+    async def vote_junk(store: MemoryBlockStore, bus: MemoryPubsubBus, genesis: CID) -> None:
+        await store.put(junk)
+        vote = await sign_vote(
+            bus.signer("eu-3"), bus.keys, RegionVote("reg", genesis, 0, "eu", junk.cid)
+        )
+        await bus.endpoint("eu-3").publish(regional_topic("reg", genesis), vote.data)
+
+    store, views, rounds = await run_peers(sorted(REGIONS), min_peers=1, hostile=vote_junk)
+    first = same(rounds[0])
+    for peer, view in views.items():
+        assert bytes(junk.cid) not in view.fetched, peer  # 1 of 3 votes: never even fetched
+        assert "not counted" in rounds[0][peer].rejected["eu-3"]
+    await verify_regional_round(store, first.record, keys=KEYS)
 
 
 @pytest.mark.parametrize(
