@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from .. import _reaper
+
 __all__ = ["ONE_BLAS_THREAD", "Event", "JsonLinesChild", "environment"]
 
 Event = dict[str, Any]
@@ -73,6 +75,7 @@ class JsonLinesChild:
         except BaseException:
             self._stderr.close()
             raise
+        _reaper.watch(self.proc.pid)  # ended if the parent is killed (its daemons go with it)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -127,6 +130,7 @@ class JsonLinesChild:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
+        _reaper.forget(self.proc.pid)
         self._reader.join(timeout=10)
         if self.proc.stdout is not None:
             self.proc.stdout.close()

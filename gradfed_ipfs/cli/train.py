@@ -26,7 +26,9 @@ def _line(text: str) -> None:
 async def _train(args: argparse.Namespace, api: str) -> int:
     federation = load_federation(args.federation)
     async with Node(api, timeout=args.timeout) as node:
-        peer, genesis = await member_peer(federation, args.task, node, log=_line)
+        peer, genesis = await member_peer(
+            federation, args.task, node, log=_line, member=not args.show_genesis
+        )
         if args.show_genesis:
             console.print(str(genesis))
             return 0
@@ -74,6 +76,7 @@ def add_train_parser(commands: Any) -> None:
     parser.add_argument(
         "--show-genesis",
         action="store_true",
-        help="print the task's genesis CID (for `federation init --genesis`) and exit",
+        help="print the task's genesis CID (for `federation genesis`) and exit; any node will "
+        "do, a member's or not",
     )
     parser.set_defaults(handler=async_handler(_train))

@@ -30,6 +30,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Final, Self
 
+from .. import _reaper
 from ..errors import CometRpcError, CometStartError
 from .binary import find_cometbft_binary
 from .config import (
@@ -116,6 +117,7 @@ class _Process:
         )
         with _live_lock:
             _live[self.popen.pid] = self.popen
+        _reaper.watch(self.popen.pid)
 
     def exited(self) -> str | None:
         """Why the process is gone (with its log's tail), or ``None`` while it runs."""
@@ -142,6 +144,7 @@ class _Process:
         if process is not None:
             with _live_lock:
                 _live.pop(process.pid, None)
+            _reaper.forget(process.pid)
         self.popen = None
         if self._log is not None:
             self._log.close()

@@ -22,10 +22,11 @@ import tempfile
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from ..cid import parse_cid
 from ..errors import DecodeError, FederationFileError
+from ..federated.agreed.membership import ADMISSION_POLICIES, Admission, AdmissionPolicy
 from ..formats.statement import ed25519_key_of
 
 __all__ = [
@@ -42,22 +43,10 @@ FORMAT: Final = 1
 MAX_FILE_BYTES: Final = 1 << 20
 MAX_BOOTSTRAP: Final = 64
 MAX_ALLOWED: Final = 10_000
-AdmissionPolicy = Literal["allow-list", "majority", "two-thirds"]
-ADMISSION_POLICIES: Final[tuple[AdmissionPolicy, ...]] = ("allow-list", "majority", "two-thirds")
-"""``allow-list``: the peer IDs listed; ``majority`` / ``two-thirds``: approval by more than
-half / at least two thirds of the current members."""
 _NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _MULTIADDR: Final = re.compile(
     r"/(ip4|ip6|dns|dns4|dns6)/[^/\s]{1,253}/tcp/\d{1,5}(/ws)?/p2p/(?P<peer>[1-9A-HJ-NP-Za-km-z]+)"
 )
-
-
-@dataclass(frozen=True)
-class Admission:
-    """Who may join: ``policy`` (one of :data:`ADMISSION_POLICIES`) and its allow-list."""
-
-    policy: AdmissionPolicy = "allow-list"
-    allow: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -81,7 +70,7 @@ class Federation:
     swarm_key: bytes = field(repr=False)
     session: SessionSettings
     bootstrap: tuple[str, ...] = ()
-    admission: Admission = Admission()
+    admission: Admission = field(default_factory=Admission)
 
     @property
     def fingerprint(self) -> str:

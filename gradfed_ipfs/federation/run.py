@@ -19,15 +19,20 @@ from .task import Member, Task, load_task
 __all__ = ["agreed_config", "genesis_of", "member_peer", "members_of", "train"]
 
 
-def members_of(federation: Federation, peer_id: str) -> tuple[str, ...]:
+def members_of(federation: Federation, peer_id: str, *, require: bool = True) -> tuple[str, ...]:
     """Return the session's members (the allow-list, sorted), checking this node is one.
+
+    Without ``require`` a node outside the allow-list is counted in (to read a task's genesis
+    before the members' nodes exist).
 
     Raises
     ------
     ConfigError
-        If the allow-list is empty or does not hold ``peer_id``.
+        If ``require`` and the allow-list does not hold ``peer_id``.
     """
     members = tuple(sorted(federation.admission.allow))
+    if not require and peer_id not in members:
+        return tuple(sorted({*members, peer_id}))
     if peer_id not in members:
         raise ConfigError(
             f"this node ({peer_id}) is not a member of {federation.name}: add it with "
@@ -61,8 +66,11 @@ async def member_peer(
     node: Node,
     *,
     log: Callable[[str], None] | None = None,
+    member: bool = True,
 ) -> tuple[Peer[object], CID]:
     """Return this node's :class:`~gradfed_ipfs.training.Peer` and its genesis CID, checked.
+
+    ``member=False`` accepts a node outside the allow-list (``train --show-genesis``).
 
     Raises
     ------
@@ -71,7 +79,7 @@ async def member_peer(
         the federation's genesis.
     """
     peer_id = await node.peer_id()
-    members = members_of(federation, peer_id)
+    members = members_of(federation, peer_id, require=member)
     task: Task = load_task(task_path, Member(peer_id, members.index(peer_id), len(members)))
     peer: Peer[object] = Peer(
         node=node,

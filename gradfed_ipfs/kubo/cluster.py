@@ -27,6 +27,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final, Self
 
+from .. import _reaper
 from ..errors import KuboRpcError, KuboStartError
 from .daemon import KuboDaemon
 from .rpc_sync import rpc_call_sync
@@ -173,6 +174,7 @@ class ClusterPeer:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
+            _reaper.watch(self._process.pid)
             try:
                 self._wait_ready()
                 break
@@ -291,6 +293,8 @@ class ClusterPeer:
 
     def _terminate(self) -> None:
         process, self._process = self._process, None
+        if process is not None:
+            _reaper.forget(process.pid)
         if process is not None and process.poll() is None:
             process.terminate()
             try:

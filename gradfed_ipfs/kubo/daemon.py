@@ -27,6 +27,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self
 
+from .. import _reaper
 from ..errors import KuboRpcError, KuboStartError
 from .binary import find_kubo_binary
 from .rpc_sync import rpc_call_sync
@@ -248,6 +249,7 @@ class KuboDaemon(_StartStop):
         )
         with _live_lock:
             _live[self._process.pid] = self
+        _reaper.watch(self._process.pid)  # killed even if this process is (atexit is not run)
         try:
             self._wait_ready()
         except BaseException:
@@ -388,6 +390,7 @@ class KuboDaemon(_StartStop):
         if self._process is not None:
             with _live_lock:
                 _live.pop(self._process.pid, None)
+            _reaper.forget(self._process.pid)
         self._process = None
         if self._log_file is not None:
             self._log_file.close()

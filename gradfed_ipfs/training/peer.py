@@ -434,7 +434,9 @@ class Peer(Generic[M]):
         sampled = self.rule.sampled(session.session, session.genesis, r, base)
         local = await self._local_work(session, params, config, sampled)
         vector, weight = self._contribution(local)
-        result = await session.run_round(vector, weight=weight)
+        # No update (not sampled, failed, refused): the error-feedback residual waits for one.
+        carry = local.update is not None or local.secured is not None
+        result = await session.run_round(vector, weight=weight, error_feedback=carry)
         local.timings["round"] = result.seconds
         summary = self.layout.summary(session.model)
         released = local.secured is not None and local.secured.samples > 0

@@ -21,7 +21,7 @@ from tests.cli.test_cli_node import started
 
 __all__ = ["no_env_api", "own_home"]  # fixtures used here
 
-TASK = Path(__file__).with_name("linear_task.py")
+TASK = Path(__file__).resolve().parents[2] / "examples" / "federation_task.py"
 CLI = str(Path(sys.executable).with_name("gradfed-ipfs"))
 
 

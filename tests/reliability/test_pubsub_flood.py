@@ -198,6 +198,22 @@ async def test_pubsub_flood_every_message_dropped_and_counted(kubo_swarm3) -> No
 
         with contextlib.suppress(TimeoutError):  # what Kubo ignored never arrives
             await apoll_until(all_arrived, timeout=5.0, what="every message")
+        # What Kubo ignored under load (its seqno race, above) is sent again, up to twice, as
+        # an attacker would: each copy that arrives is accounted for like the first.
+        for _ in range(2):
+            heard = set(pubsub_a.received)
+            missed = [data for _, data in messages if data not in heard]
+            if len(missed) <= len(messages) // 10:
+                break
+            for data in missed:
+                await pubsub_c.publish(receiver.topic, data)
+            resent = len(pubsub_a.received) + len(missed)
+            with contextlib.suppress(TimeoutError):
+
+                async def resent_arrived(expected: int = resent) -> bool:
+                    return len(pubsub_a.received) >= expected
+
+                await apoll_until(resent_arrived, timeout=5.0, what="the re-sent messages")
         # Stop A's reader: what arrived is final, and every arrival went through the filter
         # (the transport records a message and the filter takes it in one step).
         await receiver.aclose()
@@ -229,14 +245,13 @@ async def test_pubsub_flood_every_message_dropped_and_counted(kubo_swarm3) -> No
     got = +Counter({**receiver.drops, **outcomes})
     assert got == +expected, (got, expected)
     assert sum(got.values()) == len(arrived)
-    lost = len(messages) + honest_sent - len(arrived)
+    distinct = len({data for data in pubsub_a.received if data in kind_of})
     print(
-        f"flood: sent {len(messages)} + {honest_sent} honest, arrived {len(arrived)}"
-        f" (Kubo ignored {lost}): {got}"
+        f"flood: sent {len(messages)} + {honest_sent} honest (and re-sent what Kubo ignored), "
+        f"arrived {len(arrived)}, {distinct} distinct: {got}"
     )
-    # Most of the flood, every kind of it, went through A's filter: Kubo's loss (above) stays
-    # well under a quarter even on a busy machine.
-    assert len(arrived) >= 0.75 * len(messages)
+    # Most of the flood, every kind of it, went through A's filter (after the re-sends).
+    assert distinct >= 0.75 * len(messages)
     assert set(KINDS) | {"honest"} == set(arrived)
     # The honest announcement, sent mid-flood, was processed: its gradient verified.
     np.testing.assert_array_equal(accumulator.peer_gradients[node_b.peer_id], honest_gradient)

@@ -106,3 +106,44 @@ def test_secagg_peers_refuse_compression() -> None:
             config=CONFIG, strategy=SecAgg(FedAvg()), session="cmp",
             agreed=AgreedConfig(members=MEMBERS, compression=Int8()),
         )  # fmt: skip
+
+
+async def test_an_unsampled_peer_keeps_its_error_feedback_residual() -> None:
+    """A round that does not sample a peer neither sends nor resets its residual."""
+    bus, store = MemoryPubsubBus(), MemoryBlockStore()
+    agreed = AgreedConfig(
+        members=MEMBERS, compression=TopKInt2(ratio=0.05), **SIMULATION_TIMING,  # type: ignore[arg-type]
+    )  # fmt: skip
+    config: FederationConfig[np.ndarray] = FederationConfig(
+        rounds=6, final_evaluation=False, fraction=0.5, min_fit=1, min_available=3
+    )
+    peers = [
+        Peer(store=store, pubsub=bus.endpoint(m), client=client(i), adapter=VectorAdapter(),
+             initial_model=np.zeros(D, np.float32), config=config, agreed=agreed, session="ef")
+        for i, m in enumerate(MEMBERS)
+    ]  # fmt: skip
+    residuals: dict[str, list[np.ndarray | None]] = {m: [] for m in MEMBERS}
+    run_round = _RUN_ROUND
+
+    async def recorded(self: AgreedSession, *args: Any, **kwargs: Any) -> AgreedRoundResult:
+        before = self.residual
+        result = await run_round(self, *args, **kwargs)
+        residuals[self.peer_id].append(None if before is None else before.copy())
+        return result
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(AgreedSession, "run_round", recorded)
+        histories = await asyncio.wait_for(asyncio.gather(*(p.run() for p in peers)), 120)
+    final = {
+        m: p.session.residual if p.session else None for m, p in zip(MEMBERS, peers, strict=True)
+    }
+    skipped = 0
+    for member, history in zip(MEMBERS, histories, strict=True):
+        seen = [*residuals[member][1:], final[member]]  # the residual after each round
+        for entry, before, after in zip(history.entries, residuals[member], seen, strict=True):
+            if member in entry.sampled or before is None:
+                continue
+            skipped += 1
+            assert after is not None
+            np.testing.assert_array_equal(after, before)  # carried, not sent and lost
+    assert skipped > 0, "no round left a peer with a residual unsampled"

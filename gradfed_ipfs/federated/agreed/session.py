@@ -323,11 +323,15 @@ class AgreedSession:
 
     # ------------------------------------------------------------------ the round
 
-    async def run_round(self, gradient: GradientLike, *, weight: int = 1) -> AgreedRoundResult:
+    async def run_round(
+        self, gradient: GradientLike, *, weight: int = 1, error_feedback: bool = True
+    ) -> AgreedRoundResult:
         """Contribute ``gradient`` (computed on :attr:`model`) to round :attr:`round`.
 
         Start, contribute, take the roster, aggregate, store, confirm: each a collaborator's
-        step on the round's :class:`~.context.RoundContext`.
+        step on the round's :class:`~.context.RoundContext`. With compression,
+        ``error_feedback=False`` sends ``gradient`` alone and leaves the residual as it is (a
+        training peer that was not sampled carries its residual to a round that uses it).
 
         Raises
         ------
@@ -340,7 +344,7 @@ class AgreedSession:
         parts = self._parts
         values, started = self._start_round(gradient, weight)
         self._unsent = None
-        ctx = await self._contribute(values, int(weight), started)
+        ctx = await self._contribute(values, int(weight), started, error_feedback)
         try:
             adopted = await parts.roster.take(ctx)
             aggregated = await parts.aggregate.run(ctx, adopted)
@@ -385,7 +389,9 @@ class AgreedSession:
         check_values(values, self.config.max_value, "gradient")
         return values, started
 
-    async def _contribute(self, values: FloatArray, weight: int, started: float) -> RoundContext:
+    async def _contribute(
+        self, values: FloatArray, weight: int, started: float, error_feedback: bool = True
+    ) -> RoundContext:
         """Announce this peer's contribution and start its put; return the round's context.
 
         Announced as soon as the CID is known, and before the put starts: the daemon serves
@@ -396,7 +402,7 @@ class AgreedSession:
         r, messages = self.round, self._parts.messages
         self._check_done(r - 1)
         await self._storage.settle(keep=1)  # the last round's blocks may still be on their way
-        encoded, values = await self._encode(values)
+        encoded, values = await self._encode(values, error_feedback)
         message = messages.make("contrib", r, encoded.cid, base=self.model_cid, weight=weight)
         signed = await messages.post_now("contrib", message)
         stored = asyncio.ensure_future(self._storage.held(encoded.store(self.store)))
@@ -418,17 +424,20 @@ class AgreedSession:
             started=started,
         )
 
-    async def _encode(self, values: FloatArray) -> tuple[EncodedGradient, FloatArray]:
+    async def _encode(
+        self, values: FloatArray, error_feedback: bool = True
+    ) -> tuple[EncodedGradient, FloatArray]:
         """Encode this peer's contribution; return its blocks and the values peers decode.
 
-        Compressed: the update plus the error-feedback residual is packed, and the decoded
-        values (what every peer aggregates) are checked as the others check them.
+        Compressed: the update plus the error-feedback residual is packed (the update alone
+        without ``error_feedback``), and the decoded values (what every peer aggregates) are
+        checked as the others check them.
         """
         config = self.config
         codec, packing = config.compression, config.packing
         if codec is None or packing is None:
             return await encode_gradient(values, chunk_bytes=config.chunk_bytes), values
-        feedback = self._feedback
+        feedback = self._feedback if error_feedback else None
         corrected = values if feedback is None else feedback.corrected(_OWN, values)
         encoded = await encode_gradient(
             corrected, chunk_bytes=config.chunk_bytes, compression=codec,
@@ -436,7 +445,8 @@ class AgreedSession:
         )  # fmt: skip
         sent = encoded.decoded(packing, values.size)
         check_values(sent, config.max_value, "compressed gradient")
-        self._unsent = (corrected, sent)
+        if feedback is not None:
+            self._unsent = (corrected, sent)
         return encoded, sent
 
     async def _store(

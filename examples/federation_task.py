@@ -1,7 +1,9 @@
-"""A member's task file for the federation tests: least squares on its own seeded shard.
+"""A member's task file: least squares on the member's own seeded shard.
 
-Every member draws its data from ``GRADFED_TASK_SEED`` and its index, so the members' shards
-differ and the federation's model converges to the shared true weights.
+Run by ``gradfed-ipfs train --federation F examples/federation_task.py`` (the federation tests and
+docker-compose.members.yml use it). Every member draws its data from ``GRADFED_TASK_SEED`` and its
+index, so the members' shards differ and the federation's model converges to the shared true
+weights; ``GRADFED_TASK_ROUNDS`` sets the rounds (default 10).
 """
 
 from __future__ import annotations

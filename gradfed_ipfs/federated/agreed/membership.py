@@ -1,0 +1,252 @@
+"""Member sets that change in the chain: admission by policy, leave, eviction after absences.
+
+Pure and deterministic, so every peer (and a verifier) reaches the same member set from the same
+statements and rosters:
+
+- **join**: a peer's signed ``agreed/join``; admitted when the session's :class:`Admission`
+  allows it: it is on the allow-list (``"allow-list"``), or more than half (``"majority"``) or
+  more than two thirds (``"two-thirds"``) of the current members signed an ``agreed/approve``
+  of that join statement;
+- **leave**: a member's signed ``agreed/leave`` (it takes part up to the round it names);
+- **evict**: a member absent from the rosters of the last ``evict_after`` rounds (a member set
+  never shrinks below one member by eviction).
+
+:func:`next_member_set` builds the next set from the current one and the changes a round
+carries; :func:`member_set_problem` says why a claimed next set is not that one (``""`` when
+it is).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+from multiformats import CID
+
+from ...block import Block
+from ...errors import ConfigError, DecodeError
+from ...formats.membership import (
+    APPROVE,
+    JOIN,
+    LEAVE,
+    MAX_MEMBERS,
+    MemberChange,
+    MemberSet,
+    read_request,
+)
+from ...formats.roster import Roster
+from ...formats.statement import PEER_ID_KEYS, KeyBook, Statement, decode_statement
+
+__all__ = [
+    "ADMISSION_POLICIES",
+    "Admission",
+    "AdmissionPolicy",
+    "absences",
+    "approvals_needed",
+    "change_problem",
+    "evictions",
+    "member_set_problem",
+    "next_member_set",
+]
+
+AdmissionPolicy = Literal["allow-list", "majority", "two-thirds"]
+ADMISSION_POLICIES: Final[tuple[AdmissionPolicy, ...]] = ("allow-list", "majority", "two-thirds")
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Who may join a running session, and when an absent member is evicted.
+
+    Attributes
+    ----------
+    policy
+        ``"allow-list"``: peers in ``allow``; ``"majority"`` / ``"two-thirds"``: peers whose
+        join more than half / two thirds of the current members approved.
+    allow
+        The allow-list (peer IDs).
+    evict_after
+        Rounds a member may be absent from every roster before it is evicted (``None``: never).
+    """
+
+    policy: AdmissionPolicy = "allow-list"
+    allow: tuple[str, ...] = field(default=())
+    evict_after: int | None = None
+
+    def __post_init__(self) -> None:
+        # The policy is checked where it is read (a federation file names the field it failed).
+        if self.evict_after is not None and self.evict_after < 1:
+            raise ConfigError("evict_after must be at least 1 round (or None)")
+
+
+def approvals_needed(policy: AdmissionPolicy, members: int) -> int:
+    """Return how many members' approvals admit a join (0 under the allow-list)."""
+    if policy == "majority":
+        return members // 2 + 1
+    if policy == "two-thirds":
+        return (2 * members) // 3 + 1
+    return 0
+
+
+def _statement(data: bytes, kind: str, keys: KeyBook) -> Statement:
+    return decode_statement(Block.new(data, "dag-cbor"), kind=kind, keys=keys)
+
+
+def _request(
+    data: bytes, kind: str, session: str, genesis: CID, keys: KeyBook
+) -> tuple[Statement, dict[str, object]]:
+    """Decode a signed request of this session whose ``peer`` is its author (else raise)."""
+    statement = _statement(data, kind, keys)
+    fields = read_request(kind, statement.body)
+    theirs = fields["genesis"]
+    if fields["session"] != session or not isinstance(theirs, CID) or theirs != genesis:
+        raise DecodeError(f"{kind} statement of another session")
+    if kind != APPROVE and fields["peer"] != statement.author:
+        raise DecodeError(f"{kind} statement for {fields['peer']} signed by {statement.author}")
+    return statement, fields
+
+
+def _join_problem(
+    change: MemberChange, current: MemberSet, admission: Admission, keys: KeyBook
+) -> str:
+    join, _ = _request(change.statements[0], JOIN, current.session, current.genesis, keys)
+    if change.peer in current.members:
+        return f"{change.peer} is a member already"
+    if join.author != change.peer:
+        return f"the join statement is {join.author}'s"
+    needed = approvals_needed(admission.policy, len(current.members))
+    if needed == 0:
+        return "" if change.peer in admission.allow else f"{change.peer} is not on the allow-list"
+    approvers = set()
+    for data in change.statements[1:]:
+        approval, fields = _request(data, APPROVE, current.session, current.genesis, keys)
+        join_cid = fields["join"]
+        if fields["peer"] != change.peer or not isinstance(join_cid, CID):
+            return "an approval of another join"
+        if bytes(join_cid) != bytes(join.block.cid) or approval.author not in current.members:
+            return "an approval of another join, or by a non-member"
+        approvers.add(approval.author)
+    if len(approvers) < needed:
+        return f"{len(approvers)} approvals < {needed} ({admission.policy})"
+    return ""
+
+
+def change_problem(
+    change: MemberChange,
+    current: MemberSet,
+    round_number: int,
+    admission: Admission,
+    *,
+    keys: KeyBook = PEER_ID_KEYS,
+) -> str:
+    """Return why ``change`` cannot be made by round ``round_number``'s roster (``""``: it can).
+
+    Evictions are not judged here (they follow from the rosters: :func:`evictions`).
+    """
+    try:
+        if change.op == "join":
+            if not change.statements:
+                return "a join without its statement"
+            return _join_problem(change, current, admission, keys)
+        if change.op == "leave":
+            if len(change.statements) != 1:
+                return "a leave needs exactly its statement"
+            _, fields = _request(
+                change.statements[0], LEAVE, current.session, current.genesis, keys
+            )
+            if change.peer not in current.members or fields["peer"] != change.peer:
+                return f"{change.peer} cannot leave: not a member, or not its statement"
+            left_after = fields["round"]
+            if not isinstance(left_after, int) or left_after > round_number:
+                return f"{change.peer} leaves after round {left_after}, not yet"
+            return ""
+        return "" if not change.statements else "an eviction carries no statements"
+    except DecodeError as exc:
+        return f"{change.op} of {change.peer}: {exc}"
+
+
+def absences(rosters: Sequence[Roster], members: Collection[str]) -> dict[str, int]:
+    """Return, per member, how many of the last rounds in ``rosters`` (oldest first) missed it."""
+    streaks = {}
+    for member in members:
+        streak = 0
+        for roster in reversed(rosters):
+            if member in roster.peers:
+                break
+            streak += 1
+        streaks[member] = streak
+    return streaks
+
+
+def evictions(
+    admission: Admission, members: Sequence[str], streaks: Mapping[str, int]
+) -> tuple[str, ...]:
+    """Return the members to evict (absent ``evict_after`` rounds), keeping at least one."""
+    if admission.evict_after is None:
+        return ()
+    gone = tuple(sorted(m for m in members if streaks.get(m, 0) >= admission.evict_after))
+    return gone if len(gone) < len(members) else ()
+
+
+def next_member_set(
+    current: MemberSet,
+    current_cid: CID,
+    round_number: int,
+    requests: Sequence[MemberChange],
+    admission: Admission,
+    streaks: Mapping[str, int],
+    *,
+    keys: KeyBook = PEER_ID_KEYS,
+) -> MemberSet:
+    """Return the member set after round ``round_number``: ``current`` with what holds applied.
+
+    ``requests`` are the joins and leaves a coordinator holds (those with a problem are left
+    out); the evictions follow from ``streaks`` (:func:`absences` of the chain's rosters). The
+    same set, byte for byte, on every peer that holds the same requests; ``current`` itself
+    when nothing changes.
+    """
+    chosen: dict[str, MemberChange] = {}
+    for change in sorted(requests, key=lambda c: (c.peer, c.op)):
+        skip = change.op == "evict" or change.peer in chosen
+        if not skip and not change_problem(change, current, round_number, admission, keys=keys):
+            chosen[change.peer] = change
+    for peer in evictions(admission, current.members, streaks):
+        chosen.setdefault(peer, MemberChange("evict", peer))
+    if not chosen:
+        return current
+    joined = {peer for peer, change in chosen.items() if change.op == "join"}
+    members = (set(current.members) - set(chosen)) | joined
+    if not members or len(members) > MAX_MEMBERS:
+        return current  # never an empty set, never more than a roster can hold
+    return MemberSet(
+        current.session, current.genesis, round_number + 1, tuple(sorted(members)), current_cid,
+        tuple(chosen[p] for p in sorted(chosen)),
+    )  # fmt: skip
+
+
+def member_set_problem(
+    claimed: MemberSet,
+    current: MemberSet,
+    current_cid: CID,
+    round_number: int,
+    admission: Admission,
+    streaks: Mapping[str, int],
+    *,
+    keys: KeyBook = PEER_ID_KEYS,
+) -> str:
+    """Return why ``claimed`` is not the member set after round ``round_number`` (``""``: it is).
+
+    It must be what :func:`next_member_set` makes of its own changes: every change valid, and
+    exactly the evictions the rosters call for.
+    """
+    for change in claimed.changes:
+        problem = change_problem(change, current, round_number, admission, keys=keys)
+        if problem:
+            return problem
+    rebuilt = next_member_set(
+        current, current_cid, round_number, [c for c in claimed.changes if c.op != "evict"],
+        admission, streaks, keys=keys,
+    )  # fmt: skip
+    if rebuilt.to_block().cid != claimed.to_block().cid:
+        return f"not the member set after round {round_number} (evictions or fields differ)"
+    return ""
