@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 import numpy as np
@@ -18,6 +18,7 @@ from ...storage.dag import DEFAULT_CHUNK_BYTES, values_per_chunk
 from ...tensor.codecs import Codec
 from ...tensor.packing import PackSpec
 from ..accumulate.config import DEFAULT_MAX_WEIGHT
+from .membership import Admission
 
 __all__ = [
     "AGGREGATIONS",
@@ -179,6 +180,11 @@ class AgreedConfig:
     exact_tail
         With ``compression``: the last ``exact_tail`` values of every contribution are sent
         exact (a training session's metrics tail: :class:`~gradfed_ipfs.training.Peer` sets it).
+    admission
+        Who may join a running session and when an absent member is evicted
+        (:class:`~.membership.Admission`). ``None`` (the default): ``members`` is fixed, and
+        rosters and records keep their bytes. Set: ``members`` is round 0's member set; each
+        round uses its base record's (all-to-all rounds only).
     """
 
     members: tuple[str, ...]
@@ -206,6 +212,7 @@ class AgreedConfig:
     error_feedback: bool = True
     error_decay: float = 1.0
     exact_tail: int = 0
+    admission: Admission | None = None
 
     def __post_init__(self) -> None:
         if not self.members or len(set(self.members)) != len(self.members):
@@ -242,6 +249,13 @@ class AgreedConfig:
             raise InvalidGradient(f"error_decay must be in [0, 1], got {self.error_decay}")
         if self.exact_tail < 0:
             raise InvalidGradient(f"exact_tail must be >= 0, got {self.exact_tail}")
+
+    def for_members(self, members: tuple[str, ...]) -> AgreedConfig:
+        """These settings for a round of ``members`` (``min_peers`` capped at their number)."""
+        if members == self.members:
+            return self
+        cap = None if self.min_peers is None else min(self.min_peers, len(members))
+        return replace(self, members=members, min_peers=cap)
 
     def takeover_at(self, rank: int) -> float:
         """Seconds after a round's start from which coordinator ``rank``'s roster is taken."""
