@@ -4,9 +4,10 @@ Two dag-cbor records (keys sorted canonically, CIDs as tag-42 links):
 
 ``gradfed.roster`` v1
     ``{session, genesis, round, base, coordinator, expected: [peer...],
-    entries: [[peer, contribution, weight, signature]...], members?}``, entries sorted by peer ID, one
-    per peer. ``base`` is the model CID the round starts from; every peer aggregates exactly
-    ``entries``. ``signature`` is the entry owner's signature of its ``agreed/contrib``
+    entries: [[peer, contribution, weight, signature]...], members?}``, entries sorted by peer
+    ID, one per peer. ``base`` is the model CID the round starts from; every peer aggregates
+    exactly ``entries``; ``members`` (only when the round changes it) names the next member set.
+    ``signature`` is the entry owner's signature of its ``agreed/contrib``
     statement (:func:`contribution_body`, rebuilt from the roster and the entry), so a roster
     cannot name a contribution its owner did not announce (:func:`verify_roster_entries`);
     entries of three items (no signature) still decode, and are refused by those checks.

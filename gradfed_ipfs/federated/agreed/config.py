@@ -251,7 +251,7 @@ class AgreedConfig:
             raise InvalidGradient(f"exact_tail must be >= 0, got {self.exact_tail}")
 
     def for_members(self, members: tuple[str, ...]) -> AgreedConfig:
-        """These settings for a round of ``members`` (``min_peers`` capped at their number)."""
+        """Return these settings for a round of ``members`` (``min_peers`` capped at theirs)."""
         if members == self.members:
             return self
         cap = None if self.min_peers is None else min(self.min_peers, len(members))

@@ -305,7 +305,7 @@ class MemberState:
         return cls(first, first.to_block().cid)
 
 
-async def check_member_sets(  # noqa: PLR0913 - keyword-only settings
+async def check_member_sets(
     store: BlockStore,
     chain: list[tuple[CID, AgreedRecord]],
     start: MemberState,
@@ -333,7 +333,8 @@ async def check_member_sets(  # noqa: PLR0913 - keyword-only settings
             roster = await load_roster(store, record.roster, timeout=timeout)
             claimed = None
             if record.members is not None:
-                block = await store.get(record.members, timeout=timeout)
+                wait = UNSET if timeout is None else timeout
+                block = await store.get(record.members, timeout=wait)
                 claimed = MemberSet.from_block(block)
         except (BlockStoreError, DecodeError) as exc:
             raise RoundVerificationFailed(f"round {record.round}: member set: {exc}") from exc

@@ -24,7 +24,7 @@ from ...formats.roster import AgreedRecord, Roster
 from ...formats.statement import KeyBook, Statement, decode_statement
 from ...storage.base import BlockStore
 from .history import MemberState, check_member_sets
-from .membership import Admission, roster_member_set_problem
+from .membership import Admission, absences, next_member_set, roster_member_set_problem
 
 __all__ = ["MAX_PENDING_JOINS", "MemberTracker"]
 
@@ -119,7 +119,11 @@ class MemberTracker:
             self.leaves[author] = statement
         else:
             joiner = fields["peer"]
-            if not isinstance(joiner, str) or joiner in members or (author, joiner) in self.approvals:
+            if (
+                not isinstance(joiner, str)
+                or joiner in members
+                or (author, joiner) in self.approvals
+            ):
                 return False
             if len(self.approvals) >= MAX_PENDING_JOINS * len(members):
                 return False
@@ -144,7 +148,7 @@ class MemberTracker:
         )
 
     def requests(self) -> list[MemberChange]:
-        """The joins (with the current members' approvals of them) and leaves held."""
+        """Return the joins (with the current members' approvals of them) and leaves held."""
         changes = []
         for joiner, join in sorted(self.joins.items()):
             cid = bytes(join.block.cid)
@@ -166,7 +170,7 @@ class MemberTracker:
         return absences([*self.rosters, roster], self.current.members)
 
     def proposal(self, roster: Roster) -> MemberSet:
-        """The member set after ``roster``'s round from the requests held (``current``: none)."""
+        """Return the set after ``roster``'s round from the requests held (``current``: none)."""
         if self.admission is None:
             return self.current
         return next_member_set(
@@ -175,7 +179,7 @@ class MemberTracker:
         )  # fmt: skip
 
     def problem(self, roster: Roster, claimed: MemberSet | None) -> str:
-        """Why ``roster``'s member set (``claimed``, ``None``: unchanged) is wrong; ``""``: right."""
+        """Return why ``roster``'s member set ``claimed`` (``None``: unchanged) is wrong."""
         if self.admission is None:
             return "" if roster.members is None else "names a member set; members are fixed"
         return roster_member_set_problem(

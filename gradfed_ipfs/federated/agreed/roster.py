@@ -191,6 +191,9 @@ class RosterPhase:
         over = sum(1 for p, h in heads if p != ctx.peer and h.round >= ctx.number)
         if 2 * over > len(ctx.config.members):
             return False
+        own = state.rosters.get(ctx.peer)
+        if own is not None and bytes(own) in c.tried:  # its own check refused it: not again
+            return False
         derivable = self._members is None or self._members.admission is None  # else: its requests
         if (
             derivable
@@ -272,7 +275,7 @@ class RosterPhase:
         )
 
     async def _propose(self, ctx: RoundContext, ready: dict[str, _Entry]) -> CID | None:
-        """The next member set this coordinator's roster names (stored); ``None``: unchanged."""
+        """Return the next member set this coordinator's roster names (stored; ``None``: same)."""
         tracker = self._members
         if tracker is None:
             return None

@@ -349,7 +349,7 @@ class AgreedSession:
         return self._members.current_cid
 
     def _round_config(self) -> AgreedConfig:
-        """The settings of round :attr:`round`: ``config`` with its member set."""
+        """Return the settings of round :attr:`round`: ``config`` with its member set."""
         if not self._members.changed:
             return self.config
         return self.config.for_members(self._members.members)

@@ -52,7 +52,9 @@ async def started(
 
 async def run(sessions: Sequence[AgreedSession]) -> list[AgreedRoundResult]:
     return list(
-        await asyncio.gather(*(s.run_round(delta(i, s.round), weight=1) for i, s in enumerate(sessions)))
+        await asyncio.gather(
+            *(s.run_round(delta(i, s.round), weight=1) for i, s in enumerate(sessions))
+        )
     )
 
 
@@ -69,7 +71,9 @@ async def record_of(store: MemoryBlockStore, cid: CID) -> AgreedRecord:
     return AgreedRecord.from_block(await store.get(cid))
 
 
-async def test_a_peer_on_the_allow_list_joins_a_running_session_and_contributes_next_round() -> None:
+async def test_a_peer_on_the_allow_list_joins_a_running_session_and_contributes_next_round() -> (
+    None
+):
     store, bus = MemoryBlockStore(), MemoryPubsubBus()
     settings = config(Admission("allow-list", allow=(NEW,)))
     genesis, sessions = await started(store, bus, [settings] * 3)
@@ -90,7 +94,9 @@ async def test_a_peer_on_the_allow_list_joins_a_running_session_and_contributes_
         assert [c.op for c in named.changes] == ["join"]
         assert all(s.members == named.members for s in sessions)
         resynced = await joining
-        assert resynced.resynced and joiner.round == 2 and joiner.head == admitted[0].record
+        assert resynced.resynced
+        assert joiner.round == 2
+        assert joiner.head == admitted[0].record
         everyone = [*sessions, joiner]
         after = await run(everyone)  # the joiner contributes from the round after its admission
         assert len({bytes(r.record) for r in after}) == 1
@@ -103,7 +109,9 @@ async def test_a_peer_on_the_allow_list_joins_a_running_session_and_contributes_
         )  # fmt: skip
         assert [r.round for r in verified] == [0, 1, 2]
         with pytest.raises(RoundVerificationFailed, match="admission"):
-            await verify_agreed_history(store, head, session=SESSION, genesis=genesis, keys=bus.keys)
+            await verify_agreed_history(
+                store, head, session=SESSION, genesis=genesis, keys=bus.keys
+            )
         # A tampered record naming another member set (one evicting peer-a) is refused.
         forged = dataclasses.replace(
             named, members=tuple(p for p in named.members if p != PEERS[0]),
@@ -162,12 +170,14 @@ async def test_a_member_leaves_and_the_rounds_after_go_on_without_it() -> None:
         await held(sessions[:2], "the leave", lambda t: PEERS[2] in t.leaves)
         last = await run(sessions)
         assert set(last[0].roster.peers) == set(PEERS)
-        assert leaver.left and not sessions[0].left
+        assert leaver.left
+        assert not sessions[0].left
         rest = sessions[:2]
         assert all(s.members == PEERS[:2] for s in rest)
         after = await run(rest)
         assert len({bytes(r.record) for r in after}) == 1
-        assert after[0].roster.expected == PEERS[:2] and after[0].absent == ()
+        assert after[0].roster.expected == PEERS[:2]
+        assert after[0].absent == ()
         with pytest.raises(NotAdmitted):
             await leaver.run_round(delta(2, leaver.round))
     finally:
@@ -183,7 +193,8 @@ async def test_a_killed_member_is_evicted_after_evict_after_absent_rounds() -> N
         await run(sessions)
         await sessions[2].aclose()  # killed: it never contributes again
         one = await run(rest)
-        assert one[0].absent == (PEERS[2],) and rest[0].members == PEERS
+        assert one[0].absent == (PEERS[2],)
+        assert rest[0].members == PEERS
         two = await run(rest)  # its second absent roster: this round evicts it
         record = await record_of(store, two[0].record)
         assert record.members is not None
@@ -192,7 +203,8 @@ async def test_a_killed_member_is_evicted_after_evict_after_absent_rounds() -> N
         assert evicted.changes == (MemberChange("evict", PEERS[2]),)
         three = await run(rest)
         assert len({bytes(r.record) for r in three}) == 1
-        assert three[0].roster.expected == PEERS[:2] and three[0].absent == ()
+        assert three[0].roster.expected == PEERS[:2]
+        assert three[0].absent == ()
     finally:
         await close(rest)
 
