@@ -94,7 +94,7 @@ async def test_a_peer_on_the_allow_list_joins_a_running_session_and_contributes_
         assert [c.op for c in named.changes] == ["join"]
         assert all(s.members == named.members for s in sessions)
         resynced = await joining
-        assert resynced.resynced
+        assert resynced.changed
         assert joiner.round == 2
         assert joiner.head == admitted[0].record
         everyone = [*sessions, joiner]
