@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from .config import AgreedConfig, AgreedRoundResult, ResyncResult, UpdateRule
 from .history import verify_agreed_history, verify_agreed_round
+from .membership import Admission
 from .optimizer import OptimizerRule
 from .session import AgreedSession
 from .slicing import RobustRule
 
 __all__ = [
+    "Admission",
     "AgreedConfig",
     "AgreedRoundResult",
     "AgreedSession",

@@ -17,9 +17,9 @@ from multiformats import CID
 
 from gradfed_ipfs import AgreedConfig, AgreedRoundResult, AgreedSession, verify_agreed_history
 from gradfed_ipfs.errors import NotAdmitted, RoundVerificationFailed
+from gradfed_ipfs.federated.agreed import Admission
 from gradfed_ipfs.federated.agreed.coordinator import coordinator_ranking
 from gradfed_ipfs.federated.agreed.members import MemberTracker
-from gradfed_ipfs.federated.agreed.membership import Admission
 from gradfed_ipfs.formats.membership import JOIN, MemberChange, MemberSet, join_body
 from gradfed_ipfs.formats.roster import AgreedRecord, Roster
 from gradfed_ipfs.formats.statement import sign_statement
