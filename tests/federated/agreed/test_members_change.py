@@ -19,8 +19,15 @@ from gradfed_ipfs import AgreedConfig, AgreedRoundResult, AgreedSession, verify_
 from gradfed_ipfs.errors import NotAdmitted, RoundVerificationFailed
 from gradfed_ipfs.federated.agreed import Admission
 from gradfed_ipfs.federated.agreed.coordinator import coordinator_ranking
-from gradfed_ipfs.federated.agreed.members import MemberTracker
-from gradfed_ipfs.formats.membership import JOIN, MemberChange, MemberSet, join_body
+from gradfed_ipfs.federated.agreed.members import MAX_PENDING_JOINS, MemberTracker
+from gradfed_ipfs.formats.membership import (
+    APPROVE,
+    JOIN,
+    MemberChange,
+    MemberSet,
+    approve_body,
+    join_body,
+)
 from gradfed_ipfs.formats.roster import AgreedRecord, Roster
 from gradfed_ipfs.formats.statement import sign_statement
 from gradfed_ipfs.kubo import MemoryPubsubBus
@@ -250,3 +257,34 @@ async def test_a_roster_proposing_a_forged_member_set_is_refused(
                 assert "member set" in result.rejected[coordinator]
     finally:
         await close(sessions)
+
+
+async def test_the_board_holds_one_join_per_stranger_and_a_bounded_number() -> None:
+    """Requests are held only when signed by their sender for this session: one join per
+    stranger (the first), at most MAX_PENDING_JOINS of them, approvals and leaves from members."""
+    store, bus = MemoryBlockStore(), MemoryPubsubBus()
+    genesis = await AgreedSession.commit_genesis(store, initial_model())
+    tracker = MemberTracker(SESSION, genesis, PEERS, Admission("majority"), bus.keys)
+
+    async def join(peer: str, session: str = SESSION) -> bytes:
+        body = join_body(session, genesis, peer)
+        return (await sign_statement(bus.signer(peer), JOIN, body, keys=bus.keys)).block.data
+
+    first = await join(STRANGER)
+    assert tracker.offer(first, STRANGER) is not None
+    assert tracker.known(first)
+    assert tracker.offer(first, STRANGER) is None
+    assert tracker.offer(await join("peer-y"), "peer-z") is None  # relayed as another's
+    assert tracker.offer(await join("peer-y", "other"), "peer-y") is None  # another session
+    assert tracker.offer(await join(PEERS[0]), PEERS[0]) is None  # a member already
+    assert tracker.offer(b"\xa0", STRANGER) is None  # not a statement
+    for i in range(MAX_PENDING_JOINS + 5):
+        tracker.offer(await join(f"peer-{i:03d}"), f"peer-{i:03d}")
+    assert len(tracker.joins) == MAX_PENDING_JOINS
+    approval = await sign_statement(
+        bus.signer("peer-y"), APPROVE,
+        approve_body(SESSION, genesis, STRANGER, tracker.joins[STRANGER].block.cid), keys=bus.keys,
+    )  # fmt: skip
+    assert tracker.offer(approval.block.data, "peer-y") is None  # not a member's
+    changes = {c.peer: c for c in tracker.requests()}
+    assert changes[STRANGER] == MemberChange("join", STRANGER, (first,))  # no approval with it
