@@ -5,8 +5,9 @@
 ``config.members``; then each round's record names the next one when it changes), the last
 ``evict_after`` rosters (what evictions follow from), and the signed ``agreed/join``,
 ``agreed/approve`` and ``agreed/leave`` statements heard on the agreed topic, bounded: one
-pending join per stranger and :data:`MAX_PENDING_JOINS` overall, one approval per member and
-join, one leave per member. A coordinator proposes :meth:`MemberTracker.proposal`; every peer
+pending join per stranger and :data:`MAX_PENDING_JOINS` overall (under the allow-list policy
+only the listed peers' joins), one approval per member and join, one leave per member. A
+coordinator proposes :meth:`MemberTracker.proposal`; every peer
 checks a roster's proposal with :meth:`MemberTracker.problem` before adopting it.
 """
 
@@ -107,7 +108,7 @@ class MemberTracker:
         author, members = statement.author, self.current.members
         if statement.kind == JOIN:
             fresh = author not in members and author not in self.joins
-            if not fresh or len(self.joins) >= MAX_PENDING_JOINS:
+            if not fresh or len(self.joins) >= MAX_PENDING_JOINS or not self._admissible(author):
                 return False
             self.joins[author] = statement
             self.new_joins.append(statement)
@@ -130,6 +131,13 @@ class MemberTracker:
             self.approvals[(author, joiner)] = statement
         self._seen.add(bytes(statement.block.data))
         return True
+
+    def _admissible(self, joiner: str) -> bool:
+        """Whether a join could ever be admitted (under the allow-list: only the listed)."""
+        admission = self.admission
+        return admission is not None and (
+            admission.policy != "allow-list" or joiner in admission.allow
+        )
 
     def hold_own(self, statement: Statement) -> None:
         """Hold this peer's own request (the board drops its own messages)."""

@@ -288,3 +288,6 @@ async def test_the_board_holds_one_join_per_stranger_and_a_bounded_number() -> N
     assert tracker.offer(approval.block.data, "peer-y") is None  # not a member's
     changes = {c.peer: c for c in tracker.requests()}
     assert changes[STRANGER] == MemberChange("join", STRANGER, (first,))  # no approval with it
+    listed = MemberTracker(SESSION, genesis, PEERS, Admission(allow=(STRANGER,)), bus.keys)
+    assert listed.offer(await join("peer-y"), "peer-y") is None  # never admissible: not held
+    assert listed.offer(first, STRANGER) is not None
