@@ -676,6 +676,10 @@ class GenesisMismatch(FederatedError, ValueError):
     """A model, record or peer belongs to a session with another genesis model CID."""
 
 
+class NotAdmitted(FederatedError):
+    """A peer is not a member of the round (its join was not admitted, or it left)."""
+
+
 class RoundVerificationFailed(FederatedError):
     """An agreed round record, its roster or its result does not re-verify."""
 

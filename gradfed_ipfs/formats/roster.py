@@ -4,9 +4,10 @@ Two dag-cbor records (keys sorted canonically, CIDs as tag-42 links):
 
 ``gradfed.roster`` v1
     ``{session, genesis, round, base, coordinator, expected: [peer...],
-    entries: [[peer, contribution, weight, signature]...]}``, entries sorted by peer ID, one
-    per peer. ``base`` is the model CID the round starts from; every peer aggregates exactly
-    ``entries``. ``signature`` is the entry owner's signature of its ``agreed/contrib``
+    entries: [[peer, contribution, weight, signature]...], members?}``, entries sorted by peer
+    ID, one per peer. ``base`` is the model CID the round starts from; every peer aggregates
+    exactly ``entries``; ``members`` (only when the round changes it) names the next member set.
+    ``signature`` is the entry owner's signature of its ``agreed/contrib``
     statement (:func:`contribution_body`, rebuilt from the roster and the entry), so a roster
     cannot name a contribution its owner did not announce (:func:`verify_roster_entries`);
     entries of three items (no signature) still decode, and are refused by those checks.
@@ -15,7 +16,8 @@ Two dag-cbor records (keys sorted canonically, CIDs as tag-42 links):
     previous round's record (``None`` for round 0), ``result`` is the new model CID; optional
     ``rule``, ``state`` (a custom update rule), ``slices`` (a reduce-scatter round's slice
     records, in slice order), ``frauds`` (the round's fraud records, in slice order) and
-    ``excluded`` (every peer proven a lying reducer in this round or an earlier one, sorted).
+    ``excluded`` (every peer proven a lying reducer in this round or an earlier one, sorted)
+    and ``members`` (the next member set's CID, when the round changed it).
 
 And one small JSON pubsub message, :class:`AgreedMessage`, of three kinds: ``contrib`` (a
 peer's contribution CID and weight for a round on a base model), ``roster`` (a coordinator's
@@ -190,6 +192,10 @@ class Roster:
         Peers expected in the round (sorted); those without an entry are absent.
     entries
         Contributions, sorted by peer, one per peer.
+    members
+        CID of the member set the coordinator proposes for the next rounds
+        (:class:`~.membership.MemberSet`), when this round changes it; else ``None`` (not
+        written, so a session of fixed members keeps its bytes).
     """
 
     session: str
@@ -199,6 +205,7 @@ class Roster:
     coordinator: str
     expected: tuple[str, ...]
     entries: tuple[RosterEntry, ...]
+    members: CID | None = None
 
     @classmethod
     def new(
@@ -210,15 +217,18 @@ class Roster:
         coordinator: str,
         expected: tuple[str, ...] | list[str],
         entries: Mapping[str, tuple[CID, int] | tuple[CID, int, bytes | None]],
+        members: CID | None = None,
     ) -> Roster:
         """Build a roster, sorting ``entries`` and ``expected``.
 
-        ``entries`` maps a peer to (CID, weight) or (CID, weight, its contribution signature).
+        ``entries`` maps a peer to (CID, weight) or (CID, weight, its contribution signature);
+        ``members`` is the proposed next member set's CID (only when the round changes it).
         """
         lines = tuple(RosterEntry(p, *entries[p]) for p in sorted(entries))
         return cls(
-            session, genesis, round_number, base, coordinator, tuple(sorted(expected)), lines
-        )
+            session, genesis, round_number, base, coordinator, tuple(sorted(expected)), lines,
+            members,
+        )  # fmt: skip
 
     @property
     def peers(self) -> tuple[str, ...]:
@@ -244,6 +254,7 @@ class Roster:
                 "coordinator": self.coordinator,
                 "expected": list(self.expected),
                 "entries": [_entry_fields(e) for e in self.entries],
+                **({} if self.members is None else {"members": self.members}),
             }
         )
 
@@ -274,8 +285,8 @@ class Roster:
         peers = tuple(_peer(p, where) for p in expected)
         if list(peers) != sorted(set(peers)):
             raise MalformedManifest(f"{where}: expected peers are not sorted and unique")
-        lines = []
         lines = [_entry(item, where) for item in entries]
+        members = record.get("members")
         names = [line.peer for line in lines]
         if names != sorted(set(names)):
             raise MalformedManifest(f"{where}: entries are not sorted by unique peer")
@@ -287,6 +298,7 @@ class Roster:
             coordinator=_peer(record.get("coordinator"), where),
             expected=peers,
             entries=tuple(lines),
+            members=None if members is None else _record_cid(members, where),
         )
 
 
@@ -424,6 +436,9 @@ class AgreedRecord:
     encoding
         The contributions' packed encoding (:attr:`~gradfed_ipfs.tensor.packing.PackSpec.label`,
         e.g. ``int8/1024``), ``None`` for dense float32; only written when set.
+    members
+        CID of the member set that rounds after this one use, when this round changed it
+        (its roster's ``members``); ``None`` otherwise (only written when set).
     """
 
     session: str
@@ -441,6 +456,7 @@ class AgreedRecord:
     excluded: tuple[str, ...] | None = None
     model_stored: bool = True
     encoding: str | None = None
+    members: CID | None = None
 
     @property
     def packing(self) -> PackSpec | None:
@@ -468,6 +484,7 @@ class AgreedRecord:
                 **({} if self.excluded is None else {"excluded": list(self.excluded)}),
                 **({} if self.model_stored else {"model_stored": False}),
                 **({} if self.encoding is None else {"encoding": self.encoding}),
+                **({} if self.members is None else {"members": self.members}),
             }
         )
 
@@ -515,6 +532,7 @@ class AgreedRecord:
             raise MalformedManifest(f"{where}: model_stored is written only as false")
         encoding = record.get("encoding")
         label = None if encoding is None else _packing(encoding, where).label
+        members = record.get("members")
         return cls(
             session=_session(record.get("session"), where),
             genesis=_content_cid(record.get("genesis"), where),
@@ -531,6 +549,7 @@ class AgreedRecord:
             excluded=peers,
             model_stored="model_stored" not in record,
             encoding=label,
+            members=None if members is None else _record_cid(members, where),
         )
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from gradfed_ipfs import AgreedConfig, AgreedSession
 from gradfed_ipfs.errors import QuorumNotReached, RoundMismatch
+from gradfed_ipfs.federated.agreed import Admission
 from gradfed_ipfs.kubo import KuboPubsub, PubsubTransport
 from gradfed_ipfs.storage import KuboBlockStore
 from tests.adversarial.hostile import forged_head
@@ -52,6 +53,16 @@ def dump_tasks() -> None:
     sys.stderr.flush()
 
 
+async def wait_for_join(session: AgreedSession, peer: str) -> None:
+    """Hold before a round until this member holds ``peer``'s join (a test's synchronisation)."""
+    tracker = session.board.requests
+    deadline = time.monotonic() + 60.0
+    while tracker is not None and peer not in tracker.joins and peer not in session.members:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no join of {peer} heard")
+        await asyncio.sleep(0.05)
+
+
 async def run(args: argparse.Namespace) -> int:
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, dump_tasks)
     store = KuboBlockStore(args.api, timeout=10.0)
@@ -67,15 +78,22 @@ async def run(args: argparse.Namespace) -> int:
         announce_interval=0.2,
         fetch_timeout=10.0,
         aggregation=args.aggregation,
+        admission=None if args.allow is None else Admission(allow=tuple(args.allow.split(","))),
     )
     session = AgreedSession(store, pubsub, args.session, args.genesis, config)
     try:
-        await session.start(initial_model(args.dim))
+        if args.join:
+            joined = await session.join(initial_model(args.dim), timeout=60.0)
+            emit("joined", peer=session.peer_id, round=joined.round, head=str(joined.head))
+        else:
+            await session.start(initial_model(args.dim))
         emit("start", peer=session.peer_id)
         if args.resync:
             await resync(session, args.await_head)
         while session.round < args.rounds:
             r = session.round
+            if args.await_join is not None and r == args.await_join[1]:
+                await wait_for_join(session, args.await_join[0])
             if args.all_from is not None and r >= args.all_from:
                 session.config = dataclasses.replace(session.config, min_peers=None)
             try:
@@ -179,7 +197,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--aggregation", choices=["all-to-all", "reduce-scatter", "auto"], default="all-to-all"
     )
+    parser.add_argument("--allow", default=None, help="admission allow-list (peer IDs, commas)")
+    parser.add_argument("--join", action="store_true", help="join the running session")
+    parser.add_argument(
+        "--await-join", nargs=2, default=None, metavar=("PEER", "ROUND"),
+        help="before ROUND, wait until PEER's join is held",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.await_join is not None:
+        args.await_join = (args.await_join[0], int(args.await_join[1]))
     profile_to = os.environ.get("GRADFED_PEER_PROFILE")
     if profile_to:  # a diagnosis aid: where a peer process spends its CPU
         import cProfile

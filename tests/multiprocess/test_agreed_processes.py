@@ -19,6 +19,7 @@ import pytest
 from multiformats import CID
 
 from gradfed_ipfs.cli.children import JsonLinesChild
+from gradfed_ipfs.federated.agreed import Admission
 from gradfed_ipfs.federated.agreed.coordinator import coordinator_ranking
 from gradfed_ipfs.federated.agreed.history import model_cid, verify_agreed_history
 from gradfed_ipfs.storage import KuboBlockStore
@@ -316,3 +317,42 @@ def test_a_roster_hijack_across_processes_is_held(
         assert len({peer.rounds()[r]["record"] for peer in peers}) == 1
     head = peers[0].final()["head"]  # type: ignore[index]
     assert verify_history(kubo_swarm3[honest[1]], head, spawn.session, spawn.genesis) == 3
+
+
+def test_a_third_process_joins_two_members_and_contributes_from_the_next_round(
+    spawn: Any, kubo_swarm3: list[KuboNode]
+) -> None:
+    """Issue 33 item 3 across processes: peers 0 and 1 are the members, peer 2 is on their
+    allow-list and joins; the members hold before round 2 until they hold its join, so a roster
+    by round 2's admits it, and it contributes from the next round on, on the same records."""
+    ids = [node.peer_id for node in kubo_swarm3]
+    run = [
+        "--members", ",".join(ids[:2]), "--allow", ids[2], "--rounds", "6",
+        "--collect-timeout", "1.0", "--linger", "5",
+    ]  # fmt: skip
+    members = [spawn(i, *run, "--await-join", ids[2], "2") for i in range(2)]
+    joiner = spawn(2, *run, "--join")
+    wait_final([*members, joiner], timeout=120)
+    joined = joiner.of("joined")
+    assert joined
+    first = joined[0]["round"]  # the round after the roster that admitted it (by round 2's)
+    assert 1 <= first <= 3
+    assert sorted(joiner.rounds()) == list(range(first, 6))
+    for peer in members:
+        rounds = peer.rounds()
+        assert sorted(rounds) == list(range(6))
+        assert all(rounds[r]["roster"] == sorted(ids[:2]) for r in range(first))
+        assert all(rounds[r]["roster"] == sorted(ids) for r in range(first, 6))
+    for r in range(first, 6):
+        assert len({peer.rounds()[r]["record"] for peer in [*members, joiner]}) == 1
+    head = joiner.final()["head"]  # type: ignore[index]
+
+    async def check() -> int:
+        async with KuboBlockStore(kubo_swarm3[2].api_url, timeout=10.0) as store:
+            records = await verify_agreed_history(
+                store, head, session=spawn.session, genesis=spawn.genesis,
+                admission=Admission(allow=(ids[2],)), members=ids[:2],
+            )  # fmt: skip
+            return len(records)
+
+    assert asyncio.run(check()) == 6

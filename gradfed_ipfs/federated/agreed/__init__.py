@@ -17,11 +17,13 @@ from .config import AgreedConfig, AgreedRoundResult, ResyncResult, UpdateRule
 from .control import PubsubControl, RoundControl
 from .heads import count_votes, has_majority
 from .history import verify_agreed_history, verify_agreed_round
+from .membership import Admission
 from .optimizer import OptimizerRule
 from .session import AgreedSession
 from .slicing import RobustRule
 
 __all__ = [
+    "Admission",
     "AgreedConfig",
     "AgreedRoundResult",
     "AgreedSession",

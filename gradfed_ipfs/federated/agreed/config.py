@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 import numpy as np
@@ -18,6 +18,7 @@ from ...storage.dag import DEFAULT_CHUNK_BYTES, values_per_chunk
 from ...tensor.codecs import Codec
 from ...tensor.packing import PackSpec
 from ..accumulate.config import DEFAULT_MAX_WEIGHT
+from .membership import Admission
 
 __all__ = [
     "AGGREGATIONS",
@@ -190,6 +191,11 @@ class AgreedConfig:
         roster and final record: :mod:`~.comet_control`; the session then needs its own
         validator's RPC, ``AgreedSession(validator_rpc=...)``; all-to-all rounds only). The
         same on every member.
+    admission
+        Who may join a running session and when an absent member is evicted
+        (:class:`~.membership.Admission`). ``None`` (the default): ``members`` is fixed, and
+        rosters and records keep their bytes. Set: ``members`` is round 0's member set; each
+        round uses its base record's (all-to-all rounds only).
     """
 
     members: tuple[str, ...]
@@ -218,6 +224,7 @@ class AgreedConfig:
     error_decay: float = 1.0
     exact_tail: int = 0
     control: Control = "pubsub"
+    admission: Admission | None = None
 
     def __post_init__(self) -> None:
         if not self.members or len(set(self.members)) != len(self.members):
@@ -262,6 +269,13 @@ class AgreedConfig:
             raise InvalidGradient(f"error_decay must be in [0, 1], got {self.error_decay}")
         if self.exact_tail < 0:
             raise InvalidGradient(f"exact_tail must be >= 0, got {self.exact_tail}")
+
+    def for_members(self, members: tuple[str, ...]) -> AgreedConfig:
+        """Return these settings for a round of ``members`` (``min_peers`` capped at theirs)."""
+        if members == self.members:
+            return self
+        cap = None if self.min_peers is None else min(self.min_peers, len(members))
+        return replace(self, members=members, min_peers=cap)
 
     def takeover_at(self, rank: int) -> float:
         """Seconds after a round's start from which coordinator ``rank``'s roster is taken."""

@@ -18,6 +18,7 @@ from multiformats import CID
 
 from ..._types import FloatArray
 from ...block import Block
+from ...formats.membership import MemberSet
 from ...formats.roster import AgreedMessage, MessageKind, Roster, sign_message
 from ...formats.statement import KeyBook, Signer, Statement
 from ..exchange.announcer import Reannouncer
@@ -107,6 +108,8 @@ class AdoptedRoster:
     roster: Roster
     block: Block
     gradients: tuple[FloatArray, ...] | None
+    member_set: tuple[MemberSet, CID] | None = None
+    """The next member set the roster names (checked) and its CID; ``None``: unchanged."""
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from ...formats.pubsub import PubsubMessage
 from ...formats.roster import AgreedMessage, Roster, open_message, verify_roster_entries
 from ...formats.statement import KeyBook
 from .config import AgreedConfig
+from .members import MemberTracker
 
 __all__ = [
     "best_head",
@@ -163,6 +164,12 @@ class RoundBoard:
         # before the previous one are forgotten, and at most _REPEATS_PER_MEMBER a member.
         self._repeats: dict[tuple[str, bytes], int] = {}
         self._repeat_cap = _REPEATS_PER_MEMBER * len(self.members)
+        self.requests: MemberTracker | None = None  # holds join, approve and leave statements
+
+    def set_members(self, members: Collection[str]) -> None:
+        """Take messages from ``members`` from now on (a round changed the member set)."""
+        self.members = frozenset(members)
+        self._repeat_cap = _REPEATS_PER_MEMBER * len(self.members)
 
     @property
     def changed(self) -> asyncio.Event:
@@ -187,7 +194,8 @@ class RoundBoard:
     def accept(self, message: PubsubMessage) -> AgreedMessage | None:
         """Check one pubsub message and record it; return it, or ``None`` if dropped."""
         repeat = (message.from_peer, message.data)
-        if repeat in self._repeats:
+        requests = self.requests
+        if repeat in self._repeats or (requests is not None and requests.known(message.data)):
             return self._drop("repeat")
         opened = self._decode(message)
         if opened is None:
@@ -217,6 +225,9 @@ class RoundBoard:
         try:
             decoded, signature = self._open(message.data)
         except DecodeError as exc:
+            if self.requests is not None and self.requests.offer(message.data, message.from_peer):
+                self._notify()  # a membership request (a stranger's join among them), held
+                return None
             self._drop(_REASONS.get(type(exc), "malformed"))
             return None
         if decoded.session != self.session or bytes(decoded.genesis) != bytes(self.genesis):

@@ -122,13 +122,14 @@ class HeadChooser:
         store: BlockStore,
         session: str,
         genesis: CID,
-        members: Collection[str],
+        members: Collection[str] | None,
         timeout: float,
         *,
         keys: KeyBook = PEER_ID_KEYS,
     ) -> None:
         self.store, self.session, self.genesis = store, session, genesis
-        self.members, self.timeout, self.keys = frozenset(members), timeout, keys
+        self.members = None if members is None else frozenset(members)  # None: sets change
+        self.timeout, self.keys = timeout, keys
         self._refused: OrderedDict[bytes, str] = OrderedDict()
         self._links: dict[bytes, bytes | None] = {}
 
@@ -175,7 +176,7 @@ class HeadChooser:
             if not problem:
                 self._link(head.record, record)  # its author's vote for what it extends
                 roster = await load_roster(self.store, record.roster, timeout=self.timeout)
-                outside = sorted(set(roster.peers) - self.members)
+                outside = sorted(set(roster.peers) - (self.members or set(roster.peers)))
                 problem = f"its roster lists non-member(s) {', '.join(outside)}" if outside else ""
         except (BlockStoreError, DecodeError) as exc:
             problem = f"{type(exc).__name__}: {exc}"

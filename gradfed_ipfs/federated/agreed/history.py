@@ -45,6 +45,7 @@ from ...errors import (
     RoundVerificationFailed,
     ShapeMismatch,
 )
+from ...formats.membership import MemberSet
 from ...formats.roster import AgreedRecord, Roster, verify_roster_entries
 from ...formats.statement import PEER_ID_KEYS, KeyBook
 from ...storage.base import UNSET, BlockStore, Unset
@@ -53,15 +54,18 @@ from ...tensor.deterministic import deterministic_update
 from ..exchange.encoded import encode_gradient
 from ..sliced.proofs import check_partial_frauds
 from .config import UpdateRule
+from .membership import Admission, roster_member_set_problem
 from .slicing import check_slice_results, proven_liars, sliced_roster
 
 __all__ = [
     "MAX_CHAIN_ROUNDS",
     "MAX_REBUILD_ROUNDS",
+    "MemberState",
     "ModelState",
     "ResultLoad",
     "VerifiedHead",
     "check_exclusions",
+    "check_member_sets",
     "check_roster_signatures",
     "load_chain",
     "load_head",
@@ -287,6 +291,70 @@ async def check_exclusions(
     except (BlockStoreError, DecodeError) as exc:
         raise RoundVerificationFailed(f"exclusions: {exc}") from exc
     return before
+
+
+@dataclass(frozen=True)
+class MemberState:
+    """A member set as a chain reaches it: the set, its CID, the last rosters (oldest first)."""
+
+    members: MemberSet
+    cid: CID
+    rosters: tuple[Roster, ...] = ()
+
+    @classmethod
+    def genesis(cls, session: str, genesis: CID, members: Collection[str]) -> MemberState:
+        """Round 0's member set: the session's initial ``members``."""
+        first = MemberSet(session, genesis, 0, tuple(sorted(members)))
+        return cls(first, first.to_block().cid)
+
+
+async def check_member_sets(
+    store: BlockStore,
+    chain: list[tuple[CID, AgreedRecord]],
+    start: MemberState,
+    admission: Admission,
+    *,
+    keys: KeyBook = PEER_ID_KEYS,
+    timeout: float | None = None,
+) -> MemberState:
+    """Check each record's member set against its predecessor's along ``chain`` (oldest first).
+
+    ``start`` is the member set (and last rosters) before the chain's first record. Each roster
+    must expect that round's members and name the set the requests it carries and the absences
+    of the last ``admission.evict_after`` rosters make (:func:`~.membership.
+    roster_member_set_problem`); its record must name the same set. Returns the state after the
+    last record.
+
+    Raises
+    ------
+    RoundVerificationFailed
+        If a member set is not the one its round calls for, or a block cannot be had.
+    """
+    state, keep = start, admission.evict_after or 1
+    for _, record in chain:
+        try:
+            roster = await load_roster(store, record.roster, timeout=timeout)
+            claimed = None
+            if record.members is not None:
+                wait = UNSET if timeout is None else timeout
+                block = await store.get(record.members, timeout=wait)
+                claimed = MemberSet.from_block(block)
+        except (BlockStoreError, DecodeError) as exc:
+            raise RoundVerificationFailed(f"round {record.round}: member set: {exc}") from exc
+        named = None if roster.members is None else bytes(roster.members)
+        problem = roster_member_set_problem(
+            claimed, state.members, state.cid, roster, state.rosters, admission, keys=keys
+        )
+        if named != (None if record.members is None else bytes(record.members)):
+            problem = "the record and its roster name different member sets"
+        if problem:
+            raise RoundVerificationFailed(f"round {record.round}: member set: {problem}")
+        rosters = (*state.rosters, roster)[-keep:]
+        if claimed is None or record.members is None:
+            state = MemberState(state.members, state.cid, rosters)
+        else:
+            state = MemberState(claimed, record.members, rosters)
+    return state
 
 
 async def check_roster_signatures(
@@ -565,8 +633,15 @@ async def verify_agreed_history(  # noqa: PLR0913 - public face: keyword-only se
     rule: UpdateRule | None = None,
     deadline: float | None = None,
     keys: KeyBook = PEER_ID_KEYS,
+    admission: Admission | None = None,
+    members: Collection[str] = (),
 ) -> list[AgreedRecord]:
     """Verify the chain ending at ``head``: links, genesis, exclusions, signatures, results.
+
+    A session whose members change (``admission``: its :class:`~.membership.Admission`;
+    ``members``: its round-0 members) has each round's member set checked against its
+    predecessor's (:func:`check_member_sets`); without ``admission`` a record that names a
+    member set is refused (it cannot be judged).
 
     Every roster entry must be its owner's signed contribution (:func:`check_roster_signatures`;
     ``keys``: where the authors' keys are, a memory bus's ``bus.keys``); every result is
@@ -597,6 +672,11 @@ async def verify_agreed_history(  # noqa: PLR0913 - public face: keyword-only se
         raise RoundVerificationFailed(f"chain from {start}: {exc}") from exc
     await check_exclusions(store, chain)
     await check_roster_signatures(store, chain, keys)
+    if admission is not None:
+        start_set = MemberState.genesis(session, parse_cid(genesis), members)
+        await check_member_sets(store, chain, start_set, admission, keys=keys)
+    elif any(record.members is not None for _, record in chain):
+        raise RoundVerificationFailed("the chain changes its members: verify with its admission")
     if recompute:
         await verify_rounds(store, [record for _, record in chain], rule)
         return [record for _, record in chain]

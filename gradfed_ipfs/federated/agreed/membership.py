@@ -48,6 +48,7 @@ __all__ = [
     "evictions",
     "member_set_problem",
     "next_member_set",
+    "roster_member_set_problem",
 ]
 
 AdmissionPolicy = Literal["allow-list", "majority", "two-thirds"]
@@ -166,12 +167,15 @@ def change_problem(
 
 
 def absences(rosters: Sequence[Roster], members: Collection[str]) -> dict[str, int]:
-    """Return, per member, how many of the last rounds in ``rosters`` (oldest first) missed it."""
+    """Return, per member, how many of the last rounds in ``rosters`` (oldest first) missed it.
+
+    A roster that did not expect the member (before it joined) ends its streak.
+    """
     streaks = {}
     for member in members:
         streak = 0
         for roster in reversed(rosters):
-            if member in roster.peers:
+            if member in roster.peers or member not in roster.expected:
                 break
             streak += 1
         streaks[member] = streak
@@ -250,3 +254,32 @@ def member_set_problem(
     if rebuilt.to_block().cid != claimed.to_block().cid:
         return f"not the member set after round {round_number} (evictions or fields differ)"
     return ""
+
+
+def roster_member_set_problem(
+    claimed: MemberSet | None,
+    current: MemberSet,
+    current_cid: CID,
+    roster: Roster,
+    history: Sequence[Roster],
+    admission: Admission,
+    *,
+    keys: KeyBook = PEER_ID_KEYS,
+) -> str:
+    """Return why ``claimed`` is not the set after ``roster``'s round (``""``: it is).
+
+    ``claimed`` is the set the roster names (``None``: unchanged); ``history`` the rosters of
+    the rounds before (oldest first; the last ``evict_after`` suffice): with ``roster`` they
+    give the absences. A roster must expect exactly the current members.
+    """
+    if roster.expected != current.members:
+        return f"expects {len(roster.expected)} peers, not round {roster.round}'s members"
+    streaks = absences([*history, roster], current.members)
+    if claimed is None:
+        rebuilt = next_member_set(
+            current, current_cid, roster.round, [], admission, streaks, keys=keys
+        )
+        return "" if rebuilt is current else "leaves out the evictions its rosters call for"
+    return member_set_problem(
+        claimed, current, current_cid, roster.round, admission, streaks, keys=keys
+    )

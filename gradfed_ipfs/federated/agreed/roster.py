@@ -32,6 +32,7 @@ from ...errors import (
     DecodeError,
     QuorumNotReached,
 )
+from ...formats.membership import MemberSet
 from ...formats.roster import MAX_INLINE_BYTES, AgreedRecord, Roster
 from ...storage.base import BlockStore
 from ..exchange.fetcher import ContributionFetcher, is_transient
@@ -39,6 +40,7 @@ from ..exchange.records import carried_or_fetched
 from .context import AdoptedRoster, RoundContext, SessionMessages
 from .coordinator import MAX_ROUNDS_AHEAD, RoundBoard, RoundState, effective_quorum, roster_problem
 from .history import load_record
+from .members import MemberTracker
 
 __all__ = ["MAX_WALK_BACK", "RosterPhase", "walk_back"]
 
@@ -111,6 +113,9 @@ class RosterPhase:
         The session's contribution fetcher (roots only in a reduce-scatter session).
     sliced
         Whether rounds reduce-scatter (a roster is then adopted without aggregating it).
+    members
+        The session's member set and requests: a coordinator's roster proposes the next set
+        from them, and a roster whose proposal is not the one they call for is refused.
     """
 
     def __init__(
@@ -121,10 +126,13 @@ class RosterPhase:
         fetcher: ContributionFetcher,
         *,
         sliced: bool,
+        members: MemberTracker | None = None,
     ) -> None:
         self._store, self._board = store, board
         self._messages, self._fetcher, self._sliced = messages, fetcher, sliced
+        self._members = members
         self._rosters: dict[bytes, tuple[Roster, Block]] = {}
+        self._member_sets: dict[bytes, tuple[MemberSet, CID]] = {}  # roster -> its checked set
 
     def fetch(self, cid: CID, d: int) -> asyncio.Task[FloatArray]:
         """Fetch (once) and check the contribution ``cid`` of ``d`` values."""
@@ -133,6 +141,7 @@ class RosterPhase:
     def forget(self) -> None:
         """Drop the rosters decoded so far (a round ended)."""
         self._rosters.clear()
+        self._member_sets.clear()
 
     async def take(self, ctx: RoundContext) -> AdoptedRoster:
         """Collect contributions until a valid roster is adopted; return it.
@@ -182,7 +191,16 @@ class RosterPhase:
         over = sum(1 for p, h in heads if p != ctx.peer and h.round >= ctx.number)
         if 2 * over > len(ctx.config.members):
             return False
-        if c.quorum == len(c.members) and not c.waiting and ctx.ranking[0] not in state.rosters:
+        own = state.rosters.get(ctx.peer)
+        if own is not None and bytes(own) in c.tried:  # its own check refused it: not again
+            return False
+        derivable = self._members is None or self._members.admission is None  # else: its requests
+        if (
+            derivable
+            and c.quorum == len(c.members)
+            and not c.waiting
+            and ctx.ranking[0] not in state.rosters
+        ):
             # min_peers = all: the only roster any coordinator may publish is the complete
             # one, so a peer holding every member's contribution derives it without waiting.
             ready = self._ready(ctx)
@@ -226,12 +244,18 @@ class RosterPhase:
                 ctx.rejected[peer] = f"contribution {cid}: {task.exception()}"
         return ready
 
-    def _derive(self, ctx: RoundContext, coordinator: str, ready: dict[str, _Entry]) -> CID:
+    def _derive(
+        self,
+        ctx: RoundContext,
+        coordinator: str,
+        ready: dict[str, _Entry],
+        members: CID | None = None,
+    ) -> CID:
         """Build (and cache) the roster ``coordinator`` would publish from ``ready``."""
         config = ctx.config
         roster = Roster.new(
             self._board.session, self._board.genesis, ctx.number, ctx.base, coordinator,
-            config.members, ready,
+            config.members, ready, members,
         )  # fmt: skip
         block = roster.to_block()
         self._rosters[bytes(block.cid)] = (roster, block)
@@ -239,7 +263,7 @@ class RosterPhase:
         return block.cid
 
     async def _publish(self, ctx: RoundContext, ready: dict[str, _Entry]) -> None:
-        cid = self._derive(ctx, ctx.peer, ready)
+        cid = self._derive(ctx, ctx.peer, ready, await self._propose(ctx, ready))
         block = self._rosters[bytes(cid)][1]
         inline = block.data if len(block.data) <= MAX_INLINE_BYTES else None
         if inline is None:
@@ -249,6 +273,39 @@ class RosterPhase:
         logger.debug(
             "round %d: %s published roster %s (%d entries)", ctx.number, ctx.peer, cid, len(ready)
         )
+
+    async def _propose(self, ctx: RoundContext, ready: dict[str, _Entry]) -> CID | None:
+        """Return the next member set this coordinator's roster names (stored; ``None``: same)."""
+        tracker = self._members
+        if tracker is None:
+            return None
+        plain = Roster.new(
+            self._board.session, self._board.genesis, ctx.number, ctx.base, ctx.peer,
+            ctx.config.members, ready,
+        )  # fmt: skip
+        proposed = tracker.proposal(plain)
+        if proposed is tracker.current:
+            return None
+        block = proposed.to_block()
+        await self._store.put(block, pin=False)  # peers fetch it to check; pinned when done
+        return block.cid
+
+    async def _member_set_problem(self, ctx: RoundContext, cid: CID, roster: Roster) -> str:
+        """Fetch and check the member set ``roster`` proposes; ``""`` when it is the right one."""
+        tracker = self._members
+        if tracker is None:
+            return ""
+        claimed = None
+        if roster.members is not None:
+            try:
+                block = await self._store.get(roster.members, timeout=ctx.config.fetch_timeout)
+                claimed = MemberSet.from_block(block)
+            except (BlockStoreError, DecodeError) as exc:
+                return f"member set {roster.members}: {exc}"
+        problem = tracker.problem(roster, claimed)
+        if not problem and claimed is not None and roster.members is not None:
+            self._member_sets[bytes(cid)] = (claimed, roster.members)
+        return f"member set: {problem}" if problem else ""
 
     async def _try_rosters(self, ctx: RoundContext, c: _Collection) -> AdoptedRoster | None:
         """Adopt the best-ranked valid roster heard (directly or through a ``done`` record).
@@ -355,7 +412,10 @@ class RosterPhase:
         logger.debug(
             "round %d: adopted %s after %.3fs", ctx.number, cid, time.monotonic() - ctx.started
         )
-        return AdoptedRoster(cid, roster, block, None if self._sliced else tuple(gradients))
+        return AdoptedRoster(
+            cid, roster, block, None if self._sliced else tuple(gradients),
+            self._member_sets.get(bytes(cid)),
+        )  # fmt: skip
 
     async def _checked_roster(
         self, ctx: RoundContext, cid: CID, author: str | None, c: _Collection
@@ -385,6 +445,11 @@ class RosterPhase:
             ctx.rejected[f"roster {cid}"] = str(exc)
             return None
         if self._refused(ctx, c, cid, author, roster):
+            return None
+        problem = await self._member_set_problem(ctx, cid, roster)
+        if problem:  # the coordinator it names proposed it (its signer, checked above)
+            c.tried.add(bytes(cid))
+            ctx.rejected[roster.coordinator] = f"roster {cid}: {problem}"
             return None
         if author is None:  # learned from a record: its named coordinator's time must come
             rank = ctx.ranking.index(roster.coordinator)

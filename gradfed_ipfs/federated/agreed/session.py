@@ -56,11 +56,14 @@ from ...errors import (
     ConfigError,
     GenesisMismatch,
     InvalidGradient,
+    NotAdmitted,
     NoVerifiableHead,
     RoundMismatch,
 )
+from ...formats.membership import APPROVE, JOIN, LEAVE, approve_body, join_body, leave_body
 from ...formats.pubsub import PubsubMessage
 from ...formats.roster import AgreedMessage, AgreedRecord
+from ...formats.statement import Statement, sign_statement
 from ...kubo.pubsub import PubsubTransport
 from ...storage.base import BlockStore
 from ...storage.dag import fetch_gradient, put_gradient
@@ -78,6 +81,7 @@ from .control import PubsubControl, RoundControl
 from .coordinator import Head, RoundBoard, best_head, coordinator_ranking, model_holders
 from .heads import HeadChoice, HeadChooser
 from .history import ResultLoad, VerifiedHead
+from .members import MemberTracker
 from .roster import RosterPhase
 from .slicing import RootFetcher, SliceStep, choose_slicing, slice_report, slices_topic
 from .storage import FinishedRound, RoundStorage
@@ -192,9 +196,15 @@ class AgreedSession:
         self._unsent: tuple[FloatArray, FloatArray] | None = None  # (corrected, sent) this round
         self._storage = RoundStorage(store, retention)
         self._started: _Started | None = None
+        fixed = None if config.admission is not None else config.members  # else sets change
         self._heads = HeadChooser(
-            store, session, self.genesis, config.members, config.fetch_timeout, keys=pubsub.keys
+            store, session, self.genesis, fixed, config.fetch_timeout, keys=pubsub.keys
         )  # remembers the heads it refused
+        self._members = MemberTracker(
+            session, self.genesis, config.members, config.admission, pubsub.keys
+        )
+        self.left = False  # this peer's leave took effect (it is no longer a member)
+        self._approving: dict[str, str] = {}  # joiner -> announcer key of this peer's approval
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -222,7 +232,7 @@ class AgreedSession:
             raise RuntimeError("AgreedSession.start() has not been called")
         return self._started
 
-    async def start(self, model: GradientLike | None = None) -> None:
+    async def start(self, model: GradientLike | None = None, *, joining: bool = False) -> None:
         """Subscribe and start announcing; begin at the genesis model.
 
         Parameters
@@ -230,6 +240,8 @@ class AgreedSession:
         model
             This peer's initial model; it must hash to the genesis CID. When ``None`` the
             genesis model is fetched by CID.
+        joining
+            Start as a non-member (:meth:`join` does, then waits for its admission).
 
         Raises
         ------
@@ -248,12 +260,16 @@ class AgreedSession:
             dtype=np.float32,
         ).reshape(-1)
         self.peer_id = await self.pubsub.local_peer_id()
-        if self.peer_id not in self.config.members:
+        if self.peer_id not in self.config.members and not joining:
             raise GenesisMismatch(f"peer {self.peer_id} is not a member of {self.session!r}")
         board = RoundBoard(
             self.session, self.genesis, self.peer_id, self.config.members, keys=self.pubsub.keys
         )
+        if self.config.admission is not None:
+            board.requests = self._members
         slicing = await self._open_slicing()
+        if slicing is not None and self.config.admission is not None:
+            raise ConfigError("member changes (admission) are wired for all-to-all rounds only")
         if slicing is not None:  # only roots are checked before the roster
             self._fetcher = RootFetcher(
                 self._fetcher.store, self.config.fetch_timeout, self._poke,
@@ -263,7 +279,10 @@ class AgreedSession:
             self.session, self.genesis, self.peer_id, self._announcer,
             signer=await self.pubsub.signer(), keys=self.pubsub.keys,
         )  # fmt: skip
-        roster = RosterPhase(self.store, board, messages, self._fetcher, sliced=slicing is not None)
+        roster = RosterPhase(
+            self.store, board, messages, self._fetcher, sliced=slicing is not None,
+            members=self._members,
+        )  # fmt: skip
         aggregate = AggregateStep(self.store, board, slicing)
         control = await self._open_control(roster)
         self._started = _Started(board, messages, roster, aggregate, slicing, control)
@@ -330,6 +349,8 @@ class AgreedSession:
             accepted = self.board.accept(message)
             if accepted is not None and accepted.kind == "contrib":
                 self._prefetch(accepted)
+            if self._members.new_joins:
+                await self._approve_joins()
 
     def _prefetch(self, message: AgreedMessage) -> None:
         """Start fetching a contribution as soon as it is heard, the next round's included.
@@ -346,6 +367,85 @@ class AgreedSession:
         current = message.round == self.round and bytes(message.base) == bytes(self.model_cid)
         if current or message.round == self.round + 1:
             self._fetcher.fetch(message.cid, self.model.size)
+
+    # ------------------------------------------------------------------ members
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        """The members of round :attr:`round` (sorted; the base record's member set)."""
+        return self._members.members
+
+    @property
+    def member_set_cid(self) -> CID:
+        """CID of round :attr:`round`'s member set (a ``gradfed.members`` record)."""
+        return self._members.current_cid
+
+    def _round_config(self) -> AgreedConfig:
+        """Return the settings of round :attr:`round`: ``config`` with its member set."""
+        if not self._members.changed:
+            return self.config
+        return self.config.for_members(self._members.members)
+
+    async def _request(self, kind: str, body: bytes) -> Statement:
+        """Sign a membership request once, hold it, and keep announcing it."""
+        statement = await sign_statement(
+            await self.pubsub.signer(), kind, body, keys=self.pubsub.keys
+        )
+        if self.config.admission is not None and kind != JOIN:
+            self._members.hold_own(statement)
+        await self._announcer.post(f"{kind}:{statement.block.cid}", statement.block.data)
+        return statement
+
+    async def _approve_joins(self) -> None:
+        """Approve the joins heard whose authors are on this member's own allow-list."""
+        joins, self._members.new_joins = self._members.new_joins, []
+        for join in joins:
+            if self._members.wants_approval(join, self.peer_id):
+                body = approve_body(self.session, self.genesis, join.author, join.block.cid)
+                approval = await self._request(APPROVE, body)
+                self._approving[join.author] = f"{APPROVE}:{approval.block.cid}"
+
+    async def join(
+        self, model: GradientLike | None = None, *, timeout: float = 60.0
+    ) -> ResyncResult:
+        """Join the running session: ask, wait for admission, resync to the admitting head.
+
+        Starts as a non-member (:meth:`start`), announces this peer's signed ``agreed/join``
+        (re-announced), and resyncs to each newer head the members announce until one's
+        member set includes this peer; the model and history are fetched by CID from any
+        member meanwhile. This peer contributes from the round after its admission.
+
+        Raises
+        ------
+        NotAdmitted
+            If no head admits this peer within ``timeout`` seconds.
+        """
+        if self.config.admission is None:
+            raise ConfigError("joining needs an admission policy (AgreedConfig.admission)")
+        if self._started is None:
+            await self.start(model, joining=True)
+        request = await self._request(JOIN, join_body(self.session, self.genesis, self.peer_id))
+        deadline = time.monotonic() + timeout
+        result = ResyncResult(False, self.round, self.model_cid, self.head)
+        while self.peer_id not in self._members.members:
+            left = deadline - time.monotonic()
+            newer = lambda: any(h.round >= self.round for h in self.board.heads.values())  # noqa: E731
+            if left <= 0 or not await self.board.wait_until(newer, left):
+                raise NotAdmitted(f"{self.peer_id} was not admitted to {self.session!r}")
+            result = await self.resync(timeout=max(left, 0.1))
+        self._announcer.withdraw(f"{JOIN}:{request.block.cid}")
+        return result
+
+    async def leave(self, after: int | None = None) -> None:
+        """Announce this member's signed leave after round ``after`` (default :attr:`round`).
+
+        This peer takes part up to that round; :attr:`left` is set once a round's record
+        names a member set without it (the caller then stops and closes the session).
+        """
+        if self.config.admission is None:
+            raise ConfigError("leaving needs an admission policy (AgreedConfig.admission)")
+        last = self.round if after is None else after
+        await self._request(LEAVE, leave_body(self.session, self.genesis, self.peer_id, last))
 
     def _poke(self) -> None:
         if self._started is not None:
@@ -430,7 +530,9 @@ class AgreedSession:
         announcement is not queued behind 4·d bytes of put on this daemon and this event loop
         (measured: it reached the others 60-130 ms after posting when it raced the put).
         """
-        r, messages = self.round, self._parts.messages
+        r, messages, config = self.round, self._parts.messages, self._round_config()
+        if self.peer_id not in config.members:
+            raise NotAdmitted(f"{self.peer_id} is not a member of round {r}")
         self._check_done(r - 1)
         await self._storage.settle(keep=1)  # the last round's blocks may still be on their way
         encoded, values = await self._encode(values, error_feedback)
@@ -441,7 +543,7 @@ class AgreedSession:
         logger.debug("round %d: contributed after %.3fs", r, time.monotonic() - started)
         return RoundContext(
             number=r,
-            config=self.config,
+            config=config,
             peer=self.peer_id,
             base=self.model_cid,
             base_model=self.model,
@@ -451,7 +553,7 @@ class AgreedSession:
             own=OwnContribution(
                 encoded.cid, values, weight, stored, encoded.nbytes, signed.signature
             ),
-            ranking=tuple(coordinator_ranking(self.session, self.genesis, r, self.config.members)),
+            ranking=tuple(coordinator_ranking(self.session, self.genesis, r, config.members)),
             started=started,
         )
 
@@ -506,7 +608,7 @@ class AgreedSession:
             None if sliced is None else tuple(sliced.records),
             tuple(sliced.frauds) if sliced is not None and sliced.frauds else None,
             tuple(sorted(excluded)) or None, stored,
-            None if config.packing is None else config.packing.label,
+            None if config.packing is None else config.packing.label, adopted.roster.members,
         ).to_block()  # fmt: skip
         await self._parts.messages.done(r, encoded[0].cid, record.cid)
         holders = model_holders(
@@ -526,9 +628,20 @@ class AgreedSession:
         self.excluded = frozenset(excluded)  # the record's: no later roster may list them
         self.rule_state = aggregated.state
         self.history[bytes(record.cid)] = r
+        await self._next_members(adopted)
         self._fetcher.retain(self._next_fetches())  # the next round's, already on their way
         logger.debug("round %d: done after %.3fs", r, time.monotonic() - ctx.started)
         return finished
+
+    async def _next_members(self, adopted: AdoptedRoster) -> None:
+        """Take the member set the round's roster names (pinned: the record links it)."""
+        self._members.advance(adopted.roster, adopted.member_set)
+        if adopted.member_set is not None:
+            await self.store.put(adopted.member_set[0].to_block())
+            self.board.set_members(self._members.members)
+            self.left = self.peer_id not in self._members.members
+            for joiner in [p for p in self._approving if p in self._members.members]:
+                self._announcer.withdraw(self._approving.pop(joiner))
 
     def _next_fetches(self) -> set[bytes]:
         """CIDs of the current round's contributions heard so far (kept across the round's end)."""
@@ -622,7 +735,7 @@ class AgreedSession:
         """
         await self._storage.settle()
         grace = 2 * self.config.announce_interval if grace is None else grace
-        others = [p for p in self.config.members if p != self.peer_id]
+        others = [p for p in self._members.members if p != self.peer_id]
         ends = time.monotonic() + timeout
         heads = await self.board.gather_heads(others, grace=grace, timeout=timeout)
         while True:
@@ -640,7 +753,7 @@ class AgreedSession:
             return ResyncResult(
                 False, self.round, self.model_cid, self.head, refused=choice.refused
             )
-        self._adopt(best, verified)
+        await self._adopt(best, verified)
         await self._parts.messages.done(best.round, best.result, best.record)
         logger.info("%s resynced to round %d (%s)", self.peer_id, self.round, best.record)
         return ResyncResult(
@@ -666,8 +779,15 @@ class AgreedSession:
             ),
         )  # fmt: skip
 
-    def _adopt(self, best: Head, verified: VerifiedHead) -> None:
-        """Make a verified head current: its recomputed model, rule state and proven liars."""
+    async def _adopt(self, best: Head, verified: VerifiedHead) -> None:
+        """Make a verified head current: its recomputed model, rule state and proven liars.
+
+        With an admission policy the chain's member sets are checked first (raising
+        ``RoundVerificationFailed`` before anything changes) and the head's is taken.
+        """
+        if self.config.admission is not None:  # the head's member set and its last rosters
+            await self._members.follow(self.store, verified.chain, self.config.fetch_timeout)
+            self.board.set_members(self._members.members)
         self.rule_state = verified.state  # the custom rule resumes from the head's state
         self.model = np.array(verified.model, np.float32).reshape(-1)
         self.model_cid, self.head, self.round = best.result, best.record, best.round + 1
@@ -685,7 +805,7 @@ class AgreedSession:
         ``announce_interval``). Returns the members heard within ``timeout`` (this one included).
         """
         await self._storage.settle()
-        members, last = set(self.config.members), self.round - 1
+        members, last = set(self._members.members), self.round - 1
         if self.head is not None:
             await self._parts.messages.done(last, self.model_cid, self.head)
 

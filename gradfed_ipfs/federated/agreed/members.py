@@ -1,0 +1,238 @@
+"""A session's member set as its rounds go: the requests heard, proposed and checked sets.
+
+:class:`MemberTracker` is the stateful side of :mod:`.membership` for one
+:class:`~.session.AgreedSession`: it holds the current member set (round 0's is the session's
+``config.members``; then each round's record names the next one when it changes), the last
+``evict_after`` rosters (what evictions follow from), and the signed ``agreed/join``,
+``agreed/approve`` and ``agreed/leave`` statements heard on the agreed topic, bounded: one
+pending join per stranger and :data:`MAX_PENDING_JOINS` overall (under the allow-list policy
+only the listed peers' joins), one approval per member and join, one leave per member. A
+coordinator proposes :meth:`MemberTracker.proposal`; every peer
+checks a roster's proposal with :meth:`MemberTracker.problem` before adopting it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from multiformats import CID
+
+from ...block import Block
+from ...errors import DecodeError
+from ...formats.membership import APPROVE, JOIN, LEAVE, MemberChange, MemberSet, read_request
+from ...formats.roster import AgreedRecord, Roster
+from ...formats.statement import KeyBook, Statement, decode_statement
+from ...storage.base import BlockStore
+from .history import MemberState, check_member_sets
+from .membership import Admission, absences, next_member_set, roster_member_set_problem
+
+__all__ = ["MAX_PENDING_JOINS", "MemberTracker"]
+
+MAX_PENDING_JOINS: Final = 64
+"""Most join requests of strangers a peer holds at once (the first heard are kept)."""
+_KINDS: Final = (JOIN, APPROVE, LEAVE)
+
+
+class MemberTracker:
+    """The member set of one session's rounds, and the requests that change it.
+
+    Parameters
+    ----------
+    session, genesis
+        The session identity (requests naming another are dropped).
+    members
+        The genesis member set (``config.members``).
+    admission
+        The session's policy; ``None``: the members never change (every request is dropped).
+    keys
+        Where request authors' keys are (``pubsub.keys``).
+    """
+
+    def __init__(
+        self,
+        session: str,
+        genesis: CID,
+        members: Sequence[str],
+        admission: Admission | None,
+        keys: KeyBook,
+    ) -> None:
+        self.session, self.genesis, self.admission, self.keys = session, genesis, admission, keys
+        self.genesis_set = MemberSet(session, genesis, 0, tuple(sorted(members)))
+        self.current = self.genesis_set
+        self.current_cid = self.genesis_set.to_block().cid
+        self.rosters: list[Roster] = []  # the last evict_after adopted rosters, oldest first
+        self.joins: dict[str, Statement] = {}  # stranger -> its join statement
+        self.approvals: dict[tuple[str, str], Statement] = {}  # (approver, joiner) -> approval
+        self.leaves: dict[str, Statement] = {}  # member -> its leave statement
+        self._seen: set[bytes] = set()  # statement bytes held (re-announcements are dropped)
+        self.new_joins: list[Statement] = []  # joins held since the session last looked
+
+    @property
+    def changed(self) -> bool:
+        """Whether the current set is no longer the genesis set."""
+        return self.current is not self.genesis_set
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        """The current members, sorted."""
+        return self.current.members
+
+    # ------------------------------------------------------------------ requests
+
+    def known(self, data: bytes) -> bool:
+        """Whether ``data`` is a request already held (a re-announcement)."""
+        return bytes(data) in self._seen
+
+    def offer(self, data: bytes, from_peer: str) -> Statement | None:
+        """Hold a signed request heard from ``from_peer``; return it if it is a new one.
+
+        Dropped (``None``): not a membership statement of this session, not its sender's, a
+        join of a member or a leave of a stranger, beyond the bounds, or admission off.
+        """
+        if self.admission is None or self.known(data):
+            return None
+        try:
+            statement = decode_statement(Block.new(bytes(data), "dag-cbor"), keys=self.keys)
+            if statement.kind not in _KINDS or statement.author != from_peer:
+                return None
+            fields = read_request(statement.kind, statement.body)
+        except DecodeError:
+            return None
+        same = fields["session"] == self.session and fields["genesis"] == self.genesis
+        if not same or (statement.kind != APPROVE and fields["peer"] != statement.author):
+            return None
+        return statement if self._hold(statement, fields) else None
+
+    def _hold(self, statement: Statement, fields: dict[str, object]) -> bool:
+        author, members = statement.author, self.current.members
+        if statement.kind == JOIN:
+            fresh = author not in members and author not in self.joins
+            if not fresh or len(self.joins) >= MAX_PENDING_JOINS or not self._admissible(author):
+                return False
+            self.joins[author] = statement
+            self.new_joins.append(statement)
+        elif author not in members:
+            return False
+        elif statement.kind == LEAVE:
+            if author in self.leaves:
+                return False
+            self.leaves[author] = statement
+        else:
+            joiner = fields["peer"]
+            if (
+                not isinstance(joiner, str)
+                or joiner in members
+                or (author, joiner) in self.approvals
+            ):
+                return False
+            if len(self.approvals) >= MAX_PENDING_JOINS * len(members):
+                return False
+            self.approvals[(author, joiner)] = statement
+        self._seen.add(bytes(statement.block.data))
+        return True
+
+    def _admissible(self, joiner: str) -> bool:
+        """Whether a join could ever be admitted (under the allow-list: only the listed)."""
+        admission = self.admission
+        return admission is not None and (
+            admission.policy != "allow-list" or joiner in admission.allow
+        )
+
+    def hold_own(self, statement: Statement) -> None:
+        """Hold this peer's own request (the board drops its own messages)."""
+        fields = read_request(statement.kind, statement.body)
+        self._hold(statement, fields)
+
+    def wants_approval(self, join: Statement, me: str) -> bool:
+        """Whether this member approves ``join`` by itself (its author on its own allow-list)."""
+        admission = self.admission
+        return (
+            admission is not None
+            and admission.policy != "allow-list"
+            and me in self.current.members
+            and join.author in admission.allow
+            and (me, join.author) not in self.approvals
+        )
+
+    def requests(self) -> list[MemberChange]:
+        """Return the joins (with the current members' approvals of them) and leaves held."""
+        changes = []
+        for joiner, join in sorted(self.joins.items()):
+            cid = bytes(join.block.cid)
+            approvals = sorted(
+                s.block.data
+                for (approver, peer), s in self.approvals.items()
+                if peer == joiner and approver in self.current.members
+                and bytes(read_request(APPROVE, s.body)["join"]) == cid
+            )  # fmt: skip
+            changes.append(MemberChange("join", joiner, (join.block.data, *approvals)))
+        for peer, leave in sorted(self.leaves.items()):
+            changes.append(MemberChange("leave", peer, (leave.block.data,)))
+        return changes
+
+    # ------------------------------------------------------------------ rounds
+
+    def streaks(self, roster: Roster) -> dict[str, int]:
+        """Absences of the current members over the kept rosters and round ``roster``'s."""
+        return absences([*self.rosters, roster], self.current.members)
+
+    def proposal(self, roster: Roster) -> MemberSet:
+        """Return the set after ``roster``'s round from the requests held (``current``: none)."""
+        if self.admission is None:
+            return self.current
+        return next_member_set(
+            self.current, self.current_cid, roster.round, self.requests(), self.admission,
+            self.streaks(roster), keys=self.keys,
+        )  # fmt: skip
+
+    def problem(self, roster: Roster, claimed: MemberSet | None) -> str:
+        """Return why ``roster``'s member set ``claimed`` (``None``: unchanged) is wrong."""
+        if self.admission is None:
+            return "" if roster.members is None else "names a member set; members are fixed"
+        return roster_member_set_problem(
+            claimed, self.current, self.current_cid, roster, self.rosters, self.admission,
+            keys=self.keys,
+        )  # fmt: skip
+
+    async def follow(
+        self, store: BlockStore, chain: list[tuple[CID, AgreedRecord]], timeout: float
+    ) -> None:
+        """Follow a resync: check the member sets along ``chain`` from this state, take the last.
+
+        Raises
+        ------
+        RoundVerificationFailed
+            If a record's member set is not the one its round calls for.
+        """
+        if self.admission is None:
+            return
+        state = MemberState(self.current, self.current_cid, tuple(self.rosters))
+        state = await check_member_sets(
+            store, chain, state, self.admission, keys=self.keys, timeout=timeout
+        )
+        self.rosters = list(state.rosters)
+        if bytes(state.cid) != bytes(self.current_cid):
+            self.adopt(state.members, state.cid)
+
+    def advance(self, roster: Roster, new: tuple[MemberSet, CID] | None) -> None:
+        """Take round ``roster``'s outcome: keep the roster, adopt the new set, drop what it did."""
+        keep = None if self.admission is None else self.admission.evict_after
+        if keep is not None:
+            self.rosters = [*self.rosters, roster][-keep:]
+        else:
+            self.rosters = []
+        if new is not None:
+            self.adopt(*new)
+
+    def adopt(self, member_set: MemberSet, cid: CID) -> None:
+        """Make ``member_set`` current and drop the requests it settled or made moot."""
+        self.current, self.current_cid = member_set, cid
+        members = set(member_set.members)
+        self.joins = {p: s for p, s in self.joins.items() if p not in members}
+        self.leaves = {p: s for p, s in self.leaves.items() if p in members}
+        self.approvals = {
+            k: s for k, s in self.approvals.items() if k[0] in members and k[1] in self.joins
+        }
+        held = [*self.joins.values(), *self.leaves.values(), *self.approvals.values()]
+        self._seen = {bytes(s.block.data) for s in held}
