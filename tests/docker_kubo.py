@@ -189,6 +189,29 @@ def compose_project_resources(project: str) -> list[str]:
     return found
 
 
+def compose_override(path: Path, services: tuple[str, ...]) -> Path:
+    """Write a compose override: ``services`` labelled for this session, on an internal network."""
+    label = f'{{"{LABEL}": "{SESSION}"}}'
+    lines = "".join(f"  {name}:\n    labels: {label}\n" for name in services)
+    path.write_text(
+        "# A compose test's override: the same services, on an internal network.\n"
+        f"services:\n{lines}"
+        f"networks:\n  default:\n    internal: true\n    labels: {label}\n"
+    )
+    return path
+
+
+def run_checked(command: list[str], *, env: dict[str, str], timeout: float) -> str:
+    """Run ``command``; fail the test with its output unless it exits 0; return its stdout."""
+    result = subprocess.run(
+        command, capture_output=True, text=True, env=env, timeout=timeout, check=False
+    )
+    assert result.returncode == 0, (
+        f"{' '.join(command)} exited {result.returncode}\n{result.stdout}\n{result.stderr}"
+    )
+    return result.stdout
+
+
 class LoopbackForwarder:
     """Relay TCP connections from ``127.0.0.1:<ephemeral>`` to ``target`` (threads, no asyncio).
 

@@ -22,33 +22,13 @@ from gradfed_ipfs.kubo.rpc_sync import rpc_call_sync
 from tests import docker_kubo
 from tests.cli.test_cli_federation import _exchange
 from tests.cli.test_cli_node import peers_of
+from tests.docker_kubo import run_checked as run
 from tests.polling import poll_until
 from tests.required import skip_area
 
 pytestmark = [pytest.mark.kubo, pytest.mark.docker]
 
 SERVICES = ("kubo-0", "kubo-1", "kubo-2")
-
-
-def override_file(path: Path) -> Path:
-    label = f'{{"{docker_kubo.LABEL}": "{docker_kubo.SESSION}"}}'
-    services = "".join(f"  {name}:\n    labels: {label}\n" for name in ("init", *SERVICES))
-    path.write_text(
-        "# The compose test's override: the same services, on an internal network.\n"
-        f"services:\n{services}"
-        f"networks:\n  default:\n    internal: true\n    labels: {label}\n"
-    )
-    return path
-
-
-def run(command: list[str], *, env: dict[str, str], timeout: float) -> str:
-    result = subprocess.run(
-        command, capture_output=True, text=True, env=env, timeout=timeout, check=False
-    )
-    assert result.returncode == 0, (
-        f"{' '.join(command)} exited {result.returncode}\n{result.stdout}\n{result.stderr}"
-    )
-    return result.stdout
 
 
 def test_compose_file_runs_a_three_peer_round(tmp_path: Path) -> None:
@@ -61,7 +41,12 @@ def test_compose_file_runs_a_three_peer_round(tmp_path: Path) -> None:
     project = f"gradfed-test-{uuid.uuid4().hex[:8]}"
     compose_file = docker_kubo.ROOT / "docker-compose.yml"
     base = [*compose, "--project-name", project, "--file", str(compose_file)]
-    base += ["--file", str(override_file(tmp_path / "docker-compose.test.yml"))]
+    base += [
+        "--file",
+        str(
+            docker_kubo.compose_override(tmp_path / "docker-compose.test.yml", ("init", *SERVICES))
+        ),
+    ]
     env = {
         **os.environ,
         "GRADFED_KUBO_IMAGE": docker_kubo.KUBO_IMAGE,

@@ -19,6 +19,8 @@ import pytest
 
 from gradfed_ipfs.federation import Federation, load_federation
 from tests import docker_kubo
+from tests.docker_kubo import compose_override as override
+from tests.docker_kubo import run_checked as run
 from tests.polling import poll_until
 from tests.required import skip_area
 
@@ -26,27 +28,6 @@ pytestmark = [pytest.mark.docker]
 
 MEMBERS = ("member-0", "member-1", "member-2")
 ROUNDS = 4
-
-
-def override_file(path: Path) -> Path:
-    label = f'{{"{docker_kubo.LABEL}": "{docker_kubo.SESSION}"}}'
-    services = "".join(f"  {name}:\n    labels: {label}\n" for name in ("init", *MEMBERS))
-    path.write_text(
-        "# The members test's override: the same services, on an internal network.\n"
-        f"services:\n{services}"
-        f"networks:\n  default:\n    internal: true\n    labels: {label}\n"
-    )
-    return path
-
-
-def run(command: list[str], *, env: dict[str, str], timeout: float) -> str:
-    result = subprocess.run(
-        command, capture_output=True, text=True, env=env, timeout=timeout, check=False
-    )
-    assert result.returncode == 0, (
-        f"{' '.join(command)} exited {result.returncode}\n{result.stdout}\n{result.stderr}"
-    )
-    return result.stdout
 
 
 def compose_run(base: list[str], env: dict[str, str]) -> list[str]:
@@ -80,7 +61,10 @@ def test_three_member_services_train_to_one_model(tmp_path: Path) -> None:
     project = f"gradfed-members-{uuid.uuid4().hex[:8]}"
     base = [*compose, "--project-name", project]
     base += ["--file", str(docker_kubo.ROOT / "docker-compose.members.yml")]
-    base += ["--file", str(override_file(tmp_path / "docker-compose.test.yml"))]
+    base += [
+        "--file",
+        str(override(tmp_path / "docker-compose.test.yml", ("init", *MEMBERS))),
+    ]
     docker_kubo.note_docker_use()
     try:
         run([*base, "up", "-d", "--no-build"], env=env, timeout=300)
