@@ -9,6 +9,10 @@ block of each protocol (``WARMUP_ROUNDS``).
 
 Baseline: ``RoundRunner`` (``min_peers = n - 1``) against agreed rounds (``min_peers = n``),
 in ``--blocks`` alternated blocks so that both see the same drift of a shared machine's load.
+``--signing`` adds a third arm to each block, the same agreed rounds unsigned (a signer that
+returns zeros without a ``key/sign`` call, and keys that accept any signature: benchmark-only,
+in the peer processes of that arm), and prints the signed / unsigned ratio: the cost of signing
+and checking every statement.
 A runner round that closes short at its 10 s deadline counts with that time (``short``). The
 p50 ratio comes with a 95 % bootstrap interval (whole rounds resampled), the date and the load
 average. ``--done-timeout`` sets ``AgreedConfig.done_timeout`` and ``--aggregation`` the
@@ -42,7 +46,7 @@ from gradfed_ipfs.errors import InsufficientPeers  # noqa: E402
 from gradfed_ipfs.federated.agreed.history import model_cid  # noqa: E402
 from gradfed_ipfs.federated.agreed.session import AgreedConfig, AgreedSession  # noqa: E402
 from gradfed_ipfs.federated.besteffort import GossipModelSync, RoundConfig, RoundRunner  # noqa: E402
-from gradfed_ipfs.kubo import KuboPubsub, KuboSwarm, PubsubTransport  # noqa: E402
+from gradfed_ipfs.kubo import KuboPubsub, KuboSwarm, PubsubTransport, PubsubWrapper  # noqa: E402
 from gradfed_ipfs.storage import KuboBlockStore  # noqa: E402
 from tests.multiprocess.lossy import LossyPubsub  # noqa: E402
 
@@ -51,6 +55,37 @@ def cpu_seconds(pid: int) -> float:
     """CPU seconds (user + system) process ``pid`` used so far (``/proc/<pid>/stat``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class _NullSigner:
+    """Signs nothing: 64 zero bytes, no ``key/sign`` RPC (the unsigned arm only)."""
+
+    def __init__(self, peer_id: str) -> None:
+        self.peer_id = peer_id
+
+    async def sign(self, data: bytes) -> bytes:
+        return bytes(64)
+
+
+class _AnyKey:
+    def verify(self, signature: bytes, data: bytes) -> None:
+        """Accept every signature (the unsigned arm only)."""
+
+
+class _TrustingKeys:
+    def key_of(self, author: str) -> _AnyKey:
+        return _AnyKey()
+
+
+class UnsignedPubsub(PubsubWrapper):
+    """The agreed rounds without signatures: the baseline of ``--signing``."""
+
+    async def signer(self) -> _NullSigner:  # type: ignore[override]
+        return _NullSigner(await self.inner.local_peer_id())
+
+    @property
+    def keys(self) -> _TrustingKeys:  # type: ignore[override]
+        return _TrustingKeys()
 
 
 WARMUP_ROUNDS = 4
@@ -72,6 +107,8 @@ async def peer_main(args: argparse.Namespace) -> None:
     pubsub: PubsubTransport = KuboPubsub(args.api)
     if args.loss > 0:
         pubsub = LossyPubsub(pubsub, args.loss, seed=args.index)
+    if args.protocol == "agreed-unsigned":
+        pubsub = UnsignedPubsub(pubsub)
     members = args.members.split(",")
     latencies: list[tuple[float, int]] = []
     starts: list[float] = []  # wall clock: the peers share this machine's
@@ -80,7 +117,7 @@ async def peer_main(args: argparse.Namespace) -> None:
     def count_cpu() -> None:
         cpu.append((cpu_seconds(os.getpid()), cpu_seconds(args.daemon_pid)))
 
-    if args.protocol == "agreed":
+    if args.protocol.startswith("agreed"):
         config = AgreedConfig(
             tuple(members), collect_timeout=30.0, round_timeout=120.0, fetch_timeout=60.0,
             done_timeout=args.done_timeout, aggregation=args.aggregation,
@@ -208,10 +245,34 @@ def percentile(samples: list[tuple[float, int]], q: float) -> float:
     return float(np.percentile([s for s, _ in samples], q))
 
 
+def print_signing(
+    n: int,
+    signed: list[list[tuple[float, int]]],
+    unsigned: list[list[tuple[float, int]]],
+    cpu: dict[str, np.ndarray],
+    blocks: int,
+) -> None:
+    """Print the signed / unsigned agreed rounds' p50, p95 and CPU ratios."""
+    flat_s = [x for group in signed for x in group]
+    flat_u = [x for group in unsigned for x in group]
+    s50, u50 = percentile(flat_s, 50), percentile(flat_u, 50)
+    s95, u95 = percentile(flat_s, 95), percentile(flat_u, 95)
+    low, high = ratio_interval(signed, unsigned, 50)
+    (sp, sd), (up, ud) = cpu["agreed"] / blocks, cpu["agreed-unsigned"] / blocks
+    print(f"{'':>11} signing: {n} peers, agreed p50 {s50:.3f} s signed / {u50:.3f} s unsigned"
+          f" = {s50 / u50:.2f} ({low:.2f}-{high:.2f}), p95 {s95 / u95:.2f},"
+          f" CPU per round {sp + sd:.3f} / {up + ud:.3f} s = {(sp + sd) / (up + ud):.2f}",
+          flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--protocol", choices=["agreed", "runner"])
+    parser.add_argument("--protocol", choices=["agreed", "agreed-unsigned", "runner"])
+    parser.add_argument(
+        "--signing", action="store_true",
+        help="also run the agreed rounds unsigned and print the signed / unsigned ratio",
+    )  # fmt: skip
     parser.add_argument("--api")
     parser.add_argument("--index", type=int)
     parser.add_argument("--members")
@@ -246,8 +307,9 @@ def main() -> None:
         with KuboSwarm(n) as swarm:
             # A new swarm's first block ran ~2x slower whichever protocol ran it (measured
             # 2026-12-01): unmeasured, one short block of each warms it up.
-            for protocol in ("runner", "agreed"):
-                tag = f"w{protocol[0]}{n}-{os.getpid()}"
+            warm = ("runner", "agreed", *(("agreed-unsigned",) if args.signing else ()))
+            for protocol in warm:
+                tag = f"w{protocol[0]}{protocol[-1]}{n}-{os.getpid()}"
                 run_protocol(
                     swarm, protocol, args.dim, WARMUP_ROUNDS, 0.0, tag, args.done_timeout,
                     args.aggregation,
@@ -255,18 +317,25 @@ def main() -> None:
             for loss in args.losses:
                 runner_rounds: list[list[tuple[float, int]]] = []
                 agreed_rounds: list[list[tuple[float, int]]] = []
-                skews: dict[str, list[float]] = {"runner": [], "agreed": []}
-                cpu = {"runner": np.zeros(2), "agreed": np.zeros(2)}
+                unsigned_rounds: list[list[tuple[float, int]]] = []
+                arms = [("runner", runner_rounds), ("agreed", agreed_rounds)]
+                if args.signing:
+                    arms.append(("agreed-unsigned", unsigned_rounds))
+                skews: dict[str, list[float]] = {p: [] for p, _ in arms}
+                cpu = {p: np.zeros(2) for p, _ in arms}
                 for block in range(args.blocks):  # alternated: both see the same load drift
                     tag = f"{n}-{loss}-{block}-{os.getpid()}"
-                    for protocol, rounds in (("runner", runner_rounds), ("agreed", agreed_rounds)):
+                    for protocol, rounds in arms:
                         groups, skew, used = run_protocol(
-                            swarm, protocol, args.dim, args.rounds, loss, f"{protocol[0]}{tag}",
+                            swarm, protocol, args.dim, args.rounds, loss,
+                            f"{protocol[0]}{protocol[-1]}{tag}",
                             args.done_timeout, args.aggregation,
                         )  # fmt: skip
                         rounds += groups
                         skews[protocol] += skew
                         cpu[protocol] += used / (args.rounds - 1)
+                if args.signing:
+                    print_signing(n, agreed_rounds, unsigned_rounds, cpu, args.blocks)
                 runner = [x for group in runner_rounds for x in group]
                 agreed = [x for group in agreed_rounds for x in group]
                 short = sum(1 for _, k in runner if k < n) + sum(1 for _, k in agreed if k < n)
