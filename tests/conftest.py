@@ -28,6 +28,7 @@ sklearn, netns, cometbft) fails the session unless ``GRADFED_ALLOW_SKIP`` names 
 from __future__ import annotations
 
 import os
+import signal
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -41,6 +42,12 @@ from gradfed_ipfs.cometbft import live_validator_pids
 from gradfed_ipfs.kubo import KuboDaemon, KuboSwarm, find_kubo_binary, live_daemon_pids
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
 from tests import docker_kubo, required
+
+# A run started in the background by a shell without job control (`nohup scripts/test &`)
+# inherits SIGINT ignored, and so would every CLI the Ctrl+C tests start (Python keeps an
+# ignored SIGINT ignored): the tests' processes get Python's own handler back.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 pytest_plugins = ("pytester",)  # for tests/test_required_areas.py
 
