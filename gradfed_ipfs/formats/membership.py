@@ -44,6 +44,7 @@ __all__ = [
     "MemberChange",
     "MemberSet",
     "approve_body",
+    "approvals_needed",
     "join_body",
     "leave_body",
     "read_request",
@@ -88,6 +89,19 @@ def leave_body(session: str, genesis: CID, peer: str, round_number: int) -> byte
     """Return the body of ``peer``'s ``agreed/leave`` statement (it leaves after the round)."""
     fields = {"session": session, "genesis": genesis, "peer": peer, "round": round_number}
     return _body("leave", fields)
+
+
+def approvals_needed(policy: str, members: int) -> int:
+    """Return how many members' approvals admit a join (0 under the allow-list).
+
+    ``policy`` is ``"majority"`` (more than half), ``"two-thirds"`` (more than two thirds) or
+    ``"allow-list"`` (no vote); ``members`` the current member count.
+    """
+    if policy == "majority":
+        return members // 2 + 1
+    if policy == "two-thirds":
+        return (2 * members) // 3 + 1
+    return 0
 
 
 def read_request(kind: str, body: bytes) -> dict[str, Any]:

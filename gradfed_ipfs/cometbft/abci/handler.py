@@ -52,6 +52,10 @@ class StateMachine(Protocol):
         """Make the finalized block the committed state."""
         ...
 
+    def validator_updates(self) -> list[tuple[bytes, int]]:
+        """Return the finalized block's validator updates ``(Ed25519 key, power)``."""
+        ...
+
     def query(self, path: str, data: bytes) -> tuple[bytes | None, str]:
         """``(value, "")``, ``(None, "")`` (not found) or ``(None, reason)``."""
         ...
@@ -95,10 +99,11 @@ class LedgerApp:
         init = request.init_chain
         rounds = RoundsGenesis.from_app_state(init.app_state_bytes)
         if rounds is not None:
+            bound: dict[str, bytes] = {}
             if rounds.bindings:
                 validators = [(v.pub_key_type, v.pub_key_bytes) for v in init.validators]
-                check_bindings(rounds, init.chain_id, validators)
-            self.ledger = RoundMachine(rounds)
+                bound = check_bindings(rounds, init.chain_id, validators)
+            self.ledger = RoundMachine(rounds, chain_id=init.chain_id, validator_keys=bound)
         return abci.Response(init_chain=abci.InitChainResponse(app_hash=self.ledger.app_hash))
 
     def _check_tx(self, request: abci.Request) -> abci.Response:
@@ -122,7 +127,13 @@ class LedgerApp:
         time_ns = block.time.seconds * 1_000_000_000 + block.time.nanos
         verdicts, app_hash = self.ledger.finalize(block.height, list(block.txs), time_ns)
         results = [abci.ExecTxResult(code=v.code, log=v.log) for v in verdicts]
-        answer = abci.FinalizeBlockResponse(tx_results=results, app_hash=app_hash)
+        updates = [  # a member set's change: its validators' too (effective two blocks later)
+            abci.ValidatorUpdate(power=power, pub_key_bytes=key, pub_key_type="ed25519")
+            for key, power in self.ledger.validator_updates()
+        ]
+        answer = abci.FinalizeBlockResponse(
+            tx_results=results, app_hash=app_hash, validator_updates=updates
+        )
         return abci.Response(finalize_block=answer)
 
     def _commit(self, request: abci.Request) -> abci.Response:

@@ -50,6 +50,9 @@ class TxCode(IntEnum):
     NOT_CLOSED = 9
     WRONG_BASE = 10
     CONFLICT = 11
+    NOT_ALLOWED = 12
+    ALREADY_MEMBER = 13
+    FULL = 14
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,10 @@ class StatementLedger:
         self._heads = pending.heads
         self.height = pending.height
         self.app_hash = pending.app_hash
+
+    def validator_updates(self) -> list[tuple[bytes, int]]:
+        """None: a statement log never changes its validators."""
+        return []
 
     def size(self, kind: str) -> int:
         """Return the number of committed statements of ``kind``."""

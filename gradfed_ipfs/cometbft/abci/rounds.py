@@ -23,23 +23,32 @@ at the end of the first block in which every member (but equivocators) has a hel
 or whose block time is at least ``collect_ms`` after the opening and which has ``min_peers``
 held contributions: its roster is then the held contributions, sorted by peer.
 
+With an admission policy in the genesis the member set changes (:mod:`.members`): joins,
+approvals and leaves are transactions too, and at each close the machine decides the member set
+of the rounds after it (leaves, evictions after ``evict_after`` absent rosters or on the round's
+evidence, admitted joins) and hands CometBFT the validator updates of that change. Each round's
+``f``, quorum and expected contributors are its own member set's.
+
 Anything else (a bad signature, a non-member, another session, a decided or far-ahead round, a
 duplicate, a contribution after the close, a result before it, a second attestation of another
 CID) is refused with a :class:`~.ledger.TxCode` and changes nothing. The app hash is SHA-256 of
 the dag-cbor map ``{version, genesis: {…}, log, decided, current}``: ``log`` is a hash chain over
-every accepted statement's CID in order, ``decided`` one over every roster, final result and
-evidence as decided, so it commits to the member set, each round's roster and its final record.
+every accepted statement's CID in order, ``decided`` one over every roster, member-set change
+(members, changes, validator updates), final result and evidence as decided, so it commits to
+the member set, each round's roster and its final record.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import dag_cbor
+from multiformats import CID
 
 from ...block import Block
 from ...cid import parse_cid
@@ -52,7 +61,8 @@ from ...formats.statement import (
     decode_statement,
 )
 from .ledger import TxCode, Verdict
-from .txs import Attestation, Contribution, Result, RoundTx, decode_body
+from .members import MEMBERSHIP_KINDS, ChainRules, MemberRequests, SetChange, decide, judge_request
+from .txs import Attestation, Contribution, Result, decode_body
 
 __all__ = [
     "APP_STATE_TAG",
@@ -72,6 +82,7 @@ APP_STATE_TAG: Final = "gradfed/agreed-rounds"
 _LOG_TAG: Final = b"gradfed/v1/cometbft/rounds/log\x00"
 _DECIDED_TAG: Final = b"gradfed/v1/cometbft/rounds/decided\x00"
 _MAX_MEMBERS: Final = 1024
+_POLICIES: Final = ("", "allow-list", "majority", "two-thirds")
 
 
 def _chain(tag: bytes, head: bytes, item: bytes) -> bytes:
@@ -100,6 +111,13 @@ class RoundsGenesis:
         Each member's signed ``comet/validator`` statement naming its validator's key
         (:func:`~.txs.validator_binding`; checked against the genesis validators at
         ``InitChain`` by :func:`~.bindings.check_bindings`); empty: validators not bound.
+    admission
+        ``""``: the members are fixed; ``"allow-list"``, ``"majority"`` or ``"two-thirds"``:
+        the member set changes by signed requests (:mod:`.members`).
+    allow
+        Peers admitted on their signed join alone (any policy but ``""``).
+    evict_after
+        A member absent from this many rosters in a row is evicted (0: never).
     """
 
     session: str
@@ -109,10 +127,18 @@ class RoundsGenesis:
     collect_ms: int
     max_weight: int = 2**53
     bindings: tuple[bytes, ...] = ()
+    admission: str = ""
+    allow: tuple[str, ...] = ()
+    evict_after: int = 0
 
     def __post_init__(self) -> None:
         members = tuple(sorted(set(self.members)))
         object.__setattr__(self, "members", members)
+        object.__setattr__(self, "allow", tuple(sorted(set(self.allow))))
+        if self.admission not in _POLICIES or len(self.allow) > _MAX_MEMBERS:
+            raise MalformedManifest(f"admission {self.admission!r:.40} not one of {_POLICIES}")
+        if not 0 <= self.evict_after <= 2**20:
+            raise MalformedManifest(f"evict_after {self.evict_after} not in [0, 2**20]")
         object.__setattr__(self, "genesis", str(parse_cid(self.genesis)))
         if not 1 <= len(members) <= _MAX_MEMBERS:
             raise MalformedManifest(f"a round chain needs 1..{_MAX_MEMBERS} members")
@@ -130,6 +156,8 @@ class RoundsGenesis:
 
     def to_dict(self) -> dict[str, Any]:
         """Return the genesis ``app_state`` (JSON- and dag-cbor-encodable)."""
+        admission = {"policy": self.admission, "allow": list(self.allow),
+                     "evict_after": self.evict_after}  # fmt: skip
         return {
             "app": APP_STATE_TAG,
             "session": self.session,
@@ -139,6 +167,8 @@ class RoundsGenesis:
             "collect_ms": self.collect_ms,
             "max_weight": self.max_weight,
             "bindings": [b.hex() for b in self.bindings],
+            # Only with an admission policy: a chain of fixed members keeps its genesis bytes.
+            **({"admission": admission} if self.admission else {}),
         }
 
     @classmethod
@@ -157,13 +187,16 @@ class RoundsGenesis:
         if not isinstance(state, dict) or state.get("app") != APP_STATE_TAG:
             return None
         try:
+            admission = state.get("admission") or {"policy": ""}
             return cls(
                 str(state["session"]), str(state["genesis"]),
                 tuple(str(m) for m in state["members"]), int(state["min_peers"]),
                 int(state["collect_ms"]), int(state.get("max_weight", 2**53)),
                 tuple(bytes.fromhex(str(b)) for b in state.get("bindings", ())),
+                str(admission["policy"]), tuple(str(p) for p in admission.get("allow", ())),
+                int(admission.get("evict_after", 0)),
             )  # fmt: skip
-        except (KeyError, TypeError, ValueError, DecodeError) as exc:
+        except (AttributeError, KeyError, TypeError, ValueError, DecodeError) as exc:
             raise MalformedManifest(f"round chain app_state: {exc}") from exc
 
 
@@ -224,6 +257,11 @@ class RoundView:
     contributions
         The contributions accepted so far, sorted by peer (until the round is final; a held
         next round's may still be dropped when its base is decided).
+    members
+        The member set of the rounds after this one, when its close changed it (else
+        ``None``).
+    changes
+        That change's ``(op, peer, statements)``, sorted by peer (see :class:`.SetChange`).
     """
 
     round: int
@@ -235,6 +273,8 @@ class RoundView:
     results: int = 0
     evidence: tuple[str, ...] = ()
     contributions: tuple[RosterLine, ...] = ()
+    members: tuple[str, ...] | None = None
+    changes: tuple[tuple[str, str, tuple[bytes, ...]], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Return the dag-cbor map of the ``/round`` answer."""
@@ -245,6 +285,8 @@ class RoundView:
             "record": self.record, "model": self.model, "results": self.results,
             "evidence": list(self.evidence),
             "contributions": [[e.peer, e.cid, e.weight, e.signature] for e in self.contributions],
+            "members": None if self.members is None else list(self.members),
+            "changes": [[op, peer, list(data)] for op, peer, data in self.changes],
         }  # fmt: skip
 
     @classmethod
@@ -258,12 +300,17 @@ class RoundView:
         """
         try:
             assert isinstance(value, dict)  # noqa: S101 - turned into MalformedManifest below
-            roster = value["roster"]
+            roster, members = value["roster"], value.get("members")
             return cls(
                 int(value["round"]), str(value["status"]), value["base"],
                 None if roster is None else _lines(roster), value["record"], value["model"],
                 int(value["results"]), tuple(str(p) for p in value["evidence"]),
                 _lines(value["contributions"]),
+                None if members is None else tuple(str(p) for p in members),
+                tuple(
+                    (str(op), str(peer), tuple(bytes(d) for d in data))
+                    for op, peer, data in value.get("changes", ())
+                ),
             )  # fmt: skip
         except (AssertionError, KeyError, TypeError, ValueError) as exc:
             raise MalformedManifest(f"not a /round answer: {exc!r:.200}") from exc
@@ -273,19 +320,39 @@ def _lines(value: Any) -> tuple[RosterLine, ...]:
     return tuple(RosterLine(str(p), str(c), int(w), bytes(s)) for p, c, w, s in value)
 
 
+_Decided = tuple[tuple[RosterLine, ...], tuple[str, str], tuple[str, ...], SetChange | None]
+
+
 @dataclass
 class _State:
     """Committed (or pending) state; :meth:`copy` forks it for a block being finalized."""
 
     current: int
     rounds: dict[int, _Round]  # the current round and the next (created on demand)
-    decided: dict[int, tuple[tuple[RosterLine, ...], tuple[str, str], tuple[str, ...]]]
+    decided: dict[int, _Decided]  # roster, (record, model), evidence, member change
     log: bytes = b""
     decided_head: bytes = b""
+    members: tuple[str, ...] = ()  # the current round's, sorted
+    keys: dict[str, bytes] = field(default_factory=dict)  # member -> its validator key
+    joined: dict[str, int] = field(default_factory=dict)  # member -> its first round
+    streaks: dict[str, int] = field(default_factory=dict)  # member -> rosters missed in a row
+    requests: MemberRequests = field(default_factory=MemberRequests)
+    next: SetChange | None = None  # the change the current round's close decided
+    updates: list[tuple[bytes, int]] = field(default_factory=list)  # this block's
 
     def copy(self) -> _State:
         rounds = {r: state.copy() for r, state in self.rounds.items()}
-        return _State(self.current, rounds, dict(self.decided), self.log, self.decided_head)
+        return _State(
+            self.current, rounds, dict(self.decided), self.log, self.decided_head, self.members,
+            dict(self.keys), dict(self.joined), dict(self.streaks), self.requests.copy(),
+            self.next, list(self.updates),
+        )  # fmt: skip
+
+    def members_of(self, r: int) -> tuple[str, ...]:
+        """Return the members of round ``r`` (the current one or the next)."""
+        if r == self.current + 1 and self.next is not None:
+            return self.next.members
+        return self.members
 
     def round(self, r: int, genesis: str) -> _Round:
         state = self.rounds.get(r)
@@ -299,6 +366,10 @@ def _decided_item(*parts: object) -> bytes:
     return dag_cbor.encode(list(parts))  # type: ignore[arg-type]
 
 
+def _faults(members: int) -> int:
+    return (members - 1) // 3
+
+
 class RoundMachine:
     """The round machine of one validator (see the module docstring).
 
@@ -308,13 +379,31 @@ class RoundMachine:
         The chain's session, members and timing.
     keys
         Where statement authors' keys are found (default: in their Ed25519 peer IDs).
+    chain_id
+        The chain's ID (``InitChain``'s): a joiner's validator binding must name it.
+    validator_keys
+        The genesis members' validator keys (:func:`~.bindings.check_bindings`), so that a
+        member that goes gets a validator update of power 0.
     """
 
-    def __init__(self, genesis: RoundsGenesis, *, keys: KeyBook = PEER_ID_KEYS) -> None:
+    def __init__(
+        self,
+        genesis: RoundsGenesis,
+        *,
+        keys: KeyBook = PEER_ID_KEYS,
+        chain_id: str = "",
+        validator_keys: Mapping[str, bytes] | None = None,
+    ) -> None:
         self.genesis = genesis
         self._keys = keys
-        self._members = frozenset(genesis.members)
-        self._committed = _State(0, {}, {})
+        self._rules = ChainRules(
+            genesis.session, genesis.genesis, chain_id, genesis.admission,
+            frozenset(genesis.allow), genesis.evict_after,
+        )  # fmt: skip
+        self._committed = _State(
+            0, {}, {}, members=genesis.members, keys=dict(validator_keys or {}),
+            joined=dict.fromkeys(genesis.members, 0),
+        )  # fmt: skip
         self._pending: tuple[int, _State, bytes] | None = None
         self.height = 0
         """Height of the last committed block (0 before the first)."""
@@ -340,6 +429,7 @@ class RoundMachine:
         Returns each transaction's verdict and the new app hash; held until :meth:`commit`.
         """
         work = self._committed.copy()
+        work.updates = []
         verdicts = [self._apply(work, tx) for tx in txs]
         self._end_block(work, time_ns)
         app_hash = self._hash(work)
@@ -352,6 +442,10 @@ class RoundMachine:
         if pending is not None:
             self.height, self._committed, self.app_hash = pending
 
+    def validator_updates(self) -> list[tuple[bytes, int]]:
+        """Return the finalized block's validator updates ``(Ed25519 key, power)``, in order."""
+        return [] if self._pending is None else list(self._pending[1].updates)
+
     # ------------------------------------------------------------------ reading
 
     def view(self, r: int) -> RoundView:
@@ -359,8 +453,11 @@ class RoundMachine:
         state = self._committed
         decided = state.decided.get(r)
         if decided is not None:
-            roster, (record, model), evidence = decided
-            return RoundView(r, "final", None, roster, record, model, 0, evidence)
+            roster, (record, model), evidence, change = decided
+            return RoundView(
+                r, "final", None, roster, record, model, 0, evidence, (),
+                *_change_fields(change),
+            )  # fmt: skip
         known = state.rounds.get(r)
         if known is None:
             base = self.genesis.genesis if r == 0 else None
@@ -370,9 +467,10 @@ class RoundMachine:
             RosterLine(p, c.cid, c.weight, c.signature)
             for p, c in sorted(known.contributions.items())
         )
+        change = state.next if r == state.current and known.roster is not None else None
         return RoundView(
             r, status, known.base, known.roster, None, None, len(known.results),
-            tuple(sorted(known.equivocators)), contributions,
+            tuple(sorted(known.equivocators)), contributions, *_change_fields(change),
         )  # fmt: skip
 
     @property
@@ -380,11 +478,36 @@ class RoundMachine:
         """The committed state's current round (the first not final)."""
         return self._committed.current
 
+    @property
+    def members(self) -> tuple[str, ...]:
+        """The committed state's members of the current round, sorted."""
+        return self._committed.members
+
+    def members_info(self) -> dict[str, Any]:
+        """Return the ``/members`` answer: the genesis, and the current, next and pending members.
+
+        ``members`` the current round's, ``f`` theirs, ``next`` the set the current round's
+        close decided (``None``: none yet), ``joined`` each member's first round, ``pending``
+        ``[peer, join statement CID]`` of the held joins.
+        """
+        state = self._committed
+        return {
+            **self.genesis.to_dict(), "members": list(state.members),
+            "f": _faults(len(state.members)), "current": state.current,
+            "next": None if state.next is None else list(state.next.members),
+            "joined": {
+                **state.joined, **({} if state.next is None
+                                   else dict.fromkeys(dict(state.next.keys), state.current + 1))
+            },
+            "pending": [
+                [p, str(CID.decode(cid))] for p, (cid, _) in sorted(state.requests.joins.items())
+            ],
+        }  # fmt: skip
+
     def query(self, path: str, data: bytes) -> tuple[bytes | None, str]:
         """Answer ``abci_query``: ``(value, "")`` or ``(None, reason)``."""
         if path == "/members":
-            info = {**self.genesis.to_dict(), "f": self.genesis.f, "current": self.current}
-            return dag_cbor.encode(info), ""
+            return dag_cbor.encode(self.members_info()), ""
         if path == "/round":
             text = data.decode("ascii", "replace")
             if not text.isdigit() or len(text) > 13:
@@ -394,7 +517,7 @@ class RoundMachine:
 
     # ------------------------------------------------------------------ transactions
 
-    def _decode(self, tx: bytes) -> tuple[Statement, RoundTx] | Verdict:
+    def _statement(self, tx: bytes) -> Statement | Verdict:
         if not tx:
             return Verdict(TxCode.MALFORMED, "empty transaction")
         if len(tx) > MAX_STATEMENT_BYTES:
@@ -405,24 +528,34 @@ class RoundMachine:
             return Verdict(TxCode.BAD_SIGNATURE, str(exc))
         except GradfedError as exc:
             return Verdict(TxCode.MALFORMED, str(exc))
-        if statement.author not in self._members:
-            return Verdict(TxCode.NOT_MEMBER, f"{statement.author:.60} is not a member")
+        return statement
+
+    def _apply(self, work: _State, tx: bytes) -> Verdict:
+        statement = self._statement(tx)
+        if isinstance(statement, Verdict):
+            return statement
+        if statement.kind in MEMBERSHIP_KINDS:
+            verdict = judge_request(self._rules, work.members, work.keys, work.requests, statement)
+        else:
+            verdict = self._round_tx(work, statement)
+        if verdict.code == TxCode.OK:
+            work.log = _chain(_LOG_TAG, work.log, bytes(statement.block.cid))
+            return Verdict(verdict.code, verdict.log, statement)
+        return verdict
+
+    def _round_tx(self, work: _State, statement: Statement) -> Verdict:
         try:
             body = decode_body(statement.kind, statement.body)
         except DecodeError as exc:
             return Verdict(TxCode.MALFORMED, str(exc))
         if body.session != self.genesis.session:
             return Verdict(TxCode.OTHER_SESSION, f"session {body.session!r:.60}")
-        return statement, body
-
-    def _apply(self, work: _State, tx: bytes) -> Verdict:
-        decoded = self._decode(tx)
-        if isinstance(decoded, Verdict):
-            return decoded
-        statement, body = decoded
         r = body.round
         if r < work.current or r > work.current + 1:
             return Verdict(TxCode.OTHER_ROUND, f"round {r}; current is {work.current}")
+        members = work.members_of(r)
+        if statement.author not in members:
+            return Verdict(TxCode.NOT_MEMBER, f"{statement.author:.60} is not a member")
         state = work.round(r, self.genesis.genesis)
         cid = str(statement.block.cid)
         if cid in state.seen:
@@ -431,13 +564,11 @@ class RoundMachine:
             signed = replace(body, signature=statement.signature)  # what its roster line carries
             verdict = self._contribute(work, state, statement.author, signed)
         elif isinstance(body, Attestation):
-            verdict = self._attest(state, statement.author, body)
+            verdict = self._attest(state, members, statement.author, body)
         else:
             verdict = self._result(work, state, statement.author, body)
         if verdict.code == TxCode.OK:
             state.seen.add(cid)
-            work.log = _chain(_LOG_TAG, work.log, bytes(statement.block.cid))
-            return Verdict(verdict.code, verdict.log, statement)
         return verdict
 
     def _contribute(self, work: _State, state: _Round, peer: str, body: Contribution) -> Verdict:
@@ -460,10 +591,12 @@ class RoundMachine:
         state.contributions[peer] = body
         return Verdict(TxCode.OK)
 
-    def _attest(self, state: _Round, author: str, body: Attestation) -> Verdict:
+    def _attest(
+        self, state: _Round, members: tuple[str, ...], author: str, body: Attestation
+    ) -> Verdict:
         if state.roster is not None:
             return Verdict(TxCode.CLOSED, f"round {state.number} is closed")
-        if body.peer not in self._members:
+        if body.peer not in members:
             return Verdict(TxCode.NOT_MEMBER, f"attests non-member {body.peer:.60}")
         known = state.attested.get((author, body.peer))
         if known is not None:  # one attestation per attester and contributor: state is bounded
@@ -479,7 +612,7 @@ class RoundMachine:
             return Verdict(TxCode.CONFLICT, f"{author:.60} already sent a result")
         state.results[author] = (body.record, body.model)
         equal = sum(1 for v in state.results.values() if v == (body.record, body.model))
-        if equal >= 2 * self.genesis.f + 1:
+        if equal >= 2 * _faults(len(work.members)) + 1:
             self._finish(work, state, (body.record, body.model))
         return Verdict(TxCode.OK)
 
@@ -488,16 +621,19 @@ class RoundMachine:
     def _finish(self, work: _State, state: _Round, final: tuple[str, str]) -> None:
         """Round ``state`` is final: record it and make the next round current."""
         assert state.roster is not None  # noqa: S101 - only closed rounds get results
-        r = state.number
-        work.decided[r] = (state.roster, final, tuple(sorted(state.equivocators)))
+        r, change = state.number, work.next
+        work.decided[r] = (state.roster, final, tuple(sorted(state.equivocators)), change)
         item = _decided_item(r, "final", final[0], final[1])
         work.decided_head = _chain(_DECIDED_TAG, work.decided_head, item)
         del work.rounds[r]
-        work.current = r + 1
+        work.current, work.next = r + 1, None
+        if change is not None:
+            _take_change(work, change)
         following = work.round(r + 1, self.genesis.genesis)
         following.base = final[1]
         for peer, contribution in list(following.contributions.items()):
-            if contribution.base != final[1]:  # made on another model: not this round's
+            # Made on another model, or by a member gone: not this round's.
+            if contribution.base != final[1] or peer not in work.members:
                 del following.contributions[peer]
 
     def _end_block(self, work: _State, time_ns: int) -> None:
@@ -509,20 +645,50 @@ class RoundMachine:
             if not state.contributions:
                 return
             state.opened_ns = time_ns
-        f = self.genesis.f
+        members = set(work.members)
+        f = _faults(len(members))
         held = {
             peer: c for peer, c in state.contributions.items()
-            if len(state.holders.get((peer, c.cid), set()) | {peer}) > f
+            if len((state.holders.get((peer, c.cid), set()) | {peer}) & members) > f
         }  # fmt: skip
-        everyone = set(held) == self._members - state.equivocators
+        everyone = set(held) == members - state.equivocators
         due = time_ns - state.opened_ns >= self.genesis.collect_ms * 1_000_000
-        if everyone or (due and len(held) >= self.genesis.min_peers):
+        if everyone or (due and len(held) >= min(self.genesis.min_peers, len(members))):
             state.roster = tuple(
                 RosterLine(p, held[p].cid, held[p].weight, held[p].signature) for p in sorted(held)
             )
             lines = [[e.peer, e.cid, e.weight] for e in state.roster]
             item = _decided_item(state.number, "roster", lines)
             work.decided_head = _chain(_DECIDED_TAG, work.decided_head, item)
+            self._decide_members(work, state)
+
+    def _decide_members(self, work: _State, state: _Round) -> None:
+        """At round ``state``'s close: the member set of the rounds after it (see :mod:`.members`).
+
+        The change is committed in the ``decided`` chain (so in the app hash) with the
+        validator updates it makes, which this block hands to CometBFT.
+        """
+        if not self._rules.policy or state.roster is None:
+            return
+        peers = {line.peer for line in state.roster}
+        for member in work.members:
+            work.streaks[member] = 0 if member in peers else work.streaks.get(member, 0) + 1
+        after = self._rules.evict_after
+        gone = {
+            m: "evict" for m in work.members
+            if m in state.equivocators or (after and work.streaks[m] >= after)
+        }  # fmt: skip
+        change = decide(self._rules, state.number, work.members, work.keys, work.requests, gone)
+        if change is None:
+            return
+        work.next = change
+        work.updates.extend(change.updates)
+        item = _decided_item(
+            state.number, "members", list(change.members),
+            [[op, peer] for op, peer, _ in change.changes],
+            [[key, power] for key, power in change.updates],
+        )  # fmt: skip
+        work.decided_head = _chain(_DECIDED_TAG, work.decided_head, item)
 
     def _hash(self, state: _State) -> bytes:
         summary: dict[str, Any] = {
@@ -533,3 +699,19 @@ class RoundMachine:
             "current": state.current,
         }
         return hashlib.sha256(dag_cbor.encode(summary)).digest()
+
+
+def _change_fields(
+    change: SetChange | None,
+) -> tuple[tuple[str, ...] | None, tuple[tuple[str, str, tuple[bytes, ...]], ...]]:
+    return (None, ()) if change is None else (change.members, change.changes)
+
+
+def _take_change(work: _State, change: SetChange) -> None:
+    """Make ``change``'s set the current members (the round after its close has begun)."""
+    work.members = change.members
+    kept = set(change.members)
+    work.keys = {p: k for p, k in work.keys.items() if p in kept} | dict(change.keys)
+    work.joined = {p: r for p, r in work.joined.items() if p in kept}
+    work.joined.update(dict.fromkeys(dict(change.keys), change.round))
+    work.streaks = {p: n for p, n in work.streaks.items() if p in kept}

@@ -17,6 +17,13 @@ round ``r`` a peer, through its own validator's RPC:
    model CIDs) and waits until the app has ``2f + 1`` equal results: the round is final. A
    final record other than this peer's raises :class:`~gradfed_ipfs.errors.RoundMismatch`.
 
+With an admission policy (``AgreedConfig.admission``) the chain also decides the member set:
+membership requests (join with its validator binding, approve, leave) are transactions, and a
+round whose close changed the set says so in its view; every peer then builds the same
+``gradfed.members`` record from it (linked to the set before), names it in the round's roster
+and record, and uses it from the next round on (:mod:`~gradfed_ipfs.cometbft.abci.members`).
+A joiner's validator is a full node of the chain first, and a validator once admitted.
+
 The app answers from committed blocks only; the chain is polled every :data:`POLL_INTERVAL`
 seconds (about a third of the default block interval).
 """
@@ -24,9 +31,10 @@ seconds (about a third of the default block interval).
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import time
-from typing import Final
+from typing import Any, Final, cast
 
 import dag_cbor
 from multiformats import CID
@@ -40,6 +48,7 @@ from ...cometbft.abci import (
     attestation_tx,
     contribution_tx,
     result_tx,
+    validator_binding,
 )
 from ...cometbft.rpc import CometRpc
 from ...errors import (
@@ -49,11 +58,13 @@ from ...errors import (
     RoundMismatch,
     RoundVerificationFailed,
 )
+from ...formats.membership import ChangeOp, MemberChange, MemberSet
 from ...formats.roster import Roster
 from ...formats.statement import Signer
 from ..exchange.fetcher import ContributionFetcher, is_transient
 from .config import AgreedConfig
 from .context import AdoptedRoster, RoundContext
+from .members import MemberTracker
 from .storage import FinishedRound
 
 __all__ = ["POLL_INTERVAL", "CometControl", "rounds_genesis"]
@@ -70,11 +81,16 @@ def rounds_genesis(session: str, genesis: CID | str, config: AgreedConfig) -> Ro
     """Return the round chain's genesis for a session: its members, quorum and deadline.
 
     ``min_peers`` is the session's quorum, the deadline ``collect_timeout`` (in block time),
-    ``max_weight`` the session's.
+    ``max_weight`` the session's; with ``config.admission`` its policy, allow-list (admitted
+    on their signed join alone, under any policy) and ``evict_after``.
     """
+    admission = config.admission
     return RoundsGenesis(
         session, str(genesis), config.members, config.quorum,
         round(config.collect_timeout * 1000), config.max_weight,
+        admission=admission.policy if admission is not None else "",
+        allow=admission.allow if admission is not None else (),
+        evict_after=(admission.evict_after or 0) if admission is not None else 0,
     )  # fmt: skip
 
 
@@ -93,6 +109,8 @@ class CometControl:
         The session's genesis model CID.
     fetcher
         The session's contribution fetcher (fetches and verifies by CID).
+    members
+        The session's member sets (the current one is what a changed set links to).
     """
 
     def __init__(
@@ -102,9 +120,78 @@ class CometControl:
         session: str,
         genesis: CID,
         fetcher: ContributionFetcher,
+        members: MemberTracker | None = None,
     ) -> None:
         self.rpc, self._signer, self._fetcher = rpc, signer, fetcher
         self._session, self._genesis = session, genesis
+        self._members = members
+
+    async def members_info(self) -> dict[str, Any]:
+        """Read the chain's ``/members`` (current, next and pending members; see the app).
+
+        Raises
+        ------
+        CometRpcError
+            If the validator does not answer with such a map.
+        """
+        answer = await self.rpc.abci_query("/members", b"")
+        try:
+            info = dag_cbor.decode(answer.value) if answer.code == 0 else None
+        except ValueError as exc:  # dag_cbor's errors are ValueErrors
+            raise CometRpcError(f"/members: {exc}") from exc
+        if not isinstance(info, dict):
+            raise CometRpcError(f"/members: code {answer.code}: {answer.log:.200}")
+        return info
+
+    async def submit(self, tx: bytes, what: str, timeout: float) -> None:
+        """Hand a signed statement (a membership request) to this member's validator."""
+        await self._submit(tx, what, time.monotonic() + timeout)
+
+    async def bind(self, timeout: float) -> None:
+        """Bind this peer's validator (its node's key, from ``/status``) to it: a transaction."""
+        status = await self.rpc.status()
+        chain_id = str((status.get("node_info") or {}).get("network", ""))
+        key = ((status.get("validator_info") or {}).get("pub_key") or {}).get("value", "")
+        pub_key = base64.b64decode(str(key))
+        tx = await validator_binding(self._signer, self._session, chain_id, pub_key)
+        await self.submit(tx, "validator binding", timeout)
+
+    async def admitted(self, peer: str, timeout: float) -> int:
+        """Wait until the chain admits ``peer``; return its first round as a member.
+
+        Raises
+        ------
+        QuorumNotReached
+            If it is not admitted within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            with_info = await self._try(self.members_info(), deadline)
+            joined = {} if with_info is None else with_info.get("joined") or {}
+            if isinstance(joined, dict) and isinstance(joined.get(peer), int):
+                return int(joined[peer])
+            if time.monotonic() >= deadline:
+                raise QuorumNotReached(-1, 0, 1)
+            await asyncio.sleep(POLL_INTERVAL)  # the app's state changes only with blocks
+
+    async def final(self, r: int, timeout: float) -> RoundView:
+        """Wait until round ``r`` is final on the chain; return its view."""
+        deadline = time.monotonic() + timeout
+        while True:
+            view = await self._look(r, deadline)
+            if view is not None and view.status == "final":
+                return view
+            if time.monotonic() >= deadline:
+                raise QuorumNotReached(r, 0 if view is None else view.results, 1)
+            await asyncio.sleep(POLL_INTERVAL)  # the app's state changes only with blocks
+
+    async def _try(self, call: Any, deadline: float) -> Any:
+        try:
+            return await call
+        except CometRpcError:
+            if time.monotonic() >= deadline:
+                raise
+            return None
 
     async def view(self, r: int) -> RoundView:
         """Read round ``r`` from the validator's app.
@@ -141,7 +228,7 @@ class CometControl:
         while True:
             view = await self._look(r, deadline)
             if view is not None and view.roster is not None:
-                return await self._adopt(ctx, view.roster, deadline)
+                return await self._adopt(ctx, view, deadline)
             if view is not None and view.status == "open":
                 seen = len(view.contributions)
                 await self._attest(ctx, view, attested)
@@ -231,21 +318,39 @@ class CometControl:
             what = f"round {ctx.number} attestation of {line.peer}"
             await self._submit(tx, what, ctx.started + ctx.config.round_timeout)
 
-    async def _adopt(
-        self, ctx: RoundContext, lines: tuple[RosterLine, ...], deadline: float
-    ) -> AdoptedRoster:
+    async def _adopt(self, ctx: RoundContext, view: RoundView, deadline: float) -> AdoptedRoster:
         """Fetch the decided roster's contributions (retrying until ``deadline``); adopt it."""
+        lines: tuple[RosterLine, ...] = view.roster or ()
         gradients = [await self._values(ctx, line, deadline) for line in lines]
         entries = {  # each entry signed by its owner's contribution transaction
             line.peer: (parse_cid(line.cid), line.weight, line.signature or None) for line in lines
         }
+        member_set = self._member_set(view)
         roster = Roster.new(
             self._session, self._genesis, ctx.number, ctx.base, ctx.ranking[0],
-            ctx.config.members, entries,
+            ctx.config.members, entries, None if member_set is None else member_set[1],
         )  # fmt: skip
         block = roster.to_block()
         logger.debug("round %d: chain roster %s (%d entries)", ctx.number, block.cid, len(lines))
-        return AdoptedRoster(block.cid, roster, block, tuple(gradients))
+        return AdoptedRoster(block.cid, roster, block, tuple(gradients), member_set)
+
+    def _member_set(self, view: RoundView) -> tuple[MemberSet, CID] | None:
+        """Return the ``gradfed.members`` record of the change the round's close made, if any.
+
+        The same bytes on every member: the chain's members and changes, linked to the set
+        this peer (like every member that followed the chain) holds now.
+        """
+        if view.members is None or self._members is None:
+            return None
+        changes = tuple(
+            MemberChange(cast("ChangeOp", op), peer, statements)
+            for op, peer, statements in view.changes
+        )
+        member_set = MemberSet(
+            self._session, self._genesis, view.round + 1, view.members,
+            self._members.current_cid, changes,
+        )  # fmt: skip
+        return member_set, member_set.to_block().cid
 
     async def _values(self, ctx: RoundContext, line: RosterLine, deadline: float) -> FloatArray:
         """Return a roster entry's values: more than ``f`` members hold it, so one serves it."""

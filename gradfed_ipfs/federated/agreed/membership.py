@@ -33,6 +33,7 @@ from ...formats.membership import (
     MAX_MEMBERS,
     MemberChange,
     MemberSet,
+    approvals_needed,
     read_request,
 )
 from ...formats.roster import Roster
@@ -78,15 +79,6 @@ class Admission:
         # The policy is checked where it is read (a federation file names the field it failed).
         if self.evict_after is not None and self.evict_after < 1:
             raise ConfigError("evict_after must be at least 1 round (or None)")
-
-
-def approvals_needed(policy: AdmissionPolicy, members: int) -> int:
-    """Return how many members' approvals admit a join (0 under the allow-list)."""
-    if policy == "majority":
-        return members // 2 + 1
-    if policy == "two-thirds":
-        return (2 * members) // 3 + 1
-    return 0
 
 
 def _statement(data: bytes, kind: str, keys: KeyBook) -> Statement:

@@ -58,9 +58,18 @@ from ...errors import (
     InvalidGradient,
     NotAdmitted,
     NoVerifiableHead,
+    QuorumNotReached,
     RoundMismatch,
 )
-from ...formats.membership import APPROVE, JOIN, LEAVE, approve_body, join_body, leave_body
+from ...formats.membership import (
+    APPROVE,
+    JOIN,
+    LEAVE,
+    MemberSet,
+    approve_body,
+    join_body,
+    leave_body,
+)
 from ...formats.pubsub import PubsubMessage
 from ...formats.roster import AgreedMessage, AgreedRecord
 from ...formats.statement import Statement, sign_statement
@@ -80,7 +89,7 @@ from .context import AdoptedRoster, Aggregated, OwnContribution, RoundContext, S
 from .control import PubsubControl, RoundControl
 from .coordinator import Head, RoundBoard, best_head, coordinator_ranking, model_holders
 from .heads import HeadChoice, HeadChooser
-from .history import ResultLoad, VerifiedHead
+from .history import ResultLoad, VerifiedHead, load_result
 from .members import MemberTracker
 from .roster import RosterPhase
 from .slicing import RootFetcher, SliceStep, choose_slicing, slice_report, slices_topic
@@ -298,7 +307,7 @@ class AgreedSession:
             return PubsubControl(roster)
         signer = await self.pubsub.signer()
         rpc = CometRpc(self.validator_rpc)
-        return CometControl(rpc, signer, self.session, self.genesis, self._fetcher)
+        return CometControl(rpc, signer, self.session, self.genesis, self._fetcher, self._members)
 
     async def _open_slicing(self) -> SliceStep | None:
         """Decide the session's mode (:func:`~.slicing.choose_slicing`, logged); start its step.
@@ -394,7 +403,33 @@ class AgreedSession:
         if self.config.admission is not None and kind != JOIN:
             self._members.hold_own(statement)
         await self._announcer.post(f"{kind}:{statement.block.cid}", statement.block.data)
+        control = self._parts.control
+        if isinstance(control, CometControl):  # the chain decides: the request is a transaction
+            await control.submit(statement.block.data, kind, self.config.round_timeout)
         return statement
+
+    async def approve(self, joiner: str) -> None:
+        """Vote for ``joiner``'s pending join (a signed ``agreed/approve``; voting policies).
+
+        The join statement is the one heard on pubsub or, on the CometBFT control plane, the
+        one the chain holds.
+
+        Raises
+        ------
+        NotAdmitted
+            If no join of ``joiner`` is known.
+        """
+        join = self._members.joins.get(joiner)
+        cid = None if join is None else join.block.cid
+        control = self._parts.control
+        if cid is None and isinstance(control, CometControl):
+            pending = dict((await control.members_info()).get("pending") or [])
+            cid = parse_cid(pending[joiner]) if joiner in pending else None
+        if cid is None:
+            raise NotAdmitted(f"no join of {joiner} to approve")
+        body = approve_body(self.session, self.genesis, joiner, cid)
+        approval = await self._request(APPROVE, body)
+        self._approving[joiner] = f"{APPROVE}:{approval.block.cid}"
 
     async def _approve_joins(self) -> None:
         """Approve the joins heard whose authors are on this member's own allow-list."""
@@ -424,7 +459,12 @@ class AgreedSession:
             raise ConfigError("joining needs an admission policy (AgreedConfig.admission)")
         if self._started is None:
             await self.start(model, joining=True)
+        control = self._parts.control
+        if isinstance(control, CometControl):
+            await control.bind(timeout)  # its validator's key first: a join needs it
         request = await self._request(JOIN, join_body(self.session, self.genesis, self.peer_id))
+        if isinstance(control, CometControl):
+            return await self._join_chain(control, request, timeout)
         deadline = time.monotonic() + timeout
         result = ResyncResult(False, self.round, self.model_cid, self.head)
         while self.peer_id not in self._members.members:
@@ -435,6 +475,39 @@ class AgreedSession:
             result = await self.resync(timeout=max(left, 0.1))
         self._announcer.withdraw(f"{JOIN}:{request.block.cid}")
         return result
+
+    async def _join_chain(
+        self, control: CometControl, request: Statement, timeout: float
+    ) -> ResyncResult:
+        """Wait for the chain to admit this peer; adopt the final record before its first round.
+
+        The record is final on the chain (``2f + 1`` equal results), so its model is fetched
+        by CID (or rebuilt from the last stored one) and hashed, not re-verified round by round.
+        """
+        deadline = time.monotonic() + timeout
+        try:
+            first = await control.admitted(self.peer_id, timeout)
+            view = await control.final(first - 1, max(0.1, deadline - time.monotonic()))
+        except QuorumNotReached as exc:
+            raise NotAdmitted(f"{self.peer_id} was not admitted to {self.session!r}") from exc
+        record_cid = parse_cid(str(view.record))
+        wait = self.config.fetch_timeout
+        record = AgreedRecord.from_block(await self.store.get(record_cid, timeout=wait))
+        model, state = await load_result(
+            self.store, record, self.config.rule, timeout=wait, length=self.model.size,
+            known={bytes(self.genesis): (self.model, None)},
+        )  # fmt: skip
+        if record.members is not None:
+            member_set = MemberSet.from_block(await self.store.get(record.members, timeout=wait))
+            self._members.adopt(member_set, record.members)
+            self.board.set_members(self._members.members)
+        self.model, self.rule_state = np.array(model, np.float32).reshape(-1), state
+        self.model_cid, self.head, self.round = record.result, record_cid, record.round + 1
+        self.excluded = frozenset(record.excluded or ())
+        self.history[bytes(record_cid)] = record.round
+        self.board.advance(self.round)
+        self._announcer.withdraw(f"{JOIN}:{request.block.cid}")
+        return ResyncResult(True, self.round, self.model_cid, self.head, (record_cid,))
 
     async def leave(self, after: int | None = None) -> None:
         """Announce this member's signed leave after round ``after`` (default :attr:`round`).
