@@ -7,6 +7,8 @@ as validators, each dialling only the others (``persistent_peers``; PEX off, no 
 RPC on free 127.0.0.1 ports. Readiness is an answer to ``/status``, polled against a deadline.
 Processes are stopped by their own PID, temporary homes are removed, and an ``atexit`` hook
 stops whatever a crashed caller left running (:func:`live_validator_pids` lists them).
+:meth:`CometNetwork.add_node` starts a joining member's full node on the same chain (it
+block-syncs, then becomes a validator through the app's validator update).
 """
 
 from __future__ import annotations
@@ -428,6 +430,35 @@ class CometNetwork:
             self.stop()
             raise
         return self
+
+    def add_node(self, moniker: str | None = None) -> Validator:
+        """Start a full node of this chain (a joining member's): not a validator until updated.
+
+        Its home gets the chain's genesis and dials the running validators only (loopback, PEX
+        off, no seeds); it block-syncs from them, and becomes a validator once the app's
+        validator update (its member's admission, key bound by a signed ``comet/validator``
+        statement) takes effect. Stopped with the network.
+
+        Raises
+        ------
+        CometStartError
+            If the network has not been launched, or the node does not start.
+        """
+        if self.root is None or not self.validators:
+            raise CometStartError("add_node needs a launched network")
+        index = len(self.validators)
+        node = Validator(
+            self.root / f"v{index}",
+            binary=self.binary,
+            moniker=moniker or f"node-{index}",
+            start_timeout=self.start_timeout,
+        )
+        node.init()
+        genesis = self.validators[0].home / "config" / "genesis.json"
+        shutil.copyfile(genesis, node.home / "config" / "genesis.json")
+        node.configure([v.p2p_address for v in self.validators if v.is_running()], self.timing)
+        self.validators.append(node)
+        return node.start()
 
     def stop(self) -> None:
         """Stop every validator and remove all homes."""
