@@ -75,8 +75,9 @@ __all__ = [
 
 ROUND_QUERY_PATHS: Final = ("/round", "/members")
 """``abci_query`` paths of the round machine: ``/round`` with a decimal round number (a
-dag-cbor :meth:`RoundView.to_dict`), ``/members`` (dag-cbor ``{session, genesis, members, f,
-min_peers, collect_ms, current}``)."""
+dag-cbor :meth:`RoundView.to_dict`), ``/members`` (dag-cbor: the genesis ``app_state`` with
+the current round's ``members``, and ``f``, ``current``, ``next``, ``joined``, ``pending``: see
+:meth:`RoundMachine.members_info`)."""
 APP_STATE_TAG: Final = "gradfed/agreed-rounds"
 """``app_state.app`` of a genesis that runs the round machine."""
 _LOG_TAG: Final = b"gradfed/v1/cometbft/rounds/log\x00"
