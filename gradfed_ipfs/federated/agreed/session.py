@@ -403,7 +403,7 @@ class AgreedSession:
         if self.config.admission is not None and kind != JOIN:
             self._members.hold_own(statement)
         await self._announcer.post(f"{kind}:{statement.block.cid}", statement.block.data)
-        control = self._parts.control
+        control = None if self._started is None else self._started.control
         if isinstance(control, CometControl):  # the chain decides: the request is a transaction
             await control.submit(statement.block.data, kind, self.config.round_timeout)
         return statement
