@@ -39,13 +39,13 @@ __all__ = ["build_parser", "console", "err_console", "main"]
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     if args.best_effort:
-        from .besteffort_demo import cmd_best_effort_demo
+        from .demo.besteffort import cmd_best_effort_demo
 
         args.dim = 200_000 if args.dim is None else args.dim
         return cmd_best_effort_demo(args)
     if args.dim is not None:
         raise UsageError("--dim goes with --best-effort (the agreed demo trains 9 parameters)")
-    from .demo import cmd_demo
+    from .demo.run import cmd_demo
 
     return cmd_demo(args)
 
