@@ -19,6 +19,11 @@ round ``r`` a peer, through its own validator's RPC:
 
 The app answers from committed blocks only; the chain is polled every :data:`POLL_INTERVAL`
 seconds (about a third of the default block interval).
+
+A member that was down (its validator restarted: it replays its blocks into a fresh app, then
+catches up by block sync) resyncs from the chain: :meth:`CometControl.final_head` waits until
+its validator has caught up and returns the chain's last final round, which the session then
+verifies from IPFS before adopting it (:meth:`~.session.AgreedSession.resync`).
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from ...formats.statement import Signer
 from ..exchange.fetcher import ContributionFetcher, is_transient
 from .config import AgreedConfig
 from .context import AdoptedRoster, RoundContext
+from .coordinator import Head
 from .storage import FinishedRound
 
 __all__ = ["POLL_INTERVAL", "CometControl", "rounds_genesis"]
@@ -121,6 +127,46 @@ class CometControl:
             return RoundView.from_dict(dag_cbor.decode(answer.value))
         except (DecodeError, ValueError) as exc:  # dag_cbor's errors are ValueErrors
             raise CometRpcError(f"/round {r}: {exc}") from exc
+
+    async def final_head(self, timeout: float) -> Head | None:
+        """Return the chain's last final round as a head, once this validator has caught up.
+
+        ``None`` while no round is final. The validator is this member's own: it checked every
+        block it synced (the commits' signatures), so its app's answer is the chain's.
+
+        Raises
+        ------
+        CometRpcError
+            If the validator does not answer, or is still catching up, after ``timeout`` s.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                status = await self.rpc.status()
+                if not (status.get("sync_info") or {}).get("catching_up", True):
+                    return await self._last_final()
+                why = "catching up"
+            except CometRpcError as exc:
+                why = str(exc)
+            if time.monotonic() >= deadline:
+                raise CometRpcError(f"{self.rpc.rpc_url}: no caught-up answer ({why:.200})")
+            await asyncio.sleep(POLL_INTERVAL)  # catching up is not an event we can await
+
+    async def _last_final(self) -> Head | None:
+        answer = await self.rpc.abci_query("/members", b"")
+        try:
+            info = dag_cbor.decode(answer.value) if answer.code == 0 else None
+            current = int(info["current"]) if isinstance(info, dict) else -1  # type: ignore[arg-type]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CometRpcError(f"/members: {exc!r:.200}") from exc
+        if current < 0:
+            raise CometRpcError(f"/members: code {answer.code}: {answer.log:.200}")
+        if current == 0:
+            return None
+        view = await self.view(current - 1)
+        if view.status != "final" or view.record is None or view.model is None:
+            raise CometRpcError(f"round {current - 1} is not final in the app's own answer")
+        return Head(current - 1, parse_cid(view.model), parse_cid(view.record))
 
     async def take(self, ctx: RoundContext) -> AdoptedRoster:
         """Contribute, attest what verifies, and adopt the roster the chain decides.
