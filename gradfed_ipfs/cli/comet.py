@@ -15,7 +15,7 @@ from typing import Any
 from ..cometbft.finality import FinalityBundle, export_finality, verify_finality
 from ..cometbft.rpc import CometRpc
 from ..errors import FinalityNotProven
-from .common import async_handler, console, err_console, positive_float
+from .common import console, err_console, positive_float, run
 
 __all__ = ["add_comet_parser", "read_bundle"]
 
@@ -27,7 +27,7 @@ def read_bundle(path: Path) -> FinalityBundle:
     return FinalityBundle.decode(raw)
 
 
-async def _export(args: argparse.Namespace, api: str) -> int:
+async def _export(args: argparse.Namespace) -> int:
     rpc = CometRpc(args.rpc, timeout=args.timeout)
     bundle = await export_finality(rpc, args.round, timeout=args.timeout)
     try:
@@ -63,4 +63,4 @@ def add_comet_parser(commands: Any) -> None:
         "--timeout", type=positive_float, default=30.0, metavar="SECONDS",
         help="per RPC call, and for the next block (default 30)",
     )  # fmt: skip
-    export.set_defaults(handler=async_handler(_export))
+    export.set_defaults(handler=lambda args: run(_export(args)))  # needs no Kubo daemon
