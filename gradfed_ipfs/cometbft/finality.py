@@ -56,6 +56,7 @@ from .abci.bindings import check_bindings
 from .abci.pb.cometbft.crypto.v1 import keys_pb2
 from .abci.pb.cometbft.types.v1 import canonical_pb2, types_pb2, validator_pb2
 from .abci.rounds import APP_HASH_VERSION, RoundsGenesis, final_leaf, genesis_digest
+from .abci.server import encode_frame
 from .merkle import MAX_PROOF_DEPTH, merkle_root, root_from_aunts
 from .rpc import CometRpc
 
@@ -255,17 +256,6 @@ def header_hash(header: types_pb2.Header) -> bytes:
     )
 
 
-def _delimited(payload: bytes) -> bytes:
-    """``protoio.MarshalDelimited``: a uvarint length, then the message."""
-    length, prefix = len(payload), bytearray()
-    while True:
-        byte = length & 0x7F
-        length >>= 7
-        prefix.append(byte | (0x80 if length else 0))
-        if not length:
-            return bytes(prefix) + payload
-
-
 def vote_sign_bytes(chain_id: str, commit: types_pb2.Commit, sig: types_pb2.CommitSig) -> bytes:
     """Return what a commit's precommit signs (``VoteSignBytes`` of ``Commit.GetVote``)."""
     vote = canonical_pb2.CanonicalVote(
@@ -277,7 +267,8 @@ def vote_sign_bytes(chain_id: str, commit: types_pb2.Commit, sig: types_pb2.Comm
     vote.block_id.part_set_header.SetInParent()
     vote.timestamp.CopyFrom(sig.timestamp)
     vote.timestamp.SetInParent()  # non-nullable: encoded even at the zero time
-    return _delimited(vote.SerializeToString())
+    # protoio.MarshalDelimited: a uvarint length, then the message (the ABCI socket's frame)
+    return encode_frame(vote.SerializeToString())
 
 
 # ---------------------------------------------------------------------------- verification
