@@ -111,8 +111,10 @@ from typing import Any, ClassVar
 from ._fmt import rust_display
 
 __all__ = [
+    "AppHashMismatch",
     "ArrowBlockError",
     "ArrowBlockShapeMismatch",
+    "BadCommitSignature",
     "BadSignature",
     "BlockCorrupt",
     "BlockNotFound",
@@ -139,6 +141,7 @@ __all__ = [
     "FederatedDimensionMismatch",
     "FederatedError",
     "FederationFileError",
+    "FinalityNotProven",
     "GenesisMismatch",
     "GradfedError",
     "GradientError",
@@ -147,6 +150,7 @@ __all__ = [
     "GraphSerializationError",
     "IncompatibleDtype",
     "InsufficientPeers",
+    "InsufficientVotingPower",
     "InvalidCompressionRatio",
     "InvalidGradient",
     "InvalidMagic",
@@ -162,6 +166,7 @@ __all__ = [
     "NoVerifiableHead",
     "NodeNotFound",
     "NotARoundRecord",
+    "NotFinal",
     "NotStarted",
     "OutlierDetected",
     "PassAlreadyTerminal",

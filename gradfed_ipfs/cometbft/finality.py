@@ -287,6 +287,8 @@ def _genesis_of(bundle: FinalityBundle) -> RoundsGenesis:
         raise _NotProven(f"genesis: {exc}") from exc
     if any(len(key) != 32 or power <= 0 for key, power in bundle.validators):
         raise _NotProven("a genesis validator has no Ed25519 key or no power")
+    if len({key for key, _ in bundle.validators}) != len(bundle.validators):
+        raise _NotProven("a validator key is listed twice (CometBFT refuses such a genesis)")
     return rounds
 
 
