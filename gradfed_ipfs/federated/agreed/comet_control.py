@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from typing import Final
 
@@ -42,6 +43,7 @@ from ...cometbft.abci import (
     RosterLine,
     RoundsGenesis,
     RoundView,
+    TxCode,
     attestation_tx,
     contribution_tx,
     result_tx,
@@ -68,6 +70,8 @@ logger = logging.getLogger("gradfed_ipfs.federated.agreed")
 
 POLL_INTERVAL: Final = 0.1
 """Seconds between reads of the app's state of a round."""
+_LATE: Final = re.compile(rf"code=({TxCode.OTHER_ROUND:d}|{TxCode.CLOSED:d}),")
+"""CheckTx's refusal of a tx for a round already closed or final (its step is decided)."""
 _RETRY: Final = 0.25
 """Seconds between submissions of a transaction the validator could not take yet."""
 
@@ -247,6 +251,9 @@ class CometControl:
             except CometRpcError as exc:
                 text = str(exc)
                 if "already exists in cache" in text:  # submitted before: it is in the mempool
+                    return
+                if _LATE.search(text):  # the chain decided that step without this tx: normal
+                    logger.debug("%s too late for the chain: %s", what, exc)
                     return
                 if "code=" in text or time.monotonic() >= deadline:
                     logger.warning("%s refused by the validator: %s", what, exc)
