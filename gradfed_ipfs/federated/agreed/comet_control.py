@@ -32,6 +32,7 @@ import asyncio
 import logging
 import re
 import time
+from collections.abc import Iterable
 from typing import Final
 
 import dag_cbor
@@ -61,7 +62,7 @@ from ...formats.statement import Signer
 from ..exchange.fetcher import ContributionFetcher, is_transient
 from .config import AgreedConfig
 from .context import AdoptedRoster, RoundContext
-from .coordinator import Head
+from .coordinator import Head, RoundBoard
 from .storage import FinishedRound
 
 __all__ = ["POLL_INTERVAL", "CometControl", "rounds_genesis"]
@@ -103,6 +104,9 @@ class CometControl:
         The session's genesis model CID.
     fetcher
         The session's contribution fetcher (fetches and verifies by CID).
+    board
+        What the session heard on pubsub: contributions there are attested once they verify,
+        before the chain lists them (``None``: only the chain's are attested).
     """
 
     def __init__(
@@ -112,8 +116,10 @@ class CometControl:
         session: str,
         genesis: CID,
         fetcher: ContributionFetcher,
+        *,
+        board: RoundBoard | None = None,
     ) -> None:
-        self.rpc, self._signer, self._fetcher = rpc, signer, fetcher
+        self.rpc, self._signer, self._fetcher, self._board = rpc, signer, fetcher, board
         self._session, self._genesis = session, genesis
 
     async def view(self, r: int) -> RoundView:
@@ -194,7 +200,7 @@ class CometControl:
                 return await self._adopt(ctx, view.roster, deadline)
             if view is not None and view.status == "open":
                 seen = len(view.contributions)
-                await self._attest(ctx, view, attested)
+                await self._attest(ctx, (*view.contributions, *self._heard(ctx)), attested)
             if time.monotonic() >= deadline:
                 raise QuorumNotReached(r, seen, ctx.config.quorum)
             await asyncio.sleep(POLL_INTERVAL)  # the app's state changes only with blocks
@@ -261,9 +267,27 @@ class CometControl:
                 logger.debug("%s: validator busy (%s); again", what, exc)
             await asyncio.sleep(_RETRY)  # a validator's readiness is not an event we can await
 
-    async def _attest(self, ctx: RoundContext, view: RoundView, attested: set[str]) -> None:
+    def _heard(self, ctx: RoundContext) -> list[RosterLine]:
+        """Return the round's contributions heard on pubsub from members, on its base.
+
+        Attesting one that the chain never lists is harmless (it holds nothing); one per
+        attester and peer is taken, so a peer that announces one CID and submits another gets
+        no attestation from this member for the second.
+        """
+        heard = None if self._board is None else self._board.rounds.get(ctx.number)
+        if heard is None:
+            return []
+        return [
+            RosterLine(peer, str(c.cid), c.weight)
+            for peer, c in list(heard.contributions.items())
+            if bytes(c.base) == bytes(ctx.base) and peer in ctx.config.members
+        ]
+
+    async def _attest(
+        self, ctx: RoundContext, lines: Iterable[RosterLine], attested: set[str]
+    ) -> None:
         """Fetch the round's contributions; attest each that verifies (once per peer)."""
-        for line in view.contributions:
+        for line in lines:
             if line.peer in attested:
                 continue
             if line.weight > ctx.config.max_weight or line.peer in ctx.excluded:

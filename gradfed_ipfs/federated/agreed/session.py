@@ -298,7 +298,9 @@ class AgreedSession:
             return PubsubControl(roster)
         signer = await self.pubsub.signer()
         rpc = CometRpc(self.validator_rpc)
-        return CometControl(rpc, signer, self.session, self.genesis, self._fetcher)
+        return CometControl(
+            rpc, signer, self.session, self.genesis, self._fetcher, board=roster.board
+        )
 
     async def _open_slicing(self) -> SliceStep | None:
         """Decide the session's mode (:func:`~.slicing.choose_slicing`, logged); start its step.
