@@ -447,7 +447,7 @@ class RoundMachine:
         decided = state.decided.get(r)
         if decided is None:
             return None
-        _, (record, model), _ = decided
+        record, model = decided[1]  # (roster, (record, model), evidence, ...)
         proof: dict[str, dag_cbor.IPLDKind] = {
             "round": r, "record": record, "model": model, "index": r, "total": state.current,
             "aunts": list(merkle_aunts(state.finals, r)), "state": self._summary(state),
