@@ -25,6 +25,7 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import DecodeError, GradfedError
+from .comet import add_comet_parser
 from .common import API_ENV, HOME_ENV, UsageError, console, err_console, positive_float
 from .data import add_data_parsers
 from .federation import add_federation_parser
@@ -112,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_federation_parser(commands)
     add_data_parsers(commands)
     add_record_parsers(commands)
+    add_comet_parser(commands)
     add_round_parser(commands)
     add_resync_parser(commands)
     add_train_parser(commands)
