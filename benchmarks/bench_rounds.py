@@ -13,6 +13,11 @@ in ``--blocks`` alternated blocks so that both see the same drift of a shared ma
 returns zeros without a ``key/sign`` call, and keys that accept any signature: benchmark-only,
 in the peer processes of that arm), and prints the signed / unsigned ratio: the cost of signing
 and checking every statement.
+``--control cometbft`` measures agreed rounds on the CometBFT control plane instead (issue #36):
+each block runs the same agreed rounds on the pubsub control plane, then on a fresh chain of
+``n`` loopback validators (one per peer, bound to its daemon's key) for each block interval of
+``--block-intervals`` (``BlockTiming.timeout_commit``), and prints both planes' p50 / p95, their
+ratio and the goal (CometBFT p50 ≤ 1.5 × pubsub p50 + one block interval).
 A runner round that closes short at its 10 s deadline counts with that time (``short``). The
 p50 ratio comes with a 95 % bootstrap interval (whole rounds resampled), the date and the load
 average. ``--done-timeout`` sets ``AgreedConfig.done_timeout`` and ``--aggregation`` the
@@ -22,6 +27,7 @@ Run::
 
     python benchmarks/bench_rounds.py                      # 3 and 8 peers, d = 1M
     python benchmarks/bench_rounds.py --peers 3 --rounds 12 --blocks 5 --losses 0
+    python benchmarks/bench_rounds.py --control cometbft --peers 4 8 --block-intervals 0.1 0.3
 
 Results: ``docs/benchmarks.md``.
 """
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
@@ -42,7 +49,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from gradfed_ipfs.cometbft import DEFAULT_TIMING, CometNetwork  # noqa: E402
+from gradfed_ipfs.cometbft.abci import validator_binding  # noqa: E402
 from gradfed_ipfs.errors import InsufficientPeers  # noqa: E402
+from gradfed_ipfs.federated.agreed import rounds_genesis  # noqa: E402
 from gradfed_ipfs.federated.agreed.history import model_cid  # noqa: E402
 from gradfed_ipfs.federated.agreed.session import AgreedConfig, AgreedSession  # noqa: E402
 from gradfed_ipfs.federated.besteffort import GossipModelSync, RoundConfig, RoundRunner  # noqa: E402
@@ -92,6 +102,43 @@ WARMUP_ROUNDS = 4
 """Rounds of the unmeasured warm-up block each protocol runs on a new swarm."""
 
 
+def agreed_config(members: list[str], done_timeout: float, aggregation: str) -> AgreedConfig:
+    """The agreed peers' settings (both control planes; every member required)."""
+    return AgreedConfig(
+        tuple(members), collect_timeout=30.0, round_timeout=120.0, fetch_timeout=60.0,
+        done_timeout=done_timeout, aggregation=aggregation,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def start_chain(
+    swarm: KuboSwarm, session: str, genesis: str, interval: float, done_timeout: float
+) -> CometNetwork:
+    """Start ``len(swarm)`` validators for ``session``, each bound to its daemon's peer ID."""
+    members = [d.peer_id for d in swarm]
+    timing = dataclasses.replace(DEFAULT_TIMING, timeout_commit=interval)
+    network = CometNetwork(len(swarm), timing=timing)
+    entries = network.prepare()
+
+    async def bindings() -> tuple[bytes, ...]:
+        signed = []
+        for daemon, entry in zip(swarm, entries, strict=True):
+            pubsub = KuboPubsub(daemon.api_url)
+            signer = await pubsub.signer()
+            signed.append(
+                await validator_binding(signer, session, network.chain_id, entry.key_bytes)
+            )
+            await pubsub.aclose()
+        return tuple(signed)
+
+    config = agreed_config(members, done_timeout, "all-to-all")
+    chain = dataclasses.replace(
+        rounds_genesis(session, genesis, config), bindings=asyncio.run(bindings())
+    )
+    network.launch(chain.to_dict())
+    network.wait_for_height(1, timeout=120)
+    return network
+
+
 def initial_model(dim: int) -> np.ndarray:
     return np.random.default_rng(0).standard_normal(dim).astype(np.float32)
 
@@ -118,11 +165,12 @@ async def peer_main(args: argparse.Namespace) -> None:
         cpu.append((cpu_seconds(os.getpid()), cpu_seconds(args.daemon_pid)))
 
     if args.protocol.startswith("agreed"):
-        config = AgreedConfig(
-            tuple(members), collect_timeout=30.0, round_timeout=120.0, fetch_timeout=60.0,
-            done_timeout=args.done_timeout, aggregation=args.aggregation,
-        )  # fmt: skip
-        session = AgreedSession(store, pubsub, args.session, args.genesis, config)
+        config = agreed_config(members, args.done_timeout, args.aggregation)
+        if args.protocol == "agreed-comet":
+            config = dataclasses.replace(config, control="cometbft")
+        session = AgreedSession(
+            store, pubsub, args.session, args.genesis, config, validator_rpc=args.validator_rpc
+        )
         await session.start(initial_model(args.dim))
         for r in range(args.rounds):
             gradient = delta(args.index, r, args.dim)  # test data: not part of the round's time
@@ -176,6 +224,7 @@ def run_protocol(
     tag: str,
     done_timeout: float,
     aggregation: str = "all-to-all",
+    validators: list[str] | None = None,
 ) -> tuple[list[list[tuple[float, int]]], list[float], np.ndarray]:
     """Run one block; return each round's (latency, participants) of every peer, each round's
     start skew (seconds from the first peer's start to the last one's) and the CPU seconds the
@@ -191,6 +240,7 @@ def run_protocol(
             "--genesis", genesis, "--dim", str(dim), "--rounds", str(rounds), *lossy,
             "--done-timeout", str(done_timeout), "--daemon-pid", str(daemon.pid),
             "--aggregation", aggregation,
+            *(("--validator-rpc", validators[index]) if validators else ()),
         ]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         procs.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env))
@@ -268,7 +318,18 @@ def print_signing(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--protocol", choices=["agreed", "agreed-unsigned", "runner"])
+    parser.add_argument(
+        "--protocol", choices=["agreed", "agreed-unsigned", "agreed-comet", "runner"]
+    )
+    parser.add_argument(
+        "--control", choices=["pubsub", "cometbft"], default="pubsub",
+        help="cometbft: agreed rounds on the CometBFT control plane against the pubsub one",
+    )  # fmt: skip
+    parser.add_argument(
+        "--block-intervals", type=float, nargs="+", default=[0.1, 0.3],
+        help="with --control cometbft: the chains' timeout_commit values, seconds",
+    )  # fmt: skip
+    parser.add_argument("--validator-rpc", help=argparse.SUPPRESS)
     parser.add_argument(
         "--signing", action="store_true",
         help="also run the agreed rounds unsigned and print the signed / unsigned ratio",
@@ -298,6 +359,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.peer:
         asyncio.run(peer_main(args))
+        return
+    if args.control == "cometbft":
+        comet_main(args)
         return
     print(f"round latency, one process + one Kubo daemon per peer, d = {args.dim:,} floats")
     print(f"{time.strftime('%Y-%m-%d %H:%M')}, load average {load()}")
@@ -355,6 +419,60 @@ def main() -> None:
                 print(f"{'':>11} CPU per round (peers + daemons): runner {rp:.3f} + {rd:.3f} s,"
                       f" agreed {ap:.3f} + {ad:.3f} s (ratio {(ap + ad) / (rp + rd):.2f})",
                       flush=True)  # fmt: skip
+
+
+def comet_main(args: argparse.Namespace) -> None:
+    """``--control cometbft``: agreed rounds on a chain against the pubsub plane, per block."""
+    print(f"agreed round latency, pubsub vs CometBFT control plane, d = {args.dim:,} floats,"
+          f" one process + one Kubo daemon (+ one validator and its app) per peer")  # fmt: skip
+    print(f"{time.strftime('%Y-%m-%d %H:%M')}, load average {load()}")
+    for n in args.peers:
+        with KuboSwarm(n) as swarm:
+            genesis = str(asyncio.run(model_cid(initial_model(args.dim))))
+            tag = f"wa{n}-{os.getpid()}"
+            run_protocol(swarm, "agreed", args.dim, WARMUP_ROUNDS, 0.0, tag, args.done_timeout)
+            arms: dict[str, list[list[tuple[float, int]]]] = {"pubsub": []}
+            arms.update({f"comet {t:g} s": [] for t in args.block_intervals})
+            for block in range(args.blocks):  # alternated: every arm sees the same load drift
+                tag = f"{n}-{block}-{os.getpid()}"
+                groups, _, _ = run_protocol(
+                    swarm, "agreed", args.dim, args.rounds, 0.0, f"ap{tag}", args.done_timeout
+                )
+                arms["pubsub"] += groups
+                for interval in args.block_intervals:
+                    session_tag = f"ac{interval:g}-{tag}"
+                    network = start_chain(
+                        swarm, f"bench-{session_tag}", genesis, interval, args.done_timeout
+                    )
+                    try:
+                        groups, _, _ = run_protocol(
+                            swarm, "agreed-comet", args.dim, args.rounds, 0.0, session_tag,
+                            args.done_timeout, validators=[v.rpc_url for v in network],
+                        )  # fmt: skip
+                    finally:
+                        network.stop()
+                    arms[f"comet {interval:g} s"] += groups
+            print_comet(n, arms, args.block_intervals)
+
+
+def print_comet(
+    n: int, arms: dict[str, list[list[tuple[float, int]]]], intervals: list[float]
+) -> None:
+    """Print each arm's p50 / p95, and each chain's ratio to pubsub and its goal."""
+    flat = {name: [x for group in groups for x in group] for name, groups in arms.items()}
+    p50, p95 = percentile(flat["pubsub"], 50), percentile(flat["pubsub"], 95)
+    print(f"{n:>5} peers: pubsub p50 {p50:.3f} s, p95 {p95:.3f} s  load {load()}", flush=True)
+    for interval in intervals:
+        name = f"comet {interval:g} s"
+        c50, c95 = percentile(flat[name], 50), percentile(flat[name], 95)
+        low, high = ratio_interval(arms[name], arms["pubsub"], 50)
+        goal = 1.5 * p50 + interval
+        verdict = "met" if c50 <= goal else f"missed by {c50 - goal:.3f} s"
+        short = sum(1 for _, k in flat[name] if k < n)
+        print(f"{'':>5} block interval {interval:g} s: p50 {c50:.3f} s, p95 {c95:.3f} s,"
+              f" ratio {c50 / p50:.2f} ({low:.2f}-{high:.2f}), p95 ratio {c95 / p95:.2f};"
+              f" goal 1.5 x p50 + interval = {goal:.3f} s: {verdict}; short rosters {short}",
+              flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -48,7 +48,12 @@ CLI exits with. The tree::
     ├── CometError                     managing CometBFT validators; exit 12
     │   ├── CometNotInstalled          no CometBFT binary and it could not be built
     │   ├── CometStartError            a validator (or its ABCI app) failed to start
-    │   └── CometRpcError              a CometBFT RPC call (status, broadcast_tx_*) failed
+    │   ├── CometRpcError              a CometBFT RPC call (status, broadcast_tx_*) failed
+    │   └── FinalityNotProven          a commit bundle does not prove a record final
+    │       ├── BadCommitSignature     a precommit signature does not verify
+    │       ├── InsufficientVotingPower the valid precommits hold at most 2/3 of the power
+    │       ├── AppHashMismatch        the state summary is not the header's app hash
+    │       └── NotFinal               the app hash does not commit that record as final
     ├── FederatedError                 the seed's ``FederatedError`` (seed-api §6.1); exit 7
     │   ├── NoContributions            a round has nothing to aggregate (also EmptyError)
     │   ├── FederatedDimensionMismatch contributions of different lengths (also ShapeMismatch)
@@ -106,8 +111,10 @@ from typing import Any, ClassVar
 from ._fmt import rust_display
 
 __all__ = [
+    "AppHashMismatch",
     "ArrowBlockError",
     "ArrowBlockShapeMismatch",
+    "BadCommitSignature",
     "BadSignature",
     "BlockCorrupt",
     "BlockNotFound",
@@ -134,6 +141,7 @@ __all__ = [
     "FederatedDimensionMismatch",
     "FederatedError",
     "FederationFileError",
+    "FinalityNotProven",
     "GenesisMismatch",
     "GradfedError",
     "GradientError",
@@ -142,6 +150,7 @@ __all__ = [
     "GraphSerializationError",
     "IncompatibleDtype",
     "InsufficientPeers",
+    "InsufficientVotingPower",
     "InvalidCompressionRatio",
     "InvalidGradient",
     "InvalidMagic",
@@ -157,6 +166,7 @@ __all__ = [
     "NoVerifiableHead",
     "NodeNotFound",
     "NotARoundRecord",
+    "NotFinal",
     "NotStarted",
     "OutlierDetected",
     "PassAlreadyTerminal",
@@ -553,6 +563,30 @@ class CometRpcError(CometError):
     def __init__(self, message: str, *, rpc_url: str | None = None) -> None:
         self.rpc_url = rpc_url
         super().__init__(message)
+
+
+class FinalityNotProven(CometError):
+    """A commit bundle does not prove a record final: malformed, another chain or validator set.
+
+    The subclasses name the step that failed; every one means "not proven", never "proven
+    false".
+    """
+
+
+class BadCommitSignature(FinalityNotProven):
+    """A commit's precommit signature does not verify under its validator's key."""
+
+
+class InsufficientVotingPower(FinalityNotProven):
+    """The commit's valid precommits for the block hold at most 2/3 of the voting power."""
+
+
+class AppHashMismatch(FinalityNotProven):
+    """The bundle's state summary does not hash to the signed header's app hash."""
+
+
+class NotFinal(FinalityNotProven):
+    """The signed app hash does not commit this record (of this round) as final."""
 
 
 # --------------------------------------------------------------------------- federated (seed §6)

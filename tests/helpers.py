@@ -1,6 +1,9 @@
-"""Helpers shared by the tests: one fake clock and the memory bus's name keys, one home."""
+"""Helpers shared by the tests: one fake clock, the memory bus's name keys, closing, one home."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from multiformats import CID
@@ -58,3 +61,14 @@ async def signed_entry(
     message = AgreedMessage("contrib", session, genesis, round_number, peer, cid, base, weight)
     statement = await sign_message(message, MemoryPubsubBus().signer(peer), MEMORY_KEYS)
     return cid, weight, statement.signature
+
+
+class _Closable(Protocol):
+    async def aclose(self) -> None: ...
+
+
+async def aclose_all(*groups: Iterable[_Closable]) -> None:
+    """Close every session, pubsub and store of ``groups``, in order (a test's ``finally``)."""
+    for group in groups:
+        for item in group:
+            await item.aclose()

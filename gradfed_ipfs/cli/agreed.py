@@ -24,12 +24,14 @@ from typing import Final, TypeVar
 from multiformats import CID
 from rich.table import Table
 
+from ..cometbft.finality import FinalityBundle, verify_finality
 from ..errors import (
     BadSignature,
     BlockStoreError,
     ChainDeadlineExceeded,
     DecodeError,
     FederatedError,
+    FinalityNotProven,
     GradientError,
     RoundVerificationFailed,
 )
@@ -54,6 +56,7 @@ __all__ = [
     "agreed_history",
     "check_agreed_round",
     "verify_agreed",
+    "verify_final",
 ]
 
 DEFAULT_DEADLINE: Final = 60.0
@@ -232,6 +235,38 @@ async def verify_agreed(store: KuboBlockStore, cid: CID) -> int:
         round_text = "?" if check.record is None else str(check.record.round)
         err_console.print(f"round {round_text}: {check.status}", soft_wrap=True)
     return 0 if check.ok else 1
+
+
+async def verify_final(store: KuboBlockStore, cid: CID, bundle: FinalityBundle) -> int:
+    """``verify-round --commits``: prove the record final from the bundle, then re-check it."""
+    try:
+        finality = verify_finality(bundle)
+    except FinalityNotProven as exc:
+        err_console.print(f"not proven final: {type(exc).__name__}: {exc}", soft_wrap=True)
+        return 1
+    if finality.record != str(cid):
+        err_console.print(
+            f"not proven final: the bundle proves round {finality.round}'s {finality.record}",
+            soft_wrap=True,
+        )
+        return 1
+    record = await load_record(store, cid)
+    named = (record.session, str(record.genesis), record.round, str(record.result))
+    if named != (finality.session, finality.genesis, finality.round, finality.model):
+        err_console.print(
+            f"not proven final: record {cid} is round {record.round} of {record.session!r} with "
+            f"result {record.result}; the chain finalized round {finality.round} of "
+            f"{finality.session!r} with model {finality.model}",
+            soft_wrap=True,
+        )
+        return 1
+    console.print(
+        f"final: round {finality.round} of chain {finality.chain_id!r} at height "
+        f"{finality.height}, signed by power {finality.power[0]} of {finality.power[1]} "
+        f"({len(finality.members)} members)",
+        soft_wrap=True,
+    )
+    return await verify_agreed(store, cid)
 
 
 async def agreed_history(store: KuboBlockStore, head: CID, deadline: Deadline) -> int:

@@ -25,6 +25,7 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import DecodeError, GradfedError
+from .comet import add_comet_parser
 from .common import API_ENV, HOME_ENV, UsageError, console, err_console, positive_float
 from .data import add_data_parsers
 from .federation import add_federation_parser
@@ -39,13 +40,13 @@ __all__ = ["build_parser", "console", "err_console", "main"]
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     if args.best_effort:
-        from .besteffort_demo import cmd_best_effort_demo
+        from .demo.besteffort import cmd_best_effort_demo
 
         args.dim = 200_000 if args.dim is None else args.dim
         return cmd_best_effort_demo(args)
     if args.dim is not None:
         raise UsageError("--dim goes with --best-effort (the agreed demo trains 9 parameters)")
-    from .demo import cmd_demo
+    from .demo.run import cmd_demo
 
     return cmd_demo(args)
 
@@ -112,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_federation_parser(commands)
     add_data_parsers(commands)
     add_record_parsers(commands)
+    add_comet_parser(commands)
     add_round_parser(commands)
     add_resync_parser(commands)
     add_train_parser(commands)

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import time
+from pathlib import Path
 from typing import Any
 
 from rich.table import Table
@@ -18,7 +19,15 @@ from ..kubo.pubsub import KuboPubsub, session_topic
 from ..provenance.round_record import RoundRecord, RoundVerification, verify_history, verify_round
 from ..storage.kubo import KuboBlockStore
 from ..verification import RecordKind, record_kind
-from .agreed import DEFAULT_DEADLINE, Deadline, agreed_history, history_summary, verify_agreed
+from .agreed import (
+    DEFAULT_DEADLINE,
+    Deadline,
+    agreed_history,
+    history_summary,
+    verify_agreed,
+    verify_final,
+)
+from .comet import read_bundle
 from .common import UsageError, async_handler, console, err_console, positive_float
 from .samples import book_path, record_samples
 
@@ -101,6 +110,9 @@ async def _verify_round(args: argparse.Namespace, api: str) -> int:
     async with KuboBlockStore(api, timeout=args.timeout) as store:
         kind = await require_record(cid, store)
         if kind == "agreed":
+            if args.commits is not None:
+                bundle = await asyncio.to_thread(read_bundle, Path(args.commits))
+                return await verify_final(store, parse_cid(cid), bundle)
             return await verify_agreed(store, parse_cid(cid))
         if kind == "regional":
             return await _verify_regional(store, cid)
@@ -207,6 +219,13 @@ def add_record_parsers(commands: Any) -> None:
         "verified); 2 if the CID is not a round record.",
     )
     verify.add_argument("cid", help="round record CID (bafyrei…)")
+    verify.add_argument(
+        "--commits",
+        metavar="FILE",
+        help="an agreed record of the CometBFT plane: first prove it final from this commit "
+        "bundle (`comet-export`): >2/3 of the genesis validators, bound to the members, signed "
+        "a header whose app hash commits it; exit 1 if that fails",
+    )
     verify.set_defaults(handler=async_handler(_verify_round))
 
     history = commands.add_parser(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from .binary import COMETBFT_VERSION, default_cometbft_path, find_cometbft_binary
 from .config import DEFAULT_TIMING, BlockTiming, GenesisValidator
+from .finality import Finality, FinalityBundle, export_finality, verify_finality
 from .rpc import BroadcastResult, CometRpc, QueryResult, comet_call
 from .validator import CometNetwork, Validator, live_validator_pids
 
@@ -20,11 +21,15 @@ __all__ = [
     "BroadcastResult",
     "CometNetwork",
     "CometRpc",
+    "Finality",
+    "FinalityBundle",
     "GenesisValidator",
     "QueryResult",
     "Validator",
     "comet_call",
     "default_cometbft_path",
+    "export_finality",
     "find_cometbft_binary",
     "live_validator_pids",
+    "verify_finality",
 ]

@@ -80,6 +80,7 @@ SUBCOMMANDS = [
     "watch",
     "round",
     "resync",
+    "comet-export",
 ]
 
 

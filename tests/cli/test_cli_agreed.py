@@ -21,6 +21,7 @@ from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
 from gradfed_ipfs.tensor.deterministic import deterministic_update
 from tests.cli.test_cli import run_cli
 from tests.conftest import KuboNode
+from tests.helpers import aclose_all
 
 D = 300
 ROUNDS = 3
@@ -90,12 +91,7 @@ async def agreed(kubo_swarm3: list[KuboNode]) -> AsyncIterator[Agreed]:
             pubsubs,
         )
     finally:
-        for session in sessions:
-            await session.aclose()
-        for pubsub in pubsubs:
-            await pubsub.aclose()
-        for store in stores:
-            await store.aclose()
+        await aclose_all(sessions, pubsubs, stores)
 
 
 async def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

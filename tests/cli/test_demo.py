@@ -17,7 +17,7 @@ import pytest
 
 from gradfed_ipfs.cli import main
 from gradfed_ipfs.cli.children import JsonLinesChild
-from gradfed_ipfs.cli.demo_peer import DemoTask
+from gradfed_ipfs.cli.demo.peer import DemoTask
 from tests.polling import poll_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +56,7 @@ def demo_children() -> list[int]:
             parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             continue
-        if parent == os.getpid() and b"gradfed_ipfs.cli.demo_peer" in cmdline:
+        if parent == os.getpid() and b"gradfed_ipfs.cli.demo.peer" in cmdline:
             found.append(int(entry.name))
     return found
 

@@ -21,17 +21,34 @@ import numpy as np
 import pytest
 
 from gradfed_ipfs.block import Block
-from gradfed_ipfs.cometbft import CometNetwork, CometRpc
+from gradfed_ipfs.cometbft import (
+    CometNetwork,
+    CometRpc,
+    FinalityBundle,
+    export_finality,
+    verify_finality,
+)
 from gradfed_ipfs.cometbft.abci import RoundView, contribution_tx, validator_binding
+from gradfed_ipfs.cometbft.abci.pb.cometbft.types.v1 import types_pb2, validator_pb2
+from gradfed_ipfs.errors import (
+    AppHashMismatch,
+    BadCommitSignature,
+    FinalityNotProven,
+    InsufficientVotingPower,
+    NotFinal,
+)
 from gradfed_ipfs.federated.agreed import (
     AgreedConfig,
     AgreedRoundResult,
     AgreedSession,
     rounds_genesis,
     verify_agreed_history,
+    verify_final_record,
 )
 from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import KuboBlockStore
+from tests.cli.test_cli import run_cli
+from tests.polling import apoll_until
 
 pytestmark = [pytest.mark.cometbft, pytest.mark.kubo, pytest.mark.slow]
 
@@ -213,3 +230,134 @@ async def test_with_two_validators_down_a_round_stalls_and_resumes(federation: F
     assert resumed.base == first.model
     views = [await _app_view(fed, i, 1) for i in range(4)]
     assert {(v.status, v.record) for v in views} == {("final", str(resumed.record))}
+
+
+def _with_header(bundle: FinalityBundle, signed: types_pb2.SignedHeader) -> FinalityBundle:
+    return replace(bundle, signed_header=signed.SerializeToString())
+
+
+def _signed(bundle: FinalityBundle) -> types_pb2.SignedHeader:
+    return types_pb2.SignedHeader.FromString(bundle.signed_header)
+
+
+def _with_proof(bundle: FinalityBundle, **fields: Any) -> FinalityBundle:
+    proof = dag_cbor.decode(bundle.proof)
+    assert isinstance(proof, dict)
+    return replace(bundle, proof=dag_cbor.encode({**proof, **fields}))
+
+
+async def test_a_third_party_verifies_a_final_record_from_the_commits(
+    federation: Federation, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fed = federation
+    first = _one_record(await _round(fed, 0, [0, 1, 2, 3]))
+    final = _one_record(await _round(fed, 1, [0, 1, 2, 3]))
+    # Any validator exports the bundle; the verifier needs only it and IPFS.
+    bundle = FinalityBundle.decode(
+        (await export_finality(CometRpc(fed.network[2].rpc_url), 1)).encode()
+    )
+    finality, records = await verify_final_record(fed.stores[1], final.record, bundle)
+    assert (finality.round, finality.record, finality.model) == (
+        1,
+        str(final.record),
+        str(final.model),
+    )
+    assert finality.members == tuple(sorted(fed.members))
+    assert 3 * finality.power[0] > 2 * finality.power[1] == 8
+    assert [rec.round for rec in records] == [0, 1]
+    # The proof is small: the state summary and a log-size Merkle path.
+    assert len(bundle.proof) < 600
+    # The bundle proves round 1's record, not round 0's.
+    with pytest.raises(NotFinal):
+        await verify_final_record(fed.stores[1], first.record, bundle)
+
+    signed = _signed(bundle)
+    voted = [i for i, sig in enumerate(signed.commit.signatures) if sig.signature]
+    assert len(voted) >= 3
+    # A tampered precommit signature.
+    forged = _signed(bundle)
+    sig = forged.commit.signatures[voted[0]]
+    sig.signature = bytes([sig.signature[0] ^ 1]) + sig.signature[1:]
+    with pytest.raises(BadCommitSignature):
+        verify_finality(_with_header(bundle, forged))
+    # A commit with 2 of 4 validators' precommits: not more than 2/3 of the power.
+    weak = _signed(bundle)
+    for i in voted[: len(voted) - 2]:
+        weak.commit.signatures[i].block_id_flag = validator_pb2.BLOCK_ID_FLAG_ABSENT
+    with pytest.raises(InsufficientVotingPower):
+        verify_finality(_with_header(bundle, weak))
+    # Another app hash in the header: the commit is not for that header any more.
+    moved = _signed(bundle)
+    moved.header.app_hash = bytes(32)
+    with pytest.raises(FinalityNotProven):
+        verify_finality(_with_header(bundle, moved))
+    # A state summary that is not the signed app hash.
+    proof = dag_cbor.decode(bundle.proof)
+    assert isinstance(proof, dict)
+    assert isinstance(proof["state"], bytes)
+    with pytest.raises(AppHashMismatch):
+        verify_finality(_with_proof(bundle, state=proof["state"][:-1] + b"\x00"))
+    # A record the chain did not finalize, claimed in the proof.
+    with pytest.raises(NotFinal):
+        verify_finality(_with_proof(bundle, record=str(first.record)))
+    # A round that is not final cannot be exported.
+    with pytest.raises(NotFinal):
+        await export_finality(CometRpc(fed.network[0].rpc_url), 2)
+    # The CLI: export from one validator, verify with nothing but the file and IPFS.
+    path = tmp_path / "round1.cbor"
+    api = ("--api", fed.stores[3].api_url)
+    rpc = fed.network[1].rpc_url
+    code, out, err = await asyncio.to_thread(
+        run_cli, capsys, "comet-export", "--rpc", rpc, "--round", "1", "-o", str(path)
+    )
+    assert code == 0, err
+    code, out, err = await asyncio.to_thread(
+        run_cli, capsys, *api, "verify-round", str(final.record), "--commits", str(path)
+    )
+    assert code == 0, err
+    assert "final: round 1" in out
+    bad = tmp_path / "bad.cbor"
+    bad.write_bytes(_with_header(bundle, forged).encode())
+    code, out, err = await asyncio.to_thread(
+        run_cli, capsys, *api, "verify-round", str(final.record), "--commits", str(bad)
+    )
+    assert code == 1
+    assert "BadCommitSignature" in err
+
+
+async def test_a_restarted_member_catches_up_by_block_sync_and_resyncs_from_the_chain(
+    federation: Federation,
+) -> None:
+    fed = federation
+    _one_record(await _round(fed, 0, [0, 1, 2, 3]))
+    # Member 3's machine goes down: its validator, its app and its peer.
+    fed.network[3].kill()
+    await fed.sessions[3].aclose()
+    for r in (1, 2):
+        last = _one_record(await _round(fed, r, [0, 1, 2]))
+    height = max(v.latest()[0] for v in fed.network.validators[:3])
+    # Back: the validator replays its own blocks, then block-syncs the rest from the others.
+    await asyncio.to_thread(fed.network[3].start)
+
+    async def caught_up() -> bool:
+        return (await CometRpc(fed.network[3].rpc_url).latest())[0] >= height
+
+    await apoll_until(caught_up, timeout=60, what="validator 3 to block-sync")
+    view = await _app_view(fed, 3, 2)
+    assert (view.status, view.record) == ("final", str(last.record))
+    # Its peer starts again from the genesis and resyncs from the chain's final record.
+    config = _config(fed.members)
+    again = AgreedSession(
+        fed.stores[3], fed.pubsubs[3], SESSION, fed.genesis, config,
+        validator_rpc=fed.network[3].rpc_url,
+    )  # fmt: skip
+    fed.sessions[3] = again
+    await again.start()
+    resync = await again.resync(timeout=60)
+    assert resync.changed
+    assert (resync.round, resync.head, resync.model) == (3, last.record, last.model)
+    assert again.model.tobytes() == fed.sessions[0].model.tobytes()
+    # And it takes part in the next round: one record on all four.
+    after = _one_record(await _round(fed, 3, [0, 1, 2, 3]))
+    assert len(after.roster.entries) >= 3
+    assert after.base == last.model

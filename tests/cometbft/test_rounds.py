@@ -293,3 +293,38 @@ async def test_init_chain_with_a_round_app_state_runs_the_round_machine() -> Non
     assert (decoded["f"], decoded["current"]) == (1, 0)
     bad = app.handle(abci.Request(query=abci.QueryRequest(path="/round", data=b"x"))).query
     assert bad.code == 2
+
+
+async def test_the_final_query_proves_each_final_round_in_the_app_hash() -> None:
+    import hashlib
+
+    from gradfed_ipfs.cometbft.abci import final_leaf, genesis_digest
+    from gradfed_ipfs.cometbft.merkle import root_from_aunts
+
+    chain = Chain()
+    base = M0
+    for r in range(3):
+        assert chain.machine.query("/final", str(r).encode()) == (None, "")  # not final yet
+        await _full_round(chain, r, base, at=10.0 * r)
+        results = [await _result(s, r, record=f"rec{r}", model=f"m{r}") for s in SIGNERS[:3]]
+        chain.block(results, at=10.0 * r + 1)
+        base = _cid(f"m{r}")
+    for r in range(3):
+        raw, _ = chain.machine.query("/final", str(r).encode())
+        assert raw is not None
+        proof = dag_cbor.decode(raw)
+        assert isinstance(proof, dict)
+        state = proof["state"]
+        assert isinstance(state, bytes)
+        assert hashlib.sha256(state).digest() == chain.machine.app_hash
+        summary = dag_cbor.decode(state)
+        assert isinstance(summary, dict)
+        assert summary["genesis"] == genesis_digest(chain.machine.genesis)
+        assert (proof["record"], proof["total"]) == (_cid(f"rec{r}"), 3)
+        leaf = final_leaf(r, _cid(f"rec{r}"), _cid(f"m{r}"))
+        aunts = proof["aunts"]
+        assert isinstance(aunts, list)
+        assert root_from_aunts(leaf, r, 3, aunts) == summary["finals"]  # type: ignore[arg-type]
+        forged = final_leaf(r, _cid("forged"), _cid(f"m{r}"))
+        assert root_from_aunts(forged, r, 3, aunts) != summary["finals"]  # type: ignore[arg-type]
+    assert chain.machine.query("/final", b"x")[1]  # a bad query names why

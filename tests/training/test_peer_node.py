@@ -39,14 +39,22 @@ def client(index: int) -> Client[np.ndarray]:
     return Client(train)
 
 
-def peer(node: Node, index: int, members: tuple[str, ...], session: str) -> Peer[np.ndarray]:
+def peer(
+    node: Node,
+    index: int,
+    members: tuple[str, ...],
+    session: str,
+    *,
+    config: FederationConfig[np.ndarray] = CONFIG,
+    timing: Mapping[str, float] = SIMULATION_TIMING,
+) -> Peer[np.ndarray]:
     return Peer(
         node=node,
         client=client(index),
         adapter=VectorAdapter(),
         initial_model=np.zeros(D, np.float32),
-        config=CONFIG,
-        agreed=AgreedConfig(members=members, **SIMULATION_TIMING),  # type: ignore[arg-type]
+        config=config,
+        agreed=AgreedConfig(members=members, **timing),  # type: ignore[arg-type]
         session=session,
     )
 
@@ -113,10 +121,7 @@ async def test_a_lingering_peer_is_still_there_for_a_member_that_comes_late() ->
     nodes = [Node.memory(m, bus=bus, store=store) for m in members]
 
     def member(i: int) -> Peer[np.ndarray]:
-        agreed = AgreedConfig(members=members, **timing)  # type: ignore[arg-type]
-        return Peer(node=nodes[i], client=client(i), adapter=VectorAdapter(),
-                    initial_model=np.zeros(D, np.float32), config=config, agreed=agreed,
-                    session="late")  # fmt: skip
+        return peer(nodes[i], i, members, "late", config=config, timing=timing)
 
     async with nodes[0], nodes[1], nodes[2]:
         early = [member(0), member(1)]
@@ -152,10 +157,7 @@ async def test_a_peer_resuming_past_a_forged_head_adopts_the_honest_one() -> Non
     nodes = [Node.memory(m, bus=bus, store=store) for m in members]
 
     def member(i: int) -> Peer[np.ndarray]:
-        agreed = AgreedConfig(members=members, **timing)  # type: ignore[arg-type]
-        return Peer(node=nodes[i], client=client(i), adapter=VectorAdapter(),
-                    initial_model=np.zeros(D, np.float32), config=config, agreed=agreed,
-                    session="forged")  # fmt: skip
+        return peer(nodes[i], i, members, "forged", config=config, timing=timing)
 
     async with nodes[0], nodes[1], nodes[2], nodes[3]:
         first = [member(0), member(1), member(2)]

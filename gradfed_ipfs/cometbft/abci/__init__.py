@@ -14,12 +14,16 @@ from .bindings import check_bindings
 from .handler import APP_VERSION, QUERY_PATHS, LedgerApp, StateMachine
 from .ledger import StatementLedger, TxCode, Verdict
 from .rounds import (
+    APP_HASH_VERSION,
     APP_STATE_TAG,
     ROUND_QUERY_PATHS,
     RosterLine,
     RoundMachine,
     RoundsGenesis,
     RoundView,
+    final_leaf,
+    genesis_digest,
+    state_summary,
 )
 from .server import MAX_FRAME_BYTES, AbciServer, encode_frame, read_frame
 from .txs import (
@@ -34,6 +38,7 @@ from .txs import (
 )
 
 __all__ = [
+    "APP_HASH_VERSION",
     "APP_STATE_TAG",
     "APP_VERSION",
     "ATTESTATION",
@@ -49,7 +54,10 @@ __all__ = [
     "attestation_tx",
     "check_bindings",
     "contribution_tx",
+    "final_leaf",
+    "genesis_digest",
     "result_tx",
+    "state_summary",
     "validator_binding",
     "MAX_FRAME_BYTES",
     "QUERY_PATHS",

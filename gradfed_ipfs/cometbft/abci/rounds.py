@@ -32,10 +32,15 @@ evidence, admitted joins) and hands CometBFT the validator updates of that chang
 Anything else (a bad signature, a non-member, another session, a decided or far-ahead round, a
 duplicate, a contribution after the close, a result before it, a second attestation of another
 CID) is refused with a :class:`~.ledger.TxCode` and changes nothing. The app hash is SHA-256 of
-the dag-cbor map ``{version, genesis: {…}, log, decided, current}``: ``log`` is a hash chain over
-every accepted statement's CID in order, ``decided`` one over every roster, member-set change
-(members, changes, validator updates), final result and evidence as decided, so it commits to
-the member set, each round's roster and its final record.
+the dag-cbor map ``{version: 2, genesis, log, decided, current, finals}`` (:func:`state_summary`):
+``genesis`` is SHA-256 of the genesis ``app_state`` as dag-cbor (the member set, bindings and
+timing), ``log`` a hash chain over every accepted statement's CID in order, ``decided`` one over
+every roster, member-set change (members, changes, validator updates), final result and
+evidence as decided, ``current`` the first round not final, and
+``finals`` the Merkle root (:mod:`~gradfed_ipfs.cometbft.merkle`, CometBFT's tree) over one leaf
+per final round, ``dag-cbor [round, record CID, model CID]`` (:func:`final_leaf`), round ``r`` at
+index ``r`` of ``current`` leaves. So a final record is shown to be in an app hash by the summary
+map (about 200 bytes) and ``⌈log2 current⌉`` aunts: the ``/final`` query's answer.
 """
 
 from __future__ import annotations
@@ -60,24 +65,34 @@ from ...formats.statement import (
     Statement,
     decode_statement,
 )
+from ..merkle import merkle_aunts, merkle_root
 from .ledger import TxCode, Verdict
 from .members import MEMBERSHIP_KINDS, ChainRules, MemberRequests, SetChange, decide, judge_request
 from .txs import Attestation, Contribution, Result, decode_body
 
 __all__ = [
+    "APP_HASH_VERSION",
     "APP_STATE_TAG",
     "ROUND_QUERY_PATHS",
     "RosterLine",
     "RoundMachine",
     "RoundsGenesis",
     "RoundView",
+    "final_leaf",
+    "genesis_digest",
+    "state_summary",
 ]
 
-ROUND_QUERY_PATHS: Final = ("/round", "/members")
+ROUND_QUERY_PATHS: Final = ("/round", "/members", "/final")
 """``abci_query`` paths of the round machine: ``/round`` with a decimal round number (a
-dag-cbor :meth:`RoundView.to_dict`), ``/members`` (dag-cbor: the genesis ``app_state`` with
-the current round's ``members``, and ``f``, ``current``, ``next``, ``joined``, ``pending``: see
-:meth:`RoundMachine.members_info`)."""
+dag-cbor :meth:`RoundView.to_dict`), ``/members`` (dag-cbor: the genesis ``app_state`` with the
+current round's ``members``, and ``f``, ``current``, ``next``, ``joined``, ``pending``: see
+:meth:`RoundMachine.members_info`), ``/final`` with a decimal round number (the proof that the
+round's record is final in the committed app hash: dag-cbor ``{round, record, model, index,
+total, aunts, state}``, ``state`` the encoded :func:`state_summary`; not found before it is
+final)."""
+APP_HASH_VERSION: Final = 2
+"""``version`` of the app-hash summary map (2: genesis hashed, final rounds' Merkle root)."""
 APP_STATE_TAG: Final = "gradfed/agreed-rounds"
 """``app_state.app`` of a genesis that runs the round machine."""
 _LOG_TAG: Final = b"gradfed/v1/cometbft/rounds/log\x00"
@@ -88,6 +103,24 @@ _POLICIES: Final = ("", "allow-list", "majority", "two-thirds")
 
 def _chain(tag: bytes, head: bytes, item: bytes) -> bytes:
     return hashlib.sha256(tag + head + item).digest()
+
+
+def final_leaf(r: int, record: str, model: str) -> bytes:
+    """Return the ``finals`` Merkle leaf of final round ``r``: dag-cbor ``[r, record, model]``."""
+    return dag_cbor.encode([r, record, model])
+
+
+def state_summary(genesis: bytes, log: bytes, decided: bytes, current: int, finals: bytes) -> bytes:
+    """Return the encoded map whose SHA-256 is the app hash (see the module docstring)."""
+    summary: dict[str, dag_cbor.IPLDKind] = {
+        "version": APP_HASH_VERSION,
+        "genesis": genesis,
+        "log": log,
+        "decided": decided,
+        "current": current,
+        "finals": finals,
+    }
+    return dag_cbor.encode(summary)
 
 
 @dataclass(frozen=True)
@@ -199,6 +232,11 @@ class RoundsGenesis:
             )  # fmt: skip
         except (AttributeError, KeyError, TypeError, ValueError, DecodeError) as exc:
             raise MalformedManifest(f"round chain app_state: {exc}") from exc
+
+
+def genesis_digest(genesis: RoundsGenesis) -> bytes:
+    """SHA-256 of the genesis ``app_state`` as dag-cbor: the app hash's ``genesis`` part."""
+    return hashlib.sha256(dag_cbor.encode(genesis.to_dict())).digest()
 
 
 @dataclass(frozen=True)
@@ -333,6 +371,8 @@ class _State:
     decided: dict[int, _Decided]  # roster, (record, model), evidence, member change
     log: bytes = b""
     decided_head: bytes = b""
+    finals: tuple[bytes, ...] = ()  # final_leaf of rounds 0 .. current - 1
+    finals_root: bytes = field(default_factory=lambda: merkle_root(()))
     members: tuple[str, ...] = ()  # the current round's, sorted
     keys: dict[str, bytes] = field(default_factory=dict)  # member -> its validator key
     joined: dict[str, int] = field(default_factory=dict)  # member -> its first round
@@ -344,9 +384,9 @@ class _State:
     def copy(self) -> _State:
         rounds = {r: state.copy() for r, state in self.rounds.items()}
         return _State(
-            self.current, rounds, dict(self.decided), self.log, self.decided_head, self.members,
-            dict(self.keys), dict(self.joined), dict(self.streaks), self.requests.copy(),
-            self.next, list(self.updates),
+            self.current, rounds, dict(self.decided), self.log, self.decided_head,
+            self.finals, self.finals_root, self.members, dict(self.keys), dict(self.joined),
+            dict(self.streaks), self.requests.copy(), self.next, list(self.updates),
         )  # fmt: skip
 
     def members_of(self, r: int) -> tuple[str, ...]:
@@ -405,6 +445,7 @@ class RoundMachine:
             0, {}, {}, members=genesis.members, keys=dict(validator_keys or {}),
             joined=dict.fromkeys(genesis.members, 0),
         )  # fmt: skip
+        self._genesis_digest = genesis_digest(genesis)
         self._pending: tuple[int, _State, bytes] | None = None
         self.height = 0
         """Height of the last committed block (0 before the first)."""
@@ -514,7 +555,25 @@ class RoundMachine:
             if not text.isdigit() or len(text) > 13:
                 return None, "/round data must be a decimal round number"
             return dag_cbor.encode(self.view(int(text)).to_dict()), ""
+        if path == "/final":
+            text = data.decode("ascii", "replace")
+            if not text.isdigit() or len(text) > 13:
+                return None, "/final data must be a decimal round number"
+            return self._final_proof(int(text)), ""
         return None, f"unknown query path {path!r} (known: {', '.join(ROUND_QUERY_PATHS)})"
+
+    def _final_proof(self, r: int) -> bytes | None:
+        """Return the ``/final`` answer for round ``r`` (``None`` while it is not final)."""
+        state = self._committed
+        decided = state.decided.get(r)
+        if decided is None:
+            return None
+        record, model = decided[1]  # (roster, (record, model), evidence, ...)
+        proof: dict[str, dag_cbor.IPLDKind] = {
+            "round": r, "record": record, "model": model, "index": r, "total": state.current,
+            "aunts": list(merkle_aunts(state.finals, r)), "state": self._summary(state),
+        }  # fmt: skip
+        return dag_cbor.encode(proof)
 
     # ------------------------------------------------------------------ transactions
 
@@ -626,6 +685,8 @@ class RoundMachine:
         work.decided[r] = (state.roster, final, tuple(sorted(state.equivocators)), change)
         item = _decided_item(r, "final", final[0], final[1])
         work.decided_head = _chain(_DECIDED_TAG, work.decided_head, item)
+        work.finals = (*work.finals, final_leaf(r, *final))
+        work.finals_root = merkle_root(work.finals)
         del work.rounds[r]
         work.current, work.next = r + 1, None
         if change is not None:
@@ -691,15 +752,13 @@ class RoundMachine:
         )  # fmt: skip
         work.decided_head = _chain(_DECIDED_TAG, work.decided_head, item)
 
+    def _summary(self, state: _State) -> bytes:
+        return state_summary(
+            self._genesis_digest, state.log, state.decided_head, state.current, state.finals_root
+        )
+
     def _hash(self, state: _State) -> bytes:
-        summary: dict[str, Any] = {
-            "version": 1,
-            "genesis": self.genesis.to_dict(),
-            "log": state.log,
-            "decided": state.decided_head,
-            "current": state.current,
-        }
-        return hashlib.sha256(dag_cbor.encode(summary)).digest()
+        return hashlib.sha256(self._summary(state)).digest()
 
 
 def _change_fields(

@@ -15,6 +15,7 @@ from __future__ import annotations
 from .comet_control import CometControl, rounds_genesis
 from .config import AgreedConfig, AgreedRoundResult, ResyncResult, UpdateRule
 from .control import PubsubControl, RoundControl
+from .finality import verify_final_record
 from .heads import count_votes, has_majority
 from .history import verify_agreed_history, verify_agreed_round
 from .membership import Admission
@@ -38,5 +39,6 @@ __all__ = [
     "count_votes",
     "has_majority",
     "verify_agreed_history",
+    "verify_final_record",
     "verify_agreed_round",
 ]

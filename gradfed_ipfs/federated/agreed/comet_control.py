@@ -26,6 +26,11 @@ A joiner's validator is a full node of the chain first, and a validator once adm
 
 The app answers from committed blocks only; the chain is polled every :data:`POLL_INTERVAL`
 seconds (about a third of the default block interval).
+
+A member that was down (its validator restarted: it replays its blocks into a fresh app, then
+catches up by block sync) resyncs from the chain: :meth:`CometControl.final_head` waits until
+its validator has caught up and returns the chain's last final round, which the session then
+verifies from IPFS before adopting it (:meth:`~.session.AgreedSession.resync`).
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import re
 import time
+from collections.abc import Iterable
 from typing import Any, Final, cast
 
 import dag_cbor
@@ -45,6 +52,7 @@ from ...cometbft.abci import (
     RosterLine,
     RoundsGenesis,
     RoundView,
+    TxCode,
     attestation_tx,
     contribution_tx,
     result_tx,
@@ -64,6 +72,7 @@ from ...formats.statement import Signer
 from ..exchange.fetcher import ContributionFetcher, is_transient
 from .config import AgreedConfig
 from .context import AdoptedRoster, RoundContext
+from .coordinator import Head, RoundBoard
 from .members import MemberTracker
 from .storage import FinishedRound
 
@@ -73,6 +82,8 @@ logger = logging.getLogger("gradfed_ipfs.federated.agreed")
 
 POLL_INTERVAL: Final = 0.1
 """Seconds between reads of the app's state of a round."""
+_LATE: Final = re.compile(rf"code=({TxCode.OTHER_ROUND:d}|{TxCode.CLOSED:d}),")
+"""CheckTx's refusal of a tx for a round already closed or final (its step is decided)."""
 _RETRY: Final = 0.25
 """Seconds between submissions of a transaction the validator could not take yet."""
 
@@ -111,6 +122,9 @@ class CometControl:
         The session's contribution fetcher (fetches and verifies by CID).
     members
         The session's member sets (the current one is what a changed set links to).
+    board
+        What the session heard on pubsub: contributions there are attested once they verify,
+        before the chain lists them (``None``: only the chain's are attested).
     """
 
     def __init__(
@@ -121,8 +135,10 @@ class CometControl:
         genesis: CID,
         fetcher: ContributionFetcher,
         members: MemberTracker | None = None,
+        *,
+        board: RoundBoard | None = None,
     ) -> None:
-        self.rpc, self._signer, self._fetcher = rpc, signer, fetcher
+        self.rpc, self._signer, self._fetcher, self._board = rpc, signer, fetcher, board
         self._session, self._genesis = session, genesis
         self._members = members
 
@@ -209,6 +225,46 @@ class CometControl:
         except (DecodeError, ValueError) as exc:  # dag_cbor's errors are ValueErrors
             raise CometRpcError(f"/round {r}: {exc}") from exc
 
+    async def final_head(self, timeout: float) -> Head | None:
+        """Return the chain's last final round as a head, once this validator has caught up.
+
+        ``None`` while no round is final. The validator is this member's own: it checked every
+        block it synced (the commits' signatures), so its app's answer is the chain's.
+
+        Raises
+        ------
+        CometRpcError
+            If the validator does not answer, or is still catching up, after ``timeout`` s.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                status = await self.rpc.status()
+                if not (status.get("sync_info") or {}).get("catching_up", True):
+                    return await self._last_final()
+                why = "catching up"
+            except CometRpcError as exc:
+                why = str(exc)
+            if time.monotonic() >= deadline:
+                raise CometRpcError(f"{self.rpc.rpc_url}: no caught-up answer ({why:.200})")
+            await asyncio.sleep(POLL_INTERVAL)  # catching up is not an event we can await
+
+    async def _last_final(self) -> Head | None:
+        answer = await self.rpc.abci_query("/members", b"")
+        try:
+            info = dag_cbor.decode(answer.value) if answer.code == 0 else None
+            current = int(info["current"]) if isinstance(info, dict) else -1  # type: ignore[arg-type]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CometRpcError(f"/members: {exc!r:.200}") from exc
+        if current < 0:
+            raise CometRpcError(f"/members: code {answer.code}: {answer.log:.200}")
+        if current == 0:
+            return None
+        view = await self.view(current - 1)
+        if view.status != "final" or view.record is None or view.model is None:
+            raise CometRpcError(f"round {current - 1} is not final in the app's own answer")
+        return Head(current - 1, parse_cid(view.model), parse_cid(view.record))
+
     async def take(self, ctx: RoundContext) -> AdoptedRoster:
         """Contribute, attest what verifies, and adopt the roster the chain decides.
 
@@ -231,7 +287,7 @@ class CometControl:
                 return await self._adopt(ctx, view, deadline)
             if view is not None and view.status == "open":
                 seen = len(view.contributions)
-                await self._attest(ctx, view, attested)
+                await self._attest(ctx, (*view.contributions, *self._heard(ctx)), attested)
             if time.monotonic() >= deadline:
                 raise QuorumNotReached(r, seen, ctx.config.quorum)
             await asyncio.sleep(POLL_INTERVAL)  # the app's state changes only with blocks
@@ -289,15 +345,36 @@ class CometControl:
                 text = str(exc)
                 if "already exists in cache" in text:  # submitted before: it is in the mempool
                     return
+                if _LATE.search(text):  # the chain decided that step without this tx: normal
+                    logger.debug("%s too late for the chain: %s", what, exc)
+                    return
                 if "code=" in text or time.monotonic() >= deadline:
                     logger.warning("%s refused by the validator: %s", what, exc)
                     return
                 logger.debug("%s: validator busy (%s); again", what, exc)
             await asyncio.sleep(_RETRY)  # a validator's readiness is not an event we can await
 
-    async def _attest(self, ctx: RoundContext, view: RoundView, attested: set[str]) -> None:
+    def _heard(self, ctx: RoundContext) -> list[RosterLine]:
+        """Return the round's contributions heard on pubsub from members, on its base.
+
+        Attesting one that the chain never lists is harmless (it holds nothing); one per
+        attester and peer is taken, so a peer that announces one CID and submits another gets
+        no attestation from this member for the second.
+        """
+        heard = None if self._board is None else self._board.rounds.get(ctx.number)
+        if heard is None:
+            return []
+        return [
+            RosterLine(peer, str(c.cid), c.weight)
+            for peer, c in list(heard.contributions.items())
+            if bytes(c.base) == bytes(ctx.base) and peer in ctx.config.members
+        ]
+
+    async def _attest(
+        self, ctx: RoundContext, lines: Iterable[RosterLine], attested: set[str]
+    ) -> None:
         """Fetch the round's contributions; attest each that verifies (once per peer)."""
-        for line in view.contributions:
+        for line in lines:
             if line.peer in attested:
                 continue
             if line.weight > ctx.config.max_weight or line.peer in ctx.excluded:

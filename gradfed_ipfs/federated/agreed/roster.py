@@ -134,6 +134,11 @@ class RosterPhase:
         self._rosters: dict[bytes, tuple[Roster, Block]] = {}
         self._member_sets: dict[bytes, tuple[MemberSet, CID]] = {}  # roster -> its checked set
 
+    @property
+    def board(self) -> RoundBoard:
+        """What this peer heard of each round (the contributions announced on pubsub)."""
+        return self._board
+
     def fetch(self, cid: CID, d: int) -> asyncio.Task[FloatArray]:
         """Fetch (once) and check the contribution ``cid`` of ``d`` values."""
         return self._fetcher.fetch(cid, d)

@@ -89,7 +89,7 @@ from .context import AdoptedRoster, Aggregated, OwnContribution, RoundContext, S
 from .control import PubsubControl, RoundControl
 from .coordinator import Head, RoundBoard, best_head, coordinator_ranking, model_holders
 from .heads import HeadChoice, HeadChooser
-from .history import ResultLoad, VerifiedHead, load_result
+from .history import ResultLoad, VerifiedHead, load_result, verify_head
 from .members import MemberTracker
 from .roster import RosterPhase
 from .slicing import RootFetcher, SliceStep, choose_slicing, slice_report, slices_topic
@@ -307,7 +307,15 @@ class AgreedSession:
             return PubsubControl(roster)
         signer = await self.pubsub.signer()
         rpc = CometRpc(self.validator_rpc)
-        return CometControl(rpc, signer, self.session, self.genesis, self._fetcher, self._members)
+        return CometControl(
+            rpc,
+            signer,
+            self.session,
+            self.genesis,
+            self._fetcher,
+            self._members,
+            board=roster.board,
+        )
 
     async def _open_slicing(self) -> SliceStep | None:
         """Decide the session's mode (:func:`~.slicing.choose_slicing`, logged); start its step.
@@ -807,6 +815,9 @@ class AgreedSession:
             cannot follow it).
         """
         await self._storage.settle()
+        control = self._parts.control
+        if isinstance(control, CometControl):
+            return await self._resync_from_chain(control, timeout)
         grace = 2 * self.config.announce_interval if grace is None else grace
         others = [p for p in self._members.members if p != self.peer_id]
         ends = time.monotonic() + timeout
@@ -832,6 +843,40 @@ class AgreedSession:
         return ResyncResult(
             True, self.round, self.model_cid, self.head, tuple(c for c, _ in verified.chain),
             refused=choice.refused, recomputed=verified.recomputed,
+        )  # fmt: skip
+
+    async def _resync_from_chain(self, control: CometControl, timeout: float) -> ResyncResult:
+        """Resync on the CometBFT plane: the chain's last final record, verified, then adopted.
+
+        The chain decides which record is final (no head votes); its chain of records is still
+        verified from IPFS (:func:`~.history.verify_head`: links, signatures, the last rounds
+        re-aggregated) before anything changes, so a result that more than 2/3 of the members
+        finalized but that does not re-verify raises ``RoundVerificationFailed`` and is not
+        adopted.
+        """
+        head = await control.final_head(timeout)
+        if (
+            head is None
+            or head.round < self.round
+            or (self.head is not None and bytes(head.record) == bytes(self.head))
+        ):
+            return ResyncResult(False, self.round, self.model_cid, self.head)
+        verified = await verify_head(
+            self.store, head.record, session=self.session, genesis=self.genesis,
+            history=self.history, deadline=timeout, keys=self.pubsub.keys,
+            result=ResultLoad(
+                self.model.size, self.config.fetch_timeout, self.config.rule,
+                known={bytes(self.model_cid): (self.model, self.rule_state)},
+                max_rebuild=self.config.model_every,
+            ),
+        )  # fmt: skip
+        await self._adopt(head, verified)
+        logger.info(
+            "%s resynced from the chain to round %d (%s)", self.peer_id, self.round, head.record
+        )
+        return ResyncResult(
+            True, self.round, self.model_cid, self.head, tuple(c for c, _ in verified.chain),
+            recomputed=verified.recomputed,
         )  # fmt: skip
 
     async def _new_heads(self, timeout: float) -> bool:

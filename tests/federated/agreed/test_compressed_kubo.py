@@ -12,6 +12,7 @@ from gradfed_ipfs.formats.roster import AgreedRecord
 from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import KuboBlockStore
 from gradfed_ipfs.tensor import Int8
+from tests.helpers import aclose_all
 
 D = 100_000  # 7 chunks of 64 KiB as dense; as int8 each chunk block is about a quarter
 SETTINGS = {
@@ -65,9 +66,4 @@ async def test_int8_all_to_all_rounds_over_kubo_agree_and_reverify(kubo_swarm3) 
         assert [rec.round for rec in records] == [0, 1]
         assert len({s.model.tobytes() for s in sessions}) == 1
     finally:
-        for session in sessions:
-            await session.aclose()
-        for pubsub in pubsubs:
-            await pubsub.aclose()
-        for store in stores:
-            await store.aclose()
+        await aclose_all(sessions, pubsubs, stores)

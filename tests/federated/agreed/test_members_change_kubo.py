@@ -19,6 +19,7 @@ from gradfed_ipfs.formats.membership import MemberSet
 from gradfed_ipfs.formats.roster import AgreedRecord
 from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import KuboBlockStore
+from tests.helpers import aclose_all
 from tests.polling import apoll_until
 
 D = 2_000
@@ -91,9 +92,4 @@ async def test_a_fourth_daemon_joins_three_members_and_every_record_agrees(
         )  # fmt: skip
         assert [r.round for r in verified] == [0, 1, 2]
     finally:
-        for session in sessions:
-            await session.aclose()
-        for pubsub in pubsubs:
-            await pubsub.aclose()
-        for store in stores:
-            await store.aclose()
+        await aclose_all(sessions, pubsubs, stores)

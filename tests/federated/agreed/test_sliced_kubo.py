@@ -13,6 +13,7 @@ from gradfed_ipfs.federated.sliced.peer import CountingStore
 from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import KuboBlockStore
 from tests.federated.sliced.hostile import HidingLiar
+from tests.helpers import aclose_all
 
 D = 196_608  # 13 chunks of 64 KiB
 CHUNK = 65_536
@@ -74,12 +75,7 @@ async def one_round(
             await session.aclose()
         return list(results), [c.downloaded for c in counting], genesis, stores[1]
     finally:
-        for session in sessions:
-            await session.aclose()
-        for pubsub in pubsubs:
-            await pubsub.aclose()
-        for store in stores[:1] + stores[2:]:
-            await store.aclose()
+        await aclose_all(sessions, pubsubs, stores[:1] + stores[2:])
 
 
 @pytest.mark.kubo

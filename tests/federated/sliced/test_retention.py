@@ -28,6 +28,7 @@ from tests.federated.agreed.test_sliced import (
     gradient,
     initial_model,
 )
+from tests.helpers import aclose_all
 
 ROUNDS = 5
 K = 2
@@ -189,12 +190,7 @@ async def test_sliced_rounds_with_gc_on_kubo_keep_the_repo_collectable(kubo_swar
         assert [rec.round for rec in chain] == [0, 1, 2]
         await verify_agreed_round(stores[1], head)  # the kept round re-aggregates (bitswap)
     finally:
-        for session in sessions:
-            await session.aclose()
-        for pubsub in pubsubs:
-            await pubsub.aclose()
-        for store in stores:
-            await store.aclose()
+        await aclose_all(sessions, pubsubs, stores)
 
 
 async def test_the_keeper_stores_records_read_from_announcements_instead_of_fetching_them() -> None:

@@ -18,14 +18,14 @@ import numpy as np
 from multiformats import CID
 from rich.table import Table
 
-from .._types import FloatArray
-from ..errors import GradfedError
-from ..federated.accumulate.accumulator import DistributedGradientAccumulator
-from ..federated.accumulate.config import AccumulatorConfig
-from ..kubo.daemon import KuboDaemon, KuboSwarm
-from ..storage.kubo import KuboBlockStore
-from ..tensor.aggregation import AggregationMethod
-from .common import console, err_console
+from ..._types import FloatArray
+from ...errors import GradfedError
+from ...federated.accumulate.accumulator import DistributedGradientAccumulator
+from ...federated.accumulate.config import AccumulatorConfig
+from ...kubo.daemon import KuboDaemon, KuboSwarm
+from ...storage.kubo import KuboBlockStore
+from ...tensor.aggregation import AggregationMethod
+from ..common import console, err_console
 
 __all__ = ["DemoPeer", "DemoResult", "cmd_best_effort_demo", "run_demo_round"]
 

@@ -1,8 +1,8 @@
 """The main job, ``gradfed-ipfs demo``: agreed training rounds between OS processes.
 
 This process starts one loopback Kubo daemon per peer (a :class:`~gradfed_ipfs.KuboSwarm`),
-then one peer process per daemon (:mod:`~gradfed_ipfs.cli.demo_peer`), each talking only to its
-own daemon's API. The peers train :class:`~gradfed_ipfs.cli.demo_peer.DemoTask` over agreed
+then one peer process per daemon (:mod:`~gradfed_ipfs.cli.demo.peer`), each talking only to its
+own daemon's API. The peers train :class:`~gradfed_ipfs.cli.demo.peer.DemoTask` over agreed
 rounds: contributions cross between daemons over bitswap, announcements over pubsub. Every
 process prints its final model CID; the demo succeeds only if they are all equal. Every child
 and daemon is stopped by its PID on the way out: at the end, on a failing child, at the
@@ -24,10 +24,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import GradfedError
-from ..kubo.daemon import KuboSwarm
-from .children import Event, JsonLinesChild, environment
-from .common import console, err_console
+from ...errors import GradfedError
+from ...kubo.daemon import KuboSwarm
+from ..children import Event, JsonLinesChild, environment
+from ..common import console, err_console
 
 __all__ = ["DemoPeerRun", "DemoRun", "cmd_demo", "run_demo"]
 
@@ -118,7 +118,7 @@ def run_demo(
         try:
             for i, daemon in enumerate(swarm):
                 argv = [
-                    sys.executable, "-m", "gradfed_ipfs.cli.demo_peer", "--api", daemon.api_url,
+                    sys.executable, "-m", "gradfed_ipfs.cli.demo.peer", "--api", daemon.api_url,
                     "--index", str(i), "--members", members, "--rounds", str(rounds),
                     "--seed", str(seed), "--deadline", str(deadline),
                 ]  # fmt: skip

@@ -1,6 +1,6 @@
 """One peer of ``gradfed-ipfs demo``: an OS process beside its own Kubo daemon.
 
-``python -m gradfed_ipfs.cli.demo_peer --api URL --index I --members ID,ID,... --rounds R``
+``python -m gradfed_ipfs.cli.demo.peer --api URL --index I --members ID,ID,... --rounds R``
 talks only to the daemon at ``URL`` (a :class:`~gradfed_ipfs.Node`), joins the agreed session
 with :meth:`~gradfed_ipfs.Node.session`, and runs ``R`` rounds of :class:`DemoTask`: it trains
 the agreed model on its own part of the data and contributes the update, weighted by its sample
@@ -24,9 +24,9 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import NDArray
 
-from .._types import FloatArray
-from ..federated.agreed.config import AgreedConfig
-from ..node import Node
+from ..._types import FloatArray
+from ...federated.agreed.config import AgreedConfig
+from ...node import Node
 
 __all__ = ["DEMO_TIMING", "DemoTask", "main", "run_peer"]
 
@@ -132,7 +132,7 @@ async def run_peer(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of one peer process; returns its exit status."""
-    parser = argparse.ArgumentParser(prog="python -m gradfed_ipfs.cli.demo_peer")
+    parser = argparse.ArgumentParser(prog="python -m gradfed_ipfs.cli.demo.peer")
     add = parser.add_argument
     add("--api", required=True, help="this peer's own Kubo daemon (RPC URL)")
     add("--index", type=int, required=True, help="this peer's part of the data")
