@@ -34,13 +34,17 @@ from ..errors import (
     RoundVerificationFailed,
 )
 from ..federated.agreed.history import (
+    MemberState,
     ModelState,
+    check_member_sets,
     load_chain,
     load_record,
     load_roster,
     load_round_inputs,
     verify_record,
 )
+from ..federated.agreed.membership import Admission
+from ..formats.membership import MemberSet
 from ..formats.roster import AgreedRecord, Roster, verify_roster_entries
 from ..storage.base import BlockStore
 from ..storage.dag import fetch_gradient
@@ -234,10 +238,47 @@ async def verify_agreed(store: KuboBlockStore, cid: CID) -> int:
     return 0 if check.ok else 1
 
 
-async def agreed_history(store: KuboBlockStore, head: CID, deadline: Deadline) -> int:
+@dataclass(frozen=True)
+class MemberPolicy:
+    """What ``history --federation`` checks member sets against: round 0's and the policy."""
+
+    members: tuple[str, ...]
+    admission: Admission
+
+
+async def member_changes(
+    store: KuboBlockStore, chain: list[tuple[CID, AgreedRecord]], policy: MemberPolicy
+) -> tuple[list[str], str]:
+    """Check every record's member set (oldest first); return the changes and a problem.
+
+    Each change is ``round R: +peer (join)`` or ``-peer (leave|evict)`` with the set's size
+    after it; the problem is ``""`` when every set is the one its round calls for.
+    """
+    first = chain[0][1]
+    start = MemberState.genesis(first.session, first.genesis, policy.members)
+    try:
+        await check_member_sets(store, chain, start, policy.admission)
+    except (RoundVerificationFailed, FederatedError) as exc:
+        return [], str(exc)
+    lines = []
+    for _, record in chain:
+        if record.members is None:
+            continue
+        members = MemberSet.from_block(await store.get(record.members))
+        signs = {"join": "+"}
+        changes = ", ".join(f"{signs.get(c.op, '-')}{c.peer} ({c.op})" for c in members.changes)
+        lines.append(f"round {record.round}: {changes}; {len(members.members)} members after")
+    return lines, ""
+
+
+async def agreed_history(
+    store: KuboBlockStore, head: CID, deadline: Deadline, policy: MemberPolicy | None = None
+) -> int:
     """``history`` of an agreed head: walk ``prev`` links, re-check every round, print rows.
 
     The walk and the re-check end by ``deadline`` (:class:`ChainDeadlineExceeded` past it).
+    With ``policy`` (``--federation``) every round's member set is checked too, and the
+    changes printed; without it a chain whose members change is reported as such.
     """
     record = await load_record(store, head)
     try:
@@ -268,9 +309,19 @@ async def agreed_history(store: KuboBlockStore, head: CID, deadline: Deadline) -
         await deadline.run(check_all(), what, lambda: len(checks), len(chain))
     title = f"history of session {record.session!r} (genesis {record.genesis}), newest first"
     console.print(_table(title, checks[::-1]))
-    return history_summary(
-        len(checks), sum(not c.ok for c in checks), sum(c.unverifiable for c in checks)
-    )
+    failed = sum(not c.ok for c in checks)
+    if policy is not None:
+        changes, problem = await member_changes(store, chain, policy)
+        for line in changes:
+            console.print(f"member set {line}", markup=False, highlight=False, soft_wrap=True)
+        if problem:
+            err_console.print(f"member sets: {problem}", markup=False, soft_wrap=True)
+            failed += 1
+        else:
+            console.print(f"member sets verified ({len(changes)} changes)")
+    elif any(r.members is not None for _, r in chain):
+        console.print("the chain changes its members: check them with --federation FILE")
+    return history_summary(len(checks), failed, sum(c.unverifiable for c in checks))
 
 
 def history_summary(rounds: int, failed: int, unverifiable: int) -> int:

@@ -13,12 +13,20 @@ from rich.table import Table
 from ..cid import parse_cid
 from ..errors import DecodeError, GradfedError, NotARoundRecord, RoundVerificationFailed
 from ..federated.regional import verify_regional_round
+from ..federation import load_federation
 from ..formats.announcement import AnnouncementFilter
 from ..kubo.pubsub import KuboPubsub, session_topic
 from ..provenance.round_record import RoundRecord, RoundVerification, verify_history, verify_round
 from ..storage.kubo import KuboBlockStore
 from ..verification import RecordKind, record_kind
-from .agreed import DEFAULT_DEADLINE, Deadline, agreed_history, history_summary, verify_agreed
+from .agreed import (
+    DEFAULT_DEADLINE,
+    Deadline,
+    MemberPolicy,
+    agreed_history,
+    history_summary,
+    verify_agreed,
+)
 from .common import UsageError, async_handler, console, err_console, positive_float
 from .samples import book_path, record_samples
 
@@ -129,7 +137,11 @@ async def _history(args: argparse.Namespace, api: str) -> int:
         kind = await require_record(cid, store)
         deadline = Deadline(args.deadline)
         if kind == "agreed":
-            return await agreed_history(store, parse_cid(cid), deadline)
+            policy = None
+            if args.federation is not None:
+                federation = load_federation(args.federation)
+                policy = MemberPolicy(federation.genesis_members, federation.admission)
+            return await agreed_history(store, parse_cid(cid), deadline, policy)
         if kind == "regional":  # a regional record links no previous round: its one round
             return await _verify_regional(store, cid)
         with err_console.status("verifying every round…"):
@@ -228,6 +240,12 @@ def add_record_parsers(commands: Any) -> None:
         metavar="SECONDS",
         help="longest time the chain's walk and re-check may take together "
         f"(default {DEFAULT_DEADLINE:g}; a long chain needs more)",
+    )
+    history.add_argument(
+        "--federation",
+        metavar="FILE",
+        help="an agreed session of this federation: also check every round's member set "
+        "against its genesis members and admission policy, and print the changes",
     )
     history.set_defaults(handler=async_handler(_history))
 

@@ -405,6 +405,30 @@ class AgreedSession:
                 approval = await self._request(APPROVE, body)
                 self._approving[join.author] = f"{APPROVE}:{approval.block.cid}"
 
+    async def approve(self, peer: str) -> bool:
+        """Approve ``peer``'s join heard on the topic (an operator's decision); return if signed.
+
+        For the approval policies (``"majority"``, ``"two-thirds"``): beyond the joins this
+        member approves by itself (authors on its ``admission.allow``). Nothing is signed when
+        no join of ``peer`` is held, it is a member already, this peer is not a member, or this
+        peer approved it already.
+        """
+        tracker, admission = self._members, self.config.admission
+        join = tracker.joins.get(peer)
+        if (
+            admission is None
+            or admission.policy == "allow-list"
+            or join is None
+            or peer in tracker.members
+            or self.peer_id not in tracker.members
+            or (self.peer_id, peer) in tracker.approvals
+        ):
+            return False
+        body = approve_body(self.session, self.genesis, peer, join.block.cid)
+        approval = await self._request(APPROVE, body)
+        self._approving[peer] = f"{APPROVE}:{approval.block.cid}"
+        return True
+
     async def join(
         self, model: GradientLike | None = None, *, timeout: float = 60.0
     ) -> ResyncResult:

@@ -1,0 +1,164 @@
+"""Members that change while ``gradfed-ipfs train`` runs, each member its own OS process.
+
+All through the CLI on 127.0.0.1: three genesis members train; a fourth node, allow-listed
+after the genesis was fixed, runs ``train`` while they do, is admitted and contributes; a
+member leaves by Ctrl+C (a signed leave, exit 0); a member whose process is killed is evicted
+after ``evict_after`` absent rounds; the survivors end on one model, and ``history
+--federation`` re-checks every round's member set (join, leave, eviction).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.cli.test_cli import no_env_api, own_home, run_cli
+from tests.cli.test_cli_federation import LOOPBACK, _swarm_address
+from tests.cli.test_cli_node import started
+from tests.federation.test_train_processes import CLI, TASK
+from tests.polling import poll_until
+
+__all__ = ["Trainer", "fast_timing", "no_env_api", "own_home"]  # fixtures used here
+
+ROUNDS = 24
+
+
+def fast_timing(path: Path, *, evict_after: int, collect: float = 3.0) -> None:
+    """Edit a federation file's timing as a user would (its comments say what each is)."""
+    text = path.read_text()
+    text = re.sub(r"collect_timeout = \S+", f"collect_timeout = {collect}", text)
+    text = re.sub(r"takeover_timeout = \S+", "takeover_timeout = 2.0", text)
+    text = re.sub(r"round_timeout = \S+", "round_timeout = 90.0", text)
+    text = re.sub(r"evict_after = \S+", f"evict_after = {evict_after}", text)
+    path.write_text(text)
+
+
+class Trainer:
+    """A ``train`` process whose output lines are collected as they come (reader threads)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.process = subprocess.Popen(
+            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self._readers = [
+            threading.Thread(target=self._read, args=(stream, lines), daemon=True)
+            for stream, lines in ((self.process.stdout, self.out), (self.process.stderr, self.err))
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    @staticmethod
+    def _read(stream: object, lines: list[str]) -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            lines.append(line)
+
+    def rounds(self) -> list[str]:
+        """The round lines printed so far."""
+        return [line for line in list(self.out) if line.startswith("round ")]
+
+    def finish(self, timeout: float = 300.0) -> tuple[int, str, str]:
+        """Wait for the process; return its exit code, stdout and stderr."""
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        for reader in self._readers:
+            reader.join(timeout=30)
+        return self.process.returncode, "".join(self.out), "".join(self.err)
+
+
+def trainer(node_dir: Path, federation: Path, *extra: str) -> Trainer:
+    env = {
+        **os.environ,
+        "GRADFED_TASK_ROUNDS": str(ROUNDS),
+        "GRADFED_TASK_SECONDS": "0.3",
+        "PYTHONPATH": os.getcwd(),
+    }
+    argv = [CLI, "--node-dir", str(node_dir), "train", "--federation", str(federation)]
+    return Trainer([*argv, str(TASK), "--linger", "20", *extra], env)
+
+
+def _with_members(trainer_: Trainer, count: int, since: int = 0) -> bool:
+    """Whether a round line after the first ``since`` shows ``count`` members."""
+    return any(f"({count} members)" in line for line in trainer_.rounds()[since:])
+
+
+@pytest.mark.kubo
+def test_a_member_joins_one_leaves_by_ctrl_c_and_a_killed_one_is_evicted(
+    no_env_api: None, kubo_binary: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lab = tmp_path / "lab.toml"
+    assert run_cli(capsys, "federation", "init", "lab", "--file", str(lab))[0] == 0
+    fast_timing(lab, evict_after=2)
+    dirs = [tmp_path / name for name in "abcd"]
+    peers = []
+    trainers: list[Trainer] = []
+    try:
+        for index, node_dir in enumerate(dirs):
+            argv = ["--node-dir", str(node_dir), "node", "start", "--federation", str(lab)]
+            code, out, err = run_cli(capsys, *argv, *LOOPBACK)
+            assert code == 0, err
+            api, peer = started(out)
+            peers.append(peer)
+            if index == 0:
+                bootstrap = _swarm_address(api)
+                assert run_cli(capsys, "federation", "add-bootstrap", str(lab), bootstrap)[0] == 0
+        assert run_cli(capsys, "federation", "allow", str(lab), *peers[:3])[0] == 0
+        shown = trainer(dirs[0], lab, "--show-genesis")
+        code, genesis, err = shown.finish()
+        assert code == 0, err
+        # `genesis` fixes the members (a, b, c); d, allowed after it, joins the running session.
+        assert run_cli(capsys, "federation", "genesis", str(lab), genesis.strip())[0] == 0
+        assert run_cli(capsys, "federation", "allow", str(lab), peers[3])[0] == 0
+
+        a, b, c = (trainer(node_dir, lab) for node_dir in dirs[:3])
+        trainers += [a, b, c]
+        poll_until(lambda: len(a.rounds()) >= 2, timeout=180, what="two rounds of a, b, c")
+        assert all("(3 members)" in line for line in a.rounds()[:2]), a.out
+        d = trainer(dirs[3], lab)
+        trainers.append(d)
+        poll_until(lambda: _with_members(d, 4), timeout=240, what="d admitted and contributing")
+        assert "asks to join" in d.out[0]
+
+        c.process.send_signal(signal.SIGINT)  # Ctrl+C: a signed leave, then exit 0
+        code, out, err = c.finish(timeout=120)
+        assert code == 0, err[-3000:]
+        assert "left the session" in out, out
+        assert "leaving after this round" in err
+        since = len(a.rounds())
+        poll_until(lambda: _with_members(a, 3, since), timeout=120, what="rounds without c")
+
+        b.process.kill()  # dies without leaving: evicted after 2 rounds it is absent from
+        b.finish()
+        poll_until(lambda: _with_members(a, 2), timeout=180, what="b evicted")
+
+        finished = [member.finish() for member in (a, d)]
+        models = set()
+        for code, out, err in finished:
+            assert code == 0, err[-3000:]
+            models.add(re.findall(r"done: \d+ rounds, model (\S+)", out)[0])
+        assert len(models) == 1, finished  # the survivors agree
+        head = re.findall(r"record (\S+)\)", a.rounds()[-1])[0]
+
+        argv = ["--node-dir", str(dirs[0]), "history", head, "--federation", str(lab)]
+        code, out, err = run_cli(capsys, *argv)
+        assert f"+{peers[3]} (join)" in out, out
+        assert f"-{peers[2]} (leave)" in out, out
+        assert f"-{peers[1]} (evict)" in out, out
+        assert "member sets verified (3 changes)" in out, out
+    finally:
+        for member in trainers:
+            if member.process.poll() is None:
+                member.process.kill()
+            member.finish(timeout=30)
+        for node_dir in reversed(dirs):
+            run_cli(capsys, "--node-dir", str(node_dir), "node", "stop")
