@@ -26,7 +26,7 @@ from tests.polling import poll_until
 
 __all__ = ["Trainer", "fast_timing", "no_env_api", "own_home"]  # fixtures used here
 
-ROUNDS = 24
+ROUNDS = 40
 
 
 def fast_timing(path: Path, *, evict_after: int, collect: float = 3.0) -> None:
@@ -73,6 +73,9 @@ class Trainer:
             self.process.wait()
         for reader in self._readers:
             reader.join(timeout=30)
+        for stream in (self.process.stdout, self.process.stderr):
+            if stream is not None:
+                stream.close()
         return self.process.returncode, "".join(self.out), "".join(self.err)
 
 
@@ -80,7 +83,7 @@ def trainer(node_dir: Path, federation: Path, *extra: str) -> Trainer:
     env = {
         **os.environ,
         "GRADFED_TASK_ROUNDS": str(ROUNDS),
-        "GRADFED_TASK_SECONDS": "0.3",
+        "GRADFED_TASK_SECONDS": "0.5",
         "PYTHONPATH": os.getcwd(),
     }
     argv = [CLI, "--node-dir", str(node_dir), "train", "--federation", str(federation)]
