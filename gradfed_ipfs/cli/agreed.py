@@ -33,6 +33,7 @@ from ..errors import (
     GradientError,
     RoundVerificationFailed,
 )
+from ..federated.agreed.config import UpdateRule
 from ..federated.agreed.history import (
     MemberState,
     ModelState,
@@ -41,6 +42,7 @@ from ..federated.agreed.history import (
     load_record,
     load_roster,
     load_round_inputs,
+    verify_agreed_history,
     verify_record,
 )
 from ..federated.agreed.membership import Admission
@@ -240,10 +242,14 @@ async def verify_agreed(store: KuboBlockStore, cid: CID) -> int:
 
 @dataclass(frozen=True)
 class MemberPolicy:
-    """What ``history --federation`` checks member sets against: round 0's and the policy."""
+    """What ``history --federation`` checks against: round 0's members, the policy, the rule.
+
+    With ``rule`` (``--task``: a training session's rule) every round is recomputed with it.
+    """
 
     members: tuple[str, ...]
     admission: Admission
+    rule: UpdateRule | None = None
 
 
 async def member_changes(
@@ -307,21 +313,58 @@ async def agreed_history(
     with err_console.status("verifying every round…"):
         what = f"the re-check of the chain from {head}"
         await deadline.run(check_all(), what, lambda: len(checks), len(chain))
+    changes: list[str] = []
+    problem = ""
+    if policy is not None:
+        changes, problem = await member_changes(store, chain, policy)
+        if not problem and policy.rule is not None:
+            problem = await recompute(store, record, head, policy, deadline)
+            checks = checks if problem else [_recomputed(c) for c in checks]
     title = f"history of session {record.session!r} (genesis {record.genesis}), newest first"
     console.print(_table(title, checks[::-1]))
     failed = sum(not c.ok for c in checks)
     if policy is not None:
-        changes, problem = await member_changes(store, chain, policy)
-        for line in changes:
-            console.print(f"member set {line}", markup=False, highlight=False, soft_wrap=True)
-        if problem:
-            err_console.print(f"member sets: {problem}", markup=False, soft_wrap=True)
-            failed += 1
-        else:
-            console.print(f"member sets verified ({len(changes)} changes)")
+        failed += _print_members(changes, problem)
     elif any(r.members is not None for _, r in chain):
         console.print("the chain changes its members: check them with --federation FILE")
     return history_summary(len(checks), failed, sum(c.unverifiable for c in checks))
+
+
+async def recompute(
+    store: KuboBlockStore, record: AgreedRecord, head: CID, policy: MemberPolicy, deadline: Deadline
+) -> str:
+    """Recompute every round with ``policy.rule`` (and its member sets); return the problem."""
+    work = verify_agreed_history(
+        store, head, session=record.session, genesis=record.genesis, rule=policy.rule,
+        admission=policy.admission, members=policy.members,
+    )  # fmt: skip
+    try:
+        with err_console.status("recomputing every round with the task's rule…"):
+            await deadline.run(work, f"the recompute of the chain from {head}")
+    except ChainDeadlineExceeded:
+        raise
+    except (FederatedError, BlockStoreError, DecodeError) as exc:
+        return str(exc)
+    return ""
+
+
+def _recomputed(check: AgreedCheck) -> AgreedCheck:
+    """Mark a round the task's rule recomputed as verified (it was unverifiable without it)."""
+    if not check.unverifiable:
+        return check
+    status = "verified (recomputed with the task's rule)"
+    return replace(check, status=status, ok=True, unverifiable=False)
+
+
+def _print_members(changes: list[str], problem: str) -> int:
+    """Print the member-set changes and the outcome; return 1 if something failed."""
+    for line in changes:
+        console.print(f"member set {line}", markup=False, highlight=False, soft_wrap=True)
+    if problem:
+        err_console.print(f"member sets or rounds: {problem}", markup=False, soft_wrap=True)
+        return 1
+    console.print(f"member sets verified ({len(changes)} changes)")
+    return 0
 
 
 def history_summary(rounds: int, failed: int, unverifiable: int) -> int:

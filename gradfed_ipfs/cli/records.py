@@ -13,7 +13,7 @@ from rich.table import Table
 from ..cid import parse_cid
 from ..errors import DecodeError, GradfedError, NotARoundRecord, RoundVerificationFailed
 from ..federated.regional import verify_regional_round
-from ..federation import load_federation
+from ..federation import load_federation, task_rule
 from ..formats.announcement import AnnouncementFilter
 from ..kubo.pubsub import KuboPubsub, session_topic
 from ..provenance.round_record import RoundRecord, RoundVerification, verify_history, verify_round
@@ -140,7 +140,10 @@ async def _history(args: argparse.Namespace, api: str) -> int:
             policy = None
             if args.federation is not None:
                 federation = load_federation(args.federation)
-                policy = MemberPolicy(federation.genesis_members, federation.admission)
+                rule = None if args.task is None else task_rule(federation, args.task)
+                policy = MemberPolicy(federation.genesis_members, federation.admission, rule)
+            elif args.task is not None:
+                raise UsageError("--task needs --federation FILE (the session's settings)")
             return await agreed_history(store, parse_cid(cid), deadline, policy)
         if kind == "regional":  # a regional record links no previous round: its one round
             return await _verify_regional(store, cid)
@@ -246,6 +249,12 @@ def add_record_parsers(commands: Any) -> None:
         metavar="FILE",
         help="an agreed session of this federation: also check every round's member set "
         "against its genesis members and admission policy, and print the changes",
+    )
+    history.add_argument(
+        "--task",
+        metavar="TASK",
+        help="with --federation: the members' task file; its training rule recomputes every "
+        "round's model (a training session's rounds are unverifiable without it)",
     )
     history.set_defaults(handler=async_handler(_history))
 

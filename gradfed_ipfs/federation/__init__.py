@@ -25,6 +25,7 @@ from .run import (
     member_of,
     member_peer,
     members_of,
+    task_rule,
     train,
 )
 from .task import Member, Task, load_task
@@ -50,5 +51,6 @@ __all__ = [
     "private_network_config",
     "save_federation",
     "swarm_key_text",
+    "task_rule",
     "train",
 ]

@@ -13,7 +13,16 @@ from ..errors import ConfigError, FederationFileError
 from ..federated.agreed import AgreedConfig
 from ..federated.exchange import encode_gradient
 from ..node import Node
-from ..training import History, Peer
+from ..training import (
+    FedAvg,
+    History,
+    Peer,
+    SecAgg,
+    TrainingRule,
+    VectorLayout,
+    training_rule,
+)
+from ..training.metrics import MAX_SAMPLES
 from .file import Federation, load_federation
 from .task import Member, Task, load_task
 
@@ -25,6 +34,7 @@ __all__ = [
     "member_of",
     "member_peer",
     "members_of",
+    "task_rule",
     "train",
 ]
 
@@ -112,6 +122,31 @@ def allowed_in(path: str | Path) -> Callable[[], tuple[str, ...]]:
         return last[0]
 
     return read
+
+
+def task_rule(federation: Federation, task_path: str | Path) -> TrainingRule:
+    """Return the training rule the federation's members apply, rebuilt from the task file.
+
+    For a verifier (``history --federation F --task T``): the rule is the task's strategy,
+    sampling and client config, so the same task file recomputes every round's model.
+
+    Raises
+    ------
+    ConfigError
+        If the task file is bad, or its strategy is SecAgg (a secure sum cannot be recomputed).
+    """
+    members = members_of(federation, "", require=False)
+    task = load_task(task_path, member_of(federation, members[0]))
+    strategy = task.strategy if task.strategy is not None else FedAvg()
+    if isinstance(strategy, SecAgg):
+        raise ConfigError("a SecAgg session's rounds cannot be recomputed from the task file")
+    size = np.asarray(task.adapter.to_vector(task.initial_model)).size
+    agreed = agreed_config(federation, members)
+    layout = VectorLayout(
+        size, task.config.fit_metrics, task.config.eval_metrics,
+        max_samples=min(agreed.max_weight, MAX_SAMPLES),
+    )  # fmt: skip
+    return training_rule(strategy, layout, members, task.config)
 
 
 async def genesis_of(peer: Peer[object]) -> CID:

@@ -57,6 +57,7 @@ __all__ = [
     "Peer",
     "TrainFn",
     "VectorAdapter",
+    "training_rule",
 ]
 
 logger = logging.getLogger("gradfed_ipfs.training")
@@ -346,22 +347,7 @@ class Peer(Generic[M]):
             max_samples=min(agreed.max_weight, MAX_SAMPLES),
         )  # fmt: skip
         self._genesis_vector = self.layout.genesis(initial)
-        user_config = config.on_fit_config
-        strategy_ = self.strategy
-
-        def round_config(server_round: int) -> dict[str, ConfigValue]:
-            extra = {} if user_config is None else dict(user_config(server_round))
-            return {**strategy_.fit_config(server_round), **extra}
-
-        self.rule = (SecureTrainingRule if secure else TrainingRule)(
-            self.strategy,
-            self.layout,
-            agreed.members,
-            fraction=config.fraction,
-            min_fit=config.min_fit,
-            fit_rounds=config.rounds,
-            config=round_config,
-        )
+        self.rule = training_rule(self.strategy, self.layout, agreed.members, config)
         min_peers = config.min_available if config.min_available is not None else agreed.min_peers
         if secure and agreed.compression is not None:
             raise ConfigError("SecAgg sums masked vectors: they cannot be compressed")
@@ -715,6 +701,28 @@ class Peer(Generic[M]):
         if self.privacy is not None:  # PrivacyBudgetExhausted: this round is a failure
             self.privacy.mechanism.apply_dp_sgd(update, self.privacy.clip_norm)
         return update, samples, dict(metrics)
+
+
+def training_rule(
+    strategy: Strategy, layout: VectorLayout, members: Sequence[str], config: FederationConfig[Any]
+) -> TrainingRule:
+    """Return the agreed update rule of a training session (every peer's, and a verifier's).
+
+    ``members`` are round 0's; the strategy's fit config and ``config.on_fit_config`` make each
+    round's client config. Under :class:`~gradfed_ipfs.training.secure.SecAgg` the rule is a
+    :class:`~gradfed_ipfs.training.secure.SecureTrainingRule`.
+    """
+    user_config = config.on_fit_config
+
+    def round_config(server_round: int) -> dict[str, ConfigValue]:
+        extra = {} if user_config is None else dict(user_config(server_round))
+        return {**strategy.fit_config(server_round), **extra}
+
+    kind = SecureTrainingRule if isinstance(strategy, SecAgg) else TrainingRule
+    return kind(
+        strategy, layout, members, fraction=config.fraction, min_fit=config.min_fit,
+        fit_rounds=config.rounds, config=round_config,
+    )  # fmt: skip
 
 
 def _checked(n: object) -> int:

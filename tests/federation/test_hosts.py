@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.federation.test_train_members import Trainer, fast_timing
+from tests.federation.test_train_members import Gate, Trainer, fast_timing
 from tests.federation.test_train_processes import TASK
 from tests.polling import poll_until
 from tests.required import skip_area
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CLI = str(Path(sys.executable).with_name("gradfed-ipfs"))
 TOOLS = ("ip", "tc", "iptables", "iptables-restore", "gcc", "curl", "jq", "chrt", "numfmt")
 PREFIX = "gfed"
-CHANGING_ROUNDS = 24
+CHANGING_ROUNDS = 20
 
 
 def _needs() -> None:
@@ -60,16 +60,18 @@ def hosts(tmp_path_factory: pytest.TempPathFactory, kubo_binary: Path) -> Iterat
         subprocess.run([str(script / "teardown.sh")], env=env, check=False, timeout=120)
 
 
-def _env() -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "GRADFED_TASK_ROUNDS": "10"}
+def _env(rounds: int = 10) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GRADFED_TASK_ROUNDS": str(rounds)}
     env.pop("GRADFED_IPFS_API", None)
     return env
 
 
-def _on(host: str, *argv: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+def _on(
+    host: str, *argv: str, timeout: float = 120.0, rounds: int = 10
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["ip", "netns", "exec", host, CLI, *argv],
-        env=_env(),
+        env=_env(rounds),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -77,9 +79,9 @@ def _on(host: str, *argv: str, timeout: float = 120.0) -> subprocess.CompletedPr
     )
 
 
-def _member(host: str, node_dir: Path, federation: Path) -> Trainer:
-    """A ``train`` process on ``host`` with paced rounds, its output collected as it comes."""
-    env = {**_env(), "GRADFED_TASK_ROUNDS": str(CHANGING_ROUNDS), "GRADFED_TASK_SECONDS": "1"}
+def _member(host: str, node_dir: Path, federation: Path, gate: Gate) -> Trainer:
+    """A ``train`` process on ``host`` paced by ``gate``, its output collected as it comes."""
+    env = {**_env(CHANGING_ROUNDS), "GRADFED_TASK_GATE": str(gate.path)}
     argv = ["--node-dir", str(node_dir), "train", "--federation", str(federation), str(TASK)]
     return Trainer(["ip", "netns", "exec", host, CLI, *argv, "--linger", "20"], env)
 
@@ -156,9 +158,10 @@ def test_members_join_leave_and_are_evicted_across_hosts(hosts: list[str], tmp_p
     """A-D are the genesis members (policy: majority). E, on the file's allow-list, is
     approved by every member as soon as its join is heard (started after round 3); F is
     approved by three of the five members (each runs `federation allow` on its own copy of
-    the file while it trains); D leaves by Ctrl+C from round 7 on; C's process is killed and
-    C evicted after 2 absent rounds. The survivors end on one model and `history
-    --federation` re-checks every round's member set."""
+    the file while it trains); D leaves by Ctrl+C at round 7 or later; C's process is killed
+    and C evicted after 2 absent rounds. A gate file paces the rounds (the example task's
+    ``GRADFED_TASK_GATE``). The survivors end on one model and `history --federation --task`
+    re-checks every round's member set and recomputes every round."""
     lab = tmp_path / "lab.toml"
     init = _on(hosts[0], "federation", "init", "lab", "--file", str(lab), "--policy", "majority")
     assert init.returncode == 0, init.stderr
@@ -187,29 +190,37 @@ def test_members_join_leave_and_are_evicted_across_hosts(hosts: list[str], tmp_p
             shutil.copy(lab, copy)
             copies.append(copy)
 
-        a, b, c, d = (_member(hosts[i], dirs[i], copies[i]) for i in range(4))
+        gate = Gate(tmp_path / "gate")
+        gate.open(3)
+        a, b, c, d = (_member(hosts[i], dirs[i], copies[i], gate) for i in range(4))
         trainers += [a, b, c, d]
-        poll_until(lambda: len(a.rounds()) >= 3, timeout=300, what="three rounds of A-D")
-        e = _member(hosts[4], dirs[4], copies[4])  # joins at round 4 (the allow-list)
+        poll_until(lambda: a.last_round() >= 3, timeout=300, what="three rounds of A-D")
+        e = _member(hosts[4], dirs[4], copies[4], gate)  # joins at round 4 (the allow-list)
         trainers.append(e)
-        poll_until(lambda: _members_in(e, 5), timeout=300, what="E admitted and contributing")
-        f = _member(hosts[5], dirs[5], copies[5])  # asks; nobody approves it yet
+        poll_until(lambda: bool(e.out), timeout=120, what="E asking to join")
+        gate.advance_until(a, lambda: _members_in(e, 5), "E admitted and contributing")
+        f = _member(hosts[5], dirs[5], copies[5], gate)  # asks; nobody approves it yet
         trainers.append(f)
         poll_until(lambda: bool(f.out), timeout=120, what="F asking to join")
+        gate.advance_until(a, lambda: a.last_round() >= gate.value + 1, "F's join heard", 1)
+        assert not _members_in(a, 6)  # nobody approved F yet
         for copy in copies[:3]:  # three of the five members approve F (more than half)
             assert _on(hosts[0], "federation", "allow", str(copy), peers[5]).returncode == 0
-        poll_until(lambda: _members_in(f, 6), timeout=300, what="F admitted and contributing")
+        gate.advance_until(a, lambda: _members_in(f, 6), "F admitted and contributing")
 
-        poll_until(lambda: _round_of(a.rounds()[-1]) >= 7, timeout=300, what="round 7")
+        gate.advance_until(a, lambda: a.last_round() >= 7, "round 7")
         d.process.send_signal(signal.SIGINT)  # D leaves
+        poll_until(lambda: "leaving after" in "".join(d.err), timeout=60, what="D leaving")
+        gate.advance_until(a, lambda: d.process.poll() is not None, "D gone")
         code, out, err = d.finish(timeout=180)
         assert code == 0, err[-3000:]
         assert "left the session" in out
         since = len(a.rounds())
-        poll_until(lambda: _members_in(a, 5, since), timeout=300, what="rounds without D")
+        gate.advance_until(a, lambda: _members_in(a, 5, since), "rounds without D")
         c.process.kill()  # C dies without leaving
         c.finish()
-        poll_until(lambda: _members_in(a, 4, since), timeout=300, what="C evicted")
+        gate.advance_until(a, lambda: _members_in(a, 4, since), "C evicted")
+        gate.open(CHANGING_ROUNDS)
 
         survivors = [member.finish(timeout=400) for member in (a, b, e, f)]
         models = set()
@@ -219,8 +230,11 @@ def test_members_join_leave_and_are_evicted_across_hosts(hosts: list[str], tmp_p
         assert len(models) == 1, survivors
         head = re.findall(r"record (\S+)\)", a.rounds()[-1])[0]
         history = _on(hosts[0], "--node-dir", str(dirs[0]), "history", head,
-                      "--federation", str(copies[0]), timeout=300)  # fmt: skip
+                      "--federation", str(copies[0]), "--task", str(TASK), "--deadline", "300",
+                      timeout=400, rounds=CHANGING_ROUNDS)  # fmt: skip
         text = history.stdout
+        assert history.returncode == 0, text + history.stderr
+        assert "rounds verified" in text
         for change in (f"+{peers[4]} (join)", f"+{peers[5]} (join)",
                        f"-{peers[3]} (leave)", f"-{peers[2]} (evict)"):  # fmt: skip
             assert change in text, text

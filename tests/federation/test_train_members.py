@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,11 @@ class Trainer:
         """The round lines printed so far."""
         return [line for line in list(self.out) if line.startswith("round ")]
 
+    def last_round(self) -> int:
+        """The server round of the last round line printed (0: none yet)."""
+        lines = self.rounds()
+        return int(lines[-1].split()[1].rstrip(":")) if lines else 0
+
     def finish(self, timeout: float = 300.0) -> tuple[int, str, str]:
         """Wait for the process; return its exit code, stdout and stderr."""
         try:
@@ -79,13 +85,48 @@ class Trainer:
         return self.process.returncode, "".join(self.out), "".join(self.err)
 
 
-def trainer(node_dir: Path, federation: Path, *extra: str) -> Trainer:
+class Gate:
+    """The server rounds the members may train (``GRADFED_TASK_GATE`` of the example task).
+
+    The test opens the gate one round at a time, so joins, leaves and evictions happen at the
+    rounds it chooses, however slowly a loaded machine starts the processes.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.value = path, 0
+        self.open(0)
+
+    def open(self, value: int) -> None:
+        """Let server rounds up to ``value`` train."""
+        temporary = self.path.with_suffix(".new")
+        temporary.write_text(str(value))
+        os.replace(temporary, self.path)
+        self.value = value
+
+    def advance_until(
+        self, leader: Trainer, condition: Callable[[], bool], what: str, most: int = 8
+    ) -> None:
+        """Open one round at a time (each awaited on ``leader``) until ``condition`` holds."""
+        for _ in range(most):
+            if condition():
+                return
+            self.open(self.value + 1)
+            poll_until(
+                lambda: leader.last_round() >= self.value or condition(),
+                timeout=240,
+                what=f"round {self.value} on the way to {what}",
+            )
+        poll_until(condition, timeout=5, what=f"{what} within {most} rounds")
+
+
+def trainer(node_dir: Path, federation: Path, *extra: str, gate: Gate | None = None) -> Trainer:
     env = {
         **os.environ,
         "GRADFED_TASK_ROUNDS": str(ROUNDS),
-        "GRADFED_TASK_SECONDS": "0.5",
         "PYTHONPATH": os.getcwd(),
     }
+    if gate is not None:
+        env["GRADFED_TASK_GATE"] = str(gate.path)
     argv = [CLI, "--node-dir", str(node_dir), "train", "--federation", str(federation)]
     return Trainer([*argv, str(TASK), "--linger", "20", *extra], env)
 
@@ -97,7 +138,11 @@ def _with_members(trainer_: Trainer, count: int, since: int = 0) -> bool:
 
 @pytest.mark.kubo
 def test_a_member_joins_one_leaves_by_ctrl_c_and_a_killed_one_is_evicted(
-    no_env_api: None, kubo_binary: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    no_env_api: None,
+    kubo_binary: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     lab = tmp_path / "lab.toml"
     assert run_cli(capsys, "federation", "init", "lab", "--file", str(lab))[0] == 0
@@ -123,26 +168,31 @@ def test_a_member_joins_one_leaves_by_ctrl_c_and_a_killed_one_is_evicted(
         assert run_cli(capsys, "federation", "genesis", str(lab), genesis.strip())[0] == 0
         assert run_cli(capsys, "federation", "allow", str(lab), peers[3])[0] == 0
 
-        a, b, c = (trainer(node_dir, lab) for node_dir in dirs[:3])
+        gate = Gate(tmp_path / "gate")
+        gate.open(2)
+        a, b, c = (trainer(node_dir, lab, gate=gate) for node_dir in dirs[:3])
         trainers += [a, b, c]
-        poll_until(lambda: len(a.rounds()) >= 2, timeout=180, what="two rounds of a, b, c")
-        assert all("(3 members)" in line for line in a.rounds()[:2]), a.out
-        d = trainer(dirs[3], lab)
+        poll_until(lambda: a.last_round() >= 2, timeout=240, what="two rounds of a, b, c")
+        assert all("(3 members)" in line for line in a.rounds()), a.out
+        d = trainer(dirs[3], lab, gate=gate)
         trainers.append(d)
-        poll_until(lambda: _with_members(d, 4), timeout=240, what="d admitted and contributing")
+        poll_until(lambda: bool(d.out), timeout=120, what="d asking to join")
         assert "asks to join" in d.out[0]
+        gate.advance_until(a, lambda: _with_members(d, 4), "d admitted and contributing")
 
         c.process.send_signal(signal.SIGINT)  # Ctrl+C: a signed leave, then exit 0
+        poll_until(lambda: "leaving after this round" in "".join(c.err), timeout=60, what="c")
+        gate.advance_until(a, lambda: c.process.poll() is not None, "c gone")
         code, out, err = c.finish(timeout=120)
         assert code == 0, err[-3000:]
         assert "left the session" in out, out
-        assert "leaving after this round" in err
         since = len(a.rounds())
-        poll_until(lambda: _with_members(a, 3, since), timeout=120, what="rounds without c")
+        gate.advance_until(a, lambda: _with_members(a, 3, since), "rounds without c")
 
         b.process.kill()  # dies without leaving: evicted after 2 rounds it is absent from
         b.finish()
-        poll_until(lambda: _with_members(a, 2), timeout=180, what="b evicted")
+        gate.advance_until(a, lambda: _with_members(a, 2), "b evicted")
+        gate.open(ROUNDS)
 
         finished = [member.finish() for member in (a, d)]
         models = set()
@@ -158,6 +208,18 @@ def test_a_member_joins_one_leaves_by_ctrl_c_and_a_killed_one_is_evicted(
         assert f"-{peers[2]} (leave)" in out, out
         assert f"-{peers[1]} (evict)" in out, out
         assert "member sets verified (3 changes)" in out, out
+        assert code == 1, out  # the training rule's rounds: unverifiable without the task
+        assert "unverifiable" in out
+        # With the task file, its training rule recomputes every round (and the member sets).
+        monkeypatch.setenv("GRADFED_TASK_ROUNDS", str(ROUNDS))
+        code, out, err = run_cli(capsys, *argv, "--task", str(TASK), "--deadline", "300")
+        assert code == 0, out + err
+        assert "recomputed with the task's rule" in out
+        assert "rounds verified" in out
+        monkeypatch.setenv("GRADFED_TASK_ROUNDS", str(ROUNDS + 1))  # another task: refused
+        code, out, err = run_cli(capsys, *argv, "--task", str(TASK), "--deadline", "300")
+        assert code == 1, out
+        assert "member sets or rounds:" in err
     finally:
         for member in trainers:
             if member.process.poll() is None:
