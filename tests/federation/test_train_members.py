@@ -27,7 +27,7 @@ from tests.polling import poll_until
 
 __all__ = ["Trainer", "fast_timing", "no_env_api", "own_home"]  # fixtures used here
 
-ROUNDS = 40
+ROUNDS = 16
 
 
 def fast_timing(path: Path, *, evict_after: int, collect: float = 3.0) -> None:
@@ -111,11 +111,15 @@ class Gate:
             if condition():
                 return
             self.open(self.value + 1)
-            poll_until(
-                lambda: leader.last_round() >= self.value or condition(),
-                timeout=240,
-                what=f"round {self.value} on the way to {what}",
-            )
+            tail = lambda: "".join(leader.out[-3:] + leader.err[-30:])  # noqa: E731
+            try:
+                poll_until(
+                    lambda: leader.last_round() >= self.value or condition(),
+                    timeout=240,
+                    what=f"round {self.value} on the way to {what}",
+                )
+            except TimeoutError as exc:
+                raise TimeoutError(f"{exc}; the leader's last lines:\n{tail()}") from None
         poll_until(condition, timeout=5, what=f"{what} within {most} rounds")
 
 
@@ -214,9 +218,9 @@ def test_a_member_joins_one_leaves_by_ctrl_c_and_a_killed_one_is_evicted(
         monkeypatch.setenv("GRADFED_TASK_ROUNDS", str(ROUNDS))
         code, out, err = run_cli(capsys, *argv, "--task", str(TASK), "--deadline", "300")
         assert code == 0, out + err
-        assert "recomputed with the task's rule" in out
-        assert "rounds verified" in out
-        monkeypatch.setenv("GRADFED_TASK_ROUNDS", str(ROUNDS + 1))  # another task: refused
+        assert "unverifiable" not in out
+        assert f"{len(a.rounds())} rounds verified" in out
+        monkeypatch.setenv("GRADFED_TASK_ROUNDS", str(ROUNDS - 1))  # another task: refused
         code, out, err = run_cli(capsys, *argv, "--task", str(TASK), "--deadline", "300")
         assert code == 1, out
         assert "member sets or rounds:" in err
