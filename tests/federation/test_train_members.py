@@ -27,7 +27,7 @@ from tests.polling import poll_until
 
 __all__ = ["Trainer", "fast_timing", "no_env_api", "own_home"]  # fixtures used here
 
-ROUNDS = 16
+ROUNDS = 20
 
 
 def fast_timing(path: Path, *, evict_after: int, collect: float = 3.0) -> None:
@@ -195,7 +195,7 @@ def test_a_member_joins_one_leaves_by_ctrl_c_and_a_killed_one_is_evicted(
 
         b.process.kill()  # dies without leaving: evicted after 2 rounds it is absent from
         b.finish()
-        gate.advance_until(a, lambda: _with_members(a, 2), "b evicted")
+        gate.advance_until(a, lambda: _with_members(a, 2), "b evicted", 12)
         gate.open(ROUNDS)
 
         finished = [member.finish() for member in (a, d)]
