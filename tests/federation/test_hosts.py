@@ -157,7 +157,7 @@ def _round_of(line: str) -> int:
     return int(line.split()[1].rstrip(":"))
 
 
-def test_members_join_leave_and_are_evicted_across_hosts(hosts: list[str], tmp_path: Path) -> None:
+def test_members_join_and_leave_across_hosts(hosts: list[str], tmp_path: Path) -> None:
     """A-D are the genesis members (policy: majority). E, on the file's allow-list, is
     approved by every member as soon as its join is heard (started after round 3); F is
     approved by three of the five members (each runs `federation allow` on its own copy of
