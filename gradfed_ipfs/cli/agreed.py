@@ -35,14 +35,20 @@ from ..errors import (
     GradientError,
     RoundVerificationFailed,
 )
+from ..federated.agreed.config import UpdateRule
 from ..federated.agreed.history import (
+    MemberState,
     ModelState,
+    check_member_sets,
     load_chain,
     load_record,
     load_roster,
     load_round_inputs,
+    verify_agreed_history,
     verify_record,
 )
+from ..federated.agreed.membership import Admission
+from ..formats.membership import MemberSet
 from ..formats.roster import AgreedRecord, Roster, verify_roster_entries
 from ..storage.base import BlockStore
 from ..storage.dag import fetch_gradient
@@ -269,10 +275,51 @@ async def verify_final(store: KuboBlockStore, cid: CID, bundle: FinalityBundle) 
     return await verify_agreed(store, cid)
 
 
-async def agreed_history(store: KuboBlockStore, head: CID, deadline: Deadline) -> int:
+@dataclass(frozen=True)
+class MemberPolicy:
+    """What ``history --federation`` checks against: round 0's members, the policy, the rule.
+
+    With ``rule`` (``--task``: a training session's rule) every round is recomputed with it.
+    """
+
+    members: tuple[str, ...]
+    admission: Admission
+    rule: UpdateRule | None = None
+
+
+async def member_changes(
+    store: KuboBlockStore, chain: list[tuple[CID, AgreedRecord]], policy: MemberPolicy
+) -> tuple[list[str], str]:
+    """Check every record's member set (oldest first); return the changes and a problem.
+
+    Each change is ``round R: +peer (join)`` or ``-peer (leave|evict)`` with the set's size
+    after it; the problem is ``""`` when every set is the one its round calls for.
+    """
+    first = chain[0][1]
+    start = MemberState.genesis(first.session, first.genesis, policy.members)
+    try:
+        await check_member_sets(store, chain, start, policy.admission)
+    except (RoundVerificationFailed, FederatedError) as exc:
+        return [], str(exc)
+    lines = []
+    for _, record in chain:
+        if record.members is None:
+            continue
+        members = MemberSet.from_block(await store.get(record.members))
+        signs = {"join": "+"}
+        changes = ", ".join(f"{signs.get(c.op, '-')}{c.peer} ({c.op})" for c in members.changes)
+        lines.append(f"round {record.round}: {changes}; {len(members.members)} members after")
+    return lines, ""
+
+
+async def agreed_history(
+    store: KuboBlockStore, head: CID, deadline: Deadline, policy: MemberPolicy | None = None
+) -> int:
     """``history`` of an agreed head: walk ``prev`` links, re-check every round, print rows.
 
     The walk and the re-check end by ``deadline`` (:class:`ChainDeadlineExceeded` past it).
+    With ``policy`` (``--federation``) every round's member set is checked too, and the
+    changes printed; without it a chain whose members change is reported as such.
     """
     record = await load_record(store, head)
     try:
@@ -301,11 +348,58 @@ async def agreed_history(store: KuboBlockStore, head: CID, deadline: Deadline) -
     with err_console.status("verifying every round…"):
         what = f"the re-check of the chain from {head}"
         await deadline.run(check_all(), what, lambda: len(checks), len(chain))
+    changes: list[str] = []
+    problem = ""
+    if policy is not None:
+        changes, problem = await member_changes(store, chain, policy)
+        if not problem and policy.rule is not None:
+            problem = await recompute(store, record, head, policy, deadline)
+            checks = checks if problem else [_recomputed(c) for c in checks]
     title = f"history of session {record.session!r} (genesis {record.genesis}), newest first"
     console.print(_table(title, checks[::-1]))
-    return history_summary(
-        len(checks), sum(not c.ok for c in checks), sum(c.unverifiable for c in checks)
-    )
+    failed = sum(not c.ok for c in checks)
+    if policy is not None:
+        failed += _print_members(changes, problem)
+    elif any(r.members is not None for _, r in chain):
+        console.print("the chain changes its members: check them with --federation FILE")
+    return history_summary(len(checks), failed, sum(c.unverifiable for c in checks))
+
+
+async def recompute(
+    store: KuboBlockStore, record: AgreedRecord, head: CID, policy: MemberPolicy, deadline: Deadline
+) -> str:
+    """Recompute every round with ``policy.rule`` (and its member sets); return the problem."""
+    work = verify_agreed_history(
+        store, head, session=record.session, genesis=record.genesis, rule=policy.rule,
+        admission=policy.admission, members=policy.members,
+    )  # fmt: skip
+    try:
+        with err_console.status("recomputing every round with the task's rule…"):
+            await deadline.run(work, f"the recompute of the chain from {head}")
+    except ChainDeadlineExceeded:
+        raise
+    except (FederatedError, BlockStoreError, DecodeError) as exc:
+        return str(exc)
+    return ""
+
+
+def _recomputed(check: AgreedCheck) -> AgreedCheck:
+    """Mark a round the task's rule recomputed as verified (it was unverifiable without it)."""
+    if not check.unverifiable:
+        return check
+    status = "verified (recomputed with the task's rule)"
+    return replace(check, status=status, ok=True, unverifiable=False)
+
+
+def _print_members(changes: list[str], problem: str) -> int:
+    """Print the member-set changes and the outcome; return 1 if something failed."""
+    for line in changes:
+        console.print(f"member set {line}", markup=False, highlight=False, soft_wrap=True)
+    if problem:
+        err_console.print(f"member sets or rounds: {problem}", markup=False, soft_wrap=True)
+        return 1
+    console.print(f"member sets verified ({len(changes)} changes)")
+    return 0
 
 
 def history_summary(rounds: int, failed: int, unverifiable: int) -> int:

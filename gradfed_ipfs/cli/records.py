@@ -14,6 +14,7 @@ from rich.table import Table
 from ..cid import parse_cid
 from ..errors import DecodeError, GradfedError, NotARoundRecord, RoundVerificationFailed
 from ..federated.regional import verify_regional_round
+from ..federation import load_federation, task_rule
 from ..formats.announcement import AnnouncementFilter
 from ..kubo.pubsub import KuboPubsub, session_topic
 from ..provenance.round_record import RoundRecord, RoundVerification, verify_history, verify_round
@@ -22,6 +23,7 @@ from ..verification import RecordKind, record_kind
 from .agreed import (
     DEFAULT_DEADLINE,
     Deadline,
+    MemberPolicy,
     agreed_history,
     history_summary,
     verify_agreed,
@@ -141,7 +143,14 @@ async def _history(args: argparse.Namespace, api: str) -> int:
         kind = await require_record(cid, store)
         deadline = Deadline(args.deadline)
         if kind == "agreed":
-            return await agreed_history(store, parse_cid(cid), deadline)
+            policy = None
+            if args.federation is not None:
+                federation = load_federation(args.federation)
+                rule = None if args.task is None else task_rule(federation, args.task)
+                policy = MemberPolicy(federation.genesis_members, federation.admission, rule)
+            elif args.task is not None:
+                raise UsageError("--task needs --federation FILE (the session's settings)")
+            return await agreed_history(store, parse_cid(cid), deadline, policy)
         if kind == "regional":  # a regional record links no previous round: its one round
             return await _verify_regional(store, cid)
         with err_console.status("verifying every round…"):
@@ -247,6 +256,18 @@ def add_record_parsers(commands: Any) -> None:
         metavar="SECONDS",
         help="longest time the chain's walk and re-check may take together "
         f"(default {DEFAULT_DEADLINE:g}; a long chain needs more)",
+    )
+    history.add_argument(
+        "--federation",
+        metavar="FILE",
+        help="an agreed session of this federation: also check every round's member set "
+        "against its genesis members and admission policy, and print the changes",
+    )
+    history.add_argument(
+        "--task",
+        metavar="TASK",
+        help="with --federation: the members' task file; its training rule recomputes every "
+        "round's model (a training session's rounds are unverifiable without it)",
     )
     history.set_defaults(handler=async_handler(_history))
 

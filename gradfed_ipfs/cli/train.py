@@ -2,19 +2,28 @@
 
 Runs a :class:`~gradfed_ipfs.training.Peer` from the member's task file
 (:mod:`gradfed_ipfs.federation.task`) on the selected node (the managed one by default, started
-with ``node start --federation F``), with the federation's session, members and timing. Each
-round prints one line (round, participants, loss); Ctrl+C leaves the session and keeps the
-node running.
+with ``node start --federation F``), with the federation's session, members and timing. A node
+that is not one of the genesis members joins the running session (admitted by the
+federation's policy) and contributes from the round after its admission. Each round prints one
+line (round, results, the round's member count, loss). The first Ctrl+C leaves cleanly (a
+signed leave after the current round, exit 0 once a record names a member set without this
+peer); a second one quits at once (exit 130). The node keeps running unless ``--stop-node``.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
+from pathlib import Path
 from typing import Any
 
 from ..federation import load_federation, member_peer
+from ..federation.file import Federation
 from ..node import Node
-from .common import async_handler, console, err_console, positive_float
+from ..training import History, Peer
+from .common import async_handler, console, default_node_dir, err_console, positive_float
+from .node import node_stop
 
 __all__ = ["add_train_parser"]
 
@@ -23,12 +32,77 @@ def _line(text: str) -> None:
     console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
+class _Interrupts:
+    """Ctrl+C during ``train``: the first leaves cleanly, the second quits at once."""
+
+    def __init__(self, peer: Peer[object], run: asyncio.Task[History]) -> None:
+        self.peer, self.run, self.forced = peer, run, False
+
+    def __call__(self) -> None:
+        if not self.forced and self.peer.leave():
+            self.forced = True  # the next Ctrl+C quits
+            err_console.print("leaving after this round (Ctrl+C again to quit now)…")
+            return
+        self.forced = True
+        self.run.cancel()
+
+
+async def _run(peer: Peer[object], args: argparse.Namespace, joining: bool) -> History | None:
+    """Run the peer with Ctrl+C handled (see the module docstring); ``None``: quit."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(
+        peer.run(linger=args.linger, join=joining, join_timeout=args.join_timeout)
+    )
+    loop.add_signal_handler(signal.SIGINT, _Interrupts(peer, task))
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if not task.cancelled():
+            raise
+        return None
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+
+
+def _intro(federation: Federation, peer: Peer[object], peer_id: str, genesis: str) -> str:
+    if peer_id not in federation.genesis_members:
+        policy = federation.admission.policy
+        return (
+            f"peer {peer_id} asks to join {federation.name} ({policy}); it trains from the "
+            f"round after its admission, {peer.config.rounds} rounds in all"
+        )
+    return (
+        f"member {peer_id} of {federation.name}: {len(peer.agreed.members)} members, "
+        f"{peer.config.rounds} rounds, genesis {genesis}"
+    )
+
+
+def _ending(history: History | None) -> tuple[str, int]:
+    if history is None:
+        return "quit without leaving (the others evict this peer after absent rounds)", 130
+    last = history.entries[-1] if history.entries else None
+    model = "" if last is None else f", model {last.model}"
+    if history.ended == "left":
+        return f"left the session after {len(history.entries)} rounds{model}", 0
+    if history.ended == "evicted":
+        return f"evicted from the session after {len(history.entries)} rounds{model}", 1
+    return f"done: {len(history.entries)} rounds{model}", 0
+
+
+def _stop_node(args: argparse.Namespace) -> None:
+    if args.api:
+        err_console.print("--stop-node: not a managed node (--api given); it keeps running")
+        return
+    node_stop(Path(args.node_dir) if args.node_dir else default_node_dir())
+
+
 async def _train(args: argparse.Namespace, api: str) -> int:
     federation = load_federation(args.federation)
     async with Node(api, timeout=args.timeout) as node:
         peer, genesis = await member_peer(
-            federation, args.task, node, log=_line, member=not args.show_genesis
-        )
+            federation, args.task, node, log=_line, member=not args.show_genesis,
+            source=args.federation,
+        )  # fmt: skip
         if args.show_genesis:
             console.print(str(genesis))
             return 0
@@ -37,17 +111,15 @@ async def _train(args: argparse.Namespace, api: str) -> int:
                 f"note: {args.federation} names no genesis; this task's is {genesis} "
                 "(members with another initial model end up in another session)"
             )
-        console.print(
-            f"member {await node.peer_id()} of {federation.name}: "
-            f"{len(peer.agreed.members)} members, {peer.config.rounds} rounds, genesis {genesis}"
-        )
-        try:
-            history = await peer.run(linger=args.linger)
-        except KeyboardInterrupt:  # pragma: no cover - interactive
-            err_console.print("left the session; the node keeps running")
-            return 130
-    console.print(f"done: {len(history.entries)} rounds, model {history.entries[-1].model}")
-    return 0
+        peer_id = await node.peer_id()
+        joining = peer_id not in federation.genesis_members
+        console.print(_intro(federation, peer, peer_id, str(genesis)))
+        history = await _run(peer, args, joining)
+    text, code = _ending(history)
+    (console if code == 0 else err_console).print(text)
+    if args.stop_node:
+        _stop_node(args)
+    return code
 
 
 def add_train_parser(commands: Any) -> None:
@@ -59,9 +131,15 @@ def add_train_parser(commands: Any) -> None:
         "(default: the managed node, started with `node start --federation F`). TASK is a "
         "Python file defining `task`: a gradfed_ipfs.federation.Task (client, adapter, "
         "initial model, FederationConfig, optional strategy), or a function of a Member "
-        "(peer_id, index, members) returning one. The members are the federation's "
-        "allow-list; the task's initial model must be the federation's genesis when it names "
-        "one. Prints one line per round; exit 0 when every round is done.",
+        "(peer_id, index, members) returning one. The genesis members train from round 0; "
+        "any other node asks to join the running session (allow-listed, or approved by the "
+        "members per the federation's policy: each member approves the peers on its own "
+        "copy's allow-list, read again every round), fetches the model and history by CID "
+        "and trains from the next round. The task's initial model must be the federation's "
+        "genesis when it names one. Prints one line per round (round, results, members, "
+        "loss). Ctrl+C leaves cleanly (a signed leave, exit 0 once it takes effect); a "
+        "second Ctrl+C quits at once (exit 130). Exit 0 when every round is done, 1 if this "
+        "peer was evicted.",
     )
     parser.add_argument("--federation", required=True, metavar="FILE", help="federation file")
     parser.add_argument("task", metavar="TASK", help="the task file (task.py)")
@@ -70,8 +148,20 @@ def add_train_parser(commands: Any) -> None:
         type=positive_float,
         default=30.0,
         metavar="SECONDS",
-        help="after the last round, keep serving the head until every member is done, or at "
-        "most this long (default 30)",
+        help="after the last round (or leaving), keep serving the head until every member is "
+        "done, or at most this long (default 30)",
+    )
+    parser.add_argument(
+        "--join-timeout",
+        type=positive_float,
+        default=600.0,
+        metavar="SECONDS",
+        help="a joining node waits at most this long to be admitted (default 600)",
+    )
+    parser.add_argument(
+        "--stop-node",
+        action="store_true",
+        help="stop the managed node when train ends (default: it keeps running)",
     )
     parser.add_argument(
         "--show-genesis",

@@ -17,7 +17,17 @@ from .file import (
     save_federation,
 )
 from .network import PNET_ENV, private_network_config, swarm_key_text
-from .run import agreed_config, genesis_of, member_peer, members_of, train
+from .run import (
+    agreed_config,
+    allowed_in,
+    genesis_of,
+    may_join,
+    member_of,
+    member_peer,
+    members_of,
+    task_rule,
+    train,
+)
 from .task import Member, Task, load_task
 
 __all__ = [
@@ -29,14 +39,18 @@ __all__ = [
     "SessionSettings",
     "Task",
     "agreed_config",
+    "allowed_in",
     "genesis_of",
     "load_task",
     "load_federation",
+    "may_join",
+    "member_of",
     "member_peer",
     "members_of",
     "new_federation",
     "private_network_config",
     "save_federation",
     "swarm_key_text",
+    "task_rule",
     "train",
 ]

@@ -1,10 +1,11 @@
 """The federation file: one TOML file per federation, made by ``gradfed-ipfs federation init``.
 
 It holds the private network's swarm key (32 random bytes: only holders can even open a
-connection to a member), the bootstrap multiaddrs, the session's name and genesis model, the
-admission policy and the round timing. The key is a secret: the file is written with mode
-0600 (atomically), the key is never printed (:attr:`Federation.fingerprint` names it) and
-never put in IPFS. Share the file with members over a private channel.
+connection to a member), the bootstrap multiaddrs, the session's name, genesis model and
+genesis members, the admission policy (who may join, when an absent member is evicted) and the
+round timing. The key is a secret: the file is written with mode 0600 (atomically), the key
+is never printed (:attr:`Federation.fingerprint` names it) and never put in IPFS. Share the
+file with members over a private channel.
 
 Loading bounds everything before use: the file's size, every list's length, every string's
 form; a bad file raises :class:`~gradfed_ipfs.errors.FederationFileError` naming the field.
@@ -43,6 +44,8 @@ FORMAT: Final = 1
 MAX_FILE_BYTES: Final = 1 << 20
 MAX_BOOTSTRAP: Final = 64
 MAX_ALLOWED: Final = 10_000
+DEFAULT_EVICT_AFTER: Final = 3
+"""Rounds a member may miss in a row before it is evicted (``[admission] evict_after``)."""
 _NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _MULTIADDR: Final = re.compile(
     r"/(ip4|ip6|dns|dns4|dns6)/[^/\s]{1,253}/tcp/\d{1,5}(/ws)?/p2p/(?P<peer>[1-9A-HJ-NP-Za-km-z]+)"
@@ -51,10 +54,18 @@ _MULTIADDR: Final = re.compile(
 
 @dataclass(frozen=True)
 class SessionSettings:
-    """The agreed session every member runs (times in seconds)."""
+    """The agreed session every member runs (times in seconds).
+
+    ``members`` is round 0's member set (peer IDs; ``()``: the allow-list, until ``federation
+    genesis`` fixes it); ``min_peers`` the least contributions a round needs (``0``: more than
+    half of the genesis members; capped at the current members), so a member that is down
+    costs a round ``collect_timeout`` rather than stalling it until ``round_timeout``.
+    """
 
     name: str
     genesis: str | None = None
+    members: tuple[str, ...] = ()
+    min_peers: int = 0
     aggregation: str = "all-to-all"
     learning_rate: float = 1.0
     collect_timeout: float = 30.0
@@ -82,9 +93,19 @@ class Federation:
         merged = tuple(dict.fromkeys([*self.bootstrap, *addresses]))
         return _checked(replace(self, bootstrap=merged))
 
+    @property
+    def genesis_members(self) -> tuple[str, ...]:
+        """Round 0's members, sorted: ``session.members``, else the allow-list."""
+        return tuple(sorted(self.session.members or self.admission.allow))
+
     def with_genesis(self, genesis: str) -> Federation:
-        """Return a copy whose session trains from the model ``genesis`` (a CID, checked)."""
-        return _checked(replace(self, session=replace(self.session, genesis=genesis)))
+        """Return a copy whose session trains from the model ``genesis`` (a CID, checked).
+
+        It also fixes the genesis members (the allow-list now) if the file names none yet:
+        peers allowed later join the running session instead.
+        """
+        session = replace(self.session, genesis=genesis, members=self.genesis_members)
+        return _checked(replace(self, session=session))
 
     def with_allowed(self, *peer_ids: str) -> Federation:
         """Return a copy whose allow-list also holds ``peer_ids`` (checked)."""
@@ -97,7 +118,7 @@ def new_federation(
 ) -> Federation:
     """Return a new federation with a fresh random swarm key and no bootstrap peers yet."""
     session = SessionSettings(name=name, genesis=genesis)
-    admission = Admission(policy=policy)
+    admission = Admission(policy=policy, evict_after=DEFAULT_EVICT_AFTER)
     return _checked(Federation(name, secrets.token_bytes(32), session, (), admission))
 
 
@@ -141,6 +162,12 @@ def _check_session(session: SessionSettings) -> None:
         value = getattr(session, key)
         if not (math.isfinite(value) and 0 < value <= 86_400):
             raise _fail(f"session.{key}", "seconds in (0, 86400]")
+    if len(session.members) > MAX_ALLOWED or len(set(session.members)) != len(session.members):
+        raise _fail("session.members", f"at most {MAX_ALLOWED} distinct peer IDs")
+    for peer in session.members:
+        _check_peer(peer, "session.members")
+    if not 0 <= session.min_peers <= MAX_ALLOWED:
+        raise _fail("session.min_peers", "0 (more than half the genesis members) or a count")
 
 
 def _checked(federation: Federation) -> Federation:
@@ -153,6 +180,8 @@ def _checked(federation: Federation) -> Federation:
     admission = federation.admission
     if admission.policy not in ADMISSION_POLICIES:
         raise _fail("admission.policy", f"one of {', '.join(ADMISSION_POLICIES)}")
+    if admission.evict_after is not None and not 1 <= admission.evict_after <= 10_000:
+        raise _fail("admission.evict_after", "rounds in [1, 10000], or 0 for never")
     if len(admission.allow) > MAX_ALLOWED:
         raise _fail("admission.allow", f"more than {MAX_ALLOWED} peer IDs")
     for peer in admission.allow:
@@ -195,7 +224,25 @@ def _session_of(table: dict[str, Any], default_name: str) -> SessionSettings:
     aggregation = table.get("aggregation", "all-to-all")
     if not isinstance(name, str) or not isinstance(aggregation, str):
         raise _fail("session", "name and aggregation must be strings")
-    return SessionSettings(name=name, genesis=genesis, aggregation=aggregation, **numbers)
+    members = _strings(table, "members", "session", MAX_ALLOWED)
+    min_peers = _typed(table, "min_peers", int, "session") if "min_peers" in table else 0
+    return SessionSettings(
+        name=name, genesis=genesis, members=members, min_peers=min_peers,
+        aggregation=aggregation, **numbers,
+    )  # fmt: skip
+
+
+def _admission_of(table: dict[str, Any]) -> Admission:
+    policy = table.get("policy", "allow-list")
+    if policy not in ADMISSION_POLICIES:
+        raise _fail("admission.policy", f"one of {', '.join(ADMISSION_POLICIES)}")
+    evict = DEFAULT_EVICT_AFTER
+    if "evict_after" in table:
+        evict = _typed(table, "evict_after", int, "admission")
+        if not 0 <= evict <= 10_000:
+            raise _fail("admission.evict_after", "rounds in [1, 10000], or 0 for never")
+    allow = _strings(table, "allow", "admission", MAX_ALLOWED)
+    return Admission(policy, allow, evict or None)
 
 
 def load_federation(path: str | Path) -> Federation:
@@ -226,16 +273,13 @@ def load_federation(path: str | Path) -> Federation:
     key_hex = _typed(network, "swarm_key", str, "network")
     if not re.fullmatch(r"[0-9a-f]{64}", key_hex):
         raise _fail("network.swarm_key", "must be 64 lowercase hex digits")
-    policy = admission.get("policy", "allow-list")
-    if policy not in ADMISSION_POLICIES:
-        raise _fail("admission.policy", f"one of {', '.join(ADMISSION_POLICIES)}")
     return _checked(
         Federation(
             name=name,
             swarm_key=bytes.fromhex(key_hex),
             session=_session_of(_table(data, "session"), name),
             bootstrap=_strings(network, "bootstrap", "network", MAX_BOOTSTRAP),
-            admission=Admission(policy, _strings(admission, "allow", "admission", MAX_ALLOWED)),
+            admission=_admission_of(admission),
         )
     )
 
@@ -267,14 +311,24 @@ def render_federation(federation: Federation) -> str:
         f"name = {_toml_value(session.name)}",
         f"genesis = {_toml_value(session.genesis or '')}",
         f"aggregation = {_toml_value(session.aggregation)}",
+        "# round 0's members (empty: the allow-list, until `federation genesis` fixes them)",
+        f"members = {_toml_value(session.members)}",
+        "# least contributions a round needs (0: more than half of the genesis members)",
+        f"min_peers = {session.min_peers}",
     ]
     for key in ("learning_rate", "collect_timeout", "takeover_timeout", "round_timeout"):
         lines.append(f"{key} = {_toml_value(float(getattr(session, key)))}")
+    admission = federation.admission
     lines += [
         "",
         "[admission]",
-        f"policy = {_toml_value(federation.admission.policy)}",
-        f"allow = {_toml_value(federation.admission.allow)}",
+        "# allow-list: the peers below may join; majority / two-thirds: a join needs the",
+        "# approval of more than half / two thirds of the members (each member approves the",
+        "# peers on its own copy's allow-list)",
+        f"policy = {_toml_value(admission.policy)}",
+        f"allow = {_toml_value(admission.allow)}",
+        "# rounds a member may miss in a row before it is evicted (0: never)",
+        f"evict_after = {admission.evict_after or 0}",
         "",
     ]
     return "\n".join(lines)

@@ -25,6 +25,7 @@ from .peer import (
     Peer,
     TrainFn,
     VectorAdapter,
+    training_rule,
 )
 from .rule import TrainingRule
 from .sampling import round_seed, sample_peers
@@ -83,4 +84,5 @@ __all__ = [
     "round_seed",
     "run_simulation",
     "sample_peers",
+    "training_rule",
 ]

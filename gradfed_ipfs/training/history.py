@@ -51,6 +51,8 @@ class RoundEntry:
     sent_bytes
         Bytes of this peer's contribution blocks this round (``AgreedRoundResult.sent_bytes``:
         about ``4·d`` dense, less with ``AgreedConfig.compression``).
+    members
+        How many members the round had (its roster's ``expected``; ``0``: not recorded).
     """
 
     round: int
@@ -72,6 +74,7 @@ class RoundEntry:
     timings: dict[str, float] = field(default_factory=dict)
     secure: list[str] | None = None
     sent_bytes: int = 0
+    members: int = 0
 
 
 @dataclass
@@ -90,6 +93,9 @@ class History:
         One :class:`RoundEntry` per agreed round, in order.
     seconds
         Wall time of the whole run.
+    ended
+        ``"done"`` (every round run), ``"left"`` (this peer left: ``Peer.leave``) or
+        ``"evicted"`` (a round's member set dropped it).
     """
 
     session: str
@@ -101,6 +107,7 @@ class History:
     initial_local_metrics: dict[str, float] = field(default_factory=dict)
     entries: list[RoundEntry] = field(default_factory=list)
     seconds: float = 0.0
+    ended: str = "done"
 
     # ------------------------------------------------------------------ Flower-style views
 
@@ -214,6 +221,8 @@ def report_line(entry: RoundEntry, rounds: int) -> str:
             f"round {entry.round + 1}: received {entry.results} results{secure} and "
             f"{entry.failures} failures"
         )
+        if entry.members:
+            head += f" ({entry.members} members)"
     parts = [head]
     if entry.eval_loss is not None:
         parts.append(f"federated loss of round {entry.round}'s model {entry.eval_loss:.4f}")

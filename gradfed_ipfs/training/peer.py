@@ -24,7 +24,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
@@ -57,6 +57,7 @@ __all__ = [
     "Peer",
     "TrainFn",
     "VectorAdapter",
+    "training_rule",
 ]
 
 logger = logging.getLogger("gradfed_ipfs.training")
@@ -292,6 +293,14 @@ class Peer(Generic[M]):
         Called with each round's report line (e.g. ``print``); default: logging at INFO.
     privacy
         Optional :class:`LocalDP` of this peer's updates (ε spent goes in the History).
+    approvals
+        With ``agreed.admission`` under an approval policy: called before each round, the
+        peer IDs this member approves when their join is heard (beyond its ``admission.allow``;
+        e.g. the allow-list of its federation file, read again).
+
+    With ``agreed.admission`` the member set changes from round to round (joins, leaves,
+    evictions; :mod:`gradfed_ipfs.federated.agreed.membership`): each round samples from its
+    own members, ``run(join=True)`` joins a running session and :meth:`leave` leaves it.
     """
 
     def __init__(  # noqa: PLR0913 - public constructor: keyword-only settings
@@ -309,6 +318,7 @@ class Peer(Generic[M]):
         session: str = "train",
         log: Callable[[str], None] | None = None,
         privacy: LocalDP | None = None,
+        approvals: Callable[[], Collection[str]] | None = None,
     ) -> None:
         if node is not None and store is None and pubsub is None:
             store, pubsub = node.store, node.pubsub
@@ -320,6 +330,9 @@ class Peer(Generic[M]):
             raise ConfigError("QFedAvg needs clients with evaluate (their loss)")
         if config.overlap and isinstance(self.strategy, SecAgg):
             raise ConfigError("overlap does not work with SecAgg (its round needs the sample)")
+        if agreed.admission is not None and isinstance(self.strategy, SecAgg):
+            raise ConfigError("SecAgg needs a fixed member set (AgreedConfig.admission=None)")
+        self.approvals = approvals
         self.client, self.adapter, self.config = client, adapter, config
         self.store, self.pubsub, self.session_name = store, pubsub, session
         initial = np.array(adapter.to_vector(initial_model), np.float32).reshape(-1)
@@ -334,22 +347,7 @@ class Peer(Generic[M]):
             max_samples=min(agreed.max_weight, MAX_SAMPLES),
         )  # fmt: skip
         self._genesis_vector = self.layout.genesis(initial)
-        user_config = config.on_fit_config
-        strategy_ = self.strategy
-
-        def round_config(server_round: int) -> dict[str, ConfigValue]:
-            extra = {} if user_config is None else dict(user_config(server_round))
-            return {**strategy_.fit_config(server_round), **extra}
-
-        self.rule = (SecureTrainingRule if secure else TrainingRule)(
-            self.strategy,
-            self.layout,
-            agreed.members,
-            fraction=config.fraction,
-            min_fit=config.min_fit,
-            fit_rounds=config.rounds,
-            config=round_config,
-        )
+        self.rule = training_rule(self.strategy, self.layout, agreed.members, config)
         min_peers = config.min_available if config.min_available is not None else agreed.min_peers
         if secure and agreed.compression is not None:
             raise ConfigError("SecAgg sums masked vectors: they cannot be compressed")
@@ -360,6 +358,7 @@ class Peer(Generic[M]):
         self.log = log
         self.session: AgreedSession | None = None
         self._ahead: tuple[int, asyncio.Task[_LocalWork]] | None = None
+        self._leaving: asyncio.Task[None] | None = None
 
     @property
     def model_vector(self) -> FloatArray:
@@ -374,55 +373,114 @@ class Peer(Generic[M]):
         return self.adapter.from_vector(self.model_vector)
 
     async def run(
-        self, *, resume: bool = False, resync_timeout: float = 10.0, linger: float = 0.0
+        self,
+        *,
+        resume: bool = False,
+        resync_timeout: float = 10.0,
+        linger: float = 0.0,
+        join: bool = False,
+        join_timeout: float = 120.0,
     ) -> History:
         """Run every round (and the final evaluation); return this peer's :class:`History`.
 
         With ``resume`` the peer first adopts the latest head its members announce (a restarted
-        peer catches up, optimizer state included). A round that fails with
+        peer catches up, optimizer state included). With ``join`` (needs ``agreed.admission``)
+        it asks to join the running session, fetches the model and history of the head that
+        admits it by CID, and contributes from the next round (``NotAdmitted`` if no head
+        admits it within ``join_timeout`` seconds). A round that fails with
         :class:`~gradfed_ipfs.errors.RoundMismatch` or ``QuorumNotReached`` is resynced and
-        retried, up to 3 times in a row. With ``linger`` (seconds) the peer keeps announcing its
-        last head until every member has finished, or for at most that long, before it closes
-        its session (a process that exits right away may leave a slower member without it).
+        retried, up to 3 times in a row. The run ends early when this peer is no longer a
+        member (:meth:`leave`, or evicted: ``History.ended``). With ``linger`` (seconds) the
+        peer keeps announcing its last head until every member has finished, or for at most
+        that long, before it closes its session (a process that exits right away may leave a
+        slower member without it).
         """
         started = time.monotonic()
         genesis = await AgreedSession.commit_genesis(self.store, self._genesis_vector)
         session = self.session = AgreedSession(
             self.store, self.pubsub, self.session_name, genesis, self.agreed
         )
-        await session.start(self._genesis_vector)
+        await session.start(self._genesis_vector, joining=join)
         history = History(
             self.session_name, str(genesis), session.peer_id, self.rule.label(0), self.config.rounds
         )
         try:
-            if resume:
+            if join:
+                await session.join(timeout=join_timeout)
+            elif resume:
                 await session.resync(timeout=resync_timeout)
             if self.config.evaluate_fn is not None and session.round == 0:
                 loss, metrics = self.config.evaluate_fn(self.model, 0)
                 history.initial_local_loss, history.initial_local_metrics = loss, dict(metrics)
-            total = self.config.rounds + (1 if self.config.final_evaluation else 0)
-            failures = 0
-            while session.round < total:
-                try:
-                    entry = await self._round(session)
-                except (RoundMismatch, QuorumNotReached) as exc:
-                    failures += 1
-                    if failures > 3:
-                        raise
-                    logger.warning("%s: %s; resyncing", session.peer_id, exc)
-                    await session.resync(timeout=resync_timeout)
-                    continue
-                failures = 0
-                history.entries.append(entry)
-                line = report_line(entry, self.config.rounds)
-                (self.log or logger.info)(line)
+            await self._rounds(session, history, resync_timeout)
+            if session.left:
+                history.ended = "left" if self._leaving is not None else "evicted"
             if linger > 0:
                 await session.linger(timeout=linger)
         finally:
             await self._drop_ahead()
+            await self._drop_leave()
             await session.aclose()
         history.seconds = time.monotonic() - started
         return history
+
+    async def _rounds(self, session: AgreedSession, history: History, resync: float) -> None:
+        """Run the rounds left while this peer is a member (see :meth:`run`)."""
+        total = self.config.rounds + (1 if self.config.final_evaluation else 0)
+        failures = 0
+        while session.round < total and not session.left:
+            await self._approve(session)
+            try:
+                entry = await self._round(session)
+            except (RoundMismatch, QuorumNotReached) as exc:
+                failures += 1
+                if failures > 3:
+                    raise
+                logger.warning("%s: %s; resyncing", session.peer_id, exc)
+                await session.resync(timeout=resync)
+                continue
+            failures = 0
+            history.entries.append(entry)
+            line = report_line(entry, self.config.rounds)
+            (self.log or logger.info)(line)
+
+    def leave(self) -> bool:
+        """Leave the running session cleanly: a signed leave after the current round.
+
+        Returns at once (safe from a signal handler on the running loop); :meth:`run` ends once
+        a round's record names a member set without this peer (``History.ended == "left"``).
+        ``False`` when there is nothing to leave: not running, not a member (yet), no admission
+        policy, or already leaving.
+        """
+        session = self.session
+        if (
+            session is None
+            or session.config.admission is None
+            or self._leaving is not None
+            or session.peer_id not in session.members
+        ):
+            return False
+        self._leaving = asyncio.ensure_future(session.leave(after=session.round))
+        return True
+
+    async def _drop_leave(self) -> None:
+        """Stop signing a leave still on its way (the run ended first)."""
+        if self._leaving is not None and not self._leaving.done():
+            self._leaving.cancel()
+        if self._leaving is not None:
+            with contextlib.suppress(asyncio.CancelledError, GradfedError):
+                await self._leaving
+
+    async def _approve(self, session: AgreedSession) -> None:
+        """Approve the joins this member's ``approvals`` name (before each round)."""
+        if self.approvals is None or session.config.admission is None:
+            return
+        members = set(session.members)
+        if session.peer_id not in members:
+            return
+        for peer in self.approvals():
+            if peer not in members:
+                await session.approve(peer)
 
     async def _round(self, session: AgreedSession) -> RoundEntry:
         """One agreed round: evaluate, train if sampled (under SecAgg if set), contribute."""
@@ -431,7 +489,7 @@ class Peer(Generic[M]):
         config = self.rule.config(r)
         config_block = self.rule.config_block(r)
         await self.store.put(config_block)
-        sampled = self.rule.sampled(session.session, session.genesis, r, base)
+        sampled = self.rule.sampled(session.session, session.genesis, r, base, session.members)
         local = await self._local_work(session, params, config, sampled)
         vector, weight = self._contribution(local)
         # No update (not sampled, failed, refused): the error-feedback residual waits for one.
@@ -452,7 +510,7 @@ class Peer(Generic[M]):
             eval_metrics=summary.eval_metrics, timings=local.timings,
             epsilon=self._epsilon(),
             secure=list(summary.secure) if isinstance(self.strategy, SecAgg) else None,
-            sent_bytes=result.sent_bytes,
+            sent_bytes=result.sent_bytes, members=len(result.roster.expected),
         )  # fmt: skip
         if self.config.evaluate_fn is not None and r < self.config.rounds:
             t = time.monotonic()
@@ -643,6 +701,28 @@ class Peer(Generic[M]):
         if self.privacy is not None:  # PrivacyBudgetExhausted: this round is a failure
             self.privacy.mechanism.apply_dp_sgd(update, self.privacy.clip_norm)
         return update, samples, dict(metrics)
+
+
+def training_rule(
+    strategy: Strategy, layout: VectorLayout, members: Sequence[str], config: FederationConfig[Any]
+) -> TrainingRule:
+    """Return the agreed update rule of a training session (every peer's, and a verifier's).
+
+    ``members`` are round 0's; the strategy's fit config and ``config.on_fit_config`` make each
+    round's client config. Under :class:`~gradfed_ipfs.training.secure.SecAgg` the rule is a
+    :class:`~gradfed_ipfs.training.secure.SecureTrainingRule`.
+    """
+    user_config = config.on_fit_config
+
+    def round_config(server_round: int) -> dict[str, ConfigValue]:
+        extra = {} if user_config is None else dict(user_config(server_round))
+        return {**strategy.fit_config(server_round), **extra}
+
+    kind = SecureTrainingRule if isinstance(strategy, SecAgg) else TrainingRule
+    return kind(
+        strategy, layout, members, fraction=config.fraction, min_fit=config.min_fit,
+        fit_rounds=config.rounds, config=round_config,
+    )  # fmt: skip
 
 
 def _checked(n: object) -> int:

@@ -48,7 +48,8 @@ class TrainingRule:
     layout
         The session's vector layout.
     members
-        The session's peer IDs.
+        The session's (round 0's) peer IDs; a round whose members changed samples from its
+        own (its roster's ``expected``).
     fraction, min_fit
         Sampling: ``max(min_fit, ceil(fraction · N))`` members train per round.
     fit_rounds
@@ -91,12 +92,23 @@ class TrainingRule:
             self._blocks = {round_number: block}  # only the current round's is kept
         return block
 
-    def sampled(self, session: str, genesis: CID, round_number: int, base: CID) -> tuple[str, ...]:
-        """Return the members that train in this round (none in evaluation rounds)."""
+    def sampled(
+        self,
+        session: str,
+        genesis: CID,
+        round_number: int,
+        base: CID,
+        members: Sequence[str] | None = None,
+    ) -> tuple[str, ...]:
+        """Return the members that train in this round (none in evaluation rounds).
+
+        ``members``: the round's member set (default: :attr:`members`).
+        """
         if round_number >= self.fit_rounds:
             return ()
         seed = round_seed(session, genesis, round_number, base)
-        return sample_peers(seed, self.members, self.fraction, self.min_fit)
+        chosen = self.members if members is None else tuple(members)
+        return sample_peers(seed, chosen, self.fraction, self.min_fit)
 
     def label(self, round_number: int) -> str:
         """Return ``<strategy> fraction=… min_fit=… rounds=… config=<CID>``."""
@@ -110,7 +122,9 @@ class TrainingRule:
         self, roster: Roster, gradients: Sequence[FloatArray]
     ) -> tuple[list[FitResult], list[PeerTail], list[PeerTail]]:
         """Return the round's fit results, their tails, and every usable evaluation tail."""
-        sample = set(self.sampled(roster.session, roster.genesis, roster.round, roster.base))
+        sample = set(
+            self.sampled(roster.session, roster.genesis, roster.round, roster.base, roster.expected)
+        )
         fits: list[FitResult] = []
         fit_tails: list[PeerTail] = []
         evaluations: list[PeerTail] = []

@@ -140,7 +140,7 @@ async def test_joins_by_allow_list_and_by_vote_and_a_leave_change_the_members_an
         voting = asyncio.ensure_future(f.join(timeout=120.0))
         await apoll_until(_pending(network[0], sixth.peer_id), timeout=60.0, what="6th's join")
         for voter in [*founding[:3], e]:
-            await voter.approve(sixth.peer_id)
+            assert await voter.approve(sixth.peer_id), voter.peer_id
         five = [*founding, e]
         r1 = await _round(five, 1)
         assert set(r1.roster.peers) == {s.peer_id for s in five}  # the fifth contributed

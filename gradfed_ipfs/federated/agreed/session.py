@@ -416,29 +416,6 @@ class AgreedSession:
             await control.submit(statement.block.data, kind, self.config.round_timeout)
         return statement
 
-    async def approve(self, joiner: str) -> None:
-        """Vote for ``joiner``'s pending join (a signed ``agreed/approve``; voting policies).
-
-        The join statement is the one heard on pubsub or, on the CometBFT control plane, the
-        one the chain holds.
-
-        Raises
-        ------
-        NotAdmitted
-            If no join of ``joiner`` is known.
-        """
-        join = self._members.joins.get(joiner)
-        cid = None if join is None else join.block.cid
-        control = self._parts.control
-        if cid is None and isinstance(control, CometControl):
-            pending = dict((await control.members_info()).get("pending") or [])
-            cid = parse_cid(pending[joiner]) if joiner in pending else None
-        if cid is None:
-            raise NotAdmitted(f"no join of {joiner} to approve")
-        body = approve_body(self.session, self.genesis, joiner, cid)
-        approval = await self._request(APPROVE, body)
-        self._approving[joiner] = f"{APPROVE}:{approval.block.cid}"
-
     async def _approve_joins(self) -> None:
         """Approve the joins heard whose authors are on this member's own allow-list."""
         joins, self._members.new_joins = self._members.new_joins, []
@@ -447,6 +424,42 @@ class AgreedSession:
                 body = approve_body(self.session, self.genesis, join.author, join.block.cid)
                 approval = await self._request(APPROVE, body)
                 self._approving[join.author] = f"{APPROVE}:{approval.block.cid}"
+
+    async def approve(self, peer: str) -> bool:
+        """Approve ``peer``'s join (an operator's decision); return whether a vote was signed.
+
+        For the approval policies (``"majority"``, ``"two-thirds"``): beyond the joins this
+        member approves by itself (authors on its ``admission.allow``). The join is the one
+        heard on pubsub or, on the CometBFT control plane, the one the chain holds. Nothing is
+        signed when no join of ``peer`` is known, it is a member already, this peer is not a
+        member, or this peer approved it already.
+        """
+        tracker, admission = self._members, self.config.admission
+        cid = await self._join_cid(peer)
+        if (
+            admission is None
+            or admission.policy == "allow-list"
+            or cid is None
+            or peer in tracker.members
+            or self.peer_id not in tracker.members
+            or (self.peer_id, peer) in tracker.approvals
+        ):
+            return False
+        body = approve_body(self.session, self.genesis, peer, cid)
+        approval = await self._request(APPROVE, body)
+        self._approving[peer] = f"{APPROVE}:{approval.block.cid}"
+        return True
+
+    async def _join_cid(self, peer: str) -> CID | None:
+        """Return the CID of ``peer``'s pending join: heard on pubsub, or held by the chain."""
+        join = self._members.joins.get(peer)
+        if join is not None:
+            return join.block.cid
+        control = self._parts.control
+        if isinstance(control, CometControl):
+            pending = dict((await control.members_info()).get("pending") or [])
+            return parse_cid(pending[peer]) if peer in pending else None
+        return None
 
     async def join(
         self, model: GradientLike | None = None, *, timeout: float = 60.0
