@@ -12,7 +12,9 @@ in ``--blocks`` alternated blocks so that both see the same drift of a shared ma
 ``--signing`` adds a third arm to each block, the same agreed rounds unsigned (a signer that
 returns zeros without a ``key/sign`` call, and keys that accept any signature: benchmark-only,
 in the peer processes of that arm), and prints the signed / unsigned ratio: the cost of signing
-and checking every statement.
+and checking every statement. The signed arms sign as ``KuboPubsub`` does by default, with a
+delegate key the daemon's identity bound at start (``DelegatedSigner``: no ``key/sign`` call
+per statement); ``--kubo-key-sign`` makes them call ``key/sign`` for every statement instead.
 A runner round that closes short at its 10 s deadline counts with that time (``short``). The
 p50 ratio comes with a 95 % bootstrap interval (whole rounds resampled), the date and the load
 average. ``--done-timeout`` sets ``AgreedConfig.done_timeout`` and ``--aggregation`` the
@@ -89,6 +91,8 @@ class UnsignedPubsub(PubsubWrapper):
 
 
 WARMUP_ROUNDS = 4
+PEER_FLAGS: list[str] = []
+"""Options every peer process gets as well (``--kubo-key-sign``)."""
 """Rounds of the unmeasured warm-up block each protocol runs on a new swarm."""
 
 
@@ -104,7 +108,7 @@ def delta(index: int, round_number: int, dim: int) -> np.ndarray:
 
 async def peer_main(args: argparse.Namespace) -> None:
     store = KuboBlockStore(args.api, timeout=60.0)
-    pubsub: PubsubTransport = KuboPubsub(args.api)
+    pubsub: PubsubTransport = KuboPubsub(args.api, delegated=not args.kubo_key_sign)
     if args.loss > 0:
         pubsub = LossyPubsub(pubsub, args.loss, seed=args.index)
     if args.protocol == "agreed-unsigned":
@@ -190,7 +194,7 @@ def run_protocol(
             "--index", str(index), "--members", members, "--session", f"bench-{tag}",
             "--genesis", genesis, "--dim", str(dim), "--rounds", str(rounds), *lossy,
             "--done-timeout", str(done_timeout), "--daemon-pid", str(daemon.pid),
-            "--aggregation", aggregation,
+            "--aggregation", aggregation, *PEER_FLAGS,
         ]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         procs.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env))
@@ -273,6 +277,10 @@ def main() -> None:
         "--signing", action="store_true",
         help="also run the agreed rounds unsigned and print the signed / unsigned ratio",
     )  # fmt: skip
+    parser.add_argument(
+        "--kubo-key-sign", action="store_true",
+        help="sign every statement with the daemon's key/sign (no delegate key)",
+    )  # fmt: skip
     parser.add_argument("--api")
     parser.add_argument("--index", type=int)
     parser.add_argument("--members")
@@ -299,6 +307,8 @@ def main() -> None:
     if args.peer:
         asyncio.run(peer_main(args))
         return
+    if args.kubo_key_sign:
+        PEER_FLAGS.append("--kubo-key-sign")
     print(f"round latency, one process + one Kubo daemon per peer, d = {args.dim:,} floats")
     print(f"{time.strftime('%Y-%m-%d %H:%M')}, load average {load()}")
     print(f"{'peers':>5} {'loss':>5} {'runner p50':>10} {'p95':>6} {'agreed p50':>10} {'p95':>6}"
