@@ -265,7 +265,8 @@ def print_signing(
     (sp, sd), (up, ud) = cpu["agreed"] / blocks, cpu["agreed-unsigned"] / blocks
     print(f"{'':>11} signing: {n} peers, agreed p50 {s50:.3f} s signed / {u50:.3f} s unsigned"
           f" = {s50 / u50:.2f} ({low:.2f}-{high:.2f}), p95 {s95 / u95:.2f},"
-          f" CPU per round {sp + sd:.3f} / {up + ud:.3f} s = {(sp + sd) / (up + ud):.2f}",
+          f" CPU per round {sp + sd:.3f} / {up + ud:.3f} s = {(sp + sd) / (up + ud):.2f}"
+          f" (peers {sp:.3f} / {up:.3f} s, daemons {sd:.3f} / {ud:.3f} s)",
           flush=True)  # fmt: skip
 
 
