@@ -12,7 +12,8 @@ in ``--blocks`` alternated blocks so that both see the same drift of a shared ma
 ``--signing`` adds a third arm to each block, the same agreed rounds unsigned (a signer that
 returns zeros without a ``key/sign`` call, and keys that accept any signature: benchmark-only,
 in the peer processes of that arm), and prints the signed / unsigned ratio: the cost of signing
-and checking every statement. The signed arms sign as ``KuboPubsub`` does by default, with a
+and checking every statement; the two agreed arms swap order every other block (the runner
+runs first in each). The signed arms sign as ``KuboPubsub`` does by default, with a
 delegate key the daemon's identity bound at start (``DelegatedSigner``: no ``key/sign`` call
 per statement); ``--kubo-key-sign`` makes them call ``key/sign`` for every statement instead.
 A runner round that closes short at its 10 s deadline counts with that time (``short``). The
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -249,6 +251,16 @@ def percentile(samples: list[tuple[float, int]], q: float) -> float:
     return float(np.percentile([s for s, _ in samples], q))
 
 
+def block_order(arms: list[tuple[str, list[Any]]], block: int) -> list[tuple[str, list[Any]]]:
+    """Return the arms in the order block ``block`` runs them.
+
+    The runner first; the signed and unsigned agreed arms swap places every other block, so
+    neither always runs right after the runner (whose daemons are still busy for a while
+    after its processes end).
+    """
+    return arms[:1] + (arms[1:] if block % 2 == 0 else arms[:0:-1])
+
+
 def print_signing(
     n: int,
     signed: list[list[tuple[float, int]]],
@@ -336,7 +348,7 @@ def main() -> None:
                 cpu = {p: np.zeros(2) for p, _ in arms}
                 for block in range(args.blocks):  # alternated: both see the same load drift
                     tag = f"{n}-{loss}-{block}-{os.getpid()}"
-                    for protocol, rounds in arms:
+                    for protocol, rounds in block_order(arms, block):
                         groups, skew, used = run_protocol(
                             swarm, protocol, args.dim, args.rounds, loss,
                             f"{protocol[0]}{protocol[-1]}{tag}",
