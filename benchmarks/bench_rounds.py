@@ -12,7 +12,10 @@ in ``--blocks`` alternated blocks so that both see the same drift of a shared ma
 ``--signing`` adds a third arm to each block, the same agreed rounds unsigned (a signer that
 returns zeros without a ``key/sign`` call, and keys that accept any signature: benchmark-only,
 in the peer processes of that arm), and prints the signed / unsigned ratio: the cost of signing
-and checking every statement.
+and checking every statement; the two agreed arms swap order every other block (the runner
+runs first in each). The signed arms sign as ``KuboPubsub`` does by default, with a
+delegate key the daemon's identity bound at start (``DelegatedSigner``: no ``key/sign`` call
+per statement); ``--kubo-key-sign`` makes them call ``key/sign`` for every statement instead.
 ``--control cometbft`` measures agreed rounds on the CometBFT control plane instead (issue #36):
 each block runs the same agreed rounds on the pubsub control plane, then on a fresh chain of
 ``n`` loopback validators (one per peer, bound to its daemon's key) for each block interval of
@@ -43,6 +46,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -99,6 +103,8 @@ class UnsignedPubsub(PubsubWrapper):
 
 
 WARMUP_ROUNDS = 4
+PEER_FLAGS: list[str] = []
+"""Options every peer process gets as well (``--kubo-key-sign``)."""
 """Rounds of the unmeasured warm-up block each protocol runs on a new swarm."""
 
 
@@ -151,7 +157,7 @@ def delta(index: int, round_number: int, dim: int) -> np.ndarray:
 
 async def peer_main(args: argparse.Namespace) -> None:
     store = KuboBlockStore(args.api, timeout=60.0)
-    pubsub: PubsubTransport = KuboPubsub(args.api)
+    pubsub: PubsubTransport = KuboPubsub(args.api, delegated=not args.kubo_key_sign)
     if args.loss > 0:
         pubsub = LossyPubsub(pubsub, args.loss, seed=args.index)
     if args.protocol == "agreed-unsigned":
@@ -239,7 +245,7 @@ def run_protocol(
             "--index", str(index), "--members", members, "--session", f"bench-{tag}",
             "--genesis", genesis, "--dim", str(dim), "--rounds", str(rounds), *lossy,
             "--done-timeout", str(done_timeout), "--daemon-pid", str(daemon.pid),
-            "--aggregation", aggregation,
+            "--aggregation", aggregation, *PEER_FLAGS,
             *(("--validator-rpc", validators[index]) if validators else ()),
         ]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -295,6 +301,16 @@ def percentile(samples: list[tuple[float, int]], q: float) -> float:
     return float(np.percentile([s for s, _ in samples], q))
 
 
+def block_order(arms: list[tuple[str, list[Any]]], block: int) -> list[tuple[str, list[Any]]]:
+    """Return the arms in the order block ``block`` runs them.
+
+    The runner first; the signed and unsigned agreed arms swap places every other block, so
+    neither always runs right after the runner (whose daemons are still busy for a while
+    after its processes end).
+    """
+    return arms[:1] + (arms[1:] if block % 2 == 0 else arms[:0:-1])
+
+
 def print_signing(
     n: int,
     signed: list[list[tuple[float, int]]],
@@ -311,7 +327,8 @@ def print_signing(
     (sp, sd), (up, ud) = cpu["agreed"] / blocks, cpu["agreed-unsigned"] / blocks
     print(f"{'':>11} signing: {n} peers, agreed p50 {s50:.3f} s signed / {u50:.3f} s unsigned"
           f" = {s50 / u50:.2f} ({low:.2f}-{high:.2f}), p95 {s95 / u95:.2f},"
-          f" CPU per round {sp + sd:.3f} / {up + ud:.3f} s = {(sp + sd) / (up + ud):.2f}",
+          f" CPU per round {sp + sd:.3f} / {up + ud:.3f} s = {(sp + sd) / (up + ud):.2f}"
+          f" (peers {sp:.3f} / {up:.3f} s, daemons {sd:.3f} / {ud:.3f} s)",
           flush=True)  # fmt: skip
 
 
@@ -333,6 +350,10 @@ def main() -> None:
     parser.add_argument(
         "--signing", action="store_true",
         help="also run the agreed rounds unsigned and print the signed / unsigned ratio",
+    )  # fmt: skip
+    parser.add_argument(
+        "--kubo-key-sign", action="store_true",
+        help="sign every statement with the daemon's key/sign (no delegate key)",
     )  # fmt: skip
     parser.add_argument("--api")
     parser.add_argument("--index", type=int)
@@ -360,6 +381,8 @@ def main() -> None:
     if args.peer:
         asyncio.run(peer_main(args))
         return
+    if args.kubo_key_sign:
+        PEER_FLAGS.append("--kubo-key-sign")
     if args.control == "cometbft":
         comet_main(args)
         return
@@ -389,7 +412,7 @@ def main() -> None:
                 cpu = {p: np.zeros(2) for p, _ in arms}
                 for block in range(args.blocks):  # alternated: both see the same load drift
                     tag = f"{n}-{loss}-{block}-{os.getpid()}"
-                    for protocol, rounds in arms:
+                    for protocol, rounds in block_order(arms, block):
                         groups, skew, used = run_protocol(
                             swarm, protocol, args.dim, args.rounds, loss,
                             f"{protocol[0]}{protocol[-1]}{tag}",

@@ -23,6 +23,7 @@ from .pubsub import TOPIC_PREFIX, PubsubMessage, parse_sub_line, session_topic
 from .records import decode_record, encode_record, from_link, require, to_link
 from .statement import (
     PEER_ID_KEYS,
+    DelegatedSigner,
     KeyBook,
     KeyDirectory,
     LocalSigner,
@@ -44,6 +45,7 @@ __all__ = [
     "Announcement",
     "AnnouncementFilter",
     "DecodedGradient",
+    "DelegatedSigner",
     "LocalSigner",
     "PubsubMessage",
     "Signer",

@@ -7,7 +7,7 @@ Two dag-cbor records (keys sorted canonically, CIDs as tag-42 links):
     entries: [[peer, contribution, weight, signature]...], members?}``, entries sorted by peer
     ID, one per peer. ``base`` is the model CID the round starts from; every peer aggregates
     exactly ``entries``; ``members`` (only when the round changes it) names the next member set.
-    ``signature`` is the entry owner's signature of its ``agreed/contrib``
+    ``signature`` is the entry owner's signature (plain or delegated) of its ``agreed/contrib``
     statement (:func:`contribution_body`, rebuilt from the roster and the entry), so a roster
     cannot name a contribution its owner did not announce (:func:`verify_roster_entries`);
     entries of three items (no signature) still decode, and are refused by those checks.
@@ -58,6 +58,7 @@ from .pubsub import decode_multibase, encode_multibase
 from .records import decode_record, encode_record, require
 from .statement import (
     PEER_ID_KEYS,
+    SIGNATURE_LENGTHS,
     KeyBook,
     Signer,
     Statement,
@@ -99,8 +100,9 @@ MAX_SIGNED_MESSAGE_BYTES: Final = MAX_MESSAGE_BYTES + 1024
 """Largest signed agreed message (its statement: the message plus author and signature)."""
 MAX_INLINE_BYTES: Final = 3072
 """Largest roster block carried inside its ``roster`` message (larger ones are fetched)."""
-MAX_RECORD_BYTES: Final = 256 * 1024
-"""Largest roster or round record block decoded, in bytes."""
+MAX_RECORD_BYTES: Final = 384 * 1024
+"""Largest roster or round record block decoded, in bytes (a roster of
+:data:`MAX_ROSTER_ENTRIES` entries with delegated signatures is about 330 KB)."""
 MAX_TEXT_CHARS: Final = 256
 """Longest session ID accepted."""
 
@@ -110,7 +112,6 @@ _ROSTER: Final = "gradfed.roster"
 _RECORD: Final = "gradfed.agreed-round"
 _MESSAGE: Final = "gradfed.agreed-message"  # a memo key only: messages are JSON
 _SIGNED: Final = "gradfed.agreed-statement"  # a memo key only
-_SIGNATURE_BYTES: Final = 64
 _MEMO: Final[DecodeMemo[tuple[str, bytes], Any]] = DecodeMemo()
 """Rosters, records and messages decoded (:class:`~.memo.DecodeMemo`), by kind and bytes."""
 
@@ -320,9 +321,9 @@ def _entry(item: object, where: str) -> RosterEntry:
         raise MalformedManifest(f"{where}: weight {weight} out of range")
     signature = item[3] if len(item) == 4 else None
     if signature is not None and (
-        not isinstance(signature, bytes) or len(signature) != _SIGNATURE_BYTES
+        not isinstance(signature, bytes) or len(signature) not in SIGNATURE_LENGTHS
     ):
-        raise MalformedManifest(f"{where}: an entry's signature is not {_SIGNATURE_BYTES} bytes")
+        raise MalformedManifest(f"{where}: an entry's signature is not {SIGNATURE_LENGTHS} bytes")
     return RosterEntry(_peer(item[0], where), _content_cid(item[1], where), weight, signature)
 
 

@@ -11,12 +11,22 @@ key directory is needed. Kubo signs with it through its ``key/sign`` RPC, which 
 data with ``libp2p-key signed message:`` (:data:`LIBP2P_KEY_PREFIX`); :class:`LocalSigner` signs
 the same bytes in process (the in-memory bus and tests), so a statement signed either way
 verifies the same way. RSA and secp256k1 peer IDs are refused: their keys are not in the ID.
+
+A signature is either that plain 64-byte Ed25519 signature or a *delegated* one
+(:data:`DELEGATED_SIGNATURE_BYTES`): a binding of an in-process Ed25519 key to the author,
+signed once by the author's own key, followed by that key's signature of the statement
+(:class:`DelegatedSigner`: one ``key/sign`` call at start instead of one per statement).
+:func:`verify_signed` takes either form, so every verifier checks both offline; verified
+bindings are remembered, so a delegated signature costs one Ed25519 check. Signatures are
+not unique per statement (a peer may sign the same bytes both ways, or with two delegate
+keys): compare statements by author, kind and body, never by signature or CID.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from hashlib import sha256
 from typing import Any, Final, Protocol
 
 from cryptography.exceptions import InvalidSignature
@@ -30,14 +40,18 @@ from .memo import DecodeMemo
 from .records import decode_record, encode_record, require
 
 __all__ = [
+    "DELEGATED_SIGNATURE_BYTES",
     "LIBP2P_KEY_PREFIX",
     "MAX_STATEMENT_BYTES",
+    "SIGNATURE_LENGTHS",
     "PEER_ID_KEYS",
     "KeyBook",
+    "DelegatedSigner",
     "KeyDirectory",
     "LocalSigner",
     "Signer",
     "Statement",
+    "binding_bytes",
     "decode_statement",
     "ed25519_key_of",
     "peer_id_of",
@@ -51,6 +65,17 @@ LIBP2P_KEY_PREFIX: Final = b"libp2p-key signed message:"
 MAX_STATEMENT_BYTES: Final = 256 * 1024
 """Largest encoded statement accepted (a roster of a thousand entries fits)."""
 _DOMAIN: Final = b"gradfed/v1/statement\x00"
+_BINDING_DOMAIN: Final = b"gradfed/v1/delegate-key/statements\x00"
+"""What the author's own key signs to delegate: this purpose, the author and the key."""
+_SEED_DOMAIN: Final = b"gradfed/v1/delegate-key/seed\x00"
+"""What the author's own key signs (never published) to derive its delegate key."""
+_DELEGATED_TAG: Final = b"\xde\x01"
+_PLAIN_BYTES: Final = 64
+DELEGATED_SIGNATURE_BYTES: Final = len(_DELEGATED_TAG) + 32 + 64 + 64
+"""Length of a delegated signature: tag (2), delegate key (32), binding and statement
+signatures (64 each)."""
+SIGNATURE_LENGTHS: Final = (_PLAIN_BYTES, DELEGATED_SIGNATURE_BYTES)
+"""The only lengths a statement signature may have (plain, delegated)."""
 _KIND_CHARS: Final = 64
 # Identity multihash (0x00), length 36, protobuf PublicKey {Type: Ed25519 (1), Data: 32 bytes}.
 _ED25519_ID_PREFIX: Final = bytes([0x00, 0x24, 0x08, 0x01, 0x12, 0x20])
@@ -58,6 +83,8 @@ _BASE58BTC: Final = multibase.get("base58btc")
 _VERIFIED: Final[DecodeMemo[tuple[object, bytes, bytes], bool]] = DecodeMemo()
 """Signatures that verified, by key book and (signed bytes, signature): a re-announced or
 re-read statement is not verified again (only successes are kept)."""
+_BINDINGS: Final[DecodeMemo[tuple[object, str, bytes], Ed25519PublicKey]] = DecodeMemo()
+"""Delegate keys whose binding verified, by key book, author and binding bytes."""
 
 
 def ed25519_key_of(peer_id: str) -> Ed25519PublicKey:
@@ -157,7 +184,11 @@ class Signer(Protocol):
         ...
 
     def sign(self, data: bytes) -> Awaitable[bytes]:
-        """Return the 64-byte Ed25519 signature of ``LIBP2P_KEY_PREFIX + data``."""
+        """Return a signature of ``data`` that :func:`verify_signed` checks.
+
+        The 64-byte Ed25519 signature of ``LIBP2P_KEY_PREFIX + data`` by the peer's own key,
+        or a delegated one (:class:`DelegatedSigner`).
+        """
         ...
 
 
@@ -200,6 +231,61 @@ class LocalSigner:
         return self._key.sign(LIBP2P_KEY_PREFIX + data)
 
 
+class DelegatedSigner:
+    """Signs in process with a delegate key that the peer's own key bound to it once.
+
+    Each signature is :data:`DELEGATED_SIGNATURE_BYTES` long: the binding (the delegate's
+    public key and the peer key's signature of :func:`binding_bytes`) and the delegate's
+    signature of ``LIBP2P_KEY_PREFIX + data``. On Kubo that is two ``key/sign`` calls at
+    :meth:`open` instead of one per statement; the binding gives the process no power it did
+    not have (whoever reaches the RPC API can already call ``key/sign``). It has no expiry:
+    a statement carries no trusted time, so an expiry could not be checked offline without
+    making old histories unverifiable. Make one with :meth:`open`.
+    """
+
+    def __init__(self, peer_id: str, key: Ed25519PrivateKey, binding_signature: bytes) -> None:
+        if len(binding_signature) != _PLAIN_BYTES:
+            raise BadSignature(f"a binding signature of {len(binding_signature)} bytes")
+        self._peer_id = peer_id
+        self._key = key
+        raw = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        self._binding = _DELEGATED_TAG + raw + bytes(binding_signature)
+
+    @classmethod
+    async def open(cls, identity: Signer, key: Ed25519PrivateKey | None = None) -> DelegatedSigner:
+        """Bind ``key`` to ``identity`` (one signature of ``identity``) and return the signer.
+
+        By default the key is derived from ``identity``'s signature of a fixed, never
+        published message (one more signature): Ed25519 signs deterministically, so a
+        restarted peer gets the same key and binding and signs the same statements to the
+        same bytes. (:func:`sign_statement` checks each signature it makes, so a binding that
+        does not verify against the peer's key fails at the first statement.)
+        """
+        author = identity.peer_id
+        if key is None:
+            seed = await identity.sign(_SEED_DOMAIN + author.encode("utf-8"))
+            key = Ed25519PrivateKey.from_private_bytes(sha256(_SEED_DOMAIN + seed).digest())
+        raw = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        return cls(author, key, await identity.sign(binding_bytes(author, raw)))
+
+    def __repr__(self) -> str:
+        return f"DelegatedSigner({self._peer_id})"
+
+    @property
+    def peer_id(self) -> str:
+        """The author it signs as (the identity's peer ID)."""
+        return self._peer_id
+
+    @property
+    def public_key(self) -> Ed25519PublicKey:
+        """The delegate's public key (not the peer ID's)."""
+        return self._key.public_key()
+
+    async def sign(self, data: bytes) -> bytes:
+        """Return the delegated signature of ``data`` (no call to the identity)."""
+        return self._binding + self._key.sign(LIBP2P_KEY_PREFIX + data)
+
+
 @dataclass(frozen=True)
 class Statement:
     """A signed statement whose signature has been checked.
@@ -215,7 +301,8 @@ class Statement:
     body
         The statement's own bytes (dag-cbor by convention).
     signature
-        64-byte Ed25519 signature of :func:`signed_bytes` with Kubo's prefix.
+        Ed25519 signature of :func:`signed_bytes` with Kubo's prefix: 64 bytes by the
+        author's own key, or delegated (:data:`DELEGATED_SIGNATURE_BYTES`).
     block
         The encoded statement (its CID names it).
     """
@@ -232,23 +319,67 @@ def _check_kind(kind: str) -> None:
         raise MalformedManifest(f"statement kind must be 1..{_KIND_CHARS} ASCII characters")
 
 
-def verify_signed(author: str, kind: str, body: bytes, signature: bytes, keys: KeyBook) -> None:
-    """Check ``signature`` is ``author``'s of a ``kind`` statement with ``body`` (remembered).
+def binding_bytes(author: str, delegate: bytes) -> bytes:
+    """Return what ``author``'s own key signs to delegate its statements to ``delegate``.
 
-    For statements a verifier rebuilds from what it holds (a roster entry is its owner's
-    contribution statement: only the signature is carried).
+    ``delegate`` is the raw 32-byte Ed25519 public key; the domain tag names the purpose
+    (gradfed statements only), so a binding is never a statement and a statement never a
+    binding.
+    """
+    name = author.encode("utf-8")
+    return _BINDING_DOMAIN + len(name).to_bytes(4, "big") + name + bytes(delegate)
+
+
+def _delegate_key(author: str, signature: bytes, keys: KeyBook) -> tuple[Ed25519PublicKey, bytes]:
+    """Return a delegated signature's checked delegate key and its statement signature.
 
     Raises
     ------
     BadSignature
-        If the author's key is unknown or the signature does not verify.
+        If ``signature`` is neither form, or its binding is not ``author``'s own key's.
+    """
+    if len(signature) != DELEGATED_SIGNATURE_BYTES or not signature.startswith(_DELEGATED_TAG):
+        raise BadSignature(
+            f"a signature of {len(signature)} bytes is neither plain ({_PLAIN_BYTES}) nor "
+            f"delegated ({DELEGATED_SIGNATURE_BYTES})"
+        )
+    start = len(_DELEGATED_TAG)
+    binding, inner = signature[start : start + 96], signature[start + 96 :]
+    known = _BINDINGS.get((keys, author, binding))
+    if known is not None:
+        return known, inner
+    raw, proof = binding[:32], binding[32:]
+    try:
+        keys.key_of(author).verify(proof, LIBP2P_KEY_PREFIX + binding_bytes(author, raw))
+        delegate = Ed25519PublicKey.from_public_bytes(raw)
+    except (InvalidSignature, ValueError):
+        raise BadSignature(f"delegate key binding of {author:.60} does not verify") from None
+    return _BINDINGS.put((keys, author, binding), delegate, len(author) + len(binding)), inner
+
+
+def verify_signed(author: str, kind: str, body: bytes, signature: bytes, keys: KeyBook) -> None:
+    """Check ``signature`` is ``author``'s of a ``kind`` statement with ``body`` (remembered).
+
+    For statements a verifier rebuilds from what it holds (a roster entry is its owner's
+    contribution statement: only the signature is carried). ``signature`` is plain (64 bytes,
+    the author's own key) or delegated (:data:`DELEGATED_SIGNATURE_BYTES`: a key the author's
+    own key bound, then that key's signature).
+
+    Raises
+    ------
+    BadSignature
+        If the author's key is unknown, the signature is of neither length, a delegated one's
+        binding is not the author's, or the signature does not verify.
     """
     data = signed_bytes(author, kind, body)
     if _VERIFIED.get((keys, data, signature)):
         return
-    key = keys.key_of(author)
+    if len(signature) == _PLAIN_BYTES:
+        key, inner = keys.key_of(author), signature
+    else:
+        key, inner = _delegate_key(author, signature, keys)
     try:
-        key.verify(signature, LIBP2P_KEY_PREFIX + data)
+        key.verify(inner, LIBP2P_KEY_PREFIX + data)
     except InvalidSignature:
         raise BadSignature(f"{kind} statement: signature of {author:.60} does not verify") from None
     _VERIFIED.put((keys, data, signature), True, len(data) + len(signature))
@@ -318,7 +449,10 @@ def decode_statement(
     _check_kind(found)
     if kind is not None and found != kind:
         raise MalformedManifest(f"{where} is a {found!r} statement, not {kind!r}")
-    if len(signature) != 64:
-        raise BadSignature(f"{where}: a signature of {len(signature)} bytes, not 64")
+    if len(signature) not in SIGNATURE_LENGTHS:
+        raise BadSignature(
+            f"{where}: a signature of {len(signature)} bytes, not {_PLAIN_BYTES} "
+            f"or {DELEGATED_SIGNATURE_BYTES} (delegated)"
+        )
     verify_signed(author, found, body, signature, keys)
     return Statement(author, found, body, signature, block)

@@ -43,7 +43,14 @@ from ..formats.pubsub import (
     parse_sub_line,
     session_topic,
 )
-from ..formats.statement import PEER_ID_KEYS, KeyBook, KeyDirectory, LocalSigner, Signer
+from ..formats.statement import (
+    PEER_ID_KEYS,
+    DelegatedSigner,
+    KeyBook,
+    KeyDirectory,
+    LocalSigner,
+    Signer,
+)
 from ..formats.statement import ed25519_key_of as _ed25519_key_of
 from .rpc import MAX_PUBSUB_LINE_BYTES, KuboRpc, Transport
 from .rpc_errors import ErrorFamily
@@ -184,6 +191,10 @@ class KuboPubsub:
         :meth:`aclose`; by default the transport makes and owns one.
     max_line
         Longest ``pubsub/sub`` line kept, in bytes; longer ones count in :attr:`bad_lines`.
+    delegated
+        Sign statements in process with a key the daemon's identity bound once
+        (:class:`~gradfed_ipfs.formats.statement.DelegatedSigner`; default), else with the
+        identity key itself (one ``key/sign`` call per statement).
 
     Attributes
     ----------
@@ -203,8 +214,10 @@ class KuboPubsub:
         transport: Transport | None = None,
         rpc: KuboRpc | None = None,
         max_line: int = MAX_PUBSUB_LINE_BYTES,
+        delegated: bool = True,
     ) -> None:
         self.api_url = api_url.rstrip("/")
+        self.delegated = delegated
         self.timeout = timeout
         self.reconnect_delay = reconnect_delay
         self.max_reconnect_delay = max_reconnect_delay
@@ -212,7 +225,7 @@ class KuboPubsub:
         self.reconnects = 0
         self.bad_lines = 0
         self._peer_id: str | None = None
-        self._signer: KuboSigner | None = None
+        self._signer: Signer | None = None
         self._closed = False
         self._publishing = asyncio.Lock()
         self._owns_rpc = rpc is None
@@ -232,10 +245,16 @@ class KuboPubsub:
             self._peer_id = str(answer["ID"])
         return self._peer_id
 
-    async def signer(self) -> KuboSigner:
-        """Return the daemon's identity key as a signer (``key/sign``; cached)."""
+    async def signer(self) -> Signer:
+        """Return what signs this daemon's statements (cached).
+
+        With :attr:`delegated`, a delegate key its identity bound (two ``key/sign`` calls
+        here, none per statement; the same key after a restart); else the identity key
+        (:class:`~gradfed_ipfs.kubo.KuboSigner`, one ``key/sign`` per statement).
+        """
         if self._signer is None:
-            self._signer = await KuboSigner.open(self.rpc)
+            identity = await KuboSigner.open(self.rpc)
+            self._signer = await DelegatedSigner.open(identity) if self.delegated else identity
         return self._signer
 
     @property

@@ -11,6 +11,7 @@ from gradfed_ipfs.block import Block
 from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import MalformedManifest
 from gradfed_ipfs.formats.regional import RegionalRecord, RegionVote, RegionVotes, region_session
+from gradfed_ipfs.formats.roster import MAX_RECORD_BYTES
 
 GENESIS = make_cid(b"genesis", "raw")
 RESULT = make_cid(b"result", "raw")
@@ -80,7 +81,7 @@ def test_malformed_records_are_refused(changes: dict[str, Any], match: str) -> N
 
 
 def test_an_oversized_block_is_refused_before_decoding() -> None:
-    block = Block.new(b"\xa0" + b"\x00" * (256 * 1024 + 1), "dag-cbor")
+    block = Block.new(b"\xa0" + b"\x00" * (MAX_RECORD_BYTES + 1), "dag-cbor")
     with pytest.raises(MalformedManifest, match="too large"):
         RegionalRecord.from_block(block)
 
@@ -115,4 +116,4 @@ def test_votes_and_vote_sets_round_trip_and_refuse_bad_shapes() -> None:
         with pytest.raises(MalformedManifest, match=match):
             RegionVotes.from_block(block)
     with pytest.raises(MalformedManifest, match="too large"):
-        RegionVotes.from_block(Block.new(b"\xa0" + b"\x00" * (256 * 1024 + 1), "dag-cbor"))
+        RegionVotes.from_block(Block.new(b"\xa0" + b"\x00" * (MAX_RECORD_BYTES + 1), "dag-cbor"))

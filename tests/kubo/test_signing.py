@@ -7,10 +7,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from gradfed_ipfs import ConfigError, Node
 from gradfed_ipfs.errors import BadSignature
-from gradfed_ipfs.formats import LocalSigner, decode_statement, sign_statement
+from gradfed_ipfs.formats import DelegatedSigner, LocalSigner, decode_statement, sign_statement
 from gradfed_ipfs.formats.pubsub import encode_multibase
-from gradfed_ipfs.formats.statement import LIBP2P_KEY_PREFIX, signed_bytes
-from gradfed_ipfs.kubo import MemoryPubsubBus
+from gradfed_ipfs.formats.statement import (
+    DELEGATED_SIGNATURE_BYTES,
+    LIBP2P_KEY_PREFIX,
+    binding_bytes,
+    signed_bytes,
+)
+from gradfed_ipfs.kubo import KuboPubsub, KuboSigner, MemoryPubsubBus
 from tests.conftest import KuboNode
 
 
@@ -22,6 +27,43 @@ async def test_a_statement_signed_by_kubo_verifies_offline(kubo_node: KuboNode) 
     checked = decode_statement(statement.block, kind="agreed/done")
     assert checked.author == kubo_node.peer_id
     assert checked.body == b"\xa1around\x03"
+
+
+async def test_a_kubo_transport_signs_in_process_with_a_key_its_daemon_bound(
+    kubo_node: KuboNode,
+) -> None:
+    """The default signer is a delegate: its binding is the daemon's own ``key/sign`` output
+    (the daemon's ``key/verify`` accepts it), statements verify offline against the peer ID,
+    and a new transport (a restart) signs the same statement to the same bytes."""
+    pubsub, again, direct = (
+        KuboPubsub(kubo_node.api_url),
+        KuboPubsub(kubo_node.api_url),
+        KuboPubsub(kubo_node.api_url, delegated=False),
+    )
+    try:
+        signer = await pubsub.signer()
+        assert isinstance(signer, DelegatedSigner)
+        assert signer.peer_id == kubo_node.peer_id
+        statement = await sign_statement(signer, "agreed/done", b"\xa1around\x03")
+        assert len(statement.signature) == DELEGATED_SIGNATURE_BYTES
+        assert decode_statement(statement.block).author == kubo_node.peer_id
+        restarted = await sign_statement(await again.signer(), "agreed/done", b"\xa1around\x03")
+        assert restarted.block == statement.block
+        binding = binding_bytes(kubo_node.peer_id, signer.public_key.public_bytes_raw())
+        answer = await pubsub.rpc.post_json(
+            "key/verify",
+            {"key": kubo_node.peer_id, "signature": encode_multibase(statement.signature[34:98])},
+            files={"file": ("data", binding, "application/octet-stream")},
+        )
+        assert answer["SignatureValid"] is True
+        identity = await direct.signer()
+        assert isinstance(identity, KuboSigner)
+        plain = await sign_statement(identity, "agreed/done", b"\xa1around\x03")
+        assert len(plain.signature) == 64
+        assert decode_statement(plain.block).body == statement.body
+    finally:
+        for transport in (pubsub, again, direct):
+            await transport.aclose()
 
 
 async def test_kubo_verifies_what_a_local_signer_signed(kubo_node: KuboNode) -> None:

@@ -31,6 +31,7 @@ from gradfed_ipfs.federated.exchange.encoded import encode_gradient
 from gradfed_ipfs.formats import PubsubMessage
 from gradfed_ipfs.formats.roster import (
     MAX_MESSAGE_BYTES,
+    MAX_RECORD_BYTES,
     AgreedMessage,
     AgreedRecord,
     Roster,
@@ -94,7 +95,7 @@ def test_roster_decoder_refuses_oversized_and_foreign_blocks() -> None:
     with pytest.raises(MalformedManifest, match="more than"):
         Roster.from_block(raw_roster([[f"p{i:05d}", C1, 1] for i in range(1025)]))
     with pytest.raises(MalformedManifest, match="too large"):
-        Roster.from_block(Block.new(b"\x00" * 300_000, "dag-cbor"))
+        Roster.from_block(Block.new(b"\x00" * (MAX_RECORD_BYTES + 1), "dag-cbor"))
     with pytest.raises(MalformedManifest):
         Roster.from_block(Block.new(dag_cbor.encode({"type": "other", "version": 1}), "dag-cbor"))
 
