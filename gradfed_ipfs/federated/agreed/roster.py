@@ -82,7 +82,7 @@ class _Collection:
     deadline: float
     tried: set[bytes] = field(default_factory=set)
     derived: bytes | None = None  # the coordinator's roster, derived here before heard
-    waiting: bool = False  # a roster whose time has come is still being fetched
+    waiting: bool = False  # a roster message whose time has come is still being fetched
     learned: dict[bytes, CID] = field(default_factory=dict)  # rosters named by done records
     # (signer, roster CID) of roster messages not from the coordinator they name: refused by
     # sender, not by CID (the named coordinator's own message may carry the same roster)
@@ -328,18 +328,26 @@ class RosterPhase:
                 for rank, p, cid in heard
                 if (rank, p, cid) in due or bytes(cid) in settled
             ]
-        if not due:
+        if not [x for x in due if not self._ruled_out(c, x[1], x[2])]:
+            # Only rosters already refused are due (a member's first roster is the only one
+            # the board keeps: a bad one hides its author's later good one): the round may be
+            # over elsewhere, and its records name the roster it settled on.
             await self._rosters_from_records(ctx, state, c)
         candidates: list[tuple[CID, str | None]] = [(cid, p) for _, p, cid in sorted(due)]
         candidates += [(cid, None) for cid in c.learned.values()]
         c.waiting = False
         for cid, author in candidates:
-            if bytes(cid) in c.tried or (author or "", bytes(cid)) in c.refused:
+            if self._ruled_out(c, author, cid):
                 continue
             adopted = await self._adopt(ctx, cid, author, c)
             if adopted is not None:
                 return adopted
         return None
+
+    @staticmethod
+    def _ruled_out(c: _Collection, author: str | None, cid: CID) -> bool:
+        """Whether roster ``cid`` (from ``author``; ``None``: a record's) was refused already."""
+        return bytes(cid) in c.tried or (author or "", bytes(cid)) in c.refused
 
     async def _settled(self, ctx: RoundContext, state: RoundState, c: _Collection) -> set[bytes]:
         """Roster CIDs that this round's ``done`` records of more than half the members name.
@@ -395,14 +403,14 @@ class RosterPhase:
             return None
         tasks = [self.fetch(entry.contribution, ctx.d) for entry in roster.entries]
         if not all(task.done() for task in tasks):
-            c.waiting = True
+            c.waiting = c.waiting or author is not None
             return None
         gradients = []
         for entry, task in zip(roster.entries, tasks, strict=True):
             if task.cancelled() or task.exception() is not None:
                 if is_transient(task):
                     self.fetch(entry.contribution, ctx.d)  # retry until the round deadline
-                    c.waiting = True
+                    c.waiting = c.waiting or author is not None
                     return None
                 tried.add(bytes(cid))
                 ctx.rejected[roster.coordinator] = f"roster {cid} lists a bad {entry.contribution}"
@@ -438,7 +446,10 @@ class RosterPhase:
             return None
         except (BlockNotFound, BlockStoreError) as exc:
             logger.debug("round %d: roster %s not fetched yet: %s", ctx.number, cid, exc)
-            c.waiting = True
+            # A roster message's coordinator put it first: worth waiting for. One a record
+            # names is tried again, but holds nobody back: any member can announce a record
+            # naming a roster nobody serves (this peer publishes its own roster when due).
+            c.waiting = c.waiting or author is not None
             return None
         except DecodeError as exc:
             tried.add(bytes(cid))
