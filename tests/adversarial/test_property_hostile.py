@@ -35,6 +35,7 @@ import pytest
 from multiformats import CID
 
 from gradfed_ipfs.block import Block
+from gradfed_ipfs.cid import parse_cid
 from gradfed_ipfs.errors import GradfedError, RoundMismatch
 from gradfed_ipfs.federated.agreed import (
     AgreedConfig,
@@ -58,6 +59,7 @@ from gradfed_ipfs.formats.statement import sign_statement
 from gradfed_ipfs.kubo import MemoryPubsubBus, PubsubTransport, PubsubWrapper
 from gradfed_ipfs.storage import MemoryBlockStore, fetch_gradient, put_gradient
 from gradfed_ipfs.tensor.deterministic import deterministic_update
+from tests.polling import apoll_until
 
 from .hostile import forged_head
 
@@ -597,3 +599,66 @@ async def test_a_done_naming_a_roster_nobody_serves_does_not_stall_the_round() -
 async def close_all(sessions: Sequence[AgreedSession]) -> None:
     for session in sessions:
         await session.aclose()
+
+
+class HookedStore(MemoryBlockStore):
+    """A memory store that runs ``hook`` (once) when ``armed`` is first fetched."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed: bytes | None = None
+        self.hook: Callable[[], Awaitable[None]] | None = None
+
+    async def get(self, cid: object, **kwargs: object) -> Block:  # type: ignore[override]
+        hook = self.hook
+        if hook is not None and self.armed == bytes(parse_cid(cid)):  # type: ignore[arg-type]
+            self.hook = None
+            await hook()
+        return await super().get(cid, **kwargs)  # type: ignore[arg-type]
+
+
+async def test_a_done_heard_while_a_late_peer_counts_the_votes_is_no_crash() -> None:
+    """A late peer (rank 0, so the round's roster is rank 1's, not yet due by its clock)
+    counts the ``done`` votes behind it, loading their record; another member's ``done``
+    comes in meanwhile. Before, the count iterated the live dict across the load and the
+    peer's round died with ``RuntimeError: dictionary changed size during iteration``."""
+    store = HookedStore()
+    genesis = await AgreedSession.commit_genesis(store, initial_model())
+    ranking = coordinator_ranking(SESSION, genesis, 0, PEERS)
+    late, evil, others = ranking[0], ranking[-1], ranking[1:-1]
+    bus = MemoryPubsubBus()
+    config = AgreedConfig(members=PEERS, min_peers=len(others), **FAST)  # type: ignore[arg-type]
+    sessions = {p: AgreedSession(store, bus.endpoint(p), SESSION, genesis, config) for p in PEERS}
+    del sessions[evil]
+    for session in sessions.values():
+        await session.start(initial_model())
+    try:
+        first = await asyncio.wait_for(
+            asyncio.gather(*(honest_round(sessions[p]) for p in others)), ROUND_BOUND
+        )
+        record = first[0].record if first[0] is not None else None
+        assert record is not None
+        assert {bytes(res.record) for res in first if res is not None} == {bytes(record)}
+        board = sessions[late].board
+        await until(lambda: set(others) <= set(board.state(0).done), "the others' done")
+
+        async def evil_done() -> None:  # heard while the late peer loads the record
+            done = AgreedMessage("done", SESSION, genesis, 0, evil, genesis, record=record)
+            data = (await sign_message(done, bus.signer(evil), bus.keys)).block.data
+            await bus.endpoint(evil).publish(sessions[late].topic, data)
+            await until(lambda: evil in board.state(0).done, "the member's done")
+
+        store.armed, store.hook = bytes(record), evil_done
+        result = await asyncio.wait_for(honest_round(sessions[late]), ROUND_BOUND)
+    finally:
+        await close_all(list(sessions.values()))
+    assert store.hook is None  # the done came in during the count
+    assert result is not None
+    assert bytes(result.record) == bytes(record)
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    async def check() -> bool:
+        return condition()
+
+    await apoll_until(check, timeout=10.0, what=what)

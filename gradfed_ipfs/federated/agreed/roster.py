@@ -356,7 +356,7 @@ class RosterPhase:
         for a roster's time the others have long passed, or publish its own.
         """
         votes: Counter[bytes] = Counter()
-        for head in state.done.values():
+        for head in list(state.done.values()):  # a done may come in while a record loads
             key = bytes(head.record)
             if key not in c.named:
                 c.named[key] = None  # one try a record: a record nobody serves costs one wait
