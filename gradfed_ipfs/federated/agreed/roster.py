@@ -26,6 +26,7 @@ from multiformats import CID
 from ..._types import FloatArray
 from ...block import Block
 from ...errors import (
+    BadSignature,
     BlockNotFound,
     BlockStoreError,
     BlockTimeout,
@@ -33,7 +34,7 @@ from ...errors import (
     QuorumNotReached,
 )
 from ...formats.membership import MemberSet
-from ...formats.roster import MAX_INLINE_BYTES, AgreedRecord, Roster
+from ...formats.roster import MAX_INLINE_BYTES, AgreedRecord, Roster, verify_roster_coordinator
 from ...storage.base import BlockStore
 from ..exchange.fetcher import ContributionFetcher, is_transient
 from ..exchange.records import carried_or_fetched
@@ -84,6 +85,8 @@ class _Collection:
     derived: bytes | None = None  # the coordinator's roster, derived here before heard
     waiting: bool = False  # a roster message whose time has come is still being fetched
     learned: dict[bytes, CID] = field(default_factory=dict)  # rosters named by done records
+    # roster -> the coordinator signatures the records naming it carry
+    learned_signatures: dict[bytes, set[bytes]] = field(default_factory=dict)
     # (signer, roster CID) of roster messages not from the coordinator they name: refused by
     # sender, not by CID (the named coordinator's own message may carry the same roster)
     refused: set[tuple[str, bytes]] = field(default_factory=set)
@@ -197,6 +200,7 @@ class RosterPhase:
         derivable = self._members is None or self._members.admission is None  # else: its requests
         if (
             derivable
+            and not ctx.excluded  # a complete roster: its record needs no coordinator signature
             and c.quorum == len(c.members)
             and not c.waiting
             and ctx.ranking[0] not in state.rosters
@@ -269,7 +273,9 @@ class RosterPhase:
         if inline is None:
             await self._store.put(block, pin=False)  # peers fetch it now; pinned when done
         message = self._messages.make("roster", ctx.number, cid, inline=inline)
-        await self._messages.post("roster", message)
+        statement = await self._messages.post("roster", message)
+        signatures = self._board.state(ctx.number).roster_signatures
+        signatures.setdefault(ctx.peer, statement.signature)  # the board drops its own
         logger.debug(
             "round %d: %s published roster %s (%d entries)", ctx.number, ctx.peer, cid, len(ready)
         )
@@ -387,7 +393,12 @@ class RosterPhase:
                 ctx.rejected[peer] = f"record {head.record}: {exc}"
                 continue
             if found is not None and bytes(found[1].base) == bytes(ctx.base):
-                c.learned.setdefault(bytes(found[1].roster), found[1].roster)
+                record = found[1]
+                c.learned.setdefault(bytes(record.roster), record.roster)
+                if record.roster_signature is not None:
+                    signatures = c.learned_signatures.setdefault(bytes(record.roster), set())
+                    if len(signatures) < MAX_WALK_BACK:  # one a record walked: bounded anyway
+                        signatures.add(record.roster_signature)
 
     async def _adopt(
         self, ctx: RoundContext, cid: CID, author: str | None, c: _Collection
@@ -400,6 +411,9 @@ class RosterPhase:
         tried = c.tried
         roster = await self._checked_roster(ctx, cid, author, c)
         if roster is None:
+            return None
+        signed, signature = self._coordinator_signature(ctx, c, cid, author, roster)
+        if not signed:
             return None
         tasks = [self.fetch(entry.contribution, ctx.d) for entry in roster.entries]
         if not all(task.done() for task in tasks):
@@ -422,8 +436,42 @@ class RosterPhase:
         )
         return AdoptedRoster(
             cid, roster, block, None if self._sliced else tuple(gradients),
-            self._member_sets.get(bytes(cid)),
+            self._member_sets.get(bytes(cid)), signature,
         )  # fmt: skip
+
+    def _coordinator_signature(
+        self, ctx: RoundContext, c: _Collection, cid: CID, author: str | None, roster: Roster
+    ) -> tuple[bool, bytes | None]:
+        """Return whether ``roster`` may be adopted for its coordinator's signature, and it.
+
+        A roster leaving an expected peer out needs its coordinator's signature of its
+        ``roster`` message (the round's record carries it:
+        :func:`~gradfed_ipfs.formats.roster.verify_roster_coordinator`): the message's, or one
+        a record naming it carries. A message whose signature is not over the roster as a
+        coordinator sends it (inline when small) is refused by sender; without any signature
+        yet (a roster this peer derived, or records without one) it is tried again later.
+        """
+        keys = self._board.keys
+        if keys is None or not roster.absent:
+            return True, None
+        state = self._board.state(ctx.number)
+        if author is not None:
+            heard = state.roster_signatures.get(author)
+            named = state.rosters.get(author)
+            found = [heard] if heard is not None and named is not None and named == cid else []
+        else:
+            found = sorted(c.learned_signatures.get(bytes(cid), ()))
+        block = self._rosters[bytes(cid)][1]
+        for signature in found:
+            try:
+                verify_roster_coordinator(roster, block, signature, keys)
+            except BadSignature as exc:
+                if author is not None:
+                    c.refused.add((author, bytes(cid)))
+                    ctx.rejected[author] = f"roster {cid}: {exc}"
+                continue
+            return True, signature
+        return False, None
 
     async def _checked_roster(
         self, ctx: RoundContext, cid: CID, author: str | None, c: _Collection

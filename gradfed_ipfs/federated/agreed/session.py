@@ -609,6 +609,7 @@ class AgreedSession:
             tuple(sliced.frauds) if sliced is not None and sliced.frauds else None,
             tuple(sorted(excluded)) or None, stored,
             None if config.packing is None else config.packing.label, adopted.roster.members,
+            adopted.signature,
         ).to_block()  # fmt: skip
         await self._parts.messages.done(r, encoded[0].cid, record.cid)
         holders = model_holders(
