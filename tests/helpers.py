@@ -10,7 +10,7 @@ from multiformats import CID
 
 from gradfed_ipfs import MemoryPubsubBus
 from gradfed_ipfs.errors import ConfigError
-from gradfed_ipfs.formats.roster import AgreedMessage, sign_message
+from gradfed_ipfs.formats.roster import MAX_INLINE_BYTES, AgreedMessage, Roster, sign_message
 from gradfed_ipfs.formats.statement import PEER_ID_KEYS
 
 
@@ -52,6 +52,21 @@ MEMORY_KEYS = _MemoryNameKeys()
 async def signed(message: AgreedMessage, bus: MemoryPubsubBus) -> bytes:
     """Return ``message`` as its sender publishes it on ``bus``: its signed statement's bytes."""
     return (await sign_message(message, bus.signer(message.peer), bus.keys)).block.data
+
+
+async def roster_signature(roster: Roster) -> bytes:
+    """Return memory-bus coordinator ``roster.coordinator``'s signature of its roster message.
+
+    What a record of a roster that leaves a member out carries (``roster_signature``).
+    """
+    block = roster.to_block()
+    inline = block.data if len(block.data) <= MAX_INLINE_BYTES else None
+    message = AgreedMessage(
+        "roster", roster.session, roster.genesis, roster.round, roster.coordinator, block.cid,
+        inline=inline,
+    )  # fmt: skip
+    signer = MemoryPubsubBus().signer(roster.coordinator)
+    return (await sign_message(message, signer, MEMORY_KEYS)).signature
 
 
 async def signed_entry(

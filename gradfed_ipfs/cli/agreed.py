@@ -24,6 +24,7 @@ from typing import Final, TypeVar
 from multiformats import CID
 from rich.table import Table
 
+from ..block import Block
 from ..cometbft.finality import FinalityBundle, verify_finality
 from ..errors import (
     BadSignature,
@@ -42,14 +43,18 @@ from ..federated.agreed.history import (
     check_member_sets,
     load_chain,
     load_record,
-    load_roster,
     load_round_inputs,
     verify_agreed_history,
     verify_record,
 )
 from ..federated.agreed.membership import Admission
 from ..formats.membership import MemberSet
-from ..formats.roster import AgreedRecord, Roster, verify_roster_entries
+from ..formats.roster import (
+    AgreedRecord,
+    Roster,
+    verify_roster_coordinator,
+    verify_roster_entries,
+)
 from ..storage.base import BlockStore
 from ..storage.dag import fetch_gradient
 from ..storage.kubo import KuboBlockStore
@@ -157,9 +162,10 @@ async def check_agreed_round(
         record = await load_record(store, cid)
     except (BlockStoreError, DecodeError) as exc:
         return AgreedCheck(text, None, None, f"mismatch: {exc}", ok=False)
-    roster = None
+    roster, block = None, None
     with contextlib.suppress(BlockStoreError, DecodeError):
-        roster = await load_roster(store, record.roster)
+        block = await store.get(record.roster)
+        roster = Roster.from_block(block)
     try:
         if record.rule is None:
             known = None if models is None else models.get(bytes(record.base))
@@ -167,7 +173,7 @@ async def check_agreed_round(
             if models is not None:
                 models.clear()
                 models[bytes(record.result)] = (model, state)
-            unsigned = _unsigned(roster)
+            unsigned = _unsigned(record, roster, block)
             if unsigned:  # it re-aggregates, but lists what its owners did not sign
                 return AgreedCheck(text, record, roster, f"mismatch: {unsigned}", ok=False)
             return AgreedCheck(text, record, roster, "verified", ok=True)
@@ -199,15 +205,18 @@ async def check_agreed_round(
     return AgreedCheck(text, record, roster, status, ok=False, unverifiable=True)
 
 
-def _unsigned(roster: Roster | None) -> str:
+def _unsigned(record: AgreedRecord, roster: Roster | None, block: Block | None) -> str:
     """Why ``roster``'s entries are not its owners' signed contributions (``""``: they are).
 
-    The CLI reads Kubo peers' records: their authors' keys are their peer IDs.
+    Or, when it leaves an expected peer out, why it is not its coordinator's (the record's
+    ``roster_signature``). The CLI reads Kubo peers' records: their authors' keys are their
+    peer IDs.
     """
-    if roster is None:
+    if roster is None or block is None:
         return "roster: not fetched"
     try:
         verify_roster_entries(roster)
+        verify_roster_coordinator(roster, block, record.roster_signature)
     except BadSignature as exc:
         return str(exc)
     return ""

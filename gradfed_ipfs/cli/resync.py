@@ -1,7 +1,10 @@
 """``gradfed-ipfs resync``: adopt a session's latest agreed head, verified back to its genesis.
 
 Given a session name and genesis CID, it listens on the session's agreed topic for the peers'
-``done`` heads (each peer re-announces its latest one), or takes ``--head CID``; walks the
+``done`` heads (each peer re-announces its latest one; a heard head counts only with ``done``
+votes from more than half of its roster's peers, as a peer's resync counts them:
+:func:`~gradfed_ipfs.federated.agreed.heads.count_votes`), or takes ``--head CID`` (the caller's
+choice: no votes counted); checks every roster's entry and coordinator signatures; walks the
 head's record chain back to the genesis, checking every link, and recomputes every round's
 aggregate; then fetches the head's model and writes it. A head that does not verify is refused
 and the next best one tried, and so is one the CLI cannot recompute: a round with a custom rule
@@ -33,8 +36,16 @@ from ..errors import (
 )
 from ..federated.agreed.config import agreed_topic
 from ..federated.agreed.coordinator import Head
-from ..federated.agreed.heads import ranked_heads
-from ..federated.agreed.history import ResultLoad, check_exclusions, load_head, verify_record
+from ..federated.agreed.heads import count_votes, has_majority, ranked_heads
+from ..federated.agreed.history import (
+    ResultLoad,
+    check_exclusions,
+    check_roster_signatures,
+    load_head,
+    load_record,
+    load_roster,
+    verify_record,
+)
 from ..formats.pubsub import PubsubMessage
 from ..formats.roster import AgreedRecord, open_message
 from ..kubo.pubsub import KuboPubsub
@@ -130,6 +141,31 @@ def _candidates(heads: dict[str, Head]) -> list[CID]:
     return [head.record for head in ranked_heads(heads.values())]
 
 
+class _Votes:
+    """Counts the ``done`` votes behind a heard head as a peer's resync does.
+
+    A head counts only with votes from more than half of its roster's peers
+    (:func:`~gradfed_ipfs.federated.agreed.heads.count_votes`, :func:`has_majority`): each
+    peer's latest head is its vote, for its record and every record it extends (the records
+    of the heads loaded so far link them, best first: a later head is loaded before the one it
+    extends).
+    """
+
+    def __init__(self, heads: dict[str, Head], timeout: float) -> None:
+        self.heads, self.timeout = heads, timeout
+        self.links: dict[bytes, bytes | None] = {}
+
+    async def problem(self, store: BlockStore, candidate: CID) -> str:
+        """Why ``candidate`` lacks the votes to be adopted (``""``: it has them)."""
+        record = await load_record(store, candidate, timeout=self.timeout)
+        self.links[bytes(candidate)] = None if record.prev is None else bytes(record.prev)
+        roster = await load_roster(store, record.roster, timeout=self.timeout)
+        votes = count_votes(self.heads, candidate, roster.peers, self.links)
+        if has_majority(votes, roster.peers):
+            return ""
+        return f"done votes from {len(votes)} of its roster's {len(roster.peers)} peers"
+
+
 def _unrecomputable(chain: list[tuple[CID, AgreedRecord]]) -> list[AgreedRecord]:
     """Return the records of ``chain`` whose custom rule the CLI cannot re-run."""
     return [record for _, record in chain if record.rule is not None]
@@ -178,8 +214,8 @@ async def _resync(args: argparse.Namespace, api: str) -> int:
         return await _adopt(args, api, store, genesis, head)
 
 
-async def _listen(args: argparse.Namespace, api: str, genesis: CID) -> list[CID]:
-    """Return the heads heard on the session's agreed topic, best first."""
+async def _listen(args: argparse.Namespace, api: str, genesis: CID) -> dict[str, Head]:
+    """Return each peer's latest head heard on the session's agreed topic."""
     members = frozenset(args.member or ())
     topic = agreed_topic(args.session, genesis)
     with err_console.status(f"listening on {topic} for `done` heads…"):
@@ -196,7 +232,7 @@ async def _listen(args: argparse.Namespace, api: str, genesis: CID) -> list[CID]
         f"heard heads from {len(heads)} peer{'s' if len(heads) != 1 else ''} "
         f"(rounds {', '.join(map(str, rounds))})"
     )
-    return _candidates(heads)
+    return heads
 
 
 @dataclass(frozen=True)
@@ -225,6 +261,7 @@ async def _check_head(
     done: list[int] = []
 
     async def recheck() -> frozenset[str]:
+        await check_roster_signatures(store, chain)  # owners' contributions, coordinators'
         excluded = await check_exclusions(store, chain)  # fraud records: peers' data
         if not args.links_only:
             await _verify_rounds(store, chain, done)
@@ -238,12 +275,17 @@ async def _check_head(
 async def _adopt(
     args: argparse.Namespace, api: str, store: BlockStore, genesis: CID, head: CID | None
 ) -> int:
-    candidates = [head] if head is not None else await _listen(args, api, genesis)
+    heads = None if head is not None else await _listen(args, api, genesis)
+    candidates = _candidates(heads) if heads is not None else [head] if head is not None else []
+    votes = None if heads is None else _Votes(heads, args.timeout)  # --head: no votes heard
     length = (await fetch_gradient(store, genesis)).size
     adopted = None
     failure: GradfedError | None = None
     for candidate in candidates:
         try:
+            outvoted = "" if votes is None else await votes.problem(store, candidate)
+            if outvoted:
+                raise FederatedError(outvoted)
             with err_console.status(f"verifying the chain of {candidate}…"):
                 adopted = await _check_head(args, store, genesis, candidate, length)
         except (FederatedError, BlockStoreError, DecodeError, GradientError) as exc:
@@ -299,6 +341,7 @@ def add_resync_parser(commands: Any) -> None:
         help="adopt a session's latest agreed model: verify its record chain, write the model",
         description="Learn the latest agreed head of an agreed session (listen on "
         "gradfed/v1/<session>/agreed/<genesis> for the peers' `done` heads, or take --head), "
+        "count only a heard head with done votes from more than half of its roster's peers, "
         "walk its round records back to the genesis checking every link, recompute every "
         "round's aggregate, fetch the head's model and write it. Prints the round, the model "
         "and record CIDs and how many records were verified. A round with a custom update rule "

@@ -17,7 +17,9 @@ Two dag-cbor records (keys sorted canonically, CIDs as tag-42 links):
     ``rule``, ``state`` (a custom update rule), ``slices`` (a reduce-scatter round's slice
     records, in slice order), ``frauds`` (the round's fraud records, in slice order) and
     ``excluded`` (every peer proven a lying reducer in this round or an earlier one, sorted)
-    and ``members`` (the next member set's CID, when the round changed it).
+    and ``members`` (the next member set's CID, when the round changed it); ``roster_signature``
+    (its coordinator's signature of its ``agreed/roster`` message, when the roster leaves an
+    expected peer out: :func:`verify_roster_coordinator`).
 
 And one small JSON pubsub message, :class:`AgreedMessage`, of three kinds: ``contrib`` (a
 peer's contribution CID and weight for a round on a base model), ``roster`` (a coordinator's
@@ -85,6 +87,8 @@ __all__ = [
     "message_kind",
     "open_message",
     "sign_message",
+    "roster_message_body",
+    "verify_roster_coordinator",
     "verify_roster_entries",
 ]
 
@@ -397,6 +401,63 @@ def verify_roster_entries(roster: Roster, keys: KeyBook = PEER_ID_KEYS) -> None:
             ) from None
 
 
+def roster_message_body(roster: Roster, block: Block) -> bytes:
+    """Return the body of the ``agreed/roster`` message its coordinator published for ``block``.
+
+    The coordinator's message of the roster's session, genesis and round naming ``block``'s
+    CID, carrying the block inline when it is at most :data:`MAX_INLINE_BYTES` (as every
+    coordinator sends it; :func:`open_message` refuses a non-canonical one), so its signature
+    is checked offline from the roster block alone (:func:`verify_roster_coordinator`).
+    """
+    inline = block.data if len(block.data) <= MAX_INLINE_BYTES else None
+    return AgreedMessage(
+        "roster", roster.session, roster.genesis, roster.round, roster.coordinator, block.cid,
+        inline=inline,
+    ).encode()  # fmt: skip
+
+
+def _decided_on_chain(roster: Roster, keys: KeyBook) -> bool:
+    """Whether every entry is its owner's ``comet/contribution`` transaction (a chain's roster)."""
+    for entry in roster.entries:
+        body = comet_contribution_body(
+            roster.session, roster.round, entry.contribution, entry.weight, roster.base
+        )
+        try:
+            verify_signed(entry.peer, COMET_CONTRIBUTION, body, entry.signature or b"", keys)
+        except BadSignature:
+            return False
+    return bool(roster.entries)
+
+
+def verify_roster_coordinator(
+    roster: Roster, block: Block, signature: bytes | None, keys: KeyBook = PEER_ID_KEYS
+) -> None:
+    """Check a roster that leaves an expected peer out carries its coordinator's signature.
+
+    ``signature`` is the named coordinator's of its ``agreed/roster`` message
+    (:func:`roster_message_body`; a record carries it as
+    :attr:`AgreedRecord.roster_signature`): a roster learned through a record is then the
+    coordinator's own, and a member cannot rebuild a round with others' signed contributions
+    left out. A roster listing every expected peer needs none (nothing was left out: every
+    peer derives the same one), nor does one whose entries are all CometBFT contribution
+    transactions (the chain decided it; an offline reader does not check the chain).
+
+    Raises
+    ------
+    BadSignature
+        If the signature is missing or is not the coordinator's of this roster.
+    """
+    if not roster.absent or _decided_on_chain(roster, keys):
+        return
+    if signature is None:
+        raise BadSignature(
+            f"roster {cid_to_str(block.cid)} leaves out {', '.join(roster.absent)[:120]} "
+            f"and carries no signature of its coordinator {roster.coordinator:.60}"
+        )
+    body = roster_message_body(roster, block)
+    verify_signed(roster.coordinator, message_kind("roster"), body, signature, keys)
+
+
 @dataclass(frozen=True)
 class AgreedRecord:
     """The record of one agreed round; peers that agree write byte-identical records.
@@ -440,6 +501,10 @@ class AgreedRecord:
     members
         CID of the member set that rounds after this one use, when this round changed it
         (its roster's ``members``); ``None`` otherwise (only written when set).
+    roster_signature
+        The roster's coordinator's signature of its ``agreed/roster`` message
+        (:func:`roster_message_body`), written when the roster leaves an expected peer out
+        (:func:`verify_roster_coordinator`); ``None`` otherwise.
     """
 
     session: str
@@ -458,6 +523,7 @@ class AgreedRecord:
     model_stored: bool = True
     encoding: str | None = None
     members: CID | None = None
+    roster_signature: bytes | None = None
 
     @property
     def packing(self) -> PackSpec | None:
@@ -486,6 +552,11 @@ class AgreedRecord:
                 **({} if self.model_stored else {"model_stored": False}),
                 **({} if self.encoding is None else {"encoding": self.encoding}),
                 **({} if self.members is None else {"members": self.members}),
+                **(
+                    {}
+                    if self.roster_signature is None
+                    else {"roster_signature": self.roster_signature}
+                ),
             }
         )
 
@@ -534,6 +605,11 @@ class AgreedRecord:
         encoding = record.get("encoding")
         label = None if encoding is None else _packing(encoding, where).label
         members = record.get("members")
+        signature = record.get("roster_signature")
+        if signature is not None and (
+            not isinstance(signature, bytes) or len(signature) not in SIGNATURE_LENGTHS
+        ):
+            raise MalformedManifest(f"{where}: roster_signature is not {SIGNATURE_LENGTHS} bytes")
         return cls(
             session=_session(record.get("session"), where),
             genesis=_content_cid(record.get("genesis"), where),
@@ -551,6 +627,7 @@ class AgreedRecord:
             model_stored="model_stored" not in record,
             encoding=label,
             members=None if members is None else _record_cid(members, where),
+            roster_signature=signature,
         )
 
 
@@ -680,7 +757,8 @@ def open_message(data: bytes, keys: KeyBook = PEER_ID_KEYS) -> tuple[AgreedMessa
     verified again.
 
     The statement's author must be the message's ``peer``, its kind the message's, and a
-    ``contrib`` body canonical (roster entries carry only the signature of those bytes).
+    ``contrib`` or ``roster`` body canonical (roster entries and records carry only the
+    signature of those bytes).
 
     Raises
     ------
@@ -711,8 +789,8 @@ def _open(data: bytes, keys: KeyBook) -> tuple[AgreedMessage, bytes]:
             f"a {statement.kind} statement of {statement.author:.60} carries a {message.kind} "
             f"message of {message.peer:.60}"
         )
-    if message.kind == "contrib" and message.encode() != statement.body:
-        raise MalformedAnnouncement("agreed contrib message is not in canonical form")
+    if message.kind in ("contrib", "roster") and message.encode() != statement.body:
+        raise MalformedAnnouncement(f"agreed {message.kind} message is not in canonical form")
     return message, statement.signature
 
 

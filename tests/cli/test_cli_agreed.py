@@ -190,27 +190,33 @@ async def test_resync_adopts_the_latest_head_from_the_peers_announcements(
     # A member announcing a forged head of a later round: refused, the honest head adopted.
     liar = agreed.sessions[1]
     await liar.aclose()  # it stops announcing its honest head
-    lie_message = AgreedMessage(
-        "done", "cli-agreed", parse_cid(agreed.genesis), 5, liar.peer_id,
-        parse_cid(genesis), record=parse_cid(forged),
-    )  # fmt: skip
-    signer = await agreed.pubsubs[1].signer()
-    lie = (await sign_message(lie_message, signer, agreed.pubsubs[1].keys)).block.data
-    members = ["--member", agreed.sessions[0].peer_id, "--member", liar.peer_id]
-
-    async def lie_until_done(task: asyncio.Future[tuple[int, str, str]]) -> None:
-        while not task.done():
-            await agreed.pubsubs[1].publish(liar.topic, lie)
-            await asyncio.wait({task}, timeout=0.2)  # re-announce, as peers do
-
-    argv = ["resync", *session, *members, "--listen", "30", "-o", str(out_path)]
-    task = asyncio.ensure_future(cli(capsys, *api, *argv))
-    await lie_until_done(task)
-    code, out, err = task.result()
+    members = [arg for s in agreed.sessions for arg in ("--member", s.peer_id)]
+    code, out, err = await lie_while_resyncing(
+        agreed, capsys, 5, genesis, forged, members, out_path
+    )
     assert code == 0, err
     assert f"head {forged} refused" in " ".join(err.split())
     assert f"record CID {agreed.records[-1]}" in out
     np.testing.assert_array_equal(np.load(out_path), agreed.model)
+
+    # A round-3 head that verifies (the members' own signed contributions, the exact
+    # aggregate) but that only the liar votes for: refused as the library's resync refuses it
+    # (done votes from more than half of its roster), the head the others vote for adopted.
+    lone = await verifiable_round_3(agreed, liar.peer_id)
+    code, out, err = await lie_while_resyncing(
+        agreed, capsys, 3, lone[0], lone[1], members, out_path
+    )
+    assert code == 0, err
+    assert f"head {lone[1]} refused: done votes from 1 of its roster's 3 peers" in " ".join(
+        err.split()
+    )
+    assert f"record CID {agreed.records[-1]}" in out
+    # Named with --head, the same record is the user's choice: no votes are heard or counted.
+    code, out, err = await cli(
+        capsys, *api, "resync", *session, "--head", lone[1], "-o", str(out_path)
+    )
+    assert code == 0, err
+    assert "records verified: 4" in out
 
     # Another session's genesis: no head is heard on its topic.
     other = str(await put_gradient(agreed.store, np.zeros(D, np.float32)))
@@ -220,6 +226,57 @@ async def test_resync_adopts_the_latest_head_from_the_peers_announcements(
     )  # fmt: skip
     assert code == 7
     assert "no `done` head" in err
+
+
+async def lie_while_resyncing(
+    agreed: Agreed,
+    capsys: pytest.CaptureFixture[str],
+    round_number: int,
+    result: object,
+    record: str,
+    members: list[str],
+    output: Path,
+) -> tuple[int, str, str]:
+    """Run ``resync`` while the closed member ``sessions[1]`` announces a ``done`` of its own."""
+    liar = agreed.sessions[1]
+    message = AgreedMessage(
+        "done", "cli-agreed", parse_cid(agreed.genesis), round_number, liar.peer_id,
+        parse_cid(result), record=parse_cid(record),  # type: ignore[arg-type]
+    )  # fmt: skip
+    signer = await agreed.pubsubs[1].signer()
+    lie = (await sign_message(message, signer, agreed.pubsubs[1].keys)).block.data
+    session = ["--session", "cli-agreed", "--genesis", agreed.genesis]
+    argv = ["resync", *session, *members, "--listen", "30", "-o", str(output)]
+    task = asyncio.ensure_future(cli(capsys, "--api", agreed.api, *argv))
+    while not task.done():
+        await agreed.pubsubs[1].publish(liar.topic, lie)
+        await asyncio.wait({task}, timeout=0.2)  # re-announce, as peers do
+    return task.result()
+
+
+async def verifiable_round_3(agreed: Agreed, coordinator: str) -> tuple[str, str]:
+    """Put a round 3 on the real head: every member's signed contribution, the exact
+    aggregate, a complete roster naming ``coordinator``. Returns its result and record CIDs."""
+    store, genesis = agreed.store, parse_cid(agreed.genesis)
+    head = AgreedRecord.from_block(await store.get(agreed.records[-1]))
+    grads = [delta(i, 3) for i in range(3)]
+    lines = {}
+    for i, (session, pubsub) in enumerate(zip(agreed.sessions, agreed.pubsubs, strict=True)):
+        cid = await put_gradient(store, grads[i])
+        contrib = AgreedMessage(
+            "contrib", "cli-agreed", genesis, 3, session.peer_id, cid, head.result, 1 + i
+        )
+        signed = await sign_message(contrib, await pubsub.signer(), pubsub.keys)
+        lines[session.peer_id] = (cid, 1 + i, signed.signature)
+    members = tuple(s.peer_id for s in agreed.sessions)
+    roster = Roster.new("cli-agreed", genesis, 3, head.result, coordinator, members, lines)
+    model = deterministic_update(agreed.model, grads, [1, 2, 3], 1.0)
+    result = await put_gradient(store, model)
+    record = AgreedRecord(
+        "cli-agreed", genesis, 3, parse_cid(agreed.records[-1]), head.result,
+        await store.put(roster.to_block()), result, 1.0,
+    )  # fmt: skip
+    return str(result), str(await store.put(record.to_block()))
 
 
 async def test_a_missing_input_is_unverifiable_and_a_wrong_result_a_mismatch() -> None:

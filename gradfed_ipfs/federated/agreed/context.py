@@ -110,6 +110,10 @@ class AdoptedRoster:
     gradients: tuple[FloatArray, ...] | None
     member_set: tuple[MemberSet, CID] | None = None
     """The next member set the roster names (checked) and its CID; ``None``: unchanged."""
+    signature: bytes | None = None
+    """Its coordinator's signature of its ``roster`` message, checked, when the roster leaves
+    an expected peer out (the record carries it:
+    :func:`~gradfed_ipfs.formats.roster.verify_roster_coordinator`); else ``None``."""
 
 
 @dataclass(frozen=True)

@@ -119,6 +119,8 @@ class RoundState:
     contributions: dict[str, Contribution] = field(default_factory=dict)
     rosters: dict[str, CID] = field(default_factory=dict)
     done: dict[str, Head] = field(default_factory=dict)
+    roster_signatures: dict[str, bytes] = field(default_factory=dict)
+    """Each member's signature of its ``roster`` message (the one :attr:`rosters` keeps)."""
 
 
 class RoundBoard:
@@ -262,8 +264,11 @@ class RoundBoard:
             first = state.rosters.setdefault(decoded.peer, decoded.cid)
             # Only the roster a member's state records keeps its bytes: at most one per member
             # and round in the window, so a member flooding rosters cannot push others' out.
-            if decoded.inline is not None and bytes(first) == bytes(decoded.cid):
-                self.inline.setdefault(bytes(decoded.cid), (decoded.round, decoded.inline))
+            if bytes(first) == bytes(decoded.cid):
+                if signature is not None:  # a record of a roster leaving peers out carries it
+                    state.roster_signatures.setdefault(decoded.peer, signature)
+                if decoded.inline is not None:
+                    self.inline.setdefault(bytes(decoded.cid), (decoded.round, decoded.inline))
         else:
             state.done[decoded.peer] = Head(
                 decoded.round, decoded.cid, decoded.record or decoded.cid

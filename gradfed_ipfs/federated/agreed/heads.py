@@ -18,7 +18,7 @@ refused for its votes is counted again next time (its votes may still be on thei
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -141,12 +141,15 @@ class HeadChooser:
         history: Collection[bytes],
         result: ResultLoad,
         deadline: float | None = None,
+        check: Callable[[VerifiedHead], Awaitable[None]] | None = None,
     ) -> HeadChoice:
         """Return the best head of ``heads`` ranked above ``own`` that checks out (see above).
 
         ``heads`` are every member's latest head, this peer's own included (it votes too);
         ``own`` is this peer's head record (``None`` at the genesis); ``history``, ``result``
-        and ``deadline`` are :func:`~.history.verify_head`'s.
+        and ``deadline`` are :func:`~.history.verify_head`'s. ``check`` is the caller's own
+        check of a verified head (e.g. its chain's member sets); a head it raises
+        ``FederatedError`` for is refused like one that does not verify, and the next tried.
         """
         choice = HeadChoice()
         for head in ranked_heads(heads.values()):
@@ -156,7 +159,7 @@ class HeadChooser:
             if why.startswith(_FEW_VOTES):
                 choice.outvoted = True
             elif not why:
-                why = await self._verify(head, history, result, deadline, choice)
+                why = await self._verify(head, history, result, deadline, choice, check)
             if not why:
                 choice.head = head
                 return choice
@@ -211,14 +214,19 @@ class HeadChooser:
         result: ResultLoad,
         deadline: float | None,
         choice: HeadChoice,
+        check: Callable[[VerifiedHead], Awaitable[None]] | None = None,
     ) -> str:
         """Verify ``head``'s chain into ``choice`` (``""``), or return why it does not verify."""
         try:
-            choice.verified = await verify_head(
+            verified = await verify_head(
                 self.store, head.record, session=self.session, genesis=self.genesis,
                 history=history, result=result, deadline=deadline, keys=self.keys,
             )  # fmt: skip
+            if check is not None:
+                await check(verified)
+            choice.verified = verified
         except (FederatedError, BlockStoreError, DecodeError, GradientError) as exc:
+            choice.verified = None
             choice.endorsed = True
             return self._remember(head, f"{type(exc).__name__}: {exc}")
         return ""

@@ -46,7 +46,12 @@ from ...errors import (
     ShapeMismatch,
 )
 from ...formats.membership import MemberSet
-from ...formats.roster import AgreedRecord, Roster, verify_roster_entries
+from ...formats.roster import (
+    AgreedRecord,
+    Roster,
+    verify_roster_coordinator,
+    verify_roster_entries,
+)
 from ...formats.statement import PEER_ID_KEYS, KeyBook
 from ...storage.base import UNSET, BlockStore, Unset
 from ...storage.dag import fetch_gradient
@@ -362,17 +367,24 @@ async def check_roster_signatures(
 ) -> None:
     """Check every roster of ``chain`` lists only its owners' signed contributions.
 
+    And that a roster leaving an expected peer out is its coordinator's: the record carries
+    the coordinator's signature of its ``roster`` message
+    (:func:`~gradfed_ipfs.formats.roster.verify_roster_coordinator`), so a member cannot
+    rebuild a round with others' signed contributions left out.
+
     Raises
     ------
     RoundVerificationFailed
         If an entry is unsigned or its signature is not its owner's of that contribution
-        (:func:`~gradfed_ipfs.formats.roster.verify_roster_entries`), or a roster cannot be
-        fetched or decoded.
+        (:func:`~gradfed_ipfs.formats.roster.verify_roster_entries`), the coordinator's
+        signature is missing or wrong, or a roster cannot be fetched or decoded.
     """
     for _, record in chain:
         try:
-            roster = await load_roster(store, record.roster)
+            block = await store.get(record.roster)
+            roster = Roster.from_block(block)
             verify_roster_entries(roster, keys)
+            verify_roster_coordinator(roster, block, record.roster_signature, keys)
         except (BlockStoreError, DecodeError) as exc:
             raise RoundVerificationFailed(
                 f"round {record.round}: roster {record.roster}: {exc}"

@@ -205,15 +205,31 @@ class MemberTracker:
         RoundVerificationFailed
             If a record's member set is not the one its round calls for.
         """
-        if self.admission is None:
+        state = await self.followable(store, chain, timeout)
+        if state is None:
             return
-        state = MemberState(self.current, self.current_cid, tuple(self.rosters))
-        state = await check_member_sets(
-            store, chain, state, self.admission, keys=self.keys, timeout=timeout
-        )
         self.rosters = list(state.rosters)
         if bytes(state.cid) != bytes(self.current_cid):
             self.adopt(state.members, state.cid)
+
+    async def followable(
+        self, store: BlockStore, chain: list[tuple[CID, AgreedRecord]], timeout: float
+    ) -> MemberState | None:
+        """Check the member sets along ``chain`` from this state; return the state it reaches.
+
+        Changes nothing (:meth:`follow` takes it); ``None`` without an admission policy.
+
+        Raises
+        ------
+        RoundVerificationFailed
+            If a record's member set is not the one its round calls for.
+        """
+        if self.admission is None:
+            return None
+        state = MemberState(self.current, self.current_cid, tuple(self.rosters))
+        return await check_member_sets(
+            store, chain, state, self.admission, keys=self.keys, timeout=timeout
+        )
 
     def advance(self, roster: Roster, new: tuple[MemberSet, CID] | None) -> None:
         """Take round ``roster``'s outcome: keep the roster, adopt the new set, drop what it did."""

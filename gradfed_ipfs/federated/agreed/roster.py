@@ -26,6 +26,7 @@ from multiformats import CID
 from ..._types import FloatArray
 from ...block import Block
 from ...errors import (
+    BadSignature,
     BlockNotFound,
     BlockStoreError,
     BlockTimeout,
@@ -33,7 +34,7 @@ from ...errors import (
     QuorumNotReached,
 )
 from ...formats.membership import MemberSet
-from ...formats.roster import MAX_INLINE_BYTES, AgreedRecord, Roster
+from ...formats.roster import MAX_INLINE_BYTES, AgreedRecord, Roster, verify_roster_coordinator
 from ...storage.base import BlockStore
 from ..exchange.fetcher import ContributionFetcher, is_transient
 from ..exchange.records import carried_or_fetched
@@ -82,8 +83,10 @@ class _Collection:
     deadline: float
     tried: set[bytes] = field(default_factory=set)
     derived: bytes | None = None  # the coordinator's roster, derived here before heard
-    waiting: bool = False  # a roster whose time has come is still being fetched
+    waiting: bool = False  # a roster message whose time has come is still being fetched
     learned: dict[bytes, CID] = field(default_factory=dict)  # rosters named by done records
+    # roster -> the coordinator signatures the records naming it carry
+    learned_signatures: dict[bytes, set[bytes]] = field(default_factory=dict)
     # (signer, roster CID) of roster messages not from the coordinator they name: refused by
     # sender, not by CID (the named coordinator's own message may carry the same roster)
     refused: set[tuple[str, bytes]] = field(default_factory=set)
@@ -202,6 +205,7 @@ class RosterPhase:
         derivable = self._members is None or self._members.admission is None  # else: its requests
         if (
             derivable
+            and not ctx.excluded  # a complete roster: its record needs no coordinator signature
             and c.quorum == len(c.members)
             and not c.waiting
             and ctx.ranking[0] not in state.rosters
@@ -274,7 +278,9 @@ class RosterPhase:
         if inline is None:
             await self._store.put(block, pin=False)  # peers fetch it now; pinned when done
         message = self._messages.make("roster", ctx.number, cid, inline=inline)
-        await self._messages.post("roster", message)
+        statement = await self._messages.post("roster", message)
+        signatures = self._board.state(ctx.number).roster_signatures
+        signatures.setdefault(ctx.peer, statement.signature)  # the board drops its own
         logger.debug(
             "round %d: %s published roster %s (%d entries)", ctx.number, ctx.peer, cid, len(ready)
         )
@@ -333,18 +339,26 @@ class RosterPhase:
                 for rank, p, cid in heard
                 if (rank, p, cid) in due or bytes(cid) in settled
             ]
-        if not due:
+        if not [x for x in due if not self._ruled_out(c, x[1], x[2])]:
+            # Only rosters already refused are due (a member's first roster is the only one
+            # the board keeps: a bad one hides its author's later good one): the round may be
+            # over elsewhere, and its records name the roster it settled on.
             await self._rosters_from_records(ctx, state, c)
         candidates: list[tuple[CID, str | None]] = [(cid, p) for _, p, cid in sorted(due)]
         candidates += [(cid, None) for cid in c.learned.values()]
         c.waiting = False
         for cid, author in candidates:
-            if bytes(cid) in c.tried or (author or "", bytes(cid)) in c.refused:
+            if self._ruled_out(c, author, cid):
                 continue
             adopted = await self._adopt(ctx, cid, author, c)
             if adopted is not None:
                 return adopted
         return None
+
+    @staticmethod
+    def _ruled_out(c: _Collection, author: str | None, cid: CID) -> bool:
+        """Whether roster ``cid`` (from ``author``; ``None``: a record's) was refused already."""
+        return bytes(cid) in c.tried or (author or "", bytes(cid)) in c.refused
 
     async def _settled(self, ctx: RoundContext, state: RoundState, c: _Collection) -> set[bytes]:
         """Roster CIDs that this round's ``done`` records of more than half the members name.
@@ -353,7 +367,7 @@ class RosterPhase:
         for a roster's time the others have long passed, or publish its own.
         """
         votes: Counter[bytes] = Counter()
-        for head in state.done.values():
+        for head in list(state.done.values()):  # a done may come in while a record loads
             key = bytes(head.record)
             if key not in c.named:
                 c.named[key] = None  # one try a record: a record nobody serves costs one wait
@@ -384,7 +398,12 @@ class RosterPhase:
                 ctx.rejected[peer] = f"record {head.record}: {exc}"
                 continue
             if found is not None and bytes(found[1].base) == bytes(ctx.base):
-                c.learned.setdefault(bytes(found[1].roster), found[1].roster)
+                record = found[1]
+                c.learned.setdefault(bytes(record.roster), record.roster)
+                if record.roster_signature is not None:
+                    signatures = c.learned_signatures.setdefault(bytes(record.roster), set())
+                    if len(signatures) < MAX_WALK_BACK:  # one a record walked: bounded anyway
+                        signatures.add(record.roster_signature)
 
     async def _adopt(
         self, ctx: RoundContext, cid: CID, author: str | None, c: _Collection
@@ -398,16 +417,19 @@ class RosterPhase:
         roster = await self._checked_roster(ctx, cid, author, c)
         if roster is None:
             return None
+        signed, signature = self._coordinator_signature(ctx, c, cid, author, roster)
+        if not signed:
+            return None
         tasks = [self.fetch(entry.contribution, ctx.d) for entry in roster.entries]
         if not all(task.done() for task in tasks):
-            c.waiting = True
+            c.waiting = c.waiting or author is not None
             return None
         gradients = []
         for entry, task in zip(roster.entries, tasks, strict=True):
             if task.cancelled() or task.exception() is not None:
                 if is_transient(task):
                     self.fetch(entry.contribution, ctx.d)  # retry until the round deadline
-                    c.waiting = True
+                    c.waiting = c.waiting or author is not None
                     return None
                 tried.add(bytes(cid))
                 ctx.rejected[roster.coordinator] = f"roster {cid} lists a bad {entry.contribution}"
@@ -419,8 +441,42 @@ class RosterPhase:
         )
         return AdoptedRoster(
             cid, roster, block, None if self._sliced else tuple(gradients),
-            self._member_sets.get(bytes(cid)),
+            self._member_sets.get(bytes(cid)), signature,
         )  # fmt: skip
+
+    def _coordinator_signature(
+        self, ctx: RoundContext, c: _Collection, cid: CID, author: str | None, roster: Roster
+    ) -> tuple[bool, bytes | None]:
+        """Return whether ``roster`` may be adopted for its coordinator's signature, and it.
+
+        A roster leaving an expected peer out needs its coordinator's signature of its
+        ``roster`` message (the round's record carries it:
+        :func:`~gradfed_ipfs.formats.roster.verify_roster_coordinator`): the message's, or one
+        a record naming it carries. A message whose signature is not over the roster as a
+        coordinator sends it (inline when small) is refused by sender; without any signature
+        yet (a roster this peer derived, or records without one) it is tried again later.
+        """
+        keys = self._board.keys
+        if keys is None or not roster.absent:
+            return True, None
+        state = self._board.state(ctx.number)
+        if author is not None:
+            heard = state.roster_signatures.get(author)
+            named = state.rosters.get(author)
+            found = [heard] if heard is not None and named is not None and named == cid else []
+        else:
+            found = sorted(c.learned_signatures.get(bytes(cid), ()))
+        block = self._rosters[bytes(cid)][1]
+        for signature in found:
+            try:
+                verify_roster_coordinator(roster, block, signature, keys)
+            except BadSignature as exc:
+                if author is not None:
+                    c.refused.add((author, bytes(cid)))
+                    ctx.rejected[author] = f"roster {cid}: {exc}"
+                continue
+            return True, signature
+        return False, None
 
     async def _checked_roster(
         self, ctx: RoundContext, cid: CID, author: str | None, c: _Collection
@@ -443,7 +499,10 @@ class RosterPhase:
             return None
         except (BlockNotFound, BlockStoreError) as exc:
             logger.debug("round %d: roster %s not fetched yet: %s", ctx.number, cid, exc)
-            c.waiting = True
+            # A roster message's coordinator put it first: worth waiting for. One a record
+            # names is tried again, but holds nobody back: any member can announce a record
+            # naming a roster nobody serves (this peer publishes its own roster when due).
+            c.waiting = c.waiting or author is not None
             return None
         except DecodeError as exc:
             tried.add(bytes(cid))

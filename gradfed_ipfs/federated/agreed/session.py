@@ -703,6 +703,7 @@ class AgreedSession:
             tuple(sliced.frauds) if sliced is not None and sliced.frauds else None,
             tuple(sorted(excluded)) or None, stored,
             None if config.packing is None else config.packing.label, adopted.roster.members,
+            adopted.signature,
         ).to_block()  # fmt: skip
         await self._parts.messages.done(r, encoded[0].cid, record.cid)
         holders = model_holders(
@@ -907,14 +908,18 @@ class AgreedSession:
                 self.model.size, self.config.fetch_timeout, self.config.rule,
                 known={bytes(self.model_cid): (self.model, self.rule_state)},
                 max_rebuild=self.config.model_every,  # an honest chain stores one that often
-            ),
+            ), check=None if self.config.admission is None else self._member_sets_check,
         )  # fmt: skip
+
+    async def _member_sets_check(self, verified: VerifiedHead) -> None:
+        """Raise ``RoundVerificationFailed`` if a head's chain has a member set it may not."""
+        await self._members.followable(self.store, verified.chain, self.config.fetch_timeout)
 
     async def _adopt(self, best: Head, verified: VerifiedHead) -> None:
         """Make a verified head current: its recomputed model, rule state and proven liars.
 
-        With an admission policy the chain's member sets are checked first (raising
-        ``RoundVerificationFailed`` before anything changes) and the head's is taken.
+        With an admission policy the chain's member sets were checked when it was chosen (a
+        head whose sets fail is refused and the next one tried) and the head's is taken.
         """
         if self.config.admission is not None:  # the head's member set and its last rosters
             await self._members.follow(self.store, verified.chain, self.config.fetch_timeout)

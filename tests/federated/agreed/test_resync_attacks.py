@@ -35,7 +35,7 @@ from gradfed_ipfs.storage import MemoryBlockStore, put_gradient
 from gradfed_ipfs.storage.base import UNSET, Unset
 from gradfed_ipfs.tensor.deterministic import deterministic_update
 from tests.adversarial.hostile import FORGED_FILL, forged_head
-from tests.helpers import MEMORY_KEYS, signed_entry
+from tests.helpers import MEMORY_KEYS, roster_signature, signed_entry
 from tests.polling import apoll_until
 
 D = 1000
@@ -236,7 +236,7 @@ async def test_head_with_votes_from_a_minority_of_its_roster_is_refused(
     result = await put_gradient(store, model)
     block = AgreedRecord(
         "s1", four.genesis, 3, b.head, b.model_cid, await store.put(roster.to_block()), result,
-        1.0,
+        1.0, roster_signature=await roster_signature(roster),  # its own roster, signed
     ).to_block()  # fmt: skip
     record = await store.put(block)
     checked = await verify_agreed_history(

@@ -28,7 +28,7 @@ from tests.federated.agreed.test_sliced import (
     gradient,
     initial_model,
 )
-from tests.helpers import MEMORY_KEYS, signed, signed_entry
+from tests.helpers import MEMORY_KEYS, roster_signature, signed, signed_entry
 
 LIAR = PEERS[2]
 
@@ -155,7 +155,16 @@ async def test_records_that_forget_a_liar_or_list_it_later_fail_verification() -
         roster_cid = await store.put(roster.to_block())
         model = await put_gradient(store, deterministic_update(base, grads, [1] * len(grads), LR))
         record = AgreedRecord(
-            "rs", genesis, 1, first[0], record0.result, roster_cid, model, LR, excluded=(LIAR,)
+            "rs",
+            genesis,
+            1,
+            first[0],
+            record0.result,
+            roster_cid,
+            model,
+            LR,
+            excluded=(LIAR,),
+            roster_signature=await roster_signature(roster),  # its coordinator's, as peers write
         )
         return await store.put(record.to_block())
 
