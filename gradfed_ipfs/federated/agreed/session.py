@@ -54,12 +54,14 @@ from ...cid import parse_cid
 from ...cometbft.rpc import CometRpc
 from ...errors import (
     ConfigError,
+    DecodeError,
     GenesisMismatch,
     InvalidGradient,
     NotAdmitted,
     NoVerifiableHead,
     RoundMismatch,
 )
+from ...formats.evidence import EquivocationProof
 from ...formats.membership import APPROVE, JOIN, LEAVE, approve_body, join_body, leave_body
 from ...formats.pubsub import PubsubMessage
 from ...formats.roster import AgreedMessage, AgreedRecord
@@ -79,6 +81,7 @@ from .config import AgreedConfig, AgreedRoundResult, ResyncResult, agreed_topic
 from .context import AdoptedRoster, Aggregated, OwnContribution, RoundContext, SessionMessages
 from .control import PubsubControl, RoundControl
 from .coordinator import Head, RoundBoard, best_head, coordinator_ranking, model_holders
+from .evidence import EvidenceWatch
 from .heads import HeadChoice, HeadChooser
 from .history import ResultLoad, VerifiedHead
 from .members import MemberTracker
@@ -204,6 +207,13 @@ class AgreedSession:
             session, self.genesis, config.members, config.admission, pubsub.keys
         )
         self.left = False  # this peer's leave took effect (it is no longer a member)
+        self._evidence = EvidenceWatch(
+            session, self.genesis, store, pubsub.keys, config.fetch_timeout
+        )
+        # round -> (record, roster coordinator, roster) of the rounds this peer finished last
+        self._took: dict[int, tuple[CID, str, CID]] = {}
+        self._relayed: set[int] = set()  # rounds whose roster statement this peer handed on
+        self._healed = True  # every member's head agreed with this peer's since the last proof
         self._approving: dict[str, str] = {}  # joiner -> announcer key of this peer's approval
 
     # ------------------------------------------------------------------ lifecycle
@@ -349,8 +359,79 @@ class AgreedSession:
             accepted = self.board.accept(message)
             if accepted is not None and accepted.kind == "contrib":
                 self._prefetch(accepted)
+            if self.board.statements or self.board.proofs:
+                await self._take_evidence()
+            if accepted is not None and accepted.kind == "done":
+                await self._relay_if_split(accepted.round)
             if self._members.new_joins:
                 await self._approve_joins()
+
+    # ------------------------------------------------------------------ evidence
+
+    @property
+    def proofs(self) -> dict[str, EquivocationProof]:
+        """Proven equivocators (member -> the verified proof this peer holds and published).
+
+        Everything a proven member says is ignored from then on, and it is out of the
+        coordinator schedule (see :mod:`~.evidence`).
+        """
+        return dict(self._evidence.proofs)
+
+    async def _take_evidence(self) -> None:
+        """Check the statements and proofs the board held; exclude the authors proven."""
+        board, watch = self.board, self._evidence
+        while board.statements:
+            await watch.witness(*board.statements.popleft())
+        while board.proofs:
+            _, data = board.proofs.popleft()
+            try:
+                await watch.offer(data)
+            except DecodeError as exc:
+                board.dropped["bad-evidence"] += 1
+                logger.debug("%s: refused an equivocation proof: %s", self.peer_id, exc)
+        while watch.unpublished:
+            proof = watch.unpublished.pop(0)
+            board.exclude(proof.author)
+            self._healed = False
+            await self._announcer.post(f"evidence:{proof.author}", proof.block.data)
+
+    async def _await_split_heads(self, r: int, config: AgreedConfig) -> None:
+        """After a proof, wait for every other honest member's round-``r`` head before checking.
+
+        The convergence rule (see :mod:`~.evidence`): a proven equivocator's votes are void, so
+        the heads of a split round rank by the honest votes alone, then by smallest record CID
+        (:func:`~.coordinator.best_head`), the same on every peer holding the proof. Peers
+        left alone in their rosters by the split would check before hearing each other; this
+        waits (up to ``done_timeout``, else ``takeover_timeout``) until every member not
+        proven has announced round ``r``, until they all agree with this peer again.
+        """
+        if self._healed or self.head is None or r < 0:
+            return
+        others = set(config.members) - self._evidence.proven - {self.peer_id}
+        done = self.board.state(r).done
+        wait = config.done_timeout if config.done_timeout > 0 else config.takeover_timeout
+        await self.board.wait_until(lambda: others <= set(done), wait)
+        self._healed = others <= set(done) and all(
+            bytes(done[p].record) == bytes(self.head) for p in others if self.head is not None
+        )
+
+    async def _relay_if_split(self, r: int) -> None:
+        """Hand on the roster statement this peer took in round ``r`` if a member's differs.
+
+        Sent once a round, re-announced until the next relay: a coordinator that sent two
+        peers two rosters is then proven by both (:mod:`~.evidence`).
+        """
+        took = self._took.get(r)
+        if took is None or r in self._relayed:
+            return
+        record, coordinator, roster = took
+        done = self.board.state(r).done
+        if all(bytes(h.record) == bytes(record) for h in done.values()):
+            return
+        data = self._evidence.roster_statement(coordinator, r, roster)
+        if data is not None:
+            self._relayed.add(r)
+            await self._announcer.post("witness", data)
 
     def _prefetch(self, message: AgreedMessage) -> None:
         """Start fetching a contribution as soon as it is heard, the next round's included.
@@ -533,11 +614,14 @@ class AgreedSession:
         r, messages, config = self.round, self._parts.messages, self._round_config()
         if self.peer_id not in config.members:
             raise NotAdmitted(f"{self.peer_id} is not a member of round {r}")
+        await self._await_split_heads(r - 1, config)
         self._check_done(r - 1)
         await self._storage.settle(keep=1)  # the last round's blocks may still be on their way
         encoded, values = await self._encode(values, error_feedback)
         message = messages.make("contrib", r, encoded.cid, base=self.model_cid, weight=weight)
         signed = await messages.post_now("contrib", message)
+        proven = self._evidence.proven  # out of the schedule (if any member is left)
+        scheduled = tuple(p for p in config.members if p not in proven) or config.members
         stored = asyncio.ensure_future(self._storage.held(encoded.store(self.store)))
         self._fetcher.known(encoded.cid, values)
         logger.debug("round %d: contributed after %.3fs", r, time.monotonic() - started)
@@ -553,7 +637,8 @@ class AgreedSession:
             own=OwnContribution(
                 encoded.cid, values, weight, stored, encoded.nbytes, signed.signature
             ),
-            ranking=tuple(coordinator_ranking(self.session, self.genesis, r, config.members)),
+            ranking=tuple(coordinator_ranking(self.session, self.genesis, r, scheduled)),
+            proven=proven,
             started=started,
         )
 
@@ -628,6 +713,10 @@ class AgreedSession:
         self.excluded = frozenset(excluded)  # the record's: no later roster may list them
         self.rule_state = aggregated.state
         self.history[bytes(record.cid)] = r
+        self._took[r] = (record.cid, adopted.roster.coordinator, adopted.cid)
+        for old in [k for k in self._took if k < r - 1]:
+            del self._took[old]
+        self._evidence.forget(r - 1)
         await self._next_members(adopted)
         self._fetcher.retain(self._next_fetches())  # the next round's, already on their way
         logger.debug("round %d: done after %.3fs", r, time.monotonic() - ctx.started)
@@ -658,6 +747,7 @@ class AgreedSession:
             await self.board.wait_until(
                 lambda: all(p in done for p in others), ctx.config.done_timeout
             )
+        await self._relay_if_split(r)  # the others' done may have come before this peer's
         confirmed = {p for p, h in done.items() if bytes(h.record) == bytes(record)}
         theirs = {p: str(h.record) for p, h in done.items() if bytes(h.record) != bytes(record)}
         self._check_done(r, settle_ties=False)
