@@ -98,7 +98,7 @@ def is_equivocation(data: bytes) -> bool:
 
 
 def _roster_of(message: AgreedMessage, carried: Mapping[bytes, bytes], where: str) -> Roster:
-    """The roster block a ``roster`` message names: inline, else among the proof's rosters."""
+    """Return the roster a ``roster`` message names: inline, else among the proof's rosters."""
     data = message.inline if message.inline is not None else carried.get(bytes(message.cid))
     if data is None:
         raise MalformedManifest(f"{where}: roster {message.cid} is neither inline nor carried")

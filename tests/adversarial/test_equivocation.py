@@ -75,7 +75,8 @@ async def test_an_equivocating_coordinator_is_proven_excluded_and_the_split_heal
         attack.cancel()
         for session in sessions:
             await session.aclose()
-    assert 0 in attacker.split and attacker.echoed
+    assert 0 in attacker.split
+    assert attacker.echoed
     first = [res[0] for res in results if 0 in res]
     assert len({r.model for r in first}) == 2  # the split happened: each on its own roster
     assert all(r.roster.coordinator == EVIL for r in first)
@@ -87,7 +88,9 @@ async def test_an_equivocating_coordinator_is_proven_excluded_and_the_split_heal
     for session in sessions:
         proof = session.proofs[EVIL]
         held = decode_equivocation(await store.get(proof.block.cid), keys=bus.keys)
-        assert held.author == EVIL and held.round == 0 and held.kind == "agreed/roster"
+        assert held.author == EVIL
+        assert held.round == 0
+        assert held.kind == "agreed/roster"
         cids.add(bytes(proof.block.cid))
         assert session.board.dropped["excluded"] > 0  # its later messages: ignored
         assert EVIL not in session.board.heads
@@ -163,7 +166,8 @@ async def test_a_proof_verifies_offline_and_its_forgeries_are_refused() -> None:
             return board.dropped["bad-evidence"] == len(invalid)
 
         await apoll_until(refused, timeout=10, what="the invalid proofs refused")
-        assert session.proofs == {} and not board.excluded
+        assert session.proofs == {}
+        assert not board.excluded
         await member.publish(session.topic, proof.block.data)
 
         async def proven() -> bool:
@@ -174,4 +178,3 @@ async def test_a_proof_verifies_offline_and_its_forgeries_are_refused() -> None:
         assert (await store.get(proof.block.cid)).data == proof.block.data
     finally:
         await session.aclose()
-

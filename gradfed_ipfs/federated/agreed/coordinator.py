@@ -176,7 +176,7 @@ class RoundBoard:
         self.excluded: set[str] = set()  # proven equivocators: everything they say is dropped
 
     def exclude(self, peer: str) -> None:
-        """Drop everything ``peer`` said and will say (a proven equivocator): votes, heads, rosters."""
+        """Drop all that ``peer`` (a proven equivocator) said and says: votes, heads, rosters."""
         self.excluded.add(peer)
         self.heads.pop(peer, None)
         for state in self.rounds.values():

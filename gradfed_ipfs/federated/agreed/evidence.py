@@ -84,7 +84,7 @@ class EvidenceWatch:
         return frozenset(self.proofs)
 
     def roster_statement(self, author: str, round_number: int, roster: CID) -> bytes | None:
-        """The statement of ``author`` announcing ``roster`` in round ``round_number``, if seen."""
+        """Return the statement of ``author`` announcing ``roster`` in a round, if seen."""
         for data, message in self._seen.get((author, "roster", round_number), []):
             if bytes(message.cid) == bytes(roster):
                 return data
