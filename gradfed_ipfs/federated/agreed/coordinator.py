@@ -185,6 +185,18 @@ class RoundBoard:
             state.done.pop(peer, None)
         self._notify()
 
+    def rewind(self, round_number: int) -> None:
+        """Make ``round_number`` current again, forgetting what was heard of it and later rounds.
+
+        A peer re-running a round after an equivocation (their re-announced messages are
+        taken again; heads stay: they are every member's latest).
+        """
+        self.current = round_number
+        for old in [r for r in self.rounds if r >= round_number]:
+            del self.rounds[old]
+        self._repeats = {k: r for k, r in self._repeats.items() if r < round_number}
+        self._notify()
+
     def set_members(self, members: Collection[str]) -> None:
         """Take messages from ``members`` from now on (a round changed the member set)."""
         self.members = frozenset(members)

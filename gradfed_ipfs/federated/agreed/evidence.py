@@ -35,6 +35,7 @@ from ...formats.evidence import EquivocationProof, decode_equivocation, equivoca
 from ...formats.roster import AgreedMessage, message_kind
 from ...formats.statement import KeyBook
 from ...storage.base import BlockStore
+from .roster import walk_back
 
 __all__ = ["MAX_SEEN_PER_CLAIM", "EvidenceWatch"]
 
@@ -77,6 +78,7 @@ class EvidenceWatch:
         self.unpublished: list[EquivocationProof] = []  # built or heard, not yet handed on
         self._seen: OrderedDict[_Claim, list[tuple[bytes, AgreedMessage]]] = OrderedDict()
         self._refused: OrderedDict[bytes, str] = OrderedDict()
+        self._taint: OrderedDict[tuple[bytes, bytes], bool] = OrderedDict()  # (head, proof)
 
     @property
     def proven(self) -> frozenset[str]:
@@ -168,6 +170,35 @@ class EvidenceWatch:
             proof.author, proof.round, proof.kind, proof.block.cid,
         )  # fmt: skip
         return proof
+
+    async def tainted(self, head: CID | None) -> EquivocationProof | None:
+        """Return the proof one of whose rosters the chain ending at ``head`` took, if any.
+
+        The chain's record of each proof's round is looked up (:func:`~.roster.walk_back`);
+        answers are remembered, except when a record could not be fetched.
+        """
+        if head is None:
+            return None
+        for proof in self.proofs.values():
+            key = (bytes(head), bytes(proof.block.cid))
+            known = self._taint.get(key)
+            if known is None:
+                try:
+                    found = await walk_back(self.store, proof.round, head, self.fetch_timeout)
+                except (BlockStoreError, DecodeError):
+                    continue
+                claims = {bytes(c) for c in proof.claims}
+                known = found is not None and bytes(found[1].roster) in claims
+                self._taint[key] = known
+                while len(self._taint) > _MAX_REFUSED:
+                    self._taint.popitem(last=False)
+            if known:
+                return proof
+        return None
+
+    def known_tainted(self, head: CID) -> bool:
+        """Whether :meth:`tainted` found that the chain ending at ``head`` took a proven roster."""
+        return any(self._taint.get((bytes(head), bytes(p.block.cid))) for p in self.proofs.values())
 
     def forget(self, before: int) -> None:
         """Drop the statements of rounds before ``before`` (proofs stay)."""

@@ -53,9 +53,11 @@ from ..._types import CIDLike, FloatArray, GradientLike
 from ...cid import parse_cid
 from ...cometbft.rpc import CometRpc
 from ...errors import (
+    BlockStoreError,
     ConfigError,
     DecodeError,
     GenesisMismatch,
+    GradientError,
     InvalidGradient,
     NotAdmitted,
     NoVerifiableHead,
@@ -85,7 +87,7 @@ from .evidence import EvidenceWatch
 from .heads import HeadChoice, HeadChooser
 from .history import ResultLoad, VerifiedHead
 from .members import MemberTracker
-from .roster import RosterPhase
+from .roster import RosterPhase, walk_back
 from .slicing import RootFetcher, SliceStep, choose_slicing, slice_report, slices_topic
 from .storage import FinishedRound, RoundStorage
 
@@ -213,7 +215,6 @@ class AgreedSession:
         # round -> (record, roster coordinator, roster) of the rounds this peer finished last
         self._took: dict[int, tuple[CID, str, CID]] = {}
         self._relayed: set[int] = set()  # rounds whose roster statement this peer handed on
-        self._healed = True  # every member's head agreed with this peer's since the last proof
         self._approving: dict[str, str] = {}  # joiner -> announcer key of this peer's approval
 
     # ------------------------------------------------------------------ lifecycle
@@ -392,28 +393,47 @@ class AgreedSession:
         while watch.unpublished:
             proof = watch.unpublished.pop(0)
             board.exclude(proof.author)
-            self._healed = False
             await self._announcer.post(f"evidence:{proof.author}", proof.block.data)
 
-    async def _await_split_heads(self, r: int, config: AgreedConfig) -> None:
-        """After a proof, wait for every other honest member's round-``r`` head before checking.
+    async def _rewind(self) -> bool:
+        """Rewind to a split round's base if this peer's chain took a proven equivocator's roster.
 
-        The convergence rule (see :mod:`~.evidence`): a proven equivocator's votes are void, so
-        the heads of a split round rank by the honest votes alone, then by smallest record CID
-        (:func:`~.coordinator.best_head`), the same on every peer holding the proof. Peers
-        left alone in their rosters by the split would check before hearing each other; this
-        waits (up to ``done_timeout``, else ``takeover_timeout``) until every member not
-        proven has announced round ``r``, until they all agree with this peer again.
+        The convergence rule (see :mod:`~.evidence`): every peer holding a proof whose chain
+        names one of the proof's rosters at the proof's round goes back to the model both
+        rosters built on, and re-runs that round without the equivocator (out of the
+        schedule, its rosters and votes ignored): the same point and the same members for
+        every such peer. Returns whether it rewound; ``False`` when the base model cannot be
+        fetched (it is then tried again at the next resync).
         """
-        if self._healed or self.head is None or r < 0:
-            return
-        others = set(config.members) - self._evidence.proven - {self.peer_id}
-        done = self.board.state(r).done
-        wait = config.done_timeout if config.done_timeout > 0 else config.takeover_timeout
-        await self.board.wait_until(lambda: others <= set(done), wait)
-        self._healed = others <= set(done) and all(
-            bytes(done[p].record) == bytes(self.head) for p in others if self.head is not None
+        proof = await self._evidence.tainted(self.head)
+        if proof is None or self.head is None:
+            return False
+        p, timeout = proof.round, self.config.fetch_timeout
+        try:
+            base = None if p == 0 else await walk_back(self.store, p - 1, self.head, timeout)
+            model = await fetch_gradient(self.store, proof.base, timeout=timeout)
+            state = None
+            if base is not None and base[1].state is not None:
+                state = await fetch_gradient(self.store, base[1].state, timeout=timeout)
+        except (BlockStoreError, DecodeError, GradientError) as exc:
+            logger.warning("%s: cannot rewind to round %d yet: %s", self.peer_id, p, exc)
+            return False
+        if (p > 0 and base is None) or (p == 0 and bytes(proof.base) != bytes(self.genesis)):
+            return False
+        self.model = np.array(model, np.float32).reshape(-1)
+        self.model_cid, self.round = proof.base, p
+        self.head = None if base is None else base[0]
+        self.excluded = frozenset(() if base is None else base[1].excluded or ())
+        self.rule_state = None if state is None else np.array(state, np.float32).reshape(-1)
+        self.history = {k: v for k, v in self.history.items() if v < p}
+        self._took = {k: v for k, v in self._took.items() if k < p}
+        self._storage.unstored_head = None
+        self._announcer.withdraw("done")  # its head took the equivocator's roster
+        self.board.rewind(p)
+        logger.warning(
+            "%s: rewound to round %d (%s equivocated): re-running it", self.peer_id, p, proof.author
         )
+        return True
 
     async def _relay_if_split(self, r: int) -> None:
         """Hand on the roster statement this peer took in round ``r`` if a member's differs.
@@ -614,7 +634,14 @@ class AgreedSession:
         r, messages, config = self.round, self._parts.messages, self._round_config()
         if self.peer_id not in config.members:
             raise NotAdmitted(f"{self.peer_id} is not a member of round {r}")
-        await self._await_split_heads(r - 1, config)
+        if self._evidence.proofs:
+            await self._storage.settle()  # this peer's own last record is then in the store
+        proof = await self._evidence.tainted(self.head)
+        if proof is not None:  # resync rewinds past the equivocator's round (:meth:`_rewind`)
+            ours, why = str(self.head), f"equivocated (proof {proof.block.cid})"
+            raise RoundMismatch(r - 1, ours, {proof.author: why})
+        for head in self.board.state(r - 1).done.values() if self._evidence.proofs else ():
+            await self._evidence.tainted(head.record)  # a rewound member's old head: no vote
         self._check_done(r - 1)
         await self._storage.settle(keep=1)  # the last round's blocks may still be on their way
         encoded, values = await self._encode(values, error_feedback)
@@ -785,7 +812,11 @@ class AgreedSession:
         """
         if self.head is None or r < 0:
             return
-        done = self.board.state(r).done
+        done = {
+            p: h
+            for p, h in self.board.state(r).done.items()
+            if not self._evidence.known_tainted(h.record)
+        }
         theirs = {p: h for p, h in done.items() if bytes(h.record) != bytes(self.head)}
         if theirs:
             heads = {**done, self.peer_id: Head(r, self.model_cid, self.head)}
@@ -824,6 +855,7 @@ class AgreedSession:
             cannot follow it).
         """
         await self._storage.settle()
+        rewound = await self._rewind()
         grace = 2 * self.config.announce_interval if grace is None else grace
         others = [p for p in self._members.members if p != self.peer_id]
         ends = time.monotonic() + timeout
@@ -841,7 +873,7 @@ class AgreedSession:
             if choice.endorsed and self.head is None:
                 raise NoVerifiableHead(choice.refused)
             return ResyncResult(
-                False, self.round, self.model_cid, self.head, refused=choice.refused
+                rewound, self.round, self.model_cid, self.head, refused=choice.refused
             )
         await self._adopt(best, verified)
         await self._parts.messages.done(best.round, best.result, best.record)
@@ -858,16 +890,23 @@ class AgreedSession:
 
     async def _choose(self, heads: dict[str, Head], timeout: float) -> HeadChoice:
         """Choose among the others' ``heads`` and this peer's own (see :meth:`resync`)."""
-        heads = {p: h for p, h in heads.items() if p != self.peer_id}
+        tainted = {}
+        for peer, head in list(heads.items()):
+            proof = await self._evidence.tainted(head.record)
+            if proof is not None:  # built on a proven equivocator's roster: never adopted
+                tainted[peer] = f"head {head.record} took a roster {proof.author} equivocated"
+        heads = {p: h for p, h in heads.items() if p != self.peer_id and p not in tainted}
         if self.head is not None:
             heads[self.peer_id] = Head(self.round - 1, self.model_cid, self.head)
-        return await self._heads.choose(
+        choice = await self._heads.choose(
             heads, self.head, history=self.history, deadline=timeout, result=ResultLoad(
                 self.model.size, self.config.fetch_timeout, self.config.rule,
                 known={bytes(self.model_cid): (self.model, self.rule_state)},
                 max_rebuild=self.config.model_every,  # an honest chain stores one that often
             ),
         )  # fmt: skip
+        choice.refused.update(tainted)
+        return choice
 
     async def _adopt(self, best: Head, verified: VerifiedHead) -> None:
         """Make a verified head current: its recomputed model, rule state and proven liars.
