@@ -1,12 +1,13 @@
 """Issue 32's attack 2: a member that tells each honest peer a different roster.
 
-:class:`Equivocator` never contributes. In every round in which two honest peers contributed
-on one base, it sends each of them (only) a roster of its own signed as coordinator listing
-that peer's contribution alone, and echoes each peer's ``done`` back to that peer only, signed
-as its own vote. :class:`DirectedPubsub` is the hostile gossip router (or the partition) that
-makes "only" possible: an honest peer's transport takes the attacker's messages from the
-peer's own side topic (:func:`direct_topic`) instead of the session's topic. Shared by the
-in-memory test and the attacker process of ``tests/multiprocess``.
+:class:`Equivocator` never contributes. As soon as an honest peer contributes to a round, it
+sends that peer (only) a roster of its own signed as coordinator listing that peer's
+contribution alone (two peers on one base get two rosters of one round), and echoes each
+peer's ``done`` back to that peer only, signed as its own vote. :class:`DirectedPubsub` is
+the hostile gossip router (or the partition) that makes "only" possible: an honest peer's
+transport takes the attacker's messages from the peer's own side topic (:func:`direct_topic`)
+instead of the session's topic. Shared by the in-memory test and the attacker process of
+``tests/multiprocess``.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ class Equivocator:
         self.split: list[int] = []
         self.echoed: set[tuple[str, bytes]] = set()
         self._contribs: dict[int, dict[str, tuple[AgreedMessage, bytes]]] = {}
+        self.sent: list[tuple[str, bytes]] = []  # (peer, statement) of its last rounds
 
     async def run(self, topic: str) -> None:
         """Listen on ``topic`` and attack until cancelled."""
@@ -102,28 +104,32 @@ class Equivocator:
         signer = await self.pubsub.signer()
         statement = await sign_message(message, signer, self.pubsub.keys)
         await self.pubsub.publish(direct_topic(self.topic, peer), statement.block.data)
+        self.sent = [*self.sent[-15:], (peer, statement.block.data)]
+
+    async def repeat(self, interval: float) -> None:
+        """Send what was sent again every ``interval`` seconds (over lossy gossip)."""
+        while True:
+            await asyncio.sleep(interval)
+            for peer, data in list(self.sent):
+                await self.pubsub.publish(direct_topic(self.topic, peer), data)
 
     async def _contributed(self, message: AgreedMessage, signature: bytes) -> None:
-        """Once two peers contributed to a round on one base: one roster each, of itself."""
-        r = message.round
-        heard = self._contribs.setdefault(r, {})
-        heard.setdefault(message.peer, (message, signature))
-        base = bytes(message.base) if message.base is not None else b""
-        targets = sorted(p for p, (m, _) in heard.items() if bytes(m.base or b"") == base)
-        if r in self.split or len(targets) < 2 or message.base is None:
+        """Send a peer, as soon as it contributed, a roster of this round listing it alone."""
+        r, heard = message.round, self._contribs.setdefault(message.round, {})
+        if message.peer in heard or message.base is None or message.weight is None:
             return
-        self.split.append(r)
-        for peer in targets:
-            contrib, sig = heard[peer]
-            assert contrib.weight is not None
-            block = Roster.new(
-                self.session, self.genesis, r, message.base, self.me, self.members,
-                {peer: (contrib.cid, contrib.weight, sig)},
-            ).to_block()  # fmt: skip
-            roster = AgreedMessage(
-                "roster", self.session, self.genesis, r, self.me, block.cid, inline=block.data
-            )
-            await self._send(peer, roster)
+        heard[message.peer] = (message, signature)
+        block = Roster.new(
+            self.session, self.genesis, r, message.base, self.me, self.members,
+            {message.peer: (message.cid, message.weight, signature)},
+        ).to_block()  # fmt: skip
+        roster = AgreedMessage(
+            "roster", self.session, self.genesis, r, self.me, block.cid, inline=block.data
+        )
+        await self._send(message.peer, roster)
+        bases = {bytes(m.base) for m, _ in heard.values() if m.base is not None}
+        if len(heard) >= 2 and len(bases) == 1 and r not in self.split:
+            self.split.append(r)  # two peers of one base got two rosters
 
     async def _echo(self, done: AgreedMessage) -> None:
         """Vote, to ``done``'s sender only, for the head it announced."""

@@ -266,13 +266,14 @@ class RoundBoard:
         if decoded.session != self.session or bytes(decoded.genesis) != bytes(self.genesis):
             self._drop("foreign")
             return None
-        if decoded.peer not in self.members:
-            self._drop("stranger")
-            return None
-        if signature is not None and message.from_peer in self.members:
+        members = self.members
+        if signature is not None and {decoded.peer, message.from_peer} <= members:
             self.statements.append((decoded, message.data))  # its author's: evidence either way
         if decoded.peer != message.from_peer:
             self._drop("forged")  # a relayed statement is evidence only, not a message
+            return None
+        if decoded.peer not in members:
+            self._drop("stranger")
             return None
         if decoded.peer in self.excluded:
             self._drop("excluded")
