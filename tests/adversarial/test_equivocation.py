@@ -175,12 +175,21 @@ async def test_a_proof_verifies_offline_and_its_forgeries_are_refused() -> None:
         await apoll_until(refused, timeout=10, what="the invalid proofs refused")
         assert session.proofs == {}
         assert not board.excluded
-        await member.publish(session.topic, proof.block.data)
 
         async def proven() -> bool:
             return EVIL in session.proofs
 
+        contribs = []
+        for cid in (genesis, proof.block.cid):  # two contributions: a proof that excludes nobody
+            contrib = AgreedMessage("contrib", "s", genesis, 0, EVIL, cid, genesis, 1)
+            contribs.append((await sign_message(contrib, bus.signer(EVIL), bus.keys)).block.data)
+        of_contribs = equivocation_proof(*contribs, keys=bus.keys)
+        assert of_contribs.kind == "agreed/contrib"
+        await member.publish(session.topic, of_contribs.block.data)
+        await member.publish(session.topic, proof.block.data)
         await apoll_until(proven, timeout=10, what="the proof taken")
+        assert session.proofs[EVIL] == proof  # the roster proof, not the contributions'
+        assert board.dropped["bad-evidence"] == len(invalid)
         assert board.excluded == {EVIL}
         assert (await store.get(proof.block.cid)).data == proof.block.data
     finally:

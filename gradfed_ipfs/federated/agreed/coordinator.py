@@ -169,8 +169,8 @@ class RoundBoard:
         self._repeats: dict[tuple[str, bytes], int] = {}
         self._repeat_cap = _REPEATS_PER_MEMBER * len(self.members)
         self.requests: MemberTracker | None = None  # holds join, approve and leave statements
-        # For the equivocation watch (a signed board): each member's signed statements, its
-        # own or relayed by another member, and the proofs members published (from, bytes).
+        # For the equivocation watch (a signed board): each member's signed roster statements,
+        # its own or relayed by another member, and the proofs members published (from, bytes).
         self.statements: deque[tuple[AgreedMessage, bytes]] = deque(maxlen=_HELD_STATEMENTS)
         self.proofs: deque[tuple[str, bytes]] = deque(maxlen=_HELD_STATEMENTS)
         self.excluded: set[str] = set()  # proven equivocators: everything they say is dropped
@@ -267,8 +267,9 @@ class RoundBoard:
             self._drop("foreign")
             return None
         members = self.members
-        if signature is not None and {decoded.peer, message.from_peer} <= members:
-            self.statements.append((decoded, message.data))  # its author's: evidence either way
+        if decoded.kind == "roster" and signature is not None:
+            if {decoded.peer, message.from_peer} <= members:  # its author's, however it came
+                self.statements.append((decoded, message.data))  # evidence (EvidenceWatch)
         if decoded.peer != message.from_peer:
             self._drop("forged")  # a relayed statement is evidence only, not a message
             return None
