@@ -267,9 +267,9 @@ class RoundBoard:
             self._drop("foreign")
             return None
         members = self.members
-        if decoded.kind == "roster" and signature is not None:
-            if {decoded.peer, message.from_peer} <= members:  # its author's, however it came
-                self.statements.append((decoded, message.data))  # evidence (EvidenceWatch)
+        relayed = {decoded.peer, message.from_peer} <= members  # its author's, however it came
+        if decoded.kind == "roster" and signature is not None and relayed:
+            self.statements.append((decoded, message.data))  # evidence (EvidenceWatch)
         if decoded.peer != message.from_peer:
             self._drop("forged")  # a relayed statement is evidence only, not a message
             return None
