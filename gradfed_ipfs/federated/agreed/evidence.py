@@ -35,7 +35,7 @@ from ...formats.evidence import EquivocationProof, decode_equivocation, equivoca
 from ...formats.roster import AgreedMessage, message_kind
 from ...formats.statement import KeyBook
 from ...storage.base import BlockStore
-from .roster import walk_back
+from .history import load_record
 
 __all__ = ["MAX_SEEN_PER_CLAIM", "EvidenceWatch"]
 
@@ -45,6 +45,8 @@ MAX_SEEN_PER_CLAIM: Final = 4
 """Statements kept per (author, kind, round): a member flooding claims cannot grow the watch."""
 _MAX_CLAIMS: Final = 4096
 """(author, kind, round) keys kept (the oldest are forgotten first)."""
+_MAX_WALKED: Final = 65536
+"""Records whose taint a watch remembers per proof."""
 _MAX_REFUSED: Final = 1024
 """Refused proof bytes remembered (re-announced ones are not verified again)."""
 
@@ -78,7 +80,7 @@ class EvidenceWatch:
         self.unpublished: list[EquivocationProof] = []  # built or heard, not yet handed on
         self._seen: OrderedDict[_Claim, list[tuple[bytes, AgreedMessage]]] = OrderedDict()
         self._refused: OrderedDict[bytes, str] = OrderedDict()
-        self._taint: OrderedDict[tuple[bytes, bytes], bool] = OrderedDict()  # (head, proof)
+        self._taint: dict[bytes, dict[bytes, bool]] = {}  # proof -> record -> took its roster
 
     @property
     def proven(self) -> frozenset[str]:
@@ -174,31 +176,43 @@ class EvidenceWatch:
     async def tainted(self, head: CID | None) -> EquivocationProof | None:
         """Return the proof one of whose rosters the chain ending at ``head`` took, if any.
 
-        The chain's record of each proof's round is looked up (:func:`~.roster.walk_back`);
-        answers are remembered, except when a record could not be fetched.
+        The chain is walked back to each proof's round, and every record walked is remembered
+        as tainted or not (per proof), so a later head's walk stops at the first known record.
+        A record that cannot be fetched decides nothing (tried again next time).
         """
         if head is None:
             return None
         for proof in self.proofs.values():
-            key = (bytes(head), bytes(proof.block.cid))
-            known = self._taint.get(key)
-            if known is None:
-                try:
-                    found = await walk_back(self.store, proof.round, head, self.fetch_timeout)
-                except (BlockStoreError, DecodeError):
-                    continue
-                claims = {bytes(c) for c in proof.claims}
-                known = found is not None and bytes(found[1].roster) in claims
-                self._taint[key] = known
-                while len(self._taint) > _MAX_REFUSED:
-                    self._taint.popitem(last=False)
-            if known:
-                return proof
+            try:
+                if await self._took_claim(head, proof):
+                    return proof
+            except (BlockStoreError, DecodeError):
+                continue
         return None
+
+    async def _took_claim(self, head: CID, proof: EquivocationProof) -> bool:
+        """Whether the chain ending at ``head`` names one of ``proof``'s rosters at its round."""
+        known = self._taint.setdefault(bytes(proof.block.cid), {})
+        walked, cid = [], head
+        while True:
+            answer = known.get(bytes(cid))
+            if answer is not None:
+                break
+            record = await load_record(self.store, cid, timeout=self.fetch_timeout)
+            walked.append(bytes(cid))
+            if record.round <= proof.round or record.prev is None:
+                claims = {bytes(c) for c in proof.claims}
+                answer = record.round == proof.round and bytes(record.roster) in claims
+                break
+            cid = record.prev
+        if len(known) + len(walked) > _MAX_WALKED:
+            known.clear()  # bounded: walked again from scratch (rarely: one per proof)
+        known.update(dict.fromkeys(walked, answer))
+        return answer
 
     def known_tainted(self, head: CID) -> bool:
         """Whether :meth:`tainted` found that the chain ending at ``head`` took a proven roster."""
-        return any(self._taint.get((bytes(head), bytes(p.block.cid))) for p in self.proofs.values())
+        return any(known.get(bytes(head)) for known in self._taint.values())
 
     def forget(self, before: int) -> None:
         """Drop the statements of rounds before ``before`` (proofs stay)."""
