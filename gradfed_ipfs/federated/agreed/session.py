@@ -743,6 +743,7 @@ class AgreedSession:
         self._took[r] = (record.cid, adopted.roster.coordinator, adopted.cid)
         for old in [k for k in self._took if k < r - 1]:
             del self._took[old]
+        self._relayed = {k for k in self._relayed if k >= r - 1}
         self._evidence.forget(r - 1)
         await self._next_members(adopted)
         self._fetcher.retain(self._next_fetches())  # the next round's, already on their way
