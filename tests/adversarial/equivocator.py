@@ -76,16 +76,23 @@ class Equivocator:
     """
 
     def __init__(
-        self, pubsub: PubsubTransport, session: str, genesis: CID, members: tuple[str, ...]
+        self,
+        pubsub: PubsubTransport,
+        session: str,
+        genesis: CID,
+        members: tuple[str, ...],
+        *,
+        pairs: bool = False,
     ) -> None:
         self.pubsub, self.session, self.genesis = pubsub, session, genesis
-        self.members = members
+        self.members, self.pairs = members, pairs
         self.topic = ""
         self.me = ""
         self.split: list[int] = []
         self.echoed: set[tuple[str, bytes]] = set()
         self._contribs: dict[int, dict[str, tuple[AgreedMessage, bytes]]] = {}
         self.sent: list[tuple[str, bytes]] = []  # (peer, statement) of its last rounds
+        self._served: set[tuple[int, str]] = set()  # (round, peer) sent a roster
 
     async def run(self, topic: str) -> None:
         """Listen on ``topic`` and attack until cancelled."""
@@ -114,22 +121,30 @@ class Equivocator:
                 await self.pubsub.publish(direct_topic(self.topic, peer), data)
 
     async def _contributed(self, message: AgreedMessage, signature: bytes) -> None:
-        """Send a peer, as soon as it contributed, a roster of this round listing it alone."""
+        """Send each peer, once it can, a roster of this round: of it alone, or with ``pairs``
+        of it and the next honest peer (cyclic: every two rosters overlap, none is shared)."""
         r, heard = message.round, self._contribs.setdefault(message.round, {})
         if message.peer in heard or message.base is None or message.weight is None:
             return
         heard[message.peer] = (message, signature)
-        block = Roster.new(
-            self.session, self.genesis, r, message.base, self.me, self.members,
-            {message.peer: (message.cid, message.weight, signature)},
-        ).to_block()  # fmt: skip
-        roster = AgreedMessage(
-            "roster", self.session, self.genesis, r, self.me, block.cid, inline=block.data
-        )
-        await self._send(message.peer, roster)
-        bases = {bytes(m.base) for m, _ in heard.values() if m.base is not None}
-        if len(heard) >= 2 and len(bases) == 1 and r not in self.split:
-            self.split.append(r)  # two peers of one base got two rosters
+        others = sorted(p for p in self.members if p != self.me)
+        for peer in sorted(heard):
+            if (r, peer) in self._served:
+                continue
+            group = [peer, others[(others.index(peer) + 1) % len(others)]] if self.pairs else [peer]
+            if not all(p in heard and heard[p][0].base == message.base for p in group):
+                continue
+            self._served.add((r, peer))
+            lines = {p: (heard[p][0].cid, heard[p][0].weight or 1, heard[p][1]) for p in group}
+            block = Roster.new(
+                self.session, self.genesis, r, message.base, self.me, self.members, lines
+            ).to_block()
+            roster = AgreedMessage(
+                "roster", self.session, self.genesis, r, self.me, block.cid, inline=block.data
+            )
+            await self._send(peer, roster)
+        if sum(1 for k, _ in self._served if k == r) >= 2 and r not in self.split:
+            self.split.append(r)  # two peers got two rosters of the round
 
     async def _echo(self, done: AgreedMessage) -> None:
         """Vote, to ``done``'s sender only, for the head it announced."""

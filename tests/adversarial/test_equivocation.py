@@ -14,7 +14,7 @@ import pytest
 from multiformats import CID
 
 from gradfed_ipfs import AgreedRoundResult, AgreedSession, verify_agreed_history
-from gradfed_ipfs.errors import BadSignature, MalformedManifest, RoundMismatch
+from gradfed_ipfs.errors import BadSignature, MalformedManifest, QuorumNotReached, RoundMismatch
 from gradfed_ipfs.federated.agreed import AgreedConfig
 from gradfed_ipfs.federated.agreed.coordinator import coordinator_ranking
 from gradfed_ipfs.formats.evidence import decode_equivocation, equivocation_proof
@@ -32,11 +32,13 @@ MEMBERS = tuple(sorted((*HONEST, EVIL)))
 ROUNDS = 4
 
 
-async def _session_where_evil_coordinates(store: MemoryBlockStore) -> tuple[str, CID]:
+async def _session_where_evil_coordinates(
+    store: MemoryBlockStore, members: tuple[str, ...] = MEMBERS
+) -> tuple[str, CID]:
     """A session name whose round 0 the attacker coordinates (rank 0: taken at once)."""
     genesis = await AgreedSession.commit_genesis(store, initial_model())
     for n in range(100):
-        if coordinator_ranking(f"s{n}", genesis, 0, MEMBERS)[0] == EVIL:
+        if coordinator_ranking(f"s{n}", genesis, 0, members)[0] == EVIL:
             return f"s{n}", genesis
     raise AssertionError("no session name found")
 
@@ -47,7 +49,7 @@ async def _run(session: AgreedSession, index: int) -> list[AgreedRoundResult]:
     while session.round < ROUNDS:
         try:
             ran.append(await session.run_round(delta(index, session.round), weight=1 + index))
-        except RoundMismatch:
+        except (RoundMismatch, QuorumNotReached):
             await session.resync(timeout=5.0)
     return ran
 
@@ -102,6 +104,44 @@ async def test_an_equivocating_coordinator_is_proven_excluded_and_the_split_heal
         assert session.board.dropped["excluded"] > 0  # its later messages: ignored
         assert EVIL not in session.board.heads
     assert len(cids) == 1  # both built (or took) the same proof
+
+
+async def test_overlapping_rosters_of_an_equivocator_are_rewound_for_everyone() -> None:
+    """Three honest peers, ``min_peers = 2``: the attacker sends each a roster of it and the
+    next one (every two overlap), so no split head has the votes of its roster and a resync
+    alone could never heal it; every split round 1 lacks a quorum. Each peer holds a proof
+    (maybe of two rosters other than its own): every chain that took one of the attacker's
+    rosters of that round and base rewinds, and round 0 is re-run by all three."""
+    store, bus = MemoryBlockStore(), MemoryPubsubBus()
+    honest = ("peer-a", "peer-b", "peer-c")
+    members = tuple(sorted((*honest, EVIL)))
+    name, genesis = await _session_where_evil_coordinates(store, members)
+    config = AgreedConfig(members=members, min_peers=2, **FAST)  # type: ignore[arg-type]
+    transports = [DirectedPubsub(bus.endpoint(p), p, EVIL) for p in honest]
+    sessions = [AgreedSession(store, t, name, genesis, config) for t in transports]
+    attacker = Equivocator(bus.endpoint(EVIL), name, genesis, members, pairs=True)
+    for session in sessions:
+        await session.start(initial_model())
+    attack = asyncio.create_task(attacker.run(sessions[0].topic))
+    try:
+        results = await asyncio.gather(*(_run(s, i) for i, s in enumerate(sessions)))
+    finally:
+        attack.cancel()
+        for session in sessions:
+            await session.aclose()
+    first = [ran[0] for ran in results]
+    assert len({r.model for r in first}) == 3  # three rosters, three models
+    assert all(r.round == 0 and r.roster.coordinator == EVIL for r in first)
+    last = [{r.round: r for r in ran} for ran in results]
+    for r in range(ROUNDS):
+        assert len({chain[r].record for chain in last}) == 1, r
+        assert all(chain[r].roster.coordinator != EVIL for chain in last)
+    for session in sessions:
+        assert EVIL in session.proofs
+    records = await verify_agreed_history(
+        store, sessions[0].head, session=name, genesis=genesis, keys=bus.keys
+    )
+    assert len(records) == ROUNDS
 
 
 async def _rosters(

@@ -32,10 +32,10 @@ from multiformats import CID
 from ...block import Block
 from ...errors import BlockStoreError, DecodeError
 from ...formats.evidence import EquivocationProof, decode_equivocation, equivocation_proof
-from ...formats.roster import AgreedMessage, message_kind
+from ...formats.roster import AgreedMessage, AgreedRecord, message_kind
 from ...formats.statement import KeyBook
 from ...storage.base import BlockStore
-from .history import load_record
+from .history import load_record, load_roster
 
 __all__ = ["MAX_SEEN_PER_CLAIM", "EvidenceWatch"]
 
@@ -201,14 +201,27 @@ class EvidenceWatch:
             record = await load_record(self.store, cid, timeout=self.fetch_timeout)
             walked.append(bytes(cid))
             if record.round <= proof.round or record.prev is None:
-                claims = {bytes(c) for c in proof.claims}
-                answer = record.round == proof.round and bytes(record.roster) in claims
+                answer = await self._proven_roster(record, proof)
                 break
             cid = record.prev
         if len(known) + len(walked) > _MAX_WALKED:
             known.clear()  # bounded: walked again from scratch (rarely: one per proof)
         known.update(dict.fromkeys(walked, answer))
         return answer
+
+    async def _proven_roster(self, record: AgreedRecord, proof: EquivocationProof) -> bool:
+        """Whether ``record`` is of ``proof``'s round and base, on a roster of its author.
+
+        Any roster of the author for that round and base is one of its conflicting claims (or
+        a third one): a peer that heard only its own and holds a proof of two others' is
+        tainted alike.
+        """
+        if record.round != proof.round or bytes(record.base) != bytes(proof.base):
+            return False
+        if bytes(record.roster) in {bytes(c) for c in proof.claims}:
+            return True
+        roster = await load_roster(self.store, record.roster, timeout=self.fetch_timeout)
+        return roster.coordinator == proof.author
 
     def known_tainted(self, head: CID) -> bool:
         """Whether :meth:`tainted` found that the chain ending at ``head`` took a proven roster."""
