@@ -54,6 +54,26 @@ async def _run(session: AgreedSession, index: int) -> list[AgreedRoundResult]:
     return ran
 
 
+async def _one_clean_chain(
+    store: MemoryBlockStore,
+    sessions: list[AgreedSession],
+    name: str,
+    genesis: CID,
+    bus: MemoryPubsubBus,
+) -> None:
+    """Every honest peer ends on one head whose chain verifies and has no roster of EVIL."""
+    assert len({bytes(s.head) for s in sessions if s.head is not None}) == 1
+    assert len({s.model_cid for s in sessions}) == 1
+    head = sessions[0].head
+    assert head is not None
+    records = await verify_agreed_history(store, head, session=name, genesis=genesis, keys=bus.keys)
+    assert [r.round for r in records] == list(range(ROUNDS))
+    for record in records:
+        roster = Roster.from_block(await store.get(record.roster))
+        assert roster.coordinator != EVIL
+        assert EVIL not in roster.peers
+
+
 async def test_an_equivocating_coordinator_is_proven_excluded_and_the_split_heals() -> None:
     """Attack 2: the attacker coordinates round 0 and sends each honest peer a roster of that
     peer alone, then echoes their ``done``. Each peer relays the roster it took when another
@@ -83,16 +103,7 @@ async def test_an_equivocating_coordinator_is_proven_excluded_and_the_split_heal
     assert all(r.roster.coordinator == EVIL for r in first)
     for ran in results:  # at most 2 rounds lost to the split (then re-run without the attacker)
         assert len(ran) <= ROUNDS + 2
-    last = [{r.round: r for r in ran} for ran in results]
-    for r in range(ROUNDS):  # one chain, none of it the attacker's
-        assert len({chain[r].model for chain in last}) == 1, r
-        assert len({chain[r].record for chain in last}) == 1, r
-        assert all(chain[r].roster.coordinator != EVIL for chain in last)
-    assert sessions[0].model_cid == sessions[1].model_cid
-    records = await verify_agreed_history(
-        store, sessions[0].head, session=name, genesis=genesis, keys=bus.keys
-    )
-    assert len(records) == ROUNDS
+    await _one_clean_chain(store, sessions, name, genesis, bus)
     cids = set()
     for session in sessions:
         proof = session.proofs[EVIL]
@@ -132,16 +143,9 @@ async def test_overlapping_rosters_of_an_equivocator_are_rewound_for_everyone() 
     first = [ran[0] for ran in results]
     assert len({r.model for r in first}) == 3  # three rosters, three models
     assert all(r.round == 0 and r.roster.coordinator == EVIL for r in first)
-    last = [{r.round: r for r in ran} for ran in results]
-    for r in range(ROUNDS):
-        assert len({chain[r].record for chain in last}) == 1, r
-        assert all(chain[r].roster.coordinator != EVIL for chain in last)
+    await _one_clean_chain(store, sessions, name, genesis, bus)
     for session in sessions:
         assert EVIL in session.proofs
-    records = await verify_agreed_history(
-        store, sessions[0].head, session=name, genesis=genesis, keys=bus.keys
-    )
-    assert len(records) == ROUNDS
 
 
 async def _rosters(
