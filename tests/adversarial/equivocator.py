@@ -127,6 +127,8 @@ class Equivocator:
         if message.peer in heard or message.base is None or message.weight is None:
             return
         heard[message.peer] = (message, signature)
+        if sum(1 for m, _ in heard.values() if m.base == message.base) < 2:
+            return  # one roster each to two peers of one base, sent together (a sure split)
         others = sorted(p for p in self.members if p != self.me)
         for peer in sorted(heard):
             if (r, peer) in self._served:
