@@ -438,6 +438,8 @@ class Peer(Generic[M]):
                     raise
                 logger.warning("%s: %s; resyncing", session.peer_id, exc)
                 await session.resync(timeout=resync)
+                # a rewind past an equivocator's round: its rounds are run again
+                history.entries = [e for e in history.entries if e.round < session.round]
                 continue
             failures = 0
             history.entries.append(entry)

@@ -6,7 +6,10 @@ Prints one JSON object per line on stdout (``start``, ``resync``, ``round``, ``e
 finished). Deltas are seeded by (peer index, round), so the expected models are reproducible.
 Hostile and attack-watching modes (issue 32): ``--forge`` announces a forged head after the
 rounds; ``--await-head R`` waits to hear a head of round ``R`` before a resync; ``--resync-after``
-resyncs once the rounds are done; ``--hold`` keeps the process (and its head) up until stopped.
+resyncs once the rounds are done; ``--hold`` keeps the process (and its head) up until stopped;
+``--directed-from PEER`` takes PEER's messages from this peer's side topic only (a hostile
+router: :mod:`tests.adversarial.equivocator`); ``--await-peers N`` starts once N other peers
+are on the topic.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from gradfed_ipfs.errors import QuorumNotReached, RoundMismatch
 from gradfed_ipfs.federated.agreed import Admission
 from gradfed_ipfs.kubo import KuboPubsub, PubsubTransport
 from gradfed_ipfs.storage import KuboBlockStore
+from tests.adversarial.equivocator import DirectedPubsub
 from tests.adversarial.hostile import forged_head
 from tests.multiprocess.lossy import LossyPubsub
 
@@ -69,6 +73,8 @@ async def run(args: argparse.Namespace) -> int:
     pubsub: PubsubTransport = KuboPubsub(args.api)
     if args.loss > 0:
         pubsub = LossyPubsub(pubsub, args.loss, seed=args.index + 100)
+    if args.directed_from is not None:  # behind a hostile router (tests.adversarial.equivocator)
+        pubsub = DirectedPubsub(pubsub, await pubsub.local_peer_id(), args.directed_from)
     config = AgreedConfig(
         members=tuple(args.members.split(",")),
         min_peers=args.min_peers,
@@ -88,6 +94,8 @@ async def run(args: argparse.Namespace) -> int:
         else:
             await session.start(initial_model(args.dim))
         emit("start", peer=session.peer_id)
+        if args.await_peers:
+            await await_peers(session, args.await_peers)
         if args.resync:
             await resync(session, args.await_head)
         while session.round < args.rounds:
@@ -111,6 +119,7 @@ async def run(args: argparse.Namespace) -> int:
                 model=str(result.model),
                 record=str(result.record),
                 roster=list(result.roster.peers),
+                coordinator=result.roster.coordinator,
                 absent=list(result.absent),
                 included=result.included,
                 matched=result.matched,
@@ -129,6 +138,7 @@ async def run(args: argparse.Namespace) -> int:
             lingered=sorted(finished),
             dropped=dict(session.board.dropped),
             lost=getattr(pubsub, "dropped", 0),
+            proofs={p: str(proof.block.cid) for p, proof in session.proofs.items()},
         )
         if args.hold:
             await asyncio.Event().wait()  # until stopped; the announcer keeps our head heard
@@ -137,6 +147,15 @@ async def run(args: argparse.Namespace) -> int:
         await pubsub.aclose()
         await store.aclose()
     return 0
+
+
+async def await_peers(session: AgreedSession, count: int) -> None:
+    """Hold before round 0 until ``count`` other peers are on the topic (a test's start line)."""
+    deadline = time.monotonic() + 60.0
+    while len(await session.pubsub.peers(session.topic)) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"fewer than {count} peers on {session.topic}")
+        await asyncio.sleep(0.05)
 
 
 async def resync(session: AgreedSession, await_head: int | None) -> None:
@@ -199,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--allow", default=None, help="admission allow-list (peer IDs, commas)")
     parser.add_argument("--join", action="store_true", help="join the running session")
+    parser.add_argument(
+        "--directed-from", default=None, help="take this member's messages from a side topic"
+    )
+    parser.add_argument("--await-peers", type=int, default=0, help="peers on the topic first")
     parser.add_argument(
         "--await-join", nargs=2, default=None, metavar=("PEER", "ROUND"),
         help="before ROUND, wait until PEER's join is held",

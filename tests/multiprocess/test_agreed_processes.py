@@ -22,6 +22,7 @@ from gradfed_ipfs.cli.children import JsonLinesChild
 from gradfed_ipfs.federated.agreed import Admission
 from gradfed_ipfs.federated.agreed.coordinator import coordinator_ranking
 from gradfed_ipfs.federated.agreed.history import model_cid, verify_agreed_history
+from gradfed_ipfs.formats.evidence import decode_equivocation
 from gradfed_ipfs.storage import KuboBlockStore
 from tests.adversarial.hostile import FORGED_FILL
 from tests.conftest import KuboNode
@@ -317,6 +318,62 @@ def test_a_roster_hijack_across_processes_is_held(
         assert len({peer.rounds()[r]["record"] for peer in peers}) == 1
     head = peers[0].final()["head"]  # type: ignore[index]
     assert verify_history(kubo_swarm3[honest[1]], head, spawn.session, spawn.genesis) == 3
+
+
+def test_an_equivocation_across_processes_is_proven_and_the_split_heals(
+    spawn: Any, kubo_swarm3: list[KuboNode], tmp_path: Path
+) -> None:
+    """Issue 32's attack 2 over real daemons, one process per peer: the member that
+    coordinates round 0 never contributes, sends each honest peer (through a hostile router:
+    ``--directed-from``) a roster of that peer alone and echoes its ``done``. The honest peers
+    split, relay the rosters they took, both hold a proof naming the attacker, rewind and
+    re-run round 0 without it, and end on one verified chain none of whose rosters is its."""
+    everyone = [node.peer_id for node in kubo_swarm3]
+    genesis = CID.decode(spawn.genesis)
+    attacker = everyone.index(coordinator_ranking(spawn.session, genesis, 0, tuple(everyone))[0])
+    honest = [i for i in range(3) if i != attacker]
+    argv = [
+        sys.executable, "-m", "tests.multiprocess.equivocator",
+        "--api", kubo_swarm3[attacker].api_url, "--members", ",".join(everyone),
+        "--session", spawn.session, "--genesis", spawn.genesis, "--seconds", "120",
+    ]  # fmt: skip
+    equivocator = JsonLinesChild(
+        argv,
+        stderr=tmp_path / "equivocator.log",
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    rounds = 4
+    try:
+        run = [
+            "--min-peers", "1", "--collect-timeout", "2.0", "--rounds", str(rounds),
+            "--linger", "3", "--directed-from", everyone[attacker], "--await-peers", "2",
+        ]  # fmt: skip
+        peers = [spawn(i, *run) for i in honest]
+        wait_final(peers, timeout=150)
+    finally:
+        equivocator.stop()
+    firsts = [next(e for e in p.of("round") if e["round"] == 0) for p in peers]
+    assert all(e["coordinator"] == everyone[attacker] for e in firsts)
+    assert len({e["model"] for e in firsts}) == 2  # the split
+    for r in range(rounds):  # the chain both end on (round 0 re-run)
+        assert len({peer.rounds()[r]["record"] for peer in peers}) == 1, r
+        assert all(peer.rounds()[r]["coordinator"] != everyone[attacker] for peer in peers)
+    finals = [peer.final() for peer in peers]
+    assert len({f["model"] for f in finals}) == 1  # type: ignore[index]
+    proofs = {f["proofs"][everyone[attacker]] for f in finals}  # type: ignore[index]
+
+    async def check(proof: str, head: str) -> tuple[str, int]:
+        async with KuboBlockStore(kubo_swarm3[honest[0]].api_url, timeout=10.0) as store:
+            held = decode_equivocation(await store.get(CID.decode(proof)))
+            records = await verify_agreed_history(
+                store, head, session=spawn.session, genesis=spawn.genesis
+            )
+            return held.author, len(records)
+
+    for proof in proofs:  # verified offline: the peer IDs are the keys
+        head = finals[0]["head"]  # type: ignore[index]
+        assert asyncio.run(check(proof, head)) == (everyone[attacker], rounds)
 
 
 def test_a_third_process_joins_two_members_and_contributes_from_the_next_round(

@@ -71,6 +71,9 @@ class RoundContext:
         ``time.monotonic()`` when the round started.
     rejected
         Peer (or ``roster <cid>``) → reason, for what was refused this round (grows).
+    proven
+        Members this peer holds an equivocation proof against as the round starts: out of the
+        ranking, and no roster of theirs or listing them is taken.
     """
 
     number: int
@@ -85,6 +88,12 @@ class RoundContext:
     ranking: tuple[str, ...]
     started: float
     rejected: dict[str, str] = field(default_factory=dict)
+    proven: frozenset[str] = frozenset()
+
+    @property
+    def barred(self) -> frozenset[str]:
+        """Members no roster of this round may list: proven liars and equivocators."""
+        return self.excluded | self.proven if self.proven else self.excluded
 
     @property
     def rank(self) -> int:

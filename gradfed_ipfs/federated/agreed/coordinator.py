@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Final
@@ -26,6 +26,7 @@ from multiformats import CID
 
 from ...cid import cid_to_str
 from ...errors import BadSignature, DecodeError, MalformedManifest
+from ...formats.evidence import is_equivocation
 from ...formats.pubsub import PubsubMessage
 from ...formats.roster import AgreedMessage, Roster, open_message, verify_roster_entries
 from ...formats.statement import KeyBook
@@ -52,6 +53,9 @@ _REASONS: Final[dict[type[DecodeError], str]] = {
     MalformedManifest: "unsigned",  # not a statement at all (or a bad one)
 }
 """Drop reasons of a message that does not decode, by error (else ``malformed``)."""
+_HELD_STATEMENTS: Final = 1024
+"""Signed statements (and published proofs) a board holds for its peer's equivocation watch
+until the session takes them (it does after every message)."""
 _REPEATS_PER_MEMBER: Final = 16
 """Recorded messages a board remembers per member to drop their re-publications undecoded
 (an honest member sends three a round; the board holds two rounds)."""
@@ -167,6 +171,33 @@ class RoundBoard:
         self._repeats: dict[tuple[str, bytes], int] = {}
         self._repeat_cap = _REPEATS_PER_MEMBER * len(self.members)
         self.requests: MemberTracker | None = None  # holds join, approve and leave statements
+        # For the equivocation watch (a signed board): each member's signed roster statements,
+        # its own or relayed by another member, and the proofs members published (from, bytes).
+        self.statements: deque[tuple[AgreedMessage, bytes]] = deque(maxlen=_HELD_STATEMENTS)
+        self.proofs: deque[tuple[str, bytes]] = deque(maxlen=_HELD_STATEMENTS)
+        self.excluded: set[str] = set()  # proven equivocators: everything they say is dropped
+
+    def exclude(self, peer: str) -> None:
+        """Drop all that ``peer`` (a proven equivocator) said and says: votes, heads, rosters."""
+        self.excluded.add(peer)
+        self.heads.pop(peer, None)
+        for state in self.rounds.values():
+            state.contributions.pop(peer, None)
+            state.rosters.pop(peer, None)
+            state.done.pop(peer, None)
+        self._notify()
+
+    def rewind(self, round_number: int) -> None:
+        """Make ``round_number`` current again, forgetting what was heard of it and later rounds.
+
+        A peer re-running a round after an equivocation (their re-announced messages are
+        taken again; heads stay: they are every member's latest).
+        """
+        self.current = round_number
+        for old in [r for r in self.rounds if r >= round_number]:
+            del self.rounds[old]
+        self._repeats = {k: r for k, r in self._repeats.items() if r < round_number}
+        self._notify()
 
     def set_members(self, members: Collection[str]) -> None:
         """Take messages from ``members`` from now on (a round changed the member set)."""
@@ -230,18 +261,37 @@ class RoundBoard:
             if self.requests is not None and self.requests.offer(message.data, message.from_peer):
                 self._notify()  # a membership request (a stranger's join among them), held
                 return None
+            if self._proof(message):
+                return None
             self._drop(_REASONS.get(type(exc), "malformed"))
             return None
         if decoded.session != self.session or bytes(decoded.genesis) != bytes(self.genesis):
             self._drop("foreign")
             return None
+        members = self.members
+        relayed = {decoded.peer, message.from_peer} <= members  # its author's, however it came
+        if decoded.kind == "roster" and signature is not None and relayed:
+            self.statements.append((decoded, message.data))  # evidence (EvidenceWatch)
         if decoded.peer != message.from_peer:
-            self._drop("forged")
+            self._drop("forged")  # a relayed statement is evidence only, not a message
             return None
-        if decoded.peer not in self.members:
+        if decoded.peer not in members:
             self._drop("stranger")
             return None
+        if decoded.peer in self.excluded:
+            self._drop("excluded")
+            return None
         return decoded, signature
+
+    def _proof(self, message: PubsubMessage) -> bool:
+        """Hold a member's published equivocation proof for the session to verify."""
+        if self.keys is None or message.from_peer not in self.members:
+            return False
+        if not is_equivocation(message.data):
+            return False
+        self.proofs.append((message.from_peer, message.data))
+        self.dropped["evidence"] += 1  # not a round message: counted, handed to the watch
+        return True
 
     def _open(self, data: bytes) -> tuple[AgreedMessage, bytes | None]:
         """Decode a message (and its statement's signature, on a signed board)."""

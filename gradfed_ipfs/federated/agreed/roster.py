@@ -161,8 +161,8 @@ class RosterPhase:
         """
         config = ctx.config
         c = _Collection(
-            members=set(config.members) - ctx.excluded,
-            quorum=effective_quorum(config, ctx.excluded),
+            members=set(config.members) - ctx.barred,
+            quorum=effective_quorum(config, ctx.barred),
             close_at=ctx.started + config.collect_timeout + ctx.rank * config.takeover_timeout,
             deadline=ctx.started + config.round_timeout,
         )
@@ -236,7 +236,7 @@ class RosterPhase:
         for peer, c in self._board.state(ctx.number).contributions.items():
             if bytes(c.base) == base:
                 entries[peer] = (c.cid, c.weight, c.signature)
-        for peer in ctx.excluded:  # proven liars (this one too): no roster may list them
+        for peer in ctx.barred:  # proven liars and equivocators: no roster may list them
             entries.pop(peer, None)
         for peer, (_, weight, _) in list(entries.items()):
             if weight > ctx.config.max_weight:  # no roster may list it either
@@ -532,8 +532,10 @@ class RosterPhase:
         """
         problem = roster_problem(
             roster, self._board.session, self._board.genesis, ctx.number, ctx.base,
-            ctx.config, ctx.excluded, self._board.keys,
+            ctx.config, ctx.barred, self._board.keys,
         ) or _own_problem(ctx, roster)  # fmt: skip
+        if not problem and roster.coordinator not in ctx.ranking:
+            problem = f"its coordinator {roster.coordinator} is a proven equivocator"
         if problem:
             c.tried.add(bytes(cid))
             ctx.rejected[author or roster.coordinator] = f"roster {cid}: {problem}"

@@ -53,14 +53,18 @@ from ..._types import CIDLike, FloatArray, GradientLike
 from ...cid import parse_cid
 from ...cometbft.rpc import CometRpc
 from ...errors import (
+    BlockStoreError,
     ConfigError,
+    DecodeError,
     GenesisMismatch,
+    GradientError,
     InvalidGradient,
     NotAdmitted,
     NoVerifiableHead,
     QuorumNotReached,
     RoundMismatch,
 )
+from ...formats.evidence import EquivocationProof
 from ...formats.membership import (
     APPROVE,
     JOIN,
@@ -88,10 +92,11 @@ from .config import AgreedConfig, AgreedRoundResult, ResyncResult, agreed_topic
 from .context import AdoptedRoster, Aggregated, OwnContribution, RoundContext, SessionMessages
 from .control import PubsubControl, RoundControl
 from .coordinator import Head, RoundBoard, best_head, coordinator_ranking, model_holders
+from .evidence import EvidenceWatch
 from .heads import HeadChoice, HeadChooser
 from .history import ResultLoad, VerifiedHead, load_result, verify_head
 from .members import MemberTracker
-from .roster import RosterPhase
+from .roster import RosterPhase, walk_back
 from .slicing import RootFetcher, SliceStep, choose_slicing, slice_report, slices_topic
 from .storage import FinishedRound, RoundStorage
 
@@ -213,6 +218,12 @@ class AgreedSession:
             session, self.genesis, config.members, config.admission, pubsub.keys
         )
         self.left = False  # this peer's leave took effect (it is no longer a member)
+        self._evidence = EvidenceWatch(
+            session, self.genesis, store, pubsub.keys, config.fetch_timeout
+        )
+        # round -> (record, roster coordinator, roster) of the rounds this peer finished last
+        self._took: dict[int, tuple[CID, str, CID]] = {}
+        self._relayed: set[int] = set()  # rounds whose roster statement this peer handed on
         self._approving: dict[str, str] = {}  # joiner -> announcer key of this peer's approval
 
     # ------------------------------------------------------------------ lifecycle
@@ -366,8 +377,98 @@ class AgreedSession:
             accepted = self.board.accept(message)
             if accepted is not None and accepted.kind == "contrib":
                 self._prefetch(accepted)
+            if self.board.statements or self.board.proofs:
+                await self._take_evidence()
+            if accepted is not None and accepted.kind == "done":
+                await self._relay_if_split(accepted.round)
             if self._members.new_joins:
                 await self._approve_joins()
+
+    # ------------------------------------------------------------------ evidence
+
+    @property
+    def proofs(self) -> dict[str, EquivocationProof]:
+        """Proven equivocators (member -> the verified proof this peer holds and published).
+
+        Everything a proven member says is ignored from then on, and it is out of the
+        coordinator schedule (see :mod:`~.evidence`).
+        """
+        return dict(self._evidence.proofs)
+
+    async def _take_evidence(self) -> None:
+        """Check the statements and proofs the board held; exclude the authors proven."""
+        board, watch = self.board, self._evidence
+        while board.statements:
+            await watch.witness(*board.statements.popleft())
+        while board.proofs:
+            _, data = board.proofs.popleft()
+            try:
+                await watch.offer(data)
+            except DecodeError as exc:
+                board.dropped["bad-evidence"] += 1
+                logger.debug("%s: refused an equivocation proof: %s", self.peer_id, exc)
+        while watch.unpublished:
+            proof = watch.unpublished.pop(0)
+            board.exclude(proof.author)
+            await self._announcer.post(f"evidence:{proof.author}", proof.block.data)
+
+    async def _rewind(self) -> bool:
+        """Rewind to a split round's base if this peer's chain took a proven equivocator's roster.
+
+        The convergence rule (see :mod:`~.evidence`): every peer holding a proof whose chain
+        names one of the proof's rosters at the proof's round goes back to the model both
+        rosters built on, and re-runs that round without the equivocator (out of the
+        schedule, its rosters and votes ignored): the same point and the same members for
+        every such peer. Returns whether it rewound; ``False`` when the base model cannot be
+        fetched (it is then tried again at the next resync).
+        """
+        proof = await self._evidence.tainted(self.head)
+        if proof is None or self.head is None:
+            return False
+        p, timeout = proof.round, self.config.fetch_timeout
+        try:
+            base = None if p == 0 else await walk_back(self.store, p - 1, self.head, timeout)
+            model = await fetch_gradient(self.store, proof.base, timeout=timeout)
+            state = None
+            if base is not None and base[1].state is not None:
+                state = await fetch_gradient(self.store, base[1].state, timeout=timeout)
+        except (BlockStoreError, DecodeError, GradientError) as exc:
+            logger.warning("%s: cannot rewind to round %d yet: %s", self.peer_id, p, exc)
+            return False
+        if (p > 0 and base is None) or (p == 0 and bytes(proof.base) != bytes(self.genesis)):
+            return False
+        self.model = np.array(model, np.float32).reshape(-1)
+        self.model_cid, self.round = proof.base, p
+        self.head = None if base is None else base[0]
+        self.excluded = frozenset(() if base is None else base[1].excluded or ())
+        self.rule_state = None if state is None else np.array(state, np.float32).reshape(-1)
+        self.history = {k: v for k, v in self.history.items() if v < p}
+        self._took = {k: v for k, v in self._took.items() if k < p}
+        self._storage.unstored_head = None
+        self._announcer.withdraw("done")  # its head took the equivocator's roster
+        self.board.rewind(p)
+        logger.warning(
+            "%s: rewound to round %d (%s equivocated): re-running it", self.peer_id, p, proof.author
+        )
+        return True
+
+    async def _relay_if_split(self, r: int) -> None:
+        """Hand on the roster statement this peer took in round ``r`` if a member's differs.
+
+        Sent once a round, re-announced until the next relay: a coordinator that sent two
+        peers two rosters is then proven by both (:mod:`~.evidence`).
+        """
+        took = self._took.get(r)
+        if took is None or r in self._relayed:
+            return
+        record, coordinator, roster = took
+        done = self.board.state(r).done
+        if all(bytes(h.record) == bytes(record) for h in done.values()):
+            return
+        data = self._evidence.roster_statement(coordinator, r, roster)
+        if data is not None:
+            self._relayed.add(r)
+            await self._announcer.post("witness", data)
 
     def _prefetch(self, message: AgreedMessage) -> None:
         """Start fetching a contribution as soon as it is heard, the next round's included.
@@ -627,11 +728,21 @@ class AgreedSession:
         r, messages, config = self.round, self._parts.messages, self._round_config()
         if self.peer_id not in config.members:
             raise NotAdmitted(f"{self.peer_id} is not a member of round {r}")
+        if self._evidence.proofs:
+            await self._storage.settle()  # this peer's own last record is then in the store
+        proof = await self._evidence.tainted(self.head)
+        if proof is not None:  # resync rewinds past the equivocator's round (:meth:`_rewind`)
+            ours, why = str(self.head), f"equivocated (proof {proof.block.cid})"
+            raise RoundMismatch(r - 1, ours, {proof.author: why})
+        for head in self.board.state(r - 1).done.values() if self._evidence.proofs else ():
+            await self._evidence.tainted(head.record)  # a rewound member's old head: no vote
         self._check_done(r - 1)
         await self._storage.settle(keep=1)  # the last round's blocks may still be on their way
         encoded, values = await self._encode(values, error_feedback)
         message = messages.make("contrib", r, encoded.cid, base=self.model_cid, weight=weight)
         signed = await messages.post_now("contrib", message)
+        proven = self._evidence.proven  # out of the schedule (if any member is left)
+        scheduled = tuple(p for p in config.members if p not in proven) or config.members
         stored = asyncio.ensure_future(self._storage.held(encoded.store(self.store)))
         self._fetcher.known(encoded.cid, values)
         logger.debug("round %d: contributed after %.3fs", r, time.monotonic() - started)
@@ -647,7 +758,8 @@ class AgreedSession:
             own=OwnContribution(
                 encoded.cid, values, weight, stored, encoded.nbytes, signed.signature
             ),
-            ranking=tuple(coordinator_ranking(self.session, self.genesis, r, config.members)),
+            ranking=tuple(coordinator_ranking(self.session, self.genesis, r, scheduled)),
+            proven=proven,
             started=started,
         )
 
@@ -723,6 +835,11 @@ class AgreedSession:
         self.excluded = frozenset(excluded)  # the record's: no later roster may list them
         self.rule_state = aggregated.state
         self.history[bytes(record.cid)] = r
+        self._took[r] = (record.cid, adopted.roster.coordinator, adopted.cid)
+        for old in [k for k in self._took if k < r - 1]:
+            del self._took[old]
+        self._relayed = {k for k in self._relayed if k >= r - 1}
+        self._evidence.forget(r - 1)
         await self._next_members(adopted)
         self._fetcher.retain(self._next_fetches())  # the next round's, already on their way
         logger.debug("round %d: done after %.3fs", r, time.monotonic() - ctx.started)
@@ -753,6 +870,7 @@ class AgreedSession:
             await self.board.wait_until(
                 lambda: all(p in done for p in others), ctx.config.done_timeout
             )
+        await self._relay_if_split(r)  # the others' done may have come before this peer's
         confirmed = {p for p, h in done.items() if bytes(h.record) == bytes(record)}
         theirs = {p: str(h.record) for p, h in done.items() if bytes(h.record) != bytes(record)}
         self._check_done(r, settle_ties=False)
@@ -790,7 +908,11 @@ class AgreedSession:
         """
         if self.head is None or r < 0:
             return
-        done = self.board.state(r).done
+        done = {
+            p: h
+            for p, h in self.board.state(r).done.items()
+            if not self._evidence.known_tainted(h.record)
+        }
         theirs = {p: h for p, h in done.items() if bytes(h.record) != bytes(self.head)}
         if theirs:
             heads = {**done, self.peer_id: Head(r, self.model_cid, self.head)}
@@ -832,6 +954,7 @@ class AgreedSession:
         control = self._parts.control
         if isinstance(control, CometControl):
             return await self._resync_from_chain(control, timeout)
+        rewound = await self._rewind()
         grace = 2 * self.config.announce_interval if grace is None else grace
         others = [p for p in self._members.members if p != self.peer_id]
         ends = time.monotonic() + timeout
@@ -849,7 +972,7 @@ class AgreedSession:
             if choice.endorsed and self.head is None:
                 raise NoVerifiableHead(choice.refused)
             return ResyncResult(
-                False, self.round, self.model_cid, self.head, refused=choice.refused
+                rewound, self.round, self.model_cid, self.head, refused=choice.refused
             )
         await self._adopt(best, verified)
         await self._parts.messages.done(best.round, best.result, best.record)
@@ -900,16 +1023,23 @@ class AgreedSession:
 
     async def _choose(self, heads: dict[str, Head], timeout: float) -> HeadChoice:
         """Choose among the others' ``heads`` and this peer's own (see :meth:`resync`)."""
-        heads = {p: h for p, h in heads.items() if p != self.peer_id}
+        tainted = {}
+        for peer, head in list(heads.items()):
+            proof = await self._evidence.tainted(head.record)
+            if proof is not None:  # built on a proven equivocator's roster: never adopted
+                tainted[peer] = f"head {head.record} took a roster {proof.author} equivocated"
+        heads = {p: h for p, h in heads.items() if p != self.peer_id and p not in tainted}
         if self.head is not None:
             heads[self.peer_id] = Head(self.round - 1, self.model_cid, self.head)
-        return await self._heads.choose(
+        choice = await self._heads.choose(
             heads, self.head, history=self.history, deadline=timeout, result=ResultLoad(
                 self.model.size, self.config.fetch_timeout, self.config.rule,
                 known={bytes(self.model_cid): (self.model, self.rule_state)},
                 max_rebuild=self.config.model_every,  # an honest chain stores one that often
             ), check=None if self.config.admission is None else self._member_sets_check,
         )  # fmt: skip
+        choice.refused.update(tainted)
+        return choice
 
     async def _member_sets_check(self, verified: VerifiedHead) -> None:
         """Raise ``RoundVerificationFailed`` if a head's chain has a member set it may not."""
