@@ -54,10 +54,13 @@ class ReadyTracker:
     ) -> None:
         self._ctx, self._contributions, self._fetcher = ctx, contributions, fetcher
         self._base, self._d = bytes(ctx.base), ctx.d
-        self._reset()
+        self.reset()
 
-    def _reset(self) -> None:
-        """Forget what was taken in and start from this peer's own entry."""
+    def reset(self) -> None:
+        """Forget what was taken in and walk the board again at the next :meth:`update`.
+
+        For a board whose entries changed rather than grew (a full walk disagreed).
+        """
         self._seen: set[str] = set()  # board peers looked at
         self._entries: dict[str, Entry] = {}
         self._tasks: dict[str, asyncio.Task[FloatArray]] = {}  # the fetch each peer waits on
@@ -74,7 +77,7 @@ class ReadyTracker:
         if new > 0:
             added = list(itertools.islice(reversed(self._contributions.items()), new))
             if any(peer in self._seen for peer, _ in added):  # not only added to: look again
-                self._reset()
+                self.reset()
                 added = list(self._contributions.items())
             for peer, heard in reversed(added):
                 self._seen.add(peer)

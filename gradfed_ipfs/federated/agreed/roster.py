@@ -232,6 +232,8 @@ class RosterPhase:
                 return False
             ready = self._ready(ctx)
             complete = set(ready) == c.members  # every member but proven liars
+            if len(ready) != len(tracker.ready):  # the board changed under it: walk it again
+                tracker.reset()
             if (ctx.rank == 0 and complete) or (
                 time.monotonic() >= c.close_at and len(ready) >= c.quorum
             ):
