@@ -176,11 +176,18 @@ class RoundBoard:
         self.statements: deque[tuple[AgreedMessage, bytes]] = deque(maxlen=_HELD_STATEMENTS)
         self.proofs: deque[tuple[str, bytes]] = deque(maxlen=_HELD_STATEMENTS)
         self.excluded: set[str] = set()  # proven equivocators: everything they say is dropped
+        # How many heads are at each round, and a count of the done messages recorded: the
+        # roster step asks "how many members are at round r or later" at every board change,
+        # and walking every head for it is O(N) a change.
+        self._head_rounds: Counter[int] = Counter()
+        self.done_heard = 0
 
     def exclude(self, peer: str) -> None:
         """Drop all that ``peer`` (a proven equivocator) said and says: votes, heads, rosters."""
         self.excluded.add(peer)
-        self.heads.pop(peer, None)
+        known = self.heads.pop(peer, None)
+        if known is not None:
+            self._head_rounds[known.round] -= 1
         for state in self.rounds.values():
             state.contributions.pop(peer, None)
             state.rosters.pop(peer, None)
@@ -236,9 +243,7 @@ class RoundBoard:
         decoded, signature = opened
         if decoded.kind == "done":
             head = Head(decoded.round, decoded.cid, decoded.record or decoded.cid)
-            known = self.heads.get(decoded.peer)
-            if known is None or head.round >= known.round:
-                self.heads[decoded.peer] = head
+            self._head(decoded.peer, head)
         if not self.current - 1 <= decoded.round <= self.current + MAX_ROUNDS_AHEAD:
             self._notify()
             return self._drop("window") if decoded.kind != "done" else decoded
@@ -249,6 +254,25 @@ class RoundBoard:
             self._repeats[repeat] = decoded.round
         self._notify()
         return decoded
+
+    def _head(self, peer: str, head: Head) -> None:
+        """Keep ``head`` as ``peer``'s latest unless it announced a later round already."""
+        known = self.heads.get(peer)
+        if known is None or head.round >= known.round:
+            if known is not None:
+                self._head_rounds[known.round] -= 1
+            self.heads[peer] = head
+            self._head_rounds[head.round] += 1
+        self.done_heard += 1
+
+    def heads_from(self, round_number: int, *, but: str = "") -> int:
+        """Count the peers (but ``but``) whose latest ``done`` is of ``round_number`` or later.
+
+        O(rounds heard), not O(peers).
+        """
+        count = sum(n for r, n in self._head_rounds.items() if r >= round_number)
+        mine = self.heads.get(but)
+        return count - (mine is not None and mine.round >= round_number)
 
     def _decode(self, message: PubsubMessage) -> tuple[AgreedMessage, bytes | None] | None:
         """Decode a message of this session from a member that signed it; else drop it."""

@@ -42,15 +42,18 @@ from .context import AdoptedRoster, RoundContext, SessionMessages
 from .coordinator import MAX_ROUNDS_AHEAD, RoundBoard, RoundState, effective_quorum, roster_problem
 from .history import load_record
 from .members import MemberTracker
+from .readiness import Entry, ReadyTracker
 
 __all__ = ["MAX_WALK_BACK", "RosterPhase", "walk_back"]
 
 logger = logging.getLogger("gradfed_ipfs.federated.agreed")
 
 _TICK: Final = 0.05
-"""Longest wait between checks of the clock-driven steps (seconds)."""
-_Entry = tuple[CID, int, bytes | None]
-"""A contribution as a roster lists it: CID, weight and its owner's signature."""
+"""Wait between checks while something is retried: a fetch, a roster not served yet (s)."""
+_IDLE_TICK: Final = 1.0
+"""Longest wait for a board change otherwise: the clock-driven steps (close, takeovers,
+deadline) wake the loop at their own time, so N members waiting cost no wake-ups every 50 ms."""
+_Entry = Entry
 _VOTE_WAIT: Final = 1.0
 """Longest wait for a ``done`` record when counting the votes behind an early roster (s)."""
 MAX_WALK_BACK: Final = MAX_ROUNDS_AHEAD
@@ -91,6 +94,15 @@ class _Collection:
     # sender, not by CID (the named coordinator's own message may carry the same roster)
     refused: set[tuple[str, bytes]] = field(default_factory=set)
     named: dict[bytes, bytes | None] = field(default_factory=dict)  # done record -> its roster
+    ranks: dict[str, int] = field(default_factory=dict)  # member -> coordinator rank
+    wake_at: float = float("inf")  # the next clock-driven step heard of (monotonic s)
+    heads_walked: int = -1  # the board's done count when records were last walked
+    settled: tuple[int, set[bytes]] = (-1, set())  # done count -> rosters a majority named
+
+
+def _complete(ready: dict[str, Entry], members: set[str]) -> bool:
+    """Whether ``ready`` holds every member's contribution (O(1) unless it may)."""
+    return len(ready) == len(members) and ready.keys() == members
 
 
 def _own_problem(ctx: RoundContext, roster: Roster) -> str:
@@ -165,23 +177,26 @@ class RosterPhase:
             quorum=effective_quorum(config, ctx.barred),
             close_at=ctx.started + config.collect_timeout + ctx.rank * config.takeover_timeout,
             deadline=ctx.started + config.round_timeout,
+            ranks={p: i for i, p in enumerate(ctx.ranking)},
         )
-        base = bytes(ctx.base)  # not once per contribution and board change
+        state = self._board.state(ctx.number)
+        tracker = ReadyTracker(ctx, state.contributions, self._fetcher)
         while True:
             event = self._board.changed
-            state = self._board.state(ctx.number)
-            for peer, heard in state.contributions.items():
-                if bytes(heard.base) == base and peer not in ctx.rejected:
-                    self.fetch(heard.cid, ctx.d)
+            tracker.update()  # O(what changed), not O(N) a board change
+            c.wake_at = float("inf")
             adopted = await self._try_rosters(ctx, c)
             if adopted is not None:
                 break
-            if await self._close(ctx, c, state):
+            if await self._close(ctx, c, tracker):
                 continue
-            if time.monotonic() >= c.deadline:
+            now = time.monotonic()
+            if now >= c.deadline:
                 raise QuorumNotReached(ctx.number, len(self._ready(ctx)), c.quorum)
+            wait = _TICK if c.waiting or tracker.retry else _IDLE_TICK
+            due = min(c.wake_at, c.deadline, c.close_at if c.close_at > now else c.deadline)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), _TICK)
+                await asyncio.wait_for(event.wait(), max(0.0, min(wait, due - now)))
         if bytes(adopted.cid) != c.derived:
             self._messages.withdraw("contrib")  # a published roster settled the contributions
         # else nobody has published it yet: the peers that lost this contribution's messages
@@ -189,16 +204,17 @@ class RosterPhase:
         # reduce-scatter round, which waits for their slices: seen across processes).
         return adopted
 
-    async def _close(self, ctx: RoundContext, c: _Collection, state: RoundState) -> bool:
+    async def _close(self, ctx: RoundContext, c: _Collection, tracker: ReadyTracker) -> bool:
         """Publish (or derive) a roster if this peer may now; return whether it did.
 
         Never once more than half the members announced this round's ``done`` or a later one:
         the round is over elsewhere, and this (late) peer takes the roster it settled on.
+        ``tracker``'s count says when to look; the roster lists a full walk's result.
         """
-        heads = self._board.heads.items()
-        over = sum(1 for p, h in heads if p != ctx.peer and h.round >= ctx.number)
+        over = self._board.heads_from(ctx.number, but=ctx.peer)
         if 2 * over > len(ctx.config.members):
             return False
+        state = self._board.state(ctx.number)
         own = state.rosters.get(ctx.peer)
         if own is not None and bytes(own) in c.tried:  # its own check refused it: not again
             return False
@@ -212,7 +228,7 @@ class RosterPhase:
         ):
             # min_peers = all: the only roster any coordinator may publish is the complete
             # one, so a peer holding every member's contribution derives it without waiting.
-            ready = self._ready(ctx)
+            ready = self._ready(ctx) if _complete(tracker.ready, c.members) else {}
             if set(ready) == c.members:
                 if ctx.rank == 0:
                     await self._publish(ctx, ready)
@@ -220,8 +236,13 @@ class RosterPhase:
                     c.derived = bytes(self._derive(ctx, ctx.ranking[0], ready))
                 return True
         if not c.waiting:  # no roster due is on its way (early ones wait for their time)
+            closing = time.monotonic() >= c.close_at and len(tracker.ready) >= c.quorum
+            if not closing and not (ctx.rank == 0 and _complete(tracker.ready, c.members)):
+                return False
             ready = self._ready(ctx)
             complete = set(ready) == c.members  # every member but proven liars
+            if len(ready) != len(tracker.ready):  # the board changed under it: walk it again
+                tracker.reset()
             if (ctx.rank == 0 and complete) or (
                 time.monotonic() >= c.close_at and len(ready) >= c.quorum
             ):
@@ -230,7 +251,10 @@ class RosterPhase:
         return False
 
     def _ready(self, ctx: RoundContext) -> dict[str, _Entry]:
-        """Contributions on this round's base whose blocks are fetched and verified."""
+        """Contributions on this round's base whose blocks are fetched and verified.
+
+        A full walk (O(N)): once a :class:`~.readiness.ReadyTracker` says a roster is due.
+        """
         entries = {ctx.peer: (ctx.own.cid, ctx.own.weight, ctx.own.signature)}
         base = bytes(ctx.base)
         for peer, c in self._board.state(ctx.number).contributions.items():
@@ -328,10 +352,14 @@ class RosterPhase:
         that record's ``prev`` links back to round ``r`` (at most :data:`MAX_WALK_BACK`
         records) for its roster, taken once its named coordinator's time has come.
         """
-        state, ranking = self._board.state(ctx.number), ctx.ranking
+        state, ranks = self._board.state(ctx.number), c.ranks
         elapsed = time.monotonic() - ctx.started
-        heard = [(ranking.index(p), p, cid) for p, cid in state.rosters.items() if p in ranking]
+        heard = [(ranks[p], p, cid) for p, cid in state.rosters.items() if p in ranks]
         due = [(rank, p, cid) for rank, p, cid in heard if ctx.config.takeover_at(rank) <= elapsed]
+        for rank, _, _ in heard:  # wake up when an early one's time comes
+            at = ctx.config.takeover_at(rank)
+            if at > elapsed:
+                c.wake_at = min(c.wake_at, ctx.started + at)
         if len(due) < len(heard) and state.done:  # early by this clock: settled already?
             settled = await self._settled(ctx, state, c)
             due = [
@@ -366,6 +394,8 @@ class RosterPhase:
         A peer that starts a round late (its clock behind the others') would otherwise wait
         for a roster's time the others have long passed, or publish its own.
         """
+        if c.settled[0] == self._board.done_heard:  # no done heard since: the same votes
+            return c.settled[1]
         votes: Counter[bytes] = Counter()
         for head in list(state.done.values()):  # a done may come in while a record loads
             key = bytes(head.record)
@@ -380,14 +410,22 @@ class RosterPhase:
             roster = c.named[key]
             if roster is not None:
                 votes[roster] += 1
-        return {cid for cid, n in votes.items() if 2 * n > len(ctx.config.members)}
+        settled = {cid for cid, n in votes.items() if 2 * n > len(ctx.config.members)}
+        c.settled = (self._board.done_heard, settled)
+        return settled
 
     async def _rosters_from_records(
         self, ctx: RoundContext, state: RoundState, c: _Collection
     ) -> None:
         """Learn round ``r``'s rosters from the ``done`` records heard (this round's or later)."""
-        r = ctx.number
-        later = [(p, h) for p, h in self._board.heads.items() if r < h.round <= r + MAX_WALK_BACK]
+        r, heard = ctx.number, self._board.done_heard
+        if c.heads_walked == heard:  # no done heard since the last walk: nothing new
+            return
+        c.heads_walked = heard
+        later = []
+        if self._board.heads_from(r + 1):  # O(N): only once a later round's done is heard
+            heads = self._board.heads.items()
+            later = [(p, h) for p, h in heads if r < h.round <= r + MAX_WALK_BACK]
         for peer, head in [*state.done.items(), *later]:
             if bytes(head.record) in c.tried:
                 continue
@@ -518,6 +556,7 @@ class RosterPhase:
         if author is None:  # learned from a record: its named coordinator's time must come
             rank = ctx.ranking.index(roster.coordinator)
             if ctx.config.takeover_at(rank) > time.monotonic() - ctx.started:
+                c.wake_at = min(c.wake_at, ctx.started + ctx.config.takeover_at(rank))
                 return None
         return roster
 
