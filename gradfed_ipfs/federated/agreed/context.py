@@ -97,7 +97,13 @@ class RoundContext:
 
     @property
     def rank(self) -> int:
-        """Return this peer's coordinator rank in the round."""
+        """Return this peer's coordinator rank in the round.
+
+        A peer left out of the ranking (proven an equivocator, by its own session too) ranks
+        after every member: its turn never comes before theirs.
+        """
+        if self.peer not in self.ranking:
+            return len(self.ranking)
         return self.ranking.index(self.peer)
 
     @property
