@@ -89,7 +89,7 @@ async def test_a_peer_on_the_allow_list_joins_a_running_session_and_contributes_
         first = await run(sessions)
         assert len({bytes(r.record) for r in first}) == 1
         assert (await record_of(store, first[0].record)).members is None
-        joining = asyncio.create_task(joiner.join(initial_model(), timeout=20.0))
+        joining = asyncio.create_task(joiner.join(initial_model(), timeout=90.0))
         await held(sessions, "the join", lambda t: NEW in t.joins)
         admitted = await run(sessions)  # round 1's roster admits the joiner
         records = {bytes(r.record) for r in admitted}
@@ -145,7 +145,7 @@ async def test_a_join_by_majority_needs_the_members_approvals() -> None:
     joiner = AgreedSession(store, bus.endpoint(NEW), SESSION, genesis, silent)
     stranger = AgreedSession(store, bus.endpoint(STRANGER), SESSION, genesis, silent)
     try:
-        joining = asyncio.create_task(joiner.join(initial_model(), timeout=20.0))
+        joining = asyncio.create_task(joiner.join(initial_model(), timeout=90.0))
         refused = asyncio.create_task(stranger.join(initial_model(), timeout=6.0))
 
         def ready(tracker: MemberTracker) -> bool:
