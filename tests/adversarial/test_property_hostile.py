@@ -7,16 +7,19 @@ seed) are hostile. A hostile member runs a session of its own through :class:`Un
 bad signature or another member's name as author, its name on another member's message,
 conflicting contributions sent to different honest peers (:class:`Reach` delivers a message
 only to some), rosters out of the coordinator schedule or naming another coordinator,
-weights above ``max_weight`` or NaN, NaN and huge gradients, garbage blocks, forged heads.
+weights above ``max_weight`` or NaN, NaN and huge gradients, garbage blocks, forged heads,
+and, with ``GRADFED_PROPERTY_EQUIVOCATE=1``, as the round's rank-0 coordinator, two valid
+rosters sent to different honest peers (equivocation: the split must heal, the proof excluding
+it). That strategy is opt-in because it does not hold yet: over 24 seeds, 6 failed — honest
+peers still split after three resyncs, honest-coordinator rounds right after the split needing
+resyncs, and once a ``DecodeError`` (``not a CID: None``) that did not reproduce.
 
 Every honest peer must finish every round (a ``RoundMismatch`` is followed by a resync, as a
 training peer does), its chain must verify (``verify_agreed_history`` with the bus's keys) and
 re-aggregate, here independently of the library, to the model it holds from exactly the
 contributions the roster entries' owners signed (an honest owner's entry is its own gradient),
 and honest peers must hold one record in every round whose rank-0 coordinator is honest (and
-one head at the end). Equivocating coordinators (two rosters for one round) are left out: the
-``equivocation`` branch builds their evidence and convergence; its strategy plugs in at
-:meth:`Forger.attacks`.
+one head at the end).
 
 Seeds are pytest parameters (deterministic in CI); ``GRADFED_PROPERTY_SEEDS`` runs more.
 """
@@ -24,6 +27,7 @@ Seeds are pytest parameters (deterministic in CI); ``GRADFED_PROPERTY_SEEDS`` ru
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -69,6 +73,9 @@ D = 256
 ROUNDS = 3
 MAX_WEIGHT = 1 << 10
 SEEDS = int(os.environ.get("GRADFED_PROPERTY_SEEDS", "12"))
+# Opt-in until it holds: with equivocating coordinators some seeds stay split after three
+# resyncs, and rounds after the split need resyncs (see the module docstring).
+EQUIVOCATE = os.environ.get("GRADFED_PROPERTY_EQUIVOCATE") == "1"
 FAST = {
     "collect_timeout": 0.4,
     "takeover_timeout": 0.8,
@@ -185,6 +192,7 @@ class Forger:
         self.endpoint = bus.endpoint(name)
         self.signer = bus.signer(name)
         self.heard: dict[tuple[int, str], tuple[CID, int, bytes]] = {}
+        self._news = asyncio.Event()  # a contribution was heard
         self._listening = self.endpoint.subscribe(topic)
         self._listener = asyncio.ensure_future(self._listen())
 
@@ -197,15 +205,15 @@ class Forger:
             if decoded.kind == "contrib" and decoded.weight is not None:
                 key = (decoded.round, decoded.peer)
                 self.heard.setdefault(key, (decoded.cid, decoded.weight, signature))
+                self._news.set()
 
     async def aclose(self) -> None:
         self._listener.cancel()
         await asyncio.gather(self._listener, return_exceptions=True)
 
     def attacks(self) -> list[Callable[[RoundView], Awaitable[None]]]:
-        # An equivocating coordinator (two rosters of its own for one round, sent to different
-        # honest peers) plugs in here once the equivocation branch's evidence lands.
         return [
+            *((self.equivocating_roster,) if EQUIVOCATE else ()),
             self.bad_signature,
             self.impersonation,
             self.misattributed,
@@ -289,11 +297,20 @@ class Forger:
             self.reach.send_to(data, targets)
             await self.endpoint.publish(self.topic, data)
 
-    async def _roster(self, view: RoundView, coordinator: str) -> bytes:
-        lines = {peer: heard for (r, peer), heard in self.heard.items() if r == view.number}
-        if self.rng.random() < 0.5 or not lines:  # a made-up entry for an honest peer
-            fake = await put_gradient(self.store, np.full(D, 99.0, np.float32))
-            lines[self.rng.choice(view.honest)] = (fake, MAX_WEIGHT, bytes(64))
+    def _heard(self, view: RoundView) -> dict[str, tuple[CID, int, bytes]]:
+        return {peer: heard for (r, peer), heard in self.heard.items() if r == view.number}
+
+    async def _roster(
+        self,
+        view: RoundView,
+        coordinator: str,
+        lines: dict[str, tuple[CID, int, bytes]] | None = None,
+    ) -> bytes:
+        if lines is None:
+            lines = self._heard(view)
+            if self.rng.random() < 0.5 or not lines:  # a made-up entry for an honest peer
+                fake = await put_gradient(self.store, np.full(D, 99.0, np.float32))
+                lines[self.rng.choice(view.honest)] = (fake, MAX_WEIGHT, bytes(64))
         roster = Roster.new(
             SESSION, self.genesis, view.number, view.base, coordinator, PEERS, lines
         ).to_block()
@@ -313,6 +330,33 @@ class Forger:
         """A roster it sends naming the round's rank-0 coordinator."""
         ranking = coordinator_ranking(SESSION, self.genesis, view.number, PEERS)
         await self._send(await self._roster(view, ranking[0]), view)
+
+    async def equivocating_roster(self, view: RoundView) -> None:
+        """As the round's rank-0 coordinator: two valid rosters of the contributions it heard,
+        one to some honest peers and another (one honest entry fewer) to the rest (attack 2)."""
+        ranking = coordinator_ranking(SESSION, self.genesis, view.number, PEERS)
+        if ranking[0] != self.name:
+            return
+        with contextlib.suppress(TimeoutError):  # an attacker's patience, bounded
+            async with asyncio.timeout(FAST["collect_timeout"]):
+                while not set(view.honest) <= set(self._heard(view)):
+                    await self._news.wait()
+                    self._news.clear()
+        lines = {p: line for p, line in self._heard(view).items() if p in view.honest}
+        if len(lines) < 2:
+            return
+        fewer = dict(lines)
+        del fewer[self.rng.choice(sorted(lines))]
+        first, second = (
+            await self._roster(view, self.name, lines),
+            await self._roster(view, self.name, fewer),
+        )
+        split = self.rng.randint(1, len(view.honest) - 1)
+        self.reach.send_to(first, view.honest[:split])
+        self.reach.send_to(second, view.honest[split:])
+        await asyncio.gather(
+            self.endpoint.publish(self.topic, first), self.endpoint.publish(self.topic, second)
+        )
 
     async def heavy_weight(self, view: RoundView) -> None:
         """Its contribution with a weight above the session's max_weight."""
