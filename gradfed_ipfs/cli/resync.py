@@ -259,9 +259,11 @@ async def _check_head(
     if custom and not args.unverified:
         raise _refusal(custom)
     done: list[int] = []
+    # --unverified takes the custom-rule rounds on trust, their rosters' signatures too
+    signed = [(cid, record) for cid, record in chain if record.rule is None or not custom]
 
     async def recheck() -> frozenset[str]:
-        await check_roster_signatures(store, chain)  # owners' contributions, coordinators'
+        await check_roster_signatures(store, signed)  # owners' contributions, coordinators'
         excluded = await check_exclusions(store, chain)  # fraud records: peers' data
         if not args.links_only:
             await _verify_rounds(store, chain, done)

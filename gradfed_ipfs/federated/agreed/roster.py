@@ -470,7 +470,10 @@ class RosterPhase:
                     c.waiting = c.waiting or author is not None
                     return None
                 tried.add(bytes(cid))
-                ctx.rejected[roster.coordinator] = f"roster {cid} lists a bad {entry.contribution}"
+                what = "cancelled" if task.cancelled() else task.exception()
+                why = f"roster {cid} lists a bad {entry.contribution}: {what}"
+                earlier = ctx.rejected.get(roster.coordinator)  # e.g. that contribution's reason
+                ctx.rejected[roster.coordinator] = f"{why}; {earlier}" if earlier else why
                 return None
             gradients.append(task.result())
         block = self._rosters[bytes(cid)][1]

@@ -589,17 +589,21 @@ class AgreedSession:
             return await self._join_chain(control, request, timeout)
         deadline = time.monotonic() + timeout
         result = ResyncResult(False, self.round, self.model_cid, self.head)
-        tried: set[bytes] = set()  # heads a resync saw already: wait for another, not spin
+        # (member, record) of the heads a resync saw already: wait for another head or another
+        # member's vote for one, rather than resync back to back on the same heads
+        tried: set[tuple[str, bytes]] = set()
 
         def newer() -> bool:
-            heads = self.board.heads.values()
-            return any(h.round >= self.round and bytes(h.record) not in tried for h in heads)
+            heads = self.board.heads.items()
+            return any(
+                h.round >= self.round and (p, bytes(h.record)) not in tried for p, h in heads
+            )
 
         while self.peer_id not in self._members.members:
             left = deadline - time.monotonic()
             if left <= 0 or not await self.board.wait_until(newer, left):
                 raise NotAdmitted(f"{self.peer_id} was not admitted to {self.session!r}")
-            tried.update(bytes(h.record) for h in self.board.heads.values())
+            tried.update((p, bytes(h.record)) for p, h in self.board.heads.items())
             result = await self.resync(timeout=max(left, 0.1))
         self._announcer.withdraw(f"{JOIN}:{request.block.cid}")
         return result
