@@ -56,8 +56,8 @@ from gradfed_ipfs.federated.sliced.peer import (
     ReduceScatterPeer,
 )
 from gradfed_ipfs.federated.sliced.plan import chain_groups, reducer_rankings
+from gradfed_ipfs.formats.agreed.roster import Roster
 from gradfed_ipfs.formats.announcement import Announcement
-from gradfed_ipfs.formats.roster import Roster
 from gradfed_ipfs.kubo.pubsub import KuboPubsub, session_topic
 from gradfed_ipfs.kubo.rpc import DEADLINE_GRACE, KuboRpc
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore

@@ -2,7 +2,7 @@
 
 A round record is one of three dag-cbor records: a best-effort round's
 :class:`~gradfed_ipfs.provenance.RoundRecord`, an agreed round's
-:class:`~gradfed_ipfs.formats.roster.AgreedRecord` or a regional round's
+:class:`~gradfed_ipfs.formats.agreed.roster.AgreedRecord` or a regional round's
 :class:`~gradfed_ipfs.formats.regional.RegionalRecord`. :func:`verify` reads the block, picks
 the check of its type (:func:`~gradfed_ipfs.provenance.verify_round`,
 :func:`~gradfed_ipfs.federated.agreed.verify_agreed_round`,
@@ -22,9 +22,9 @@ from .cid import DAG_CBOR, parse_cid
 from .errors import DecodeError, NotARoundRecord, RoundVerificationFailed
 from .federated.agreed import UpdateRule, verify_agreed_round
 from .federated.regional import verify_regional_round
+from .formats.agreed.roster import AgreedRecord
 from .formats.records import decode_record
 from .formats.regional import RegionalRecord
-from .formats.roster import AgreedRecord
 from .formats.statement import PEER_ID_KEYS, KeyBook
 from .provenance.round_record import ROUND_RECORD_TYPE, verify_round
 from .storage.base import BlockStore

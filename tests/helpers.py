@@ -10,7 +10,7 @@ from multiformats import CID
 
 from gradfed_ipfs import MemoryPubsubBus
 from gradfed_ipfs.errors import ConfigError
-from gradfed_ipfs.formats.roster import MAX_INLINE_BYTES, AgreedMessage, Roster, sign_message
+from gradfed_ipfs.formats.agreed.roster import MAX_INLINE_BYTES, AgreedMessage, Roster, sign_message
 from gradfed_ipfs.formats.statement import PEER_ID_KEYS
 
 

@@ -3,7 +3,7 @@
 ``resync`` adopts a session's latest agreed head, verified back to its genesis. ``history`` and
 ``resync`` bound their chain walk and re-check in time (:class:`Deadline`, ``--deadline``).
 
-An agreed round record (:class:`~gradfed_ipfs.formats.roster.AgreedRecord`) links its roster,
+An agreed round record (:class:`~gradfed_ipfs.formats.agreed.roster.AgreedRecord`) links its roster,
 base model and result model. Re-verifying it fetches the roster and every listed contribution
 (each block re-hashed against its CID), re-aggregates them on the base model with
 :func:`~gradfed_ipfs.tensor.deterministic.deterministic_update` and the record's learning rate,
@@ -48,8 +48,8 @@ from ..federated.agreed.history import (
     verify_record,
 )
 from ..federated.agreed.membership import Admission
-from ..formats.membership import MemberSet
-from ..formats.roster import (
+from ..formats.agreed.membership import MemberSet
+from ..formats.agreed.roster import (
     AgreedRecord,
     Roster,
     verify_roster_coordinator,

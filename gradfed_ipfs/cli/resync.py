@@ -35,7 +35,6 @@ from ..errors import (
     RoundVerificationFailed,
 )
 from ..federated.agreed.config import agreed_topic
-from ..federated.agreed.coordinator import Head
 from ..federated.agreed.heads import count_votes, has_majority, ranked_heads
 from ..federated.agreed.history import (
     ResultLoad,
@@ -46,8 +45,9 @@ from ..federated.agreed.history import (
     load_roster,
     verify_record,
 )
+from ..federated.agreed.round.coordinator import Head
+from ..formats.agreed.roster import AgreedRecord, open_message
 from ..formats.pubsub import PubsubMessage
-from ..formats.roster import AgreedRecord, open_message
 from ..kubo.pubsub import KuboPubsub
 from ..storage.base import BlockStore
 from ..storage.dag import fetch_gradient

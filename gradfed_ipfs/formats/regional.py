@@ -2,7 +2,7 @@
 
 A regional round (:mod:`gradfed_ipfs.federated.regional.session`) runs one agreed round per region
 (its own roster and coordinator); each region's
-:class:`~gradfed_ipfs.formats.roster.AgreedRecord` names its roster and its aggregate. The
+:class:`~gradfed_ipfs.formats.agreed.roster.AgreedRecord` names its roster and its aggregate. The
 top-level combine is one dag-cbor record (keys sorted canonically, CIDs as tag-42 links):
 
 ``gradfed.regional-round`` v2
@@ -38,8 +38,8 @@ from multiformats import CID
 from ..block import Block
 from ..cid import DAG_CBOR, RAW, parse_cid
 from ..errors import MalformedManifest
+from .agreed.roster import MAX_RECORD_BYTES, MAX_TEXT_CHARS
 from .records import decode_record, encode_record, require
-from .roster import MAX_RECORD_BYTES, MAX_TEXT_CHARS
 
 __all__ = [
     "COMBINES",

@@ -19,8 +19,8 @@ from multiformats import CID
 
 from .._types import FloatArray
 from ..block import Block
+from ..formats.agreed.roster import Roster
 from ..formats.records import encode_record
-from ..formats.roster import Roster
 from .metrics import PeerTail, VectorLayout
 from .sampling import round_seed, sample_peers, sample_size
 from .strategy import ConfigValue, FitResult, Strategy

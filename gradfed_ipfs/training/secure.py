@@ -4,7 +4,7 @@ Flower runs SecAgg+ as a workflow around its strategy (``SecAggPlusWorkflow``); 
 wrapper plays that part in a serverless agreed round. In agreed round ``r`` the sampled peers
 are the clients of one SecAgg round (:mod:`gradfed_ipfs.federated.secagg_round.peer`, unchanged:
 every message a block, announced on its own sub-topic), and the first of them in the round's
-coordinator order (:func:`~gradfed_ipfs.federated.agreed.coordinator.coordinator_ranking` over
+coordinator order (:func:`~gradfed_ipfs.federated.agreed.round.coordinator.coordinator_ranking` over
 the sample) is its aggregator. Each client trains, then masks (Flower's weighting)::
 
     x_i = [ w_i·Δ_i (d) | w_i | trained_i | w_i·fit metrics ]      w_i = n_i / max_weight
@@ -49,7 +49,7 @@ from multiformats import CID
 
 from .._types import FloatArray
 from ..errors import ConfigError, PrivacyBudgetExhausted, SecureAggregationError
-from ..federated.agreed.coordinator import coordinator_ranking
+from ..federated.agreed.round.coordinator import coordinator_ranking
 from ..federated.agreed.session import AgreedSession
 from ..federated.privacy.mechanisms import (
     AccountingMode,
@@ -64,7 +64,7 @@ from ..federated.secagg_round import (
     SecureRoundPeer,
     SecureRoundResult,
 )
-from ..formats.roster import Roster
+from ..formats.agreed.roster import Roster
 from ..kubo.pubsub import PubsubTransport
 from ..storage.base import BlockStore
 from .metrics import FIXED_SLOTS, MAX_SAMPLES, PeerTail, VectorLayout

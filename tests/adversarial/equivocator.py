@@ -21,7 +21,7 @@ from multiformats import CID
 
 from gradfed_ipfs.errors import DecodeError
 from gradfed_ipfs.formats import PubsubMessage
-from gradfed_ipfs.formats.roster import AgreedMessage, Roster, open_message, sign_message
+from gradfed_ipfs.formats.agreed.roster import AgreedMessage, Roster, open_message, sign_message
 from gradfed_ipfs.kubo import PubsubWrapper
 from gradfed_ipfs.kubo.pubsub import PubsubTransport
 

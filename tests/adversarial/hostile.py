@@ -14,8 +14,8 @@ import pyarrow as pa
 from multiformats import CID
 
 from gradfed_ipfs.federated.agreed.history import load_record
+from gradfed_ipfs.formats.agreed.roster import AgreedRecord, Roster
 from gradfed_ipfs.formats.arrow import META_COUNT, META_ENCODING, META_SHAPE, encode_arrow_file
-from gradfed_ipfs.formats.roster import AgreedRecord, Roster
 from gradfed_ipfs.storage import BlockStore, put_gradient
 
 _FOOTER_TAIL = 10  # int32 footer length + "ARROW1"

@@ -18,7 +18,7 @@ import pytest
 from gradfed_ipfs import DecodeError, FederatedError, put_gradient
 from gradfed_ipfs.cli import main
 from gradfed_ipfs.formats import store_gradient_as_arrow, store_layer_as_arrow
-from gradfed_ipfs.formats.roster import AgreedRecord, Roster
+from gradfed_ipfs.formats.agreed.roster import AgreedRecord, Roster
 from gradfed_ipfs.provenance import ContributionRef, RoundRecord
 from gradfed_ipfs.storage import Block, KuboBlockStore
 from gradfed_ipfs.tensor import Mean, QuantizedGradient

@@ -16,10 +16,10 @@ from multiformats import CID
 from gradfed_ipfs import AgreedRoundResult, AgreedSession, verify_agreed_history
 from gradfed_ipfs.errors import BadSignature, MalformedManifest, QuorumNotReached, RoundMismatch
 from gradfed_ipfs.federated.agreed import AgreedConfig
-from gradfed_ipfs.federated.agreed.coordinator import coordinator_ranking
-from gradfed_ipfs.formats.evidence import decode_equivocation, equivocation_proof
+from gradfed_ipfs.federated.agreed.round.coordinator import coordinator_ranking
+from gradfed_ipfs.formats.agreed.evidence import decode_equivocation, equivocation_proof
+from gradfed_ipfs.formats.agreed.roster import AgreedMessage, Roster, sign_message
 from gradfed_ipfs.formats.records import encode_record
-from gradfed_ipfs.formats.roster import AgreedMessage, Roster, sign_message
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore
 from tests.adversarial.equivocator import DirectedPubsub, Equivocator

@@ -47,10 +47,9 @@ from gradfed_ipfs.federated.agreed import (
     AgreedSession,
     verify_agreed_history,
 )
-from gradfed_ipfs.federated.agreed.coordinator import coordinator_ranking
+from gradfed_ipfs.federated.agreed.round.coordinator import coordinator_ranking
 from gradfed_ipfs.formats import PubsubMessage
-from gradfed_ipfs.formats.records import encode_record
-from gradfed_ipfs.formats.roster import (
+from gradfed_ipfs.formats.agreed.roster import (
     AgreedMessage,
     AgreedRecord,
     Roster,
@@ -59,6 +58,7 @@ from gradfed_ipfs.formats.roster import (
     sign_message,
     verify_roster_entries,
 )
+from gradfed_ipfs.formats.records import encode_record
 from gradfed_ipfs.formats.statement import sign_statement
 from gradfed_ipfs.kubo import MemoryPubsubBus, PubsubTransport, PubsubWrapper
 from gradfed_ipfs.storage import MemoryBlockStore, fetch_gradient, put_gradient

@@ -14,7 +14,7 @@ from gradfed_ipfs import AgreedConfig, AgreedSession, put_gradient
 from gradfed_ipfs.cid import make_cid, parse_cid
 from gradfed_ipfs.cli.agreed import Deadline, agreed_history, check_agreed_round
 from gradfed_ipfs.cli.common import console
-from gradfed_ipfs.formats.roster import AgreedMessage, AgreedRecord, Roster, sign_message
+from gradfed_ipfs.formats.agreed.roster import AgreedMessage, AgreedRecord, Roster, sign_message
 from gradfed_ipfs.formats.statement import LocalSigner
 from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore

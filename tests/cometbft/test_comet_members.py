@@ -29,8 +29,8 @@ from gradfed_ipfs.federated.agreed import (
     AgreedSession,
     rounds_genesis,
 )
-from gradfed_ipfs.formats.membership import MemberSet
-from gradfed_ipfs.formats.roster import AgreedRecord
+from gradfed_ipfs.formats.agreed.membership import MemberSet
+from gradfed_ipfs.formats.agreed.roster import AgreedRecord
 from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import KuboBlockStore
 from tests.polling import apoll_until

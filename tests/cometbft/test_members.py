@@ -19,7 +19,7 @@ from gradfed_ipfs.cometbft.abci import (
     validator_binding,
 )
 from gradfed_ipfs.cometbft.abci.pb.cometbft.abci.v1 import types_pb2 as abci
-from gradfed_ipfs.formats.membership import (
+from gradfed_ipfs.formats.agreed.membership import (
     APPROVE,
     JOIN,
     LEAVE,

@@ -23,7 +23,7 @@ from gradfed_ipfs.formats import (
     encode_record,
     sign_statement,
 )
-from gradfed_ipfs.formats.roster import (
+from gradfed_ipfs.formats.agreed.roster import (
     COMET_CONTRIBUTION,
     MAX_RECORD_BYTES,
     MAX_ROSTER_ENTRIES,

@@ -15,7 +15,7 @@ from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.formats import fast_cbor
 from gradfed_ipfs.formats.fast_cbor import decode_dag_cbor, encode_dag_cbor
 from gradfed_ipfs.formats.manifest import ChunkManifest, ChunkRef
-from gradfed_ipfs.formats.slices import SliceRecord
+from gradfed_ipfs.formats.sliced.slices import SliceRecord
 
 LINKS = [make_cid(bytes([i])) for i in range(3)] + [make_cid(b"r", "dag-cbor")]
 

@@ -8,9 +8,9 @@ import pytest
 
 from gradfed_ipfs.block import Block
 from gradfed_ipfs.errors import BlockCorrupt, MalformedAnnouncement
+from gradfed_ipfs.formats.agreed.roster import AgreedMessage
 from gradfed_ipfs.formats.limits import json_depth, load_json
 from gradfed_ipfs.formats.memo import DecodeMemo
-from gradfed_ipfs.formats.roster import AgreedMessage
 from gradfed_ipfs.storage import MemoryBlockStore
 
 

@@ -12,14 +12,14 @@ import pytest
 from gradfed_ipfs.block import Block
 from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import MalformedManifest
-from gradfed_ipfs.formats.partials import (
+from gradfed_ipfs.formats.records import encode_record
+from gradfed_ipfs.formats.sliced.partials import (
     PARTIAL_BLOCK_VALUES,
     PartialRecord,
     partial_blocks,
     partial_values,
 )
-from gradfed_ipfs.formats.records import encode_record
-from gradfed_ipfs.formats.slices import SliceMessage
+from gradfed_ipfs.formats.sliced.slices import SliceMessage
 
 ROSTER = Block.new(dag_cbor.encode({"r": 1}), "dag-cbor").cid
 PREV = Block.new(dag_cbor.encode({"p": 1}), "dag-cbor").cid

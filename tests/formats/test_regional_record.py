@@ -10,8 +10,8 @@ import pytest
 from gradfed_ipfs.block import Block
 from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import MalformedManifest
+from gradfed_ipfs.formats.agreed.roster import MAX_RECORD_BYTES
 from gradfed_ipfs.formats.regional import RegionalRecord, RegionVote, RegionVotes, region_session
-from gradfed_ipfs.formats.roster import MAX_RECORD_BYTES
 
 GENESIS = make_cid(b"genesis", "raw")
 RESULT = make_cid(b"result", "raw")

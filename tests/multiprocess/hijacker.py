@@ -22,7 +22,7 @@ from multiformats import CID
 
 from gradfed_ipfs.cid import parse_cid
 from gradfed_ipfs.federated.agreed.config import agreed_topic
-from gradfed_ipfs.formats.roster import AgreedMessage, Roster, sign_message
+from gradfed_ipfs.formats.agreed.roster import AgreedMessage, Roster, sign_message
 from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import KuboBlockStore, put_gradient
 

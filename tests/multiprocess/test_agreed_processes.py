@@ -20,9 +20,9 @@ from multiformats import CID
 
 from gradfed_ipfs.cli.children import JsonLinesChild
 from gradfed_ipfs.federated.agreed import Admission
-from gradfed_ipfs.federated.agreed.coordinator import coordinator_ranking
 from gradfed_ipfs.federated.agreed.history import model_cid, verify_agreed_history
-from gradfed_ipfs.formats.evidence import decode_equivocation
+from gradfed_ipfs.federated.agreed.round.coordinator import coordinator_ranking
+from gradfed_ipfs.formats.agreed.evidence import decode_equivocation
 from gradfed_ipfs.storage import KuboBlockStore
 from tests.adversarial.hostile import FORGED_FILL
 from tests.conftest import KuboNode

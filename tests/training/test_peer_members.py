@@ -19,7 +19,7 @@ import pytest
 from gradfed_ipfs import AgreedConfig, verify_agreed_history
 from gradfed_ipfs.errors import ConfigError
 from gradfed_ipfs.federated.agreed import Admission
-from gradfed_ipfs.formats.membership import MemberSet
+from gradfed_ipfs.formats.agreed.membership import MemberSet
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore
 from gradfed_ipfs.training import Client, FedAvg, FederationConfig, Peer, SecAgg, VectorAdapter

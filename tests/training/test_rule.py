@@ -17,7 +17,7 @@ from gradfed_ipfs.federated.agreed.history import (
     model_cid,
     verify_agreed_history,
 )
-from gradfed_ipfs.formats.roster import AgreedRecord, Roster
+from gradfed_ipfs.formats.agreed.roster import AgreedRecord, Roster
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore
 from gradfed_ipfs.training import (

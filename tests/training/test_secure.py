@@ -17,7 +17,7 @@ from gradfed_ipfs.federated.agreed.session import AgreedConfig
 from gradfed_ipfs.federated.privacy.mechanisms import DifferentialPrivacy
 from gradfed_ipfs.federated.secagg import FixedPoint
 from gradfed_ipfs.federated.secagg_round.peer import SecureRoundPeer
-from gradfed_ipfs.formats.roster import Roster
+from gradfed_ipfs.formats.agreed.roster import Roster
 from gradfed_ipfs.kubo import KuboPubsub, MemoryPubsubBus
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore, fetch_gradient
 from gradfed_ipfs.storage.base import BlockStore

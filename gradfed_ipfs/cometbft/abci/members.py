@@ -2,7 +2,7 @@
 
 Pure and deterministic, like the round machine that calls it (:mod:`.rounds`). A chain whose
 genesis names an admission policy (:attr:`~.rounds.RoundsGenesis.admission`) takes four more
-kinds of transactions, each a signed statement of :mod:`~gradfed_ipfs.formats.membership` or
+kinds of transactions, each a signed statement of :mod:`~gradfed_ipfs.formats.agreed.membership` or
 :mod:`.txs`:
 
 - ``comet/validator`` of a non-member (its validator's key on this chain) and ``agreed/join``
@@ -36,7 +36,7 @@ from multiformats import CID
 
 from ...cid import parse_cid
 from ...errors import DecodeError
-from ...formats.membership import (
+from ...formats.agreed.membership import (
     APPROVE,
     JOIN,
     LEAVE,

@@ -28,7 +28,7 @@ import dag_cbor
 from ..._types import CIDLike
 from ...cid import parse_cid
 from ...errors import DecodeError, MalformedManifest
-from ...formats.roster import comet_contribution_body
+from ...formats.agreed.roster import comet_contribution_body
 from ...formats.statement import Signer, sign_statement
 
 __all__ = [

@@ -12,10 +12,8 @@ Control planes (``AgreedConfig.control``): pubsub, or a CometBFT chain of the me
 
 from __future__ import annotations
 
-from .comet_control import CometControl, rounds_genesis
 from .config import AgreedConfig, AgreedRoundResult, ResyncResult, UpdateRule
-from .control import PubsubControl, RoundControl
-from .finality import verify_final_record
+from .control import CometControl, PubsubControl, RoundControl, rounds_genesis, verify_final_record
 from .heads import count_votes, has_majority
 from .history import verify_agreed_history, verify_agreed_round
 from .membership import Admission

@@ -12,8 +12,8 @@ from multiformats import CID
 from ..._types import CIDLike, FloatArray
 from ...cid import parse_cid
 from ...errors import InvalidGradient
+from ...formats.agreed.roster import Roster
 from ...formats.pubsub import session_topic
-from ...formats.roster import Roster
 from ...storage.dag import DEFAULT_CHUNK_BYTES, values_per_chunk
 from ...tensor.codecs import Codec
 from ...tensor.packing import PackSpec
@@ -188,7 +188,7 @@ class AgreedConfig:
     control
         The control plane: ``"pubsub"`` (the default: a ranked coordinator's roster, ``done``
         messages) or ``"cometbft"`` (a CometBFT chain of the members decides each round's
-        roster and final record: :mod:`~.comet_control`; the session then needs its own
+        roster and final record: :mod:`~.control.comet`; the session then needs its own
         validator's RPC, ``AgreedSession(validator_rpc=...)``; all-to-all rounds only). The
         same on every member.
     admission

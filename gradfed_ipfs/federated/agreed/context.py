@@ -4,7 +4,8 @@
 this peer's contribution, the coordinator ranking) and handed to every collaborator of
 :class:`~.session.AgreedSession`; only its ``rejected`` map grows as the round goes on.
 :class:`AdoptedRoster` and :class:`Aggregated` are what the roster and aggregate steps hand on.
-:class:`SessionMessages` builds this peer's :class:`~gradfed_ipfs.formats.roster.AgreedMessage`,
+:class:`SessionMessages` builds this peer's
+:class:`~gradfed_ipfs.formats.agreed.roster.AgreedMessage`,
 signs each once (the transport's signer) and keeps re-announcing the ones it still owes, as the
 same statement bytes.
 """
@@ -18,8 +19,8 @@ from multiformats import CID
 
 from ..._types import FloatArray
 from ...block import Block
-from ...formats.membership import MemberSet
-from ...formats.roster import AgreedMessage, MessageKind, Roster, sign_message
+from ...formats.agreed.membership import MemberSet
+from ...formats.agreed.roster import AgreedMessage, MessageKind, Roster, sign_message
 from ...formats.statement import KeyBook, Signer, Statement
 from ..exchange.announcer import Reannouncer
 from ..sliced.peer import ReduceScatterResult
@@ -128,7 +129,7 @@ class AdoptedRoster:
     signature: bytes | None = None
     """Its coordinator's signature of its ``roster`` message, checked, when the roster leaves
     an expected peer out (the record carries it:
-    :func:`~gradfed_ipfs.formats.roster.verify_roster_coordinator`); else ``None``."""
+    :func:`~gradfed_ipfs.formats.agreed.roster.verify_roster_coordinator`); else ``None``."""
 
 
 @dataclass(frozen=True)

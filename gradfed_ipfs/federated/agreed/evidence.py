@@ -3,7 +3,7 @@
 :class:`EvidenceWatch` keeps, per member and round, the few signed ``roster`` statements a
 peer has seen: from their authors, relayed by another member (a
 statement handed on keeps its author's signature), or carried by a published proof. Two that
-conflict (:func:`~gradfed_ipfs.formats.evidence.decode_equivocation`) make a proof, which the
+conflict (:func:`~gradfed_ipfs.formats.agreed.evidence.decode_equivocation`) make a proof, which the
 watch stores, and the session publishes on the agreed topic; a proof heard there is verified
 before it counts. The proven author is then *excluded* by this peer from then on: its
 messages are dropped, its votes and heads forgotten, and it leaves the coordinator schedule
@@ -14,7 +14,7 @@ roster statement it took (:meth:`EvidenceWatch.roster_statement`): a member that
 peers two rosters is then proven by both.
 
 Only roster conflicts exclude. Two contributions of one member for one round and base are a
-valid proof too (:mod:`~gradfed_ipfs.formats.evidence`), but they cannot split honest peers
+valid proof too (:mod:`~gradfed_ipfs.formats.agreed.evidence`), but they cannot split honest peers
 (every peer aggregates the one roster), while an honest peer that retries a round after
 ``QuorumNotReached`` may re-train and sign a second one: excluding it would punish a crash,
 not a lie. A restarted coordinator that publishes a second roster of a round and base it
@@ -31,8 +31,8 @@ from multiformats import CID
 
 from ...block import Block
 from ...errors import BlockStoreError, DecodeError
-from ...formats.evidence import EquivocationProof, decode_equivocation, equivocation_proof
-from ...formats.roster import AgreedMessage, AgreedRecord, message_kind
+from ...formats.agreed.evidence import EquivocationProof, decode_equivocation, equivocation_proof
+from ...formats.agreed.roster import AgreedMessage, AgreedRecord, message_kind
 from ...formats.statement import KeyBook
 from ...storage.base import BlockStore
 from .history import load_record, load_roster

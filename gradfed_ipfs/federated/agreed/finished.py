@@ -14,8 +14,8 @@ from multiformats import CID
 from ..._types import CIDLike, FloatArray
 from ...cid import parse_cid
 from ...errors import BlockStoreError, DecodeError, RoundVerificationFailed
-from ...formats.roster import AgreedRecord, Roster
-from ...formats.slices import FraudRecord
+from ...formats.agreed.roster import AgreedRecord, Roster
+from ...formats.sliced.slices import FraudRecord
 from ...storage.base import BlockStore
 from .config import UpdateRule
 from .history import ModelState, load_record, verify_record

@@ -25,11 +25,11 @@ from typing import Final
 from multiformats import CID
 
 from ...errors import BlockStoreError, DecodeError, FederatedError, GradientError
-from ...formats.roster import AgreedRecord
+from ...formats.agreed.roster import AgreedRecord
 from ...formats.statement import PEER_ID_KEYS, KeyBook
 from ...storage.base import BlockStore
-from .coordinator import Head, best_head
 from .history import ResultLoad, VerifiedHead, load_record, load_roster, verify_head
+from .round.coordinator import Head, best_head
 
 __all__ = [
     "MAX_REFUSED_HEADS",

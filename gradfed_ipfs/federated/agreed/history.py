@@ -45,8 +45,8 @@ from ...errors import (
     RoundVerificationFailed,
     ShapeMismatch,
 )
-from ...formats.membership import MemberSet
-from ...formats.roster import (
+from ...formats.agreed.membership import MemberSet
+from ...formats.agreed.roster import (
     AgreedRecord,
     Roster,
     verify_roster_coordinator,
@@ -369,14 +369,14 @@ async def check_roster_signatures(
 
     And that a roster leaving an expected peer out is its coordinator's: the record carries
     the coordinator's signature of its ``roster`` message
-    (:func:`~gradfed_ipfs.formats.roster.verify_roster_coordinator`), so a member cannot
+    (:func:`~gradfed_ipfs.formats.agreed.roster.verify_roster_coordinator`), so a member cannot
     rebuild a round with others' signed contributions left out.
 
     Raises
     ------
     RoundVerificationFailed
         If an entry is unsigned or its signature is not its owner's of that contribution
-        (:func:`~gradfed_ipfs.formats.roster.verify_roster_entries`), the coordinator's
+        (:func:`~gradfed_ipfs.formats.agreed.roster.verify_roster_entries`), the coordinator's
         signature is missing or wrong, or a roster cannot be fetched or decoded.
     """
     for _, record in chain:

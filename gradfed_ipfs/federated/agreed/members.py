@@ -20,8 +20,8 @@ from multiformats import CID
 
 from ...block import Block
 from ...errors import DecodeError
-from ...formats.membership import APPROVE, JOIN, LEAVE, MemberChange, MemberSet, read_request
-from ...formats.roster import AgreedRecord, Roster
+from ...formats.agreed.membership import APPROVE, JOIN, LEAVE, MemberChange, MemberSet, read_request
+from ...formats.agreed.roster import AgreedRecord, Roster
 from ...formats.statement import KeyBook, Statement, decode_statement
 from ...storage.base import BlockStore
 from .history import MemberState, check_member_sets

@@ -26,7 +26,7 @@ from multiformats import CID
 
 from ...block import Block
 from ...errors import ConfigError, DecodeError
-from ...formats.membership import (
+from ...formats.agreed.membership import (
     APPROVE,
     JOIN,
     LEAVE,
@@ -36,7 +36,7 @@ from ...formats.membership import (
     approvals_needed,
     read_request,
 )
-from ...formats.roster import Roster
+from ...formats.agreed.roster import Roster
 from ...formats.statement import PEER_ID_KEYS, KeyBook, Statement, decode_statement
 
 __all__ = [

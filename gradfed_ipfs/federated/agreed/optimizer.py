@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..._types import FloatArray
-from ...formats.roster import Roster
+from ...formats.agreed.roster import Roster
 from ...tensor.fedopt import ServerOptimizer, optimizer_round
 
 __all__ = ["OptimizerRule"]

@@ -12,13 +12,13 @@ genesis is the CID of the initial model, committed once; the topic is
    re-publications costs every peer CPU);
 2. **roster**: the coordinator (rank 0 of :func:`coordinator_ranking`) publishes, as soon as
    every member's contribution is fetched and verified (or at ``collect_timeout`` with at least
-   ``min_peers``), the dag-cbor :class:`~gradfed_ipfs.formats.roster.Roster` of what it holds;
-   rank ``k`` does the same ``k · takeover_timeout`` later if no roster has been seen;
+   ``min_peers``), the dag-cbor :class:`~gradfed_ipfs.formats.agreed.roster.Roster` of what it
+   holds; rank ``k`` does the same ``k · takeover_timeout`` later if no roster has been seen;
 3. **aggregate**: every peer aggregates exactly the roster, in roster order, with
    :func:`~gradfed_ipfs.tensor.deterministic.deterministic_update` (the rule
    ``M_{r+1} = float32(M_r + learning_rate · Σ (w_i/W) g_i)``), fetching by CID any listed
    contribution it lacks, so every honest peer gets the same bytes and the same CID;
-4. **done**: it commits the model and an :class:`~gradfed_ipfs.formats.roster.AgreedRecord`
+4. **done**: it commits the model and an :class:`~gradfed_ipfs.formats.agreed.roster.AgreedRecord`
    (``prev``, roster and result CIDs; byte-identical on every peer), announces
    ``done{result, record}``; the other peers' ``done`` are checked (waiting up to
    ``done_timeout``, by default not at all, then again when the next round starts): a
@@ -64,8 +64,8 @@ from ...errors import (
     QuorumNotReached,
     RoundMismatch,
 )
-from ...formats.evidence import EquivocationProof
-from ...formats.membership import (
+from ...formats.agreed.evidence import EquivocationProof
+from ...formats.agreed.membership import (
     APPROVE,
     JOIN,
     LEAVE,
@@ -74,8 +74,8 @@ from ...formats.membership import (
     join_body,
     leave_body,
 )
+from ...formats.agreed.roster import AgreedMessage, AgreedRecord
 from ...formats.pubsub import PubsubMessage
-from ...formats.roster import AgreedMessage, AgreedRecord
 from ...formats.statement import Statement, sign_statement
 from ...kubo.pubsub import PubsubTransport
 from ...storage.base import BlockStore
@@ -86,17 +86,17 @@ from ..exchange.announcer import Reannouncer
 from ..exchange.encoded import EncodedGradient, encode_gradient
 from ..exchange.fetcher import ContributionFetcher, check_values
 from ..sliced.faults import SliceFaults
-from .aggregate import AggregateStep
-from .comet_control import CometControl
 from .config import AgreedConfig, AgreedRoundResult, ResyncResult, agreed_topic
 from .context import AdoptedRoster, Aggregated, OwnContribution, RoundContext, SessionMessages
-from .control import PubsubControl, RoundControl
-from .coordinator import Head, RoundBoard, best_head, coordinator_ranking, model_holders
+from .control.comet import CometControl
+from .control.pubsub import PubsubControl, RoundControl
 from .evidence import EvidenceWatch
 from .heads import HeadChoice, HeadChooser
 from .history import ResultLoad, VerifiedHead, load_result, verify_head
 from .members import MemberTracker
-from .roster import RosterPhase, walk_back
+from .round.aggregate import AggregateStep
+from .round.coordinator import Head, RoundBoard, best_head, coordinator_ranking, model_holders
+from .round.roster import RosterPhase, walk_back
 from .slicing import RootFetcher, SliceStep, choose_slicing, slice_report, slices_topic
 from .storage import FinishedRound, RoundStorage
 
@@ -162,7 +162,7 @@ class AgreedSession:
         (:mod:`~gradfed_ipfs.federated.sliced.faults`; default: honest).
     validator_rpc
         With ``config.control == "cometbft"``: ``http://127.0.0.1:PORT`` of this member's own
-        CometBFT validator (:mod:`~.comet_control`).
+        CometBFT validator (:mod:`~.control.comet`).
     """
 
     def __init__(

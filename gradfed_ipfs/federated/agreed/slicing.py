@@ -50,10 +50,10 @@ from ...errors import (
     InvalidGradient,
     RoundVerificationFailed,
 )
-from ...formats.partials import PartialRecord
+from ...formats.agreed.roster import AgreedRecord, Roster
 from ...formats.pubsub import session_topic
-from ...formats.roster import AgreedRecord, Roster
-from ...formats.slices import FraudRecord, SliceRecord, split_slice_rule
+from ...formats.sliced.partials import PartialRecord
+from ...formats.sliced.slices import FraudRecord, SliceRecord, split_slice_rule
 from ...kubo.pubsub import PubsubTransport
 from ...storage.base import BlockStore
 from ...storage.dag import fetch_gradient, fetch_manifest
@@ -423,7 +423,7 @@ async def proven_liars(store: BlockStore, record: AgreedRecord, roster: Roster) 
     roster, slice, range and ``missing`` senders with other bytes. An honest reducer of that
     slice writes exactly ``correct`` (which :func:`check_slice_results` re-checks against the
     recomputed model), so ``claimed`` is a lie. In a chained round ``claimed`` may instead be a
-    :class:`~gradfed_ipfs.formats.partials.PartialRecord` of that slice
+    :class:`~gradfed_ipfs.formats.sliced.partials.PartialRecord` of that slice
     (:func:`~.chain_proof.partial_fraud_fits`) whose values
     :func:`~.chain_proof.check_partial_frauds` re-checks from the contributions when the round
     is recomputed (they are not kept under retention). Who announced ``claimed`` is what the peers

@@ -21,7 +21,7 @@ from multiformats import CID
 
 from ..._types import FloatArray
 from ...block import Block
-from ...formats.roster import Roster
+from ...formats.agreed.roster import Roster
 from ...storage.base import BlockStore
 from ...storage.retention import RetentionHook, RoundBlocks, put_all_pinned_alone
 from ..exchange.encoded import EncodedGradient, encode_gradient

@@ -11,9 +11,9 @@ from multiformats import CID
 from ..._types import CIDLike, FloatArray
 from ...cid import parse_cid
 from ...errors import ConfigError
+from ...formats.agreed.roster import Roster
 from ...formats.pubsub import session_topic
 from ...formats.regional import COMBINES, MAX_REGION_CHARS, MAX_REGIONS, Combine
-from ...formats.roster import Roster
 from ...tensor.regional import combine_region_means, region_mean
 from ..agreed.config import AgreedConfig
 

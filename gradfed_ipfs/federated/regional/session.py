@@ -8,7 +8,7 @@ Peers are tagged with regions (:class:`~.regional_config.RegionalConfig`). Round
    (:func:`~.coordinator.coordinator_ranking` over the region) publishes its own roster, and
    every region peer aggregates exactly that roster with :class:`~.regional_config.RegionMeanRule`
    (:func:`~gradfed_ipfs.tensor.regional.region_mean`: roster order, roster weights). The
-   region's :class:`~gradfed_ipfs.formats.roster.AgreedRecord` names its roster and its
+   region's :class:`~gradfed_ipfs.formats.agreed.roster.AgreedRecord` names its roster and its
    aggregate; a member absent from the region round is absent from its roster only.
    Contributions are announced on the region's topic and fetched by its peers alone.
 2. **vote**: every peer of a combined region signs one ``regional/vote`` statement naming its
@@ -56,8 +56,8 @@ from ...errors import (
     QuorumNotReached,
     RoundVerificationFailed,
 )
+from ...formats.agreed.roster import AgreedRecord
 from ...formats.regional import RegionalRecord, RegionVote, RegionVotes, region_session
-from ...formats.roster import AgreedRecord
 from ...formats.statement import PEER_ID_KEYS, KeyBook, Signer
 from ...kubo.pubsub import PubsubTransport
 from ...storage.base import BlockStore

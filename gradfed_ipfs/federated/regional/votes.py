@@ -40,9 +40,9 @@ from multiformats import CID
 
 from ...block import Block
 from ...errors import DecodeError, RoundVerificationFailed
+from ...formats.agreed.roster import MAX_RECORD_BYTES
 from ...formats.pubsub import PubsubMessage
 from ...formats.regional import VOTE_KIND, RegionVote, RegionVotes
-from ...formats.roster import MAX_RECORD_BYTES
 from ...formats.statement import KeyBook, Signer, decode_statement, sign_statement
 
 __all__ = [

@@ -15,11 +15,11 @@ into ``S = ⌈N/G⌉`` slices. Slice ``k`` is reduced in ``G`` steps: step ``(k,
 ``k`` of group ``j``'s senders, adds them in roster order to the float64 partial sum step
 ``(k, j−1)`` left (:func:`~gradfed_ipfs.tensor.deterministic.partial_update`, coefficients
 ``w_i / W`` of the whole roster), and puts a
-:class:`~gradfed_ipfs.formats.partials.PartialRecord` (announced as a ``partial`` message of
+:class:`~gradfed_ipfs.formats.sliced.partials.PartialRecord` (announced as a ``partial`` message of
 index ``k·G + j``); the last step finishes the slice
 (:func:`~gradfed_ipfs.tensor.deterministic.finish_update`) and writes the ordinary
-:class:`~gradfed_ipfs.formats.slices.SliceRecord`. The same float64 operations run in the same
-order as :func:`~gradfed_ipfs.tensor.deterministic.deterministic_update`, so the slice record,
+:class:`~gradfed_ipfs.formats.sliced.slices.SliceRecord`. The same float64 operations run in the
+same order as :func:`~gradfed_ipfs.tensor.deterministic.deterministic_update`, so the slice record,
 the model and the round record are byte-identical to the one-level round's (with ``S`` slices):
 checks, verification and resync are unchanged. Blocks a round: N·S pieces, N·S partials and
 N·S results, N^1.5 at G = √N; bytes per peer ≈ d (pieces) + 2·d/S (the partial) + d (results).
@@ -66,9 +66,9 @@ from ...errors import (
     DecodeError,
     GradientError,
 )
-from ...formats.partials import PartialRecord, partial_blocks, partial_values
-from ...formats.roster import RosterEntry
-from ...formats.slices import SliceMessage, SliceRecord
+from ...formats.agreed.roster import RosterEntry
+from ...formats.sliced.partials import PartialRecord, partial_blocks, partial_values
+from ...formats.sliced.slices import SliceMessage, SliceRecord
 from ...storage.base import Block, put_many
 from ...tensor.deterministic import finish_update
 from ..exchange.records import carried_or_fetched

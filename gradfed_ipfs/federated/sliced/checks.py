@@ -6,8 +6,8 @@ through the peer's :class:`~.reducer.Reducer`: every peer fetches the chosen sli
 checks them with :func:`~.slice_check.check_slices` (projections for fedavg, spot checks for
 median and trimmed mean; an input without published values has them computed from its
 blocks), and recomputes each suspect slice from the contribution blocks. A different CID is a
-proven lie: a :class:`~gradfed_ipfs.formats.slices.FraudRecord` is put and announced, the next
-honest reducer re-announces the correct record, and the liar is returned; the same CID means
+proven lie: a :class:`~gradfed_ipfs.formats.sliced.slices.FraudRecord` is put and announced, the
+next honest reducer re-announces the correct record, and the liar is returned; the same CID means
 some sender published false check values. A slice result that cannot be read (a well-formed
 record naming garbage, or a result nobody serves) is recomputed the same way before the check,
 so a reducer's bytes cost a recompute and convict it; they never fail the round.
@@ -24,7 +24,7 @@ from multiformats import CID
 
 from ..._types import FloatArray
 from ...errors import BlockStoreError, DecodeError, GradientError
-from ...formats.slices import FraudRecord, SliceMessage, SliceRecord
+from ...formats.sliced.slices import FraudRecord, SliceMessage, SliceRecord
 from ...storage.dag import fetch_gradient
 from ...storage.retention import put_pinned_alone
 from .chain import ChainRound

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from multiformats import CID
 
 from ..._types import FloatArray
-from ...formats.roster import Roster
+from ...formats.agreed.roster import Roster
 from ...storage.base import Block
 
 __all__ = ["SliceRound"]

@@ -1,6 +1,6 @@
 """Reduce-scatter / all-gather over CIDs for an agreed roster (issue 14).
 
-Given an agreed :class:`~gradfed_ipfs.formats.roster.Roster` of N contributions on d values,
+Given an agreed :class:`~gradfed_ipfs.formats.agreed.roster.Roster` of N contributions on d values,
 :meth:`ReduceScatterPeer.run` computes the same model as the all-to-all agreed round
 (``float32(base + lr · Σ (w_i/W) g_i)``, same bytes, same CID) while each peer downloads about
 ``2·(N−1)/N·d`` floats instead of ``(N−1)·d``:
@@ -10,7 +10,7 @@ Given an agreed :class:`~gradfed_ipfs.formats.roster.Roster` of N contributions 
    arrived ``r · reducer_timeout`` after half of the slices had theirs (a silent reducer).
    The reducer fetches only the chunks covering slice k of every contribution, reduces them in
    roster order (:func:`~.slices.reduce_values`), puts the result block and a
-   :class:`~gradfed_ipfs.formats.slices.SliceRecord` (no reducer name in it: two honest
+   :class:`~gradfed_ipfs.formats.sliced.slices.SliceRecord` (no reducer name in it: two honest
    reducers write the same CID) and announces it on the :class:`SliceBoard`.
 2. **missing senders**: a contribution a reducer cannot fetch is listed ``missing``. Every
    peer checks such a claim before it counts (:meth:`~.reducer.Reducer.false_claims`: it
@@ -29,7 +29,7 @@ Given an agreed :class:`~gradfed_ipfs.formats.roster.Roster` of N contributions 
    word (:class:`~.spot.AuthorCheck`: another peer computes them from its blocks). A failing
    slice is recomputed by the checker (d/N
    values of each input); a different CID is a proven lie: the checker puts and announces a
-   :class:`~gradfed_ipfs.formats.slices.FraudRecord` (the same bytes from every honest
+   :class:`~gradfed_ipfs.formats.sliced.slices.FraudRecord` (the same bytes from every honest
    checker), the next-ranked honest reducer announces the correct record, and the liar is
    reported in :attr:`ReduceScatterResult.liars`.
 4. **all-gather**: every peer fetches the N slice results, concatenates them and puts the model
@@ -61,8 +61,8 @@ from multiformats import CID
 
 from ..._types import FloatArray
 from ...errors import BlockStoreError, DecodeError, MalformedManifest
-from ...formats.roster import Roster
-from ...formats.slices import SliceInputs, SliceMessage, SliceRecord
+from ...formats.agreed.roster import Roster
+from ...formats.sliced.slices import SliceInputs, SliceMessage, SliceRecord
 from ...storage.base import BlockStore
 from ..exchange.encoded import encode_gradient
 from .chain import ChainRound

@@ -33,7 +33,7 @@ from numpy.typing import NDArray
 
 from ..._types import FloatArray
 from ...errors import InvalidGradient
-from ...formats.slices import split_slice_rule
+from ...formats.sliced.slices import split_slice_rule
 from ...storage.dag import plan_chunks
 from ...tensor.deterministic import deterministic_update, partial_update
 from ...tensor.robust import coordinate_median, trimmed_mean

@@ -2,7 +2,7 @@
 
 A chained round's checker names the author of the earliest wrong partial sum of a slice
 (:meth:`~.chain.ChainRound.blame`); its fraud record's ``claimed`` is then a
-:class:`~gradfed_ipfs.formats.partials.PartialRecord`, not a slice record.
+:class:`~gradfed_ipfs.formats.sliced.partials.PartialRecord`, not a slice record.
 :func:`partial_fraud_fits` is what such a record must fit, checked with every round record
 (:func:`~.agreed_slicing.proven_liars`, with or without recompute: records are kept under
 retention); :func:`check_partial_frauds` also re-sums the step from the contributions, when a
@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from multiformats import CID
 
 from ...errors import BlockStoreError, DecodeError, GradientError, RoundVerificationFailed
-from ...formats.partials import PartialRecord, partial_values
-from ...formats.roster import Roster
-from ...formats.slices import FraudRecord, SliceRecord
+from ...formats.agreed.roster import Roster
+from ...formats.sliced.partials import PartialRecord, partial_values
+from ...formats.sliced.slices import FraudRecord, SliceRecord
 from ...storage.base import Block, BlockStore
 from ...tensor.packing import PackSpec
 from .plan import chain_senders, chain_sum

@@ -24,8 +24,8 @@ from ...errors import (
     GradientError,
     InvalidGradient,
 )
-from ...formats.partials import PartialRecord
-from ...formats.slices import SliceInputs, SliceMessage, SliceRecord
+from ...formats.sliced.partials import PartialRecord
+from ...formats.sliced.slices import SliceInputs, SliceMessage, SliceRecord
 from ...storage.base import Block
 from ...storage.dag import put_gradient
 from ...storage.retention import put_pinned_alone

@@ -29,7 +29,7 @@ from multiformats import CID
 from ...block import Block
 from ...cid import DAG_CBOR
 from ...errors import DecodeError
-from ...formats.slices import FraudRecord, SliceRecord
+from ...formats.sliced.slices import FraudRecord, SliceRecord
 from ...storage.base import BlockStore, StoreWrapper, put_many
 from ...storage.retention import Collectable
 from .peer import ReduceScatterResult

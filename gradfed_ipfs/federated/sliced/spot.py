@@ -54,7 +54,7 @@ from multiformats import CID
 from numpy.typing import NDArray
 
 from ..._types import FloatArray
-from ...formats.slices import Checked, SliceMessage, SliceRecord
+from ...formats.sliced.slices import Checked, SliceMessage, SliceRecord
 from .plan import projection, projection_tolerance, projection_vector, reduce_values
 from .transport import MemorySliceBoard
 

@@ -4,7 +4,7 @@
   :class:`PubsubSliceBoard`: one peer's board over pubsub (``from`` names the sender). Both
   keep messages from the session's members only, at most :func:`member_cap` from each, and
   count what they refuse by reason in ``dropped`` (as the agreed topic's
-  :class:`~gradfed_ipfs.federated.agreed.coordinator.RoundBoard` does).
+  :class:`~gradfed_ipfs.federated.agreed.round.coordinator.RoundBoard` does).
 * :class:`CountingStore`: counts the bytes ``get`` returns (a peer's downloads).
 * :func:`fetch_range`: values ``offset … offset+length`` of a gradient, fetching only the chunks
   of its DAG that cover them.
@@ -31,7 +31,7 @@ from ...errors import (
     GradientError,
 )
 from ...formats.pubsub import PubsubMessage
-from ...formats.slices import SliceMessage
+from ...formats.sliced.slices import SliceMessage
 from ...formats.statement import Signer
 from ...kubo.pubsub import PubsubTransport
 from ...storage.base import UNSET, BlockStore, StoreWrapper, Unset
@@ -192,7 +192,7 @@ class PubsubSliceBoard(MemorySliceBoard):
     Messages carry no sender; pubsub's authenticated ``from`` is used, so a peer cannot speak
     for another. A non-member's messages are dropped before they are decoded, and malformed
     ones are dropped. Each message this peer publishes is signed once
-    (:meth:`~gradfed_ipfs.formats.slices.SliceMessage.sign`, with the transport's
+    (:meth:`~gradfed_ipfs.formats.sliced.slices.SliceMessage.sign`, with the transport's
     :meth:`~gradfed_ipfs.kubo.PubsubTransport.signer`; re-publications repeat its bytes), and
     a member's message whose statement is missing or does not verify against the
     transport's :attr:`~gradfed_ipfs.kubo.PubsubTransport.keys` is dropped (``dropped``

@@ -12,7 +12,7 @@ from gradfed_ipfs import put_gradient
 from gradfed_ipfs._types import CIDLike
 from gradfed_ipfs.errors import ChainDeadlineExceeded, FederatedError
 from gradfed_ipfs.federated.agreed.history import load_chain
-from gradfed_ipfs.formats.roster import AgreedRecord, Roster
+from gradfed_ipfs.formats.agreed.roster import AgreedRecord, Roster
 from gradfed_ipfs.storage import Block, MemoryBlockStore
 from gradfed_ipfs.storage.base import UNSET, Unset
 

@@ -16,9 +16,9 @@ from gradfed_ipfs.block import Block
 from gradfed_ipfs.errors import ConfigError, QuorumNotReached, RoundVerificationFailed
 from gradfed_ipfs.federated.agreed.finished import check_finished_round
 from gradfed_ipfs.federated.exchange import encode_gradient
+from gradfed_ipfs.formats.agreed.roster import AgreedMessage, AgreedRecord
 from gradfed_ipfs.formats.manifest import ChunkManifest
 from gradfed_ipfs.formats.packed import PACKED_HEADER_BYTES
-from gradfed_ipfs.formats.roster import AgreedMessage, AgreedRecord
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore, fetch_gradient
 from gradfed_ipfs.tensor import (

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gradfed_ipfs import AgreedConfig, AgreedSession, verify_agreed_history
-from gradfed_ipfs.formats.roster import AgreedRecord
+from gradfed_ipfs.formats.agreed.roster import AgreedRecord
 from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import KuboBlockStore
 from gradfed_ipfs.tensor import Int8

@@ -14,7 +14,7 @@ from multiformats import CID
 from gradfed_ipfs import AgreedSession, verify_agreed_history
 from gradfed_ipfs.federated.agreed.config import AgreedConfig
 from gradfed_ipfs.formats import DelegatedSigner, Signer
-from gradfed_ipfs.formats.roster import AgreedRecord, Roster
+from gradfed_ipfs.formats.agreed.roster import AgreedRecord, Roster
 from gradfed_ipfs.formats.statement import DELEGATED_SIGNATURE_BYTES
 from gradfed_ipfs.kubo import MemoryPubsubBus, PubsubTransport, PubsubWrapper
 from gradfed_ipfs.storage import MemoryBlockStore

@@ -19,7 +19,7 @@ from gradfed_ipfs.errors import (
     MalformedManifest,
     ShapeMismatch,
 )
-from gradfed_ipfs.federated.agreed.coordinator import (
+from gradfed_ipfs.federated.agreed.round.coordinator import (
     MAX_ROUNDS_AHEAD,
     Head,
     RoundBoard,
@@ -29,7 +29,7 @@ from gradfed_ipfs.federated.agreed.coordinator import (
 )
 from gradfed_ipfs.federated.exchange.encoded import encode_gradient
 from gradfed_ipfs.formats import PubsubMessage
-from gradfed_ipfs.formats.roster import (
+from gradfed_ipfs.formats.agreed.roster import (
     MAX_MESSAGE_BYTES,
     MAX_RECORD_BYTES,
     AgreedMessage,

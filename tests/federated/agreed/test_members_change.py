@@ -18,9 +18,9 @@ from multiformats import CID
 from gradfed_ipfs import AgreedConfig, AgreedRoundResult, AgreedSession, verify_agreed_history
 from gradfed_ipfs.errors import NotAdmitted, RoundVerificationFailed
 from gradfed_ipfs.federated.agreed import Admission
-from gradfed_ipfs.federated.agreed.coordinator import coordinator_ranking
 from gradfed_ipfs.federated.agreed.members import MAX_PENDING_JOINS, MemberTracker
-from gradfed_ipfs.formats.membership import (
+from gradfed_ipfs.federated.agreed.round.coordinator import coordinator_ranking
+from gradfed_ipfs.formats.agreed.membership import (
     APPROVE,
     JOIN,
     MemberChange,
@@ -28,7 +28,7 @@ from gradfed_ipfs.formats.membership import (
     approve_body,
     join_body,
 )
-from gradfed_ipfs.formats.roster import AgreedRecord, Roster
+from gradfed_ipfs.formats.agreed.roster import AgreedRecord, Roster
 from gradfed_ipfs.formats.statement import sign_statement
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore

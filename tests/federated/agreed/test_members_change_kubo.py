@@ -15,8 +15,8 @@ import pytest
 
 from gradfed_ipfs import AgreedConfig, AgreedRoundResult, AgreedSession, verify_agreed_history
 from gradfed_ipfs.federated.agreed import Admission
-from gradfed_ipfs.formats.membership import MemberSet
-from gradfed_ipfs.formats.roster import AgreedRecord
+from gradfed_ipfs.formats.agreed.membership import MemberSet
+from gradfed_ipfs.formats.agreed.roster import AgreedRecord
 from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import KuboBlockStore
 from tests.helpers import aclose_all

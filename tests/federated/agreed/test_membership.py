@@ -16,7 +16,7 @@ from gradfed_ipfs.federated.agreed.membership import (
     next_member_set,
 )
 from gradfed_ipfs.formats import LocalSigner, sign_statement
-from gradfed_ipfs.formats.membership import (
+from gradfed_ipfs.formats.agreed.membership import (
     APPROVE,
     JOIN,
     LEAVE,
@@ -26,7 +26,7 @@ from gradfed_ipfs.formats.membership import (
     join_body,
     leave_body,
 )
-from gradfed_ipfs.formats.roster import Roster
+from gradfed_ipfs.formats.agreed.roster import Roster
 from gradfed_ipfs.storage import Block
 
 SESSION = "members"

@@ -18,8 +18,8 @@ from gradfed_ipfs.federated.agreed.history import (
     model_cid,
     verify_agreed_round,
 )
+from gradfed_ipfs.formats.agreed.roster import AgreedRecord
 from gradfed_ipfs.formats.records import decode_record, encode_record
-from gradfed_ipfs.formats.roster import AgreedRecord
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore, Retention, RetentionKeeper
 from gradfed_ipfs.tensor.aggregation import Median

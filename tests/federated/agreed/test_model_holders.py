@@ -13,7 +13,7 @@ from gradfed_ipfs import AgreedConfig, AgreedSession, verify_agreed_history
 from gradfed_ipfs.block import Block
 from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import InvalidGradient
-from gradfed_ipfs.federated.agreed.coordinator import coordinator_ranking, model_holders
+from gradfed_ipfs.federated.agreed.round.coordinator import coordinator_ranking, model_holders
 from gradfed_ipfs.federated.sliced.peer import CountingStore
 from gradfed_ipfs.kubo import KuboPubsub, MemoryPubsubBus
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore, fetch_gradient

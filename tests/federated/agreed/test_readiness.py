@@ -10,8 +10,8 @@ from multiformats import CID
 
 from gradfed_ipfs.federated.agreed import AgreedConfig
 from gradfed_ipfs.federated.agreed.context import OwnContribution, RoundContext
-from gradfed_ipfs.federated.agreed.coordinator import Contribution
-from gradfed_ipfs.federated.agreed.readiness import ReadyTracker
+from gradfed_ipfs.federated.agreed.round.coordinator import Contribution
+from gradfed_ipfs.federated.agreed.round.readiness import ReadyTracker
 from gradfed_ipfs.federated.exchange.fetcher import ContributionFetcher
 from gradfed_ipfs.storage import MemoryBlockStore
 from gradfed_ipfs.storage.dag import put_gradient

@@ -28,8 +28,8 @@ from gradfed_ipfs.federated.agreed import (
     has_majority,
     verify_agreed_history,
 )
-from gradfed_ipfs.federated.agreed.coordinator import Head
-from gradfed_ipfs.formats.roster import AgreedRecord, Roster
+from gradfed_ipfs.federated.agreed.round.coordinator import Head
+from gradfed_ipfs.formats.agreed.roster import AgreedRecord, Roster
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore, put_gradient
 from gradfed_ipfs.storage.base import UNSET, Unset

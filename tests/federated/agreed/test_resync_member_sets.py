@@ -11,8 +11,8 @@ import asyncio
 import dataclasses
 
 from gradfed_ipfs.federated.agreed import Admission, AgreedConfig, AgreedSession
-from gradfed_ipfs.formats.membership import MemberChange, MemberSet
-from gradfed_ipfs.formats.roster import AgreedMessage, AgreedRecord, Roster
+from gradfed_ipfs.formats.agreed.membership import MemberChange, MemberSet
+from gradfed_ipfs.formats.agreed.roster import AgreedMessage, AgreedRecord, Roster
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore, put_gradient
 from gradfed_ipfs.tensor.deterministic import deterministic_update

@@ -18,8 +18,8 @@ from multiformats import CID
 
 from gradfed_ipfs.errors import BadSignature, RoundVerificationFailed
 from gradfed_ipfs.federated.agreed import AgreedConfig, AgreedSession, verify_agreed_history
-from gradfed_ipfs.federated.agreed.coordinator import coordinator_ranking
-from gradfed_ipfs.formats.roster import (
+from gradfed_ipfs.federated.agreed.round.coordinator import coordinator_ranking
+from gradfed_ipfs.formats.agreed.roster import (
     AgreedMessage,
     AgreedRecord,
     Roster,

@@ -19,7 +19,7 @@ from gradfed_ipfs.errors import (
     RoundMismatch,
 )
 from gradfed_ipfs.formats import PubsubMessage
-from gradfed_ipfs.formats.roster import AgreedMessage, open_message
+from gradfed_ipfs.formats.agreed.roster import AgreedMessage, open_message
 from gradfed_ipfs.kubo import MemoryPubsubBus, PubsubTransport
 from gradfed_ipfs.storage import MemoryBlockStore, fetch_gradient
 from tests.helpers import signed

@@ -9,8 +9,8 @@ import pytest
 
 from gradfed_ipfs import AgreedConfig, AgreedSession, verify_agreed_history
 from gradfed_ipfs.errors import InvalidGradient
-from gradfed_ipfs.federated.agreed.coordinator import coordinator_ranking, roster_problem
-from gradfed_ipfs.formats.roster import Roster
+from gradfed_ipfs.federated.agreed.round.coordinator import coordinator_ranking, roster_problem
+from gradfed_ipfs.formats.agreed.roster import Roster
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore
 from tests.federated.agreed.test_rounds import FAST, PEERS, delta, initial_model

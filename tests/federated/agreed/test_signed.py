@@ -17,13 +17,13 @@ from multiformats import CID
 from gradfed_ipfs import AgreedRoundResult, AgreedSession, verify_agreed_history
 from gradfed_ipfs.errors import RoundVerificationFailed
 from gradfed_ipfs.federated.agreed.config import AgreedConfig
-from gradfed_ipfs.federated.agreed.coordinator import (
+from gradfed_ipfs.federated.agreed.round.coordinator import (
     RoundBoard,
     coordinator_ranking,
     roster_problem,
 )
 from gradfed_ipfs.formats import PubsubMessage
-from gradfed_ipfs.formats.roster import (
+from gradfed_ipfs.formats.agreed.roster import (
     AgreedMessage,
     AgreedRecord,
     Roster,

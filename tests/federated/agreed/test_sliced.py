@@ -14,9 +14,9 @@ from gradfed_ipfs import AgreedConfig, AgreedRoundResult, AgreedSession, verify_
 from gradfed_ipfs._types import FloatArray
 from gradfed_ipfs.block import Block
 from gradfed_ipfs.errors import RoundVerificationFailed
-from gradfed_ipfs.federated.agreed.coordinator import coordinator_ranking
 from gradfed_ipfs.federated.agreed.finished import check_finished_round
 from gradfed_ipfs.federated.agreed.history import verify_agreed_round
+from gradfed_ipfs.federated.agreed.round.coordinator import coordinator_ranking
 from gradfed_ipfs.federated.agreed.slicing import (
     AUTO_MIN_MEMBERS,
     RobustRule,
@@ -26,8 +26,8 @@ from gradfed_ipfs.federated.sliced import Lying, Silent, SliceFaults
 from gradfed_ipfs.federated.sliced.peer import CountingStore
 from gradfed_ipfs.federated.sliced.plan import reduce_values
 from gradfed_ipfs.formats import PubsubMessage
-from gradfed_ipfs.formats.roster import AgreedMessage, AgreedRecord
-from gradfed_ipfs.formats.slices import SliceRecord
+from gradfed_ipfs.formats.agreed.roster import AgreedMessage, AgreedRecord
+from gradfed_ipfs.formats.sliced.slices import SliceRecord
 from gradfed_ipfs.kubo import MemoryPubsubBus, PubsubTransport
 from gradfed_ipfs.storage import BlockStore, MemoryBlockStore, put_gradient
 from gradfed_ipfs.storage.dag import fetch_manifest

@@ -22,8 +22,8 @@ from gradfed_ipfs.federated.regional.session import (
     regional_topic,
     verify_regional_round,
 )
+from gradfed_ipfs.formats.agreed.roster import AgreedRecord
 from gradfed_ipfs.formats.regional import RegionalRecord, RegionVote
-from gradfed_ipfs.formats.roster import AgreedRecord
 from gradfed_ipfs.formats.statement import KeyDirectory
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore, fetch_gradient, put_gradient

@@ -29,9 +29,9 @@ from gradfed_ipfs.federated.regional import (
     votes_needed,
 )
 from gradfed_ipfs.federated.regional.config import regional_topic
+from gradfed_ipfs.formats.agreed.roster import AgreedMessage, Roster
 from gradfed_ipfs.formats.pubsub import PubsubMessage
 from gradfed_ipfs.formats.regional import RegionalRecord, RegionVote, RegionVotes, region_session
-from gradfed_ipfs.formats.roster import AgreedMessage, Roster
 from gradfed_ipfs.kubo import MemoryPubsubBus, PubsubWrapper
 from gradfed_ipfs.kubo.pubsub import PubsubTransport
 from gradfed_ipfs.storage import BlockStore, MemoryBlockStore, fetch_gradient, put_gradient

@@ -20,7 +20,7 @@ from gradfed_ipfs.federated.sliced.peer import (
 )
 from gradfed_ipfs.federated.sliced.transport import member_cap
 from gradfed_ipfs.formats.pubsub import PubsubMessage
-from gradfed_ipfs.formats.slices import SliceMessage
+from gradfed_ipfs.formats.sliced.slices import SliceMessage
 from gradfed_ipfs.kubo import KuboPubsub, MemoryPubsubBus, PubsubWrapper
 from tests.federated.sliced.test_peer import CHUNK, LR, Round, make_round, reference
 

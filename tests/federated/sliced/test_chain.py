@@ -30,8 +30,8 @@ from gradfed_ipfs.federated.sliced.proofs import (
     partial_fraud_fits,
     partial_lie_proven,
 )
-from gradfed_ipfs.formats.partials import PartialRecord, partial_blocks
-from gradfed_ipfs.formats.slices import FraudRecord, SliceRecord
+from gradfed_ipfs.formats.sliced.partials import PartialRecord, partial_blocks
+from gradfed_ipfs.formats.sliced.slices import FraudRecord, SliceRecord
 from gradfed_ipfs.storage import MemoryBlockStore
 from gradfed_ipfs.storage.base import UNSET, StoreWrapper, Unset
 from gradfed_ipfs.storage.dag import fetch_manifest

@@ -11,12 +11,12 @@ from multiformats import CID
 from gradfed_ipfs import AgreedConfig, AgreedSession, verify_agreed_history
 from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import MalformedManifest, RoundVerificationFailed
-from gradfed_ipfs.federated.agreed.coordinator import roster_problem
 from gradfed_ipfs.federated.agreed.history import load_record, load_result
+from gradfed_ipfs.federated.agreed.round.coordinator import roster_problem
 from gradfed_ipfs.federated.exchange.encoded import encode_gradient
 from gradfed_ipfs.federated.sliced import Lying
-from gradfed_ipfs.formats.roster import AgreedMessage, AgreedRecord, Roster
-from gradfed_ipfs.formats.slices import FraudRecord
+from gradfed_ipfs.formats.agreed.roster import AgreedMessage, AgreedRecord, Roster
+from gradfed_ipfs.formats.sliced.slices import FraudRecord
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore, put_gradient
 from gradfed_ipfs.tensor.deterministic import deterministic_update

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from multiformats import CID
 
+import gradfed_ipfs.formats.sliced.slices as slice_formats
 from gradfed_ipfs.block import Block
 from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import InvalidGradient, MalformedAnnouncement, MalformedManifest
@@ -27,8 +28,7 @@ from gradfed_ipfs.federated.sliced.plan import (
     reducer_ranking,
     reducer_rankings,
 )
-from gradfed_ipfs.formats import slices as slice_formats
-from gradfed_ipfs.formats.slices import (
+from gradfed_ipfs.formats.sliced.slices import (
     MAX_SLICE_MESSAGE_BYTES,
     FraudRecord,
     SliceInputs,

@@ -20,8 +20,8 @@ from gradfed_ipfs.federated.sliced.peer import (
 from gradfed_ipfs.federated.sliced.plan import projection_seed, projection_vector, reducer_rankings
 from gradfed_ipfs.federated.sliced.proofs import check_partial_frauds
 from gradfed_ipfs.formats import decode_statement
-from gradfed_ipfs.formats.partials import PartialRecord
-from gradfed_ipfs.formats.slices import FraudRecord, SliceMessage, SliceRecord
+from gradfed_ipfs.formats.sliced.partials import PartialRecord
+from gradfed_ipfs.formats.sliced.slices import FraudRecord, SliceMessage, SliceRecord
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from tests.federated.sliced.hostile import Censor, HidingLiar
 from tests.federated.sliced.test_peer import (

@@ -12,7 +12,7 @@ from gradfed_ipfs.federated.sliced.peer import (
     ReduceScatterConfig,
     ReduceScatterPeer,
 )
-from gradfed_ipfs.formats.roster import Roster
+from gradfed_ipfs.formats.agreed.roster import Roster
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore
 from gradfed_ipfs.storage.dag import put_gradient
 from gradfed_ipfs.tensor.deterministic import deterministic_update

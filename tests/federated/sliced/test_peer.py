@@ -25,8 +25,8 @@ from gradfed_ipfs.federated.sliced.peer import (
     fetch_range,
 )
 from gradfed_ipfs.federated.sliced.plan import plan_slices, reduce_values, reducer_rankings
-from gradfed_ipfs.formats.roster import Roster
-from gradfed_ipfs.formats.slices import FraudRecord, SliceRecord
+from gradfed_ipfs.formats.agreed.roster import Roster
+from gradfed_ipfs.formats.sliced.slices import FraudRecord, SliceRecord
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import BlockStore, MemoryBlockStore
 from gradfed_ipfs.storage.base import UNSET, StoreWrapper, Unset

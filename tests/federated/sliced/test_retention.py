@@ -18,7 +18,7 @@ from gradfed_ipfs.federated.agreed.history import load_record, verify_agreed_rou
 from gradfed_ipfs.federated.sliced import Lying
 from gradfed_ipfs.federated.sliced.peer import ReduceScatterResult
 from gradfed_ipfs.federated.sliced.retention import UnpinnedPuts, keep_slice_blocks
-from gradfed_ipfs.formats.slices import FraudRecord, SliceRecord
+from gradfed_ipfs.formats.sliced.slices import FraudRecord, SliceRecord
 from gradfed_ipfs.kubo import KuboPubsub, MemoryPubsubBus
 from gradfed_ipfs.storage import KuboBlockStore, MemoryBlockStore, Retention, RetentionKeeper
 from tests.federated.agreed.test_sliced import (

@@ -20,7 +20,7 @@ from gradfed_ipfs.federated.sliced.peer import (
 )
 from gradfed_ipfs.federated.sliced.plan import reduce_values
 from gradfed_ipfs.federated.sliced.spot import spot_count, spot_indices
-from gradfed_ipfs.formats.slices import FraudRecord
+from gradfed_ipfs.formats.sliced.slices import FraudRecord
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore, put_gradient
 from gradfed_ipfs.tensor.aggregation import Median

@@ -11,7 +11,7 @@ round ``r`` a peer, through its own validator's RPC:
    verifies (a corrupt or oversized one is never attested, so it cannot enter the roster);
 3. takes the **roster** the app decides (the contributions held by more than ``f`` members, at
    the block-time deadline or once every member's is held), fetches what it lacks of it, and
-   builds the round's :class:`~gradfed_ipfs.formats.roster.Roster` from it (coordinator: the
+   builds the round's :class:`~gradfed_ipfs.formats.agreed.roster.Roster` from it (coordinator: the
    round's rank 0, so the roster block is the same on every peer);
 4. after aggregating and writing its record as before, submits its **result** (record and
    model CIDs) and waits until the app has ``2f + 1`` equal results: the round is final. A
@@ -46,9 +46,9 @@ from typing import Any, Final, cast
 import dag_cbor
 from multiformats import CID
 
-from ..._types import FloatArray
-from ...cid import parse_cid
-from ...cometbft.abci import (
+from ...._types import FloatArray
+from ....cid import parse_cid
+from ....cometbft.abci import (
     RosterLine,
     RoundsGenesis,
     RoundView,
@@ -58,23 +58,23 @@ from ...cometbft.abci import (
     result_tx,
     validator_binding,
 )
-from ...cometbft.rpc import CometRpc
-from ...errors import (
+from ....cometbft.rpc import CometRpc
+from ....errors import (
     CometRpcError,
     DecodeError,
     QuorumNotReached,
     RoundMismatch,
     RoundVerificationFailed,
 )
-from ...formats.membership import ChangeOp, MemberChange, MemberSet
-from ...formats.roster import Roster
-from ...formats.statement import Signer
-from ..exchange.fetcher import ContributionFetcher, is_transient
-from .config import AgreedConfig
-from .context import AdoptedRoster, RoundContext
-from .coordinator import Head, RoundBoard
-from .members import MemberTracker
-from .storage import FinishedRound
+from ....formats.agreed.membership import ChangeOp, MemberChange, MemberSet
+from ....formats.agreed.roster import Roster
+from ....formats.statement import Signer
+from ...exchange.fetcher import ContributionFetcher, is_transient
+from ..config import AgreedConfig
+from ..context import AdoptedRoster, RoundContext
+from ..members import MemberTracker
+from ..round.coordinator import Head, RoundBoard
+from ..storage import FinishedRound
 
 __all__ = ["POLL_INTERVAL", "CometControl", "rounds_genesis"]
 

@@ -27,9 +27,10 @@ from typing import Final
 
 from multiformats import CID
 
-from ..block import Block
-from ..errors import MalformedManifest
-from .records import decode_record, encode_record, require
+from ...block import Block
+from ...errors import MalformedManifest
+from ..records import decode_record, encode_record, require
+from ..statement import PEER_ID_KEYS, KeyBook
 from .roster import (
     MAX_RECORD_BYTES,
     MAX_SIGNED_MESSAGE_BYTES,
@@ -38,7 +39,6 @@ from .roster import (
     message_kind,
     open_message,
 )
-from .statement import PEER_ID_KEYS, KeyBook
 
 __all__ = [
     "EQUIVOCATION",

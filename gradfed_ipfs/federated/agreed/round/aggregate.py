@@ -24,17 +24,17 @@ from typing import Final
 import numpy as np
 from multiformats import CID
 
-from ...errors import BlockStoreError, DecodeError, RoundVerificationFailed
-from ...storage.base import BlockStore
-from ...tensor.deterministic import deterministic_update
-from ..sliced.peer import ReduceScatterResult
-from ..sliced.retention import SliceBlocks
-from ..sliced.transport import CountingStore
-from .context import AdoptedRoster, Aggregated, RoundContext
+from ....errors import BlockStoreError, DecodeError, RoundVerificationFailed
+from ....storage.base import BlockStore
+from ....tensor.deterministic import deterministic_update
+from ...sliced.peer import ReduceScatterResult
+from ...sliced.retention import SliceBlocks
+from ...sliced.transport import CountingStore
+from ..context import AdoptedRoster, Aggregated, RoundContext
+from ..finished import check_finished_round
+from ..slicing import SliceStep
 from .coordinator import RoundBoard
-from .finished import check_finished_round
 from .roster import MAX_WALK_BACK, walk_back
-from .slicing import SliceStep
 
 __all__ = ["AggregateStep"]
 

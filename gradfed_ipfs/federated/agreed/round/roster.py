@@ -23,9 +23,9 @@ from typing import Final
 
 from multiformats import CID
 
-from ..._types import FloatArray
-from ...block import Block
-from ...errors import (
+from ...._types import FloatArray
+from ....block import Block
+from ....errors import (
     BadSignature,
     BlockNotFound,
     BlockStoreError,
@@ -33,15 +33,20 @@ from ...errors import (
     DecodeError,
     QuorumNotReached,
 )
-from ...formats.membership import MemberSet
-from ...formats.roster import MAX_INLINE_BYTES, AgreedRecord, Roster, verify_roster_coordinator
-from ...storage.base import BlockStore
-from ..exchange.fetcher import ContributionFetcher, is_transient
-from ..exchange.records import carried_or_fetched
-from .context import AdoptedRoster, RoundContext, SessionMessages
+from ....formats.agreed.membership import MemberSet
+from ....formats.agreed.roster import (
+    MAX_INLINE_BYTES,
+    AgreedRecord,
+    Roster,
+    verify_roster_coordinator,
+)
+from ....storage.base import BlockStore
+from ...exchange.fetcher import ContributionFetcher, is_transient
+from ...exchange.records import carried_or_fetched
+from ..context import AdoptedRoster, RoundContext, SessionMessages
+from ..history import load_record
+from ..members import MemberTracker
 from .coordinator import MAX_ROUNDS_AHEAD, RoundBoard, RoundState, effective_quorum, roster_problem
-from .history import load_record
-from .members import MemberTracker
 from .readiness import Entry, ReadyTracker
 
 __all__ = ["MAX_WALK_BACK", "RosterPhase", "walk_back"]
@@ -492,8 +497,8 @@ class RosterPhase:
 
         A roster leaving an expected peer out needs its coordinator's signature of its
         ``roster`` message (the round's record carries it:
-        :func:`~gradfed_ipfs.formats.roster.verify_roster_coordinator`): the message's, or one
-        a record naming it carries. A message whose signature is not over the roster as a
+        :func:`~gradfed_ipfs.formats.agreed.roster.verify_roster_coordinator`): the message's, or
+        one a record naming it carries. A message whose signature is not over the roster as a
         coordinator sends it (inline when small) is refused by sender; without any signature
         yet (a roster this peer derived, or records without one) it is tried again later.
         """

@@ -3,9 +3,9 @@
 :class:`AgreedSession` owns one :class:`RoundControl`, chosen by ``AgreedConfig.control``:
 
 - ``"pubsub"``: :class:`PubsubControl`, the ranked coordinators' rosters over pubsub
-  (:class:`~.roster.RosterPhase`); a round is over once this peer's record is written (the
+  (:class:`~..round.roster.RosterPhase`); a round is over once this peer's record is written (the
   others' ``done`` messages are counted, and checked when the next round starts);
-- ``"cometbft"``: :class:`~.comet_control.CometControl`, a CometBFT chain of the members
+- ``"cometbft"``: :class:`~.comet.CometControl`, a CometBFT chain of the members
   decides the roster and, from ``2f + 1`` equal results, the final record.
 
 Everything else (contributions and models over IPFS, aggregation, records) is the same.
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .context import AdoptedRoster, RoundContext
-from .roster import RosterPhase
-from .storage import FinishedRound
+from ..context import AdoptedRoster, RoundContext
+from ..round.roster import RosterPhase
+from ..storage import FinishedRound
 
 __all__ = ["PubsubControl", "RoundControl"]
 
@@ -35,7 +35,7 @@ class RoundControl(Protocol):
 
 
 class PubsubControl:
-    """The pubsub control plane: rosters through :class:`~.roster.RosterPhase`."""
+    """The pubsub control plane: rosters through :class:`~..round.roster.RosterPhase`."""
 
     def __init__(self, roster: RosterPhase) -> None:
         self.roster = roster

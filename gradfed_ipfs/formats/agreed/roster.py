@@ -44,21 +44,21 @@ from typing import Any, Final, Literal, cast
 
 from multiformats import CID
 
-from ..block import Block
-from ..cid import DAG_CBOR, RAW, cid_to_str, make_cid, parse_cid
-from ..errors import (
+from ...block import Block
+from ...cid import DAG_CBOR, RAW, cid_to_str, make_cid, parse_cid
+from ...errors import (
     BadSignature,
     ConfigError,
     DecodeError,
     MalformedAnnouncement,
     MalformedManifest,
 )
-from ..tensor.packing import PackSpec
-from .fast_cbor import encode_dag_cbor
-from .memo import DecodeMemo
-from .pubsub import decode_multibase, encode_multibase
-from .records import decode_record, encode_record, require
-from .statement import (
+from ...tensor.packing import PackSpec
+from ..fast_cbor import encode_dag_cbor
+from ..memo import DecodeMemo
+from ..pubsub import decode_multibase, encode_multibase
+from ..records import decode_record, encode_record, require
+from ..statement import (
     PEER_ID_KEYS,
     SIGNATURE_LENGTHS,
     KeyBook,
@@ -482,11 +482,12 @@ class AgreedRecord:
     state
         CID of the custom rule's state after this round (a gradient block or DAG), or ``None``.
     slices
-        A reduce-scatter round's slice records (:class:`~gradfed_ipfs.formats.slices.SliceRecord`
+        A reduce-scatter round's slice records
+        (:class:`~gradfed_ipfs.formats.sliced.slices.SliceRecord`
         CIDs, in slice order), ``None`` for an all-to-all round; only written when set.
     frauds
-        The :class:`~gradfed_ipfs.formats.slices.FraudRecord` CIDs of lies proven in this round
-        (slice order), ``None`` when there were none; only written when set.
+        The :class:`~gradfed_ipfs.formats.sliced.slices.FraudRecord` CIDs of lies proven in this
+        round (slice order), ``None`` when there were none; only written when set.
     excluded
         Peers proven lying reducers in this round or earlier (sorted): no later roster of the
         session may list them. ``None`` when there are none; only written when set.

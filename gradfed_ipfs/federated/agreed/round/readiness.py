@@ -16,9 +16,9 @@ import itertools
 
 from multiformats import CID
 
-from ..._types import FloatArray
-from ..exchange.fetcher import ContributionFetcher, is_transient
-from .context import RoundContext
+from ...._types import FloatArray
+from ...exchange.fetcher import ContributionFetcher, is_transient
+from ..context import RoundContext
 from .coordinator import Contribution
 
 __all__ = ["Entry", "ReadyTracker"]

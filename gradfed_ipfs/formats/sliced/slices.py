@@ -40,15 +40,15 @@ from typing import Final, Literal
 
 from multiformats import CID
 
-from ..block import Block
-from ..cid import DAG_CBOR, RAW, cid_to_str, parse_cid, verify_cid
-from ..errors import BlockCorrupt, DecodeError, MalformedAnnouncement, MalformedManifest
-from .fast_cbor import encode_dag_cbor
-from .limits import load_json
-from .memo import DecodeMemo
-from .records import decode_record, encode_record, require
-from .roster import MAX_PEER_ID_CHARS, MAX_ROSTER_ENTRIES, MAX_WEIGHT
-from .statement import PEER_ID_KEYS, KeyBook, Signer, Statement, decode_statement, sign_statement
+from ...block import Block
+from ...cid import DAG_CBOR, RAW, cid_to_str, parse_cid, verify_cid
+from ...errors import BlockCorrupt, DecodeError, MalformedAnnouncement, MalformedManifest
+from ..agreed.roster import MAX_PEER_ID_CHARS, MAX_ROSTER_ENTRIES, MAX_WEIGHT
+from ..fast_cbor import encode_dag_cbor
+from ..limits import load_json
+from ..memo import DecodeMemo
+from ..records import decode_record, encode_record, require
+from ..statement import PEER_ID_KEYS, KeyBook, Signer, Statement, decode_statement, sign_statement
 
 __all__ = [
     "MAX_SLICE_MESSAGE_BYTES",
@@ -325,7 +325,7 @@ class SliceMessage:
     ``phase`` is the missing-set phase of a ``slice`` or ``partial`` message (``-1``: a slice
     recomputed after a proven lie); ``sender`` is pubsub's authenticated ``from`` and is not
     encoded. A ``partial`` message names a chained round's partial-sum record
-    (:class:`~gradfed_ipfs.formats.partials.PartialRecord`) of step ``k = slice · G + j``.
+    (:class:`~gradfed_ipfs.formats.sliced.partials.PartialRecord`) of step ``k = slice · G + j``.
     """
 
     kind: SliceKind

@@ -3,8 +3,8 @@
 :func:`coordinator_ranking` orders a round's members by rendezvous hash of (session, genesis,
 round, peer): rank 0 publishes the roster, rank k takes over ``k`` takeover timeouts later.
 :class:`RoundBoard` is the pure receiving side of the agreed-round topic: it checks each pubsub
-message (:class:`~gradfed_ipfs.formats.roster.AgreedMessage`, signed by its sender:
-:func:`~gradfed_ipfs.formats.roster.open_message`), drops and counts by reason what is
+message (:class:`~gradfed_ipfs.formats.agreed.roster.AgreedMessage`, signed by its sender:
+:func:`~gradfed_ipfs.formats.agreed.roster.open_message`), drops and counts by reason what is
 unsigned, wrongly signed, malformed, foreign, forged, from a non-member, one's own, out of the
 round window or an equivocation, and keeps per round the contributions (with their
 signatures, which rosters carry), roster CIDs and ``done`` heads heard.
@@ -24,14 +24,14 @@ from typing import Final
 
 from multiformats import CID
 
-from ...cid import cid_to_str
-from ...errors import BadSignature, DecodeError, MalformedManifest
-from ...formats.evidence import is_equivocation
-from ...formats.pubsub import PubsubMessage
-from ...formats.roster import AgreedMessage, Roster, open_message, verify_roster_entries
-from ...formats.statement import KeyBook
-from .config import AgreedConfig
-from .members import MemberTracker
+from ....cid import cid_to_str
+from ....errors import BadSignature, DecodeError, MalformedManifest
+from ....formats.agreed.evidence import is_equivocation
+from ....formats.agreed.roster import AgreedMessage, Roster, open_message, verify_roster_entries
+from ....formats.pubsub import PubsubMessage
+from ....formats.statement import KeyBook
+from ..config import AgreedConfig
+from ..members import MemberTracker
 
 __all__ = [
     "best_head",
@@ -419,10 +419,10 @@ def roster_problem(
     """Return why ``roster`` cannot be this round's (``""`` when it can).
 
     ``excluded`` are the peers the session's agreed history proves lying reducers
-    (:attr:`~gradfed_ipfs.formats.roster.AgreedRecord.excluded` of the round's base record):
+    (:attr:`~gradfed_ipfs.formats.agreed.roster.AgreedRecord.excluded` of the round's base record):
     a roster listing one is refused, as is one listing a weight above ``config.max_weight``.
     With ``keys``, every entry must carry its owner's signature of the contribution it lists
-    (:func:`~gradfed_ipfs.formats.roster.verify_roster_entries`).
+    (:func:`~gradfed_ipfs.formats.agreed.roster.verify_roster_entries`).
     """
     if roster.session != session or bytes(roster.genesis) != bytes(genesis):
         return "another session"

@@ -11,14 +11,14 @@ history from IPFS as :func:`~.history.verify_agreed_history` does.
 
 from __future__ import annotations
 
-from ..._types import CIDLike
-from ...cid import parse_cid
-from ...cometbft.finality import Finality, FinalityBundle, verify_finality
-from ...errors import NotFinal, RoundVerificationFailed
-from ...formats.roster import AgreedRecord
-from ...formats.statement import PEER_ID_KEYS, KeyBook
-from ...storage.base import BlockStore
-from .history import verify_agreed_history
+from ...._types import CIDLike
+from ....cid import parse_cid
+from ....cometbft.finality import Finality, FinalityBundle, verify_finality
+from ....errors import NotFinal, RoundVerificationFailed
+from ....formats.agreed.roster import AgreedRecord
+from ....formats.statement import PEER_ID_KEYS, KeyBook
+from ....storage.base import BlockStore
+from ..history import verify_agreed_history
 
 __all__ = ["verify_final_record"]
 

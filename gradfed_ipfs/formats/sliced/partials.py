@@ -28,12 +28,12 @@ from typing import Final
 import numpy as np
 from multiformats import CID
 
-from ..block import Block
-from ..cid import DAG_CBOR, RAW, cid_to_str, make_cid
-from ..errors import MalformedManifest
-from .memo import DecodeMemo
-from .records import decode_record, encode_record, require
-from .roster import MAX_ROSTER_ENTRIES, MAX_WEIGHT
+from ...block import Block
+from ...cid import DAG_CBOR, RAW, cid_to_str, make_cid
+from ...errors import MalformedManifest
+from ..agreed.roster import MAX_ROSTER_ENTRIES, MAX_WEIGHT
+from ..memo import DecodeMemo
+from ..records import decode_record, encode_record, require
 from .slices import _block, _count, _input, _link, _peer
 
 __all__ = [

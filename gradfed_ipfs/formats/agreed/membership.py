@@ -29,11 +29,11 @@ from typing import Any, Final, Literal, cast
 
 from multiformats import CID
 
-from ..block import Block
-from ..cid import DAG_CBOR, make_cid
-from ..errors import MalformedManifest
-from .records import decode_record, encode_record, require
-from .statement import MAX_STATEMENT_BYTES
+from ...block import Block
+from ...cid import DAG_CBOR, make_cid
+from ...errors import MalformedManifest
+from ..records import decode_record, encode_record, require
+from ..statement import MAX_STATEMENT_BYTES
 
 __all__ = [
     "APPROVE",
