@@ -472,6 +472,10 @@ async def _recompute(
     """:func:`recompute_round`, also returning the rule's new state (checked against the record)."""
     if record.rule is not None and rule is None:
         raise RoundVerificationFailed(f"round {record.round} used rule {record.rule!r}: pass it")
+    if record.rule is not None and rule is not None and rule.label(record.round) != record.rule:
+        raise RoundVerificationFailed(
+            f"round {record.round} used rule {record.rule!r}, not {rule.label(record.round)!r}"
+        )
     model, state = await _base_of(store, record, rule) if base is None else base
     roster, model, gradients = await load_round_inputs(store, record, base=model)
     if rule is not None and record.rule is not None:

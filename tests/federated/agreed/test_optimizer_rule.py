@@ -81,7 +81,7 @@ async def test_a_verifier_with_other_hyperparameters_or_no_rule_refuses_the_hist
     head = sessions[0].head
     assert head is not None
     other = OptimizerRule(ServerNesterov(momentum=0.5))
-    with pytest.raises(RoundVerificationFailed):
+    with pytest.raises(RoundVerificationFailed, match=r"used rule .*momentum=0\.9.*, not .*0\.5"):
         await verify_agreed_history(
             store, head, keys=bus.keys, session="s1", genesis=genesis, rule=other
         )
