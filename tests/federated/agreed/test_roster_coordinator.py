@@ -31,7 +31,15 @@ from gradfed_ipfs.formats.agreed.roster import (
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore, put_gradient
 from gradfed_ipfs.tensor.deterministic import deterministic_update
-from tests.federated.agreed.test_rounds import FAST, PEERS, close, delta, initial_model, run_all
+from tests.federated.agreed.test_rounds import (
+    FAST,
+    PEERS,
+    close,
+    delta,
+    initial_model,
+    one_full_round,
+    run_all,
+)
 
 SESSION = "s1"
 
@@ -74,16 +82,7 @@ async def test_a_round_that_leaves_a_member_out_records_its_coordinators_signatu
 
 async def test_a_complete_round_needs_no_coordinator_signature() -> None:
     """Nothing was left out: every peer derives the same roster, whoever built it."""
-    store, bus = MemoryBlockStore(), MemoryPubsubBus()
-    genesis = await AgreedSession.commit_genesis(store, initial_model())
-    config = AgreedConfig(members=PEERS, **FAST)  # type: ignore[arg-type]
-    sessions = [AgreedSession(store, bus.endpoint(p), SESSION, genesis, config) for p in PEERS]
-    for session in sessions:
-        await session.start(initial_model())
-    try:
-        results = await run_all(sessions, [0, 1, 2])
-    finally:
-        await close(sessions)
+    store, bus, genesis, results = await one_full_round(SESSION)
     record = AgreedRecord.from_block(await store.get(results[0].record))
     assert record.roster_signature is None
     await verify_agreed_history(

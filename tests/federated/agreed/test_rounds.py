@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import numpy as np
 import pytest
+from multiformats import CID
 
 from gradfed_ipfs import AgreedConfig, AgreedRoundResult, AgreedSession, verify_agreed_history
 from gradfed_ipfs.cid import make_cid
@@ -82,6 +83,22 @@ async def run_all(
 async def close(sessions: Sequence[AgreedSession]) -> None:
     for session in sessions:
         await session.aclose()
+
+
+async def one_full_round(
+    session: str = "s1",
+) -> tuple[MemoryBlockStore, MemoryPubsubBus, CID, list[AgreedRoundResult]]:
+    """Round 0 of every member of ``PEERS`` over one memory bus and store (sessions closed)."""
+    store, bus = MemoryBlockStore(), MemoryPubsubBus()
+    genesis = await AgreedSession.commit_genesis(store, initial_model())
+    config = AgreedConfig(members=PEERS, **FAST)  # type: ignore[arg-type]
+    sessions = [AgreedSession(store, bus.endpoint(p), session, genesis, config) for p in PEERS]
+    for one in sessions:
+        await one.start(initial_model())
+    try:
+        return store, bus, genesis, await run_all(sessions, range(len(PEERS)))
+    finally:
+        await close(sessions)
 
 
 async def test_three_peers_with_lossy_peer_agree_every_round(store: MemoryBlockStore) -> None:

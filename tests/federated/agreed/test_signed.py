@@ -34,7 +34,15 @@ from gradfed_ipfs.formats.agreed.roster import (
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore, put_gradient
 from gradfed_ipfs.tensor.deterministic import deterministic_update
-from tests.federated.agreed.test_rounds import FAST, PEERS, close, delta, initial_model, run_all
+from tests.federated.agreed.test_rounds import (
+    FAST,
+    PEERS,
+    close,
+    delta,
+    initial_model,
+    one_full_round,
+    run_all,
+)
 
 SESSION = "s1"
 
@@ -197,16 +205,7 @@ async def test_a_roster_entry_of_another_round_or_cid_is_refused() -> None:
 
 
 async def test_verify_agreed_history_rejects_a_tampered_entry_signature() -> None:
-    store, bus = MemoryBlockStore(), MemoryPubsubBus()
-    genesis = await AgreedSession.commit_genesis(store, initial_model())
-    config = AgreedConfig(members=PEERS, **FAST)  # type: ignore[arg-type]
-    sessions = [AgreedSession(store, bus.endpoint(p), SESSION, genesis, config) for p in PEERS]
-    for session in sessions:
-        await session.start(initial_model())
-    try:
-        results = await run_all(sessions, [0, 1, 2])
-    finally:
-        await close(sessions)
+    store, bus, genesis, results = await one_full_round(SESSION)
     record = AgreedRecord.from_block(await store.get(results[0].record))
     roster = Roster.from_block(await store.get(record.roster))
     await verify_agreed_history(
