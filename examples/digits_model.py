@@ -166,7 +166,7 @@ def parse_codec(text: str | None) -> Codec | None:
 
 def single_threaded_blas() -> AbstractContextManager[object]:
     """Limit BLAS to one thread (these matrices are tiny; threads make them ~15x slower)."""
-    from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
+    from threadpoolctl import threadpool_limits
 
     limits: AbstractContextManager[object] = threadpool_limits(limits=1, user_api="blas")
     return limits

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -35,15 +36,10 @@ from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import KuboBlockStore
 from gradfed_ipfs.training import History, Peer, VectorAdapter
 
-KUBO_TIMING = {
-    "collect_timeout": 20.0,
-    "takeover_timeout": 10.0,
-    "round_timeout": 120.0,
-    "done_timeout": 5.0,
-    "announce_interval": 0.2,
-    "max_announce_interval": 2.0,
-    "fetch_timeout": 20.0,
-}
+KUBO_TIMING = AgreedConfig(
+    members=("timing",), collect_timeout=20.0, takeover_timeout=10.0, round_timeout=120.0,
+    done_timeout=5.0, announce_interval=0.2, max_announce_interval=2.0, fetch_timeout=20.0,
+)  # fmt: skip
 """Agreed-round timing over loopback Kubo daemons (seconds), generous for a loaded machine."""
 
 
@@ -87,7 +83,7 @@ async def run_peer(
 ) -> History:
     """Run peer ``index`` of ``task`` against the daemon at ``api``; return its history."""
     data = task.data()
-    async with KuboBlockStore(api, timeout=KUBO_TIMING["fetch_timeout"]) as store:
+    async with KuboBlockStore(api, timeout=KUBO_TIMING.fetch_timeout) as store:
         pubsub = KuboPubsub(api)
         try:
             peer = Peer(
@@ -97,8 +93,8 @@ async def run_peer(
                 adapter=VectorAdapter(),
                 initial_model=initial_model(),
                 config=task_federation(data, task),
-                agreed=AgreedConfig(
-                    members=tuple(members), compression=task.compression(), **KUBO_TIMING
+                agreed=dataclasses.replace(
+                    KUBO_TIMING, members=tuple(members), compression=task.compression()
                 ),
                 strategy=task.strategy(),
                 session=session,
@@ -178,7 +174,7 @@ def run_processes(
                 "peer", "--api", node.api_url, "--index", str(i), "--members", members,
                 "--session", session, "--history", str(workdir / f"peer{i}.json"), *task.flags(),
             ]  # fmt: skip
-            out = (workdir / f"peer{i}.log").open("w")
+            out: IO[str] = (workdir / f"peer{i}.log").open("w")
             proc = subprocess.Popen(
                 [sys.executable, __file__, *args],
                 env=env, stdout=out, stderr=subprocess.STDOUT, text=True,

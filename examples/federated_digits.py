@@ -153,8 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     plot_path = args.plot if args.plot is not None else "" if args.processes else str(DEFAULT_PLOT)
     try:
         if args.processes:
-            run = run_processes_mode(options, keep=args.keep, diloco=args.diloco)
-            return report_processes(options, run, plot_path)
+            processes = run_processes_mode(options, keep=args.keep, diloco=args.diloco)
+            return report_processes(options, processes, plot_path)
         if args.diloco is not None:
             raise ConfigError("--diloco H: only with --processes (the training API)")
         result = run(options, keep=args.keep)

@@ -151,7 +151,7 @@ def batch_of(part: Tokens, config: LMConfig, peer: int, step: int) -> NDArray[np
     rng = np.random.default_rng([config.seed, peer, step])
     starts = rng.integers(0, len(part) - config.context - 1, size=config.batch)
     index = starts[:, None] + np.arange(config.context + 1)[None, :]
-    return part[index].astype(np.int64)
+    return np.asarray(part[index], dtype=np.int64)
 
 
 def eval_windows(corpus: Corpus, config: LMConfig) -> NDArray[np.int64]:
@@ -159,7 +159,7 @@ def eval_windows(corpus: Corpus, config: LMConfig) -> NDArray[np.int64]:
     last = len(corpus.held_out) - config.context - 1
     starts = np.linspace(0, last, config.eval_windows).astype(np.int64)
     index = starts[:, None] + np.arange(config.context + 1)[None, :]
-    return corpus.held_out[index].astype(np.int64)
+    return np.asarray(corpus.held_out[index], dtype=np.int64)
 
 
 # --------------------------------------------------------------------------- model
@@ -179,7 +179,7 @@ def build_model(config: LMConfig) -> Any:
     nn = torch.nn
     functional = torch.nn.functional
 
-    class Block(nn.Module):  # type: ignore[misc]
+    class Block(nn.Module):  # type: ignore[misc,name-defined]
         def __init__(self) -> None:
             super().__init__()
             d = config.d_model
@@ -196,7 +196,7 @@ def build_model(config: LMConfig) -> Any:
             x = x + self.proj(attended.transpose(1, 2).reshape(b, t, d))
             return x + self.mlp(self.ln2(x))
 
-    class TinyGPT(nn.Module):  # type: ignore[misc]
+    class TinyGPT(nn.Module):  # type: ignore[misc,name-defined]
         """Byte embeddings + positions, ``layers`` pre-LN blocks, tied output head."""
 
         def __init__(self) -> None:
@@ -357,8 +357,8 @@ def initial_vector(config: LMConfig) -> Vector:
 
 def final_loss(history: History) -> float:
     """Held-out loss of the last global model, as this peer measured it."""
-    entries = [e for e in history.entries if e.local_loss is not None]
-    return float(entries[-1].local_loss) if entries else float("nan")
+    losses = [e.local_loss for e in history.entries if e.local_loss is not None]
+    return float(losses[-1]) if losses else float("nan")
 
 
 def simulate(

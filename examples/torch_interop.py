@@ -34,7 +34,7 @@ async def federated_step(store: BlockStore, peers: int = 3) -> bool:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         optimizer.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
         flat, peer_layout = flatten_state_dict(model.state_dict())  # counters stay in it
         cid = await put_gradient(store, flat)
