@@ -5,7 +5,9 @@ fifth joins on its signed join alone: its node block-syncs as a full node, the c
 round 0's close and makes it a validator; it fetches round 0's model by CID and contributes from
 round 1. The sixth is admitted by the votes of four of round 1's five members, and a member
 leaves after round 2. Fewer rounds than issue #36's (joins at rounds 1 and 2, a leave after round
-2, instead of 5 and 8): the same transitions, at a fraction of the CI time.
+2, instead of 5 and 8): the same transitions, at a fraction of the CI time. A third party then
+proves round 3's record final from a joiner's node's commits: three validator-set changes, each
+a hop signed by more than 2/3 of the set before it.
 """
 
 from __future__ import annotations
@@ -20,14 +22,23 @@ import dag_cbor
 import numpy as np
 import pytest
 
-from gradfed_ipfs.cometbft import CometNetwork, CometRpc, Validator
+from gradfed_ipfs.cometbft import (
+    CometNetwork,
+    CometRpc,
+    FinalityBundle,
+    Validator,
+    export_finality,
+    verify_finality,
+)
 from gradfed_ipfs.cometbft.abci import validator_binding
+from gradfed_ipfs.errors import FinalityNotProven
 from gradfed_ipfs.federated.agreed import (
     Admission,
     AgreedConfig,
     AgreedRoundResult,
     AgreedSession,
     rounds_genesis,
+    verify_final_record,
 )
 from gradfed_ipfs.formats.agreed.membership import MemberSet
 from gradfed_ipfs.formats.agreed.roster import AgreedRecord
@@ -77,6 +88,32 @@ def _keys_say(node: Validator, key: bytes, present: bool) -> Any:
         return (key in await asyncio.to_thread(_validator_keys, node)) == present
 
     return check
+
+
+async def _third_party_verifies(
+    node: Validator, store: KuboBlockStore, final: AgreedRoundResult, founders: tuple[str, ...]
+) -> None:
+    """Round 3's record is proven final across the three set changes, then re-verified."""
+    exported = await export_finality(CometRpc(node.rpc_url), 3)
+    bundle = FinalityBundle.decode(exported.encode())
+    finality, records = await verify_final_record(store, final.record, bundle)
+    assert (finality.round, finality.record) == (3, str(final.record))
+    assert finality.hops == len(bundle.hops) == 3  # join, join, leave
+    assert finality.members == founders  # the genesis set; the records name the later ones
+    assert finality.power[1] == 5
+    assert 3 * finality.power[0] > 2 * 5
+    assert len(records) == 4
+    hops = bundle.hops
+    genesis_set = bundle.validators
+    for broken, why in [
+        (replace(bundle, hops=()), "not the trusted one"),  # the set changed: a hop is needed
+        (replace(bundle, hops=hops[:1] + hops[2:]), "not the trusted one"),  # one left out
+        (replace(bundle, hops=(hops[1], hops[0], hops[2])), "not the trusted one"),
+        (replace(bundle, hops=((hops[0][0], genesis_set), *hops[1:])), "not the one it commits"),
+        (replace(bundle, hops=(*hops, hops[2])), "not the trusted one"),  # a hop replayed
+    ]:
+        with pytest.raises(FinalityNotProven, match=why):
+            verify_finality(broken)
 
 
 async def test_joins_by_allow_list_and_by_vote_and_a_leave_change_the_members_and_validators(
@@ -184,6 +221,7 @@ async def test_joins_by_allow_list_and_by_vote_and_a_leave_change_the_members_an
         headers = [v.rpc("block", height=str(height))["block"]["header"] for v in network]
         hashes = {header["app_hash"] for header in headers}
         assert len(hashes) == 1
+        await _third_party_verifies(network[5], stores[0], r3, tuple(sorted(members)))
     finally:
         for session in sessions:
             await session.aclose()
