@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from gradfed_ipfs.cid import parse_cid
 from gradfed_ipfs.cli.children import ONE_BLAS_THREAD, JsonLinesChild
 from gradfed_ipfs.cometbft import (
     CometNetwork,
@@ -31,8 +32,10 @@ from gradfed_ipfs.cometbft import (
     verify_finality,
 )
 from gradfed_ipfs.cometbft.abci import validator_binding
-from gradfed_ipfs.errors import FinalityNotProven
+from gradfed_ipfs.errors import FinalityNotProven, RoundVerificationFailed
 from gradfed_ipfs.federated.agreed import AgreedSession, rounds_genesis, verify_final_record
+from gradfed_ipfs.federated.agreed.control import check_chain_member_sets
+from gradfed_ipfs.federated.agreed.history import load_chain
 from gradfed_ipfs.formats.agreed.membership import MemberSet
 from gradfed_ipfs.formats.agreed.roster import AgreedRecord
 from gradfed_ipfs.kubo import KuboPubsub
@@ -101,6 +104,17 @@ async def _third_party_verifies(node: Validator, store: KuboBlockStore, record: 
     assert finality.power[1] == 5
     assert 3 * finality.power[0] > 2 * 5
     assert len(records) == ROUNDS
+    # The chain's rules decide the sets: under others, the same records fail.
+    assert finality.chain is not None
+    chain = await load_chain(
+        store, parse_cid(record), session=finality.session, genesis=parse_cid(finality.genesis)
+    )
+    for rules, why in [
+        (replace(finality.chain, allow=()), "0 approvals < 3"),  # the fifth came by the list
+        (replace(finality.chain, admission="allow-list"), "not on the allow-list"),  # the sixth
+    ]:
+        with pytest.raises(RoundVerificationFailed, match=why):
+            await check_chain_member_sets(store, chain, rules)
     hops, genesis_set = bundle.hops, bundle.validators
     for broken, why in [
         (replace(bundle, hops=()), "not the trusted one"),  # the set changed: a hop is needed
