@@ -331,6 +331,14 @@ async def test_a_third_party_verifies_a_final_record_from_the_commits(
     assert finality.members == tuple(sorted(fed.members))
     assert 3 * finality.power[0] > 2 * finality.power[1] == 8
     assert [rec.round for rec in records] == [0, 1]
+    assert (finality.hops, bundle.hops) == (0, ())  # the genesis set signed it
+    # A version-1 bundle (before hops) still decodes; a list of hops is bounded.
+    plain = dag_cbor.decode(bundle.encode())
+    assert isinstance(plain, dict)
+    v1 = {k: v for k, v in plain.items() if k != "hops"} | {"version": 1}
+    assert verify_finality(FinalityBundle.decode(dag_cbor.encode(v1))) == finality
+    with pytest.raises(FinalityNotProven, match="at most 256 hops"):
+        FinalityBundle.decode(dag_cbor.encode(plain | {"hops": [[b"", []]] * 257}))
     # The proof is small: the state summary and a log-size Merkle path.
     assert len(bundle.proof) < 600
     # The bundle proves round 1's record, not round 0's.
