@@ -40,6 +40,7 @@ from gradfed_ipfs.formats.agreed.membership import MemberSet
 from gradfed_ipfs.formats.agreed.roster import AgreedRecord
 from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import KuboBlockStore
+from tests.cli.test_cli import run_cli
 from tests.cometbft.comet_peer import DIM, peer_config
 from tests.multiprocess.peer import initial_model
 from tests.polling import poll_until
@@ -133,6 +134,7 @@ async def test_ten_rounds_with_a_join_by_list_a_join_by_vote_and_a_leave_end_on_
     kubo_pool: Any,
     cometbft_binary: Path,
     tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     founders, joining = kubo_swarm4, kubo_pool.get(kubo_provider, 2)
     for joiner in joining:  # the joiners' daemons reach the founders' (as a joiner would)
@@ -209,7 +211,17 @@ async def test_ten_rounds_with_a_join_by_list_a_join_by_vote_and_a_leave_end_on_
         height = min(v.latest()[0] for v in network)
         headers = [v.rpc("block", height=str(height))["block"]["header"] for v in network]
         assert len({header["app_hash"] for header in headers}) == 1
-        await _third_party_verifies(full_nodes[1], store, peers[0].rounds()[ROUNDS - 1]["record"])
+        last = peers[0].rounds()[ROUNDS - 1]["record"]
+        await _third_party_verifies(full_nodes[1], store, last)
+        # The CLI: export from a joiner's node, verify with the file and IPFS only.
+        path, api = tmp_path / "round9.cbor", ["--api", nodes[0].api_url]
+        rpc = ["--rpc", full_nodes[0].rpc_url, "--round", str(ROUNDS - 1), "-o", str(path)]
+        code, _, err = await asyncio.to_thread(run_cli, capsys, "comet-export", *rpc)
+        assert code == 0, err
+        verify = [*api, "verify-round", last, "--commits", str(path)]
+        code, out, err = await asyncio.to_thread(run_cli, capsys, *verify)
+        assert code == 0, err
+        assert "3 validator-set changes" in out
     finally:
         for peer in peers:
             peer.stop()
