@@ -278,7 +278,7 @@ async def verify_final(store: KuboBlockStore, cid: CID, bundle: FinalityBundle) 
     console.print(
         f"final: round {finality.round} of chain {finality.chain_id!r} at height "
         f"{finality.height}, signed by power {finality.power[0]} of {finality.power[1]} "
-        f"({len(finality.members)} members)",
+        f"({len(finality.members)} genesis members, {finality.hops} validator-set changes)",
         soft_wrap=True,
     )
     return await verify_agreed(store, cid)

@@ -5,20 +5,25 @@ A :class:`FinalityBundle` holds what a third party needs, and nothing it has to 
 - the chain's genesis: its ID, validators (Ed25519 key, power) and the round machine's
   ``app_state`` (members, session, and each member's ``comet/validator`` statement binding its
   validator's key to its peer ID);
+- one **hop** per change of the validator set (members joined or left: the app's validator
+  updates) before the header: the signed header at a height ``k`` whose
+  ``next_validators_hash`` differs from its ``validators_hash``, and the set of height ``k + 1``;
 - a **signed header** (CometBFT's ``SignedHeader``: a block header and the commit for it) at
   height ``h + 1``, whose ``app_hash`` is the app's state after block ``h``;
 - the app's ``/final`` answer at height ``h``: the state summary that hashes to that app hash
   and a Merkle proof of the round's ``[round, record, model]`` leaf in its ``finals`` root.
 
 :func:`verify_finality` checks it the way a CometBFT light client checks a header against a
-trusted validator set: the bindings (the validators are the members'), the header's
-``validators_hash`` against the genesis set, the header hash (a Merkle root of its fields, as
-``types.Header.Hash`` computes it), the commit's block ID against that hash, each precommit's
-Ed25519 signature over its canonical vote sign bytes (``types.VoteSignBytes``: a length-delimited
-``CanonicalVote``), more than 2/3 of the voting power, then the app hash and the inclusion
-proof. Every encoding is the generated protobuf code of CometBFT's own ``.proto`` files
-(``abci/pb``); nothing is hand-encoded. A chain whose validator set changed since genesis is
-not proven (the set is taken from genesis only).
+trusted validator set: the bindings (the genesis validators are the members'), then each hop and
+finally the header, each against the set trusted so far (the genesis set first): its
+``validators_hash``, the header hash (a Merkle root of its fields, as ``types.Header.Hash``
+computes it), the commit's block ID against that hash, each precommit's Ed25519 signature over
+its canonical vote sign bytes (``types.VoteSignBytes``: a length-delimited ``CanonicalVote``),
+more than 2/3 of the trusted set's voting power. A hop's verified header commits the next set
+(its ``next_validators_hash``), which is trusted from then on: the light client's sequential
+verification, skipping the headers between changes (the set is the same there). Last come the
+app hash and the inclusion proof. Every encoding is the generated protobuf code of CometBFT's
+own ``.proto`` files (``abci/pb``); nothing is hand-encoded.
 
 :func:`export_finality` makes a bundle from a validator's RPC.
 """
@@ -77,6 +82,7 @@ BUNDLE_KIND: Final = "gradfed/comet-finality"
 MAX_BUNDLE_BYTES: Final = 1 << 20
 """Largest encoded bundle read, in bytes (genesis of 1024 members with bindings fits)."""
 _MAX_VALIDATORS: Final = 1024
+_MAX_HOPS: Final = 256
 _MAX_STATE_BYTES: Final = 4096
 _PRECOMMIT: Final = types_pb2.SIGNED_MSG_TYPE_PRECOMMIT
 _COMMIT_FLAG: Final = validator_pb2.BLOCK_ID_FLAG_COMMIT
@@ -87,7 +93,9 @@ class Finality:
     """What a verified bundle proves: ``record`` (with ``model``) is round ``round``'s final.
 
     ``height`` is the signed header's height (its app hash is the state after ``height − 1``);
-    ``members`` the chain's members, ``power`` the signing and total voting power.
+    ``members`` the chain's genesis members, ``power`` the signing and total voting power of
+    the header's validator set, ``hops`` the validator-set changes followed from the genesis
+    set to it; ``chain`` the genesis ``app_state`` (its admission policy judges member sets).
     """
 
     chain_id: str
@@ -99,6 +107,12 @@ class Finality:
     record: str
     model: str
     power: tuple[int, int]
+    hops: int = 0
+    chain: RoundsGenesis | None = None
+
+
+Validators = tuple[tuple[bytes, int], ...]
+"""A validator set: ``(Ed25519 public key, voting power)`` per validator."""
 
 
 @dataclass(frozen=True)
@@ -117,25 +131,30 @@ class FinalityBundle:
         An encoded ``cometbft.types.v1.SignedHeader``.
     proof
         The app's ``/final`` answer (dag-cbor) at the height before the header's.
+    hops
+        The validator-set changes before the header, oldest first: an encoded
+        ``SignedHeader`` at a height ``k`` where the set changes, and the set of ``k + 1``.
     """
 
     chain_id: str
-    validators: tuple[tuple[bytes, int], ...]
+    validators: Validators
     app_state: bytes
     signed_header: bytes
     proof: bytes
+    hops: tuple[tuple[bytes, Validators], ...] = ()
 
     def encode(self) -> bytes:
         """Return the bundle as dag-cbor (what ``gradfed-ipfs comet-export`` writes)."""
         return dag_cbor.encode(
             {
                 "kind": BUNDLE_KIND,
-                "version": 1,
+                "version": 2,
                 "chain_id": self.chain_id,
                 "validators": [[key, power] for key, power in self.validators],
                 "app_state": self.app_state,
                 "signed_header": self.signed_header,
                 "proof": self.proof,
+                "hops": [[raw, [[k, p] for k, p in vs]] for raw, vs in self.hops],
             }
         )
 
@@ -156,13 +175,13 @@ class FinalityBundle:
             raise _NotProven(f"not a finality bundle: {exc!r:.200}") from exc
         if not isinstance(value, dict) or value.get("kind") != BUNDLE_KIND:
             raise _NotProven("not a finality bundle")
-        validators = value.get("validators")
-        if not isinstance(validators, list) or len(validators) > _MAX_VALIDATORS:
-            raise _NotProven(f"a bundle needs a list of at most {_MAX_VALIDATORS} validators")
-        pairs = tuple(_pair(entry) for entry in validators)
+        hops = value.get("hops", [])  # version 1: no hops
+        if not isinstance(hops, list) or len(hops) > _MAX_HOPS:
+            raise _NotProven(f"a bundle has a list of at most {_MAX_HOPS} hops")
         return cls(
-            _text(value.get("chain_id")), pairs, _bytes(value.get("app_state")),
-            _bytes(value.get("signed_header")), _bytes(value.get("proof")),
+            _text(value.get("chain_id")), _validators(value.get("validators")),
+            _bytes(value.get("app_state")), _bytes(value.get("signed_header")),
+            _bytes(value.get("proof")), tuple(_hop(hop) for hop in hops),
         )  # fmt: skip
 
 
@@ -188,6 +207,18 @@ def _pair(entry: object) -> tuple[bytes, int]:
     if not isinstance(entry, list) or len(entry) != 2:  # [key, power]
         raise _NotProven("a validator is [key, power]")
     return _bytes(entry[0]), _int(entry[1])
+
+
+def _validators(value: object) -> Validators:
+    if not isinstance(value, list) or len(value) > _MAX_VALIDATORS:
+        raise _NotProven(f"a validator set is a list of at most {_MAX_VALIDATORS} validators")
+    return tuple(_pair(entry) for entry in value)
+
+
+def _hop(value: object) -> tuple[bytes, Validators]:
+    if not isinstance(value, list) or len(value) != 2:  # [signed header, next validators]
+        raise _NotProven("a hop is [signed header, validators]")
+    return _bytes(value[0]), _validators(value[1])
 
 
 # ---------------------------------------------------------------------------- CometBFT hashing
@@ -274,7 +305,17 @@ def vote_sign_bytes(chain_id: str, commit: types_pb2.Commit, sig: types_pb2.Comm
 # ---------------------------------------------------------------------------- verification
 
 
+def _check_set(validators: Validators, what: str) -> None:
+    if not validators:
+        raise _NotProven(f"{what} has no validators")
+    if any(len(key) != 32 or power <= 0 for key, power in validators):
+        raise _NotProven(f"a validator of {what} has no Ed25519 key or no power")
+    if len({key for key, _ in validators}) != len(validators):
+        raise _NotProven(f"a validator key of {what} is listed twice (CometBFT refuses that)")
+
+
 def _genesis_of(bundle: FinalityBundle) -> RoundsGenesis:
+    _check_set(bundle.validators, "the genesis")
     try:
         rounds = RoundsGenesis.from_app_state(bundle.app_state)
         if rounds is None:
@@ -285,31 +326,48 @@ def _genesis_of(bundle: FinalityBundle) -> RoundsGenesis:
         raise
     except GradfedError as exc:  # MalformedManifest: bad app_state or bindings
         raise _NotProven(f"genesis: {exc}") from exc
-    if any(len(key) != 32 or power <= 0 for key, power in bundle.validators):
-        raise _NotProven("a genesis validator has no Ed25519 key or no power")
-    if len({key for key, _ in bundle.validators}) != len(bundle.validators):
-        raise _NotProven("a validator key is listed twice (CometBFT refuses such a genesis)")
     return rounds
 
 
-def _signed_header(bundle: FinalityBundle) -> types_pb2.SignedHeader:
+def _trusted_header(
+    chain_id: str, raw: bytes, trusted: Validators
+) -> tuple[types_pb2.SignedHeader, tuple[int, int]]:
+    """Decode a signed header; check it is signed by > 2/3 of the ``trusted`` set."""
     try:
-        signed = types_pb2.SignedHeader.FromString(bundle.signed_header)
+        signed = types_pb2.SignedHeader.FromString(raw)
     except ProtobufDecodeError as exc:
         raise _NotProven(f"signed header: {exc}") from exc
     header, commit = signed.header, signed.commit
-    if header.chain_id != bundle.chain_id:
-        raise _NotProven(f"header of chain {header.chain_id!r:.60}, not {bundle.chain_id!r}")
-    if header.validators_hash != validator_set_hash(bundle.validators):
-        raise _NotProven("the header's validator set is not the genesis set (it changed)")
+    if header.chain_id != chain_id:
+        raise _NotProven(f"header of chain {header.chain_id!r:.60}, not {chain_id!r}")
+    if header.validators_hash != validator_set_hash(trusted):
+        raise _NotProven(
+            f"the validator set of height {header.height} is not the trusted one (a change "
+            "of the set without its hop)"
+        )
     if commit.height != header.height or commit.block_id.hash != header_hash(header):
         raise _NotProven("the commit is not for this header")
-    return signed
+    return signed, _check_commit(chain_id, trusted, commit)
 
 
-def _check_commit(bundle: FinalityBundle, commit: types_pb2.Commit) -> tuple[int, int]:
+def _follow_hops(bundle: FinalityBundle) -> tuple[Validators, int]:
+    """Follow the set's changes from genesis; return the set trusted after, and its height."""
+    trusted, height = bundle.validators, 0
+    for raw, after in bundle.hops:
+        signed, _ = _trusted_header(bundle.chain_id, raw, trusted)
+        header = signed.header
+        if header.height <= height:
+            raise _NotProven(f"hop at height {header.height} after one at {height}")
+        _check_set(after, f"the set after height {header.height}")
+        if header.next_validators_hash != validator_set_hash(after):
+            raise _NotProven(f"the set after height {header.height} is not the one it commits")
+        trusted, height = after, header.height
+    return trusted, height
+
+
+def _check_commit(chain_id: str, trusted: Validators, commit: types_pb2.Commit) -> tuple[int, int]:
     """Verify every precommit for the block; return ``(signing power, total power)``."""
-    validators = _sorted_validators(bundle.validators)
+    validators = _sorted_validators(trusted)
     if len(commit.signatures) != len(validators):
         raise _NotProven(f"{len(commit.signatures)} signatures for {len(validators)} validators")
     total = sum(power for _, power, _ in validators)
@@ -323,7 +381,7 @@ def _check_commit(bundle: FinalityBundle, commit: types_pb2.Commit) -> tuple[int
             raise BadCommitSignature(f"signature {index} names another validator")
         try:
             Ed25519PublicKey.from_public_bytes(key).verify(
-                sig.signature, vote_sign_bytes(bundle.chain_id, commit, sig)
+                sig.signature, vote_sign_bytes(chain_id, commit, sig)
             )
         except (InvalidSignature, ValueError) as exc:
             raise BadCommitSignature(f"precommit {index} (power {power}) does not verify") from exc
@@ -390,16 +448,19 @@ def verify_finality(bundle: FinalityBundle) -> Finality:
         If the inclusion proof does not show the round's record in the finals root.
     FinalityNotProven
         For anything else: a malformed bundle, unbound validators, another chain, a commit
-        of another header, a validator set other than the genesis one.
+        of another header, a validator set that is not the genesis one or one a verified
+        hop committed (a hop left out), hops out of order.
     """
     rounds = _genesis_of(bundle)
-    signed = _signed_header(bundle)
-    power = _check_commit(bundle, signed.commit)
+    trusted, changed_at = _follow_hops(bundle)
+    signed, power = _trusted_header(bundle.chain_id, bundle.signed_header, trusted)
+    if signed.header.height <= changed_at:
+        raise _NotProven(f"the header {signed.header.height} is not after the last hop's")
     proof = _proof_fields(bundle.proof)
     _check_inclusion(rounds, signed.header.app_hash, proof)
     return Finality(
         bundle.chain_id, rounds.session, rounds.genesis, rounds.members, signed.header.height,
-        proof["round"], proof["record"], proof["model"], power,
+        proof["round"], proof["record"], proof["model"], power, len(bundle.hops), rounds,
     )  # fmt: skip
 
 
@@ -460,10 +521,57 @@ def signed_header_of_json(value: dict[str, Any]) -> types_pb2.SignedHeader:
     return types_pb2.SignedHeader(header=header, commit=commit)
 
 
+_PAGE: Final = 20
+"""Headers per ``/blockchain`` call (CometBFT's most)."""
+_VALIDATORS_PAGE: Final = 100
+"""Validators per ``/validators`` call (CometBFT's most)."""
+
+
+async def _change_heights(rpc: CometRpc, below: int) -> list[int]:
+    """Heights under ``below`` whose header names a next validator set other than its own."""
+    heights: list[int] = []
+    for low in range(1, below, _PAGE):
+        high = min(below - 1, low + _PAGE - 1)
+        answer = await rpc.call("blockchain", minHeight=str(low), maxHeight=str(high))
+        for meta in answer["block_metas"]:
+            header = meta["header"]
+            if header["validators_hash"] != header["next_validators_hash"]:
+                heights.append(int(header["height"]))
+    return sorted(heights)
+
+
+async def _validators_at(rpc: CometRpc, height: int) -> Validators:
+    """Return the validator set of ``height`` (``/validators``, page by page)."""
+    found: list[tuple[bytes, int]] = []
+    page = 1
+    while True:
+        answer = await rpc.call(
+            "validators", height=str(height), page=str(page), per_page=str(_VALIDATORS_PAGE)
+        )
+        found += [
+            (base64.b64decode(v["pub_key"]["value"]), int(v["voting_power"]))
+            for v in answer["validators"]
+        ]
+        if len(found) >= int(answer["total"]) or not answer["validators"]:
+            return tuple(found)
+        page += 1
+
+
+async def _hops(rpc: CometRpc, below: int) -> tuple[tuple[bytes, Validators], ...]:
+    """Return the hops: each set change under ``below``, its signed header and next set."""
+    hops = []
+    for k in await _change_heights(rpc, below):
+        commit = await rpc.call("commit", height=str(k))
+        signed = signed_header_of_json(commit["signed_header"])
+        hops.append((signed.SerializeToString(), await _validators_at(rpc, k + 1)))
+    return tuple(hops)
+
+
 async def export_finality(rpc: CometRpc, r: int, *, timeout: float = 30.0) -> FinalityBundle:
     """Make the bundle that proves round ``r`` final, from one validator's RPC.
 
-    The validator need not be trusted: the bundle is what :func:`verify_finality` checks.
+    The validator need not be trusted: the bundle is what :func:`verify_finality` checks. Its
+    hops are found by reading every header up to the proof's (20 per call).
 
     Raises
     ------
@@ -489,9 +597,17 @@ async def export_finality(rpc: CometRpc, r: int, *, timeout: float = 30.0) -> Fi
             (base64.b64decode(v["pub_key"]["value"]), int(v["power"]))
             for v in genesis["validators"]
         )
+        hops = await _hops(rpc, height)
     except (KeyError, TypeError, ValueError) as exc:
-        raise CometRpcError(f"/commit or /genesis at {rpc.rpc_url}: {exc!r:.200}") from exc
+        raise CometRpcError(
+            f"/commit, /genesis or /validators at {rpc.rpc_url}: {exc!r:.200}"
+        ) from exc
     app_state = json.dumps(genesis.get("app_state"), sort_keys=True).encode()
     return FinalityBundle(
-        str(genesis["chain_id"]), validators, app_state, signed.SerializeToString(), answer.value
+        str(genesis["chain_id"]),
+        validators,
+        app_state,
+        signed.SerializeToString(),
+        answer.value,
+        hops,
     )

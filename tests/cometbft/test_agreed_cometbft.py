@@ -2,9 +2,9 @@
 validator and its Python round machine, all on loopback.
 
 Three all-to-all rounds end on one record everywhere (and re-verify from the head); a member
-that sends a contribution nobody can verify is left out by the chain's roster (no honest member
-attests it; it then equivocates, which the chain records as evidence), and with its validator
-crashed the other three go on. With two validators of four down a round stalls (no block, no
+running every attack of the hostile-members issue that exists on this plane is left out by the
+chain's roster and moves no honest member's record or head, and with its validator crashed the
+other three go on. With two validators of four down a round stalls (no block, no
 decision) and resumes to one record on all four once they are back.
 """
 
@@ -19,6 +19,7 @@ from typing import Any
 import dag_cbor
 import numpy as np
 import pytest
+from multiformats import CID
 
 from gradfed_ipfs.block import Block
 from gradfed_ipfs.cometbft import (
@@ -28,11 +29,18 @@ from gradfed_ipfs.cometbft import (
     export_finality,
     verify_finality,
 )
-from gradfed_ipfs.cometbft.abci import RoundView, contribution_tx, validator_binding
+from gradfed_ipfs.cometbft.abci import (
+    RoundView,
+    attestation_tx,
+    contribution_tx,
+    result_tx,
+    validator_binding,
+)
 from gradfed_ipfs.cometbft.abci.pb.cometbft.types.v1 import types_pb2, validator_pb2
 from gradfed_ipfs.errors import (
     AppHashMismatch,
     BadCommitSignature,
+    CometRpcError,
     FinalityNotProven,
     InsufficientVotingPower,
     NotFinal,
@@ -45,8 +53,10 @@ from gradfed_ipfs.federated.agreed import (
     verify_agreed_history,
     verify_final_record,
 )
+from gradfed_ipfs.formats.agreed.roster import AgreedMessage, Roster, sign_message
 from gradfed_ipfs.kubo import KuboPubsub
-from gradfed_ipfs.storage import KuboBlockStore
+from gradfed_ipfs.storage import KuboBlockStore, put_gradient
+from tests.adversarial.hostile import forged_head
 from tests.cli.test_cli import run_cli
 from tests.polling import apoll_until
 
@@ -166,28 +176,84 @@ async def test_three_rounds_reach_one_record_on_every_member(federation: Federat
     assert len(hashes) == 1
 
 
-async def test_a_hostile_then_crashed_member_is_left_out_and_the_others_go_on(
+async def _hijack_roster(fed: Federation, r: int, base: CID) -> bytes:
+    """Member 3's round-``r`` roster on pubsub: made-up entries for all, its own at 2**20."""
+    signer, me = await fed.pubsubs[3].signer(), fed.members[3]
+    lines: dict[str, tuple[CID, int, bytes | None]] = {}
+    for i, peer in enumerate(fed.members):
+        fake = await put_gradient(fed.stores[3], np.full(D, 1234.5 + i, np.float32))
+        contrib = AgreedMessage("contrib", SESSION, fed.genesis, r, me, fake, base, 2**20)
+        lines[peer] = (
+            fake,
+            2**20,
+            (await sign_message(contrib, signer, fed.pubsubs[3].keys)).signature,
+        )
+    roster = Roster.new(SESSION, fed.genesis, r, base, me, fed.members, lines)
+    block = roster.to_block()
+    message = AgreedMessage("roster", SESSION, fed.genesis, r, me, block.cid, inline=block.data)
+    return (await sign_message(message, signer, fed.pubsubs[3].keys)).block.data
+
+
+async def _forge_result_once_closed(fed: Federation, r: int, record: CID, model: CID) -> int:
+    """Member 3 sends its forged result the moment round ``r``'s roster is decided."""
+    tx = await result_tx(await fed.pubsubs[3].signer(), SESSION, r, record, model)
+
+    async def closed() -> bool:
+        return (await _app_view(fed, 0, r)).roster is not None
+
+    await apoll_until(closed, timeout=60.0, what=f"round {r}'s roster")
+    try:
+        return (await CometRpc(fed.network[0].rpc_url).broadcast_tx_sync(tx)).code
+    except CometRpcError:  # refused: the honest results came first
+        return -1
+
+
+async def test_a_byzantine_member_running_every_attack_then_crashing_is_left_out(
     federation: Federation,
 ) -> None:
+    """Issue 36: one Byzantine member of four runs the pubsub-mode attacks of the hostile-members
+    issue that exist on this plane, all in round 1; the honest three finalize one record.
+
+    It equivocates (two signed contributions, through two validators: evidence), each of them
+    a block nobody can verify (so never attested); publishes a hijacked roster on pubsub
+    (made-up entries at weight 2**20, signed by itself); attests a made-up contribution of
+    member 0 (a false claim about what member 0 sent: it holds nothing, member 0's own is the
+    one its honest peers attest); announces a forged head of round 1 on pubsub; and sends the
+    chain a result for that forged record the moment the roster is decided. The roster comes
+    from the chain, the record is final only with 2f + 1 equal results, and a resync reads the
+    chain, so none of it moves an honest member. (Reduce-scatter's ``missing`` claims and
+    regional records do not exist on this plane: it runs all-to-all rounds only.) Then its
+    machine crashes and the other three go on.
+    """
     fed = federation
     everyone = _one_record(await _round(fed, 0, [0, 1, 2, 3]))
     assert len(everyone.roster.entries) == 4
-    # Round 1: member 3 signs a contribution whose block is no gradient (its own daemon
-    # serves it): nobody can verify it, so no honest member attests it. Then it signs another
-    # one and sends it through another validator: two contributions of one round, evidence.
     hostile = fed.sessions[3]
     signer = await fed.pubsubs[3].signer()
     for i, junk in enumerate([Block.new(b"not a gradient", "raw"), Block.new(b"nor this", "raw")]):
         await fed.stores[3].put(junk)
-        tx = await contribution_tx(signer, SESSION, 1, junk.cid, 1, hostile.model_cid)
+        tx = await contribution_tx(signer, SESSION, 1, junk.cid, 1, everyone.model)
         await CometRpc(fed.network[3 - i].rpc_url).broadcast_tx_sync(tx)
+    claim = await attestation_tx(signer, SESSION, 1, fed.members[0], junk.cid)
+    await CometRpc(fed.network[3].rpc_url).broadcast_tx_sync(claim)
+    hijack = await _hijack_roster(fed, 1, everyone.model)
+    await fed.pubsubs[3].publish(hostile.topic, hijack)
+    forged_model, forged_record = await forged_head(fed.stores[3], everyone.record, D)
+    await hostile._parts.messages.done(1, forged_model, forged_record)  # announced, re-announced
+    forging = asyncio.ensure_future(_forge_result_once_closed(fed, 1, forged_record, forged_model))
     honest = _one_record(await _round(fed, 1, [0, 1, 2]))
-    assert fed.members[3] not in honest.roster.peers
-    assert len(honest.roster.entries) == 3
+    await forging  # usually taken into the mempool before the honest results (CheckTx code 0)
+    assert honest.record != forged_record
+    assert honest.roster.peers == tuple(sorted(fed.members[:3]))
+    weights = [1 + fed.members.index(p) for p in honest.roster.peers]
+    assert [e.weight for e in honest.roster.entries] == weights  # no hijacked weight
     view = await _app_view(fed, 0, 1)
     assert (view.status, view.record) == ("final", str(honest.record))
     assert view.evidence == (fed.members[3],)
     assert [line.peer for line in view.roster or ()] == list(honest.roster.peers)
+    for session in fed.sessions[:3]:  # the forged head heard on pubsub moves nobody
+        synced = await session.resync(timeout=30.0)
+        assert (synced.changed, synced.head, session.head) == (False, honest.record, honest.record)
     # Round 2: member 3's machine is gone (its validator and app killed); 3 of 4 validators
     # still commit blocks, the round closes at its deadline with the other three.
     fed.network[3].kill()
@@ -265,6 +331,14 @@ async def test_a_third_party_verifies_a_final_record_from_the_commits(
     assert finality.members == tuple(sorted(fed.members))
     assert 3 * finality.power[0] > 2 * finality.power[1] == 8
     assert [rec.round for rec in records] == [0, 1]
+    assert (finality.hops, bundle.hops) == (0, ())  # the genesis set signed it
+    # A version-1 bundle (before hops) still decodes; a list of hops is bounded.
+    plain = dag_cbor.decode(bundle.encode())
+    assert isinstance(plain, dict)
+    v1 = {k: v for k, v in plain.items() if k != "hops"} | {"version": 1}
+    assert verify_finality(FinalityBundle.decode(dag_cbor.encode(v1))) == finality
+    with pytest.raises(FinalityNotProven, match="at most 256 hops"):
+        FinalityBundle.decode(dag_cbor.encode(plain | {"hops": [[b"", []]] * 257}))
     # The proof is small: the state summary and a log-size Merkle path.
     assert len(bundle.proof) < 600
     # The bundle proves round 1's record, not round 0's.

@@ -1,56 +1,80 @@
-"""Member sets on the CometBFT control plane: real Kubo daemons, real validators, real apps.
+"""Member sets on the CometBFT control plane, issue 36's schedule, each peer its own process.
 
-Four members start the chain (admission ``two-thirds``, the fifth peer on the allow-list). The
-fifth joins on its signed join alone: its node block-syncs as a full node, the chain admits it at
-round 0's close and makes it a validator; it fetches round 0's model by CID and contributes from
-round 1. The sixth is admitted by the votes of four of round 1's five members, and a member
-leaves after round 2. Fewer rounds than issue #36's (joins at rounds 1 and 2, a leave after round
-2, instead of 5 and 8): the same transitions, at a fraction of the CI time.
+Four members (f = 1) start the chain, each a process beside its own Kubo daemon and validator;
+admission ``two-thirds``, the fifth peer on the allow-list. Ten rounds: the fifth joins on its
+signed join alone at round 4's close (its node block-syncs as a full node, then the chain makes
+it a validator) and contributes from round 5; the sixth is admitted by the votes of round 5's
+members and contributes from round 6; a founder leaves after round 7. Every round ends on one
+record on every member that ran it. A third party then proves round 9's record final from a
+joiner's node's commits, across the three validator-set changes, and re-verifies its chain.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import dag_cbor
-import numpy as np
 import pytest
 
-from gradfed_ipfs.cometbft import CometNetwork, CometRpc, Validator
-from gradfed_ipfs.cometbft.abci import validator_binding
-from gradfed_ipfs.federated.agreed import (
-    Admission,
-    AgreedConfig,
-    AgreedRoundResult,
-    AgreedSession,
-    rounds_genesis,
+from gradfed_ipfs.cid import parse_cid
+from gradfed_ipfs.cli.children import ONE_BLAS_THREAD, JsonLinesChild
+from gradfed_ipfs.cometbft import (
+    CometNetwork,
+    CometRpc,
+    FinalityBundle,
+    Validator,
+    export_finality,
+    verify_finality,
 )
+from gradfed_ipfs.cometbft.abci import validator_binding
+from gradfed_ipfs.errors import FinalityNotProven, RoundVerificationFailed
+from gradfed_ipfs.federated.agreed import AgreedSession, rounds_genesis, verify_final_record
+from gradfed_ipfs.federated.agreed.control import check_chain_member_sets
+from gradfed_ipfs.federated.agreed.history import load_chain
 from gradfed_ipfs.formats.agreed.membership import MemberSet
 from gradfed_ipfs.formats.agreed.roster import AgreedRecord
 from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import KuboBlockStore
-from tests.polling import apoll_until
+from tests.cli.test_cli import run_cli
+from tests.cometbft.comet_peer import DIM, peer_config
+from tests.multiprocess.peer import initial_model
+from tests.polling import poll_until
 
 pytestmark = [pytest.mark.cometbft, pytest.mark.kubo, pytest.mark.slow]
 
-D = 2_000
-SESSION = "comet-members"
+ROOT = Path(__file__).resolve().parents[2]
+ROUNDS = 10
 
 
-def _gradient(peer: str, r: int) -> np.ndarray[Any, np.dtype[np.float32]]:
-    seed = int.from_bytes(peer.encode()[-8:], "big")
-    return np.random.default_rng([seed, r]).standard_normal(D).astype(np.float32)
+class Peer(JsonLinesChild):
+    """A running ``tests.cometbft.comet_peer``."""
+
+    def __init__(self, args: list[str], log: Path) -> None:
+        argv = [sys.executable, "-m", "tests.cometbft.comet_peer", *args]
+        env = {**os.environ, **ONE_BLAS_THREAD, "PYTHONPATH": str(ROOT)}
+        super().__init__(argv, stderr=log, cwd=ROOT, env=env)
+
+    def rounds(self) -> dict[int, dict[str, Any]]:
+        return {e["round"]: e for e in self.of("round")}
 
 
-async def _round(sessions: list[AgreedSession], r: int) -> AgreedRoundResult:
-    results = await asyncio.gather(*(s.run_round(_gradient(s.peer_id, r)) for s in sessions))
-    assert len({res.record for res in results}) == 1, [res.record for res in results]
-    assert {res.round for res in results} == {r}
-    return results[0]
+def _wait_final(peers: list[Peer], timeout: float) -> None:
+    def finished() -> bool:
+        for peer in peers:
+            if peer.proc.poll() not in (None, 0):
+                raise AssertionError(f"a peer exited {peer.proc.returncode}: {peer.stderr_tail()}")
+        return all(peer.final() is not None for peer in peers)
+
+    try:
+        poll_until(finished, timeout=timeout, what="every peer's last round")
+    except TimeoutError as exc:
+        progress = [[(e["event"], e.get("round")) for e in p.events] for p in peers]
+        raise AssertionError(f"{exc}; peers' events: {progress}") from None
 
 
 def _validator_keys(node: Validator) -> set[bytes]:
@@ -62,133 +86,146 @@ def _own_key(node: Validator) -> bytes:
     return base64.b64decode(node.rpc("status")["validator_info"]["pub_key"]["value"])
 
 
-def _pending(node: Validator, peer: str) -> Any:
-    async def held() -> bool:  # the chain holds the peer's join (its validator key bound)
-        answer = await CometRpc(node.rpc_url).abci_query("/members", b"")
-        info = dag_cbor.decode(answer.value)
-        assert isinstance(info, dict)
-        return peer in dict(info["pending"])
-
-    return held
-
-
-def _keys_say(node: Validator, key: bytes, present: bool) -> Any:
-    async def check() -> bool:
-        return (key in await asyncio.to_thread(_validator_keys, node)) == present
-
-    return check
+async def _member_sets(store: KuboBlockStore, records: list[str]) -> list[tuple[Any, MemberSet]]:
+    sets = []
+    for cid in records:
+        record = AgreedRecord.from_block(await store.get(cid, timeout=20.0))
+        assert record.members is not None
+        sets.append((record.members, MemberSet.from_block(await store.get(record.members))))
+    return sets
 
 
-async def test_joins_by_allow_list_and_by_vote_and_a_leave_change_the_members_and_validators(
-    kubo_swarm4: list[Any], kubo_provider: str, kubo_pool: Any, cometbft_binary: Path
+async def _third_party_verifies(node: Validator, store: KuboBlockStore, record: str) -> None:
+    """Round 9's record is proven final across the three set changes, then re-verified."""
+    exported = await export_finality(CometRpc(node.rpc_url), ROUNDS - 1)
+    bundle = FinalityBundle.decode(exported.encode())
+    finality, records = await verify_final_record(store, record, bundle)
+    assert (finality.round, finality.record) == (ROUNDS - 1, record)
+    assert finality.hops == len(bundle.hops) == 3  # join, join, leave
+    assert finality.power[1] == 5
+    assert 3 * finality.power[0] > 2 * 5
+    assert len(records) == ROUNDS
+    # The chain's rules decide the sets: under others, the same records fail.
+    assert finality.chain is not None
+    chain = await load_chain(
+        store, parse_cid(record), session=finality.session, genesis=parse_cid(finality.genesis)
+    )
+    for rules, why in [
+        (replace(finality.chain, allow=()), "0 approvals < 3"),  # the fifth came by the list
+        (replace(finality.chain, admission="allow-list"), "not on the allow-list"),  # the sixth
+    ]:
+        with pytest.raises(RoundVerificationFailed, match=why):
+            await check_chain_member_sets(store, chain, rules)
+    hops, genesis_set = bundle.hops, bundle.validators
+    for broken, why in [
+        (replace(bundle, hops=()), "not the trusted one"),  # the set changed: a hop is needed
+        (replace(bundle, hops=hops[:1] + hops[2:]), "not the trusted one"),  # one left out
+        (replace(bundle, hops=(hops[1], hops[0], hops[2])), "not the trusted one"),
+        (replace(bundle, hops=((hops[0][0], genesis_set), *hops[1:])), "not the one it commits"),
+        (replace(bundle, hops=(*hops, hops[2])), "not the trusted one"),  # a hop replayed
+    ]:
+        with pytest.raises(FinalityNotProven, match=why):
+            verify_finality(broken)
+
+
+async def test_ten_rounds_with_a_join_by_list_a_join_by_vote_and_a_leave_end_on_one_record(
+    kubo_swarm4: list[Any],
+    kubo_provider: str,
+    kubo_pool: Any,
+    cometbft_binary: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    founders, (fifth, sixth) = kubo_swarm4, kubo_pool.get(kubo_provider, 2)
-    for joiner in (fifth, sixth):  # the joiners' daemons reach the founders' (as a joiner would)
+    founders, joining = kubo_swarm4, kubo_pool.get(kubo_provider, 2)
+    for joiner in joining:  # the joiners' daemons reach the founders' (as a joiner would)
         for founder in founders:
             await asyncio.to_thread(joiner.connect, founder)
-    nodes = [*founders, fifth, sixth]
-    members = tuple(n.peer_id for n in founders)
-    admission = Admission("two-thirds", allow=(fifth.peer_id,))
-    config = AgreedConfig(
-        # A round closes once every member's contribution is held; the deadline (block time)
-        # only matters for a member that is missing, and none is here: room for a loaded CI.
-        members=members, min_peers=3, control="cometbft", collect_timeout=20.0,
-        round_timeout=60.0, fetch_timeout=20.0, announce_interval=0.1, learning_rate=0.5,
-        model_every=1, admission=admission,
-    )  # fmt: skip
-    stores = [KuboBlockStore(n.api_url, timeout=30.0) for n in nodes]
-    pubsubs = [KuboPubsub(n.api_url) for n in nodes]
-    model = np.random.default_rng(11).standard_normal(D).astype(np.float32)
-    genesis = await AgreedSession.commit_genesis(stores[0], model)
+    nodes = [*founders, *joining]
+    ids = [n.peer_id for n in nodes]
+    members = tuple(ids[:4])
+    config = peer_config(members, (ids[4],))
+    session = f"comet-members-{os.getpid()}"
+    store = KuboBlockStore(nodes[5].api_url, timeout=30.0)
+    pubsubs = [KuboPubsub(n.api_url) for n in founders]
     network = CometNetwork(4, binary=cometbft_binary)
-    sessions: list[AgreedSession] = []
+    peers: list[Peer] = []
     try:
+        genesis = await AgreedSession.commit_genesis(store, initial_model(DIM))
         entries = await asyncio.to_thread(network.prepare)
-        bindings = [
-            await validator_binding(await p.signer(), SESSION, network.chain_id, e.key_bytes)
-            for p, e in zip(pubsubs[:4], entries, strict=True)
+        bindings = [  # each founder's daemon signs its validator's key
+            await validator_binding(await p.signer(), session, network.chain_id, e.key_bytes)
+            for p, e in zip(pubsubs, entries, strict=True)
         ]
-        chain = replace(rounds_genesis(SESSION, genesis, config), bindings=tuple(bindings))
+        chain = replace(rounds_genesis(session, genesis, config), bindings=tuple(bindings))
         await asyncio.to_thread(network.launch, chain.to_dict())
         await asyncio.to_thread(network.wait_for_height, 1, timeout=30)
-        joiners = [await asyncio.to_thread(network.add_node) for _ in range(2)]  # full nodes
-        for store, pubsub, validator in zip(stores, pubsubs, list(network), strict=True):
-            session = AgreedSession(
-                store, pubsub, SESSION, genesis, config, validator_rpc=validator.rpc_url
-            )
-            sessions.append(session)
-        for session in sessions[:4]:
-            await session.start(model)
-        founding, e, f = sessions[:4], sessions[4], sessions[5]
-        height = (await CometRpc(network[0].rpc_url).latest())[0]
-        await asyncio.to_thread(network.wait_for_height, height, timeout=60, among=joiners)
+        full_nodes = [await asyncio.to_thread(network.add_node) for _ in range(2)]
+        joiner_keys = [_own_key(node) for node in full_nodes]
+        assert not set(joiner_keys) & _validator_keys(network[0])  # full nodes first
+        common = [
+            "--members", ",".join(members), "--allow", ids[4], "--session", session,
+            "--genesis", str(genesis), "--rounds", str(ROUNDS),
+        ]  # fmt: skip
+        votes = ["--approve", ids[5], "5"]  # round 5's five members vote for the sixth
+        extras = [["--await-join", ids[4], "4", *votes] for _ in range(4)]
+        extras[3] += ["--leave-after", "7"]
+        extras += [["--join", "--join-from", "4", *votes], ["--join", "--join-from", "4"]]
+        for i, extra in enumerate(extras):
+            args = ["--api", nodes[i].api_url, "--rpc", network[i].rpc_url, "--index", str(i)]
+            peers.append(Peer([*args, *common, *extra], tmp_path / f"peer{i}.log"))
+        await asyncio.to_thread(_wait_final, peers, 420.0)
 
-        # The fifth: a full node first (its key is no validator's), on the allow-list.
-        fifth_key, sixth_key = _own_key(joiners[0]), _own_key(joiners[1])
-        assert fifth_key not in _validator_keys(network[0])
-        joining = asyncio.ensure_future(e.join(timeout=90.0))
-        await apoll_until(_pending(network[0], fifth.peer_id), timeout=60.0, what="5th's join")
-        r0 = await _round(founding, 0)
-        assert r0.roster.members is not None  # round 0's close admitted the fifth
-        resynced = await joining
-        assert (resynced.round, resynced.model) == (1, r0.model)
-        assert e.members == tuple(sorted([*members, fifth.peer_id]))
-        assert np.array_equal(e.model, founding[0].model)
-        await apoll_until(_keys_say(network[0], fifth_key, True), timeout=30.0, what="5th key")
-
-        # The sixth: not on the allow-list; four of round 1's five members vote for it.
-        voting = asyncio.ensure_future(f.join(timeout=120.0))
-        await apoll_until(_pending(network[0], sixth.peer_id), timeout=60.0, what="6th's join")
-        for voter in [*founding[:3], e]:
-            assert await voter.approve(sixth.peer_id), voter.peer_id
-        five = [*founding, e]
-        r1 = await _round(five, 1)
-        assert set(r1.roster.peers) == {s.peer_id for s in five}  # the fifth contributed
-        assert r1.roster.members is not None
-        assert (await voting).round == 2
-        await apoll_until(_keys_say(network[0], sixth_key, True), timeout=30.0, what="6th key")
-
-        # A member leaves after round 2: round 3 is the other five's.
-        leaver = founding[3]
-        await leaver.leave(after=2)
-        r2 = await _round([*five, f], 2)
-        assert len(r2.roster.entries) == 6
-        assert leaver.left
-        stayed = [*founding[:3], e, f]
-        r3 = await _round(stayed, 3)
-        assert r3.roster.expected == tuple(sorted(s.peer_id for s in stayed))
-        assert {s.members for s in stayed} == {r3.roster.expected}
-        leaver_key = _own_key(network[3])
-        await apoll_until(_keys_say(network[0], leaver_key, False), timeout=30.0, what="leave")
-        assert len(_validator_keys(network[0])) == 5
+        # Who ran which round, and one record per round everywhere.
+        assert [p.of("joined")[0]["round"] for p in peers[4:]] == [5, 6]
+        assert peers[3].of("left")
+        ran = [list(range(ROUNDS))] * 3 + [list(range(8)), list(range(5, 10)), list(range(6, 10))]
+        assert [sorted(p.rounds()) for p in peers] == ran
+        stayed = sorted([*ids[:3], *ids[4:]])
+        for r in range(ROUNDS):
+            events = [p.rounds()[r] for p in peers if r in p.rounds()]
+            assert len({e["record"] for e in events}) == 1, (r, events)
+            expected = (
+                sorted(members) if r < 5 else sorted(ids[:5]) if r == 5 else
+                sorted(ids) if r < 8 else stayed
+            )  # fmt: skip
+            assert {tuple(e["roster"]) for e in events} == {tuple(expected)}, r
+        assert [p.of("approved")[0]["signed"] for p in peers[:5]] == [True] * 5  # the voters
 
         # Records name each changed set; the sets link up, each the chain's decision.
-        sets, cids = [], []
-        for result in (r0, r1, r2):
-            record = AgreedRecord.from_block(await stores[5].get(result.record, timeout=20.0))
-            assert record.members is not None
-            assert record.members == result.roster.members
-            cids.append(record.members)
-            sets.append(MemberSet.from_block(await stores[5].get(record.members, timeout=20.0)))
-        assert [s.prev for s in sets[1:]] == cids[:2]
-        assert [s.round for s in sets] == [1, 2, 3]
-        assert [len(s.members) for s in sets] == [5, 6, 5]
-        assert [[(c.op, c.peer) for c in s.changes] for s in sets] == [
-            [("join", fifth.peer_id)],
-            [("join", sixth.peer_id)],
-            [("leave", leaver.peer_id)],
+        changed = [peers[0].rounds()[r]["record"] for r in (4, 5, 7)]
+        sets = await _member_sets(store, changed)
+        assert [s.prev for _, s in sets[1:]] == [cid for cid, _ in sets[:2]]
+        assert [(s.round, len(s.members)) for _, s in sets] == [(5, 5), (6, 6), (8, 5)]
+        assert [[(c.op, c.peer) for c in s.changes] for _, s in sets] == [
+            [("join", ids[4])],
+            [("join", ids[5])],
+            [("leave", ids[3])],
         ]
-        assert len(sets[1].changes[0].statements) == 1 + 4  # the join and four approvals
-        # One chain state everywhere (the joiners' nodes included).
+        assert len(sets[1][1].changes[0].statements) >= 1 + 4  # the join and >= 4 approvals
+
+        # The validators followed the members; one chain state on all six nodes.
+        final_keys = _validator_keys(network[0])
+        assert len(final_keys) == 5
+        assert set(joiner_keys) <= final_keys
+        assert _own_key(network[3]) not in final_keys
         height = min(v.latest()[0] for v in network)
         headers = [v.rpc("block", height=str(height))["block"]["header"] for v in network]
-        hashes = {header["app_hash"] for header in headers}
-        assert len(hashes) == 1
+        assert len({header["app_hash"] for header in headers}) == 1
+        last = peers[0].rounds()[ROUNDS - 1]["record"]
+        await _third_party_verifies(full_nodes[1], store, last)
+        # The CLI: export from a joiner's node, verify with the file and IPFS only.
+        path, api = tmp_path / "round9.cbor", ["--api", nodes[0].api_url]
+        rpc = ["--rpc", full_nodes[0].rpc_url, "--round", str(ROUNDS - 1), "-o", str(path)]
+        code, _, err = await asyncio.to_thread(run_cli, capsys, "comet-export", *rpc)
+        assert code == 0, err
+        verify = [*api, "verify-round", last, "--commits", str(path)]
+        code, out, err = await asyncio.to_thread(run_cli, capsys, *verify)
+        assert code == 0, err
+        assert "3 validator-set changes" in out
     finally:
-        for session in sessions:
-            await session.aclose()
+        for peer in peers:
+            peer.stop()
         await asyncio.to_thread(network.stop)
         for pubsub in pubsubs:
             await pubsub.aclose()
-        for store in stores:
-            await store.aclose()
+        await store.aclose()
