@@ -21,9 +21,9 @@ from multiformats import CID
 
 from gradfed_ipfs import AgreedConfig, AgreedRoundResult, AgreedSession, verify_agreed_history
 from gradfed_ipfs.federated.agreed import Admission
+from gradfed_ipfs.formats import PubsubMessage
 from gradfed_ipfs.formats.agreed.membership import MemberChange, MemberSet
 from gradfed_ipfs.formats.agreed.roster import AgreedRecord
-from gradfed_ipfs.formats import PubsubMessage
 from gradfed_ipfs.kubo import MemoryPubsubBus, PubsubTransport, PubsubWrapper
 from gradfed_ipfs.storage import MemoryBlockStore
 from tests.federated.agreed.test_rounds import FAST, close, delta, initial_model
@@ -83,7 +83,7 @@ async def test_a_member_absent_from_round_0_is_out_of_round_k_after_a_split_and_
     sessions = [AgreedSession(store, t, SESSION, genesis, config) for t in transports]
     for session in sessions:
         await session.start(initial_model())
-    a, b, c = sessions
+    a, _, c = sessions
     try:
         zero = await run(sessions)  # round 0: peer-d's first absence
         assert len({bytes(r.record) for r in zero}) == 1
