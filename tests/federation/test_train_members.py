@@ -2,8 +2,9 @@
 
 All through the CLI on 127.0.0.1: three genesis members train; a fourth node, allow-listed
 after the genesis was fixed, runs ``train`` while they do, is admitted and contributes; a
-member leaves by Ctrl+C (a signed leave, exit 0); a member whose process is killed is evicted
-after ``evict_after`` absent rounds; the survivors end on one model, and ``history
+member leaves by Ctrl+C (a signed leave, exit 0); a member whose process is killed (its daemon
+still running) is evicted by the rule: absent from server round ``s`` on, it is out of the
+member set of round ``s + evict_after``; the survivors end on one model, and ``history
 --federation`` re-checks every round's member set (join, leave, eviction).
 """
 
@@ -28,6 +29,7 @@ from tests.polling import poll_until
 __all__ = ["Trainer", "fast_timing", "no_env_api", "own_home"]  # fixtures used here
 
 ROUNDS = 20
+EVICT_AFTER = 2
 
 
 def fast_timing(path: Path, *, evict_after: int, collect: float = 3.0) -> None:
@@ -135,6 +137,15 @@ def trainer(node_dir: Path, federation: Path, *extra: str, gate: Gate | None = N
     return Trainer([*argv, str(TASK), "--linger", "20", *extra], env)
 
 
+def _first_round_with(trainer_: Trainer, count: int) -> int:
+    """The first server round whose line shows ``count`` members."""
+    return next(
+        int(line.split()[1].rstrip(":"))
+        for line in trainer_.rounds()
+        if f"({count} members)" in line
+    )
+
+
 def _with_members(trainer_: Trainer, count: int, since: int = 0) -> bool:
     """Whether a round line after the first ``since`` shows ``count`` members."""
     return any(f"({count} members)" in line for line in trainer_.rounds()[since:])
@@ -150,7 +161,7 @@ def test_a_member_joins_one_leaves_by_ctrl_c_and_a_killed_one_is_evicted(
 ) -> None:
     lab = tmp_path / "lab.toml"
     assert run_cli(capsys, "federation", "init", "lab", "--file", str(lab))[0] == 0
-    fast_timing(lab, evict_after=2)
+    fast_timing(lab, evict_after=EVICT_AFTER)
     dirs = [tmp_path / name for name in "abcd"]
     peers = []
     trainers: list[Trainer] = []
@@ -193,10 +204,12 @@ def test_a_member_joins_one_leaves_by_ctrl_c_and_a_killed_one_is_evicted(
         since = len(a.rounds())
         gate.advance_until(a, lambda: _with_members(a, 3, since), "rounds without c")
 
-        b.process.kill()  # dies without leaving: evicted after 2 rounds it is absent from
+        killed = gate.value  # b waits at the gate for the next server round: absent from it on
+        b.process.kill()  # dies without leaving (its daemon still runs): evicted by the rule
         b.finish()
-        gate.advance_until(a, lambda: _with_members(a, 2), "b evicted", 12)
+        gate.advance_until(a, lambda: _with_members(a, 2), "b evicted", EVICT_AFTER + 1)
         gate.open(ROUNDS)
+        assert _first_round_with(a, 2) <= killed + 1 + EVICT_AFTER, a.rounds()
 
         finished = [member.finish() for member in (a, d)]
         models = set()

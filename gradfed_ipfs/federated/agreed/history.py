@@ -78,6 +78,7 @@ __all__ = [
     "load_result",
     "load_round_inputs",
     "load_roster",
+    "member_states",
     "model_cid",
     "recompute_round",
     "verify_agreed_history",
@@ -328,14 +329,34 @@ async def check_member_sets(
     must expect that round's members and name the set the requests it carries and the absences
     of the last ``admission.evict_after`` rosters make (:func:`~.membership.
     roster_member_set_problem`); its record must name the same set. Returns the state after the
-    last record.
+    last record (:func:`member_states`: the state after each).
 
     Raises
     ------
     RoundVerificationFailed
         If a member set is not the one its round calls for, or a block cannot be had.
     """
-    state, keep = start, admission.evict_after or 1
+    states = await member_states(store, chain, start, admission, keys=keys, timeout=timeout)
+    return states[-1] if states else start
+
+
+async def member_states(
+    store: BlockStore,
+    chain: list[tuple[CID, AgreedRecord]],
+    start: MemberState,
+    admission: Admission,
+    *,
+    keys: KeyBook = PEER_ID_KEYS,
+    timeout: float | None = None,
+) -> list[MemberState]:
+    """Check ``chain``'s member sets as :func:`check_member_sets`; return the state after each.
+
+    Raises
+    ------
+    RoundVerificationFailed
+        If a member set is not the one its round calls for, or a block cannot be had.
+    """
+    state, keep, states = start, admission.evict_after or 1, []
     for _, record in chain:
         try:
             roster = await load_roster(store, record.roster, timeout=timeout)
@@ -359,7 +380,8 @@ async def check_member_sets(
             state = MemberState(state.members, state.cid, rosters)
         else:
             state = MemberState(claimed, record.members, rosters)
-    return state
+        states.append(state)
+    return states
 
 
 async def check_roster_signatures(

@@ -3,7 +3,9 @@
 :class:`MemberTracker` is the stateful side of :mod:`.membership` for one
 :class:`~.session.AgreedSession`: it holds the current member set (round 0's is the session's
 ``config.members``; then each round's record names the next one when it changes), the last
-``evict_after`` rosters (what evictions follow from), and the signed ``agreed/join``,
+``evict_after`` rosters (what evictions follow from), the same state after each of the last
+:data:`KEPT_STATES` records (a resync onto another fork starts from its fork point's), and the
+signed ``agreed/join``,
 ``agreed/approve`` and ``agreed/leave`` statements heard on the agreed topic, bounded: one
 pending join per stranger and :data:`MAX_PENDING_JOINS` overall (under the allow-list policy
 only the listed peers' joins), one approval per member and join, one leave per member. A
@@ -24,13 +26,16 @@ from ...formats.agreed.membership import APPROVE, JOIN, LEAVE, MemberChange, Mem
 from ...formats.agreed.roster import AgreedRecord, Roster
 from ...formats.statement import KeyBook, Statement, decode_statement
 from ...storage.base import BlockStore
-from .history import MemberState, check_member_sets
+from .history import MemberState, member_states
 from .membership import Admission, absences, next_member_set, roster_member_set_problem
 
-__all__ = ["MAX_PENDING_JOINS", "MemberTracker"]
+__all__ = ["KEPT_STATES", "MAX_PENDING_JOINS", "MemberTracker"]
 
 MAX_PENDING_JOINS: Final = 64
 """Most join requests of strangers a peer holds at once (the first heard are kept)."""
+KEPT_STATES: Final = 16
+"""Records whose member state (set and last rosters after it) a peer keeps: a resync onto a
+fork that split off within these rounds checks it from the fork point."""
 _KINDS: Final = (JOIN, APPROVE, LEAVE)
 
 
@@ -62,6 +67,8 @@ class MemberTracker:
         self.current = self.genesis_set
         self.current_cid = self.genesis_set.to_block().cid
         self.rosters: list[Roster] = []  # the last evict_after adopted rosters, oldest first
+        # record CID -> the member state after it (the last KEPT_STATES records taken)
+        self._after: dict[bytes, MemberState] = {}
         self.joins: dict[str, Statement] = {}  # stranger -> its join statement
         self.approvals: dict[tuple[str, str], Statement] = {}  # (approver, joiner) -> approval
         self.leaves: dict[str, Statement] = {}  # member -> its leave statement
@@ -198,24 +205,25 @@ class MemberTracker:
     async def follow(
         self, store: BlockStore, chain: list[tuple[CID, AgreedRecord]], timeout: float
     ) -> None:
-        """Follow a resync: check the member sets along ``chain`` from this state, take the last.
+        """Follow a resync: check the member sets along ``chain``, take the last one's state.
 
         Raises
         ------
         RoundVerificationFailed
             If a record's member set is not the one its round calls for.
         """
-        state = await self.followable(store, chain, timeout)
-        if state is None:
+        states = await self._states_along(store, chain, timeout)
+        if states is None:
             return
-        self.rosters = list(state.rosters)
-        if bytes(state.cid) != bytes(self.current_cid):
-            self.adopt(state.members, state.cid)
+        for (cid, _), state in zip(chain, states, strict=True):
+            self._keep(cid, state)
+        if states:
+            self._take(states[-1])
 
     async def followable(
         self, store: BlockStore, chain: list[tuple[CID, AgreedRecord]], timeout: float
     ) -> MemberState | None:
-        """Check the member sets along ``chain`` from this state; return the state it reaches.
+        """Check the member sets along ``chain``; return the state it reaches.
 
         Changes nothing (:meth:`follow` takes it); ``None`` without an admission policy.
 
@@ -224,15 +232,59 @@ class MemberTracker:
         RoundVerificationFailed
             If a record's member set is not the one its round calls for.
         """
+        states = await self._states_along(store, chain, timeout)
+        if states is None:
+            return None
+        return states[-1] if states else self._state()
+
+    async def _states_along(
+        self, store: BlockStore, chain: list[tuple[CID, AgreedRecord]], timeout: float
+    ) -> list[MemberState] | None:
+        """Return the checked state after each record of ``chain`` (``None``: no policy).
+
+        The walk starts from the state after the record ``chain`` extends (its fork point),
+        not from this peer's own last one: a peer whose own last roster lost to another
+        would otherwise count that roster's absences as well as the winner's.
+        """
         if self.admission is None:
             return None
-        state = MemberState(self.current, self.current_cid, tuple(self.rosters))
-        return await check_member_sets(
-            store, chain, state, self.admission, keys=self.keys, timeout=timeout
+        start = self._state() if not chain else self._before(chain[0][1])
+        return await member_states(
+            store, chain, start, self.admission, keys=self.keys, timeout=timeout
         )
 
-    def advance(self, roster: Roster, new: tuple[MemberSet, CID] | None) -> None:
-        """Take round ``roster``'s outcome: keep the roster, adopt the new set, drop what it did."""
+    def _state(self) -> MemberState:
+        return MemberState(self.current, self.current_cid, tuple(self.rosters))
+
+    def _before(self, record: AgreedRecord) -> MemberState:
+        """Return the member state ``record`` starts from: after its ``prev`` (or genesis).
+
+        A ``prev`` whose state this peer no longer keeps (or never had: a head adopted without
+        its chain) is taken to be the current state, as it is when ``prev`` is this peer's head.
+        """
+        if record.prev is None:
+            return MemberState(self.genesis_set, self.genesis_set.to_block().cid)
+        return self._after.get(bytes(record.prev)) or self._state()
+
+    def _keep(self, record: CID, state: MemberState) -> None:
+        self._after[bytes(record)] = state
+        while len(self._after) > KEPT_STATES:
+            del self._after[next(iter(self._after))]  # the oldest taken
+
+    def _take(self, state: MemberState) -> None:
+        self.rosters = list(state.rosters)
+        if bytes(state.cid) != bytes(self.current_cid):
+            self.adopt(state.members, state.cid)
+
+    def rewind(self, record: CID | None) -> None:
+        """Go back to the member state after ``record`` (``None``: the genesis set), if kept."""
+        if record is None:
+            self._take(MemberState(self.genesis_set, self.genesis_set.to_block().cid))
+        elif bytes(record) in self._after:
+            self._take(self._after[bytes(record)])
+
+    def advance(self, record: CID, roster: Roster, new: tuple[MemberSet, CID] | None) -> None:
+        """Take the outcome of round ``roster`` (its ``record``): keep the roster, adopt the set."""
         keep = None if self.admission is None else self.admission.evict_after
         if keep is not None:
             self.rosters = [*self.rosters, roster][-keep:]
@@ -240,6 +292,8 @@ class MemberTracker:
             self.rosters = []
         if new is not None:
             self.adopt(*new)
+        if self.admission is not None:
+            self._keep(record, self._state())
 
     def adopt(self, member_set: MemberSet, cid: CID) -> None:
         """Make ``member_set`` current and drop the requests it settled or made moot."""

@@ -9,7 +9,9 @@ statements and rosters:
   of that join statement;
 - **leave**: a member's signed ``agreed/leave`` (it takes part up to the round it names);
 - **evict**: a member absent from the rosters of the last ``evict_after`` rounds (a member set
-  never shrinks below one member by eviction).
+  never shrinks below one member by eviction). Round ``r``'s roster names the set of the
+  rounds from ``r + 1`` on, so a member absent from round ``r`` on is out of the member set
+  of round ``r + evict_after``.
 
 :func:`next_member_set` builds the next set from the current one and the changes a round
 carries; :func:`member_set_problem` says why a claimed next set is not that one (``""`` when

@@ -446,7 +446,9 @@ class AgreedSession:
         self._took = {k: v for k, v in self._took.items() if k < p}
         self._storage.unstored_head = None
         self._announcer.withdraw("done")  # its head took the equivocator's roster
+        self._members.rewind(self.head)  # round p's members and the rosters before it
         self.board.rewind(p)
+        self.board.set_members(self._members.members)
         logger.warning(
             "%s: rewound to round %d (%s equivocated): re-running it", self.peer_id, p, proof.author
         )
@@ -850,14 +852,14 @@ class AgreedSession:
             del self._took[old]
         self._relayed = {k for k in self._relayed if k >= r - 1}
         self._evidence.forget(r - 1)
-        await self._next_members(adopted)
+        await self._next_members(record.cid, adopted)
         self._fetcher.retain(self._next_fetches())  # the next round's, already on their way
         logger.debug("round %d: done after %.3fs", r, time.monotonic() - ctx.started)
         return finished
 
-    async def _next_members(self, adopted: AdoptedRoster) -> None:
-        """Take the member set the round's roster names (pinned: the record links it)."""
-        self._members.advance(adopted.roster, adopted.member_set)
+    async def _next_members(self, record: CID, adopted: AdoptedRoster) -> None:
+        """Take the member set the round's roster names (pinned: ``record`` links it)."""
+        self._members.advance(record, adopted.roster, adopted.member_set)
         if adopted.member_set is not None:
             await self.store.put(adopted.member_set[0].to_block())
             self.board.set_members(self._members.members)
