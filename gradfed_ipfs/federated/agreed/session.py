@@ -63,6 +63,7 @@ from ...errors import (
     NoVerifiableHead,
     QuorumNotReached,
     RoundMismatch,
+    RoundVerificationFailed,
 )
 from ...formats.agreed.evidence import EquivocationProof
 from ...formats.agreed.membership import (
@@ -224,6 +225,7 @@ class AgreedSession:
         # round -> (record, roster coordinator, roster) of the rounds this peer finished last
         self._took: dict[int, tuple[CID, str, CID]] = {}
         self._relayed: set[int] = set()  # rounds whose roster statement this peer handed on
+        self._rerun: tuple[int, frozenset[str]] | None = None  # (round, awaited) after a rewind
         self._approving: dict[str, str] = {}  # joiner -> announcer key of this peer's approval
 
     # ------------------------------------------------------------------ lifecycle
@@ -418,9 +420,11 @@ class AgreedSession:
         The convergence rule (see :mod:`~.evidence`): every peer holding a proof whose chain
         names one of the proof's rosters at the proof's round goes back to the model both
         rosters built on, and re-runs that round without the equivocator (out of the
-        schedule, its rosters and votes ignored): the same point and the same members for
-        every such peer. Returns whether it rewound; ``False`` when the base model cannot be
-        fetched (it is then tried again at the next resync).
+        schedule, its rosters and votes ignored), waiting for the members the proof's rosters
+        listed (:attr:`~.context.RoundContext.awaited`): the same point, the same members and
+        the same roster for every such peer, however late the proof reached it. Returns
+        whether it rewound; ``False`` when the base model cannot be loaded (it is then tried
+        again at the next resync).
         """
         proof = await self._evidence.tainted(self.head)
         if proof is None or self.head is None:
@@ -428,14 +432,11 @@ class AgreedSession:
         p, timeout = proof.round, self.config.fetch_timeout
         try:
             base = None if p == 0 else await walk_back(self.store, p - 1, self.head, timeout)
-            model = await fetch_gradient(self.store, proof.base, timeout=timeout)
-            state = None
-            if base is not None and base[1].state is not None:
-                state = await fetch_gradient(self.store, base[1].state, timeout=timeout)
-        except (BlockStoreError, DecodeError, GradientError) as exc:
+            if (p > 0 and base is None) or (p == 0 and bytes(proof.base) != bytes(self.genesis)):
+                return False
+            model, state = await self._base_model(proof, None if base is None else base[1])
+        except (BlockStoreError, DecodeError, GradientError, RoundVerificationFailed) as exc:
             logger.warning("%s: cannot rewind to round %d yet: %s", self.peer_id, p, exc)
-            return False
-        if (p > 0 and base is None) or (p == 0 and bytes(proof.base) != bytes(self.genesis)):
             return False
         self.model = np.array(model, np.float32).reshape(-1)
         self.model_cid, self.round = proof.base, p
@@ -444,6 +445,7 @@ class AgreedSession:
         self.rule_state = None if state is None else np.array(state, np.float32).reshape(-1)
         self.history = {k: v for k, v in self.history.items() if v < p}
         self._took = {k: v for k, v in self._took.items() if k < p}
+        self._rerun = (p, proof.listed)
         self._storage.unstored_head = None
         self._announcer.withdraw("done")  # its head took the equivocator's roster
         self.board.rewind(p)
@@ -451,6 +453,22 @@ class AgreedSession:
             "%s: rewound to round %d (%s equivocated): re-running it", self.peer_id, p, proof.author
         )
         return True
+
+    async def _base_model(
+        self, proof: EquivocationProof, base: AgreedRecord | None
+    ) -> tuple[FloatArray, FloatArray | None]:
+        """Return the model (and rule state) a split round built on: the genesis, or ``base``'s.
+
+        ``base``'s model is fetched if stored, else rebuilt from the last stored one
+        (:func:`~.history.load_result`; ``model_every`` stores one every few rounds only).
+        """
+        timeout = self.config.fetch_timeout
+        if base is None:
+            return await fetch_gradient(self.store, proof.base, timeout=timeout), None
+        model, state = await load_result(
+            self.store, base, self.config.rule, timeout=timeout, length=self.model.size
+        )
+        return model, state
 
     async def _relay_if_split(self, r: int) -> None:
         """Hand on the roster statement this peer took in round ``r`` if a member's differs.
@@ -771,7 +789,13 @@ class AgreedSession:
             ranking=tuple(coordinator_ranking(self.session, self.genesis, r, scheduled)),
             proven=proven,
             started=started,
+            awaited=self._awaited(r),
         )
+
+    def _awaited(self, r: int) -> frozenset[str]:
+        """Return whom round ``r`` waits for: the proof's listed members if ``r`` is re-run."""
+        rerun = self._rerun
+        return rerun[1] if rerun is not None and rerun[0] == r else frozenset()
 
     async def _encode(
         self, values: FloatArray, error_feedback: bool = True
@@ -845,6 +869,7 @@ class AgreedSession:
         self.excluded = frozenset(excluded)  # the record's: no later roster may list them
         self.rule_state = aggregated.state
         self.history[bytes(record.cid)] = r
+        self._rerun = None  # a re-run round is over (or was passed)
         self._took[r] = (record.cid, adopted.roster.coordinator, adopted.cid)
         for old in [k for k in self._took if k < r - 1]:
             del self._took[old]
@@ -1068,6 +1093,7 @@ class AgreedSession:
         self.model = np.array(verified.model, np.float32).reshape(-1)
         self.model_cid, self.head, self.round = best.result, best.record, best.round + 1
         self._storage.unstored_head = None
+        self._rerun = None
         self.excluded = verified.excluded
         for cid, record in verified.chain:
             self.history[bytes(cid)] = record.round
