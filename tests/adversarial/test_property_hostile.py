@@ -40,7 +40,7 @@ from multiformats import CID
 
 from gradfed_ipfs.block import Block
 from gradfed_ipfs.cid import parse_cid
-from gradfed_ipfs.errors import GradfedError, RoundMismatch
+from gradfed_ipfs.errors import GradfedError, QuorumNotReached, RoundMismatch
 from gradfed_ipfs.federated.agreed import (
     AgreedConfig,
     AgreedRoundResult,
@@ -455,14 +455,21 @@ async def federation(seed: int, rng: random.Random) -> Federation:
     return Federation(store, bus, genesis, sessions, hostile, forgers, transports)
 
 
-async def honest_round(session: AgreedSession) -> AgreedRoundResult | None:
-    """One honest peer's round; after a ``RoundMismatch`` it resyncs (``None``: no result)."""
+async def honest_round(
+    session: AgreedSession, rewound: set[str] | None = None
+) -> AgreedRoundResult | None:
+    """One honest peer's round; after a ``RoundMismatch`` or ``QuorumNotReached`` it resyncs,
+    as a training peer does (``None``: no result). A peer the resync rewound (its chain took
+    a proven equivocator's roster) is added to ``rewound``."""
     try:
         return await session.run_round(
             gradient(session.peer_id, session.round), weight=weight_of(session.peer_id)
         )
-    except RoundMismatch:
-        await session.resync(timeout=5.0)
+    except (RoundMismatch, QuorumNotReached):
+        before = session.round
+        synced = await session.resync(timeout=5.0)
+        if rewound is not None and synced.round < before:
+            rewound.add(session.peer_id)
         return None
 
 
@@ -476,19 +483,26 @@ async def hostile_round(session: AgreedSession, rng: random.Random) -> None:
         await session.resync(timeout=2.0)
 
 
-async def play_round(fed: Federation, rng: random.Random) -> list[AgreedRoundResult | None]:
-    """Run one round on every member, the forgers attacking; honest peers' results."""
+async def play_round(
+    fed: Federation, rng: random.Random
+) -> tuple[list[AgreedRoundResult | None], set[str]]:
+    """Run one round on every member, the forgers attacking; honest peers' results, and the
+    honest peers that rewound instead (to re-run an equivocated round)."""
     lead = fed.honest[0]
     view = RoundView(lead.round, lead.model_cid, lead.head, tuple(s.peer_id for s in fed.honest))
     attacks = [forger.attack(view) for forger in fed.forgers]
-    honest = [honest_round(s) for s in fed.honest]
+    rewound: set[str] = set()
+    honest = [honest_round(s, rewound) for s in fed.honest]
     hostile = [hostile_round(s, rng) for s in fed.hostile]
     gathered = await asyncio.wait_for(asyncio.gather(*honest, *hostile, *attacks), ROUND_BOUND)
-    return list(gathered[: len(fed.honest)])
+    return list(gathered[: len(fed.honest)]), rewound
 
 
 async def recompute(fed: Federation, session: AgreedSession) -> None:
     """Re-aggregate ``session``'s chain from the genesis, independently of the library."""
+    if session.head is None:  # every round rewound (equivocations): still at the genesis
+        np.testing.assert_array_equal(session.model, initial_model())
+        return
     records = await verify_agreed_history(
         fed.store, session.head, session=SESSION, genesis=fed.genesis, keys=fed.bus.keys
     )  # type: ignore[arg-type]
@@ -519,9 +533,12 @@ async def test_a_random_hostile_minority_cannot_split_or_poison_honest_peers(see
     try:
         for _ in range(ROUNDS):
             r = fed.honest[0].round
-            results = await play_round(fed, rng)
+            results, rewound = await play_round(fed, rng)
             ranking = coordinator_ranking(SESSION, fed.genesis, r, PEERS)
-            if ranking[0] in {s.peer_id for s in fed.honest}:  # an honest coordinator's round
+            # An honest coordinator's round, unless the proof of an earlier round's
+            # equivocation reached the peers after they agreed on one of its rosters: every
+            # chain that took one is rewound and the round re-run (a round lost by design).
+            if ranking[0] in {s.peer_id for s in fed.honest} and not rewound:
                 done = [res for res in results if res is not None]
                 assert len(done) == len(results), f"round {r}: an honest peer had to resync"
                 assert len({bytes(res.record) for res in done}) == 1, f"round {r} split"

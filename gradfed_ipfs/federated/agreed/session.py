@@ -44,7 +44,8 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
 
 import numpy as np
 from multiformats import CID
@@ -75,7 +76,7 @@ from ...formats.agreed.membership import (
     join_body,
     leave_body,
 )
-from ...formats.agreed.roster import AgreedMessage, AgreedRecord
+from ...formats.agreed.roster import AgreedMessage, AgreedRecord, message_kind
 from ...formats.pubsub import PubsubMessage
 from ...formats.statement import Statement, sign_statement
 from ...kubo.pubsub import PubsubTransport
@@ -96,7 +97,14 @@ from .heads import HeadChoice, HeadChooser
 from .history import ResultLoad, VerifiedHead, load_result, verify_head
 from .members import MemberTracker
 from .round.aggregate import AggregateStep
-from .round.coordinator import Head, RoundBoard, best_head, coordinator_ranking, model_holders
+from .round.coordinator import (
+    MAX_ROUNDS_AHEAD,
+    Head,
+    RoundBoard,
+    best_head,
+    coordinator_ranking,
+    model_holders,
+)
 from .round.roster import RosterPhase, walk_back
 from .slicing import RootFetcher, SliceStep, choose_slicing, slice_report, slices_topic
 from .storage import FinishedRound, RoundStorage
@@ -107,6 +115,8 @@ logger = logging.getLogger("gradfed_ipfs.federated.agreed")
 
 
 _OWN = "own"  # the error-feedback stream of this peer's contributions
+_ROSTER_KIND = message_kind("roster")  # the proofs that exclude (and rewind)
+T = TypeVar("T")
 
 
 def _feedback_of(config: AgreedConfig) -> ErrorFeedback | None:
@@ -226,6 +236,7 @@ class AgreedSession:
         self._took: dict[int, tuple[CID, str, CID]] = {}
         self._relayed: set[int] = set()  # rounds whose roster statement this peer handed on
         self._rerun: tuple[int, frozenset[str]] | None = None  # (round, awaited) after a rewind
+        self._split = asyncio.Event()  # set: a proof taints the running round's base
         self._approving: dict[str, str] = {}  # joiner -> announcer key of this peer's approval
 
     # ------------------------------------------------------------------ lifecycle
@@ -382,6 +393,9 @@ class AgreedSession:
             if self.board.statements or self.board.proofs:
                 await self._take_evidence()
             if accepted is not None and accepted.kind == "done":
+                record = accepted.record or accepted.cid
+                if self._evidence.known_tainted(record):  # e.g. a rewound member's old head
+                    self.board.ignore_heads([bytes(record)])
                 await self._relay_if_split(accepted.round)
             if self._members.new_joins:
                 await self._approve_joins()
@@ -411,6 +425,8 @@ class AgreedSession:
                 logger.debug("%s: refused an equivocation proof: %s", self.peer_id, exc)
         while watch.unpublished:
             proof = watch.unpublished.pop(0)
+            if self._took_proven(proof):  # the running round builds on its roster
+                self._split.set()
             board.exclude(proof.author)
             await self._announcer.post(f"evidence:{proof.author}", proof.block.data)
 
@@ -469,6 +485,21 @@ class AgreedSession:
             self.store, base, self.config.rule, timeout=timeout, length=self.model.size
         )
         return model, state
+
+    async def _ignore_tainted(self, r: int) -> None:
+        """Stop counting the heads and votes heard that took a proven equivocator's roster.
+
+        Round ``r - 1``'s ``done`` (not votes: :meth:`_check_done`) and every member's head
+        of a round in the board's window (rewound members' old heads, members still on the
+        split branch: they count in no ``heads_from``, :meth:`~.RoundBoard.ignore_heads`).
+        """
+        heads = [*self.board.state(r - 1).done.values()]
+        heads += [h for h in self.board.heads.values() if r - 1 <= h.round <= r + MAX_ROUNDS_AHEAD]
+        tainted = []
+        for head in heads:
+            if await self._evidence.tainted(head.record) is not None:
+                tainted.append(bytes(head.record))
+        self.board.ignore_heads(tainted)
 
     async def _relay_if_split(self, r: int) -> None:
         """Hand on the roster statement this peer took in round ``r`` if a member's differs.
@@ -692,14 +723,16 @@ class AgreedSession:
             If no roster with ``min_peers`` contributions was adopted by ``round_timeout``.
         RoundMismatch
             If another roster peer announced a different record (this peer has advanced to its
-            own result; call :meth:`resync`).
+            own result; call :meth:`resync`), or this peer's chain took a proven equivocator's
+            roster (raised at once, also when the proof arrives during the round; the resync
+            rewinds).
         """
         parts = self._parts
         values, started = self._start_round(gradient, weight)
         self._unsent = None
         ctx = await self._contribute(values, int(weight), started, error_feedback)
         try:
-            adopted = await parts.control.take(ctx)
+            adopted = await self._unless_split(ctx, parts.control.take(ctx))
             aggregated = await parts.aggregate.run(ctx, adopted)
             finished = await self._store(ctx, adopted, aggregated)
             await parts.control.settle(ctx, finished)
@@ -712,6 +745,39 @@ class AgreedSession:
         await ctx.own.stored  # a failed put is this round's error
         self._keep_unsent(result)
         return result
+
+    async def _unless_split(self, ctx: RoundContext, step: Awaitable[T]) -> T:
+        """Await ``step``; raise ``RoundMismatch`` if a proof taints the round's base meanwhile.
+
+        The round builds on a proven equivocator's roster: whatever it adopts is rewound, and
+        the sooner this peer rewinds, the sooner the others' re-run of the split round has it
+        (:meth:`_rewind`). Pubsub plane only (the CometBFT plane orders one history).
+        """
+        task = asyncio.ensure_future(step)
+        if isinstance(self._parts.control, CometControl):
+            return await task
+        self._split = split = asyncio.Event()
+        waiter = asyncio.ensure_future(split.wait())
+        try:
+            await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.wait([task])
+        if not split.is_set() or (task.done() and not task.cancelled()):
+            return task.result()
+        proofs = [p for p in self._evidence.proofs.values() if self._took_proven(p)]
+        theirs = {p.author: f"equivocated (proof {p.block.cid})" for p in proofs}
+        raise RoundMismatch(ctx.number - 1, str(ctx.head), theirs)
+
+    def _took_proven(self, proof: EquivocationProof) -> bool:
+        """Whether one of this peer's last two rounds took a roster of ``proof``'s author."""
+        took = self._took.get(proof.round)
+        if took is None or proof.kind != _ROSTER_KIND:
+            return False
+        _, coordinator, roster = took
+        return coordinator == proof.author or bytes(roster) in {bytes(c) for c in proof.claims}
 
     def _keep_unsent(self, result: AgreedRoundResult) -> None:
         """Error feedback: carry what the round did not apply of this peer's update.
@@ -762,8 +828,8 @@ class AgreedSession:
         if proof is not None:  # resync rewinds past the equivocator's round (:meth:`_rewind`)
             ours, why = str(self.head), f"equivocated (proof {proof.block.cid})"
             raise RoundMismatch(r - 1, ours, {proof.author: why})
-        for head in self.board.state(r - 1).done.values() if self._evidence.proofs else ():
-            await self._evidence.tainted(head.record)  # a rewound member's old head: no vote
+        if self._evidence.proofs:
+            await self._ignore_tainted(r)
         self._check_done(r - 1)
         await self._storage.settle(keep=1)  # the last round's blocks may still be on their way
         encoded, values = await self._encode(values, error_feedback)
@@ -1063,6 +1129,7 @@ class AgreedSession:
             proof = await self._evidence.tainted(head.record)
             if proof is not None:  # built on a proven equivocator's roster: never adopted
                 tainted[peer] = f"head {head.record} took a roster {proof.author} equivocated"
+        self.board.ignore_heads(bytes(heads[p].record) for p in tainted)
         heads = {p: h for p, h in heads.items() if p != self.peer_id and p not in tainted}
         if self.head is not None:
             heads[self.peer_id] = Head(self.round - 1, self.model_cid, self.head)
