@@ -8,18 +8,17 @@ bad signature or another member's name as author, its name on another member's m
 conflicting contributions sent to different honest peers (:class:`Reach` delivers a message
 only to some), rosters out of the coordinator schedule or naming another coordinator,
 weights above ``max_weight`` or NaN, NaN and huge gradients, garbage blocks, forged heads,
-and, with ``GRADFED_PROPERTY_EQUIVOCATE=1``, as the round's rank-0 coordinator, two valid
-rosters sent to different honest peers (equivocation: the split must heal, the proof excluding
-it). That strategy is opt-in because it does not hold yet: over 24 seeds, 6 failed — honest
-peers still split after three resyncs, honest-coordinator rounds right after the split needing
-resyncs, and once a ``DecodeError`` (``not a CID: None``) that did not reproduce.
+and, as the round's rank-0 coordinator, two valid rosters sent to different honest peers
+(equivocation: the split must heal, the proof excluding it; ``GRADFED_PROPERTY_EQUIVOCATE=0``
+leaves that strategy out).
 
-Every honest peer must finish every round (a ``RoundMismatch`` is followed by a resync, as a
-training peer does), its chain must verify (``verify_agreed_history`` with the bus's keys) and
-re-aggregate, here independently of the library, to the model it holds from exactly the
-contributions the roster entries' owners signed (an honest owner's entry is its own gradient),
-and honest peers must hold one record in every round whose rank-0 coordinator is honest (and
-one head at the end).
+Every honest peer must finish every round (a ``RoundMismatch`` or ``QuorumNotReached`` is
+followed by a resync, as a training peer does), its chain must verify
+(``verify_agreed_history`` with the bus's keys) and re-aggregate, here independently of the
+library, to the model it holds from exactly the contributions the roster entries' owners signed
+(an honest owner's entry is its own gradient), and honest peers must hold one record in every
+round whose rank-0 coordinator is honest, unless they rewound in it to re-run an equivocated
+round (and one head after every round).
 
 Seeds are pytest parameters (deterministic in CI); ``GRADFED_PROPERTY_SEEDS`` runs more.
 """
@@ -73,9 +72,7 @@ D = 256
 ROUNDS = 3
 MAX_WEIGHT = 1 << 10
 SEEDS = int(os.environ.get("GRADFED_PROPERTY_SEEDS", "12"))
-# Opt-in until it holds: with equivocating coordinators some seeds stay split after three
-# resyncs, and rounds after the split need resyncs (see the module docstring).
-EQUIVOCATE = os.environ.get("GRADFED_PROPERTY_EQUIVOCATE") == "1"
+EQUIVOCATE = os.environ.get("GRADFED_PROPERTY_EQUIVOCATE", "1") == "1"
 FAST = {
     "collect_timeout": 0.4,
     "takeover_timeout": 0.8,

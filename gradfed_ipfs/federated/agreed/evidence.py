@@ -182,7 +182,7 @@ class EvidenceWatch:
         """
         if head is None:
             return None
-        for proof in self.proofs.values():
+        for proof in list(self.proofs.values()):  # a proof may come in during a fetch
             try:
                 if await self._took_claim(head, proof):
                     return proof
