@@ -45,7 +45,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 from multiformats import CID
@@ -237,6 +237,7 @@ class AgreedSession:
         self._relayed: set[int] = set()  # rounds whose roster statement this peer handed on
         self._rerun: tuple[int, frozenset[str]] | None = None  # (round, awaited) after a rewind
         self._split = asyncio.Event()  # set: a proof taints the running round's base
+        self._head_watch: asyncio.Future[None] | None = None  # :meth:`_watch_heads`
         self._approving: dict[str, str] = {}  # joiner -> announcer key of this peer's approval
 
     # ------------------------------------------------------------------ lifecycle
@@ -374,7 +375,8 @@ class AgreedSession:
             await self._storage.settle()
             await self._storage.store_last_model()
         finally:
-            tasks = [*self._tasks, *self._fetcher.clear()]
+            watch = [] if self._head_watch is None else [self._head_watch]
+            tasks: list[asyncio.Future[Any]] = [*self._tasks, *self._fetcher.clear(), *watch]
             for task in tasks:
                 task.cancel()
             if tasks:
@@ -486,20 +488,25 @@ class AgreedSession:
         )
         return model, state
 
-    async def _ignore_tainted(self, r: int) -> None:
-        """Stop counting the heads and votes heard that took a proven equivocator's roster.
+    async def _ignore_tainted(self, heads: list[Head]) -> None:
+        """Stop counting the ``heads`` that took a proven equivocator's roster (as votes too).
 
-        Round ``r - 1``'s ``done`` (not votes: :meth:`_check_done`) and every member's head
-        of a round in the board's window (rewound members' old heads, members still on the
-        split branch: they count in no ``heads_from``, :meth:`~.RoundBoard.ignore_heads`).
+        They count in no ``heads_from`` (:meth:`~.RoundBoard.ignore_heads`): rewound members'
+        old heads, or members still on the split branch, do not make a re-run round over.
         """
-        heads = [*self.board.state(r - 1).done.values()]
-        heads += [h for h in self.board.heads.values() if r - 1 <= h.round <= r + MAX_ROUNDS_AHEAD]
-        tainted = []
         for head in heads:
             if await self._evidence.tainted(head.record) is not None:
-                tainted.append(bytes(head.record))
-        self.board.ignore_heads(tainted)
+                self.board.ignore_heads([bytes(head.record)])
+
+    def _watch_heads(self, r: int) -> None:
+        """Check the members' heads of the board's window in the background (see above).
+
+        Not at the round's start: a head naming a record nobody serves costs a fetch timeout.
+        """
+        if self._head_watch is not None:
+            self._head_watch.cancel()
+        heads = [h for h in self.board.heads.values() if r - 1 <= h.round <= r + MAX_ROUNDS_AHEAD]
+        self._head_watch = asyncio.ensure_future(self._ignore_tainted(heads))
 
     async def _relay_if_split(self, r: int) -> None:
         """Hand on the roster statement this peer took in round ``r`` if a member's differs.
@@ -828,8 +835,9 @@ class AgreedSession:
         if proof is not None:  # resync rewinds past the equivocator's round (:meth:`_rewind`)
             ours, why = str(self.head), f"equivocated (proof {proof.block.cid})"
             raise RoundMismatch(r - 1, ours, {proof.author: why})
-        if self._evidence.proofs:
-            await self._ignore_tainted(r)
+        if self._evidence.proofs:  # a rewound member's old head: no vote
+            await self._ignore_tainted([*self.board.state(r - 1).done.values()])
+            self._watch_heads(r)
         self._check_done(r - 1)
         await self._storage.settle(keep=1)  # the last round's blocks may still be on their way
         encoded, values = await self._encode(values, error_feedback)
