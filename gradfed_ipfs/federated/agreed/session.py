@@ -450,7 +450,8 @@ class AgreedSession:
         p, timeout = proof.round, self.config.fetch_timeout
         try:
             base = None if p == 0 else await walk_back(self.store, p - 1, self.head, timeout)
-            if (p > 0 and base is None) or (p == 0 and bytes(proof.base) != bytes(self.genesis)):
+            built_on = self.genesis if base is None else base[1].result
+            if (p > 0 and base is None) or bytes(built_on) != bytes(proof.base):
                 return False
             model, state = await self._base_model(proof, None if base is None else base[1])
         except (BlockStoreError, DecodeError, GradientError, RoundVerificationFailed) as exc:
