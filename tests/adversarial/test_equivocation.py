@@ -113,6 +113,7 @@ async def test_an_equivocating_coordinator_is_proven_excluded_and_the_split_heal
         assert held.author == EVIL
         assert held.round == 0
         assert held.kind == "agreed/roster"
+        assert held.listed == frozenset(HONEST)  # whom the re-run of round 0 waits for
         cids.add(bytes(proof.block.cid))
         assert session.board.dropped["excluded"] > 0  # its later messages: ignored
         assert EVIL not in session.board.heads
