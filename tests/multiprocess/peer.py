@@ -9,7 +9,8 @@ rounds; ``--await-head R`` waits to hear a head of round ``R`` before a resync; 
 resyncs once the rounds are done; ``--hold`` keeps the process (and its head) up until stopped;
 ``--directed-from PEER`` takes PEER's messages from this peer's side topic only (a hostile
 router: :mod:`tests.adversarial.equivocator`); ``--await-peers N`` starts once N other peers
-are on the topic.
+are on the topic; ``--resync-delay S`` waits S seconds before the resync after a
+``RoundMismatch`` (a slow peer, as on a loaded machine).
 """
 
 from __future__ import annotations
@@ -111,6 +112,7 @@ async def run(args: argparse.Namespace) -> int:
             except (QuorumNotReached, RoundMismatch) as exc:
                 emit("error", round=r, kind=type(exc).__name__, message=str(exc))
                 if isinstance(exc, RoundMismatch):
+                    await asyncio.sleep(args.resync_delay)  # a slow peer (a loaded machine)
                     await session.resync(timeout=5.0)
                 continue
             emit(
@@ -207,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--linger", type=float, default=15.0)
     parser.add_argument("--resync", action="store_true")
     parser.add_argument("--resync-after", action="store_true", help="resync after the rounds")
+    parser.add_argument(
+        "--resync-delay", type=float, default=0.0, help="seconds before a resync on a mismatch"
+    )
     parser.add_argument("--await-head", type=int, default=None, help="before a resync")
     parser.add_argument("--forge", action="store_true", help="then announce a forged head")
     parser.add_argument("--hold", action="store_true", help="stay up until stopped")

@@ -75,6 +75,10 @@ class RoundContext:
     proven
         Members this peer holds an equivocation proof against as the round starts: out of the
         ranking, and no roster of theirs or listing them is taken.
+    awaited
+        In a round re-run after an equivocation (:meth:`~.session.AgreedSession.resync`
+        rewound to it): the members the proof's rosters listed, whose contributions the
+        round waits for (:meth:`~.round.roster.RosterPhase.take`); empty otherwise.
     """
 
     number: int
@@ -90,6 +94,7 @@ class RoundContext:
     started: float
     rejected: dict[str, str] = field(default_factory=dict)
     proven: frozenset[str] = frozenset()
+    awaited: frozenset[str] = frozenset()
 
     @property
     def barred(self) -> frozenset[str]:

@@ -7,7 +7,9 @@ conflict (:func:`~gradfed_ipfs.formats.agreed.evidence.decode_equivocation`) mak
 watch stores, and the session publishes on the agreed topic; a proof heard there is verified
 before it counts. The proven author is then *excluded* by this peer from then on: its
 messages are dropped, its votes and heads forgotten, and it leaves the coordinator schedule
-(:func:`~.coordinator.coordinator_ranking` of the members without it).
+(:func:`~.coordinator.coordinator_ranking` of the members without it). A peer whose chain
+took one of its rosters rewinds and re-runs that round, waiting for the members the proof's
+rosters list (``EquivocationProof.listed``; ``AgreedSession.resync``).
 
 A peer whose round's record differs from another member's ``done`` relays the coordinator's
 roster statement it took (:meth:`EvidenceWatch.roster_statement`): a member that sent two
@@ -182,7 +184,7 @@ class EvidenceWatch:
         """
         if head is None:
             return None
-        for proof in self.proofs.values():
+        for proof in list(self.proofs.values()):  # a proof may come in during a fetch
             try:
                 if await self._took_claim(head, proof):
                     return proof

@@ -44,7 +44,8 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 import numpy as np
 from multiformats import CID
@@ -63,6 +64,7 @@ from ...errors import (
     NoVerifiableHead,
     QuorumNotReached,
     RoundMismatch,
+    RoundVerificationFailed,
 )
 from ...formats.agreed.evidence import EquivocationProof
 from ...formats.agreed.membership import (
@@ -74,7 +76,7 @@ from ...formats.agreed.membership import (
     join_body,
     leave_body,
 )
-from ...formats.agreed.roster import AgreedMessage, AgreedRecord
+from ...formats.agreed.roster import AgreedMessage, AgreedRecord, message_kind
 from ...formats.pubsub import PubsubMessage
 from ...formats.statement import Statement, sign_statement
 from ...kubo.pubsub import PubsubTransport
@@ -95,7 +97,14 @@ from .heads import HeadChoice, HeadChooser
 from .history import ResultLoad, VerifiedHead, load_result, verify_head
 from .members import MemberTracker
 from .round.aggregate import AggregateStep
-from .round.coordinator import Head, RoundBoard, best_head, coordinator_ranking, model_holders
+from .round.coordinator import (
+    MAX_ROUNDS_AHEAD,
+    Head,
+    RoundBoard,
+    best_head,
+    coordinator_ranking,
+    model_holders,
+)
 from .round.roster import RosterPhase, walk_back
 from .slicing import RootFetcher, SliceStep, choose_slicing, slice_report, slices_topic
 from .storage import FinishedRound, RoundStorage
@@ -106,6 +115,8 @@ logger = logging.getLogger("gradfed_ipfs.federated.agreed")
 
 
 _OWN = "own"  # the error-feedback stream of this peer's contributions
+_ROSTER_KIND = message_kind("roster")  # the proofs that exclude (and rewind)
+T = TypeVar("T")
 
 
 def _feedback_of(config: AgreedConfig) -> ErrorFeedback | None:
@@ -224,6 +235,9 @@ class AgreedSession:
         # round -> (record, roster coordinator, roster) of the rounds this peer finished last
         self._took: dict[int, tuple[CID, str, CID]] = {}
         self._relayed: set[int] = set()  # rounds whose roster statement this peer handed on
+        self._rerun: tuple[int, frozenset[str]] | None = None  # (round, awaited) after a rewind
+        self._split = asyncio.Event()  # set: a proof taints the running round's base
+        self._head_watch: asyncio.Future[None] | None = None  # :meth:`_watch_heads`
         self._approving: dict[str, str] = {}  # joiner -> announcer key of this peer's approval
 
     # ------------------------------------------------------------------ lifecycle
@@ -361,7 +375,8 @@ class AgreedSession:
             await self._storage.settle()
             await self._storage.store_last_model()
         finally:
-            tasks = [*self._tasks, *self._fetcher.clear()]
+            watch = [] if self._head_watch is None else [self._head_watch]
+            tasks: list[asyncio.Future[Any]] = [*self._tasks, *self._fetcher.clear(), *watch]
             for task in tasks:
                 task.cancel()
             if tasks:
@@ -380,6 +395,9 @@ class AgreedSession:
             if self.board.statements or self.board.proofs:
                 await self._take_evidence()
             if accepted is not None and accepted.kind == "done":
+                record = accepted.record or accepted.cid
+                if self._evidence.known_tainted(record):  # e.g. a rewound member's old head
+                    self.board.ignore_heads([bytes(record)])
                 await self._relay_if_split(accepted.round)
             if self._members.new_joins:
                 await self._approve_joins()
@@ -409,6 +427,8 @@ class AgreedSession:
                 logger.debug("%s: refused an equivocation proof: %s", self.peer_id, exc)
         while watch.unpublished:
             proof = watch.unpublished.pop(0)
+            if self._took_proven(proof):  # the running round builds on its roster
+                self._split.set()
             board.exclude(proof.author)
             await self._announcer.post(f"evidence:{proof.author}", proof.block.data)
 
@@ -418,9 +438,11 @@ class AgreedSession:
         The convergence rule (see :mod:`~.evidence`): every peer holding a proof whose chain
         names one of the proof's rosters at the proof's round goes back to the model both
         rosters built on, and re-runs that round without the equivocator (out of the
-        schedule, its rosters and votes ignored): the same point and the same members for
-        every such peer. Returns whether it rewound; ``False`` when the base model cannot be
-        fetched (it is then tried again at the next resync).
+        schedule, its rosters and votes ignored), waiting for the members the proof's rosters
+        listed (:attr:`~.context.RoundContext.awaited`): the same point, the same members and
+        the same roster for every such peer, however late the proof reached it. Returns
+        whether it rewound; ``False`` when the base model cannot be loaded (it is then tried
+        again at the next resync).
         """
         proof = await self._evidence.tainted(self.head)
         if proof is None or self.head is None:
@@ -428,14 +450,12 @@ class AgreedSession:
         p, timeout = proof.round, self.config.fetch_timeout
         try:
             base = None if p == 0 else await walk_back(self.store, p - 1, self.head, timeout)
-            model = await fetch_gradient(self.store, proof.base, timeout=timeout)
-            state = None
-            if base is not None and base[1].state is not None:
-                state = await fetch_gradient(self.store, base[1].state, timeout=timeout)
-        except (BlockStoreError, DecodeError, GradientError) as exc:
+            built_on = self.genesis if base is None else base[1].result
+            if (p > 0 and base is None) or bytes(built_on) != bytes(proof.base):
+                return False
+            model, state = await self._base_model(proof, None if base is None else base[1])
+        except (BlockStoreError, DecodeError, GradientError, RoundVerificationFailed) as exc:
             logger.warning("%s: cannot rewind to round %d yet: %s", self.peer_id, p, exc)
-            return False
-        if (p > 0 and base is None) or (p == 0 and bytes(proof.base) != bytes(self.genesis)):
             return False
         self.model = np.array(model, np.float32).reshape(-1)
         self.model_cid, self.round = proof.base, p
@@ -444,6 +464,7 @@ class AgreedSession:
         self.rule_state = None if state is None else np.array(state, np.float32).reshape(-1)
         self.history = {k: v for k, v in self.history.items() if v < p}
         self._took = {k: v for k, v in self._took.items() if k < p}
+        self._rerun = (p, proof.listed)
         self._storage.unstored_head = None
         self._announcer.withdraw("done")  # its head took the equivocator's roster
         self._members.rewind(self.head)  # round p's members and the rosters before it
@@ -453,6 +474,42 @@ class AgreedSession:
             "%s: rewound to round %d (%s equivocated): re-running it", self.peer_id, p, proof.author
         )
         return True
+
+    async def _base_model(
+        self, proof: EquivocationProof, base: AgreedRecord | None
+    ) -> tuple[FloatArray, FloatArray | None]:
+        """Return the model (and rule state) a split round built on: the genesis, or ``base``'s.
+
+        ``base``'s model is fetched if stored, else rebuilt from the last stored one
+        (:func:`~.history.load_result`; ``model_every`` stores one every few rounds only).
+        """
+        timeout = self.config.fetch_timeout
+        if base is None:
+            return await fetch_gradient(self.store, proof.base, timeout=timeout), None
+        model, state = await load_result(
+            self.store, base, self.config.rule, timeout=timeout, length=self.model.size
+        )
+        return model, state
+
+    async def _ignore_tainted(self, heads: list[Head]) -> None:
+        """Stop counting the ``heads`` that took a proven equivocator's roster (as votes too).
+
+        They count in no ``heads_from`` (:meth:`~.RoundBoard.ignore_heads`): rewound members'
+        old heads, or members still on the split branch, do not make a re-run round over.
+        """
+        for head in heads:
+            if await self._evidence.tainted(head.record) is not None:
+                self.board.ignore_heads([bytes(head.record)])
+
+    def _watch_heads(self, r: int) -> None:
+        """Check the members' heads of the board's window in the background (see above).
+
+        Not at the round's start: a head naming a record nobody serves costs a fetch timeout.
+        """
+        if self._head_watch is not None:
+            self._head_watch.cancel()
+        heads = [h for h in self.board.heads.values() if r - 1 <= h.round <= r + MAX_ROUNDS_AHEAD]
+        self._head_watch = asyncio.ensure_future(self._ignore_tainted(heads))
 
     async def _relay_if_split(self, r: int) -> None:
         """Hand on the roster statement this peer took in round ``r`` if a member's differs.
@@ -676,14 +733,16 @@ class AgreedSession:
             If no roster with ``min_peers`` contributions was adopted by ``round_timeout``.
         RoundMismatch
             If another roster peer announced a different record (this peer has advanced to its
-            own result; call :meth:`resync`).
+            own result; call :meth:`resync`), or this peer's chain took a proven equivocator's
+            roster (raised at once, also when the proof arrives during the round; the resync
+            rewinds).
         """
         parts = self._parts
         values, started = self._start_round(gradient, weight)
         self._unsent = None
         ctx = await self._contribute(values, int(weight), started, error_feedback)
         try:
-            adopted = await parts.control.take(ctx)
+            adopted = await self._unless_split(ctx, parts.control.take(ctx))
             aggregated = await parts.aggregate.run(ctx, adopted)
             finished = await self._store(ctx, adopted, aggregated)
             await parts.control.settle(ctx, finished)
@@ -696,6 +755,39 @@ class AgreedSession:
         await ctx.own.stored  # a failed put is this round's error
         self._keep_unsent(result)
         return result
+
+    async def _unless_split(self, ctx: RoundContext, step: Awaitable[T]) -> T:
+        """Await ``step``; raise ``RoundMismatch`` if a proof taints the round's base meanwhile.
+
+        The round builds on a proven equivocator's roster: whatever it adopts is rewound, and
+        the sooner this peer rewinds, the sooner the others' re-run of the split round has it
+        (:meth:`_rewind`). Pubsub plane only (the CometBFT plane orders one history).
+        """
+        task = asyncio.ensure_future(step)
+        if isinstance(self._parts.control, CometControl):
+            return await task
+        self._split = split = asyncio.Event()
+        waiter = asyncio.ensure_future(split.wait())
+        try:
+            await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.wait([task])
+        if not split.is_set() or (task.done() and not task.cancelled()):
+            return task.result()
+        proofs = [p for p in self._evidence.proofs.values() if self._took_proven(p)]
+        theirs = {p.author: f"equivocated (proof {p.block.cid})" for p in proofs}
+        raise RoundMismatch(ctx.number - 1, str(ctx.head), theirs)
+
+    def _took_proven(self, proof: EquivocationProof) -> bool:
+        """Whether one of this peer's last two rounds took a roster of ``proof``'s author."""
+        took = self._took.get(proof.round)
+        if took is None or proof.kind != _ROSTER_KIND:
+            return False
+        _, coordinator, roster = took
+        return coordinator == proof.author or bytes(roster) in {bytes(c) for c in proof.claims}
 
     def _keep_unsent(self, result: AgreedRoundResult) -> None:
         """Error feedback: carry what the round did not apply of this peer's update.
@@ -746,8 +838,9 @@ class AgreedSession:
         if proof is not None:  # resync rewinds past the equivocator's round (:meth:`_rewind`)
             ours, why = str(self.head), f"equivocated (proof {proof.block.cid})"
             raise RoundMismatch(r - 1, ours, {proof.author: why})
-        for head in self.board.state(r - 1).done.values() if self._evidence.proofs else ():
-            await self._evidence.tainted(head.record)  # a rewound member's old head: no vote
+        if self._evidence.proofs:  # a rewound member's old head: no vote
+            await self._ignore_tainted([*self.board.state(r - 1).done.values()])
+            self._watch_heads(r)
         self._check_done(r - 1)
         await self._storage.settle(keep=1)  # the last round's blocks may still be on their way
         encoded, values = await self._encode(values, error_feedback)
@@ -773,7 +866,13 @@ class AgreedSession:
             ranking=tuple(coordinator_ranking(self.session, self.genesis, r, scheduled)),
             proven=proven,
             started=started,
+            awaited=self._awaited(r),
         )
+
+    def _awaited(self, r: int) -> frozenset[str]:
+        """Return whom round ``r`` waits for: the proof's listed members if ``r`` is re-run."""
+        rerun = self._rerun
+        return rerun[1] if rerun is not None and rerun[0] == r else frozenset()
 
     async def _encode(
         self, values: FloatArray, error_feedback: bool = True
@@ -847,6 +946,7 @@ class AgreedSession:
         self.excluded = frozenset(excluded)  # the record's: no later roster may list them
         self.rule_state = aggregated.state
         self.history[bytes(record.cid)] = r
+        self._rerun = None  # a re-run round is over (or was passed)
         self._took[r] = (record.cid, adopted.roster.coordinator, adopted.cid)
         for old in [k for k in self._took if k < r - 1]:
             del self._took[old]
@@ -1040,6 +1140,7 @@ class AgreedSession:
             proof = await self._evidence.tainted(head.record)
             if proof is not None:  # built on a proven equivocator's roster: never adopted
                 tainted[peer] = f"head {head.record} took a roster {proof.author} equivocated"
+        self.board.ignore_heads(bytes(heads[p].record) for p in tainted)
         heads = {p: h for p, h in heads.items() if p != self.peer_id and p not in tainted}
         if self.head is not None:
             heads[self.peer_id] = Head(self.round - 1, self.model_cid, self.head)
@@ -1070,6 +1171,7 @@ class AgreedSession:
         self.model = np.array(verified.model, np.float32).reshape(-1)
         self.model_cid, self.head, self.round = best.result, best.record, best.round + 1
         self._storage.unstored_head = None
+        self._rerun = None
         self.excluded = verified.excluded
         for cid, record in verified.chain:
             self.history[bytes(cid)] = record.round

@@ -74,6 +74,9 @@ class EquivocationProof:
         of different weights), in the proof's order.
     block
         The encoded proof (its CID names it).
+    listed
+        The peers either roster lists (empty for contributions): the members the rosters'
+        author may have split, whom a re-run of the round waits for.
     """
 
     author: str
@@ -84,6 +87,7 @@ class EquivocationProof:
     base: CID
     claims: tuple[CID, CID]
     block: Block
+    listed: frozenset[str] = frozenset()
 
 
 def is_equivocation(data: bytes) -> bool:
@@ -172,9 +176,15 @@ def decode_equivocation(block: Block, *, keys: KeyBook = PEER_ID_KEYS) -> Equivo
     named = {bytes(m.cid) for m in (first, second) if m.kind == "roster" and m.inline is None}
     if set(carried) != named:
         raise MalformedManifest(f"{where}: carries rosters other than those its statements name")
+    listed = frozenset(
+        peer
+        for m in (first, second)
+        if m.kind == "roster"
+        for peer in _roster_of(m, carried, where).peers
+    )
     return EquivocationProof(
         first.peer, message_kind(first.kind), first.session, first.genesis, first.round, base,
-        (first.cid, second.cid), block,
+        (first.cid, second.cid), block, listed,
     )  # fmt: skip
 
 

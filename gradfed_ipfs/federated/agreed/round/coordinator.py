@@ -59,6 +59,8 @@ until the session takes them (it does after every message)."""
 _REPEATS_PER_MEMBER: Final = 16
 """Recorded messages a board remembers per member to drop their re-publications undecoded
 (an honest member sends three a round; the board holds two rounds)."""
+_MAX_IGNORED: Final = 4096
+"""Head records a board ignores (:meth:`RoundBoard.ignore_heads`) before it forgets the oldest."""
 
 
 def coordinator_ranking(
@@ -181,18 +183,40 @@ class RoundBoard:
         # and walking every head for it is O(N) a change.
         self._head_rounds: Counter[int] = Counter()
         self.done_heard = 0
+        self._ignored: dict[bytes, None] = {}  # head records that count for nobody (tainted)
 
     def exclude(self, peer: str) -> None:
         """Drop all that ``peer`` (a proven equivocator) said and says: votes, heads, rosters."""
         self.excluded.add(peer)
         known = self.heads.pop(peer, None)
-        if known is not None:
+        if known is not None and self._counts(known):
             self._head_rounds[known.round] -= 1
         for state in self.rounds.values():
             state.contributions.pop(peer, None)
             state.rosters.pop(peer, None)
             state.done.pop(peer, None)
         self._notify()
+
+    def ignore_heads(self, records: Iterable[bytes]) -> None:
+        """Stop counting the heads on ``records`` (chains that took a proven equivocator's roster).
+
+        They stay their members' heads (a resync refuses them by itself) but count in no
+        :meth:`heads_from` (else rewound members' old heads would tell a re-run round it is
+        over elsewhere), and their member's next ``done`` replaces them whatever its round
+        (its re-run of the round).
+        """
+        new = [r for r in records if r not in self._ignored]
+        if not new:
+            return
+        self._ignored.update(dict.fromkeys(new))
+        while len(self._ignored) > _MAX_IGNORED:
+            del self._ignored[next(iter(self._ignored))]
+        self._head_rounds = Counter(h.round for h in self.heads.values() if self._counts(h))
+        self._notify()
+
+    def _counts(self, head: Head) -> bool:
+        """Whether ``head`` counts as its member's (its record is not ignored)."""
+        return bytes(head.record) not in self._ignored
 
     def rewind(self, round_number: int) -> None:
         """Make ``round_number`` current again, forgetting what was heard of it and later rounds.
@@ -256,23 +280,27 @@ class RoundBoard:
         return decoded
 
     def _head(self, peer: str, head: Head) -> None:
-        """Keep ``head`` as ``peer``'s latest unless it announced a later round already."""
+        """Keep ``head`` as ``peer``'s latest unless it announced a later round already.
+
+        A later round's head on an ignored record is replaced all the same.
+        """
         known = self.heads.get(peer)
-        if known is None or head.round >= known.round:
-            if known is not None:
+        if known is None or head.round >= known.round or not self._counts(known):
+            if known is not None and self._counts(known):
                 self._head_rounds[known.round] -= 1
             self.heads[peer] = head
-            self._head_rounds[head.round] += 1
+            if self._counts(head):
+                self._head_rounds[head.round] += 1
         self.done_heard += 1
 
     def heads_from(self, round_number: int, *, but: str = "") -> int:
         """Count the peers (but ``but``) whose latest ``done`` is of ``round_number`` or later.
 
-        O(rounds heard), not O(peers).
+        Heads on ignored records do not count. O(rounds heard), not O(peers).
         """
         count = sum(n for r, n in self._head_rounds.items() if r >= round_number)
         mine = self.heads.get(but)
-        return count - (mine is not None and mine.round >= round_number)
+        return count - (mine is not None and mine.round >= round_number and self._counts(mine))
 
     def _decode(self, message: PubsubMessage) -> tuple[AgreedMessage, bytes | None] | None:
         """Decode a message of this session from a member that signed it; else drop it."""

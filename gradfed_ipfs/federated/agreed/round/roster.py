@@ -9,6 +9,14 @@ A roster is taken only when it is this round's, every entry is its owner's signe
 contribution (this peer's own entry its own), and its coordinator's takeover time has come by
 this peer's clock (:meth:`~.config.AgreedConfig.takeover_at`); one heard by message only from
 the coordinator it names. One heard early is kept and tried when its time comes.
+
+A round re-run after an equivocation (``ctx.awaited``: the members the proof's rosters
+listed) waits for those members, who rewind when the proof reaches them, not all at once:
+until every awaited contribution is ready (or :data:`REWIND_WAIT` of ``round_timeout`` has
+passed) this peer publishes no roster and takes none that leaves an awaited member out; then
+its schedule (collect, takeovers, deadline) starts, as if the round had started then. So the
+first peer to rewind cannot finish the round alone before the others rewind (each would then
+re-run it alone: a second split).
 """
 
 from __future__ import annotations
@@ -49,7 +57,7 @@ from ..members import MemberTracker
 from .coordinator import MAX_ROUNDS_AHEAD, RoundBoard, RoundState, effective_quorum, roster_problem
 from .readiness import Entry, ReadyTracker
 
-__all__ = ["MAX_WALK_BACK", "RosterPhase", "walk_back"]
+__all__ = ["MAX_WALK_BACK", "REWIND_WAIT", "RosterPhase", "walk_back"]
 
 logger = logging.getLogger("gradfed_ipfs.federated.agreed")
 
@@ -63,6 +71,8 @@ _VOTE_WAIT: Final = 1.0
 """Longest wait for a ``done`` record when counting the votes behind an early roster (s)."""
 MAX_WALK_BACK: Final = MAX_ROUNDS_AHEAD
 """Most records walked back from a later round's ``done`` to find a missed round's roster."""
+REWIND_WAIT: Final = 0.5
+"""Fraction of ``round_timeout`` a re-run round waits at most for its awaited members."""
 
 
 async def walk_back(
@@ -103,6 +113,8 @@ class _Collection:
     wake_at: float = float("inf")  # the next clock-driven step heard of (monotonic s)
     heads_walked: int = -1  # the board's done count when records were last walked
     settled: tuple[int, set[bytes]] = (-1, set())  # done count -> rosters a majority named
+    awaiting: frozenset[str] = frozenset()  # a re-run round's members not ready yet
+    await_until: float = float("inf")  # when a re-run round stops waiting for them
 
 
 def _complete(ready: dict[str, Entry], members: set[str]) -> bool:
@@ -183,6 +195,8 @@ class RosterPhase:
             close_at=ctx.started + config.collect_timeout + ctx.rank * config.takeover_timeout,
             deadline=ctx.started + config.round_timeout,
             ranks={p: i for i, p in enumerate(ctx.ranking)},
+            awaiting=ctx.awaited & (set(config.members) - ctx.barred),
+            await_until=ctx.started + REWIND_WAIT * config.round_timeout,
         )
         state = self._board.state(ctx.number)
         tracker = ReadyTracker(ctx, state.contributions, self._fetcher)
@@ -190,6 +204,7 @@ class RosterPhase:
             event = self._board.changed
             tracker.update()  # O(what changed), not O(N) a board change
             c.wake_at = float("inf")
+            self._end_wait(ctx, c, tracker)
             adopted = await self._try_rosters(ctx, c)
             if adopted is not None:
                 break
@@ -209,13 +224,32 @@ class RosterPhase:
         # reduce-scatter round, which waits for their slices: seen across processes).
         return adopted
 
+    @staticmethod
+    def _end_wait(ctx: RoundContext, c: _Collection, tracker: ReadyTracker) -> None:
+        """End a re-run round's wait once its awaited members are ready (or at its bound).
+
+        The round's schedule then starts: its close, takeovers and deadline move by the wait.
+        """
+        if not c.awaiting:
+            return
+        now = time.monotonic()
+        if c.awaiting.issubset(tracker.ready) or now >= c.await_until:
+            waited = now - ctx.started
+            c.close_at, c.deadline = c.close_at + waited, c.deadline + waited
+            c.awaiting = frozenset()
+        else:
+            c.wake_at = min(c.wake_at, c.await_until)
+
     async def _close(self, ctx: RoundContext, c: _Collection, tracker: ReadyTracker) -> bool:
         """Publish (or derive) a roster if this peer may now; return whether it did.
 
         Never once more than half the members announced this round's ``done`` or a later one:
         the round is over elsewhere, and this (late) peer takes the roster it settled on.
+        Never while a re-run round waits for its awaited members (:meth:`_end_wait`).
         ``tracker``'s count says when to look; the roster lists a full walk's result.
         """
+        if c.awaiting:
+            return False
         over = self._board.heads_from(ctx.number, but=ctx.peer)
         if 2 * over > len(ctx.config.members):
             return False
@@ -560,6 +594,9 @@ class RosterPhase:
         if problem:  # the coordinator it names proposed it (its signer, checked above)
             c.tried.add(bytes(cid))
             ctx.rejected[roster.coordinator] = f"roster {cid}: {problem}"
+            return None
+        if c.awaiting and not c.awaiting.issubset(roster.peers):
+            c.wake_at = min(c.wake_at, c.await_until)  # leaves out a member a re-run waits for
             return None
         if author is None:  # learned from a record: its named coordinator's time must come
             rank = ctx.ranking.index(roster.coordinator)
