@@ -233,7 +233,7 @@ async def test_a_roster_proposing_a_forged_member_set_is_refused(
     current = tracker.current
     if forgery == "join-without-approvals":
         join = await sign_statement(
-            bus.signer(STRANGER), JOIN, join_body(SESSION, genesis, STRANGER), keys=bus.keys
+            bus.signer(STRANGER), JOIN, join_body(SESSION, genesis, STRANGER, 0), keys=bus.keys
         )
         change = MemberChange("join", STRANGER, (join.block.data,))
         members = tuple(sorted([*PEERS, STRANGER]))
@@ -267,7 +267,7 @@ async def test_the_board_holds_one_join_per_stranger_and_a_bounded_number() -> N
     tracker = MemberTracker(SESSION, genesis, PEERS, Admission("majority"), bus.keys)
 
     async def join(peer: str, session: str = SESSION) -> bytes:
-        body = join_body(session, genesis, peer)
+        body = join_body(session, genesis, peer, 0)
         return (await sign_statement(bus.signer(peer), JOIN, body, keys=bus.keys)).block.data
 
     first = await join(STRANGER)

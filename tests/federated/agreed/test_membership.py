@@ -37,8 +37,8 @@ CURRENT = MemberSet(SESSION, GENESIS, 0, tuple(sorted(s.peer_id for s in (A, B, 
 CURRENT_CID = CURRENT.to_block().cid
 
 
-async def join(signer: LocalSigner, peer: str | None = None) -> bytes:
-    body = join_body(SESSION, GENESIS, peer or signer.peer_id)
+async def join(signer: LocalSigner, peer: str | None = None, made: int = 0) -> bytes:
+    body = join_body(SESSION, GENESIS, peer or signer.peer_id, made)
     return (await sign_statement(signer, JOIN, body)).block.data
 
 
