@@ -307,7 +307,6 @@ def decide(
     for peer, (after, data) in sorted(requests.leaves.items()):
         if peer in members and after <= closed and peer not in changes:
             changes[peer] = ("leave", (data,))
-    _expire(requests, closed)
     for joiner in sorted(requests.joins):
         if joiner in members:  # admitted meanwhile by an earlier close: nothing to do
             continue
@@ -317,6 +316,7 @@ def decide(
         votes = _admitted(rules, members, requests, joiner)
         if votes is not None:
             changes[joiner] = ("join", (requests.joins[joiner][1], *votes))
+    _expire(requests, {p for p, (op, _) in changes.items() if op == "join"}, closed + 1)
     joined = {p for p, (op, _) in changes.items() if op == "join"}
     new = tuple(sorted((set(members) - set(changes)) | joined))
     if not changes or not 1 <= len(new) <= MAX_MEMBERS:  # never empty, never beyond a roster
@@ -334,11 +334,12 @@ def decide(
     return SetChange(closed + 1, new, lines, tuple(updates), bound)
 
 
-def _expire(requests: MemberRequests, closed: int) -> None:
-    """Drop the joins that can no longer admit (made ``JOIN_ROUNDS`` or more rounds before)."""
+def _expire(requests: MemberRequests, admitted: Collection[str], first_open: int) -> None:
+    """Drop the joins (not ``admitted``) that no close from ``first_open`` on can admit."""
     expired = {
-        j for j, made in requests.made.items() if made is not None and closed >= made + JOIN_ROUNDS
-    }
+        joiner for joiner, made in requests.made.items()
+        if joiner not in admitted and made is not None and first_open >= made + JOIN_ROUNDS
+    }  # fmt: skip
     for joiner in expired:
         requests.joins.pop(joiner, None)
         del requests.made[joiner]
