@@ -8,6 +8,8 @@ federation's policy) and contributes from the round after its admission. Each ro
 line (round, results, the round's member count, loss). The first Ctrl+C leaves cleanly (a
 signed leave after the current round, exit 0 once a record names a member set without this
 peer); a second one quits at once (exit 130). The node keeps running unless ``--stop-node``.
+A genesis member that restarts passes ``--resume``: it adopts the members' head rather than
+start at round 0, and if it had left (or was evicted) it asks to join again.
 """
 
 from __future__ import annotations
@@ -51,7 +53,12 @@ async def _run(peer: Peer[object], args: argparse.Namespace, joining: bool) -> H
     """Run the peer with Ctrl+C handled (see the module docstring); ``None``: quit."""
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(
-        peer.run(linger=args.linger, join=joining, join_timeout=args.join_timeout)
+        peer.run(
+            linger=args.linger,
+            join=joining,
+            join_timeout=args.join_timeout,
+            resume=args.resume and not joining,
+        )
     )
     loop.add_signal_handler(signal.SIGINT, _Interrupts(peer, task))
     try:
@@ -157,6 +164,12 @@ def add_train_parser(commands: Any) -> None:
         default=600.0,
         metavar="SECONDS",
         help="a joining node waits at most this long to be admitted (default 600)",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="a genesis member that restarts: adopt the members' latest head first (not round "
+        "0), and ask to join again if it left or was evicted",
     )
     parser.add_argument(
         "--stop-node",

@@ -208,11 +208,14 @@ async def train(
     log: Callable[[str], None] | None = None,
     linger: float = 30.0,
     join_timeout: float = 600.0,
+    resume: bool = False,
 ) -> History:
     """Run this node's :class:`~gradfed_ipfs.training.Peer` for the federation's session.
 
     A node that is not a genesis member joins the running session (waiting at most
-    ``join_timeout`` seconds to be admitted). ``linger`` (seconds): after its last round the
+    ``join_timeout`` seconds to be admitted). ``resume``: a genesis member that restarts adopts
+    the members' head first, and asks to join again if it left or was evicted
+    (:meth:`~gradfed_ipfs.training.Peer.run`). ``linger`` (seconds): after its last round the
     peer keeps announcing its head until every member has finished, or for at most that long.
 
     Raises
@@ -224,4 +227,6 @@ async def train(
     """
     peer, _ = await member_peer(federation, task_path, node, log=log)
     joining = await node.peer_id() not in federation.genesis_members
-    return await peer.run(linger=linger, join=joining, join_timeout=join_timeout)
+    return await peer.run(
+        linger=linger, join=joining, join_timeout=join_timeout, resume=resume and not joining
+    )

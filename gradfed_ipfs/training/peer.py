@@ -383,17 +383,19 @@ class Peer(Generic[M]):
     ) -> History:
         """Run every round (and the final evaluation); return this peer's :class:`History`.
 
-        With ``resume`` the peer first adopts the latest head its members announce (a restarted
-        peer catches up, optimizer state included). With ``join`` (needs ``agreed.admission``)
-        it asks to join the running session, fetches the model and history of the head that
-        admits it by CID, and contributes from the next round (``NotAdmitted`` if no head
-        admits it within ``join_timeout`` seconds). A round that fails with
-        :class:`~gradfed_ipfs.errors.RoundMismatch` or ``QuorumNotReached`` is resynced and
-        retried, up to 3 times in a row. The run ends early when this peer is no longer a
-        member (:meth:`leave`, or evicted: ``History.ended``). With ``linger`` (seconds) the
-        peer keeps announcing its last head until every member has finished, or for at most
-        that long, before it closes its session (a process that exits right away may leave a
-        slower member without it).
+        With ``resume`` the peer first adopts the latest head its members announce (a restarted peer
+        catches up, optimizer state included); a peer that head has out (it left or was evicted
+        before: a restarted member) then asks to join again, as with ``join``. So does a peer whose
+        resync after a failed round finds it out. With ``join`` (needs ``agreed.admission``) it asks
+        to join the running session, fetches the model and history of the head that admits it by
+        CID, and contributes from the next round (``NotAdmitted`` if no head admits it within
+        ``join_timeout`` seconds). A round that fails with
+        :class:`~gradfed_ipfs.errors.RoundMismatch` or ``QuorumNotReached`` is resynced and retried,
+        up to 3 times in a row. The run ends early when this peer is no longer a member
+        (:meth:`leave`, or evicted: ``History.ended``). With ``linger`` (seconds) the peer keeps
+        announcing its last head until every member has finished, or for at most that long, before
+        it closes its session (a process that exits right away may leave a slower member without
+        it).
         """
         started = time.monotonic()
         genesis = await AgreedSession.commit_genesis(self.store, self._genesis_vector)
@@ -409,10 +411,11 @@ class Peer(Generic[M]):
                 await session.join(timeout=join_timeout)
             elif resume:
                 await session.resync(timeout=resync_timeout)
+                await self._rejoin(session, join_timeout)
             if self.config.evaluate_fn is not None and session.round == 0:
                 loss, metrics = self.config.evaluate_fn(self.model, 0)
                 history.initial_local_loss, history.initial_local_metrics = loss, dict(metrics)
-            await self._rounds(session, history, resync_timeout)
+            await self._rounds(session, history, resync_timeout, join_timeout)
             if session.left:
                 history.ended = "left" if self._leaving is not None else "evicted"
             if linger > 0:
@@ -424,7 +427,9 @@ class Peer(Generic[M]):
         history.seconds = time.monotonic() - started
         return history
 
-    async def _rounds(self, session: AgreedSession, history: History, resync: float) -> None:
+    async def _rounds(
+        self, session: AgreedSession, history: History, resync: float, join: float
+    ) -> None:
         """Run the rounds left while this peer is a member (see :meth:`run`)."""
         total = self.config.rounds + (1 if self.config.final_evaluation else 0)
         failures = 0
@@ -438,6 +443,7 @@ class Peer(Generic[M]):
                     raise
                 logger.warning("%s: %s; resyncing", session.peer_id, exc)
                 await session.resync(timeout=resync)
+                await self._rejoin(session, join)
                 # a rewind past an equivocator's round: its rounds are run again
                 history.entries = [e for e in history.entries if e.round < session.round]
                 continue
@@ -445,6 +451,18 @@ class Peer(Generic[M]):
             history.entries.append(entry)
             line = report_line(entry, self.config.rounds)
             (self.log or logger.info)(line)
+
+    async def _rejoin(self, session: AgreedSession, timeout: float) -> None:
+        """Ask to join again if the head resynced to has this peer out (``timeout``: seconds).
+
+        It left or was evicted before this run: a restarted member.
+        """
+        if session.config.admission is None or session.left or session.peer_id in session.members:
+            return
+        (self.log or logger.info)(
+            f"not a member at round {session.round} (left or evicted before): asking to join"
+        )
+        await session.join(timeout=timeout)
 
     def leave(self) -> bool:
         """Leave the running session cleanly: a signed leave after the current round.

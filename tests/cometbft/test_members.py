@@ -22,6 +22,7 @@ from gradfed_ipfs.cometbft.abci.pb.cometbft.abci.v1 import types_pb2 as abci
 from gradfed_ipfs.formats.agreed.membership import (
     APPROVE,
     JOIN,
+    JOIN_ROUNDS,
     LEAVE,
     approve_body,
     join_body,
@@ -80,7 +81,7 @@ async def _statement(s: LocalSigner, kind: str, body: bytes) -> bytes:
 async def _join(s: LocalSigner) -> tuple[bytes, bytes]:
     """``s``'s validator binding and join statement."""
     binding = await validator_binding(s, SESSION, CHAIN, _key(s))
-    join = await _statement(s, JOIN, join_body(SESSION, parse_cid(M0), s.peer_id))
+    join = await _statement(s, JOIN, join_body(SESSION, parse_cid(M0), s.peer_id, 0))
     return binding, join
 
 
@@ -138,7 +139,8 @@ async def test_an_allow_listed_join_is_a_member_and_a_validator_from_the_next_ro
     attest = await attestation_tx(A, SESSION, 1, E.peer_id, _cid(f"{E.peer_id}/1"))
     assert chain.block([attest]) == [TxCode.OK]
     assert [line.peer for line in chain.machine.view(1).roster or ()] == list(view.members)
-    assert chain.block([binding, join]) == [TxCode.DUPLICATE] * 2  # replays of used requests
+    # A replay of a used join; the binding admits nothing by itself (E is a member now).
+    assert chain.block([binding, join]) == [TxCode.ALREADY_MEMBER, TxCode.DUPLICATE]
 
 
 async def test_invalid_membership_requests_are_refused_with_their_codes() -> None:
@@ -161,7 +163,7 @@ async def test_invalid_membership_requests_are_refused_with_their_codes() -> Non
     approve = await _approve(F, E, join)  # by a non-member
     assert chain.block([stranger_leave, approve]) == [TxCode.NOT_MEMBER] * 2
     assert chain.machine.app_hash == hash_before  # refused: nothing changed
-    assert chain.block([binding, binding]) == [TxCode.OK, TxCode.DUPLICATE]
+    assert chain.block([binding, binding]) == [TxCode.OK, TxCode.CONFLICT]  # bound already
     again = await validator_binding(E, SESSION, CHAIN, bytes(32))
     assert chain.block([again]) == [TxCode.CONFLICT]  # one key per joiner
 
@@ -268,3 +270,52 @@ async def test_finalize_block_hands_the_validator_updates_to_cometbft() -> None:
     assert [(u.pub_key_type, u.pub_key_bytes, u.power) for u in finalized.validator_updates] == [
         ("ed25519", _key(E), 1)
     ]
+
+
+async def test_a_member_that_left_rejoins_by_a_new_join_and_old_requests_are_refused() -> None:
+    """E joins (made at round 0), leaves after round 1 and rejoins by a join made at round 2
+    (its validator binding the same bytes); its old join, a join made before it left and a
+    leave of its earlier membership are refused, so the chain decides one set from the log."""
+    chain = Chain(_genesis())
+    binding, join = await _join(E)
+    assert chain.block([binding, join]) == [TxCode.OK, TxCode.OK]
+    await _round(chain, 0, M0, SIGNERS)
+    base = await _finish(chain, 0, [A, B, C])
+    leave = await _statement(E, LEAVE, leave_body(SESSION, parse_cid(M0), E.peer_id, 1))
+    assert chain.block([leave]) == [TxCode.OK]
+    await _round(chain, 1, base, [*SIGNERS, E])
+    assert chain.machine.view(1).changes == (("leave", E.peer_id, (leave,)),)
+    base = await _finish(chain, 1, [A, B, C])
+    assert E.peer_id not in chain.machine.members
+    made_at_1 = await _statement(E, JOIN, join_body(SESSION, parse_cid(M0), E.peer_id, 1))
+    assert chain.block([join, made_at_1]) == [TxCode.DUPLICATE] * 2  # replays, by bytes or round
+    rejoin = await _statement(E, JOIN, join_body(SESSION, parse_cid(M0), E.peer_id, 2))
+    assert chain.block([binding, rejoin]) == [TxCode.OK, TxCode.OK]
+    await _round(chain, 2, base, SIGNERS)
+    view = chain.machine.view(2)
+    assert view.members == tuple(sorted([*KEYS, E.peer_id]))
+    assert view.changes == (("join", E.peer_id, (rejoin,)),)
+    assert chain.updates[-1] == [(_key(E), 1)]
+    base = await _finish(chain, 2, [A, B, C])
+    old_leave = await _statement(E, LEAVE, leave_body(SESSION, parse_cid(M0), E.peer_id, 0))
+    assert chain.block([leave, old_leave]) == [TxCode.DUPLICATE] * 2  # of its last membership
+    assert await _round(chain, 3, base, [*SIGNERS, E]) == [TxCode.OK] * 10
+    assert chain.machine.view(3).status == "closed"
+
+
+async def test_a_join_expires_after_join_rounds_and_a_later_made_one_replaces_it() -> None:
+    chain = Chain(_genesis("majority"))
+    binding, join = await _join(F)  # made at round 0; no votes
+    assert chain.block([binding, join]) == [TxCode.OK, TxCode.OK]
+    base = M0
+    for r in range(JOIN_ROUNDS):
+        await _round(chain, r, base, SIGNERS)
+        base = await _finish(chain, r, [A, B, C])
+    info = dag_cbor.decode(chain.machine.query("/members", b"")[0] or b"")
+    assert isinstance(info, dict)
+    assert info["pending"] == []  # no close after round JOIN_ROUNDS - 1 can admit it
+    late = await _approve(A, F, join)
+    fresh = await _statement(F, JOIN, join_body(SESSION, parse_cid(M0), F.peer_id, JOIN_ROUNDS))
+    assert chain.block([fresh, late]) == [TxCode.OK, TxCode.OK]
+    older = await _statement(F, JOIN, join_body(SESSION, parse_cid(M0), F.peer_id, 3))
+    assert chain.block([older]) == [TxCode.CONFLICT]  # not later-made than the held one

@@ -126,3 +126,54 @@ def test_secagg_is_refused_when_members_can_change() -> None:
             initial_model=np.zeros(D, np.float32), config=CONFIG, strategy=SecAgg(FedAvg()),
             agreed=AgreedConfig(members=GENESIS, admission=ADMISSION),
         )  # fmt: skip
+
+
+async def test_a_genesis_member_that_left_resumes_and_rejoins_with_its_peer_id() -> None:
+    """peer-c leaves; restarted with ``run(resume=True)`` its session is at round 0 in the
+    genesis set, so it adopts the members' head, finds itself out and joins again: a new join,
+    made at that head's round, admits it and it trains to the end on the others' model."""
+    bus, store = MemoryPubsubBus(), MemoryBlockStore()
+    admission = Admission("allow-list", (GENESIS[2],))
+    config: FederationConfig[np.ndarray] = FederationConfig(rounds=14, final_evaluation=False)
+    lines: dict[str, list[str]] = {name: [] for name in [*GENESIS, "again"]}
+
+    def peer(name: str, index: int, log: list[str]) -> Peer[np.ndarray]:
+        return Peer(
+            store=store, pubsub=bus.endpoint(name), client=paced(index), adapter=VectorAdapter(),
+            initial_model=np.zeros(D, np.float32), config=config, session="members",
+            agreed=AgreedConfig(members=GENESIS, admission=admission, **TIMING),  # type: ignore[arg-type]
+            log=log.append,
+        )  # fmt: skip
+
+    a, b, c = (peer(n, i, lines[n]) for i, n in enumerate(GENESIS))
+    runs = {n: asyncio.ensure_future(p.run()) for n, p in zip(GENESIS, (a, b, c), strict=True)}
+    try:
+        await until(lambda: len(lines["peer-a"]) >= 2, "two rounds")
+        assert c.leave()
+        left = await asyncio.wait_for(runs["peer-c"], 60)
+        assert left.ended == "left"
+        again = peer("peer-c", 2, lines["again"])
+        runs["again"] = asyncio.ensure_future(again.run(resume=True, join_timeout=60))
+        first, _, back = await asyncio.wait_for(
+            asyncio.gather(runs["peer-a"], runs["peer-b"], runs["again"]), 120
+        )
+    finally:
+        for run in runs.values():
+            run.cancel()
+        await asyncio.gather(*runs.values(), return_exceptions=True)
+    assert back.ended == first.ended == "done"
+    assert any("asking to join" in line for line in lines["again"])
+    assert back.entries[0].round > left.entries[-1].round + 1  # not round 0 again
+    assert back.entries[-1].model == first.entries[-1].model
+    assert a.session is not None
+    assert a.session.head is not None
+    records = await verify_agreed_history(
+        store, a.session.head, session="members", genesis=a.session.genesis, rule=a.rule,
+        keys=bus.keys, admission=admission, members=GENESIS,
+    )  # fmt: skip
+    changes = []
+    for record in records:
+        if record.members is not None:
+            member_set = MemberSet.from_block(await store.get(record.members))
+            changes += [(change.op, change.peer) for change in member_set.changes]
+    assert changes == [("leave", "peer-c"), ("join", "peer-c")]

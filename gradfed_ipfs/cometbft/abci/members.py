@@ -6,7 +6,9 @@ kinds of transactions, each a signed statement of :mod:`~gradfed_ipfs.formats.ag
 :mod:`.txs`:
 
 - ``comet/validator`` of a non-member (its validator's key on this chain) and ``agreed/join``
-  of the same peer: a **join** request; held until the close of the current round;
+  of the same peer: a **join** request, made at a round (it names it); held until it admits or
+  expires (:data:`~gradfed_ipfs.formats.agreed.membership.JOIN_ROUNDS` rounds after it was
+  made); a later-made join of the same peer replaces a held one;
 - ``agreed/approve`` of a member: a vote for a held (or later) join statement, by its CID;
 - ``agreed/leave`` of a member: it leaves after the round it names.
 
@@ -15,14 +17,19 @@ rounds from ``r + 1`` on: the members, minus those whose leave names ``r`` or ea
 absent from the last ``evict_after`` rosters, minus those with **evidence** in round ``r``
 (two signed contributions to one round), plus the joins that are admitted: the joiner is on the
 allow-list, or (under ``"majority"`` / ``"two-thirds"``) more than half / two thirds of the
-current members approved its join statement. A set never becomes empty. Each change is also a
+current members approved its join statement, and the join is fresh: made at or after the
+first round of the last set that added or removed the joiner, and at most ``JOIN_ROUNDS``
+rounds before the close (:func:`~gradfed_ipfs.formats.agreed.membership.join_timing_problem`,
+the pubsub plane's rule). So a member that left (or was evicted) rejoins with a new join, and
+its old one, replayed, is refused. A set never becomes empty. Each change is also a
 CometBFT **validator update**: power 1 for a joiner's bound key, 0 for a removed member's.
 
 Refusals are typed (:class:`~.ledger.TxCode`): ``NOT_ALLOWED`` (no admission, or a joiner not on
 the allow-list of an allow-list chain), ``ALREADY_MEMBER``, ``NOT_MEMBER`` (an approval or leave
 of a non-member), ``OTHER_SESSION`` (another session, genesis or chain), ``CONFLICT`` (a second,
 different request of one peer, or a validator key another member has), ``DUPLICATE`` (a
-statement used before: old requests cannot be replayed), ``FULL`` (more than
+statement used before, or a join or leave made before its author's last change of membership:
+old requests cannot be replayed), ``FULL`` (more than
 :data:`MAX_PENDING` pending strangers, or approvals of one member).
 """
 
@@ -39,9 +46,12 @@ from ...errors import DecodeError
 from ...formats.agreed.membership import (
     APPROVE,
     JOIN,
+    JOIN_ROUNDS,
     LEAVE,
     MAX_MEMBERS,
     approvals_needed,
+    join_timing_problem,
+    leave_timing_problem,
     read_request,
 )
 from ...formats.statement import Statement
@@ -96,17 +106,20 @@ class MemberRequests:
     """The membership requests a chain holds, and the statements it has used (no replays)."""
 
     joins: dict[str, tuple[bytes, bytes]] = field(default_factory=dict)  # joiner -> (CID, data)
+    made: dict[str, int | None] = field(default_factory=dict)  # joiner -> its join's round
     bound: dict[str, bytes] = field(default_factory=dict)  # joiner -> its validator key
     # (approver, joiner) -> (the approved join statement's CID, the approval's data)
     approvals: dict[tuple[str, str], tuple[bytes, bytes]] = field(default_factory=dict)
     leaves: dict[str, tuple[int, bytes]] = field(default_factory=dict)  # member -> (after, data)
     used: set[str] = field(default_factory=set)  # CIDs of every request ever accepted
+    # peer -> first round of the last decided set that added or removed it
+    moved: dict[str, int] = field(default_factory=dict)
 
     def copy(self) -> MemberRequests:
         """Return an independent copy (a block being finalized forks the state)."""
         return MemberRequests(
-            dict(self.joins), dict(self.bound), dict(self.approvals), dict(self.leaves),
-            set(self.used),
+            dict(self.joins), dict(self.made), dict(self.bound), dict(self.approvals),
+            dict(self.leaves), set(self.used), dict(self.moved),
         )  # fmt: skip
 
 
@@ -133,7 +146,9 @@ def judge_request(
     cid = str(statement.block.cid)
     if not rules.policy:
         return Verdict(TxCode.NOT_ALLOWED, "this chain's members are fixed (no admission)")
-    if cid in requests.used:
+    # A validator binding admits nothing by itself: a member that left binds its key again
+    # with the same bytes (one binding per stranger is held all the same).
+    if cid in requests.used and statement.kind != VALIDATOR:
         return Verdict(TxCode.DUPLICATE, f"statement {cid} was used before")
     try:
         if statement.kind == VALIDATOR:
@@ -196,21 +211,45 @@ def _request(
     if statement.kind != APPROVE and peer != author:
         return Verdict(TxCode.MALFORMED, f"{statement.kind} for {peer:.60} by another peer")
     if statement.kind == JOIN:
-        refused = _stranger(rules, members, requests, author)
-        if refused is not None:
-            return refused
-        if author in requests.joins:
-            return Verdict(TxCode.CONFLICT, f"{author:.60} asked to join already")
-        requests.joins[author] = (bytes(statement.block.cid), statement.block.data)
-        return Verdict(TxCode.OK)
+        return _join(rules, members, requests, statement, fields["round"])
     if author not in members:
         return Verdict(TxCode.NOT_MEMBER, f"{author:.60} is not a member")
     if statement.kind == LEAVE:
         if author in requests.leaves:
             return Verdict(TxCode.CONFLICT, f"{author:.60} is leaving already")
-        requests.leaves[author] = (int(str(fields["round"])), statement.block.data)
+        after = int(str(fields["round"]))
+        stale = leave_timing_problem(after, requests.moved.get(author))
+        if stale:
+            return Verdict(TxCode.DUPLICATE, stale)
+        requests.leaves[author] = (after, statement.block.data)
         return Verdict(TxCode.OK)
     return _approval(members, requests, statement, peer, fields["join"])
+
+
+def _join(
+    rules: ChainRules,
+    members: Collection[str],
+    requests: MemberRequests,
+    statement: Statement,
+    made_at: object,
+) -> Verdict:
+    author = statement.author
+    refused = _stranger(rules, members, requests, author)
+    if refused is not None:
+        return refused
+    made = made_at if isinstance(made_at, int) else None
+    # judged as if closing at the round it was made: only a replay is refused here (the
+    # window is the close's to judge: decide)
+    stale = join_timing_problem(made, requests.moved.get(author), 0 if made is None else made)
+    if stale:
+        return Verdict(TxCode.DUPLICATE, stale)
+    if author in requests.joins:
+        before = requests.made.get(author)
+        if made is None or (before is not None and made <= before):
+            return Verdict(TxCode.CONFLICT, f"{author:.60} asked to join already")
+    requests.joins[author] = (bytes(statement.block.cid), statement.block.data)
+    requests.made[author] = made
+    return Verdict(TxCode.OK)
 
 
 def _approval(
@@ -271,9 +310,13 @@ def decide(
     for joiner in sorted(requests.joins):
         if joiner in members:  # admitted meanwhile by an earlier close: nothing to do
             continue
+        timing = join_timing_problem(requests.made[joiner], requests.moved.get(joiner), closed)
+        if timing:  # not yet (made for a later round)
+            continue
         votes = _admitted(rules, members, requests, joiner)
         if votes is not None:
             changes[joiner] = ("join", (requests.joins[joiner][1], *votes))
+    _expire(requests, {p for p, (op, _) in changes.items() if op == "join"}, closed + 1)
     joined = {p for p, (op, _) in changes.items() if op == "join"}
     new = tuple(sorted((set(members) - set(changes)) | joined))
     if not changes or not 1 <= len(new) <= MAX_MEMBERS:  # never empty, never beyond a roster
@@ -281,9 +324,23 @@ def decide(
     for peer in changes:
         requests.leaves.pop(peer, None)
         requests.joins.pop(peer, None)
+        requests.made.pop(peer, None)
+        requests.moved[peer] = closed + 1
     requests.approvals = {k: v for k, v in requests.approvals.items() if k[1] in requests.joins}
     bound = tuple((p, requests.bound.pop(p)) for p in sorted(joined))
     updates = [(key, 1) for _, key in bound]
     updates += [(keys[p], 0) for p in sorted(changes) if p not in joined and p in keys]
     lines = tuple((op, p, statements) for p, (op, statements) in sorted(changes.items()))
     return SetChange(closed + 1, new, lines, tuple(updates), bound)
+
+
+def _expire(requests: MemberRequests, admitted: Collection[str], first_open: int) -> None:
+    """Drop the joins (not ``admitted``) that no close from ``first_open`` on can admit."""
+    expired = {
+        joiner for joiner, made in requests.made.items()
+        if joiner not in admitted and made is not None and first_open >= made + JOIN_ROUNDS
+    }  # fmt: skip
+    for joiner in expired:
+        requests.joins.pop(joiner, None)
+        del requests.made[joiner]
+    requests.approvals = {k: v for k, v in requests.approvals.items() if k[1] not in expired}

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 import numpy as np
@@ -59,7 +59,7 @@ from ...tensor.deterministic import deterministic_update
 from ..exchange.encoded import encode_gradient
 from ..sliced.proofs import check_partial_frauds
 from .config import UpdateRule
-from .membership import Admission, roster_member_set_problem
+from .membership import Admission, moved_after, roster_member_set_problem
 from .slicing import check_slice_results, proven_liars, sliced_roster
 
 __all__ = [
@@ -301,11 +301,16 @@ async def check_exclusions(
 
 @dataclass(frozen=True)
 class MemberState:
-    """A member set as a chain reaches it: the set, its CID, the last rosters (oldest first)."""
+    """A member set as a chain reaches it: the set, its CID, the last rosters (oldest first).
+
+    ``moved``: per peer, the first round of the last set along the chain that added or removed
+    it (:func:`~.membership.moved_after`; what a join or leave must not predate).
+    """
 
     members: MemberSet
     cid: CID
     rosters: tuple[Roster, ...] = ()
+    moved: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def genesis(cls, session: str, genesis: CID, members: Collection[str]) -> MemberState:
@@ -369,17 +374,18 @@ async def member_states(
             raise RoundVerificationFailed(f"round {record.round}: member set: {exc}") from exc
         named = None if roster.members is None else bytes(roster.members)
         problem = roster_member_set_problem(
-            claimed, state.members, state.cid, roster, state.rosters, admission, keys=keys
-        )
+            claimed, state.members, state.cid, roster, state.rosters, admission, keys=keys,
+            moved=state.moved,
+        )  # fmt: skip
         if named != (None if record.members is None else bytes(record.members)):
             problem = "the record and its roster name different member sets"
         if problem:
             raise RoundVerificationFailed(f"round {record.round}: member set: {problem}")
         rosters = (*state.rosters, roster)[-keep:]
         if claimed is None or record.members is None:
-            state = MemberState(state.members, state.cid, rosters)
+            state = MemberState(state.members, state.cid, rosters, state.moved)
         else:
-            state = MemberState(claimed, record.members, rosters)
+            state = MemberState(claimed, record.members, rosters, moved_after(state.moved, claimed))
         states.append(state)
     return states
 

@@ -5,12 +5,13 @@
 ``config.members``; then each round's record names the next one when it changes), the last
 ``evict_after`` rosters (what evictions follow from), the same state after each of the last
 :data:`KEPT_STATES` records (a resync onto another fork starts from its fork point's), and the
-signed ``agreed/join``,
-``agreed/approve`` and ``agreed/leave`` statements heard on the agreed topic, bounded: one
-pending join per stranger and :data:`MAX_PENDING_JOINS` overall (under the allow-list policy
-only the listed peers' joins), one approval per member and join, one leave per member. A
-coordinator proposes :meth:`MemberTracker.proposal`; every peer
-checks a roster's proposal with :meth:`MemberTracker.problem` before adopting it.
+signed ``agreed/join``, ``agreed/approve`` and ``agreed/leave`` statements heard on the agreed
+topic, bounded: one pending join per stranger (a later-made one replaces it; one made before the
+stranger's last change of membership, a replay, is dropped; one expired is dropped) and
+:data:`MAX_PENDING_JOINS` overall (under the allow-list policy only the listed peers' joins),
+one approval per member and join, one leave per member. A coordinator proposes
+:meth:`MemberTracker.proposal`; every peer checks a roster's proposal with
+:meth:`MemberTracker.problem` before adopting it.
 """
 
 from __future__ import annotations
@@ -22,12 +23,26 @@ from multiformats import CID
 
 from ...block import Block
 from ...errors import DecodeError
-from ...formats.agreed.membership import APPROVE, JOIN, LEAVE, MemberChange, MemberSet, read_request
+from ...formats.agreed.membership import (
+    APPROVE,
+    JOIN,
+    JOIN_ROUNDS,
+    LEAVE,
+    MemberChange,
+    MemberSet,
+    read_request,
+)
 from ...formats.agreed.roster import AgreedRecord, Roster
 from ...formats.statement import KeyBook, Statement, decode_statement
 from ...storage.base import BlockStore
 from .history import MemberState, member_states
-from .membership import Admission, absences, next_member_set, roster_member_set_problem
+from .membership import (
+    Admission,
+    absences,
+    moved_after,
+    next_member_set,
+    roster_member_set_problem,
+)
 
 __all__ = ["KEPT_STATES", "MAX_PENDING_JOINS", "MemberTracker"]
 
@@ -67,6 +82,8 @@ class MemberTracker:
         self.current = self.genesis_set
         self.current_cid = self.genesis_set.to_block().cid
         self.rosters: list[Roster] = []  # the last evict_after adopted rosters, oldest first
+        self.moved: dict[str, int] = {}  # peer -> first round of the last set that moved it
+        self.first_open = 0  # the round after the last roster taken (joins older expire)
         # record CID -> the member state after it (the last KEPT_STATES records taken)
         self._after: dict[bytes, MemberState] = {}
         self.joins: dict[str, Statement] = {}  # stranger -> its join statement
@@ -114,10 +131,12 @@ class MemberTracker:
     def _hold(self, statement: Statement, fields: dict[str, object]) -> bool:
         author, members = statement.author, self.current.members
         if statement.kind == JOIN:
-            fresh = author not in members and author not in self.joins
-            if not fresh or len(self.joins) >= MAX_PENDING_JOINS or not self._admissible(author):
+            if author in members or not self._fresh_join(author, fields["round"]):
                 return False
-            self.joins[author] = statement
+            if author not in self.joins and len(self.joins) >= MAX_PENDING_JOINS:
+                return False
+            self.joins[author] = statement  # replaces an older one, and the votes for it
+            self.approvals = {k: a for k, a in self.approvals.items() if k[1] != author}
             self.new_joins.append(statement)
         elif author not in members:
             return False
@@ -125,19 +144,46 @@ class MemberTracker:
             if author in self.leaves:
                 return False
             self.leaves[author] = statement
-        else:
-            joiner = fields["peer"]
-            if (
-                not isinstance(joiner, str)
-                or joiner in members
-                or (author, joiner) in self.approvals
-            ):
-                return False
-            if len(self.approvals) >= MAX_PENDING_JOINS * len(members):
-                return False
-            self.approvals[(author, joiner)] = statement
+        elif not self._hold_approval(statement, fields["peer"], fields["join"]):
+            return False
         self._seen.add(bytes(statement.block.data))
         return True
+
+    def _fresh_join(self, joiner: str, made_at: object) -> bool:
+        """Whether a join made at ``made_at`` could admit ``joiner``, newer than its held one."""
+        if not self._admissible(joiner):
+            return False
+        made = made_at if isinstance(made_at, int) else -1  # a join without a round: oldest
+        moved = self.moved.get(joiner)
+        if moved is not None and made < moved:  # from before its last change: a replay
+            return False
+        if isinstance(made_at, int) and self.first_open >= made_at + JOIN_ROUNDS:
+            return False  # expired
+        held = self.joins.get(joiner)
+        if held is None:
+            return True
+        before = read_request(JOIN, held.body)["round"]
+        return made > (before if isinstance(before, int) else -1)
+
+    def _hold_approval(self, statement: Statement, joiner: object, join: object) -> bool:
+        """Hold a member's approval: one per joiner, the one of its held join if there is one."""
+        author, members = statement.author, self.current.members
+        if not isinstance(joiner, str) or joiner in members or not isinstance(join, CID):
+            return False
+        held = self.approvals.get((author, joiner))
+        if held is not None and not (self._approves(statement, joiner, join) and not
+                                     self._approves(held, joiner, None)):  # fmt: skip
+            return False
+        if held is None and len(self.approvals) >= MAX_PENDING_JOINS * len(members):
+            return False
+        self.approvals[(author, joiner)] = statement
+        return True
+
+    def _approves(self, approval: Statement, joiner: str, join: CID | None) -> bool:
+        """Whether ``approval`` (naming ``join``, else read) is of ``joiner``'s held join."""
+        held = self.joins.get(joiner)
+        named = read_request(APPROVE, approval.body)["join"] if join is None else join
+        return held is not None and isinstance(named, CID) and named == held.block.cid
 
     def _admissible(self, joiner: str) -> bool:
         """Whether a join could ever be admitted (under the allow-list: only the listed)."""
@@ -190,7 +236,7 @@ class MemberTracker:
             return self.current
         return next_member_set(
             self.current, self.current_cid, roster.round, self.requests(), self.admission,
-            self.streaks(roster), keys=self.keys,
+            self.streaks(roster), keys=self.keys, moved=self.moved,
         )  # fmt: skip
 
     def problem(self, roster: Roster, claimed: MemberSet | None) -> str:
@@ -199,7 +245,7 @@ class MemberTracker:
             return "" if roster.members is None else "names a member set; members are fixed"
         return roster_member_set_problem(
             claimed, self.current, self.current_cid, roster, self.rosters, self.admission,
-            keys=self.keys,
+            keys=self.keys, moved=self.moved,
         )  # fmt: skip
 
     async def follow(
@@ -254,7 +300,7 @@ class MemberTracker:
         )
 
     def _state(self) -> MemberState:
-        return MemberState(self.current, self.current_cid, tuple(self.rosters))
+        return MemberState(self.current, self.current_cid, tuple(self.rosters), dict(self.moved))
 
     def _before(self, record: AgreedRecord) -> MemberState:
         """Return the member state ``record`` starts from: after its ``prev`` (or genesis).
@@ -273,6 +319,9 @@ class MemberTracker:
 
     def _take(self, state: MemberState) -> None:
         self.rosters = list(state.rosters)
+        self.moved = dict(state.moved)
+        if state.rosters:
+            self.first_open = state.rosters[-1].round + 1
         if bytes(state.cid) != bytes(self.current_cid):
             self.adopt(state.members, state.cid)
 
@@ -292,12 +341,25 @@ class MemberTracker:
             self.rosters = []
         if new is not None:
             self.adopt(*new)
+        self._expire(roster.round + 1)
         if self.admission is not None:
             self._keep(record, self._state())
+
+    def _expire(self, first_open: int) -> None:
+        """Drop the joins that cannot admit by the close of ``first_open`` or later."""
+        self.first_open = first_open
+        expired = set()
+        for joiner, join in list(self.joins.items()):
+            made = read_request(JOIN, join.body)["round"]
+            if isinstance(made, int) and first_open >= made + JOIN_ROUNDS:
+                expired.add(joiner)
+                del self.joins[joiner]
+        self.approvals = {k: a for k, a in self.approvals.items() if k[1] not in expired}
 
     def adopt(self, member_set: MemberSet, cid: CID) -> None:
         """Make ``member_set`` current and drop the requests it settled or made moot."""
         self.current, self.current_cid = member_set, cid
+        self.moved = moved_after(self.moved, member_set)
         members = set(member_set.members)
         self.joins = {p: s for p, s in self.joins.items() if p not in members}
         self.leaves = {p: s for p, s in self.leaves.items() if p in members}

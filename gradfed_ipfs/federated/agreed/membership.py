@@ -6,8 +6,12 @@ statements and rosters:
 - **join**: a peer's signed ``agreed/join``; admitted when the session's :class:`Admission`
   allows it: it is on the allow-list (``"allow-list"``), or more than half (``"majority"``) or
   more than two thirds (``"two-thirds"``) of the current members signed an ``agreed/approve``
-  of that join statement;
-- **leave**: a member's signed ``agreed/leave`` (it takes part up to the round it names);
+  of that join statement; and when it is fresh: made at or after the first round of the last
+  set that added or removed the joiner, within ``JOIN_ROUNDS`` rounds
+  (:func:`~gradfed_ipfs.formats.agreed.membership.join_timing_problem`), so a member that
+  left can rejoin with a new join and a replay of its old one is refused;
+- **leave**: a member's signed ``agreed/leave`` (it takes part up to the round it names) of
+  its current membership (not one replayed from before it last joined);
 - **evict**: a member absent from the rosters of the last ``evict_after`` rounds (a member set
   never shrinks below one member by eviction). Round ``r``'s roster names the set of the
   rounds from ``r + 1`` on, so a member absent from round ``r`` on is out of the member set
@@ -15,7 +19,8 @@ statements and rosters:
 
 :func:`next_member_set` builds the next set from the current one and the changes a round
 carries; :func:`member_set_problem` says why a claimed next set is not that one (``""`` when
-it is).
+it is). Both take ``moved`` (:func:`moved_after`): per peer, the first round of the last
+member set that added or removed it, which the chain of sets gives.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ from ...formats.agreed.membership import (
     MemberChange,
     MemberSet,
     approvals_needed,
+    join_timing_problem,
+    leave_timing_problem,
     read_request,
 )
 from ...formats.agreed.roster import Roster
@@ -50,6 +57,7 @@ __all__ = [
     "change_problem",
     "evictions",
     "member_set_problem",
+    "moved_after",
     "next_member_set",
     "roster_member_set_problem",
 ]
@@ -83,6 +91,17 @@ class Admission:
             raise ConfigError("evict_after must be at least 1 round (or None)")
 
 
+_NONE_MOVED: Final[Mapping[str, int]] = {}
+
+
+def moved_after(moved: Mapping[str, int], member_set: MemberSet) -> dict[str, int]:
+    """Return ``moved`` after ``member_set``: its changed peers moved at its ``round``.
+
+    ``moved`` maps a peer to the first round of the last member set that added or removed it.
+    """
+    return {**moved, **{change.peer: member_set.round for change in member_set.changes}}
+
+
 def _statement(data: bytes, kind: str, keys: KeyBook) -> Statement:
     return decode_statement(Block.new(data, "dag-cbor"), kind=kind, keys=keys)
 
@@ -102,13 +121,24 @@ def _request(
 
 
 def _join_problem(
-    change: MemberChange, current: MemberSet, admission: Admission, keys: KeyBook
+    change: MemberChange,
+    current: MemberSet,
+    closing: int,
+    admission: Admission,
+    keys: KeyBook,
+    moved: Mapping[str, int],
 ) -> str:
-    join, _ = _request(change.statements[0], JOIN, current.session, current.genesis, keys)
+    join, fields = _request(change.statements[0], JOIN, current.session, current.genesis, keys)
     if change.peer in current.members:
         return f"{change.peer} is a member already"
     if join.author != change.peer:
         return f"the join statement is {join.author}'s"
+    made_at = fields["round"]
+    timing = join_timing_problem(
+        made_at if isinstance(made_at, int) else None, moved.get(change.peer), closing
+    )
+    if timing:
+        return timing
     needed = approvals_needed(admission.policy, len(current.members))
     if needed == 0:
         return "" if change.peer in admission.allow else f"{change.peer} is not on the allow-list"
@@ -133,16 +163,18 @@ def change_problem(
     admission: Admission,
     *,
     keys: KeyBook = PEER_ID_KEYS,
+    moved: Mapping[str, int] = _NONE_MOVED,
 ) -> str:
     """Return why ``change`` cannot be made by round ``round_number``'s roster (``""``: it can).
 
-    Evictions are not judged here (they follow from the rosters: :func:`evictions`).
+    ``moved`` is :func:`moved_after` of the chain's sets up to ``current``. Evictions are not
+    judged here (they follow from the rosters: :func:`evictions`).
     """
     try:
         if change.op == "join":
             if not change.statements:
                 return "a join without its statement"
-            return _join_problem(change, current, admission, keys)
+            return _join_problem(change, current, round_number, admission, keys, moved)
         if change.op == "leave":
             if len(change.statements) != 1:
                 return "a leave needs exactly its statement"
@@ -154,7 +186,7 @@ def change_problem(
             left_after = fields["round"]
             if not isinstance(left_after, int) or left_after > round_number:
                 return f"{change.peer} leaves after round {left_after}, not yet"
-            return ""
+            return leave_timing_problem(left_after, moved.get(change.peer))
         return "" if not change.statements else "an eviction carries no statements"
     except DecodeError as exc:
         return f"{change.op} of {change.peer}: {exc}"
@@ -195,18 +227,22 @@ def next_member_set(
     streaks: Mapping[str, int],
     *,
     keys: KeyBook = PEER_ID_KEYS,
+    moved: Mapping[str, int] = _NONE_MOVED,
 ) -> MemberSet:
     """Return the member set after round ``round_number``: ``current`` with what holds applied.
 
     ``requests`` are the joins and leaves a coordinator holds (those with a problem are left
-    out); the evictions follow from ``streaks`` (:func:`absences` of the chain's rosters). The
-    same set, byte for byte, on every peer that holds the same requests; ``current`` itself
-    when nothing changes.
+    out); the evictions follow from ``streaks`` (:func:`absences` of the chain's rosters);
+    ``moved`` as for :func:`change_problem`. The same set, byte for byte, on every peer that
+    holds the same requests; ``current`` itself when nothing changes.
     """
     chosen: dict[str, MemberChange] = {}
     for change in sorted(requests, key=lambda c: (c.peer, c.op)):
         skip = change.op == "evict" or change.peer in chosen
-        if not skip and not change_problem(change, current, round_number, admission, keys=keys):
+        problem = skip or change_problem(
+            change, current, round_number, admission, keys=keys, moved=moved
+        )
+        if not problem:
             chosen[change.peer] = change
     for peer in evictions(admission, current.members, streaks):
         chosen.setdefault(peer, MemberChange("evict", peer))
@@ -231,6 +267,7 @@ def member_set_problem(
     streaks: Mapping[str, int],
     *,
     keys: KeyBook = PEER_ID_KEYS,
+    moved: Mapping[str, int] = _NONE_MOVED,
 ) -> str:
     """Return why ``claimed`` is not the member set after round ``round_number`` (``""``: it is).
 
@@ -238,12 +275,12 @@ def member_set_problem(
     exactly the evictions the rosters call for.
     """
     for change in claimed.changes:
-        problem = change_problem(change, current, round_number, admission, keys=keys)
+        problem = change_problem(change, current, round_number, admission, keys=keys, moved=moved)
         if problem:
             return problem
     rebuilt = next_member_set(
         current, current_cid, round_number, [c for c in claimed.changes if c.op != "evict"],
-        admission, streaks, keys=keys,
+        admission, streaks, keys=keys, moved=moved,
     )  # fmt: skip
     if rebuilt.to_block().cid != claimed.to_block().cid:
         return f"not the member set after round {round_number} (evictions or fields differ)"
@@ -259,12 +296,14 @@ def roster_member_set_problem(
     admission: Admission,
     *,
     keys: KeyBook = PEER_ID_KEYS,
+    moved: Mapping[str, int] = _NONE_MOVED,
 ) -> str:
     """Return why ``claimed`` is not the set after ``roster``'s round (``""``: it is).
 
     ``claimed`` is the set the roster names (``None``: unchanged); ``history`` the rosters of
     the rounds before (oldest first; the last ``evict_after`` suffice): with ``roster`` they
-    give the absences. A roster must expect exactly the current members.
+    give the absences; ``moved`` as for :func:`change_problem`. A roster must expect exactly
+    the current members.
     """
     if roster.expected != current.members:
         return f"expects {len(roster.expected)} peers, not round {roster.round}'s members"
@@ -275,5 +314,5 @@ def roster_member_set_problem(
         )
         return "" if rebuilt is current else "leaves out the evictions its rosters call for"
     return member_set_problem(
-        claimed, current, current_cid, roster.round, admission, streaks, keys=keys
+        claimed, current, current_cid, roster.round, admission, streaks, keys=keys, moved=moved
     )

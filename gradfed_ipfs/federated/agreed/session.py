@@ -74,6 +74,7 @@ from ...formats.agreed.membership import (
     MemberSet,
     approve_body,
     join_body,
+    join_timing_problem,
     leave_body,
 )
 from ...formats.agreed.roster import AgreedMessage, AgreedRecord, message_kind
@@ -583,7 +584,7 @@ class AgreedSession:
             if self._members.wants_approval(join, self.peer_id):
                 body = approve_body(self.session, self.genesis, join.author, join.block.cid)
                 approval = await self._request(APPROVE, body)
-                self._approving[join.author] = f"{APPROVE}:{approval.block.cid}"
+                self._approved(join.author, approval)
 
     async def approve(self, peer: str) -> bool:
         """Approve ``peer``'s join (an operator's decision); return whether a vote was signed.
@@ -607,8 +608,15 @@ class AgreedSession:
             return False
         body = approve_body(self.session, self.genesis, peer, cid)
         approval = await self._request(APPROVE, body)
-        self._approving[peer] = f"{APPROVE}:{approval.block.cid}"
+        self._approved(peer, approval)
         return True
+
+    def _approved(self, joiner: str, approval: Statement) -> None:
+        """Keep announcing ``approval`` of ``joiner``'s join (not one of its older join)."""
+        older = self._approving.pop(joiner, None)
+        if older is not None:
+            self._announcer.withdraw(older)
+        self._approving[joiner] = f"{APPROVE}:{approval.block.cid}"
 
     async def _join_cid(self, peer: str) -> CID | None:
         """Return the CID of ``peer``'s pending join: heard on pubsub, or held by the chain."""
@@ -627,9 +635,14 @@ class AgreedSession:
         """Join the running session: ask, wait for admission, resync to the admitting head.
 
         Starts as a non-member (:meth:`start`), announces this peer's signed ``agreed/join``
-        (re-announced), and resyncs to each newer head the members announce until one's
-        member set includes this peer; the model and history are fetched by CID from any
-        member meanwhile. This peer contributes from the round after its admission.
+        (re-announced; made at the round it is at, so a member that left rejoins with new
+        bytes), and resyncs to each newer head the members announce until one's member set
+        admits this peer; the model and history are fetched by CID from any member
+        meanwhile. A join that can no longer admit (made before this peer's last change of
+        membership, or ``JOIN_ROUNDS`` rounds old: after a resync) is signed anew at the
+        current round. A member of the genesis set that restarts (it may have left) resyncs
+        before it counts as admitted. This peer contributes from the round after its
+        admission.
 
         Raises
         ------
@@ -643,9 +656,11 @@ class AgreedSession:
         control = self._parts.control
         if isinstance(control, CometControl):
             await control.bind(timeout)  # its validator's key first: a join needs it
-        request = await self._request(JOIN, join_body(self.session, self.genesis, self.peer_id))
         if isinstance(control, CometControl):
+            request = await self._join_request(await self._chain_open_round(control))
             return await self._join_chain(control, request, timeout)
+        made = self.round
+        request = await self._join_request(made)
         deadline = time.monotonic() + timeout
         result = ResyncResult(False, self.round, self.model_cid, self.head)
         # (member, record) of the heads a resync saw already: wait for another head or another
@@ -658,14 +673,33 @@ class AgreedSession:
                 h.round >= self.round and (p, bytes(h.record)) not in tried for p, h in heads
             )
 
-        while self.peer_id not in self._members.members:
+        # admitted: a member at a head past the round the join was made at (a restarted
+        # genesis member is in its round-0 set before any resync)
+        while self.peer_id not in self._members.members or self.round <= made:
             left = deadline - time.monotonic()
             if left <= 0 or not await self.board.wait_until(newer, left):
                 raise NotAdmitted(f"{self.peer_id} was not admitted to {self.session!r}")
             tried.update((p, bytes(h.record)) for p, h in self.board.heads.items())
             result = await self.resync(timeout=max(left, 0.1))
+            moved = self._members.moved.get(self.peer_id)
+            stale = join_timing_problem(made, moved, self.round)
+            if self.peer_id not in self._members.members and stale:
+                self._announcer.withdraw(f"{JOIN}:{request.block.cid}")
+                made = self.round
+                request = await self._join_request(made)
         self._announcer.withdraw(f"{JOIN}:{request.block.cid}")
         return result
+
+    async def _join_request(self, made: int) -> Statement:
+        """Sign and announce this peer's join, made at round ``made``."""
+        return await self._request(JOIN, join_body(self.session, self.genesis, self.peer_id, made))
+
+    async def _chain_open_round(self, control: CometControl) -> int:
+        """Return the first round whose close can still admit a join (the chain's ``/members``)."""
+        info = await control.members_info()
+        current = info.get("current")
+        opened = current if isinstance(current, int) else 0
+        return opened + 1 if info.get("next") is not None else opened  # that close is past
 
     async def _join_chain(
         self, control: CometControl, request: Statement, timeout: float

@@ -3,12 +3,21 @@
 Three statements (:mod:`~.statement`; each body a small dag-cbor map naming the session):
 
 ``agreed/join``
-    ``{session, genesis, peer}``: ``peer`` (the author) asks to become a member.
+    ``{session, genesis, peer, round}``: ``peer`` (the author) asks to become a member, made
+    at round ``round`` (the first round the joiner's base record leaves open). So a join is
+    fresh by construction: it can admit only by the close of a round ``r`` with
+    ``round <= r < round + JOIN_ROUNDS``, and only if ``round`` is at or after the first round
+    of the last member set that added or removed ``peer`` (:func:`join_timing_problem`). A
+    member that left and rejoins signs a new join (new bytes, new CID) and a replay of its
+    old one is refused. A join without ``round`` (written before it existed) is valid only for
+    a peer no member set has added or removed yet, so old records still verify.
 ``agreed/approve``
     ``{session, genesis, peer, join}``: a member approves the join statement whose CID is
     ``join`` (admission by more than half or two thirds of the members).
 ``agreed/leave``
-    ``{session, genesis, peer, round}``: ``peer`` (the author) leaves after round ``round``.
+    ``{session, genesis, peer, round}``: ``peer`` (the author) leaves after round ``round``;
+    refused if ``round`` is before the first round of its current membership (a leave from an
+    earlier membership, replayed: :func:`leave_timing_problem`).
 
 And one record, ``gradfed.members`` v1: ``{session, genesis, round, members, prev, changes}``,
 the member set that rounds from ``round`` on use (``members`` sorted and unique), linked to the
@@ -39,6 +48,7 @@ __all__ = [
     "APPROVE",
     "JOIN",
     "LEAVE",
+    "JOIN_ROUNDS",
     "MAX_MEMBERS",
     "ChangeOp",
     "MemberChange",
@@ -46,7 +56,9 @@ __all__ = [
     "approve_body",
     "approvals_needed",
     "join_body",
+    "join_timing_problem",
     "leave_body",
+    "leave_timing_problem",
     "read_request",
 ]
 
@@ -54,6 +66,9 @@ JOIN: Final = "agreed/join"
 APPROVE: Final = "agreed/approve"
 LEAVE: Final = "agreed/leave"
 MAX_MEMBERS: Final = 1024
+JOIN_ROUNDS: Final = 16
+"""Rounds a join is valid for: one made at round ``n`` can admit by the close of rounds
+``n .. n + JOIN_ROUNDS - 1`` (then its author signs a new one)."""
 """Most members a member set may name (as many as a roster's entries)."""
 MAX_SET_BYTES: Final = 1024 * 1024
 """Largest encoded member-set record accepted."""
@@ -75,9 +90,14 @@ def _body(kind: str, fields: dict[str, Any]) -> bytes:
     return encode_record({"type": f"gradfed.{kind}", "version": 1, **fields}).data
 
 
-def join_body(session: str, genesis: CID, peer: str) -> bytes:
-    """Return the body of ``peer``'s ``agreed/join`` statement."""
-    return _body("join", {"session": session, "genesis": genesis, "peer": peer})
+def join_body(session: str, genesis: CID, peer: str, round_number: int) -> bytes:
+    """Return the body of ``peer``'s ``agreed/join`` statement, made at round ``round_number``.
+
+    ``round_number`` is the first round the joiner knows to be open (its base record's round
+    + 1); the join admits by the close of that round or one of the next ``JOIN_ROUNDS - 1``.
+    """
+    fields = {"session": session, "genesis": genesis, "peer": peer, "round": round_number}
+    return _body("join", fields)
 
 
 def approve_body(session: str, genesis: CID, joiner: str, join: CID) -> bytes:
@@ -104,8 +124,39 @@ def approvals_needed(policy: str, members: int) -> int:
     return 0
 
 
+def join_timing_problem(made_at: int | None, moved_at: int | None, closing: int) -> str:
+    """Return why a join made at round ``made_at`` cannot admit by round ``closing``'s close.
+
+    ``moved_at`` is the first round of the last member set that added or removed the joiner
+    (``None``: none did). ``made_at`` ``None`` is a join without a round (an old format): valid
+    only for a peer never added or removed. ``""`` when it can admit.
+    """
+    if made_at is None:
+        return "" if moved_at is None else "a join without a round, after a member-set change"
+    if moved_at is not None and made_at < moved_at:
+        return f"a join made at round {made_at}, before its change at round {moved_at} (replay)"
+    if closing < made_at:
+        return f"a join made at round {made_at}, not yet"
+    if closing >= made_at + JOIN_ROUNDS:
+        return f"a join made at round {made_at} expired ({JOIN_ROUNDS} rounds)"
+    return ""
+
+
+def leave_timing_problem(after: int, moved_at: int | None) -> str:
+    """Return why a leave after round ``after`` is not of the leaver's current membership.
+
+    ``moved_at`` is the first round of the member set that last added it (``None``: a genesis
+    member never removed). ``""`` when the leave is its current membership's.
+    """
+    if moved_at is not None and after < moved_at:
+        return f"a leave after round {after}, before its membership from round {moved_at}"
+    return ""
+
+
 def read_request(kind: str, body: bytes) -> dict[str, Any]:
     """Decode a join, approve or leave statement's body (checked fields; ``join`` a CID).
+
+    A leave's ``round`` is an ``int``; a join's an ``int`` or ``None`` (a join without it).
 
     Raises
     ------
@@ -125,11 +176,13 @@ def read_request(kind: str, body: bytes) -> dict[str, Any]:
     }
     if short == "approve":
         fields["join"] = require(record, "join", CID, where)
-    if short == "leave":
+    if short == "leave" or (short == "join" and "round" in record):
         round_number = require(record, "round", int, where)
         if round_number < 0:
             raise MalformedManifest(f"{where}: negative round")
         fields["round"] = round_number
+    elif short == "join":
+        fields["round"] = None
     return fields
 
 

@@ -19,6 +19,7 @@ from gradfed_ipfs import AgreedConfig, AgreedRoundResult, AgreedSession, verify_
 from gradfed_ipfs.errors import NotAdmitted, RoundVerificationFailed
 from gradfed_ipfs.federated.agreed import Admission
 from gradfed_ipfs.federated.agreed.members import MAX_PENDING_JOINS, MemberTracker
+from gradfed_ipfs.federated.agreed.membership import change_problem
 from gradfed_ipfs.federated.agreed.round.coordinator import coordinator_ranking
 from gradfed_ipfs.formats.agreed.membership import (
     APPROVE,
@@ -233,7 +234,7 @@ async def test_a_roster_proposing_a_forged_member_set_is_refused(
     current = tracker.current
     if forgery == "join-without-approvals":
         join = await sign_statement(
-            bus.signer(STRANGER), JOIN, join_body(SESSION, genesis, STRANGER), keys=bus.keys
+            bus.signer(STRANGER), JOIN, join_body(SESSION, genesis, STRANGER, 0), keys=bus.keys
         )
         change = MemberChange("join", STRANGER, (join.block.data,))
         members = tuple(sorted([*PEERS, STRANGER]))
@@ -267,7 +268,7 @@ async def test_the_board_holds_one_join_per_stranger_and_a_bounded_number() -> N
     tracker = MemberTracker(SESSION, genesis, PEERS, Admission("majority"), bus.keys)
 
     async def join(peer: str, session: str = SESSION) -> bytes:
-        body = join_body(session, genesis, peer)
+        body = join_body(session, genesis, peer, 0)
         return (await sign_statement(bus.signer(peer), JOIN, body, keys=bus.keys)).block.data
 
     first = await join(STRANGER)
@@ -291,3 +292,97 @@ async def test_the_board_holds_one_join_per_stranger_and_a_bounded_number() -> N
     listed = MemberTracker(SESSION, genesis, PEERS, Admission(allow=(STRANGER,)), bus.keys)
     assert listed.offer(await join("peer-y"), "peer-y") is None  # never admissible: not held
     assert listed.offer(first, STRANGER) is not None
+
+
+async def test_a_member_that_left_rejoins_with_the_same_id_and_its_old_join_stays_refused() -> None:
+    """peer-d joins at round 0, leaves after round 2 and, restarted (at round 0 again: its
+    first join's bytes), rejoins: the replay is dropped, its new join (made at the round it
+    resynced to) admits it, and it contributes again; every peer's records name one member set
+    per round, and the history re-verifies with the admission."""
+    store, bus = MemoryBlockStore(), MemoryPubsubBus()
+    settings = config(Admission("allow-list", allow=(NEW,)))
+    genesis, sessions = await started(store, bus, [settings] * 3)
+    first = AgreedSession(store, bus.endpoint(NEW), SESSION, genesis, settings)
+    again = None
+    try:
+        joining = asyncio.create_task(first.join(initial_model(), timeout=90.0))
+        await held(sessions, "the first join", lambda t: NEW in t.joins)
+        tracker = sessions[0].board.requests
+        assert tracker is not None
+        old_join = tracker.joins[NEW].block.data
+        await run(sessions)  # round 0's roster admits peer-d
+        await joining
+        everyone = [*sessions, first]
+        await run(everyone)  # round 1
+        await first.leave()  # after round 2
+        await held(sessions, "the leave", lambda t: NEW in t.leaves)
+        await run(everyone)  # round 2: its last
+        assert first.left
+        await first.aclose()
+        assert all(s.members == PEERS for s in sessions)
+        await run(sessions)  # round 3 without it
+        assert tracker.moved[NEW] == 3
+        assert tracker.offer(old_join, NEW) is None  # the replay of its first join: dropped
+        stale = MemberChange("join", NEW, (old_join,))
+        assert "replay" in change_problem(
+            stale, tracker.current, 4, Admission(allow=(NEW,)), keys=bus.keys,
+            moved=tracker.moved,
+        )  # fmt: skip
+        again = AgreedSession(store, bus.endpoint(NEW), SESSION, genesis, settings)
+        rejoining = asyncio.create_task(again.join(initial_model(), timeout=90.0))
+        await held(sessions, "the new join", lambda t: NEW in t.joins)
+        assert tracker.joins[NEW].block.data != old_join
+        admitted = await run(sessions)  # round 4's roster admits it again
+        assert len({bytes(r.record) for r in admitted}) == 1
+        record = await record_of(store, admitted[0].record)
+        assert record.members is not None
+        named = MemberSet.from_block(await store.get(record.members))
+        assert named.members == tuple(sorted([*PEERS, NEW]))
+        assert [c.op for c in named.changes] == ["join"]
+        await rejoining
+        assert again.round == 5
+        after = await run([*sessions, again])  # it contributes again
+        assert len({bytes(r.record) for r in after}) == 1
+        assert set(after[0].roster.peers) == {*PEERS, NEW}
+        assert len({bytes(s.member_set_cid) for s in [*sessions, again]}) == 1
+        verified = await verify_agreed_history(
+            store, after[0].record, session=SESSION, genesis=genesis, keys=bus.keys,
+            admission=settings.admission, members=PEERS,
+        )  # fmt: skip
+        assert [r.round for r in verified] == list(range(6))
+    finally:
+        await close([*sessions, first, *([again] if again is not None else [])])
+
+
+async def test_a_genesis_member_that_left_restarts_and_rejoins_at_the_current_round() -> None:
+    """peer-c (a genesis member) leaves after round 0; restarted, its session is at round 0 with
+    the genesis set (itself in it): joining resyncs to the members' head first, then its join
+    made there admits it."""
+    store, bus = MemoryBlockStore(), MemoryPubsubBus()
+    settings = config(Admission("allow-list", allow=(PEERS[2],)))
+    genesis, sessions = await started(store, bus, [settings] * 3)
+    rest, restarted = sessions[:2], None
+    try:
+        await sessions[2].leave()  # after round 0
+        await held(rest, "the leave", lambda t: PEERS[2] in t.leaves)
+        await run(sessions)
+        assert sessions[2].left
+        await sessions[2].aclose()
+        await run(rest)  # round 1 without it
+        restarted = AgreedSession(store, bus.endpoint(PEERS[2]), SESSION, genesis, settings)
+        rejoining = asyncio.create_task(restarted.join(initial_model(), timeout=90.0))
+        await held(rest, "its new join", lambda t: PEERS[2] in t.joins)
+        assert not rejoining.done()  # not a member at round 0: it waits for its admission
+        await run(rest)  # round 2's roster admits it
+        await rejoining
+        assert restarted.round == 3
+        assert restarted.members == PEERS
+        after = await run([*rest, restarted])
+        assert len({bytes(r.record) for r in after}) == 1
+        assert set(after[0].roster.peers) == set(PEERS)
+        await verify_agreed_history(
+            store, after[0].record, session=SESSION, genesis=genesis, keys=bus.keys,
+            admission=settings.admission, members=PEERS,
+        )  # fmt: skip
+    finally:
+        await close([*rest, *([restarted] if restarted is not None else [])])

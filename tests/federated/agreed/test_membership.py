@@ -13,12 +13,14 @@ from gradfed_ipfs.federated.agreed.membership import (
     approvals_needed,
     change_problem,
     member_set_problem,
+    moved_after,
     next_member_set,
 )
-from gradfed_ipfs.formats import LocalSigner, sign_statement
+from gradfed_ipfs.formats import LocalSigner, encode_record, sign_statement
 from gradfed_ipfs.formats.agreed.membership import (
     APPROVE,
     JOIN,
+    JOIN_ROUNDS,
     LEAVE,
     MemberChange,
     MemberSet,
@@ -37,8 +39,8 @@ CURRENT = MemberSet(SESSION, GENESIS, 0, tuple(sorted(s.peer_id for s in (A, B, 
 CURRENT_CID = CURRENT.to_block().cid
 
 
-async def join(signer: LocalSigner, peer: str | None = None) -> bytes:
-    body = join_body(SESSION, GENESIS, peer or signer.peer_id)
+async def join(signer: LocalSigner, peer: str | None = None, made: int = 0) -> bytes:
+    body = join_body(SESSION, GENESIS, peer or signer.peer_id, made)
     return (await sign_statement(signer, JOIN, body)).block.data
 
 
@@ -161,3 +163,42 @@ def test_member_set_decoder_refuses_bad_orders_and_sizes() -> None:
     bad_op = MemberSet(SESSION, GENESIS, 1, CURRENT.members, changes=(MemberChange("rename", "x"),))  # type: ignore[arg-type]
     with pytest.raises(MalformedManifest, match="op, peer"):
         MemberSet.from_block(bad_op.to_block())
+
+
+async def test_a_join_admits_only_after_its_authors_last_change_and_within_its_window() -> None:
+    admission = Admission("allow-list", allow=(NEW.peer_id, B.peer_id))
+    made_at_2 = MemberChange("join", NEW.peer_id, (await join(NEW, made=2),))
+    assert "not yet" in change_problem(made_at_2, CURRENT, 1, admission)
+    assert change_problem(made_at_2, CURRENT, 2, admission) == ""
+    assert change_problem(made_at_2, CURRENT, 2 + JOIN_ROUNDS - 1, admission) == ""
+    assert "expired" in change_problem(made_at_2, CURRENT, 2 + JOIN_ROUNDS, admission)
+    left_at_5 = {NEW.peer_id: 5}  # the set of rounds from 5 on removed it
+    assert "replay" in change_problem(made_at_2, CURRENT, 6, admission, moved=left_at_5)
+    made_at_5 = MemberChange("join", NEW.peer_id, (await join(NEW, made=5),))
+    assert change_problem(made_at_5, CURRENT, 6, admission, moved=left_at_5) == ""
+    # A join written before joins named a round: valid for a peer never added or removed.
+    body = encode_record(
+        {"type": "gradfed.join", "version": 1, "session": SESSION, "genesis": GENESIS,
+         "peer": NEW.peer_id}
+    ).data  # fmt: skip
+    old = MemberChange("join", NEW.peer_id, ((await sign_statement(NEW, JOIN, body)).block.data,))
+    assert change_problem(old, CURRENT, 40, admission) == ""
+    assert "without a round" in change_problem(old, CURRENT, 40, admission, moved=left_at_5)
+    # next_member_set leaves a replayed join out; moved_after records who a set moved.
+    one = next_member_set(CURRENT, CURRENT_CID, 6, [made_at_2], admission, {}, moved=left_at_5)
+    assert one is CURRENT
+    two = next_member_set(CURRENT, CURRENT_CID, 6, [made_at_5], admission, {}, moved=left_at_5)
+    assert moved_after(left_at_5, two) == {NEW.peer_id: 7}
+
+
+async def test_a_leave_from_an_earlier_membership_is_refused() -> None:
+    """B was removed and re-added by the set of rounds from 4: its leave after round 2 is one
+    of its earlier membership, replayed."""
+    admission = Admission()
+    old = MemberChange("leave", B.peer_id, (await leave(B, 2),))
+    assert change_problem(old, CURRENT, 5, admission) == ""  # a genesis member never moved
+    assert "before its membership" in change_problem(
+        old, CURRENT, 5, admission, moved={B.peer_id: 4}
+    )
+    new = MemberChange("leave", B.peer_id, (await leave(B, 4),))
+    assert change_problem(new, CURRENT, 5, admission, moved={B.peer_id: 4}) == ""

@@ -18,7 +18,7 @@ commits: more than 2/3 of the validators finalized a record that names it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import cast
 
 from multiformats import CID
@@ -40,13 +40,18 @@ from ..history import (
     load_roster,
     verify_rounds,
 )
-from ..membership import Admission, AdmissionPolicy, change_problem
+from ..membership import Admission, AdmissionPolicy, change_problem, moved_after
 
 __all__ = ["check_chain_member_sets", "verify_final_record"]
 
 
 def _change_problem(
-    rounds: RoundsGenesis, current: MemberSet, claimed: MemberSet, r: int, keys: KeyBook
+    rounds: RoundsGenesis,
+    current: MemberSet,
+    claimed: MemberSet,
+    r: int,
+    keys: KeyBook,
+    moved: Mapping[str, int],
 ) -> str:
     """Return why ``claimed`` is not a set the chain's close of round ``r`` can make."""
     if (claimed.session, bytes(claimed.genesis)) != (current.session, bytes(current.genesis)):
@@ -62,7 +67,7 @@ def _change_problem(
         if change.op == "evict":  # the chain's decision (absences or evidence): members only
             problem = "" if change.peer in current.members else f"{change.peer} is no member"
         else:
-            problem = change_problem(change, current, r, admission, keys=keys)
+            problem = change_problem(change, current, r, admission, keys=keys, moved=moved)
         if problem:
             return problem
         (joined if change.op == "join" else removed).add(change.peer)
@@ -89,7 +94,7 @@ async def check_chain_member_sets(
         If a set is not one the chain can decide, or a block cannot be had.
     """
     state = MemberState.genesis(rounds.session, parse_cid(rounds.genesis), rounds.members)
-    current, current_cid = state.members, state.cid
+    current, current_cid, moved = state.members, state.cid, dict(state.moved)
     for _, record in chain:
         try:
             roster = await load_roster(store, record.roster)
@@ -106,11 +111,11 @@ async def check_chain_member_sets(
         elif claimed is not None and claimed.prev != current_cid:
             problem = "the set does not link to the one before"
         elif claimed is not None:
-            problem = _change_problem(rounds, current, claimed, record.round, keys)
+            problem = _change_problem(rounds, current, claimed, record.round, keys, moved)
         if problem:
             raise RoundVerificationFailed(f"round {record.round}: member set: {problem}")
         if claimed is not None and record.members is not None:
-            current, current_cid = claimed, record.members
+            current, current_cid, moved = claimed, record.members, moved_after(moved, claimed)
 
 
 async def verify_final_record(
