@@ -140,7 +140,7 @@ class Reducer:
                 or message.phase != phase
                 or message.block is None
                 or message.roster != ctx.roster_cid
-                or message.sender not in ctx.roster.peers
+                or message.sender not in ctx.roster.peer_set
             ):
                 continue
             kind = PartialRecord if message.kind == "partial" else SliceRecord
