@@ -281,7 +281,7 @@ class ChainRound:
         messages = self._reducer.board.messages
         if self._heard_upto > len(messages):  # the board forgot other rounds: read it again
             self._heard_upto, self._heard_missing = 0, {}
-        members = set(self._ctx.roster.peers)
+        members = self._ctx.roster.peer_set
         for message in messages[self._heard_upto :]:
             if (
                 message.kind not in ("partial", "slice")

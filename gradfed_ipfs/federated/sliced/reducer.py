@@ -317,9 +317,9 @@ class Reducer:
             def mine() -> bool:
                 return bool(self.records(ctx, phase, part))
 
-            def ahead() -> int:
-                known = gone()
-                return sum(1 for p in part.ranking[:rank] if p not in known)
+            def ahead() -> int:  # O(gone), not O(rank): a rank is up to N
+                ranks = part.rank
+                return rank - sum(1 for p in gone() if p in ranks and ranks[p] < rank)
 
             keys = (self.key(ctx, phase, part), *on) if on else None
             await self.board.wait_for(lambda: mine() or ready(), self.config.phase_timeout, on=keys)
