@@ -96,7 +96,8 @@ def test_cid_hash_follows_equality() -> None:
     """Equal CIDs (any base, any path that built them) hash alike; different ones are unequal."""
     cid = make_cid(b"x", "dag-cbor")
     other_base = CID.decode(cid.encode("base58btc"))
-    assert other_base == cid and hash(other_base) == hash(cid)
+    assert other_base == cid
+    assert hash(other_base) == hash(cid)
     assert {cid: 1}[parse_cid(str(cid))] == 1
     assert make_cid(b"x", "raw") != cid  # same digest, other codec
 
