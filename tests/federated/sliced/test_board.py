@@ -189,4 +189,3 @@ async def test_a_members_unsigned_or_foreign_signed_messages_are_dropped() -> No
     assert (kept.sender, kept.values) == (other, (2.0,) * 4)
     assert kept.signed is not None
     assert kept.signed.author == other
-
