@@ -144,7 +144,12 @@ class MemorySliceBoard:
         last is slice ``k``'s ``slice`` record. Each new step counted wakes
         :meth:`level_key` ``(roster, phase, j, count)``.
         """
-        self._chains[_key(roster)] = (groups, slices, frozenset(peers))
+        key = _key(roster)
+        self._chains[key] = (groups, slices, frozenset(peers))
+        for (rk, *_), heard in list(self._slices.items()):  # those heard before: counted too
+            if rk == key:
+                for message in heard:
+                    self._count_level(message, key)
 
     def _count_level(self, message: SliceMessage, key: tuple[int, bytes]) -> None:
         chain = self._chains.get(key)
