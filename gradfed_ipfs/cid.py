@@ -119,6 +119,20 @@ def _cid_bytes(cid: CID) -> bytes:
 CID.__bytes__ = _cid_bytes  # type: ignore[method-assign,assignment]
 
 
+def _cid_hash(cid: CID) -> int:
+    """``hash(cid)`` from its bytes: consistent with ``CID.__eq__``, ~8x cheaper.
+
+    multiformats hashes ``(CID, version, codec, digest)``, and the codec's hash is a tuple of
+    five more fields (~4 µs a call); CIDs key the text and parse caches (:func:`cid_to_str`
+    is asked O(N²) times a round in an N-member process). Two CIDs are equal exactly when
+    their version, codec and multihash are, that is when their bytes are.
+    """
+    return hash(bytes(cid))
+
+
+CID.__hash__ = _cid_hash  # type: ignore[method-assign,assignment]
+
+
 def make_cid(data: bytes | bytearray | memoryview, codec: CodecName | int = "raw") -> CID:
     """Return the CIDv1 of ``data``: sha2-256 over the bytes, with the given codec.
 

@@ -92,6 +92,16 @@ def test_cid_bytes_fast_path_gives_multiformats_bytes(cid: CID) -> None:
     assert CID.decode(bytes(cid)) == cid
 
 
+def test_cid_hash_follows_equality() -> None:
+    """Equal CIDs (any base, any path that built them) hash alike; different ones are unequal."""
+    cid = make_cid(b"x", "dag-cbor")
+    other_base = CID.decode(cid.encode("base58btc"))
+    assert other_base == cid
+    assert hash(other_base) == hash(cid)
+    assert {cid: 1}[parse_cid(str(cid))] == 1
+    assert make_cid(b"x", "raw") != cid  # same digest, other codec
+
+
 def test_other_cids_still_parse_through_multiformats() -> None:
     v0 = "QmYwAPJzv5CZsnA625s3Xf2nemtYgPpHdWEz79ojWnPbdG"
     assert parse_cid(v0) == CID.decode(v0)

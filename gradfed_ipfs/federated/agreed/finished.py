@@ -92,5 +92,5 @@ async def check_finished_round(
             records.append(FraudRecord.from_block(await store.get(fraud)).claimed)
     except (BlockStoreError, DecodeError) as exc:
         raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
-    missing = tuple(p for p in roster.peers if p not in set(used.peers))
+    missing = tuple(p for p in roster.peers if p not in used.peer_set)
     return FinishedRound(record, model, missing, liars, tuple(records))

@@ -24,6 +24,7 @@ from typing import Final
 
 from multiformats import CID
 
+from ...cid import cid_to_str
 from ...errors import BlockStoreError, DecodeError, FederatedError, GradientError
 from ...formats.agreed.roster import AgreedRecord
 from ...formats.statement import PEER_ID_KEYS, KeyBook
@@ -165,7 +166,8 @@ class HeadChooser:
                 return choice
             for peer, theirs in heads.items():
                 if bytes(theirs.record) == bytes(head.record):
-                    choice.refused[peer] = f"head {head.record} (round {head.round}): {why}"
+                    text = cid_to_str(head.record)
+                    choice.refused[peer] = f"head {text} (round {head.round}): {why}"
         return choice
 
     async def _refusal(self, head: Head, heads: Mapping[str, Head]) -> str:

@@ -522,8 +522,7 @@ class AgreedSession:
         if took is None or r in self._relayed:
             return
         record, coordinator, roster = took
-        done = self.board.state(r).done
-        if all(bytes(h.record) == bytes(record) for h in done.values()):
+        if self.board.state(r).all_done_name(bytes(record)):
             return
         data = self._evidence.roster_statement(coordinator, r, roster)
         if data is not None:
@@ -1032,7 +1031,7 @@ class AgreedSession:
             roster_cid=finished.roster_block.cid,
             roster=roster,
             included=self.peer_id in roster.peers,
-            absent=tuple(p for p in ctx.config.members if p not in roster.peers),
+            absent=tuple(p for p in ctx.config.members if p not in roster.peer_set),
             confirmed=tuple(sorted(confirmed)),
             unconfirmed=unconfirmed,
             matched=not unconfirmed,

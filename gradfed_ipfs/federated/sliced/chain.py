@@ -115,6 +115,7 @@ class ChainRound:
         self._level_counts: dict[tuple[int, int], tuple[list[SliceMessage], int, int]] = {}
         self.chains = self._plan()
         """Every slice's ``groups`` steps, in chain order (the last writes the record)."""
+        reducer.board.count_levels(ctx.roster_cid, groups, len(self.chains), ctx.roster.peers)
 
     def _plan(self) -> list[list[SliceWork]]:
         ctx, groups = self._ctx, self._groups
@@ -176,7 +177,12 @@ class ChainRound:
             known = ctx.unfetchable | ctx.replaced | exclude
             return known | self._reported_missing(phase)
 
-        if not await reducer.my_turn(ctx, phase, step, ready, gone):
+        # Woken by what ready() reads: the input's records and the level reaching half.
+        half = (len(level) + 1) // 2
+        on = [reducer.board.level_key(ctx.roster_cid, phase, j, half)]
+        if j:
+            on.append(reducer.key(ctx, phase, chain[j - 1]))
+        if not await reducer.my_turn(ctx, phase, step, ready, gone, on):
             return
         await self._compute_step(chain, j, phase, exclude)
 
@@ -275,7 +281,7 @@ class ChainRound:
         messages = self._reducer.board.messages
         if self._heard_upto > len(messages):  # the board forgot other rounds: read it again
             self._heard_upto, self._heard_missing = 0, {}
-        members = set(self._ctx.roster.peers)
+        members = self._ctx.roster.peer_set
         for message in messages[self._heard_upto :]:
             if (
                 message.kind not in ("partial", "slice")

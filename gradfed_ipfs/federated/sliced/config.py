@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain, islice
+from typing import overload
 
 from multiformats import CID
 
@@ -77,6 +80,80 @@ class ReduceScatterResult:
     bytes: a keeper stores them locally instead of fetching them again."""
 
 
+class Rotation(Sequence[str]):
+    """One slice's reducer ranking: a shared peer order read from position ``shift`` on.
+
+    Every slice's ranking is a rotation of one hashed order
+    (:func:`~.plan.reducer_rankings`), so one order and one position map serve all of a
+    round's ``S·G ≈ N`` steps: copying the order and inverting it for each step was O(N²)
+    memory and time a peer a round (N³ in a process of N members: gigabytes at N = 1,024).
+    Compares equal to a list of the same peers.
+    """
+
+    __slots__ = ("_order", "_positions", "_shift")
+
+    def __init__(self, order: tuple[str, ...], positions: Mapping[str, int], shift: int) -> None:
+        self._order, self._positions = order, positions
+        self._shift = shift % len(order) if order else 0
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        n = len(self._order)
+        if isinstance(index, slice):
+            return [self._order[(i + self._shift) % n] for i in range(*index.indices(n))]
+        if not -n <= index < n:
+            raise IndexError("ranking index out of range")
+        return self._order[(index % n + self._shift) % n]
+
+    def __iter__(self) -> Iterator[str]:
+        order, shift = self._order, self._shift
+        return chain(islice(order, shift, None), islice(order, 0, shift))
+
+    def __contains__(self, peer: object) -> bool:
+        return peer in self._positions
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str | bytes):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=False))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Rotation({list(self)!r})"
+
+    def ranks(self) -> Ranks:
+        """Return the ranking inverted (peer -> rank), computed on look-up."""
+        return Ranks(self._order, self._positions, self._shift)
+
+
+class Ranks(Mapping[str, int]):
+    """A :class:`Rotation` inverted: ``ranks[peer]`` is the peer's rank, O(1), nothing copied."""
+
+    __slots__ = ("_order", "_positions", "_shift")
+
+    def __init__(self, order: tuple[str, ...], positions: Mapping[str, int], shift: int) -> None:
+        self._order, self._positions, self._shift = order, positions, shift
+
+    def __getitem__(self, peer: str) -> int:
+        return (self._positions[peer] - self._shift) % len(self._order)
+
+    def __contains__(self, peer: object) -> bool:
+        return peer in self._positions
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(Rotation(self._order, self._positions, self._shift))
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+
 @dataclass
 class SliceWork:
     """One slice as a peer works on it: its place, reducer ranking, and the rows fetched."""
@@ -84,12 +161,13 @@ class SliceWork:
     k: int
     offset: int
     length: int
-    ranking: list[str]
+    ranking: Sequence[str]
+    """Reducers of this slice, best first (a :class:`Rotation`, or any sequence)."""
     rows: dict[str, FloatArray] = field(default_factory=dict)
     """Input values of this slice by sender (``length`` float32 each)."""
     failed: set[str] = field(default_factory=set)
     """Senders whose slice could not be fetched."""
-    rank: dict[str, int] = field(default_factory=dict)
+    rank: Mapping[str, int] = field(default_factory=dict)
     """``ranking`` inverted (peer -> rank): an O(1) look-up per board message."""
     senders: frozenset[str] | None = None
     """A chained step's group of senders (``None``: every roster peer)."""
@@ -100,4 +178,7 @@ class SliceWork:
     """A chained step's place in its slice's chain."""
 
     def __post_init__(self) -> None:
-        self.rank = {peer: r for r, peer in enumerate(self.ranking)}
+        if isinstance(self.ranking, Rotation):
+            self.rank = self.ranking.ranks()
+        else:
+            self.rank = {peer: r for r, peer in enumerate(self.ranking)}

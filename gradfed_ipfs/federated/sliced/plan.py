@@ -37,6 +37,7 @@ from ...formats.sliced.slices import split_slice_rule
 from ...storage.dag import plan_chunks
 from ...tensor.deterministic import deterministic_update, partial_update
 from ...tensor.robust import coordinate_median, trimmed_mean
+from .config import Rotation
 
 __all__ = [
     "MIN_SLICE_VALUES",
@@ -128,11 +129,14 @@ def reducer_ranking(roster: bytes, k: int, peers: Sequence[str]) -> list[str]:
     return order[start:] + order[:start]
 
 
-def reducer_rankings(roster: bytes, n: int, peers: Sequence[str]) -> list[list[str]]:
-    """Return :func:`reducer_ranking` of slices ``0 … n−1``, hashing each peer once, not n times."""
-    order = _reducer_order(roster, peers)
-    rotations = [order[s:] + order[:s] for s in range(len(order))]
-    return [list(rotations[k % len(order)]) if order else [] for k in range(n)]
+def reducer_rankings(roster: bytes, n: int, peers: Sequence[str]) -> list[Rotation]:
+    """Return :func:`reducer_ranking` of slices ``0 … n−1``, hashing each peer once, not n times.
+
+    Each is a :class:`~.config.Rotation` of one shared order (O(1) each, not O(N)).
+    """
+    order = tuple(_reducer_order(roster, peers))
+    positions = {peer: i for i, peer in enumerate(order)}
+    return [Rotation(order, positions, k) for k in range(n)]
 
 
 def _reducer_order(roster: bytes, peers: Sequence[str]) -> list[str]:

@@ -10,7 +10,7 @@ its fault hooks (:mod:`.faults`) are the only place a test or benchmark makes it
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Hashable
 from typing import cast
 
 from multiformats import CID
@@ -140,7 +140,7 @@ class Reducer:
                 or message.phase != phase
                 or message.block is None
                 or message.roster != ctx.roster_cid
-                or message.sender not in ctx.roster.peers
+                or message.sender not in ctx.roster.peer_set
             ):
                 continue
             kind = PartialRecord if message.kind == "partial" else SliceRecord
@@ -239,6 +239,12 @@ class Reducer:
         found = [m for m in heard if m.sender in rank and m.cid is not None]
         return sorted(found, key=lambda m: rank[m.sender])
 
+    def key(self, ctx: SliceRound, phase: int, part: SliceWork) -> Hashable:
+        """Return the board key of ``part``'s records (see ``MemorySliceBoard.record_key``)."""
+        if part.step is None:
+            return self.board.record_key(ctx.roster_cid, phase, part.k)
+        return self.board.record_key(ctx.roster_cid, phase, part.step, "partial")
+
     def filled(self, ctx: SliceRound, phase: int, parts: list[SliceWork], count: int) -> bool:
         """Return whether ``count`` slices of ``phase`` have a record from one of their reducers.
 
@@ -294,13 +300,16 @@ class Reducer:
         part: SliceWork,
         ready: Callable[[], bool],
         gone: Callable[[], set[str]],
+        on: Collection[Hashable] = (),
     ) -> bool:
         """Wait as ``part``'s rank ``r``; return whether this peer reduces it.
 
         Rank 0 goes at once. Rank ``r ≥ 1`` waits until ``ready()`` (its clock's start), then
         ``a · reducer_timeout`` for a better-ranked record, ``a`` being the better-ranked peers
         not in ``gone()``; it goes if none came. A peer whose fault hooks say it does not
-        reduce (:meth:`~.faults.SliceFaults.reduces`) never goes.
+        reduce (:meth:`~.faults.SliceFaults.reduces`) never goes. ``on``: the board keys
+        (:meth:`~.transport.MemorySliceBoard.wait_for`) that can make ``ready()`` true, besides
+        ``part``'s own records; empty: every message re-checks it.
         """
         rank = part.rank[self.peer]
         if rank:
@@ -308,11 +317,12 @@ class Reducer:
             def mine() -> bool:
                 return bool(self.records(ctx, phase, part))
 
-            def ahead() -> int:
-                known = gone()
-                return sum(1 for p in part.ranking[:rank] if p not in known)
+            def ahead() -> int:  # O(gone), not O(rank): a rank is up to N
+                ranks = part.rank
+                return rank - sum(1 for p in gone() if p in ranks and ranks[p] < rank)
 
-            await self.board.wait_for(lambda: mine() or ready(), self.config.phase_timeout)
+            keys = (self.key(ctx, phase, part), *on) if on else None
+            await self.board.wait_for(lambda: mine() or ready(), self.config.phase_timeout, on=keys)
             await self.board.wait_for(
                 lambda: mine() or not ahead(), ahead() * self.config.reducer_timeout
             )

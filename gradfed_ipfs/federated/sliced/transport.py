@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Collection
-from typing import Final
+from collections.abc import AsyncIterator, Callable, Collection, Hashable
+from typing import Final, cast
 
 import numpy as np
 from multiformats import CID
@@ -119,6 +119,63 @@ class MemorySliceBoard:
         # waiter queue for it again, each acquire scanning the lock's queue (O(N²) a message
         # for a peer's ~N waiting steps).
         self._changed = asyncio.Event()
+        # Waiters woken by one key only (wait_for(on=...)): a step waits for its own and its
+        # input's record and its level's count, not for every message (N waiting steps a peer).
+        self._keyed: dict[Hashable, list[asyncio.Event]] = {}
+        # Chained rosters whose levels are counted: roster key -> (groups, slices, peers);
+        # (roster key, phase, level) -> the steps of that level with a record.
+        self._chains: dict[tuple[int, bytes], tuple[int, int, frozenset[str]]] = {}
+        self._levels: dict[tuple[tuple[int, bytes], int, int], set[int]] = {}
+
+    @staticmethod
+    def record_key(roster: CID, phase: int, k: int, kind: str = "slice") -> Hashable:
+        """Return the wake key of slice (or ``partial``) ``k``'s records in ``phase``."""
+        return (_key(roster), phase, k, kind)
+
+    @staticmethod
+    def level_key(roster: CID, phase: int, j: int, count: int) -> Hashable:
+        """Return the wake key of level ``j`` of a chained roster reaching ``count`` steps."""
+        return ("level", _key(roster), phase, j, count)
+
+    def count_levels(self, roster: CID, groups: int, slices: int, peers: Collection[str]) -> None:
+        """Count, for a chained roster, the steps of each level with a record from ``peers``.
+
+        Step ``j < groups − 1`` of slice ``k`` is a ``partial`` of index ``k·groups + j``; the
+        last is slice ``k``'s ``slice`` record. Each new step counted wakes
+        :meth:`level_key` ``(roster, phase, j, count)``.
+        """
+        key = _key(roster)
+        self._chains[key] = (groups, slices, frozenset(peers))
+        for (rk, *_), heard in list(self._slices.items()):  # those heard before: counted too
+            if rk == key:
+                for message in heard:
+                    self._count_level(message, key)
+
+    def _count_level(self, message: SliceMessage, key: tuple[int, bytes]) -> None:
+        chain = self._chains.get(key)
+        if chain is None or message.cid is None or message.sender not in chain[2]:
+            return
+        groups, slices, _ = chain
+        if message.kind == "slice":
+            j, step = groups - 1, message.k
+            if not 0 <= message.k < slices:
+                return
+        else:
+            j, step = message.k % groups, message.k
+            if j == groups - 1 or not 0 <= message.k < slices * groups:
+                return
+        done = self._levels.setdefault((key, message.phase, j), set())
+        if step not in done:
+            done.add(step)
+            self._wake(("level", key, message.phase, j, len(done)))
+
+    def _wake(self, key: Hashable) -> None:
+        for event in self._keyed.pop(key, ()):
+            event.set()
+
+    def poke(self, key: Hashable) -> None:
+        """Wake the waiters on ``key`` (a local change their condition reads)."""
+        self._wake(key)
 
     def records(self, roster: CID, phase: int, k: int, kind: str = "slice") -> list[SliceMessage]:
         """Return the ``slice`` (or ``partial``) messages of ``k`` in ``phase`` of a roster."""
@@ -139,6 +196,11 @@ class MemorySliceBoard:
         self._seen = {_identity(m) for m in self.messages}
         self._slices = {key: v for key, v in self._slices.items() if key[0] == _key(keep)}
         self._filled = {key: v for key, v in self._filled.items() if key[0] == _key(keep)}
+        self._chains = {key: v for key, v in self._chains.items() if key == _key(keep)}
+        self._levels = {key: v for key, v in self._levels.items() if key[0] == _key(keep)}
+        self._keyed = {  # other rounds' keys never fire again: their waiters time out
+            key: v for key, v in self._keyed.items() if _key(keep) in cast(tuple[object, ...], key)
+        }
 
     def _refuse(self, reason: str, sender: str) -> None:
         """Count a refused message; log the 1st, 2nd, 4th, 8th... of a reason."""
@@ -169,16 +231,29 @@ class MemorySliceBoard:
             if key not in self._slices and message.kind == "slice":
                 self._filled[key[:2]] = self._filled.get(key[:2], 0) + 1
             self._slices.setdefault(key, []).append(message)
+            self._wake(key)
+            self._count_level(message, key[0])
         self._changed.set()  # wakes the waiters not woken yet (a burst wakes each once)
         self._changed = asyncio.Event()
         return True
 
-    async def wait_for(self, ready: Callable[[], bool], timeout: float) -> bool:
-        """Wait until ``ready()`` holds (re-checked on each message); ``False`` on timeout."""
+    async def wait_for(
+        self, ready: Callable[[], bool], timeout: float, *, on: Collection[Hashable] | None = None
+    ) -> bool:
+        """Wait until ``ready()`` holds (re-checked on each message); ``False`` on timeout.
+
+        ``on``: re-checked only when one of these keys is woken (:meth:`record_key`,
+        :meth:`level_key`, :meth:`poke`), for a condition that reads nothing else.
+        """
         try:
             async with asyncio.timeout(timeout):
                 while True:
-                    changed = self._changed  # taken before the check: no message is missed
+                    if on is None:
+                        changed = self._changed  # taken before the check: none is missed
+                    else:
+                        changed = asyncio.Event()
+                        for key in on:
+                            self._keyed.setdefault(key, []).append(changed)
                     if ready():
                         return True
                     await changed.wait()

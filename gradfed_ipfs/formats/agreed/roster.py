@@ -118,6 +118,11 @@ _MESSAGE: Final = "gradfed.agreed-message"  # a memo key only: messages are JSON
 _SIGNED: Final = "gradfed.agreed-statement"  # a memo key only
 _MEMO: Final[DecodeMemo[tuple[str, bytes], Any]] = DecodeMemo()
 """Rosters, records and messages decoded (:class:`~.memo.DecodeMemo`), by kind and bytes."""
+_ENTRIES_VERIFIED: Final[DecodeMemo[tuple[object, ...], bool]] = DecodeMemo()
+"""Roster entries whose signature verified, by key book and everything the signed body holds
+(session, genesis, round, base, peer, CID, weight) with the signature: each member checks the
+adopted roster's N entries, and rebuilding N statement bodies to find their verified signatures
+was most of that (only successes are kept)."""
 
 
 def _peer(value: object, where: str) -> str:
@@ -235,10 +240,15 @@ class Roster:
             members,
         )  # fmt: skip
 
-    @property
+    @functools.cached_property
     def peers(self) -> tuple[str, ...]:
-        """The peers with an entry, in roster order."""
+        """The peers with an entry, in roster order (made once: asked O(N) times a round)."""
         return tuple(entry.peer for entry in self.entries)
+
+    @functools.cached_property
+    def peer_set(self) -> frozenset[str]:
+        """:attr:`peers` as a set, for membership tests (made once)."""
+        return frozenset(self.peers)
 
     @property
     def absent(self) -> tuple[str, ...]:
@@ -390,15 +400,20 @@ def verify_roster_entries(roster: Roster, keys: KeyBook = PEER_ID_KEYS) -> None:
         Naming the first entry whose signature is missing or does not verify (another
         round's, base's, CID's or weight's statement, or another author's).
     """
+    place = (keys, roster.session, bytes(roster.genesis), roster.round, bytes(roster.base))
     for entry in roster.entries:
         if entry.signature is None:
             raise BadSignature(f"roster entry of {entry.peer:.60} is not signed")
+        key = (*place, entry.peer, bytes(entry.contribution), entry.weight, entry.signature)
+        if _ENTRIES_VERIFIED.get(key):
+            continue
         try:
             _entry_verifies(roster, entry, keys)
         except BadSignature as exc:
             raise BadSignature(
                 f"roster entry of {entry.peer:.60} is not its signed contribution: {exc}"
             ) from None
+        _ENTRIES_VERIFIED.put(key, True, len(entry.peer) + len(entry.signature) + 128)
 
 
 def roster_message_body(roster: Roster, block: Block) -> bytes:

@@ -373,10 +373,10 @@ class SliceMessage:
         body: dict[str, object] = {
             "t": _MESSAGE,
             "kind": self.kind,
-            "roster": str(self.roster),
+            "roster": cid_to_str(self.roster),  # str(CID): ~1 ms in multiformats
             "phase": self.phase,
             "k": self.k,
-            "cid": None if self.cid is None else str(self.cid),
+            "cid": None if self.cid is None else cid_to_str(self.cid),
             "values": list(self.values),
         }
         if self.checked:

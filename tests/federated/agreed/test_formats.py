@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from multiformats import CID
 
 from gradfed_ipfs import AgreedConfig, Block
 from gradfed_ipfs.cid import make_cid
@@ -182,6 +183,27 @@ def test_board_keeps_latest_head_per_peer() -> None:
         )
         board.accept(PubsubMessage("peer-a", done.encode()))
     assert board.heads["peer-a"].round == 5
+
+
+def test_board_knows_whether_every_done_names_one_record() -> None:
+    board = RoundBoard("s", GENESIS, "peer-c", PEERS)
+    mine, other = make_cid(b"mine", "dag-cbor"), make_cid(b"other", "dag-cbor")
+    assert board.state(0).all_done_name(bytes(mine))  # none heard yet
+
+    def done(peer: str, record: CID) -> None:
+        message = AgreedMessage("done", "s", GENESIS, 0, peer, C1, record=record)
+        board.accept(PubsubMessage(peer, message.encode()))
+
+    done("peer-a", mine)
+    assert board.state(0).all_done_name(bytes(mine))
+    done("peer-b", other)
+    assert not board.state(0).all_done_name(bytes(mine))
+    done("peer-b", mine)  # a later done of the same round replaces its earlier one
+    assert board.state(0).all_done_name(bytes(mine))
+    done("peer-b", other)
+    board.exclude("peer-b")  # a proven equivocator's done is forgotten
+    assert board.state(0).all_done_name(bytes(mine))
+    assert not board.state(0).all_done_name(bytes(other))
 
 
 def test_ranking_is_a_deterministic_permutation_that_varies_by_round() -> None:

@@ -189,3 +189,40 @@ async def test_a_members_unsigned_or_foreign_signed_messages_are_dropped() -> No
     assert (kept.sender, kept.values) == (other, (2.0,) * 4)
     assert kept.signed is not None
     assert kept.signed.author == other
+
+
+async def test_keyed_waiters_wake_on_their_record_and_on_their_level_reaching_a_count() -> None:
+    r = await make_round(4)
+    board = MemorySliceBoard(members=r.roster.peers)
+    a, b, c, d = r.roster.peers
+    block = _junk(0)
+
+    def partial(sender: str, k: int) -> SliceMessage:
+        return SliceMessage("partial", sender, r.roster_cid, 0, k, block.cid, block=block.data)
+
+    # Two slices of two steps: partials 0 and 2 are level 0; one was heard before counting.
+    await board.publish(partial(a, 0))
+    board.count_levels(r.roster_cid, 2, 2, r.roster.peers)
+    own = board.record_key(r.roster_cid, 0, 2, "partial")
+    level = board.level_key(r.roster_cid, 0, 0, 2)
+    woken: list[str] = []
+
+    async def wait(name: str, key: object) -> None:
+        heard = board.messages
+
+        def ready() -> bool:
+            return len(heard) > 1  # another record than the first was kept
+
+        assert await board.wait_for(ready, 60.0, on=[key])  # a missed wake: outer timeout
+        woken.append(name)
+
+    waiters = [asyncio.create_task(wait("own", own)), asyncio.create_task(wait("level", level))]
+    await asyncio.sleep(0)
+    await board.publish(partial(b, 1))  # level 1 (another step's partial): wakes neither
+    await board.publish(partial(c, 5))  # out of the plan (index ≥ S·G): not counted
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert woken == []
+    await board.publish(partial(d, 2))  # step 2 recorded: its own key, and level 0 reaches 2
+    await asyncio.wait_for(asyncio.gather(*waiters), 5.0)
+    assert sorted(woken) == ["level", "own"]

@@ -16,6 +16,7 @@ import gradfed_ipfs.formats.sliced.slices as slice_formats
 from gradfed_ipfs.block import Block
 from gradfed_ipfs.cid import make_cid
 from gradfed_ipfs.errors import InvalidGradient, MalformedAnnouncement, MalformedManifest
+from gradfed_ipfs.federated.sliced.config import SliceWork
 from gradfed_ipfs.federated.sliced.plan import (
     MIN_SLICE_VALUES,
     can_slice,
@@ -200,6 +201,25 @@ def test_reducer_rankings_are_every_slice_s_ranking_at_once() -> None:
     for n in (7, 10, 3):  # as many slices as peers, more (wrapping), fewer
         want = [reducer_ranking(bytes(ROSTER), k, peers) for k in range(n)]
         assert reducer_rankings(bytes(ROSTER), n, peers) == want
+
+
+def test_rankings_read_like_lists_and_their_ranks_invert_them() -> None:
+    peers = [f"p{i}" for i in range(7)]
+    for ranking in reducer_rankings(bytes(ROSTER), 9, peers):
+        copy = list(ranking)
+        assert ranking == copy
+        assert len(ranking) == len(copy)
+        assert [ranking[i] for i in range(-7, 7)] == copy[-7:] + copy
+        assert ranking[2:5] == copy[2:5]
+        assert ranking[:0] == []
+        with pytest.raises(IndexError):
+            ranking[7]
+        ranks = SliceWork(0, 0, 1, ranking).rank
+        assert dict(ranks) == {peer: r for r, peer in enumerate(copy)}
+        assert "stranger" not in ranks
+        assert "stranger" not in ranking
+        assert ranks.get("stranger") is None
+    assert reducer_rankings(bytes(ROSTER), 2, []) == [[], []]
 
 
 def test_projection_catches_a_small_lie_and_passes_float32_rounding() -> None:

@@ -127,6 +127,31 @@ class RoundState:
     done: dict[str, Head] = field(default_factory=dict)
     roster_signatures: dict[str, bytes] = field(default_factory=dict)
     """Each member's signature of its ``roster`` message (the one :attr:`rosters` keeps)."""
+    _records: Counter[bytes] = field(default_factory=Counter, repr=False)
+    """How many of :attr:`done` name each record (kept by :meth:`set_done`, :meth:`drop_done`)."""
+
+    def set_done(self, peer: str, head: Head) -> None:
+        """Keep ``head`` as ``peer``'s ``done`` of this round (replacing an earlier one)."""
+        self.drop_done(peer)
+        self.done[peer] = head
+        self._records[bytes(head.record)] += 1
+
+    def drop_done(self, peer: str) -> None:
+        """Forget ``peer``'s ``done`` of this round (if any)."""
+        known = self.done.pop(peer, None)
+        if known is not None:
+            key = bytes(known.record)
+            self._records[key] -= 1
+            if not self._records[key]:
+                del self._records[key]
+
+    def all_done_name(self, record: bytes) -> bool:
+        """Whether every ``done`` heard of this round names ``record`` (O(1), not O(peers)).
+
+        Asked at each ``done`` a peer hears (:meth:`AgreedSession._relay_if_split`): walking
+        :attr:`done` there was O(N) a message, O(N²) a round for each of N members.
+        """
+        return not self._records or set(self._records) == {record}
 
 
 class RoundBoard:
@@ -194,7 +219,7 @@ class RoundBoard:
         for state in self.rounds.values():
             state.contributions.pop(peer, None)
             state.rosters.pop(peer, None)
-            state.done.pop(peer, None)
+            state.drop_done(peer)
         self._notify()
 
     def ignore_heads(self, records: Iterable[bytes]) -> None:
@@ -372,8 +397,8 @@ class RoundBoard:
                 if decoded.inline is not None:
                     self.inline.setdefault(bytes(decoded.cid), (decoded.round, decoded.inline))
         else:
-            state.done[decoded.peer] = Head(
-                decoded.round, decoded.cid, decoded.record or decoded.cid
+            state.set_done(
+                decoded.peer, Head(decoded.round, decoded.cid, decoded.record or decoded.cid)
             )
         return True
 
