@@ -103,9 +103,12 @@ class UnsignedPubsub(PubsubWrapper):
 
 
 WARMUP_ROUNDS = 4
+"""Rounds of the unmeasured warm-up block each protocol runs on a new swarm."""
 PEER_FLAGS: list[str] = []
 """Options every peer process gets as well (``--kubo-key-sign``)."""
-"""Rounds of the unmeasured warm-up block each protocol runs on a new swarm."""
+ARM_TAGS = {"runner": "r", "agreed": "a", "agreed-unsigned": "u", "agreed-comet": "c"}
+"""Each arm's part of its session names: no two arms of a block share a topic (until
+2026-12-02 the signed and unsigned arms were both ``ad…``)."""
 
 
 def agreed_config(members: list[str], done_timeout: float, aggregation: str) -> AgreedConfig:
@@ -318,7 +321,11 @@ def print_signing(
     cpu: dict[str, np.ndarray],
     blocks: int,
 ) -> None:
-    """Print the signed / unsigned agreed rounds' p50, p95 and CPU ratios."""
+    """Print the signed / unsigned agreed rounds' p50, p95 and CPU ratios, and each block's.
+
+    The blocks' p50 ratios show the load's drift: on a shared machine they spread far more
+    than what signing costs (measured 2026-12-02: 0.80-2.08 over four blocks at N = 8).
+    """
     flat_s = [x for group in signed for x in group]
     flat_u = [x for group in unsigned for x in group]
     s50, u50 = percentile(flat_s, 50), percentile(flat_u, 50)
@@ -330,6 +337,13 @@ def print_signing(
           f" CPU per round {sp + sd:.3f} / {up + ud:.3f} s = {(sp + sd) / (up + ud):.2f}"
           f" (peers {sp:.3f} / {up:.3f} s, daemons {sd:.3f} / {ud:.3f} s)",
           flush=True)  # fmt: skip
+    size = len(signed) // blocks  # rounds per block (each block adds as many to both arms)
+    ratios = [
+        percentile([x for g in signed[i : i + size] for x in g], 50)
+        / percentile([x for g in unsigned[i : i + size] for x in g], 50)
+        for i in range(0, size * blocks, size)
+    ]
+    print(f"{'':>11} p50 ratio by block: {', '.join(f'{r:.2f}' for r in ratios)}", flush=True)
 
 
 def main() -> None:
@@ -396,7 +410,7 @@ def main() -> None:
             # 2026-12-01): unmeasured, one short block of each warms it up.
             warm = ("runner", "agreed", *(("agreed-unsigned",) if args.signing else ()))
             for protocol in warm:
-                tag = f"w{protocol[0]}{protocol[-1]}{n}-{os.getpid()}"
+                tag = f"w{ARM_TAGS[protocol]}{n}-{os.getpid()}"
                 run_protocol(
                     swarm, protocol, args.dim, WARMUP_ROUNDS, 0.0, tag, args.done_timeout,
                     args.aggregation,
@@ -415,7 +429,7 @@ def main() -> None:
                     for protocol, rounds in block_order(arms, block):
                         groups, skew, used = run_protocol(
                             swarm, protocol, args.dim, args.rounds, loss,
-                            f"{protocol[0]}{protocol[-1]}{tag}",
+                            f"{ARM_TAGS[protocol]}{tag}",
                             args.done_timeout, args.aggregation,
                         )  # fmt: skip
                         rounds += groups
