@@ -33,6 +33,7 @@ from types import TracebackType
 from typing import IO, Any, Final, Self
 
 from .. import _reaper
+from .._ports import free_port
 from ..errors import CometRpcError, CometStartError
 from .binary import find_cometbft_binary
 from .config import (
@@ -68,13 +69,6 @@ def _kill_all_at_exit() -> None:  # pragma: no cover - safety net for crashed ca
         with contextlib.suppress(Exception):
             process.kill()
             process.wait(timeout=5)
-
-
-def _free_port() -> int:
-    """Return a TCP port free on 127.0.0.1 now (CometBFT needs ports it can tell its peers)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _poll(ready: Callable[[], str | None], deadline: float, what: str) -> None:
@@ -178,8 +172,8 @@ class Validator:
         self.binary = binary
         self.moniker = moniker
         self.start_timeout = start_timeout
-        self.p2p_port = _free_port()
-        self.rpc_port = _free_port()
+        self.p2p_port = free_port()
+        self.rpc_port = free_port()
         self.node_id = ""
         self._app = _Process(
             [sys.executable, "-m", "gradfed_ipfs.cometbft.abci", "--socket", str(self.socket_path)],

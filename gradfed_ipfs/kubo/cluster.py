@@ -19,7 +19,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any, Final, Self
 
 from .. import _reaper
+from .._ports import free_port
 from ..errors import KuboRpcError, KuboStartError
 from .daemon import KuboDaemon
 from .rpc_sync import rpc_call_sync
@@ -77,13 +77,6 @@ def find_cluster_binary() -> Path:
 
 _PORT_ATTEMPTS: Final = 3
 """Starts tried with fresh ports when a chosen port was taken before the peer bound it."""
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def _api_multiaddr(kubo: KuboDaemon) -> str:
@@ -227,8 +220,8 @@ class ClusterPeer:
     def _configure(self) -> None:
         config_path = self.path / "service.json"
         config = json.loads(config_path.read_text())
-        self.swarm_port = _free_port()
-        rest_port, proxy_port, pinsvc_port = _free_port(), _free_port(), _free_port()
+        self.swarm_port = free_port()
+        rest_port, proxy_port, pinsvc_port = free_port(), free_port(), free_port()
         cluster = config["cluster"]
         cluster.update(
             secret=self.secret,

@@ -8,7 +8,6 @@ backoff, and the swarm peers that dial it again, reach it.
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 
 from gradfed_ipfs import StoreUnavailable, put_gradient
+from gradfed_ipfs._ports import free_port
 from gradfed_ipfs.federated.accumulate import DistributedGradientAccumulator
 from gradfed_ipfs.kubo import KuboDaemon
 from gradfed_ipfs.seed import BackwardPassConfig
@@ -32,19 +32,13 @@ pytestmark = pytest.mark.kubo
 CHUNK = 65_536  # smallest chunk: a 100k-float gradient becomes a DAG of 7 chunks
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def pinned_port_daemon(binary: Path) -> KuboDaemon:
     """A daemon whose API and swarm ports survive a restart."""
     return KuboDaemon(
         binary=binary,
         extra_config=[
-            ("Addresses.API", f'"/ip4/127.0.0.1/tcp/{_free_port()}"'),
-            ("Addresses.Swarm", f'["/ip4/127.0.0.1/tcp/{_free_port()}"]'),
+            ("Addresses.API", f'"/ip4/127.0.0.1/tcp/{free_port()}"'),
+            ("Addresses.Swarm", f'["/ip4/127.0.0.1/tcp/{free_port()}"]'),
         ],
     )
 

@@ -86,9 +86,9 @@ def test_a_cluster_peer_whose_chosen_port_was_taken_starts_on_fresh_ports(
     held.bind(("127.0.0.1", 0))
     held.listen()
     taken = held.getsockname()[1]
-    choose = cluster_module._free_port
+    choose = cluster_module.free_port
     ports = iter([taken])
-    monkeypatch.setattr(cluster_module, "_free_port", lambda: next(ports, None) or choose())
+    monkeypatch.setattr(cluster_module, "free_port", lambda: next(ports, None) or choose())
     try:
         # Execute
         with KuboSwarm(1) as daemons, ClusterPeer(daemons[0], secret=secrets.token_hex(32)) as peer:
