@@ -30,6 +30,7 @@ Run::
 
     python benchmarks/bench_rounds.py                      # 3 and 8 peers, d = 1M
     python benchmarks/bench_rounds.py --peers 3 --rounds 12 --blocks 5 --losses 0
+    python benchmarks/bench_rounds.py --peers 3 8 32 --dim-at 32=100000 --losses 0 --signing
     python benchmarks/bench_rounds.py --control cometbft --peers 4 8 --block-intervals 0.1 0.3
 
 Results: ``docs/benchmarks.md``.
@@ -346,6 +347,18 @@ def print_signing(
     print(f"{'':>11} p50 ratio by block: {', '.join(f'{r:.2f}' for r in ratios)}", flush=True)
 
 
+def dim_override(text: str) -> tuple[int, int]:
+    """Parse ``--dim-at``'s ``N=D`` (peers, floats)."""
+    peers, _, dim = text.partition("=")
+    try:
+        pair = (int(peers), int(dim))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N=D (two integers), got {text!r}") from None
+    if min(pair) < 1:
+        raise argparse.ArgumentTypeError(f"N and D must be positive, got {text!r}")
+    return pair
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
@@ -377,6 +390,11 @@ def main() -> None:
     parser.add_argument("--loss", type=float, default=0.0)
     parser.add_argument("--peers", type=int, nargs="+", default=[3, 8])
     parser.add_argument("--dim", type=int, default=1_000_000)
+    parser.add_argument(
+        "--dim-at", type=dim_override, action="append", default=[], metavar="N=D",
+        help="use D floats instead of --dim at N peers (e.g. 32=100000: 32 peers' fetches of"
+        " 4 MB contributions do not fit a 2-core machine's round deadline)",
+    )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--blocks", type=int, default=2)
     parser.add_argument("--losses", type=float, nargs="+", default=[0.0, 0.2])
@@ -400,7 +418,10 @@ def main() -> None:
     if args.control == "cometbft":
         comet_main(args)
         return
-    print(f"round latency, one process + one Kubo daemon per peer, d = {args.dim:,} floats")
+    dims = {n: args.dim for n in args.peers} | dict(args.dim_at)
+    sizes = ", ".join(f"{d:,} at N = {n}" for n, d in dims.items() if d != args.dim)
+    print(f"round latency, one process + one Kubo daemon per peer, d = {args.dim:,} floats"
+          + (f" ({sizes})" if sizes else ""))  # fmt: skip
     print(f"{time.strftime('%Y-%m-%d %H:%M')}, load average {load()}")
     print(f"{'peers':>5} {'loss':>5} {'runner p50':>10} {'p95':>6} {'agreed p50':>10} {'p95':>6}"
           f" {'p50 ratio (95% CI)':>19} {'p95 ratio':>9} {'short':>5}")  # fmt: skip
@@ -412,7 +433,7 @@ def main() -> None:
             for protocol in warm:
                 tag = f"w{ARM_TAGS[protocol]}{n}-{os.getpid()}"
                 run_protocol(
-                    swarm, protocol, args.dim, WARMUP_ROUNDS, 0.0, tag, args.done_timeout,
+                    swarm, protocol, dims[n], WARMUP_ROUNDS, 0.0, tag, args.done_timeout,
                     args.aggregation,
                 )  # fmt: skip
             for loss in args.losses:
@@ -428,7 +449,7 @@ def main() -> None:
                     tag = f"{n}-{loss}-{block}-{os.getpid()}"
                     for protocol, rounds in block_order(arms, block):
                         groups, skew, used = run_protocol(
-                            swarm, protocol, args.dim, args.rounds, loss,
+                            swarm, protocol, dims[n], args.rounds, loss,
                             f"{ARM_TAGS[protocol]}{tag}",
                             args.done_timeout, args.aggregation,
                         )  # fmt: skip
