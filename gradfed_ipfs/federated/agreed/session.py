@@ -45,7 +45,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import numpy as np
 from multiformats import CID
@@ -104,6 +104,7 @@ from .round.coordinator import (
     RoundBoard,
     best_head,
     coordinator_ranking,
+    effective_quorum,
     model_holders,
 )
 from .round.roster import RosterPhase, walk_back
@@ -141,6 +142,11 @@ class _Started:
     ) -> None:
         self.board, self.messages, self.roster = board, messages, roster
         self.aggregate, self.slicing, self.control = aggregate, slicing, control
+
+
+BEHIND_BY: Final = 2
+"""Rounds that ``min_peers`` other members' heads must be past a peer's round for it to stop
+waiting for that round and resync (one round past is a peer that is merely slower)."""
 
 
 class AgreedSession:
@@ -790,29 +796,51 @@ class AgreedSession:
         return result
 
     async def _unless_split(self, ctx: RoundContext, step: Awaitable[T]) -> T:
-        """Await ``step``; raise ``RoundMismatch`` if a proof taints the round's base meanwhile.
+        """Await ``step``; raise ``RoundMismatch`` if the round is over without this peer.
 
-        The round builds on a proven equivocator's roster: whatever it adopts is rewound, and
-        the sooner this peer rewinds, the sooner the others' re-run of the split round has it
-        (:meth:`_rewind`). Pubsub plane only (the CometBFT plane orders one history).
+        Two cases. A proof taints the round's base meanwhile: the round builds on a proven
+        equivocator's roster, whatever it adopts is rewound, and the sooner this peer rewinds,
+        the sooner the others' re-run of the split round has it (:meth:`_rewind`). Or most
+        other members announce heads :data:`BEHIND_BY` rounds past this one (:meth:`_is_behind`):
+        it fell behind (restarted without ``resume``, or it missed a roster), and a resync
+        catches up now rather than after ``round_timeout``. Pubsub plane only (the CometBFT
+        plane orders one history).
         """
         task = asyncio.ensure_future(step)
         if isinstance(self._parts.control, CometControl):
             return await task
         self._split = split = asyncio.Event()
-        waiter = asyncio.ensure_future(split.wait())
+        behind = asyncio.ensure_future(self.board.wait_until(lambda: self._is_behind(ctx), 1e9))
+        waiters = [asyncio.ensure_future(split.wait()), behind]
         try:
-            await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([task, *waiters], return_when=asyncio.FIRST_COMPLETED)
         finally:
-            waiter.cancel()
+            for waiter in waiters:
+                waiter.cancel()
             if not task.done():
                 task.cancel()
                 await asyncio.wait([task])
+        if self._is_behind(ctx):  # even with a roster: replaying old rounds is slower
+            ahead = [
+                (p, h) for p, h in self.board.heads.items() if h.round >= ctx.number + BEHIND_BY
+            ]
+            theirs = {p: f"at round {h.round} (record {h.record})" for p, h in ahead}
+            raise RoundMismatch(ctx.number - 1, str(ctx.head), theirs)
         if not split.is_set() or (task.done() and not task.cancelled()):
             return task.result()
         proofs = [p for p in self._evidence.proofs.values() if self._took_proven(p)]
         theirs = {p.author: f"equivocated (proof {p.block.cid})" for p in proofs}
         raise RoundMismatch(ctx.number - 1, str(ctx.head), theirs)
+
+    def _is_behind(self, ctx: RoundContext) -> bool:
+        """Whether enough other members' heads are :data:`BEHIND_BY` rounds past ``ctx``'s.
+
+        Enough: ``min_peers`` of them and more than half the members (so a hostile minority's
+        heads cannot interrupt an honest peer's round), at most every other member.
+        """
+        members = len(ctx.config.members)
+        needed = max(1, min(members - 1, max(members // 2 + 1, effective_quorum(ctx.config))))
+        return self.board.heads_from(ctx.number + BEHIND_BY, but=self.peer_id) >= needed
 
     def _took_proven(self, proof: EquivocationProof) -> bool:
         """Whether one of this peer's last two rounds took a roster of ``proof``'s author."""

@@ -377,3 +377,40 @@ async def test_a_peer_that_missed_a_whole_round_finds_its_roster_from_a_later_re
         assert third.record == second[0].record
     finally:
         await close(sessions)
+
+
+async def test_a_restarted_peer_without_resync_is_told_at_once_that_it_fell_behind(
+    store: MemoryBlockStore,
+) -> None:
+    """A member restarted at round 0 (no resync) while the others are rounds ahead gets
+    ``RoundMismatch`` once most members' heads are two rounds past it, not after
+    ``round_timeout`` (60 s here; the wait for it is bounded at 20 s), then resyncs and joins in."""
+    bus = MemoryPubsubBus()
+    genesis = await AgreedSession.commit_genesis(store, initial_model())
+    transports = [bus.endpoint(p) for p in PEERS]
+    sessions = await make_sessions(store, transports[:2], genesis, min_peers=2)
+    restarted: list[AgreedSession] = []
+    try:
+        for _ in range(3):
+            await run_all(sessions, [0, 1])
+        restarted = await make_sessions(
+            store, transports[2:], genesis, min_peers=2, round_timeout=60.0
+        )
+        heard = restarted[0].board.heads  # the others re-announce their round-2 heads
+
+        async def both_heads() -> bool:
+            return len(heard) == 2
+
+        await apoll_until(both_heads, timeout=5.0, what="the others' heads")
+        others = asyncio.ensure_future(run_all(sessions, [0, 1]))  # round 3, without it
+        with pytest.raises(RoundMismatch) as caught:
+            await asyncio.wait_for(restarted[0].run_round(delta(2, 0), weight=3), 20.0)
+        assert set(caught.value.theirs) == set(PEERS[:2])
+        await others
+        synced = await restarted[0].resync(timeout=5.0)
+        assert (synced.round, synced.model) == (4, sessions[0].model_cid)
+        results = await run_all([*sessions, *restarted], [0, 1, 2])
+        assert len({str(res.model) for res in results}) == 1
+        assert results[0].roster.peers == PEERS
+    finally:
+        await close([*sessions, *restarted])
