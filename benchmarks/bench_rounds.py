@@ -135,7 +135,7 @@ def start_chain(
             pubsub = KuboPubsub(daemon.api_url)
             signer = await pubsub.signer()
             signed.append(
-                await validator_binding(signer, session, network.chain_id, entry.key_bytes)
+                await validator_binding(signer, session, network.chain_id, entry.key_bytes, 0)
             )
             await pubsub.aclose()
         return tuple(signed)

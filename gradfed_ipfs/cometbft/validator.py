@@ -384,7 +384,8 @@ class CometNetwork:
         """Initialise every home (keys included); return the validators' genesis entries.
 
         Between :meth:`prepare` and :meth:`launch` the members can sign statements that bind
-        these keys to their identities (:func:`~gradfed_ipfs.cometbft.abci.validator_binding`)
+        these keys to their identities (:func:`~gradfed_ipfs.cometbft.abci.validator_binding`, at
+        round 0)
         and put them into the genesis ``app_state``.
         """
         self.root = Path(tempfile.mkdtemp(prefix="gradfed-comet-"))

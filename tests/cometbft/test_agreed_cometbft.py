@@ -105,7 +105,7 @@ async def federation(kubo_swarm4: list[Any], cometbft_binary: Path) -> AsyncIter
         entries = await asyncio.to_thread(network.prepare)
         bindings = [
             await validator_binding(
-                await pubsub.signer(), SESSION, network.chain_id, entry.key_bytes
+                await pubsub.signer(), SESSION, network.chain_id, entry.key_bytes, 0
             )
             for pubsub, entry in zip(pubsubs, entries, strict=True)
         ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import dag_cbor
 import pytest
 
 from gradfed_ipfs.block import Block
@@ -16,6 +17,7 @@ from gradfed_ipfs.cometbft.abci import (
     validator_binding,
 )
 from gradfed_ipfs.cometbft.abci.pb.cometbft.abci.v1 import types_pb2 as abci
+from gradfed_ipfs.cometbft.abci.txs import MAX_ROUND, decode_binding
 from gradfed_ipfs.errors import MalformedManifest
 from gradfed_ipfs.formats.statement import LocalSigner
 
@@ -34,7 +36,7 @@ def _genesis(bindings: list[bytes]) -> RoundsGenesis:
 
 async def _bindings(chain: str = CHAIN, session: str = "s") -> list[bytes]:
     return [
-        await validator_binding(s, session, chain, key)
+        await validator_binding(s, session, chain, key, 0)
         for s, key in zip(SIGNERS, KEYS, strict=True)
     ]
 
@@ -45,12 +47,17 @@ async def test_each_member_binds_one_genesis_validator() -> None:
 
 
 async def _outsider() -> list[bytes]:
-    return [*(await _bindings())[:3], await validator_binding(OUTSIDER, "s", CHAIN, KEYS[3])]
+    return [*(await _bindings())[:3], await validator_binding(OUTSIDER, "s", CHAIN, KEYS[3], 0)]
 
 
 async def _twice() -> list[bytes]:
     good = await _bindings()
-    return [*good, await validator_binding(SIGNERS[0], "s", CHAIN, bytes(32))]
+    return [*good, await validator_binding(SIGNERS[0], "s", CHAIN, bytes(32), 0)]
+
+
+async def _late() -> list[bytes]:
+    good = await _bindings()
+    return [await validator_binding(SIGNERS[0], "s", CHAIN, KEYS[0], 1), *good[1:]]
 
 
 async def _tampered() -> list[bytes]:
@@ -66,6 +73,7 @@ async def _tampered() -> list[bytes]:
         (_outsider, VALIDATORS, "not one per member"),
         (_twice, VALIDATORS, "not one per member"),
         (_tampered, VALIDATORS, "validator binding"),
+        (_late, VALIDATORS, "names round 1, not 0"),
         (lambda: _bindings(), [*VALIDATORS[:3], ("ed25519", bytes(32))], "not the genesis"),
         (lambda: _bindings(), [*VALIDATORS[:3], ("secp256k1", KEYS[3])], "Ed25519"),
     ],
@@ -95,3 +103,12 @@ async def test_init_chain_checks_the_bindings_and_commits_them() -> None:
     foreign = abci.InitChainRequest(chain_id="other", app_state_bytes=state, validators=validators)
     with pytest.raises(MalformedManifest, match="another chain"):
         LedgerApp().handle(abci.Request(init_chain=foreign))
+
+
+@pytest.mark.parametrize("bad", [-1, MAX_ROUND + 1, True, "0", None])
+def test_a_binding_round_is_a_bounded_integer(bad: object) -> None:
+    body = {"session": "s", "chain_id": CHAIN, "pub_key": KEYS[0], "round": bad}
+    with pytest.raises(MalformedManifest, match="round"):
+        decode_binding(dag_cbor.encode(body))  # type: ignore[arg-type]
+    body["round"] = 7
+    assert decode_binding(dag_cbor.encode(body)).round == 7  # type: ignore[arg-type]

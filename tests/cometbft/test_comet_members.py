@@ -153,7 +153,7 @@ async def test_ten_rounds_with_a_join_by_list_a_join_by_vote_and_a_leave_end_on_
         genesis = await AgreedSession.commit_genesis(store, initial_model(DIM))
         entries = await asyncio.to_thread(network.prepare)
         bindings = [  # each founder's daemon signs its validator's key
-            await validator_binding(await p.signer(), session, network.chain_id, e.key_bytes)
+            await validator_binding(await p.signer(), session, network.chain_id, e.key_bytes, 0)
             for p, e in zip(pubsubs, entries, strict=True)
         ]
         chain = replace(rounds_genesis(session, genesis, config), bindings=tuple(bindings))

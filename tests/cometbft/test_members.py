@@ -19,6 +19,7 @@ from gradfed_ipfs.cometbft.abci import (
     validator_binding,
 )
 from gradfed_ipfs.cometbft.abci.pb.cometbft.abci.v1 import types_pb2 as abci
+from gradfed_ipfs.cometbft.abci.txs import VALIDATOR
 from gradfed_ipfs.formats.agreed.membership import (
     APPROVE,
     JOIN,
@@ -78,10 +79,10 @@ async def _statement(s: LocalSigner, kind: str, body: bytes) -> bytes:
     return (await sign_statement(s, kind, body)).block.data
 
 
-async def _join(s: LocalSigner) -> tuple[bytes, bytes]:
-    """``s``'s validator binding and join statement."""
-    binding = await validator_binding(s, SESSION, CHAIN, _key(s))
-    join = await _statement(s, JOIN, join_body(SESSION, parse_cid(M0), s.peer_id, 0))
+async def _join(s: LocalSigner, r: int = 0, key: bytes | None = None) -> tuple[bytes, bytes]:
+    """``s``'s validator binding and join statement, both of round ``r``."""
+    binding = await validator_binding(s, SESSION, CHAIN, _key(s) if key is None else key, r)
+    join = await _statement(s, JOIN, join_body(SESSION, parse_cid(M0), s.peer_id, r))
     return binding, join
 
 
@@ -139,8 +140,8 @@ async def test_an_allow_listed_join_is_a_member_and_a_validator_from_the_next_ro
     attest = await attestation_tx(A, SESSION, 1, E.peer_id, _cid(f"{E.peer_id}/1"))
     assert chain.block([attest]) == [TxCode.OK]
     assert [line.peer for line in chain.machine.view(1).roster or ()] == list(view.members)
-    # A replay of a used join; the binding admits nothing by itself (E is a member now).
-    assert chain.block([binding, join]) == [TxCode.ALREADY_MEMBER, TxCode.DUPLICATE]
+    # Replays of the used binding and join.
+    assert chain.block([binding, join]) == [TxCode.DUPLICATE, TxCode.DUPLICATE]
 
 
 async def test_invalid_membership_requests_are_refused_with_their_codes() -> None:
@@ -153,8 +154,8 @@ async def test_invalid_membership_requests_are_refused_with_their_codes() -> Non
     assert chain.block(list(outsider)) == [TxCode.NOT_ALLOWED] * 2  # not on the allow-list
     mine = await _join(A)
     assert chain.block(list(mine)) == [TxCode.ALREADY_MEMBER] * 2
-    other_chain = await validator_binding(E, SESSION, "another-chain", _key(E))
-    stolen_key = await validator_binding(E, SESSION, CHAIN, _key(A))
+    other_chain = await validator_binding(E, SESSION, "another-chain", _key(E), 0)
+    stolen_key = await validator_binding(E, SESSION, CHAIN, _key(A), 0)
     for_b = await _statement(E, LEAVE, leave_body(SESSION, parse_cid(M0), B.peer_id, 0))
     assert chain.block([other_chain, stolen_key, for_b, b"\x00junk"]) == [
         TxCode.OTHER_SESSION, TxCode.CONFLICT, TxCode.MALFORMED, TxCode.MALFORMED,
@@ -163,9 +164,11 @@ async def test_invalid_membership_requests_are_refused_with_their_codes() -> Non
     approve = await _approve(F, E, join)  # by a non-member
     assert chain.block([stranger_leave, approve]) == [TxCode.NOT_MEMBER] * 2
     assert chain.machine.app_hash == hash_before  # refused: nothing changed
-    assert chain.block([binding, binding]) == [TxCode.OK, TxCode.CONFLICT]  # bound already
-    again = await validator_binding(E, SESSION, CHAIN, bytes(32))
-    assert chain.block([again]) == [TxCode.CONFLICT]  # one key per joiner
+    assert chain.block([binding, binding]) == [TxCode.OK, TxCode.DUPLICATE]  # used once
+    again = await validator_binding(E, SESSION, CHAIN, bytes(32), 0)
+    assert chain.block([again]) == [TxCode.CONFLICT]  # one key per joiner and round
+    stolen_later = await validator_binding(E, SESSION, CHAIN, _key(A), 1)
+    assert chain.block([stolen_later]) == [TxCode.CONFLICT]  # a later one, of A's key
 
 
 async def test_a_two_thirds_vote_admits_a_join_at_the_close_after_its_third_approval() -> None:
@@ -273,9 +276,9 @@ async def test_finalize_block_hands_the_validator_updates_to_cometbft() -> None:
 
 
 async def test_a_member_that_left_rejoins_by_a_new_join_and_old_requests_are_refused() -> None:
-    """E joins (made at round 0), leaves after round 1 and rejoins by a join made at round 2
-    (its validator binding the same bytes); its old join, a join made before it left and a
-    leave of its earlier membership are refused, so the chain decides one set from the log."""
+    """E joins (made at round 0), leaves after round 1 and rejoins by a join and a binding of
+    round 2; its old join and binding, a join made before it left and a leave of its earlier
+    membership are refused, so the chain decides one set from the log."""
     chain = Chain(_genesis())
     binding, join = await _join(E)
     assert chain.block([binding, join]) == [TxCode.OK, TxCode.OK]
@@ -289,8 +292,8 @@ async def test_a_member_that_left_rejoins_by_a_new_join_and_old_requests_are_ref
     assert E.peer_id not in chain.machine.members
     made_at_1 = await _statement(E, JOIN, join_body(SESSION, parse_cid(M0), E.peer_id, 1))
     assert chain.block([join, made_at_1]) == [TxCode.DUPLICATE] * 2  # replays, by bytes or round
-    rejoin = await _statement(E, JOIN, join_body(SESSION, parse_cid(M0), E.peer_id, 2))
-    assert chain.block([binding, rejoin]) == [TxCode.OK, TxCode.OK]
+    rebinding, rejoin = await _join(E, 2)
+    assert chain.block([binding, rebinding, rejoin]) == [TxCode.DUPLICATE, TxCode.OK, TxCode.OK]
     await _round(chain, 2, base, SIGNERS)
     view = chain.machine.view(2)
     assert view.members == tuple(sorted([*KEYS, E.peer_id]))
@@ -319,3 +322,86 @@ async def test_a_join_expires_after_join_rounds_and_a_later_made_one_replaces_it
     assert chain.block([fresh, late]) == [TxCode.OK, TxCode.OK]
     older = await _statement(F, JOIN, join_body(SESSION, parse_cid(M0), F.peer_id, 3))
     assert chain.block([older]) == [TxCode.CONFLICT]  # not later-made than the held one
+
+
+async def test_a_binding_made_before_its_authors_leave_is_a_replay() -> None:
+    """E's round-0 binding, replayed after E left (after round 1), and a binding E signed at
+    round 1 but never sent, are refused as replays; a binding of round 2 is taken."""
+    # Prepare: E joins at round 0 and leaves after round 1.
+    chain = Chain(_genesis())
+    binding, join = await _join(E)
+    unsent = await validator_binding(E, SESSION, CHAIN, _key(E), 1)
+    assert chain.block([binding, join]) == [TxCode.OK, TxCode.OK]
+    await _round(chain, 0, M0, SIGNERS)
+    base = await _finish(chain, 0, [A, B, C])
+    leave = await _statement(E, LEAVE, leave_body(SESSION, parse_cid(M0), E.peer_id, 1))
+    assert chain.block([leave]) == [TxCode.OK]
+    await _round(chain, 1, base, [*SIGNERS, E])
+    await _finish(chain, 1, [A, B, C])
+    assert E.peer_id not in chain.machine.members
+    hash_before = chain.machine.app_hash
+    # Execute, assert: both are replays and change nothing; round 2's is fresh.
+    assert chain.block([binding, unsent]) == [TxCode.DUPLICATE, TxCode.DUPLICATE]
+    assert chain.machine.app_hash == hash_before
+    fresh = await validator_binding(E, SESSION, CHAIN, _key(E), 2)
+    assert chain.block([fresh]) == [TxCode.OK]
+
+
+async def test_a_genesis_members_binding_is_stale_after_its_eviction() -> None:
+    chain = Chain(_genesis("majority"))
+    twice = [
+        await contribution_tx(C, SESSION, 0, _cid(tag), 1, M0) for tag in ("c/first", "c/second")
+    ]
+    assert chain.block(twice) == [TxCode.OK, TxCode.OK]  # evidence: C goes after round 0
+    await _round(chain, 0, M0, [A, B, D])
+    await _finish(chain, 0, [A, B, D])
+    assert C.peer_id not in chain.machine.members
+    # its genesis binding (round 0) and one of round 0 under another key: before the eviction
+    genesis_binding = await validator_binding(C, SESSION, CHAIN, _key(C), 0)
+    other_key = await validator_binding(C, SESSION, CHAIN, bytes(32), 0)
+    assert chain.block([genesis_binding, other_key]) == [TxCode.DUPLICATE, TxCode.DUPLICATE]
+    assert chain.block([await validator_binding(C, SESSION, CHAIN, _key(C), 1)]) == [TxCode.OK]
+
+
+async def test_a_binding_is_used_once() -> None:
+    chain = Chain(_genesis("majority"))
+    binding, _ = await _join(F)
+    assert chain.block([binding, binding]) == [TxCode.OK, TxCode.DUPLICATE]
+    assert chain.block([binding]) == [TxCode.DUPLICATE]  # in a later block too
+    assert chain.machine.check(binding).code == TxCode.DUPLICATE  # and in CheckTx
+
+
+async def test_a_pending_strangers_binding_is_replaced_only_by_a_later_rounds() -> None:
+    """F binds key 1 at round 0; a binding of round 0 (another key) is a conflict, one of
+    round 1 replaces it, and F's admission at round 1's close makes key 2 its validator's."""
+    # Prepare: F's round-0 binding and join are held (no votes under "majority").
+    chain = Chain(_genesis("majority"))
+    first_key, second_key = bytes([7]) * 32, bytes([8]) * 32
+    binding, join = await _join(F, 0, first_key)
+    assert chain.block([binding, join]) == [TxCode.OK, TxCode.OK]
+    await _round(chain, 0, M0, SIGNERS)
+    base = await _finish(chain, 0, [A, B, C])
+    # Execute: an equal round, a later one, then an earlier one than that.
+    equal = await validator_binding(F, SESSION, CHAIN, second_key, 0)
+    assert chain.block([equal]) == [TxCode.CONFLICT]
+    rebinding, rejoin = await _join(F, 1, second_key)
+    assert chain.block([rebinding, rejoin]) == [TxCode.OK, TxCode.OK]
+    earlier = await validator_binding(F, SESSION, CHAIN, bytes([9]) * 32, 0)  # not yet used
+    assert chain.block([earlier]) == [TxCode.CONFLICT]
+    approvals = [await _approve(s, F, rejoin) for s in (A, B, C)]
+    assert chain.block(approvals) == [TxCode.OK] * 3
+    await _round(chain, 1, base, SIGNERS)
+    # Assert: F is admitted with the later binding's key.
+    assert chain.machine.view(1).members == tuple(sorted([*KEYS, F.peer_id]))
+    assert chain.updates[-1] == [(second_key, 1)]
+
+
+async def test_a_binding_with_a_bad_round_is_malformed() -> None:
+    chain = Chain(_genesis("majority"))
+    bodies = [
+        {"session": SESSION, "chain_id": CHAIN, "pub_key": _key(F), "round": bad}
+        for bad in (-1, "1", True, 2**41)
+    ]
+    bodies.append({"session": SESSION, "chain_id": CHAIN, "pub_key": _key(F)})  # no round
+    txs = [await _statement(F, VALIDATOR, dag_cbor.encode(body)) for body in bodies]
+    assert chain.block(txs) == [TxCode.MALFORMED] * len(txs)

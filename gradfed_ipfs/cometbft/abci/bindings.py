@@ -3,11 +3,12 @@
 A CometBFT validator signs blocks with its own Ed25519 key (``priv_validator_key.json``); a
 member's identity is its Kubo peer ID. The round chain's genesis carries, for every member, a
 ``comet/validator`` statement signed with the member's peer key that names its validator's
-public key and the chain (:func:`~.txs.validator_binding`). At ``InitChain`` the app checks them
-against the genesis validators: one binding per member, each verifying and naming this chain
-and session, and the bound keys exactly the validators' keys. A chain whose validators are not
-the members' own does not start (the app refuses ``InitChain``), so a vote of a validator is a
-vote of the member that bound it, and 2/3 of the voting power is 2/3 of the members.
+public key, the chain and round 0 (:func:`~.txs.validator_binding`). At ``InitChain`` the app
+checks them against the genesis validators: one binding per member, each verifying and naming
+this chain, session and round 0, and the bound keys exactly the validators' keys. A chain whose
+validators are not the members' own does not start (the app refuses ``InitChain``), so a vote
+of a validator is a vote of the member that bound it, and 2/3 of the voting power is 2/3 of the
+members.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ def check_bindings(
     Raises
     ------
     MalformedManifest
-        If a binding does not verify, is not a member's, names another chain or session, a
-        member has none or two, or the bound keys are not exactly the validators' keys.
+        If a binding does not verify, is not a member's, names another chain or session or a
+        round other than 0, a member has none or two, or the bound keys are not exactly the
+        validators' keys.
     """
     bound: dict[str, bytes] = {}
     for raw in genesis.bindings:
@@ -56,6 +58,10 @@ def check_bindings(
         binding = decode_binding(statement.body)
         if (binding.session, binding.chain_id) != (genesis.session, chain_id):
             raise MalformedManifest(f"binding of {statement.author:.60} names another chain")
+        if binding.round != 0:
+            raise MalformedManifest(
+                f"binding of {statement.author:.60} names round {binding.round}, not 0 (genesis)"
+            )
         if statement.author not in genesis.members or statement.author in bound:
             raise MalformedManifest(f"binding of {statement.author:.60}: not one per member")
         bound[statement.author] = binding.pub_key

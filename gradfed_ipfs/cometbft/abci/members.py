@@ -5,10 +5,11 @@ genesis names an admission policy (:attr:`~.rounds.RoundsGenesis.admission`) tak
 kinds of transactions, each a signed statement of :mod:`~gradfed_ipfs.formats.agreed.membership` or
 :mod:`.txs`:
 
-- ``comet/validator`` of a non-member (its validator's key on this chain) and ``agreed/join``
-  of the same peer: a **join** request, made at a round (it names it); held until it admits or
-  expires (:data:`~gradfed_ipfs.formats.agreed.membership.JOIN_ROUNDS` rounds after it was
-  made); a later-made join of the same peer replaces a held one;
+- ``comet/validator`` of a non-member (its validator's key on this chain, dated by the round
+  of its join) and ``agreed/join`` of the same peer: a **join** request, made at a round (it
+  names it); held until it admits or expires
+  (:data:`~gradfed_ipfs.formats.agreed.membership.JOIN_ROUNDS` rounds after it was made); a
+  later-made join (or binding) of the same peer replaces a held one;
 - ``agreed/approve`` of a member: a vote for a held (or later) join statement, by its CID;
 - ``agreed/leave`` of a member: it leaves after the round it names.
 
@@ -21,15 +22,17 @@ current members approved its join statement, and the join is fresh: made at or a
 first round of the last set that added or removed the joiner, and at most ``JOIN_ROUNDS``
 rounds before the close (:func:`~gradfed_ipfs.formats.agreed.membership.join_timing_problem`,
 the pubsub plane's rule). So a member that left (or was evicted) rejoins with a new join, and
-its old one, replayed, is refused. A set never becomes empty. Each change is also a
+its old one, replayed, is refused; so is a binding dated before that change (a binding names
+the round of its join, each binding is used once). A set never becomes empty. Each change is also a
 CometBFT **validator update**: power 1 for a joiner's bound key, 0 for a removed member's.
 
 Refusals are typed (:class:`~.ledger.TxCode`): ``NOT_ALLOWED`` (no admission, or a joiner not on
 the allow-list of an allow-list chain), ``ALREADY_MEMBER``, ``NOT_MEMBER`` (an approval or leave
 of a non-member), ``OTHER_SESSION`` (another session, genesis or chain), ``CONFLICT`` (a second,
-different request of one peer, or a validator key another member has), ``DUPLICATE`` (a
-statement used before, or a join or leave made before its author's last change of membership:
-old requests cannot be replayed), ``FULL`` (more than
+different request of one peer, a binding not of a later round than the one held, or a
+validator key another member has), ``DUPLICATE`` (a statement used before, or a join, leave or
+binding made before its author's last change of membership: old requests cannot be replayed),
+``FULL`` (more than
 :data:`MAX_PENDING` pending strangers, or approvals of one member).
 """
 
@@ -108,6 +111,7 @@ class MemberRequests:
     joins: dict[str, tuple[bytes, bytes]] = field(default_factory=dict)  # joiner -> (CID, data)
     made: dict[str, int | None] = field(default_factory=dict)  # joiner -> its join's round
     bound: dict[str, bytes] = field(default_factory=dict)  # joiner -> its validator key
+    bound_at: dict[str, int] = field(default_factory=dict)  # joiner -> its binding's round
     # (approver, joiner) -> (the approved join statement's CID, the approval's data)
     approvals: dict[tuple[str, str], tuple[bytes, bytes]] = field(default_factory=dict)
     leaves: dict[str, tuple[int, bytes]] = field(default_factory=dict)  # member -> (after, data)
@@ -118,8 +122,8 @@ class MemberRequests:
     def copy(self) -> MemberRequests:
         """Return an independent copy (a block being finalized forks the state)."""
         return MemberRequests(
-            dict(self.joins), dict(self.made), dict(self.bound), dict(self.approvals),
-            dict(self.leaves), set(self.used), dict(self.moved),
+            dict(self.joins), dict(self.made), dict(self.bound), dict(self.bound_at),
+            dict(self.approvals), dict(self.leaves), set(self.used), dict(self.moved),
         )  # fmt: skip
 
 
@@ -146,9 +150,9 @@ def judge_request(
     cid = str(statement.block.cid)
     if not rules.policy:
         return Verdict(TxCode.NOT_ALLOWED, "this chain's members are fixed (no admission)")
-    # A validator binding admits nothing by itself: a member that left binds its key again
-    # with the same bytes (one binding per stranger is held all the same).
-    if cid in requests.used and statement.kind != VALIDATOR:
+    # every statement once, bindings too: a member that left binds its key again at the round
+    # of its new join, so with new bytes
+    if cid in requests.used:
         return Verdict(TxCode.DUPLICATE, f"statement {cid} was used before")
     try:
         if statement.kind == VALIDATOR:
@@ -190,11 +194,24 @@ def _bind(
     binding = decode_binding(statement.body)
     if (binding.session, binding.chain_id) != (rules.session, rules.chain_id):
         return Verdict(TxCode.OTHER_SESSION, "a validator binding of another chain")
-    if author in requests.bound:
-        return Verdict(TxCode.CONFLICT, f"{author:.60} bound a validator key already")
-    if binding.pub_key in keys.values() or binding.pub_key in requests.bound.values():
+    # dated by its join's round, judged like the join: one made before its author's last
+    # change of membership (its leave or eviction) is a replay
+    moved = requests.moved.get(author)
+    if moved is not None and binding.round < moved:
+        return Verdict(
+            TxCode.DUPLICATE,
+            f"a binding of round {binding.round}, before its change at round {moved} (replay)",
+        )
+    before = requests.bound_at.get(author)
+    if before is not None and binding.round <= before:
+        return Verdict(
+            TxCode.CONFLICT, f"{author:.60} bound a validator key at round {before} already"
+        )
+    others = {p: k for p, k in requests.bound.items() if p != author}
+    if binding.pub_key in keys.values() or binding.pub_key in others.values():
         return Verdict(TxCode.CONFLICT, "that validator key is another peer's")
     requests.bound[author] = binding.pub_key
+    requests.bound_at[author] = binding.round
     return Verdict(TxCode.OK)
 
 
@@ -328,6 +345,8 @@ def decide(
         requests.moved[peer] = closed + 1
     requests.approvals = {k: v for k, v in requests.approvals.items() if k[1] in requests.joins}
     bound = tuple((p, requests.bound.pop(p)) for p in sorted(joined))
+    for peer in joined:
+        requests.bound_at.pop(peer, None)
     updates = [(key, 1) for _, key in bound]
     updates += [(keys[p], 0) for p in sorted(changes) if p not in joined and p in keys]
     lines = tuple((op, p, statements) for p, (op, statements) in sorted(changes.items()))

@@ -142,8 +142,8 @@ class RoundsGenesis:
     max_weight
         Largest contribution weight accepted (the session's ``max_weight``).
     bindings
-        Each member's signed ``comet/validator`` statement naming its validator's key
-        (:func:`~.txs.validator_binding`; checked against the genesis validators at
+        Each member's signed ``comet/validator`` statement naming its validator's key and
+        round 0 (:func:`~.txs.validator_binding`; checked against the genesis validators at
         ``InitChain`` by :func:`~.bindings.check_bindings`); empty: validators not bound.
     admission
         ``""``: the members are fixed; ``"allow-list"``, ``"majority"`` or ``"two-thirds"``:

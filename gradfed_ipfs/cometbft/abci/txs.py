@@ -9,9 +9,11 @@ that says it (its Ed25519 peer ID is its key) and whose body is a dag-cbor map:
   contribution ``cid`` of ``round`` and verified it (bounds, size, hash);
 - ``comet/result`` ``{session, round, record, model}``: the author's record CID of ``round``
   and the model CID it names;
-- ``comet/validator`` ``{session, chain_id, pub_key}`` (not a transaction: part of the chain's
-  genesis): the author's validator signs with the raw 32-byte Ed25519 key ``pub_key`` on chain
-  ``chain_id``, so the validator and the member are one identity (:func:`validator_binding`).
+- ``comet/validator`` ``{session, chain_id, pub_key, round}`` (in the chain's genesis, with
+  ``round`` 0, or a joiner's transaction, with ``round`` its join's): the author's validator
+  signs with the raw 32-byte Ed25519 key ``pub_key`` on chain ``chain_id``, so the validator and
+  the member are one identity (:func:`validator_binding`); ``round`` dates the binding, so one
+  made before its author's last leave or eviction cannot be replayed after it.
 
 CIDs are carried as strings (checked and normalised by :func:`~gradfed_ipfs.cid.parse_cid`), so
 a body decodes to plain values; ``session`` binds a statement to one session, so it cannot be
@@ -61,6 +63,7 @@ MAX_ROUND: Final = 2**40
 """Largest round number accepted (bounds the integers a body may carry)."""
 _MAX_WEIGHT: Final = 2**53
 _MAX_TEXT: Final = 256
+_BINDING_FIELDS: Final = {"session", "chain_id", "pub_key", "round"}
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,8 @@ class ValidatorBinding:
     session: str
     chain_id: str
     pub_key: bytes
+    round: int
+    """The round of the join it goes with (0 in the genesis)."""
 
 
 RoundTx = Contribution | Attestation | Result
@@ -203,21 +208,32 @@ def decode_binding(body: bytes) -> ValidatorBinding:
     Raises
     ------
     MalformedManifest
-        If it is not a map of ``session``, ``chain_id`` and a 32-byte ``pub_key``.
+        If it is not a map of ``session``, ``chain_id``, a 32-byte ``pub_key`` and a ``round``
+        in ``[0, MAX_ROUND]``.
     """
     try:
         decoded = dag_cbor.decode(body)
     except Exception as exc:  # dag_cbor raises several unrelated types on bad input
         raise MalformedManifest(f"{VALIDATOR} body is not dag-cbor: {exc}") from exc
-    if not isinstance(decoded, dict) or set(decoded) != {"session", "chain_id", "pub_key"}:
-        raise MalformedManifest(f"{VALIDATOR} body must be a map of session, chain_id, pub_key")
+    if not isinstance(decoded, dict) or set(decoded) != _BINDING_FIELDS:
+        raise MalformedManifest(f"{VALIDATOR} body must be a map of {sorted(_BINDING_FIELDS)}")
     key = decoded["pub_key"]
     if not isinstance(key, bytes) or len(key) != 32:
         raise MalformedManifest(f"{VALIDATOR}: pub_key must be 32 bytes (Ed25519)")
-    return ValidatorBinding(_text(decoded, "session"), _text(decoded, "chain_id"), key)
+    try:
+        number = _int(decoded, "round", 0, MAX_ROUND)
+        return ValidatorBinding(_text(decoded, "session"), _text(decoded, "chain_id"), key, number)
+    except MalformedManifest as exc:
+        raise MalformedManifest(f"{VALIDATOR}: {exc}") from exc
 
 
-async def validator_binding(signer: Signer, session: str, chain_id: str, pub_key: bytes) -> bytes:
-    """Return ``signer``'s signed ``comet/validator`` statement binding its validator's key."""
-    body = {"session": session, "chain_id": chain_id, "pub_key": bytes(pub_key)}
+async def validator_binding(
+    signer: Signer, session: str, chain_id: str, pub_key: bytes, round_number: int
+) -> bytes:
+    """Return ``signer``'s signed ``comet/validator`` statement binding its validator's key.
+
+    ``round_number`` is the round of the join the binding goes with (0 for a genesis member).
+    """
+    body = {"session": session, "chain_id": chain_id, "pub_key": bytes(pub_key),
+            "round": round_number}  # fmt: skip
     return await _sign(signer, VALIDATOR, body)

@@ -660,9 +660,11 @@ class AgreedSession:
             await self.start(model, joining=True)
         control = self._parts.control
         if isinstance(control, CometControl):
-            await control.bind(timeout)  # its validator's key first: a join needs it
-        if isinstance(control, CometControl):
-            request = await self._join_request(await self._chain_open_round(control))
+            # one reading of the chain's open round dates both: the binding (its validator's
+            # key first: a join needs it) and the join it goes with
+            opened = await self._chain_open_round(control)
+            await control.bind(opened, timeout)
+            request = await self._join_request(opened)
             return await self._join_chain(control, request, timeout)
         made = self.round
         request = await self._join_request(made)

@@ -163,13 +163,18 @@ class CometControl:
         """Hand a signed statement (a membership request) to this member's validator."""
         await self._submit(tx, what, time.monotonic() + timeout)
 
-    async def bind(self, timeout: float) -> None:
-        """Bind this peer's validator (its node's key, from ``/status``) to it: a transaction."""
+    async def bind(self, round_number: int, timeout: float) -> None:
+        """Bind this peer's validator (its node's key, from ``/status``) to it: a transaction.
+
+        ``round_number`` is the round of the join it goes with (the chain refuses a binding
+        dated before this peer's last leave or eviction, and holds a later one in place of an
+        earlier).
+        """
         status = await self.rpc.status()
         chain_id = str((status.get("node_info") or {}).get("network", ""))
         key = ((status.get("validator_info") or {}).get("pub_key") or {}).get("value", "")
         pub_key = base64.b64decode(str(key))
-        tx = await validator_binding(self._signer, self._session, chain_id, pub_key)
+        tx = await validator_binding(self._signer, self._session, chain_id, pub_key, round_number)
         await self.submit(tx, "validator binding", timeout)
 
     async def admitted(self, peer: str, timeout: float) -> int:
