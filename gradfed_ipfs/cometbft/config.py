@@ -92,6 +92,11 @@ class BlockTiming:
     idle_interval: float = 1.0
     peer_gossip_sleep: float = 0.02
 
+    @property
+    def idle_block_interval(self) -> float:
+        """Seconds between blocks of a healthy network that nobody sends a transaction to."""
+        return self.timeout_commit + (self.idle_interval if self.create_empty_blocks else 0.0)
+
     def settings(self) -> dict[tuple[str, str], TomlValue]:
         """Return the ``[consensus]`` entries of ``config.toml`` for this timing."""
         durations = {
