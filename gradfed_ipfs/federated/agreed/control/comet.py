@@ -90,6 +90,8 @@ _LATE: Final = re.compile(rf"code=({TxCode.OTHER_ROUND:d}|{TxCode.CLOSED:d}),")
 """CheckTx's refusal of a tx for a round already closed or final (its step is decided)."""
 _RETRY: Final = 0.25
 """Seconds between submissions of a transaction the validator could not take yet."""
+_COMMIT_WAIT: Final = 3.0
+"""Longest wait for a transaction's block with ``broadcast_tx_commit`` (it holds a thread)."""
 
 
 def _phase(r: int, phase: str) -> None:
@@ -341,7 +343,8 @@ class CometControl:
         """Submit this peer's result and wait until the round is final.
 
         The result is submitted with ``broadcast_tx_commit``: its block may be the one that
-        makes the round final, which this peer then reads at once.
+        makes the round final, which this peer then reads at once (the app is polled
+        meanwhile: a round made final by others' results never commits this one).
 
         Raises
         ------
@@ -354,18 +357,24 @@ class CometControl:
         tx = await result_tx(self._signer, self._session, r, record, finished.model)
         deadline = time.monotonic() + ctx.config.round_timeout
         _phase(r, "result sent")
-        await self._submit(tx, f"round {r} result", deadline, commit=True)
-        while True:
-            view = await self._look(r, deadline)
-            if view is not None and view.status == "final":
-                _phase(r, "finalized")
-                if view.record != record:
-                    raise RoundMismatch(r, record, {"cometbft": str(view.record)})
-                return
-            if time.monotonic() >= deadline:
-                results = 0 if view is None else view.results
-                raise QuorumNotReached(r, results, len(ctx.config.members))
-            await asyncio.sleep(POLL_INTERVAL)  # the app's state changes only with blocks
+        sent = asyncio.ensure_future(self._submit(tx, f"round {r} result", deadline, commit=True))
+        try:
+            while True:
+                view = await self._look(r, deadline)
+                if view is not None and view.status == "final":
+                    _phase(r, "finalized")
+                    if view.record != record:
+                        raise RoundMismatch(r, record, {"cometbft": str(view.record)})
+                    return
+                if time.monotonic() >= deadline:
+                    results = 0 if view is None else view.results
+                    raise QuorumNotReached(r, results, len(ctx.config.members))
+                if sent.done():  # a round final without this result: its tx is never committed
+                    await asyncio.sleep(POLL_INTERVAL)  # the app's state changes only with blocks
+                else:  # read again once the block with this result is committed
+                    await asyncio.wait([sent], timeout=POLL_INTERVAL)
+        finally:
+            sent.cancel()
 
     async def _look(self, r: int, deadline: float) -> RoundView | None:
         """Read round ``r``; ``None`` while the validator does not answer, until ``deadline``.
@@ -386,15 +395,16 @@ class CometControl:
 
         The app's refusal (CheckTx's code) is logged and final: the chain decides without it.
         A validator still catching up, unreachable or with a full mempool is asked again.
-        ``commit``: return only once the transaction is in a committed block (or after the
-        validator's ``timeout_broadcast_tx_commit``; the caller then reads the app anyway).
+        ``commit``: return once the transaction is in a committed block, or after
+        :data:`_COMMIT_WAIT` seconds (the caller reads the app anyway; a transaction the
+        chain's decision made useless is never proposed); on an error, submit it as above.
         """
         while True:
             try:
                 if not commit:
                     await self.rpc.broadcast_tx_sync(tx)
                     return
-                result = await self.rpc.broadcast_tx_commit(tx)
+                result = await self.rpc.broadcast_tx_commit(tx, timeout=_COMMIT_WAIT)
                 if result.code == 0:
                     return
                 text = f"code={result.code}, log={result.log}"
@@ -410,9 +420,10 @@ class CometControl:
                 if _LATE.search(text):  # the chain decided that step without this tx: normal
                     logger.debug("%s too late for the chain: %s", what, exc)
                     return
-                if commit and "timed out waiting for tx" in text:  # in the mempool still
-                    logger.debug("%s: not in a block yet (%s)", what, exc)
-                    return
+                if commit:  # timed out in the mempool, or not taken: make sure it is there
+                    logger.debug("%s: not committed (%s); submitted again", what, exc)
+                    commit = False
+                    continue
                 if "code=" in text or time.monotonic() >= deadline:
                     logger.warning("%s refused by the validator: %s", what, exc)
                     return
