@@ -18,9 +18,15 @@ delegate key the daemon's identity bound at start (``DelegatedSigner``: no ``key
 per statement); ``--kubo-key-sign`` makes them call ``key/sign`` for every statement instead.
 ``--control cometbft`` measures agreed rounds on the CometBFT control plane instead (issue #36):
 each block runs the same agreed rounds on the pubsub control plane, then on a fresh chain of
-``n`` loopback validators (one per peer, bound to its daemon's key) for each block interval of
-``--block-intervals`` (``BlockTiming.timeout_commit``), and prints both planes' p50 / p95, their
-ratio and the goal (CometBFT p50 ≤ 1.5 × pubsub p50 + one block interval).
+``n`` loopback validators (one per peer, bound to its daemon's key) for each block timing of
+``--block-intervals``, each ``TC[/EMPTY[/GOSSIP]]`` in seconds (``BlockTiming``'s
+``timeout_commit``, ``idle_interval`` and ``peer_gossip_sleep``; a part left out keeps
+``DEFAULT_TIMING``'s), and prints both planes' p50 / p95, their ratio, the chain's mean block
+interval over the arm (first validator's heights) and the goal (CometBFT p50 ≤ 1.5 × pubsub
+p50 + one block interval, the larger of ``timeout_commit`` and that mean).
+``BENCH_ROUNDS_LOG=1`` makes every peer log each round's phases to stderr, one line each with
+its wall-clock time: ``start`` and ``done`` (both planes) and, on the chain, ``contribution
+sent``, ``roster closed``, ``result sent`` and ``finalized``.
 A runner round that closes short at its 10 s deadline counts with that time (``short``). The
 p50 ratio comes with a 95 % bootstrap interval (whole rounds resampled), the date and the load
 average. ``--done-timeout`` sets ``AgreedConfig.done_timeout`` and ``--aggregation`` the
@@ -31,7 +37,7 @@ Run::
     python benchmarks/bench_rounds.py                      # 3 and 8 peers, d = 1M
     python benchmarks/bench_rounds.py --peers 3 --rounds 12 --blocks 5 --losses 0
     python benchmarks/bench_rounds.py --peers 3 8 32 --dim-at 32=100000 --losses 0 --signing
-    python benchmarks/bench_rounds.py --control cometbft --peers 4 8 --block-intervals 0.1 0.3
+    python benchmarks/bench_rounds.py --control cometbft --peers 4 8 --block-intervals 0 0.3/0/0.1
 
 Results: ``docs/benchmarks.md``.
 """
@@ -42,6 +48,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -54,7 +61,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gradfed_ipfs.cometbft import DEFAULT_TIMING, CometNetwork  # noqa: E402
+from gradfed_ipfs.cometbft import DEFAULT_TIMING, BlockTiming, CometNetwork  # noqa: E402
 from gradfed_ipfs.cometbft.abci import validator_binding  # noqa: E402
 from gradfed_ipfs.errors import InsufficientPeers  # noqa: E402
 from gradfed_ipfs.federated.agreed import rounds_genesis  # noqa: E402
@@ -120,12 +127,34 @@ def agreed_config(members: list[str], done_timeout: float, aggregation: str) -> 
     )  # fmt: skip
 
 
+def block_timing(arm: str) -> BlockTiming:
+    """Parse a ``--block-intervals`` arm, ``TC[/EMPTY[/GOSSIP]]`` seconds (see the docstring)."""
+    names = ("timeout_commit", "idle_interval", "peer_gossip_sleep")
+    parts = arm.split("/")
+    if not 1 <= len(parts) <= len(names):
+        raise SystemExit(f"--block-intervals {arm!r}: not TC[/EMPTY[/GOSSIP]]")
+    try:
+        values = {name: float(part) for name, part in zip(names, parts, strict=False)}
+    except ValueError as exc:
+        raise SystemExit(f"--block-intervals {arm!r}: {exc}") from None
+    return dataclasses.replace(DEFAULT_TIMING, **values)
+
+
+def log_phases(index: int) -> None:
+    """``BENCH_ROUNDS_LOG=1``: print the control plane's phase records to stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(lambda record: hasattr(record, "phase"))
+    handler.setFormatter(logging.Formatter(f"%(created).3f peer {index} round %(round)d %(phase)s"))
+    agreed = logging.getLogger("gradfed_ipfs.federated.agreed")
+    agreed.addHandler(handler)
+    agreed.setLevel(logging.DEBUG)
+
+
 def start_chain(
-    swarm: KuboSwarm, session: str, genesis: str, interval: float, done_timeout: float
+    swarm: KuboSwarm, session: str, genesis: str, timing: BlockTiming, done_timeout: float
 ) -> CometNetwork:
     """Start ``len(swarm)`` validators for ``session``, each bound to its daemon's peer ID."""
     members = [d.peer_id for d in swarm]
-    timing = dataclasses.replace(DEFAULT_TIMING, timeout_commit=interval)
     network = CometNetwork(len(swarm), timing=timing)
     entries = network.prepare()
 
@@ -167,6 +196,10 @@ async def peer_main(args: argparse.Namespace) -> None:
     if args.protocol == "agreed-unsigned":
         pubsub = UnsignedPubsub(pubsub)
     members = args.members.split(",")
+    phases = os.environ.get("BENCH_ROUNDS_LOG") == "1"
+    if phases:
+        log_phases(args.index)
+    phase = logging.getLogger("gradfed_ipfs.federated.agreed")
     latencies: list[tuple[float, int]] = []
     starts: list[float] = []  # wall clock: the peers share this machine's
     cpu: list[tuple[float, float]] = []  # (this process, its daemon) after each round
@@ -185,8 +218,12 @@ async def peer_main(args: argparse.Namespace) -> None:
         for r in range(args.rounds):
             gradient = delta(args.index, r, args.dim)  # test data: not part of the round's time
             t = time.monotonic()
+            if phases:
+                phase.debug("start", extra={"phase": "start", "round": r})
             result = await session.run_round(gradient, weight=1 + args.index)
             latencies.append((time.monotonic() - t, len(result.roster.entries)))
+            if phases:
+                phase.debug("done", extra={"phase": "done", "round": r})
             starts.append(time.time() - latencies[-1][0])
             count_cpu()
         await session.linger(timeout=30.0)
@@ -370,8 +407,9 @@ def main() -> None:
         help="cometbft: agreed rounds on the CometBFT control plane against the pubsub one",
     )  # fmt: skip
     parser.add_argument(
-        "--block-intervals", type=float, nargs="+", default=[0.1, 0.3],
-        help="with --control cometbft: the chains' timeout_commit values, seconds",
+        "--block-intervals", nargs="+", default=["0", "0.3/0/0.1"],
+        help="with --control cometbft: the chains' block timings, each TC[/EMPTY[/GOSSIP]]"
+        " seconds (timeout_commit, idle interval, peer gossip sleep; default: DEFAULT_TIMING's)",
     )  # fmt: skip
     parser.add_argument("--validator-rpc", help=argparse.SUPPRESS)
     parser.add_argument(
@@ -481,54 +519,72 @@ def main() -> None:
 
 def comet_main(args: argparse.Namespace) -> None:
     """``--control cometbft``: agreed rounds on a chain against the pubsub plane, per block."""
+    timings = {arm: block_timing(arm) for arm in args.block_intervals}
     print(f"agreed round latency, pubsub vs CometBFT control plane, d = {args.dim:,} floats,"
           f" one process + one Kubo daemon (+ one validator and its app) per peer")  # fmt: skip
     print(f"{time.strftime('%Y-%m-%d %H:%M')}, load average {load()}")
+    for arm, timing in timings.items():
+        print(
+            f"  arm {arm}: timeout_commit {timing.timeout_commit:g} s, idle interval"
+            f" {timing.idle_interval:g} s, peer gossip sleep {timing.peer_gossip_sleep:g} s"
+        )
     for n in args.peers:
         with KuboSwarm(n) as swarm:
             genesis = str(asyncio.run(model_cid(initial_model(args.dim))))
             tag = f"wa{n}-{os.getpid()}"
             run_protocol(swarm, "agreed", args.dim, WARMUP_ROUNDS, 0.0, tag, args.done_timeout)
             arms: dict[str, list[list[tuple[float, int]]]] = {"pubsub": []}
-            arms.update({f"comet {t:g} s": [] for t in args.block_intervals})
+            arms.update({f"comet {arm}": [] for arm in timings})
+            blocks = {arm: (0, 0.0) for arm in timings}  # blocks made, seconds, over the arm
             for block in range(args.blocks):  # alternated: every arm sees the same load drift
                 tag = f"{n}-{block}-{os.getpid()}"
                 groups, _, _ = run_protocol(
                     swarm, "agreed", args.dim, args.rounds, 0.0, f"ap{tag}", args.done_timeout
                 )
                 arms["pubsub"] += groups
-                for interval in args.block_intervals:
-                    session_tag = f"ac{interval:g}-{tag}"
+                for index, (arm, timing) in enumerate(timings.items()):
+                    session_tag = f"ac{index}-{tag}"
                     network = start_chain(
-                        swarm, f"bench-{session_tag}", genesis, interval, args.done_timeout
+                        swarm, f"bench-{session_tag}", genesis, timing, args.done_timeout
                     )
                     try:
+                        first, t = network[0].latest()[0], time.monotonic()
                         groups, _, _ = run_protocol(
                             swarm, "agreed-comet", args.dim, args.rounds, 0.0, session_tag,
                             args.done_timeout, validators=[v.rpc_url for v in network],
                         )  # fmt: skip
+                        made, seconds = blocks[arm]
+                        last = network[0].latest()[0]
+                        blocks[arm] = (made + last - first, seconds + time.monotonic() - t)
                     finally:
                         network.stop()
-                    arms[f"comet {interval:g} s"] += groups
-            print_comet(n, arms, args.block_intervals)
+                    arms[f"comet {arm}"] += groups
+            print_comet(n, arms, timings, blocks)
 
 
 def print_comet(
-    n: int, arms: dict[str, list[list[tuple[float, int]]]], intervals: list[float]
+    n: int,
+    arms: dict[str, list[list[tuple[float, int]]]],
+    timings: dict[str, BlockTiming],
+    blocks: dict[str, tuple[int, float]],
 ) -> None:
     """Print each arm's p50 / p95, and each chain's ratio to pubsub and its goal."""
     flat = {name: [x for group in groups for x in group] for name, groups in arms.items()}
     p50, p95 = percentile(flat["pubsub"], 50), percentile(flat["pubsub"], 95)
     print(f"{n:>5} peers: pubsub p50 {p50:.3f} s, p95 {p95:.3f} s  load {load()}", flush=True)
-    for interval in intervals:
-        name = f"comet {interval:g} s"
+    for arm, timing in timings.items():
+        name = f"comet {arm}"
         c50, c95 = percentile(flat[name], 50), percentile(flat[name], 95)
         low, high = ratio_interval(arms[name], arms["pubsub"], 50)
+        made, seconds = blocks[arm]
+        mean = seconds / max(made, 1)
+        interval = max(timing.timeout_commit, mean)
         goal = 1.5 * p50 + interval
         verdict = "met" if c50 <= goal else f"missed by {c50 - goal:.3f} s"
         short = sum(1 for _, k in flat[name] if k < n)
-        print(f"{'':>5} block interval {interval:g} s: p50 {c50:.3f} s, p95 {c95:.3f} s,"
+        print(f"{'':>5} block timing {arm}: p50 {c50:.3f} s, p95 {c95:.3f} s,"
               f" ratio {c50 / p50:.2f} ({low:.2f}-{high:.2f}), p95 ratio {c95 / p95:.2f};"
+              f" {made} blocks in {seconds:.1f} s (one per {mean:.3f} s);"
               f" goal 1.5 x p50 + interval = {goal:.3f} s: {verdict}; short rosters {short}",
               flush=True)  # fmt: skip
 

@@ -114,11 +114,10 @@ class CometRpc:
         self.rpc_url = rpc_url
         self.timeout = timeout
 
-    async def call(self, method: str, **params: Any) -> Any:
-        """One JSON-RPC call; returns its ``result``."""
-        return await asyncio.to_thread(
-            comet_call, self.rpc_url, method, params, timeout=self.timeout
-        )
+    async def call(self, method: str, *, timeout: float | None = None, **params: Any) -> Any:
+        """One JSON-RPC call (within ``timeout`` s, default :attr:`timeout`); its ``result``."""
+        wait = self.timeout if timeout is None else timeout
+        return await asyncio.to_thread(comet_call, self.rpc_url, method, params, timeout=wait)
 
     async def status(self) -> dict[str, Any]:
         """``/status``: node info, sync info (latest height, app hash), validator info."""
@@ -149,9 +148,17 @@ class CometRpc:
         result = await self.call("broadcast_tx_sync", tx=base64.b64encode(tx).decode())
         return BroadcastResult(int(result["code"]), str(result.get("log", "")), result["hash"])
 
-    async def broadcast_tx_commit(self, tx: bytes) -> BroadcastResult:
-        """Submit ``tx``; returns once it is in a committed block (or CheckTx refused it)."""
-        result = await self.call("broadcast_tx_commit", tx=base64.b64encode(tx).decode())
+    async def broadcast_tx_commit(
+        self, tx: bytes, *, timeout: float | None = None
+    ) -> BroadcastResult:
+        """Submit ``tx``; returns once it is in a committed block (or CheckTx refused it).
+
+        ``timeout`` bounds the wait (default :attr:`timeout`; the validator's own is
+        ``timeout_broadcast_tx_commit``, 10 s): a transaction that no proposal takes (the app's
+        PrepareProposal drops it) is never committed.
+        """
+        encoded = base64.b64encode(tx).decode()
+        result = await self.call("broadcast_tx_commit", timeout=timeout, tx=encoded)
         check, executed = result.get("check_tx") or {}, result.get("tx_result") or {}
         code = int(check.get("code", 0)) or int(executed.get("code", 0))
         log = str(check.get("log", "") or executed.get("log", ""))

@@ -6,9 +6,10 @@ round ``r`` a peer, through its own validator's RPC:
 
 1. submits its signed **contribution** (CID, weight, base) with ``broadcast_tx_sync`` (the
    contribution is also announced on pubsub as before, so others start fetching at once);
-2. reads the round's contributions from the app (``/round``), fetches and verifies each one
-   from IPFS as in the pubsub plane and submits a signed **attestation** for each that
-   verifies (a corrupt or oversized one is never attested, so it cannot enter the roster);
+2. fetches and verifies from IPFS, as in the pubsub plane, each contribution of the round the
+   app lists (``/round``) or pubsub announces, and submits a signed **attestation** for each
+   as soon as it verifies (a corrupt or oversized one is never attested, so it cannot enter
+   the roster);
 3. takes the **roster** the app decides (the contributions held by more than ``f`` members, at
    the block-time deadline or once every member's is held), fetches what it lacks of it, and
    builds the round's :class:`~gradfed_ipfs.formats.agreed.roster.Roster` from it (coordinator: the
@@ -25,7 +26,9 @@ and record, and uses it from the next round on (:mod:`~gradfed_ipfs.cometbft.abc
 A joiner's validator is a full node of the chain first, and a validator once admitted.
 
 The app answers from committed blocks only; the chain is polled every :data:`POLL_INTERVAL`
-seconds (about a third of the default block interval).
+seconds, and read at once when a block holds this peer's last attestation of a round or its
+result (both sent with ``broadcast_tx_commit``, which returns once its block is committed):
+those are the blocks that may close the round or make it final.
 
 A member that was down (its validator restarted: it replays its blocks into a fresh app, then
 catches up by block sync) resyncs from the chain: :meth:`CometControl.final_head` waits until
@@ -41,6 +44,7 @@ import logging
 import re
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Final, cast
 
 import dag_cbor
@@ -86,6 +90,22 @@ _LATE: Final = re.compile(rf"code=({TxCode.OTHER_ROUND:d}|{TxCode.CLOSED:d}),")
 """CheckTx's refusal of a tx for a round already closed or final (its step is decided)."""
 _RETRY: Final = 0.25
 """Seconds between submissions of a transaction the validator could not take yet."""
+_COMMIT_WAIT: Final = 3.0
+"""Longest wait for a transaction's block with ``broadcast_tx_commit`` (it holds a thread)."""
+
+
+def _phase(r: int, phase: str) -> None:
+    """Log a step of round ``r`` at debug level, with ``phase`` and ``round`` on the record."""
+    logger.debug("round %d: %s", r, phase, extra={"phase": phase, "round": r})
+
+
+@dataclass
+class _Attesting:
+    """One round's attestations: peers done with, fetches under way, a block with the last."""
+
+    settled: set[str]  # attested, or refused for good
+    running: dict[str, asyncio.Task[None]]
+    committed: asyncio.Event
 
 
 def rounds_genesis(session: str, genesis: CID | str, config: AgreedConfig) -> RoundsGenesis:
@@ -273,6 +293,11 @@ class CometControl:
     async def take(self, ctx: RoundContext) -> AdoptedRoster:
         """Contribute, attest what verifies, and adopt the roster the chain decides.
 
+        Each contribution, listed by the chain or heard on pubsub, is fetched and attested as
+        soon as it verifies, each on its own (:meth:`_attest_one`). The app is read every
+        :data:`POLL_INTERVAL` seconds, and at once when this peer's last attestation is in a
+        block (the block that may close the round).
+
         Raises
         ------
         QuorumNotReached
@@ -284,21 +309,47 @@ class CometControl:
         tx = await contribution_tx(self._signer, self._session, r, own.cid, own.weight, ctx.base)
         deadline = ctx.started + ctx.config.round_timeout
         await self._submit(tx, f"round {r} contribution", deadline)
-        attested: set[str] = {ctx.peer}
-        seen = 0
-        while True:
-            view = await self._look(r, deadline)
-            if view is not None and view.roster is not None:
-                return await self._adopt(ctx, view, deadline)
-            if view is not None and view.status == "open":
-                seen = len(view.contributions)
-                await self._attest(ctx, (*view.contributions, *self._heard(ctx)), attested)
-            if time.monotonic() >= deadline:
-                raise QuorumNotReached(r, seen, ctx.config.quorum)
-            await asyncio.sleep(POLL_INTERVAL)  # the app's state changes only with blocks
+        _phase(r, "contribution sent")
+        attesting = _Attesting({ctx.peer}, {}, asyncio.Event())
+        try:
+            seen, next_look = 0, 0.0
+            while True:
+                if attesting.committed.is_set() or time.monotonic() >= next_look:
+                    attesting.committed.clear()
+                    view = await self._look(r, deadline)
+                    next_look = time.monotonic() + POLL_INTERVAL
+                    if view is not None and view.roster is not None:
+                        _phase(r, "roster closed")
+                        return await self._adopt(ctx, view, deadline)
+                    if view is not None and view.status == "open":
+                        seen = len(view.contributions)
+                        self._attest(ctx, view.contributions, attesting, deadline)
+                self._attest(ctx, self._heard(ctx), attesting, deadline)
+                if time.monotonic() >= deadline:
+                    raise QuorumNotReached(r, seen, ctx.config.quorum)
+                await self._wake(attesting.committed, next_look)
+        finally:
+            for task in attesting.running.values():
+                task.cancel()
+
+    async def _wake(self, committed: asyncio.Event, until: float) -> None:
+        """Wait until ``until`` (the next read), a block with this peer's tx, or pubsub news."""
+        waits = [asyncio.ensure_future(committed.wait())]
+        if self._board is not None:
+            waits.append(asyncio.ensure_future(self._board.changed.wait()))
+        try:
+            timeout = max(0.0, until - time.monotonic())
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     async def settle(self, ctx: RoundContext, finished: FinishedRound) -> None:
         """Submit this peer's result and wait until the round is final.
+
+        The result is submitted with ``broadcast_tx_commit``: its block may be the one that
+        makes the round final, which this peer then reads at once (the app is polled
+        meanwhile: a round made final by others' results never commits this one).
 
         Raises
         ------
@@ -310,17 +361,25 @@ class CometControl:
         r, record = ctx.number, str(finished.record.cid)
         tx = await result_tx(self._signer, self._session, r, record, finished.model)
         deadline = time.monotonic() + ctx.config.round_timeout
-        await self._submit(tx, f"round {r} result", deadline)
-        while True:
-            view = await self._look(r, deadline)
-            if view is not None and view.status == "final":
-                if view.record != record:
-                    raise RoundMismatch(r, record, {"cometbft": str(view.record)})
-                return
-            if time.monotonic() >= deadline:
-                results = 0 if view is None else view.results
-                raise QuorumNotReached(r, results, len(ctx.config.members))
-            await asyncio.sleep(POLL_INTERVAL)  # the app's state changes only with blocks
+        _phase(r, "result sent")
+        sent = asyncio.ensure_future(self._submit(tx, f"round {r} result", deadline, commit=True))
+        try:
+            while True:
+                view = await self._look(r, deadline)
+                if view is not None and view.status == "final":
+                    _phase(r, "finalized")
+                    if view.record != record:
+                        raise RoundMismatch(r, record, {"cometbft": str(view.record)})
+                    return
+                if time.monotonic() >= deadline:
+                    results = 0 if view is None else view.results
+                    raise QuorumNotReached(r, results, len(ctx.config.members))
+                if sent.done():  # a round final without this result: its tx is never committed
+                    await asyncio.sleep(POLL_INTERVAL)  # the app's state changes only with blocks
+                else:  # read again once the block with this result is committed
+                    await asyncio.wait([sent], timeout=POLL_INTERVAL)
+        finally:
+            sent.cancel()
 
     async def _look(self, r: int, deadline: float) -> RoundView | None:
         """Read round ``r``; ``None`` while the validator does not answer, until ``deadline``.
@@ -336,15 +395,28 @@ class CometControl:
             logger.debug("round %d: validator not answering (%s)", r, exc)
             return None
 
-    async def _submit(self, tx: bytes, what: str, deadline: float) -> None:
+    async def _submit(self, tx: bytes, what: str, deadline: float, *, commit: bool = False) -> None:
         """Hand ``tx`` to the validator, retrying until ``deadline`` while it cannot take it.
 
         The app's refusal (CheckTx's code) is logged and final: the chain decides without it.
         A validator still catching up, unreachable or with a full mempool is asked again.
+        ``commit``: return once the transaction is in a committed block, or after
+        :data:`_COMMIT_WAIT` seconds (the caller reads the app anyway; a transaction the
+        chain's decision made useless is never proposed); on an error, submit it as above.
         """
         while True:
             try:
-                await self.rpc.broadcast_tx_sync(tx)
+                if not commit:
+                    await self.rpc.broadcast_tx_sync(tx)
+                    return
+                result = await self.rpc.broadcast_tx_commit(tx, timeout=_COMMIT_WAIT)
+                if result.code == 0:
+                    return
+                text = f"code={result.code}, log={result.log}"
+                if result.code in (TxCode.OTHER_ROUND, TxCode.CLOSED):
+                    logger.debug("%s too late for the chain: %s", what, text)
+                else:
+                    logger.warning("%s refused by the validator: %s", what, text)
                 return
             except CometRpcError as exc:
                 text = str(exc)
@@ -353,6 +425,10 @@ class CometControl:
                 if _LATE.search(text):  # the chain decided that step without this tx: normal
                     logger.debug("%s too late for the chain: %s", what, exc)
                     return
+                if commit:  # timed out in the mempool, or not taken: make sure it is there
+                    logger.debug("%s: not committed (%s); submitted again", what, exc)
+                    commit = False
+                    continue
                 if "code=" in text or time.monotonic() >= deadline:
                     logger.warning("%s refused by the validator: %s", what, exc)
                     return
@@ -375,30 +451,51 @@ class CometControl:
             if bytes(c.base) == bytes(ctx.base) and peer in ctx.config.members
         ]
 
-    async def _attest(
-        self, ctx: RoundContext, lines: Iterable[RosterLine], attested: set[str]
+    def _attest(
+        self,
+        ctx: RoundContext,
+        lines: Iterable[RosterLine],
+        attesting: _Attesting,
+        deadline: float,
     ) -> None:
-        """Fetch the round's contributions; attest each that verifies (once per peer)."""
+        """Start fetching and attesting each contribution not yet started (once per peer)."""
         for line in lines:
-            if line.peer in attested:
+            if line.peer in attesting.settled or line.peer in attesting.running:
                 continue
             if line.weight > ctx.config.max_weight or line.peer in ctx.excluded:
-                attested.add(line.peer)
+                attesting.settled.add(line.peer)
                 ctx.rejected[line.peer] = f"weight {line.weight} or excluded: not attested"
                 continue
+            attesting.running[line.peer] = asyncio.create_task(
+                self._attest_one(ctx, line, attesting, deadline)
+            )
+
+    async def _attest_one(
+        self, ctx: RoundContext, line: RosterLine, attesting: _Attesting, deadline: float
+    ) -> None:
+        """Fetch one contribution and attest it as soon as it verifies.
+
+        A transient failure ends this task unsettled: the next pass starts it again. This
+        peer's last attestation of the round's members waits for its block
+        (``broadcast_tx_commit``), then wakes the round's loop to read the app at once.
+        """
+        try:
             task = self._fetcher.fetch(parse_cid(line.cid), ctx.d)
-            if not task.done():
-                continue
-            attested.add(line.peer)
+            await asyncio.wait([task])
             if task.cancelled() or task.exception() is not None:
-                if is_transient(task):
-                    attested.discard(line.peer)  # fetched again at the next look
-                else:
+                if not is_transient(task):
+                    attesting.settled.add(line.peer)
                     ctx.rejected[line.peer] = f"contribution {line.cid}: {task.exception()}"
-                continue
+                return
+            attesting.settled.add(line.peer)
+            last = attesting.settled >= set(ctx.config.members)
             tx = await attestation_tx(self._signer, self._session, ctx.number, line.peer, line.cid)
             what = f"round {ctx.number} attestation of {line.peer}"
-            await self._submit(tx, what, ctx.started + ctx.config.round_timeout)
+            await self._submit(tx, what, deadline, commit=last)
+            if last:
+                attesting.committed.set()
+        finally:
+            attesting.running.pop(line.peer, None)
 
     async def _adopt(self, ctx: RoundContext, view: RoundView, deadline: float) -> AdoptedRoster:
         """Fetch the decided roster's contributions (retrying until ``deadline``); adopt it."""
