@@ -6,13 +6,14 @@ index, so the members' shards differ and the federation's model converges to the
 weights; ``GRADFED_TASK_ROUNDS`` sets the rounds (default 10) and ``GRADFED_TASK_SECONDS`` the
 seconds each local training takes at least (default 0: a stand-in for real compute, so that
 members can join and leave while the others train). With ``GRADFED_TASK_GATE=FILE`` the
-training of server round ``s`` waits until FILE holds a number ``>= s``: the federation tests
-pace the rounds with it.
+training of server round ``s`` waits until FILE holds a number ``>= s`` (printing ``task:
+round s at the gate`` on stderr first): the federation tests pace the rounds with it.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,6 +30,8 @@ TRUE_WEIGHTS = np.linspace(-1.0, 1.0, DIM, dtype=np.float32)
 def wait_for_gate(server_round: object) -> None:
     """Wait until ``$GRADFED_TASK_GATE`` lets ``server_round`` train (no gate: at once)."""
     gate = os.environ.get("GRADFED_TASK_GATE")
+    if gate is not None and isinstance(server_round, int):
+        print(f"task: round {server_round} at the gate", file=sys.stderr, flush=True)
     while gate is not None and isinstance(server_round, int):
         try:
             allowed = int(Path(gate).read_text().strip() or 0)

@@ -5,11 +5,13 @@ Runs a :class:`~gradfed_ipfs.training.Peer` from the member's task file
 with ``node start --federation F``), with the federation's session, members and timing. A node
 that is not one of the genesis members joins the running session (admitted by the
 federation's policy) and contributes from the round after its admission. Each round prints one
-line (round, results, the round's member count, loss). The first Ctrl+C leaves cleanly (a
-signed leave after the current round, exit 0 once a record names a member set without this
-peer); a second one quits at once (exit 130). The node keeps running unless ``--stop-node``.
-A genesis member that restarts passes ``--resume``: it adopts the members' head rather than
-start at round 0, and if it had left (or was evicted) it asks to join again.
+line (round, results, the round's member count, loss), and each join, approval or leave the
+peer newly holds one line (``holds join of P``, ``holds approval of P by A``, ``holds leave
+of P (its last round: R)``): the next roster it makes can carry it. The first Ctrl+C leaves
+cleanly (a signed leave after the current round, exit 0 once a record names a member set
+without this peer); a second one quits at once (exit 130). The node keeps running unless
+``--stop-node``. A genesis member that restarts passes ``--resume``: it adopts the members'
+head rather than start at round 0, and if it had left (or was evicted) it asks to join again.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from ..federated.agreed.members import HeldRequest
 from ..federation import load_federation, member_peer
 from ..federation.file import Federation
+from ..formats.agreed.membership import APPROVE, LEAVE
 from ..node import Node
 from ..training import History, Peer
 from .common import async_handler, console, default_node_dir, err_console, positive_float
@@ -32,6 +36,17 @@ __all__ = ["add_train_parser"]
 
 def _line(text: str) -> None:
     console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def _held(request: HeldRequest) -> None:
+    """Print one line for a join, approval or leave the peer newly holds (train's rounds)."""
+    if request.kind == APPROVE:
+        _line(f"holds approval of {request.peer} by {request.author}")
+    elif request.kind == LEAVE:
+        last = "" if request.round is None else f" (its last round: {request.round + 1})"
+        _line(f"holds leave of {request.peer}{last}")
+    else:
+        _line(f"holds join of {request.peer}")
 
 
 class _Interrupts:
@@ -108,7 +123,7 @@ async def _train(args: argparse.Namespace, api: str) -> int:
     async with Node(api, timeout=args.timeout) as node:
         peer, genesis = await member_peer(
             federation, args.task, node, log=_line, member=not args.show_genesis,
-            source=args.federation,
+            source=args.federation, on_request=_held,
         )  # fmt: skip
         if args.show_genesis:
             console.print(str(genesis))

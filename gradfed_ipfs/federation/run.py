@@ -11,6 +11,7 @@ from multiformats import CID
 
 from ..errors import ConfigError, FederationFileError
 from ..federated.agreed import AgreedConfig
+from ..federated.agreed.members import HeldRequest
 from ..federated.exchange import encode_gradient
 from ..node import Node
 from ..training import (
@@ -163,12 +164,14 @@ async def member_peer(
     log: Callable[[str], None] | None = None,
     member: bool = True,
     source: str | Path | None = None,
+    on_request: Callable[[HeldRequest], None] | None = None,
 ) -> tuple[Peer[object], CID]:
     """Return this node's :class:`~gradfed_ipfs.training.Peer` and its genesis CID, checked.
 
     ``member=False`` accepts a node outside the allow-list (``train --show-genesis``).
     ``source``: the federation file's path, whose allow-list is read again before each round
-    (the joins this member approves: :func:`allowed_in`).
+    (the joins this member approves: :func:`allowed_in`). ``on_request``: told each join,
+    approval or leave the peer newly holds (:class:`~gradfed_ipfs.training.Peer`).
 
     Raises
     ------
@@ -190,6 +193,7 @@ async def member_peer(
         session=federation.session.name,
         log=log,
         approvals=None if source is None else allowed_in(source),
+        on_request=on_request,
     )
     genesis, expected = await genesis_of(peer), federation.session.genesis
     if expected is not None and str(genesis) != expected:

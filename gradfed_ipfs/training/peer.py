@@ -34,6 +34,7 @@ from .._types import FloatArray
 from ..adapters.layout import Layout
 from ..adapters.numpy import flatten, unflatten_list
 from ..errors import ConfigError, GradfedError, InvalidGradient, QuorumNotReached, RoundMismatch
+from ..federated.agreed.members import HeldRequest
 from ..federated.agreed.session import AgreedConfig, AgreedSession
 from ..federated.exchange.fetcher import check_values
 from ..federated.privacy.mechanisms import DifferentialPrivacy
@@ -297,6 +298,10 @@ class Peer(Generic[M]):
         With ``agreed.admission`` under an approval policy: called before each round, the
         peer IDs this member approves when their join is heard (beyond its ``admission.allow``;
         e.g. the allow-list of its federation file, read again).
+    on_request
+        With ``agreed.admission``: called once with each join, approval or leave this peer
+        newly holds (:class:`~gradfed_ipfs.federated.agreed.members.HeldRequest`, agreed
+        round numbers); the next roster it makes can carry it.
 
     With ``agreed.admission`` the member set changes from round to round (joins, leaves,
     evictions; :mod:`gradfed_ipfs.federated.agreed.membership`): each round samples from its
@@ -319,6 +324,7 @@ class Peer(Generic[M]):
         log: Callable[[str], None] | None = None,
         privacy: LocalDP | None = None,
         approvals: Callable[[], Collection[str]] | None = None,
+        on_request: Callable[[HeldRequest], None] | None = None,
     ) -> None:
         if node is not None and store is None and pubsub is None:
             store, pubsub = node.store, node.pubsub
@@ -332,7 +338,7 @@ class Peer(Generic[M]):
             raise ConfigError("overlap does not work with SecAgg (its round needs the sample)")
         if agreed.admission is not None and isinstance(self.strategy, SecAgg):
             raise ConfigError("SecAgg needs a fixed member set (AgreedConfig.admission=None)")
-        self.approvals = approvals
+        self.approvals, self.on_request = approvals, on_request
         self.client, self.adapter, self.config = client, adapter, config
         self.store, self.pubsub, self.session_name = store, pubsub, session
         initial = np.array(adapter.to_vector(initial_model), np.float32).reshape(-1)
@@ -400,8 +406,9 @@ class Peer(Generic[M]):
         started = time.monotonic()
         genesis = await AgreedSession.commit_genesis(self.store, self._genesis_vector)
         session = self.session = AgreedSession(
-            self.store, self.pubsub, self.session_name, genesis, self.agreed
-        )
+            self.store, self.pubsub, self.session_name, genesis, self.agreed,
+            on_request=self.on_request,
+        )  # fmt: skip
         await session.start(self._genesis_vector, joining=join)
         history = History(
             self.session_name, str(genesis), session.peer_id, self.rule.label(0), self.config.rounds

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.federation.test_train_members import Gate, Trainer, fast_timing
+from tests.federation.test_train_members import Gate, Trainer, all_hold, fast_timing, member_sets
 from tests.federation.test_train_processes import TASK
 from tests.polling import poll_until
 from tests.required import skip_area
@@ -152,24 +152,21 @@ def test_four_hosts_train_to_one_model_and_a_keyless_node_gets_nothing(
             _on(host, "--node-dir", str(node_dir), "node", "stop")
 
 
-def _round_of(line: str) -> int:
-    return int(line.split()[1].rstrip(":"))
-
-
 def test_members_join_and_leave_across_hosts(hosts: list[str], tmp_path: Path) -> None:
     """A-D are the genesis members (policy: majority). E, on the file's allow-list, is
-    approved by every member as soon as its join is heard (started after round 3); F is
+    approved by every member as soon as its join is heard and trains from round 4; F is
     approved by three of the five members (each runs `federation allow` on its own copy of
-    the file while it trains); D leaves by Ctrl+C at round 7 or later; C's process is killed
-    (its daemon keeps running) and C is out of the member set ``EVICT_AFTER`` rounds after
-    the first one it misses. A gate
-    file paces the rounds (the example task's ``GRADFED_TASK_GATE``). The survivors end on
-    one model and `history --federation --task` re-checks every round's member set and
+    the file while it trains) and trains from round 6; D leaves by Ctrl+C after round 7; C's
+    process is killed (its daemon keeps running) at round 8's gate and C is out of the member
+    set from round 8 + ``EVICT_AFTER`` on. A gate file paces the rounds (the example task's
+    ``GRADFED_TASK_GATE``): each opens once every member waits at it and logs holding the
+    requests its roster is to carry, so each change is at the round named. The survivors end
+    on one model and `history --federation --task` re-checks every round's member set and
     recomputes every round."""
     lab = tmp_path / "lab.toml"
     init = _on(hosts[0], "federation", "init", "lab", "--file", str(lab), "--policy", "majority")
     assert init.returncode == 0, init.stderr
-    fast_timing(lab, evict_after=EVICT_AFTER)
+    fast_timing(lab, evict_after=EVICT_AFTER, collect=10.0)  # room for a slow live member
     dirs = [tmp_path / host for host in hosts]
     trainers: list[Trainer] = []
     try:
@@ -195,40 +192,49 @@ def test_members_join_and_leave_across_hosts(hosts: list[str], tmp_path: Path) -
             copies.append(copy)
 
         gate = Gate(tmp_path / "gate")
-        gate.open(3)
         a, b, c, d = (_member(hosts[i], dirs[i], copies[i], gate) for i in range(4))
         trainers += [a, b, c, d]
-        poll_until(lambda: a.last_round() >= 3, timeout=300, what="three rounds of A-D")
-        e = _member(hosts[4], dirs[4], copies[4], gate)  # joins at round 4 (the allow-list)
+        first_four = [a, b, c, d]
+        for _ in range(2):  # rounds 1 and 2: every member is up
+            gate.step(first_four)
+        gate.wait(first_four)
+        e = _member(hosts[4], dirs[4], copies[4], gate)  # on every member's allow-list
         trainers.append(e)
         poll_until(lambda: bool(e.out), timeout=120, what="E asking to join")
-        gate.advance_until(a, lambda: _members_in(e, 5), "E admitted and contributing")
+        # Round 3's roster carries E's join and the four approvals: E trains from round 4.
+        e_held = [f"join of {peers[4]}", *(f"approval of {peers[4]} by {p}" for p in peers[:4])]
+        gate.step(first_four, all_hold(first_four, *e_held), "E's join and approvals held")
+        five = [a, b, c, d, e]
+        gate.wait(first_four, what="E admitted")
+        e_from = 4 if gate.wait_joiner(e) else 5
         f = _member(hosts[5], dirs[5], copies[5], gate)  # asks; nobody approves it yet
         trainers.append(f)
         poll_until(lambda: bool(f.out), timeout=120, what="F asking to join")
-        target = gate.value + 1  # one round in which every member hears F's join
-        gate.advance_until(a, lambda: a.last_round() >= target, "F's join heard", 1)
-        assert not _members_in(a, 6)  # nobody approved F yet
+        poll_until(all_hold(five, f"join of {peers[5]}"), timeout=120, what="F's join held")
         for copy in copies[:3]:  # three of the five members approve F (more than half)
             assert _on(hosts[0], "federation", "allow", str(copy), peers[5]).returncode == 0
-        gate.advance_until(a, lambda: _members_in(f, 6), "F admitted and contributing")
-
-        gate.advance_until(a, lambda: a.last_round() >= 7, "round 7")
-        d.process.send_signal(signal.SIGINT)  # D leaves
+        gate.step(first_four)  # round 4: its start already read the allow-lists; round 5's signs
+        # Round 5's roster carries F's join and three approvals: F trains from round 6.
+        f_held = [f"join of {peers[5]}", *(f"approval of {peers[5]} by {p}" for p in peers[:3])]
+        gate.step(five, all_hold(five, *f_held), "F's join and approvals held")
+        six = [a, b, c, d, e, f]
+        gate.wait(five, what="F admitted")
+        f_from = 6 if gate.wait_joiner(f) else 7
+        gate.open(6)
+        gate.wait(six)
+        d.process.send_signal(signal.SIGINT)  # D leaves after round 7: out from round 8
         poll_until(lambda: "leaving after" in "".join(d.err), timeout=60, what="D leaving")
-        gate.advance_until(a, lambda: d.process.poll() is not None, "D gone")
+        rest = [a, b, c, e, f]
+        gate.step(six, all_hold(rest, f"leave of {peers[3]}"), "D's leave held")
         code, out, err = d.finish(timeout=180)
         assert code == 0, err[-3000:]
         assert "left the session" in out
-        since = len(a.rounds())
-        gate.advance_until(a, lambda: _members_in(a, 5, since), "rounds without D")
-        killed = gate.value  # C waits at the gate for the next round: absent from it on
-        c.process.kill()  # C dies without leaving
+        gate.wait(rest)
+        c.process.kill()  # at the gate of round 8; C dies without leaving
         c.finish()
-        gate.advance_until(a, lambda: _members_in(a, 4, since), "C evicted", EVICT_AFTER + 1)
+        for _ in range(EVICT_AFTER):  # absent from rounds 8 and 9: out from round 10 on
+            gate.step([a, b, e, f])
         gate.open(CHANGING_ROUNDS)
-        evicted = next(_round_of(line) for line in a.rounds()[since:] if "(4 members)" in line)
-        assert evicted <= killed + 1 + EVICT_AFTER, a.rounds()  # the rule, across hosts too
 
         survivors = [member.finish(timeout=400) for member in (a, b, e, f)]
         models = set()
@@ -236,6 +242,11 @@ def test_members_join_and_leave_across_hosts(hosts: list[str], tmp_path: Path) -
             assert code == 0, err[-3000:]
             models.add(re.findall(r"done: \d+ rounds, model (\S+)", out)[0])
         assert len(models) == 1, survivors
+        expected = {1: 4, 2: 4, 3: 4, 4: 5, 5: 5, 6: 6, 7: 6, 8: 5, 9: 5}
+        expected |= dict.fromkeys(range(10, CHANGING_ROUNDS + 1), 4)
+        assert a.members_by_round() == expected, a.rounds()
+        assert e.members_by_round() == {r: n for r, n in expected.items() if r >= e_from}
+        assert f.members_by_round() == {r: n for r, n in expected.items() if r >= f_from}
         head = re.findall(r"record (\S+)\)", a.rounds()[-1])[0]
         history = _on(hosts[0], "--node-dir", str(dirs[0]), "history", head,
                       "--federation", str(copies[0]), "--task", str(TASK), "--deadline", "300",
@@ -243,13 +254,11 @@ def test_members_join_and_leave_across_hosts(hosts: list[str], tmp_path: Path) -
         text = history.stdout
         assert history.returncode == 0, text + history.stderr
         assert "rounds verified" in text
-        changes = [f"+{peers[4]} (join)", f"+{peers[5]} (join)", f"-{peers[3]} (leave)"]
-        changes += [f"-{peers[2]} (evict)"]
-        for change in changes:
-            assert change in text, text
+        # "member set round R": the set of agreed round R + 1, i.e. of `train`'s round R + 2
+        changes = [f"2: +{peers[4]} (join)", f"4: +{peers[5]} (join)"]
+        changes += [f"6: -{peers[3]} (leave)", f"8: -{peers[2]} (evict)"]
+        assert member_sets(text) == changes, text
         assert f"member sets verified ({len(changes)} changes)" in text, text
-        joined = re.findall(rf"member set round (\d+): \+{peers[4]}", text)
-        assert int(joined[0]) >= 3, text  # E was admitted after it asked, from round 4 on
     finally:
         for member in trainers:
             if member.process.poll() is None:
@@ -257,7 +266,3 @@ def test_members_join_and_leave_across_hosts(hosts: list[str], tmp_path: Path) -
             member.finish(timeout=30)
         for host, node_dir in zip(hosts, dirs, strict=True):
             _on(host, "--node-dir", str(node_dir), "node", "stop")
-
-
-def _members_in(trainer: Trainer, count: int, since: int = 0) -> bool:
-    return any(f"({count} members)" in line for line in trainer.rounds()[since:])

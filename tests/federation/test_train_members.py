@@ -1,10 +1,13 @@
 """Members that change while ``gradfed-ipfs train`` runs, each member its own OS process.
 
 All through the CLI on 127.0.0.1: three genesis members train; a fourth node, allow-listed
-after the genesis was fixed, runs ``train`` while they do, is admitted and contributes; a
-member leaves by Ctrl+C (a signed leave, exit 0); a member whose process is killed (its daemon
-still running) is evicted by the rule: absent from server round ``s`` on, it is out of the
-member set of round ``s + evict_after``; the survivors end on one model, and ``history
+after the genesis was fixed, runs ``train`` while they do, is admitted and contributes from
+round 3; a member leaves by Ctrl+C (a signed leave, exit 0) and is out from round 4; a member
+whose process is killed (its daemon still running) is evicted by the rule: absent from server
+round ``s`` on, it is out of the member set of round ``s + evict_after`` (here 4 + 2). The
+test paces the rounds with the example task's gate and opens each round only once every
+member waits at it and logs holding the request that round's roster is to carry, so every
+change happens at the round the test names. The survivors end on one model, and ``history
 --federation`` re-checks every round's member set (join, leave, eviction).
 """
 
@@ -15,7 +18,7 @@ import re
 import signal
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -72,6 +75,23 @@ class Trainer:
         lines = self.rounds()
         return int(lines[-1].split()[1].rstrip(":")) if lines else 0
 
+    def members_by_round(self) -> dict[int, int]:
+        """Server round -> the member count its round line shows."""
+        found = (re.match(r"round (\d+):.*\((\d+) members\)", line) for line in self.rounds())
+        return {int(m.group(1)): int(m.group(2)) for m in found if m}
+
+    def at_gate(self, server_round: int) -> bool:
+        """Whether the task's training of ``server_round`` has reached the gate."""
+        return f"task: round {server_round} at the gate\n" in list(self.err)
+
+    def holds(self, request: str) -> bool:
+        """Whether ``train`` logged holding ``request`` (``join of P``, ``leave of P``, …)."""
+        return any(line.startswith(f"holds {request}") for line in list(self.out))
+
+    def tail(self) -> str:
+        """The last lines printed (for a failure's message)."""
+        return "".join(self.out[-3:] + self.err[-30:])
+
     def finish(self, timeout: float = 300.0) -> tuple[int, str, str]:
         """Wait for the process; return its exit code, stdout and stderr."""
         try:
@@ -90,8 +110,10 @@ class Trainer:
 class Gate:
     """The server rounds the members may train (``GRADFED_TASK_GATE`` of the example task).
 
-    The test opens the gate one round at a time, so joins, leaves and evictions happen at the
-    rounds it chooses, however slowly a loaded machine starts the processes.
+    The test opens the gate one round at a time, and only once every member's training of
+    the next round waits at it (and, for a join, leave or approval, once every member logs
+    holding it): the coordinator of that round, whoever it is, then holds the request when it
+    makes the roster, so the change is in that round's record, at the round the test chose.
     """
 
     def __init__(self, path: Path) -> None:
@@ -105,24 +127,51 @@ class Gate:
         os.replace(temporary, self.path)
         self.value = value
 
-    def advance_until(
-        self, leader: Trainer, condition: Callable[[], bool], what: str, most: int = 8
+    def wait(
+        self,
+        members: Sequence[Trainer],
+        ready: Callable[[], bool] = lambda: True,
+        what: str = "",
     ) -> None:
-        """Open one round at a time (each awaited on ``leader``) until ``condition`` holds."""
-        for _ in range(most):
-            if condition():
-                return
-            self.open(self.value + 1)
-            tail = lambda: "".join(leader.out[-3:] + leader.err[-30:])  # noqa: E731
-            try:
-                poll_until(
-                    lambda: leader.last_round() >= self.value or condition(),
-                    timeout=240,
-                    what=f"round {self.value} on the way to {what}",
-                )
-            except TimeoutError as exc:
-                raise TimeoutError(f"{exc}; the leader's last lines:\n{tail()}") from None
-        poll_until(condition, timeout=5, what=f"{what} within {most} rounds")
+        """Wait until each of ``members`` waits at the gate for the next round, and ``ready``."""
+        server_round = self.value + 1
+
+        def there() -> bool:
+            return all(member.at_gate(server_round) for member in members) and ready()
+
+        try:
+            poll_until(there, timeout=240, what=f"round {server_round} at every gate {what}")
+        except TimeoutError as exc:
+            lasts = [(m.rounds() or ["no round yet"])[-1] for m in members]
+            late = [m.tail() for m in members if not m.at_gate(server_round)]
+            raise TimeoutError(
+                f"{exc}; the members' last rounds: {lasts}; {len(late)} late, their last "
+                f"lines:\n{late}"
+            ) from None
+
+    def wait_joiner(self, joiner: Trainer, grace: float = 60.0) -> bool:
+        """Give a just-admitted ``joiner`` ``grace`` seconds to wait at the gate too.
+
+        It normally does (it resynced to the admitting head). One whose resync to that head
+        failed (a head refused is not tried again) follows the next head, a round later:
+        ``False``, and the test goes on without it (its membership is unchanged).
+        """
+        server_round = self.value + 1
+        try:
+            poll_until(lambda: joiner.at_gate(server_round), timeout=grace, what="the joiner")
+        except TimeoutError:
+            return False
+        return True
+
+    def step(
+        self,
+        members: Sequence[Trainer],
+        ready: Callable[[], bool] = lambda: True,
+        what: str = "",
+    ) -> None:
+        """Open the next round once :meth:`wait` returns."""
+        self.wait(members, ready, what)
+        self.open(self.value + 1)
 
 
 def trainer(node_dir: Path, federation: Path, *extra: str, gate: Gate | None = None) -> Trainer:
@@ -137,18 +186,14 @@ def trainer(node_dir: Path, federation: Path, *extra: str, gate: Gate | None = N
     return Trainer([*argv, str(TASK), "--linger", "20", *extra], env)
 
 
-def _first_round_with(trainer_: Trainer, count: int) -> int:
-    """The first server round whose line shows ``count`` members."""
-    return next(
-        int(line.split()[1].rstrip(":"))
-        for line in trainer_.rounds()
-        if f"({count} members)" in line
-    )
+def all_hold(members: Sequence[Trainer], *requests: str) -> Callable[[], bool]:
+    """Whether every one of ``members`` logged holding each of ``requests``."""
+    return lambda: all(member.holds(request) for member in members for request in requests)
 
 
-def _with_members(trainer_: Trainer, count: int, since: int = 0) -> bool:
-    """Whether a round line after the first ``since`` shows ``count`` members."""
-    return any(f"({count} members)" in line for line in trainer_.rounds()[since:])
+def member_sets(history: str) -> list[str]:
+    """The member-set changes ``history --federation`` printed (``round R: +peer (join)``)."""
+    return re.findall(r"^member set round (\d+: \S+ \(\w+\))", history, re.MULTILINE)
 
 
 @pytest.mark.kubo
@@ -161,7 +206,7 @@ def test_a_member_joins_one_leaves_by_ctrl_c_and_a_killed_one_is_evicted(
 ) -> None:
     lab = tmp_path / "lab.toml"
     assert run_cli(capsys, "federation", "init", "lab", "--file", str(lab))[0] == 0
-    fast_timing(lab, evict_after=EVICT_AFTER)
+    fast_timing(lab, evict_after=EVICT_AFTER, collect=6.0)  # room for a slow live member
     dirs = [tmp_path / name for name in "abcd"]
     peers = []
     trainers: list[Trainer] = []
@@ -184,32 +229,33 @@ def test_a_member_joins_one_leaves_by_ctrl_c_and_a_killed_one_is_evicted(
         assert run_cli(capsys, "federation", "allow", str(lab), peers[3])[0] == 0
 
         gate = Gate(tmp_path / "gate")
-        gate.open(2)
         a, b, c = (trainer(node_dir, lab, gate=gate) for node_dir in dirs[:3])
         trainers += [a, b, c]
-        poll_until(lambda: a.last_round() >= 2, timeout=240, what="two rounds of a, b, c")
-        assert all("(3 members)" in line for line in a.rounds()), a.out
+        gate.step([a, b, c])  # round 1 (agreed round 0): every member is up
+        gate.wait([a, b, c])
         d = trainer(dirs[3], lab, gate=gate)
         trainers.append(d)
         poll_until(lambda: bool(d.out), timeout=120, what="d asking to join")
         assert "asks to join" in d.out[0]
-        gate.advance_until(a, lambda: _with_members(d, 4), "d admitted and contributing")
+        # Round 2's roster carries d's join: d is a member from round 3 on.
+        gate.step([a, b, c], all_hold([a, b, c], f"join of {peers[3]}"), "d's join held")
+        gate.wait([a, b, c], what="d admitted")
+        d_from = 3 if gate.wait_joiner(d) else 4
 
         c.process.send_signal(signal.SIGINT)  # Ctrl+C: a signed leave, then exit 0
         poll_until(lambda: "leaving after this round" in "".join(c.err), timeout=60, what="c")
-        gate.advance_until(a, lambda: c.process.poll() is not None, "c gone")
+        # Round 3's roster carries c's leave (after round 3): c is out from round 4 on.
+        gate.step([a, b, c], all_hold([a, b, d], f"leave of {peers[2]}"), "c's leave held")
         code, out, err = c.finish(timeout=120)
         assert code == 0, err[-3000:]
         assert "left the session" in out, out
-        since = len(a.rounds())
-        gate.advance_until(a, lambda: _with_members(a, 3, since), "rounds without c")
 
-        killed = gate.value  # b waits at the gate for the next server round: absent from it on
-        b.process.kill()  # dies without leaving (its daemon still runs): evicted by the rule
+        gate.wait([a, b, d])
+        b.process.kill()  # at the gate of round 4; dies without leaving (its daemon still runs)
         b.finish()
-        gate.advance_until(a, lambda: _with_members(a, 2), "b evicted", EVICT_AFTER + 1)
+        for _ in range(EVICT_AFTER):  # absent from rounds 4 and 5: out from round 6 on
+            gate.step([a, d])
         gate.open(ROUNDS)
-        assert _first_round_with(a, 2) <= killed + 1 + EVICT_AFTER, a.rounds()
 
         finished = [member.finish() for member in (a, d)]
         models = set()
@@ -217,13 +263,18 @@ def test_a_member_joins_one_leaves_by_ctrl_c_and_a_killed_one_is_evicted(
             assert code == 0, err[-3000:]
             models.add(re.findall(r"done: \d+ rounds, model (\S+)", out)[0])
         assert len(models) == 1, finished  # the survivors agree
+        expected = {1: 3, 2: 3, 3: 4, 4: 3, 5: 3} | dict.fromkeys(range(6, ROUNDS + 1), 2)
+        assert a.members_by_round() == expected, a.rounds()
+        assert d.members_by_round() == {r: n for r, n in expected.items() if r >= d_from}, (
+            d.rounds()
+        )
         head = re.findall(r"record (\S+)\)", a.rounds()[-1])[0]
 
         argv = ["--node-dir", str(dirs[0]), "history", head, "--federation", str(lab)]
         code, out, err = run_cli(capsys, *argv)
-        assert f"+{peers[3]} (join)" in out, out
-        assert f"-{peers[2]} (leave)" in out, out
-        assert f"-{peers[1]} (evict)" in out, out
+        # "member set round R": the set of agreed round R + 1, i.e. of `train`'s round R + 2
+        changes = [f"1: +{peers[3]} (join)", f"2: -{peers[2]} (leave)", f"4: -{peers[1]} (evict)"]
+        assert member_sets(out) == changes, out
         assert "member sets verified (3 changes)" in out, out
         assert code == 1, out  # the training rule's rounds: unverifiable without the task
         assert "unverifiable" in out

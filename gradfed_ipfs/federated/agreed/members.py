@@ -9,15 +9,16 @@ signed ``agreed/join``, ``agreed/approve`` and ``agreed/leave`` statements heard
 topic, bounded: one pending join per stranger (a later-made one replaces it; one made before the
 stranger's last change of membership, a replay, is dropped; one expired is dropped) and
 :data:`MAX_PENDING_JOINS` overall (under the allow-list policy only the listed peers' joins),
-one approval per member and join, one leave per member. A coordinator proposes
+one approval per member and join, one leave per member; each newly held one is reported to
+``on_request`` (a :class:`HeldRequest`). A coordinator proposes
 :meth:`MemberTracker.proposal`; every peer checks a roster's proposal with
 :meth:`MemberTracker.problem` before adopting it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Callable, Sequence
+from typing import Final, NamedTuple
 
 from multiformats import CID
 
@@ -44,7 +45,7 @@ from .membership import (
     roster_member_set_problem,
 )
 
-__all__ = ["KEPT_STATES", "MAX_PENDING_JOINS", "MemberTracker"]
+__all__ = ["KEPT_STATES", "MAX_PENDING_JOINS", "HeldRequest", "MemberTracker"]
 
 MAX_PENDING_JOINS: Final = 64
 """Most join requests of strangers a peer holds at once (the first heard are kept)."""
@@ -52,6 +53,28 @@ KEPT_STATES: Final = 16
 """Records whose member state (set and last rosters after it) a peer keeps: a resync onto a
 fork that split off within these rounds checks it from the fork point."""
 _KINDS: Final = (JOIN, APPROVE, LEAVE)
+
+
+class HeldRequest(NamedTuple):
+    """A membership request a peer has just taken into its held requests.
+
+    Attributes
+    ----------
+    kind
+        ``agreed/join``, ``agreed/approve`` or ``agreed/leave``.
+    author
+        Who signed it.
+    peer
+        Whom it is about: the joiner (a join or an approval of one) or the leaver.
+    round
+        The round it names: a join's round it was made at, a leave's last round (agreed
+        rounds); ``None`` for an approval (or a join made before joins named a round).
+    """
+
+    kind: str
+    author: str
+    peer: str
+    round: int | None
 
 
 class MemberTracker:
@@ -67,6 +90,9 @@ class MemberTracker:
         The session's policy; ``None``: the members never change (every request is dropped).
     keys
         Where request authors' keys are (``pubsub.keys``).
+    on_request
+        Called once with each request newly held (heard or this peer's own), e.g. to log
+        that the next roster this peer makes can carry it.
     """
 
     def __init__(
@@ -76,8 +102,11 @@ class MemberTracker:
         members: Sequence[str],
         admission: Admission | None,
         keys: KeyBook,
+        *,
+        on_request: Callable[[HeldRequest], None] | None = None,
     ) -> None:
         self.session, self.genesis, self.admission, self.keys = session, genesis, admission, keys
+        self.on_request = on_request
         self.genesis_set = MemberSet(session, genesis, 0, tuple(sorted(members)))
         self.current = self.genesis_set
         self.current_cid = self.genesis_set.to_block().cid
@@ -147,6 +176,10 @@ class MemberTracker:
         elif not self._hold_approval(statement, fields["peer"], fields["join"]):
             return False
         self._seen.add(bytes(statement.block.data))
+        if self.on_request is not None:
+            named = fields.get("round")
+            round_number = named if isinstance(named, int) else None
+            self.on_request(HeldRequest(statement.kind, author, str(fields["peer"]), round_number))
         return True
 
     def _fresh_join(self, joiner: str, made_at: object) -> bool:

@@ -44,7 +44,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final, TypeVar
 
 import numpy as np
@@ -96,7 +96,7 @@ from .control.pubsub import PubsubControl, RoundControl
 from .evidence import EvidenceWatch
 from .heads import HeadChoice, HeadChooser
 from .history import ResultLoad, VerifiedHead, load_result, verify_head
-from .members import MemberTracker
+from .members import HeldRequest, MemberTracker
 from .round.aggregate import AggregateStep
 from .round.coordinator import (
     MAX_ROUNDS_AHEAD,
@@ -181,9 +181,12 @@ class AgreedSession:
     validator_rpc
         With ``config.control == "cometbft"``: ``http://127.0.0.1:PORT`` of this member's own
         CometBFT validator (:mod:`~.control.comet`).
+    on_request
+        With ``config.admission``: called once with each join, approval or leave this peer
+        newly holds (a :class:`~.members.HeldRequest`); the next roster it makes can carry it.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - public constructor: keyword-only hooks
         self,
         store: BlockStore,
         pubsub: PubsubTransport,
@@ -194,6 +197,7 @@ class AgreedSession:
         retention: RetentionHook | None = None,
         faults: SliceFaults | None = None,
         validator_rpc: str | None = None,
+        on_request: Callable[[HeldRequest], None] | None = None,
     ) -> None:
         if config.control == "cometbft" and validator_rpc is None:
             raise ConfigError("control='cometbft' needs the member's validator_rpc")
@@ -233,8 +237,9 @@ class AgreedSession:
             store, session, self.genesis, fixed, config.fetch_timeout, keys=pubsub.keys
         )  # remembers the heads it refused
         self._members = MemberTracker(
-            session, self.genesis, config.members, config.admission, pubsub.keys
-        )
+            session, self.genesis, config.members, config.admission, pubsub.keys,
+            on_request=on_request,
+        )  # fmt: skip
         self.left = False  # this peer's leave took effect (it is no longer a member)
         self._evidence = EvidenceWatch(
             session, self.genesis, store, pubsub.keys, config.fetch_timeout

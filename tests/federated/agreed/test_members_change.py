@@ -18,16 +18,18 @@ from multiformats import CID
 from gradfed_ipfs import AgreedConfig, AgreedRoundResult, AgreedSession, verify_agreed_history
 from gradfed_ipfs.errors import NotAdmitted, RoundVerificationFailed
 from gradfed_ipfs.federated.agreed import Admission
-from gradfed_ipfs.federated.agreed.members import MAX_PENDING_JOINS, MemberTracker
+from gradfed_ipfs.federated.agreed.members import MAX_PENDING_JOINS, HeldRequest, MemberTracker
 from gradfed_ipfs.federated.agreed.membership import change_problem
 from gradfed_ipfs.federated.agreed.round.coordinator import coordinator_ranking
 from gradfed_ipfs.formats.agreed.membership import (
     APPROVE,
     JOIN,
+    LEAVE,
     MemberChange,
     MemberSet,
     approve_body,
     join_body,
+    leave_body,
 )
 from gradfed_ipfs.formats.agreed.roster import AgreedRecord, Roster
 from gradfed_ipfs.formats.statement import sign_statement
@@ -292,6 +294,34 @@ async def test_the_board_holds_one_join_per_stranger_and_a_bounded_number() -> N
     listed = MemberTracker(SESSION, genesis, PEERS, Admission(allow=(STRANGER,)), bus.keys)
     assert listed.offer(await join("peer-y"), "peer-y") is None  # never admissible: not held
     assert listed.offer(first, STRANGER) is not None
+
+
+async def test_the_tracker_reports_each_request_it_newly_holds() -> None:
+    """``on_request`` hears each join, approval and leave once, when it is first held (the
+    peer's own too); dropped and repeated ones are not reported."""
+    store, bus = MemoryBlockStore(), MemoryPubsubBus()
+    genesis = await AgreedSession.commit_genesis(store, initial_model())
+    heard: list[HeldRequest] = []
+    tracker = MemberTracker(
+        SESSION, genesis, PEERS, Admission("majority"), bus.keys, on_request=heard.append
+    )
+    join = await sign_statement(
+        bus.signer(NEW), JOIN, join_body(SESSION, genesis, NEW, 3), keys=bus.keys
+    )
+    assert tracker.offer(join.block.data, NEW) is not None
+    assert tracker.offer(join.block.data, NEW) is None  # a re-announcement
+    approve = approve_body(SESSION, genesis, NEW, join.block.cid)
+    approval = await sign_statement(bus.signer(PEERS[1]), APPROVE, approve, keys=bus.keys)
+    tracker.offer(approval.block.data, PEERS[1])
+    stranger = await sign_statement(bus.signer(STRANGER), APPROVE, approve, keys=bus.keys)
+    assert tracker.offer(stranger.block.data, STRANGER) is None  # not a member's: not held
+    leave = leave_body(SESSION, genesis, PEERS[0], 2)
+    tracker.hold_own(await sign_statement(bus.signer(PEERS[0]), LEAVE, leave, keys=bus.keys))
+    assert heard == [
+        HeldRequest(JOIN, NEW, NEW, 3),
+        HeldRequest(APPROVE, PEERS[1], NEW, None),
+        HeldRequest(LEAVE, PEERS[0], PEERS[0], 2),
+    ]
 
 
 async def test_a_member_that_left_rejoins_with_the_same_id_and_its_old_join_stays_refused() -> None:
