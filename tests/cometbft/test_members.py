@@ -405,3 +405,14 @@ async def test_a_binding_with_a_bad_round_is_malformed() -> None:
     bodies.append({"session": SESSION, "chain_id": CHAIN, "pub_key": _key(F)})  # no round
     txs = [await _statement(F, VALIDATOR, dag_cbor.encode(body)) for body in bodies]
     assert chain.block(txs) == [TxCode.MALFORMED] * len(txs)
+
+
+async def test_a_join_or_binding_dated_past_the_next_round_is_refused() -> None:
+    """At round 0 a request may name round 0 or 1 (the client read the open round); one of
+    round 2 would outlive leaves up to that round, so it is ``OTHER_ROUND``."""
+    chain = Chain(_genesis("majority"))
+    binding, join = await _join(F, 2)
+    assert chain.block([binding, join]) == [TxCode.OTHER_ROUND, TxCode.OTHER_ROUND]
+    assert chain.machine.check(join).code == TxCode.OTHER_ROUND  # and in CheckTx
+    binding, join = await _join(F, 1)
+    assert chain.block([binding, join]) == [TxCode.OK, TxCode.OK]

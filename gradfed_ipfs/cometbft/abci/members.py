@@ -145,8 +145,13 @@ def judge_request(
     keys: Mapping[str, bytes],
     requests: MemberRequests,
     statement: Statement,
+    open_round: int,
 ) -> Verdict:
-    """Judge one membership statement; on ``OK`` it is held in ``requests`` (mutated)."""
+    """Judge one membership statement; on ``OK`` it is held in ``requests`` (mutated).
+
+    ``open_round`` is the chain's current round: a join or binding dated later than the next
+    one is refused (``OTHER_ROUND``), since a future date would outlive its author's leaves.
+    """
     cid = str(statement.block.cid)
     if not rules.policy:
         return Verdict(TxCode.NOT_ALLOWED, "this chain's members are fixed (no admission)")
@@ -155,6 +160,11 @@ def judge_request(
     if cid in requests.used:
         return Verdict(TxCode.DUPLICATE, f"statement {cid} was used before")
     try:
+        dated = _dated(statement)
+        if dated is not None and dated > open_round + 1:
+            return Verdict(
+                TxCode.OTHER_ROUND, f"{statement.kind} dated round {dated}, past {open_round + 1}"
+            )
         if statement.kind == VALIDATOR:
             verdict = _bind(rules, members, keys, requests, statement)
         else:
@@ -164,6 +174,16 @@ def judge_request(
     if verdict.code == TxCode.OK:
         requests.used.add(cid)
     return verdict
+
+
+def _dated(statement: Statement) -> int | None:
+    """Return the round a join or binding names (``None``: another kind, an undated join)."""
+    if statement.kind == VALIDATOR:
+        return decode_binding(statement.body).round
+    if statement.kind == JOIN:
+        made = read_request(statement.kind, statement.body)["round"]
+        return made if isinstance(made, int) and not isinstance(made, bool) else None
+    return None
 
 
 def _stranger(

@@ -595,7 +595,9 @@ class RoundMachine:
         if isinstance(statement, Verdict):
             return statement
         if statement.kind in MEMBERSHIP_KINDS:
-            verdict = judge_request(self._rules, work.members, work.keys, work.requests, statement)
+            verdict = judge_request(
+                self._rules, work.members, work.keys, work.requests, statement, work.current
+            )
         else:
             verdict = self._round_tx(work, statement)
         if verdict.code == TxCode.OK:
