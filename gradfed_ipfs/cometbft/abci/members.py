@@ -160,15 +160,10 @@ def judge_request(
     if cid in requests.used:
         return Verdict(TxCode.DUPLICATE, f"statement {cid} was used before")
     try:
-        dated = _dated(statement)
-        if dated is not None and dated > open_round + 1:
-            return Verdict(
-                TxCode.OTHER_ROUND, f"{statement.kind} dated round {dated}, past {open_round + 1}"
-            )
         if statement.kind == VALIDATOR:
-            verdict = _bind(rules, members, keys, requests, statement)
+            verdict = _bind(rules, members, keys, requests, statement, open_round)
         else:
-            verdict = _request(rules, members, requests, statement)
+            verdict = _request(rules, members, requests, statement, open_round)
     except DecodeError as exc:
         return Verdict(TxCode.MALFORMED, str(exc))
     if verdict.code == TxCode.OK:
@@ -176,14 +171,11 @@ def judge_request(
     return verdict
 
 
-def _dated(statement: Statement) -> int | None:
-    """Return the round a join or binding names (``None``: another kind, an undated join)."""
-    if statement.kind == VALIDATOR:
-        return decode_binding(statement.body).round
-    if statement.kind == JOIN:
-        made = read_request(statement.kind, statement.body)["round"]
-        return made if isinstance(made, int) and not isinstance(made, bool) else None
-    return None
+def _future(kind: str, dated: int, open_round: int) -> Verdict | None:
+    """Refuse a join or binding dated past the round after ``open_round`` (see above)."""
+    if dated <= open_round + 1:
+        return None
+    return Verdict(TxCode.OTHER_ROUND, f"{kind} dated round {dated}, past {open_round + 1}")
 
 
 def _stranger(
@@ -206,6 +198,7 @@ def _bind(
     keys: Mapping[str, bytes],
     requests: MemberRequests,
     statement: Statement,
+    open_round: int,
 ) -> Verdict:
     author = statement.author
     refused = _stranger(rules, members, requests, author)
@@ -214,6 +207,9 @@ def _bind(
     binding = decode_binding(statement.body)
     if (binding.session, binding.chain_id) != (rules.session, rules.chain_id):
         return Verdict(TxCode.OTHER_SESSION, "a validator binding of another chain")
+    future = _future(statement.kind, binding.round, open_round)
+    if future is not None:
+        return future
     # dated by its join's round, judged like the join: one made before its author's last
     # change of membership (its leave or eviction) is a replay
     moved = requests.moved.get(author)
@@ -236,7 +232,11 @@ def _bind(
 
 
 def _request(
-    rules: ChainRules, members: Collection[str], requests: MemberRequests, statement: Statement
+    rules: ChainRules,
+    members: Collection[str],
+    requests: MemberRequests,
+    statement: Statement,
+    open_round: int,
 ) -> Verdict:
     fields = read_request(statement.kind, statement.body)
     theirs = fields["genesis"]
@@ -248,7 +248,7 @@ def _request(
     if statement.kind != APPROVE and peer != author:
         return Verdict(TxCode.MALFORMED, f"{statement.kind} for {peer:.60} by another peer")
     if statement.kind == JOIN:
-        return _join(rules, members, requests, statement, fields["round"])
+        return _join(rules, members, requests, statement, fields["round"], open_round)
     if author not in members:
         return Verdict(TxCode.NOT_MEMBER, f"{author:.60} is not a member")
     if statement.kind == LEAVE:
@@ -269,12 +269,16 @@ def _join(
     requests: MemberRequests,
     statement: Statement,
     made_at: object,
+    open_round: int,
 ) -> Verdict:
     author = statement.author
     refused = _stranger(rules, members, requests, author)
     if refused is not None:
         return refused
     made = made_at if isinstance(made_at, int) else None
+    future = None if made is None else _future(statement.kind, made, open_round)
+    if future is not None:
+        return future
     # judged as if closing at the round it was made: only a replay is refused here (the
     # window is the close's to judge: decide)
     stale = join_timing_problem(made, requests.moved.get(author), 0 if made is None else made)
