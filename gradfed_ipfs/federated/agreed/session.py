@@ -817,8 +817,7 @@ class AgreedSession:
         if isinstance(self._parts.control, CometControl):
             return await task
         self._split = split = asyncio.Event()
-        behind = asyncio.ensure_future(self.board.wait_until(lambda: self._is_behind(ctx), 1e9))
-        waiters = [asyncio.ensure_future(split.wait()), behind]
+        waiters = [asyncio.ensure_future(split.wait()), asyncio.ensure_future(self._behind(ctx))]
         try:
             await asyncio.wait([task, *waiters], return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -838,6 +837,14 @@ class AgreedSession:
         proofs = [p for p in self._evidence.proofs.values() if self._took_proven(p)]
         theirs = {p.author: f"equivocated (proof {p.block.cid})" for p in proofs}
         raise RoundMismatch(ctx.number - 1, str(ctx.head), theirs)
+
+    async def _behind(self, ctx: RoundContext) -> None:
+        """Return once :meth:`_is_behind` holds: checked at each board change, not polled."""
+        while True:
+            changed = self.board.changed  # grabbed before the check, so no change is missed
+            if self._is_behind(ctx):
+                return
+            await changed.wait()
 
     def _is_behind(self, ctx: RoundContext) -> bool:
         """Whether enough other members' heads are :data:`BEHIND_BY` rounds past ``ctx``'s.
