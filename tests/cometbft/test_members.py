@@ -275,11 +275,9 @@ async def test_finalize_block_hands_the_validator_updates_to_cometbft() -> None:
     ]
 
 
-async def test_a_member_that_left_rejoins_by_a_new_join_and_old_requests_are_refused() -> None:
-    """E joins (made at round 0), leaves after round 1 and rejoins by a join and a binding of
-    round 2; its old join and binding, a join made before it left and a leave of its earlier
-    membership are refused, so the chain decides one set from the log."""
-    chain = Chain(_genesis())
+async def _join_then_leave(chain: Chain) -> tuple[bytes, bytes, bytes, str]:
+    """E joins at round 0 and leaves after round 1, whose roster is then decided (not final);
+    return E's binding, join and leave, and round 0's record."""
     binding, join = await _join(E)
     assert chain.block([binding, join]) == [TxCode.OK, TxCode.OK]
     await _round(chain, 0, M0, SIGNERS)
@@ -287,6 +285,15 @@ async def test_a_member_that_left_rejoins_by_a_new_join_and_old_requests_are_ref
     leave = await _statement(E, LEAVE, leave_body(SESSION, parse_cid(M0), E.peer_id, 1))
     assert chain.block([leave]) == [TxCode.OK]
     await _round(chain, 1, base, [*SIGNERS, E])
+    return binding, join, leave, base
+
+
+async def test_a_member_that_left_rejoins_by_a_new_join_and_old_requests_are_refused() -> None:
+    """E joins (made at round 0), leaves after round 1 and rejoins by a join and a binding of
+    round 2; its old join and binding, a join made before it left and a leave of its earlier
+    membership are refused, so the chain decides one set from the log."""
+    chain = Chain(_genesis())
+    binding, join, leave, base = await _join_then_leave(chain)
     assert chain.machine.view(1).changes == (("leave", E.peer_id, (leave,)),)
     base = await _finish(chain, 1, [A, B, C])
     assert E.peer_id not in chain.machine.members
@@ -329,14 +336,8 @@ async def test_a_binding_made_before_its_authors_leave_is_a_replay() -> None:
     round 1 but never sent, are refused as replays; a binding of round 2 is taken."""
     # Prepare: E joins at round 0 and leaves after round 1.
     chain = Chain(_genesis())
-    binding, join = await _join(E)
     unsent = await validator_binding(E, SESSION, CHAIN, _key(E), 1)
-    assert chain.block([binding, join]) == [TxCode.OK, TxCode.OK]
-    await _round(chain, 0, M0, SIGNERS)
-    base = await _finish(chain, 0, [A, B, C])
-    leave = await _statement(E, LEAVE, leave_body(SESSION, parse_cid(M0), E.peer_id, 1))
-    assert chain.block([leave]) == [TxCode.OK]
-    await _round(chain, 1, base, [*SIGNERS, E])
+    binding, *_ = await _join_then_leave(chain)
     await _finish(chain, 1, [A, B, C])
     assert E.peer_id not in chain.machine.members
     hash_before = chain.machine.app_hash
