@@ -12,20 +12,33 @@ member, its latest) best first (:func:`ranked_heads`) and adopts the first that
    exclusions, and the last rounds re-aggregated as ``verify_agreed_history`` does).
 
 A head refused at step 1 or 3 is remembered (bounded) and skipped when re-announced; one
-refused for its votes is counted again next time (its votes may still be on their way).
+refused for its votes is counted again next time (its votes may still be on their way). A head
+refused because a fetch timed out, the daemon was unreachable or the walk ran out of time (a
+newcomer not yet connected, a slow link) is tried again once its back-off has passed: the fetch
+timeout, doubled at each failure up to :data:`MAX_RETRY_FACTOR` times it (a head whose record
+nobody serves costs a bounded share of the resyncs' time).
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, TypeVar
 
 from multiformats import CID
 
 from ...cid import cid_to_str
-from ...errors import BlockStoreError, DecodeError, FederatedError, GradientError
+from ...errors import (
+    BlockStoreError,
+    BlockTimeout,
+    ChainDeadlineExceeded,
+    DecodeError,
+    FederatedError,
+    GradientError,
+    StoreUnavailable,
+)
 from ...formats.agreed.roster import AgreedRecord
 from ...formats.statement import PEER_ID_KEYS, KeyBook
 from ...storage.base import BlockStore
@@ -34,6 +47,7 @@ from .round.coordinator import Head, best_head
 
 __all__ = [
     "MAX_REFUSED_HEADS",
+    "MAX_RETRY_FACTOR",
     "HeadChoice",
     "HeadChooser",
     "count_votes",
@@ -43,7 +57,21 @@ __all__ = [
 
 MAX_REFUSED_HEADS: Final = 1024
 """Refused head records a :class:`HeadChooser` remembers (the oldest are forgotten first)."""
+_V = TypeVar("_V")
+MAX_RETRY_FACTOR: Final = 64
+"""A head refused for a transient failure waits at most this many fetch timeouts to be retried."""
 _FEW_VOTES: Final = "done votes from"
+_TRANSIENT: Final = (BlockTimeout, StoreUnavailable, ChainDeadlineExceeded)
+"""Failures that say nothing about the head (slow, unreachable, out of time): retried later."""
+
+
+@dataclass
+class _Failure:
+    """A head refused for a transient failure: why, how often, and when it is due again."""
+
+    why: str
+    count: int
+    due: float  # time.monotonic() seconds
 
 
 def ranked_heads(heads: Iterable[Head]) -> list[Head]:
@@ -132,6 +160,7 @@ class HeadChooser:
         self.members = None if members is None else frozenset(members)  # None: sets change
         self.timeout, self.keys = timeout, keys
         self._refused: OrderedDict[bytes, str] = OrderedDict()
+        self._failed: OrderedDict[bytes, _Failure] = OrderedDict()
         self._links: dict[bytes, bytes | None] = {}
 
     async def choose(
@@ -172,7 +201,7 @@ class HeadChooser:
 
     async def _refusal(self, head: Head, heads: Mapping[str, Head]) -> str:
         """Why ``head`` is not worth verifying (``""`` when it is): its record or its votes."""
-        known = self._refused.get(bytes(head.record))
+        known = self._known(head)
         if known is not None:
             return known
         try:
@@ -184,7 +213,7 @@ class HeadChooser:
                 outside = sorted(set(roster.peers) - (self.members or set(roster.peers)))
                 problem = f"its roster lists non-member(s) {', '.join(outside)}" if outside else ""
         except (BlockStoreError, DecodeError) as exc:
-            problem = f"{type(exc).__name__}: {exc}"
+            return self._remember(head, exc)
         if problem:
             return self._remember(head, problem)
         votes = count_votes(heads, head.record, roster.peers, self._links)
@@ -230,12 +259,41 @@ class HeadChooser:
         except (FederatedError, BlockStoreError, DecodeError, GradientError) as exc:
             choice.verified = None
             choice.endorsed = True
-            return self._remember(head, f"{type(exc).__name__}: {exc}")
+            return self._remember(head, exc)
+        self._failed.pop(bytes(head.record), None)
         return ""
 
-    def _remember(self, head: Head, why: str) -> str:
-        """Keep ``why`` ``head`` was refused (bounded); return it."""
-        self._refused[bytes(head.record)] = why
-        while len(self._refused) > MAX_REFUSED_HEADS:
-            self._refused.popitem(last=False)
-        return why
+    def retry_in(self) -> float | None:
+        """Seconds until a head refused for a transient failure is due again (``None``: none)."""
+        if not self._failed:
+            return None
+        return max(0.0, min(f.due for f in self._failed.values()) - time.monotonic())
+
+    def _known(self, head: Head) -> str | None:
+        """Why ``head`` was refused before, unless it was never or is due to be tried again."""
+        key = bytes(head.record)
+        failure = self._failed.get(key)
+        if failure is not None and time.monotonic() < failure.due:
+            return failure.why
+        return self._refused.get(key)
+
+    def _remember(self, head: Head, why: str | Exception) -> str:
+        """Keep why ``head`` was refused (bounded): for good, or until its back-off passes."""
+        key = bytes(head.record)
+        text = why if isinstance(why, str) else f"{type(why).__name__}: {why}"
+        if isinstance(why, _TRANSIENT):
+            count = self._failed[key].count + 1 if key in self._failed else 1
+            wait = self.timeout * min(2 ** (count - 1), MAX_RETRY_FACTOR)
+            self._failed[key] = _Failure(text, count, time.monotonic() + wait)
+            _bound(self._failed)
+            return text
+        self._failed.pop(key, None)
+        self._refused[key] = text
+        _bound(self._refused)
+        return text
+
+
+def _bound(table: OrderedDict[bytes, _V]) -> None:
+    """Forget the oldest entries past :data:`MAX_REFUSED_HEADS`."""
+    while len(table) > MAX_REFUSED_HEADS:
+        table.popitem(last=False)

@@ -689,7 +689,7 @@ class AgreedSession:
         # genesis member is in its round-0 set before any resync)
         while self.peer_id not in self._members.members or self.round <= made:
             left = deadline - time.monotonic()
-            if left <= 0 or not await self.board.wait_until(newer, left):
+            if left <= 0 or not await self._new_or_retry(newer, left):
                 raise NotAdmitted(f"{self.peer_id} was not admitted to {self.session!r}")
             tried.update((p, bytes(h.record)) for p, h in self.board.heads.items())
             result = await self.resync(timeout=max(left, 0.1))
@@ -701,6 +701,18 @@ class AgreedSession:
                 request = await self._join_request(made)
         self._announcer.withdraw(f"{JOIN}:{request.block.cid}")
         return result
+
+    async def _new_or_retry(self, newer: Callable[[], bool], timeout: float) -> bool:
+        """Wait up to ``timeout`` s for ``newer`` heads or a retry; return whether either came.
+
+        A retry: a head that a slow fetch or walk refused is due again
+        (:meth:`~.heads.HeadChooser.retry_in`).
+        """
+        retry = self._heads.retry_in()
+        if retry is None or retry >= timeout:
+            return await self.board.wait_until(newer, timeout)
+        await self.board.wait_until(newer, retry)
+        return True
 
     async def _join_request(self, made: int) -> Statement:
         """Sign and announce this peer's join, made at round ``made``."""
