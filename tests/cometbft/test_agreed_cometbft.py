@@ -11,6 +11,7 @@ decision) and resumes to one record on all four once they are back.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,6 +24,8 @@ from multiformats import CID
 
 from gradfed_ipfs.block import Block
 from gradfed_ipfs.cometbft import (
+    DEFAULT_TIMING,
+    BlockTiming,
     CometNetwork,
     CometRpc,
     FinalityBundle,
@@ -90,7 +93,11 @@ def _config(members: tuple[str, ...]) -> AgreedConfig:
 
 
 @pytest.fixture
-async def federation(kubo_swarm4: list[Any], cometbft_binary: Path) -> AsyncIterator[Federation]:
+async def federation(
+    request: pytest.FixtureRequest, kubo_swarm4: list[Any], cometbft_binary: Path
+) -> AsyncIterator[Federation]:
+    """Four members; the chain's block timing is the test's parameter, if any."""
+    timing: BlockTiming = getattr(request, "param", DEFAULT_TIMING)
     nodes = kubo_swarm4
     members = tuple(n.peer_id for n in nodes)
     config = _config(members)
@@ -98,7 +105,7 @@ async def federation(kubo_swarm4: list[Any], cometbft_binary: Path) -> AsyncIter
     pubsubs = [KuboPubsub(n.api_url) for n in nodes]
     model = np.random.default_rng(7).standard_normal(D).astype(np.float32)
     genesis = await AgreedSession.commit_genesis(stores[0], model)
-    network = CometNetwork(4, binary=cometbft_binary)
+    network = CometNetwork(4, binary=cometbft_binary, timing=timing)
     sessions: list[AgreedSession] = []
     try:
         # Each member binds its validator's key to its peer ID: a statement its daemon signs.
@@ -266,6 +273,68 @@ async def test_a_byzantine_member_running_every_attack_then_crashing_is_left_out
     assert [rec.round for rec in records] == [0, 1, 2]
 
 
+class _Phases(logging.Handler):
+    """Sets ``seen`` once a session logs the round phase ``phase``."""
+
+    def __init__(self, phase: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.phase, self.seen = phase, asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "phase", None) == self.phase:
+            self.seen.set()
+
+
+@pytest.mark.parametrize("federation", [replace(DEFAULT_TIMING, timeout_commit=2.0)], indirect=True)
+async def test_a_wrong_roster_guess_is_dropped_and_the_chain_roster_aggregated(
+    federation: Federation, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The honest members guess round 0's roster (every member's contribution, verified) and
+    send their results naming it; member 3 then equivocates, in the block that closes the
+    round (2 s between blocks leave it the time), so the chain decides the three others. The
+    guessed results do not count; each honest member adopts the chain's roster, aggregates it
+    and sends its result again: one record of the three, with member 3's proven equivocation.
+
+    Member 3 sends its first contribution to the chain only (not on pubsub), so the others
+    attest it once the chain lists it, a block after their own: the close waits for that.
+    """
+    fed = federation
+    signer, rpc = await fed.pubsubs[3].signer(), CometRpc(fed.network[3].rpc_url)
+    guessed = _Phases("roster guessed")
+    logger = logging.getLogger("gradfed_ipfs.federated.agreed")
+    logger.addHandler(guessed)
+    caplog.set_level(logging.DEBUG, "gradfed_ipfs.federated.agreed")
+
+    async def equivocate() -> None:
+        first = await put_gradient(fed.stores[3], _gradient(3, 0))
+        tx = await contribution_tx(signer, SESSION, 0, first, 4, fed.genesis)
+        assert (await rpc.broadcast_tx_sync(tx)).code == 0
+        await asyncio.wait_for(guessed.seen.wait(), timeout=60.0)
+        second = await put_gradient(fed.stores[3], 2 * _gradient(3, 0))
+        tx = await contribution_tx(signer, SESSION, 0, second, 4, fed.genesis)
+        assert (await rpc.broadcast_tx_sync(tx)).code == 0
+
+    try:
+        hostile = asyncio.ensure_future(equivocate())
+        honest = _one_record(await _round(fed, 0, [0, 1, 2]))
+        await hostile
+    finally:
+        logger.removeHandler(guessed)
+    assert honest.roster.peers == tuple(sorted(fed.members[:3]))
+    view = await _app_view(fed, 0, 0)
+    assert (view.status, view.record, view.evidence) == (
+        "final",
+        str(honest.record),
+        (fed.members[3],),
+    )
+    wrong = [r for r in caplog.records if "another roster than guessed" in r.getMessage()]
+    assert wrong, "no honest member found its guess wrong"
+    records = await verify_agreed_history(
+        fed.stores[1], honest.record, session=SESSION, genesis=fed.genesis
+    )
+    assert [rec.round for rec in records] == [0]
+
+
 async def test_with_two_validators_down_a_round_stalls_and_resumes(federation: Federation) -> None:
     fed = federation
     first = _one_record(await _round(fed, 0, [0, 1, 2, 3]))
@@ -415,7 +484,11 @@ async def test_a_restarted_member_catches_up_by_block_sync_and_resyncs_from_the_
     await asyncio.to_thread(fed.network[3].start)
 
     async def caught_up() -> bool:
-        return (await CometRpc(fed.network[3].rpc_url).latest())[0] >= height
+        # The block store's height can run one block ahead of what its app executed (a block
+        # is saved before it is applied): wait for the app's answer as well.
+        if (await CometRpc(fed.network[3].rpc_url).latest())[0] < height:
+            return False
+        return (await _app_view(fed, 3, 2)).status == "final"
 
     await apoll_until(caught_up, timeout=60, what="validator 3 to block-sync")
     view = await _app_view(fed, 3, 2)

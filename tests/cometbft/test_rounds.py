@@ -17,6 +17,7 @@ from gradfed_ipfs.cometbft.abci import (
     attestation_tx,
     contribution_tx,
     result_tx,
+    roster_digest,
 )
 from gradfed_ipfs.cometbft.abci.pb.cometbft.abci.v1 import types_pb2 as abci
 from gradfed_ipfs.errors import MalformedManifest
@@ -129,6 +130,57 @@ async def test_2f_plus_1_equal_results_make_a_round_final_and_the_next_current()
     assert chain.block([await _contrib(A, r=1, base=M0)]) == [TxCode.WRONG_BASE]
     await _full_round(chain, 1, _cid("m1"), at=1)
     assert chain.view(1).status == "closed"
+
+
+def _all_of(r: int = 0) -> bytes:
+    """The digest of the roster of every member's contribution to round ``r``."""
+    return roster_digest(sorted((s.peer_id, _cid(f"{s.peer_id}/{r}"), 1) for s in SIGNERS))
+
+
+async def test_results_naming_the_roster_close_and_finish_a_round_in_one_block() -> None:
+    chain = Chain()
+    txs = [await _contrib(s) for s in SIGNERS]
+    assert chain.block(txs) == [TxCode.OK] * 4
+    named = [await result_tx(s, SESSION, 0, _cid("rec"), _cid("m1"), _all_of()) for s in SIGNERS]
+    unnamed = await _result(A)
+    assert chain.block([unnamed]) == [TxCode.NOT_CLOSED]  # no roster yet, none named
+    attests = [await _attest(SIGNERS[(i + 1) % 4], s) for i, s in enumerate(SIGNERS)]
+    # Three results ride in the block whose attestations close the round: it is final there.
+    assert chain.block([*named[:3], *attests]) == [TxCode.OK] * 7
+    view = chain.view(0)
+    assert (view.status, view.record, view.model) == ("final", _cid("rec"), _cid("m1"))
+    assert chain.machine.current == 1
+
+
+async def test_a_result_naming_another_roster_is_dropped_at_the_close_and_may_be_resent() -> None:
+    chain = Chain(_genesis(min_peers=3, collect_ms=1000))
+    chain.block([await _contrib(s) for s in SIGNERS], at=0)
+    wrong = await result_tx(A, SESSION, 0, _cid("rec"), _cid("m1"), _all_of())
+    again = await result_tx(A, SESSION, 0, _cid("rec2"), _cid("m2"), _all_of())
+    assert chain.block([wrong, again], at=0.5) == [TxCode.OK, TxCode.CONFLICT]  # one per author
+    # At the deadline only A, B and C's are held (D's is not attested): another roster.
+    attests = [await _attest(B, A), await _attest(C, B), await _attest(A, C)]
+    assert chain.block(attests, at=2) == [TxCode.OK] * 3
+    view = chain.view(0)
+    assert (view.status, view.results) == ("closed", 0)  # the guess did not count
+    three = list(view.roster or ())
+    assert {line.peer for line in three} == {A.peer_id, B.peer_id, C.peer_id}
+    right = roster_digest((e.peer, e.cid, e.weight) for e in three)
+    named_wrong = await result_tx(B, SESSION, 0, _cid("rec"), _cid("m1"), _all_of())
+    results = [await result_tx(s, SESSION, 0, _cid("r3"), _cid("m3"), right) for s in (A, B, C)]
+    assert chain.block([named_wrong, *results]) == [TxCode.WRONG_ROSTER] + [TxCode.OK] * 3
+    assert (chain.view(0).status, chain.view(0).record) == ("final", _cid("r3"))
+
+
+async def test_a_result_body_with_a_bad_roster_digest_is_malformed() -> None:
+    chain = Chain()
+    chain.block([await _contrib(s) for s in SIGNERS])
+    short = await sign_statement(
+        A, "comet/result",
+        dag_cbor.encode({"session": SESSION, "round": 0, "record": _cid("rec"),
+                         "model": _cid("m1"), "roster": b"short"}),
+    )  # fmt: skip
+    assert chain.block([short.block.data]) == [TxCode.MALFORMED]
 
 
 async def test_next_round_contributions_wait_for_their_base() -> None:

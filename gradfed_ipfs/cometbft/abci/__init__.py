@@ -34,6 +34,7 @@ from .txs import (
     attestation_tx,
     contribution_tx,
     result_tx,
+    roster_digest,
     validator_binding,
 )
 
@@ -57,6 +58,7 @@ __all__ = [
     "final_leaf",
     "genesis_digest",
     "result_tx",
+    "roster_digest",
     "state_summary",
     "validator_binding",
     "MAX_FRAME_BYTES",

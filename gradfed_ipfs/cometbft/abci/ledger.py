@@ -53,6 +53,7 @@ class TxCode(IntEnum):
     NOT_ALLOWED = 12
     ALREADY_MEMBER = 13
     FULL = 14
+    WRONG_ROSTER = 15
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,11 @@ round ``r âˆ’ 1`` is final (round 0 from the start), and its base is round ``r â
   its author and by every member that attested it; it can enter the roster once more than ``f``
   members hold it, so at least one honest member can serve it;
 - a **result** of a closed round: the author's record and model CIDs; the round is **final**
-  with ``2f + 1`` equal results, and the next round becomes current.
+  with ``2f + 1`` equal results, and the next round becomes current. A result that names the
+  digest of the roster it aggregated (:func:`~.txs.roster_digest`) may come while the round is
+  still open: it is held (one per author) and counts at the close if that roster is the one
+  decided, else it is dropped (its author may send another), so the block that closes a round
+  can also make it final. After the close a named digest must be the roster's.
 
 The current round *opens* at the first block that sees one of its contributions, and *closes*
 at the end of the first block in which every member (but equivocators) has a held contribution,
@@ -68,7 +72,7 @@ from ...formats.statement import (
 from ..merkle import merkle_aunts, merkle_root
 from .ledger import TxCode, Verdict
 from .members import MEMBERSHIP_KINDS, ChainRules, MemberRequests, SetChange, decide, judge_request
-from .txs import Attestation, Contribution, Result, decode_body
+from .txs import Attestation, Contribution, Result, decode_body, roster_digest
 
 __all__ = [
     "APP_HASH_VERSION",
@@ -263,12 +267,13 @@ class _Round:
     equivocators: set[str] = field(default_factory=set)
     roster: tuple[RosterLine, ...] | None = None
     results: dict[str, tuple[str, str]] = field(default_factory=dict)
+    early: dict[str, tuple[bytes, str, str]] = field(default_factory=dict)  # before the close
 
     def copy(self) -> _Round:
         return _Round(
             self.number, self.base, self.opened_ns, set(self.seen), dict(self.contributions),
             {k: set(v) for k, v in self.holders.items()}, dict(self.attested),
-            set(self.equivocators), self.roster, dict(self.results),
+            set(self.equivocators), self.roster, dict(self.results), dict(self.early),
         )  # fmt: skip
 
 
@@ -409,6 +414,10 @@ def _decided_item(*parts: object) -> bytes:
 
 def _faults(members: int) -> int:
     return (members - 1) // 3
+
+
+def _digest(roster: tuple[RosterLine, ...]) -> bytes:
+    return roster_digest((e.peer, e.cid, e.weight) for e in roster)
 
 
 class RoundMachine:
@@ -668,15 +677,34 @@ class RoundMachine:
         return Verdict(TxCode.OK)
 
     def _result(self, work: _State, state: _Round, author: str, body: Result) -> Verdict:
-        if state.number != work.current or state.roster is None:
+        if state.number != work.current or (state.roster is None and not body.roster):
             return Verdict(TxCode.NOT_CLOSED, f"round {state.number} has no roster yet")
-        if author in state.results:
+        if author in state.results or author in state.early:
             return Verdict(TxCode.CONFLICT, f"{author:.60} already sent a result")
+        if state.roster is None:  # held until the close: counted if it names that roster
+            state.early[author] = (body.roster, body.record, body.model)
+            return Verdict(TxCode.OK)
+        if body.roster and body.roster != _digest(state.roster):
+            return Verdict(TxCode.WRONG_ROSTER, f"names another roster than round {state.number}'s")
         state.results[author] = (body.record, body.model)
-        equal = sum(1 for v in state.results.values() if v == (body.record, body.model))
-        if equal >= 2 * _faults(len(work.members)) + 1:
-            self._finish(work, state, (body.record, body.model))
+        self._maybe_final(work, state, (body.record, body.model))
         return Verdict(TxCode.OK)
+
+    def _maybe_final(self, work: _State, state: _Round, result: tuple[str, str]) -> None:
+        """Finish round ``state`` if ``2f + 1`` of its results are ``result``."""
+        equal = sum(1 for v in state.results.values() if v == result)
+        if equal >= 2 * _faults(len(work.members)) + 1:
+            self._finish(work, state, result)
+
+    def _take_early(self, work: _State, state: _Round) -> None:
+        """At the close: count the held results that name the decided roster, drop the rest."""
+        assert state.roster is not None  # noqa: S101 - called right after the close
+        digest, early = _digest(state.roster), state.early
+        state.early = {}
+        for author, (named, record, model) in sorted(early.items()):
+            if named == digest and work.current == state.number:
+                state.results[author] = (record, model)
+                self._maybe_final(work, state, (record, model))
 
     # ------------------------------------------------------------------ round steps
 
@@ -725,6 +753,7 @@ class RoundMachine:
             item = _decided_item(state.number, "roster", lines)
             work.decided_head = _chain(_DECIDED_TAG, work.decided_head, item)
             self._decide_members(work, state)
+            self._take_early(work, state)
 
     def _decide_members(self, work: _State, state: _Round) -> None:
         """At round ``state``'s close: the member set of the rounds after it (see :mod:`.members`).

@@ -8,7 +8,8 @@ that says it (its Ed25519 peer ID is its key) and whose body is a dag-cbor map:
 - ``comet/attestation`` ``{session, round, peer, cid}``: the author fetched ``peer``'s
   contribution ``cid`` of ``round`` and verified it (bounds, size, hash);
 - ``comet/result`` ``{session, round, record, model}``: the author's record CID of ``round``
-  and the model CID it names;
+  and the model CID it names; with a ``roster`` field (:func:`roster_digest` of the roster it
+  aggregated), it may come before the round's close and counts once that roster is decided;
 - ``comet/validator`` ``{session, chain_id, pub_key, round}`` (in the chain's genesis, with
   ``round`` 0, or a joiner's transaction, with ``round`` its join's): the author's validator
   signs with the raw 32-byte Ed25519 key ``pub_key`` on chain ``chain_id``, so the validator and
@@ -22,6 +23,8 @@ replayed into another session's chain. Decoding checks every field's type and bo
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -50,6 +53,7 @@ __all__ = [
     "decode_binding",
     "decode_body",
     "result_tx",
+    "roster_digest",
     "validator_binding",
 ]
 
@@ -63,6 +67,7 @@ MAX_ROUND: Final = 2**40
 """Largest round number accepted (bounds the integers a body may carry)."""
 _MAX_WEIGHT: Final = 2**53
 _MAX_TEXT: Final = 256
+_DIGEST_BYTES: Final = 32
 _BINDING_FIELDS: Final = {"session", "chain_id", "pub_key", "round"}
 
 
@@ -97,6 +102,9 @@ class Result:
     round: int
     record: str
     model: str
+    roster: bytes = b""
+    """:func:`roster_digest` of the roster the result aggregated (``b""``: not named; then it
+    is only taken after the close)."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +144,15 @@ _FIELDS: Final = {
     ATTESTATION: {"session", "round", "peer", "cid"},
     RESULT: {"session", "round", "record", "model"},
 }
+_OPTIONAL: Final = {RESULT: {"roster"}}
+
+
+def roster_digest(lines: Iterable[tuple[str, str, int]]) -> bytes:
+    """SHA-256 of dag-cbor ``[[peer, cid, weight], ...]``: a roster's lines in roster order.
+
+    What a ``comet/result`` names, so it can be sent before the chain decides that roster.
+    """
+    return hashlib.sha256(dag_cbor.encode([[p, c, w] for p, c, w in lines])).digest()
 
 
 def decode_body(kind: str, body: bytes) -> RoundTx:
@@ -154,7 +171,9 @@ def decode_body(kind: str, body: bytes) -> RoundTx:
         decoded = dag_cbor.decode(body)
     except Exception as exc:  # dag_cbor raises several unrelated types on bad input
         raise MalformedManifest(f"{kind} body is not dag-cbor: {exc}") from exc
-    if not isinstance(decoded, dict) or set(decoded) != fields:
+    if not isinstance(decoded, dict) or not fields <= set(decoded) <= fields | _OPTIONAL.get(
+        kind, set()
+    ):
         raise MalformedManifest(f"{kind} body must be a map of {sorted(fields)}")
     try:
         return _build(kind, decoded)
@@ -169,7 +188,10 @@ def _build(kind: str, body: dict[str, Any]) -> RoundTx:
         return Contribution(session, number, _cid(body, "cid"), weight, _cid(body, "base"))
     if kind == ATTESTATION:
         return Attestation(session, number, _text(body, "peer"), _cid(body, "cid"))
-    return Result(session, number, _cid(body, "record"), _cid(body, "model"))
+    roster = body.get("roster", b"")
+    if not isinstance(roster, bytes) or len(roster) != _DIGEST_BYTES * ("roster" in body):
+        raise MalformedManifest(f"field 'roster' must be {_DIGEST_BYTES} bytes")
+    return Result(session, number, _cid(body, "record"), _cid(body, "model"), roster)
 
 
 async def _sign(signer: Signer, kind: str, body: dict[str, Any]) -> bytes:
@@ -194,11 +216,22 @@ async def attestation_tx(
 
 
 async def result_tx(
-    signer: Signer, session: str, round_number: int, record: CIDLike, model: CIDLike
+    signer: Signer,
+    session: str,
+    round_number: int,
+    record: CIDLike,
+    model: CIDLike,
+    roster: bytes = b"",
 ) -> bytes:
-    """Return ``signer``'s signed ``comet/result`` (its record and model CIDs of the round)."""
-    body = {"session": session, "round": round_number, "record": str(parse_cid(record)),
-            "model": str(parse_cid(model))}  # fmt: skip
+    """Return ``signer``'s signed ``comet/result`` (its record and model CIDs of the round).
+
+    ``roster``: the :func:`roster_digest` of the roster aggregated, so the chain may take the
+    result before it decides that roster (``b""``: after the close only).
+    """
+    body: dict[str, Any] = {"session": session, "round": round_number}
+    body |= {"record": str(parse_cid(record)), "model": str(parse_cid(model))}
+    if roster:
+        body["roster"] = bytes(roster)
     return await _sign(signer, RESULT, body)
 
 

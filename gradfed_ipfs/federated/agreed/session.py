@@ -51,6 +51,7 @@ import numpy as np
 from multiformats import CID
 
 from ..._types import CIDLike, FloatArray, GradientLike
+from ...block import Block
 from ...cid import parse_cid
 from ...cometbft.rpc import CometRpc
 from ...errors import (
@@ -119,6 +120,8 @@ logger = logging.getLogger("gradfed_ipfs.federated.agreed")
 _OWN = "own"  # the error-feedback stream of this peer's contributions
 _ROSTER_KIND = message_kind("roster")  # the proofs that exclude (and rewind)
 T = TypeVar("T")
+_Built = tuple[Block, list[EncodedGradient]]
+"""A round's record block and its encoded model (then rule state): :meth:`_record`'s."""
 
 
 def _feedback_of(config: AgreedConfig) -> ErrorFeedback | None:
@@ -802,7 +805,12 @@ class AgreedSession:
         try:
             adopted = await self._unless_split(ctx, parts.control.take(ctx))
             aggregated = await parts.aggregate.run(ctx, adopted)
-            finished = await self._store(ctx, adopted, aggregated)
+            built = None
+            if isinstance(parts.control, CometControl) and parts.control.guessed(ctx.number):
+                adopted, aggregated, built = await self._confirm_guess(
+                    parts.control, ctx, adopted, aggregated
+                )
+            finished = await self._store(ctx, adopted, aggregated, built)
             await parts.control.settle(ctx, finished)
             result = await self._confirm(ctx, finished, aggregated)
         except BaseException:
@@ -986,8 +994,52 @@ class AgreedSession:
             self._unsent = (corrected, sent)
         return encoded, sent
 
-    async def _store(
+    async def _confirm_guess(
+        self,
+        control: CometControl,
+        ctx: RoundContext,
+        adopted: AdoptedRoster,
+        aggregated: Aggregated,
+    ) -> tuple[AdoptedRoster, Aggregated, _Built | None]:
+        """CometBFT plane, a guessed roster: send the result now; on another roster, take it.
+
+        The record is built (not stored) so the result can name it before the chain decides
+        the roster; the chain's own roster, when it is not the guess, is aggregated here.
+        """
+        built = await self._record(ctx, adopted, aggregated)
+        chain = await control.confirm(ctx, built[0].cid, built[1][0].cid)
+        if chain is None:
+            return adopted, aggregated, built
+        return chain, await self._parts.aggregate.run(ctx, chain), None
+
+    async def _record(
         self, ctx: RoundContext, adopted: AdoptedRoster, aggregated: Aggregated
+    ) -> _Built:
+        """Return the round's record block and its encoded model (then rule state): no I/O."""
+        config, r, sliced = ctx.config, ctx.number, aggregated.sliced
+        encoded = [await encode_gradient(aggregated.model)]
+        rule, state = config.rule, None
+        if rule is not None and aggregated.state is not None:
+            encoded.append(await encode_gradient(aggregated.state))
+            state = encoded[-1].cid
+        excluded = ctx.excluded | (sliced.liars if sliced is not None else set())
+        record = AgreedRecord(
+            self.session, self.genesis, r, ctx.head, ctx.base, adopted.cid, encoded[0].cid,
+            float(config.learning_rate), None if rule is None else rule.label(r), state,
+            None if sliced is None else tuple(sliced.records),
+            tuple(sliced.frauds) if sliced is not None and sliced.frauds else None,
+            tuple(sorted(excluded)) or None, config.stores_model(r),
+            None if config.packing is None else config.packing.label, adopted.roster.members,
+            adopted.signature,
+        ).to_block()  # fmt: skip
+        return record, encoded
+
+    async def _store(
+        self,
+        ctx: RoundContext,
+        adopted: AdoptedRoster,
+        aggregated: Aggregated,
+        built: _Built | None = None,
     ) -> FinishedRound:
         """Write the round's record, announce ``done``, start storing, advance to the result.
 
@@ -995,26 +1047,14 @@ class AgreedSession:
         holders the model and rule state are stored off the critical path (settled before the
         next round, resync or close; every model_every-th round: a put of 4·d bytes costs the
         daemon ~19 ms of CPU at d = 1M, the largest part of an agreed round's extra cost over
-        the runner's on a loaded machine; issue 13's ratio).
+        the runner's on a loaded machine; issue 13's ratio). ``built``: the record
+        :meth:`_record` made already.
         """
         config, r, sliced = ctx.config, ctx.number, aggregated.sliced
         self._parts.roster.forget()
-        encoded = [await encode_gradient(aggregated.model)]
-        rule, state = config.rule, None
-        if rule is not None and aggregated.state is not None:
-            encoded.append(await encode_gradient(aggregated.state))
-            state = encoded[-1].cid
+        record, encoded = built or await self._record(ctx, adopted, aggregated)
         excluded = ctx.excluded | (sliced.liars if sliced is not None else set())
         stored = config.stores_model(r)
-        record = AgreedRecord(
-            self.session, self.genesis, r, ctx.head, ctx.base, adopted.cid, encoded[0].cid,
-            float(config.learning_rate), None if rule is None else rule.label(r), state,
-            None if sliced is None else tuple(sliced.records),
-            tuple(sliced.frauds) if sliced is not None and sliced.frauds else None,
-            tuple(sorted(excluded)) or None, stored,
-            None if config.packing is None else config.packing.label, adopted.roster.members,
-            adopted.signature,
-        ).to_block()  # fmt: skip
         await self._parts.messages.done(r, encoded[0].cid, record.cid)
         holders = model_holders(
             self.session, self.genesis, r, config.members, adopted.roster.peers,

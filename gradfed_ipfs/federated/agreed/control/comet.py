@@ -18,6 +18,15 @@ round ``r`` a peer, through its own validator's RPC:
    model CIDs) and waits until the app has ``2f + 1`` equal results: the round is final. A
    final record other than this peer's raises :class:`~gradfed_ipfs.errors.RoundMismatch`.
 
+With fixed members, a peer that has verified every member's contribution the chain lists
+knows the roster before the chain decides it (all of them: the close once each is held by
+more than ``f`` members). It then **guesses** it: aggregates at once and sends its result
+naming that roster (:func:`~gradfed_ipfs.cometbft.abci.roster_digest`), so the results ride
+in the block that closes the round (or the next) rather than in one after it. The chain counts
+them only if it decides that roster; if it decides another (a deadline close without a
+contribution, or an equivocation after the guess), the peer adopts the chain's, aggregates it
+and sends its result again (:meth:`CometControl.confirm`).
+
 With an admission policy (``AgreedConfig.admission``) the chain also decides the member set:
 membership requests (join with its validator binding, approve, leave) are transactions, and a
 round whose close changed the set says so in its view; every peer then builds the same
@@ -44,7 +53,7 @@ import logging
 import re
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, cast
 
 import dag_cbor
@@ -60,6 +69,7 @@ from ....cometbft.abci import (
     attestation_tx,
     contribution_tx,
     result_tx,
+    roster_digest,
     validator_binding,
 )
 from ....cometbft.rpc import CometRpc
@@ -101,11 +111,21 @@ def _phase(r: int, phase: str) -> None:
 
 @dataclass
 class _Attesting:
-    """One round's attestations: peers done with, fetches under way, a block with the last."""
+    """One round's attestations: peers done with, fetches under way, a wake-up for the loop.
+
+    ``committed`` is set by a block with this peer's last attestation, or (when the roster may
+    be guessed) once no attestation is under way.
+    """
 
     settled: set[str]  # attested, or refused for good
     running: dict[str, asyncio.Task[None]]
     committed: asyncio.Event
+    guessing: bool = False
+    verified: dict[str, str] = field(default_factory=dict)  # peer -> the CID that verified
+
+
+def _digest(lines: Iterable[RosterLine]) -> bytes:
+    return roster_digest((line.peer, line.cid, line.weight) for line in lines)
 
 
 def rounds_genesis(session: str, genesis: CID | str, config: AgreedConfig) -> RoundsGenesis:
@@ -161,6 +181,8 @@ class CometControl:
         self.rpc, self._signer, self._fetcher, self._board = rpc, signer, fetcher, board
         self._session, self._genesis = session, genesis
         self._members = members
+        self._guessed: dict[int, bytes] = {}  # round -> digest of the roster guessed
+        self._early: dict[int, tuple[str, asyncio.Future[None]]] = {}  # round -> record, its tx
 
     async def members_info(self) -> dict[str, Any]:
         """Read the chain's ``/members`` (current, next and pending members; see the app).
@@ -310,7 +332,8 @@ class CometControl:
         deadline = ctx.started + ctx.config.round_timeout
         await self._submit(tx, f"round {r} contribution", deadline)
         _phase(r, "contribution sent")
-        attesting = _Attesting({ctx.peer}, {}, asyncio.Event())
+        attesting = _Attesting({ctx.peer}, {}, asyncio.Event(), ctx.config.admission is None)
+        self._forget_before(r)
         try:
             seen, next_look = 0, 0.0
             while True:
@@ -324,6 +347,11 @@ class CometControl:
                     if view is not None and view.status == "open":
                         seen = len(view.contributions)
                         self._attest(ctx, view.contributions, attesting, deadline)
+                        if _can_guess(ctx, view, attesting):
+                            _phase(r, "roster guessed")
+                            self._guessed[r] = _digest(view.contributions)
+                            guess = replace(view, roster=view.contributions)
+                            return await self._adopt(ctx, guess, deadline)
                 self._attest(ctx, self._heard(ctx), attesting, deadline)
                 if time.monotonic() >= deadline:
                     raise QuorumNotReached(r, seen, ctx.config.quorum)
@@ -331,6 +359,49 @@ class CometControl:
         finally:
             for task in attesting.running.values():
                 task.cancel()
+
+    def _forget_before(self, r: int) -> None:
+        """Drop what earlier rounds left of guesses (a round that failed between its steps)."""
+        for old in [k for k in self._guessed if k < r]:
+            del self._guessed[old]
+        for old in [k for k in self._early if k < r]:
+            self._early.pop(old)[1].cancel()
+
+    def guessed(self, r: int) -> bool:
+        """Whether :meth:`take` returned a guessed roster for round ``r`` (see the module)."""
+        return r in self._guessed
+
+    async def confirm(self, ctx: RoundContext, record: CID, model: CID) -> AdoptedRoster | None:
+        """Send this peer's result on its guessed roster; wait until the chain decides a roster.
+
+        Returns ``None`` if the chain decided the guessed roster (:meth:`settle` then waits for
+        finality; the result is already on its way), else the chain's roster, adopted: the
+        session aggregates it and settles as without a guess.
+
+        Raises
+        ------
+        QuorumNotReached
+            If the chain decided no roster by ``round_timeout``.
+        """
+        r = ctx.number
+        digest = self._guessed.pop(r)
+        tx = await result_tx(self._signer, self._session, r, record, model, digest)
+        deadline = ctx.started + ctx.config.round_timeout
+        _phase(r, "result sent")
+        sent = asyncio.ensure_future(self._submit(tx, f"round {r} result", deadline, commit=True))
+        self._early[r] = (str(record), sent)
+        while True:
+            view = await self._look(r, deadline)
+            if view is not None and view.roster is not None:
+                _phase(r, "roster closed")
+                if _digest(view.roster) == digest:
+                    return None
+                logger.info("round %d: the chain decided another roster than guessed", r)
+                return await self._adopt(ctx, view, deadline)
+            if time.monotonic() >= deadline:
+                seen = 0 if view is None else len(view.contributions)
+                raise QuorumNotReached(r, seen, ctx.config.quorum)
+            await asyncio.wait([sent], timeout=POLL_INTERVAL)  # its block may close the round
 
     async def _wake(self, committed: asyncio.Event, until: float) -> None:
         """Wait until ``until`` (the next read), a block with this peer's tx, or pubsub news."""
@@ -359,10 +430,17 @@ class CometControl:
             If no ``2f + 1`` equal results arrived within ``round_timeout``.
         """
         r, record = ctx.number, str(finished.record.cid)
-        tx = await result_tx(self._signer, self._session, r, record, finished.model)
         deadline = time.monotonic() + ctx.config.round_timeout
-        _phase(r, "result sent")
-        sent = asyncio.ensure_future(self._submit(tx, f"round {r} result", deadline, commit=True))
+        early, early_sent = self._early.pop(r, ("", None))
+        if early == record and early_sent is not None:  # sent on the guessed roster
+            sent = early_sent
+        else:
+            if early_sent is not None:
+                early_sent.cancel()  # a result on another roster than the chain's: useless
+            tx = await result_tx(self._signer, self._session, r, record, finished.model)
+            _phase(r, "result sent")
+            coroutine = self._submit(tx, f"round {r} result", deadline, commit=True)
+            sent = asyncio.ensure_future(coroutine)
         try:
             while True:
                 view = await self._look(r, deadline)
@@ -488,7 +566,10 @@ class CometControl:
                     ctx.rejected[line.peer] = f"contribution {line.cid}: {task.exception()}"
                 return
             attesting.settled.add(line.peer)
-            last = attesting.settled >= set(ctx.config.members)
+            attesting.verified[line.peer] = line.cid
+            # The last one waits for its block, the one that may close the round, unless the
+            # roster may be guessed: then the round's loop reads the app once none is under way.
+            last = attesting.settled >= set(ctx.config.members) and not attesting.guessing
             tx = await attestation_tx(self._signer, self._session, ctx.number, line.peer, line.cid)
             what = f"round {ctx.number} attestation of {line.peer}"
             await self._submit(tx, what, deadline, commit=last)
@@ -496,6 +577,8 @@ class CometControl:
                 attesting.committed.set()
         finally:
             attesting.running.pop(line.peer, None)
+            if attesting.guessing and not attesting.running:
+                attesting.committed.set()
 
     async def _adopt(self, ctx: RoundContext, view: RoundView, deadline: float) -> AdoptedRoster:
         """Fetch the decided roster's contributions (retrying until ``deadline``); adopt it."""
@@ -546,3 +629,20 @@ class CometControl:
                 )
             if time.monotonic() >= deadline:
                 raise QuorumNotReached(ctx.number, 0, len(ctx.config.members))
+
+
+def _can_guess(ctx: RoundContext, view: RoundView, attesting: _Attesting) -> bool:
+    """Whether the roster the chain will decide is known here: every member's contribution.
+
+    That is the close once each listed contribution is held by more than ``f`` members, which
+    the honest members' attestations bring: every member listed, no evidence, each
+    contribution verified here (the CID the chain lists) and attested (none under way). Only
+    with fixed members: a close may change the member set, which the record names.
+    """
+    if not attesting.guessing or attesting.running or view.evidence:
+        return False
+    listed = {line.peer: line.cid for line in view.contributions}
+    if set(listed) != set(ctx.config.members):
+        return False
+    verified = attesting.verified
+    return all(p == ctx.peer or verified.get(p) == cid for p, cid in listed.items())
