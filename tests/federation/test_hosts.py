@@ -3,12 +3,12 @@
 ``scripts/wan/setup.sh --no-kubo`` makes the hosts: each namespace has its own address on the
 script's own veths behind a router namespace, and nothing else. On each host a member runs
 ``node start --federation`` with the deployment defaults (listening on every interface of its
-namespace, TCP 4001) and ``train``. The first test: four members train to one model, and a
-fifth host runs a plain node without the swarm key. The second: members change while they
-train (a join by the allow-list, a join by the members' approval, a Ctrl+C leave, a killed
-member's eviction after ``evict_after`` absent rounds) and ``history --federation``
-re-checks every round's member set. All traffic stays inside the namespaces; everything is
-torn down by PID at the end.
+namespace, TCP 4001) and ``train``. The first test: four members train to one model, a member
+whose task starts from another model is refused, and a fifth host runs a plain node without
+the swarm key. The second: members change while they train (a join by the allow-list, a join
+by the members' approval, a Ctrl+C leave, a killed member's eviction after ``evict_after``
+absent rounds) and ``history --federation`` re-checks every round's member set. All traffic
+stays inside the namespaces; everything is torn down by PID at the end.
 """
 
 from __future__ import annotations
@@ -138,6 +138,17 @@ def test_four_hosts_train_to_one_model_and_a_keyless_node_gets_nothing(
             assert process.returncode == 0, err[-3000:]
             models.add(re.findall(r"done: 10 rounds, model (\S+)", out)[0])
         assert len(models) == 1, outputs  # one model CID on all four hosts
+
+        # Host D with a task whose initial model is not the federation's genesis: refused.
+        wrong = tmp_path / "wrong_task.py"
+        wrong.write_text(
+            TASK.read_text().replace("np.zeros(DIM, np.float32)", "np.ones(DIM, np.float32)")
+        )
+        refused = _on(members[3], "--node-dir", str(dirs[3]), "train", "--federation", str(lab),
+                      str(wrong))  # fmt: skip
+        assert refused.returncode == 11, refused.stderr
+        assert "trains from" in refused.stderr
+        assert genesis in refused.stderr
 
         # Host E: a plain node with no swarm key can neither connect nor fetch the model.
         _start(hosts[4], dirs[4])
