@@ -693,7 +693,9 @@ class AgreedSession:
         while self.peer_id not in self._members.members or self.round <= made:
             left = deadline - time.monotonic()
             if left <= 0 or not await self._new_or_retry(newer, left):
-                raise NotAdmitted(f"{self.peer_id} was not admitted to {self.session!r}")
+                raise NotAdmitted(
+                    f"{self.peer_id} was not admitted to {self.session!r}: {self._heard(result)}"
+                )
             tried.update((p, bytes(h.record)) for p, h in self.board.heads.items())
             result = await self.resync(timeout=max(left, 0.1))
             moved = self._members.moved.get(self.peer_id)
@@ -704,6 +706,12 @@ class AgreedSession:
                 request = await self._join_request(made)
         self._announcer.withdraw(f"{JOIN}:{request.block.cid}")
         return result
+
+    def _heard(self, result: ResyncResult) -> str:
+        """Say which heads this peer heard and why the last resync refused them (one line)."""
+        heads = ", ".join(f"{p} round {h.round}" for p, h in sorted(self.board.heads.items()))
+        refused = "; ".join(f"{p}: {why}" for p, why in sorted(result.refused.items()))
+        return f"heard heads {heads or 'none'}; refused {refused or 'none'}"
 
     async def _new_or_retry(self, newer: Callable[[], bool], timeout: float) -> bool:
         """Wait up to ``timeout`` s for ``newer`` heads or a retry; return whether either came.
@@ -1203,10 +1211,12 @@ class AgreedSession:
             left = ends - time.monotonic()
             if choice.head is not None or not choice.outvoted or left <= 0:
                 break
-            if not await self._new_heads(left):  # a head lacked votes: wait for more
+            if not await self._new_heads(heads, left):  # a head lacked votes: wait for more
                 break
             heads = dict(self.board.heads)
         best, verified = choice.head, choice.verified
+        for peer, why in choice.refused.items():
+            logger.debug("%s refused %s's %s", self.peer_id, peer, why)
         if best is None or verified is None:
             if choice.endorsed and self.head is None:
                 raise NoVerifiableHead(choice.refused)
@@ -1255,10 +1265,13 @@ class AgreedSession:
             recomputed=verified.recomputed,
         )  # fmt: skip
 
-    async def _new_heads(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` s for a member's head to change; return whether one did."""
-        heard = dict(self.board.heads)
-        return await self.board.wait_until(lambda: self.board.heads != heard, timeout)
+    async def _new_heads(self, chosen_from: dict[str, Head], timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the heads to differ from ``chosen_from``; return whether.
+
+        Compared with the heads the last choice was made from, not with those heard when the
+        wait starts: a head heard while that choice fetched and verified is one it never saw.
+        """
+        return await self.board.wait_until(lambda: self.board.heads != chosen_from, timeout)
 
     async def _choose(self, heads: dict[str, Head], timeout: float) -> HeadChoice:
         """Choose among the others' ``heads`` and this peer's own (see :meth:`resync`)."""

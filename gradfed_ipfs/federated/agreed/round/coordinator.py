@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Collection, Iterable
@@ -48,6 +49,7 @@ __all__ = [
 
 MAX_ROUNDS_AHEAD: Final = 16
 """Rounds beyond the current one whose messages are kept (later ones are dropped)."""
+logger = logging.getLogger("gradfed_ipfs.federated.agreed")
 _REASONS: Final[dict[type[DecodeError], str]] = {
     BadSignature: "bad-signature",
     MalformedManifest: "unsigned",  # not a statement at all (or a bad one)
@@ -340,23 +342,24 @@ class RoundBoard:
                 return None
             if self._proof(message):
                 return None
-            self._drop(_REASONS.get(type(exc), "malformed"))
+            self._drop(_REASONS.get(type(exc), "malformed"), message.from_peer)
             return None
         if decoded.session != self.session or bytes(decoded.genesis) != bytes(self.genesis):
-            self._drop("foreign")
+            self._drop("foreign", message.from_peer)
             return None
         members = self.members
         relayed = {decoded.peer, message.from_peer} <= members  # its author's, however it came
         if decoded.kind == "roster" and signature is not None and relayed:
             self.statements.append((decoded, message.data))  # evidence (EvidenceWatch)
         if decoded.peer != message.from_peer:
-            self._drop("forged")  # a relayed statement is evidence only, not a message
+            # a relayed statement is evidence only, not a message
+            self._drop("forged", message.from_peer)
             return None
         if decoded.peer not in members:
-            self._drop("stranger")
+            self._drop("stranger", message.from_peer)
             return None
         if decoded.peer in self.excluded:
-            self._drop("excluded")
+            self._drop("excluded", message.from_peer)
             return None
         return decoded, signature
 
@@ -402,8 +405,10 @@ class RoundBoard:
             )
         return True
 
-    def _drop(self, reason: str) -> AgreedMessage | None:
+    def _drop(self, reason: str, sender: str = "") -> AgreedMessage | None:
         self.dropped[reason] += 1
+        if sender:  # a message a peer should not have sent (or not to us): worth a trace
+            logger.debug("dropped a message from %s: %s", sender, reason)
         return None
 
     def _notify(self) -> None:
