@@ -59,8 +59,10 @@ from gradfed_ipfs.federated.agreed import (
 from gradfed_ipfs.formats.agreed.roster import AgreedMessage, Roster, sign_message
 from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import KuboBlockStore, put_gradient
+from gradfed_ipfs.tensor.deterministic import deterministic_update
 from tests.adversarial.hostile import forged_head
 from tests.cli.test_cli import run_cli
+from tests.federated.sliced.hostile import Censor
 from tests.polling import apoll_until
 
 pytestmark = [pytest.mark.cometbft, pytest.mark.kubo, pytest.mark.slow]
@@ -79,7 +81,7 @@ class Federation:
     members: tuple[str, ...]
 
 
-def _config(members: tuple[str, ...]) -> AgreedConfig:
+def _config(members: tuple[str, ...], **settings: Any) -> AgreedConfig:
     return AgreedConfig(
         members=members,
         min_peers=3,
@@ -89,21 +91,31 @@ def _config(members: tuple[str, ...]) -> AgreedConfig:
         fetch_timeout=20.0,
         announce_interval=0.1,
         learning_rate=0.5,
+        **settings,
     )
+
+
+SLICED = {"aggregation": "reduce-scatter", "chunk_bytes": 65_536, "reducer_timeout": 15.0}
+"""Reduce-scatter settings: D_SLICED values make 4 chunks of 64 KiB (a slice each)."""
+D_SLICED = 65_536
 
 
 @pytest.fixture
 async def federation(
     request: pytest.FixtureRequest, kubo_swarm4: list[Any], cometbft_binary: Path
 ) -> AsyncIterator[Federation]:
-    """Four members; the chain's block timing is the test's parameter, if any."""
-    timing: BlockTiming = getattr(request, "param", DEFAULT_TIMING)
+    """Four members; the test's parameter, if any: the chain's block timing, or settings."""
+    param = getattr(request, "param", DEFAULT_TIMING)
+    timing = param if isinstance(param, BlockTiming) else DEFAULT_TIMING
+    settings: dict[str, Any] = {} if isinstance(param, BlockTiming) else dict(param)
+    faults = settings.pop("faults", lambda members: {})  # members -> {index: SliceFaults}
     nodes = kubo_swarm4
     members = tuple(n.peer_id for n in nodes)
-    config = _config(members)
+    config = _config(members, **settings)
     stores = [KuboBlockStore(n.api_url, timeout=30.0) for n in nodes]
     pubsubs = [KuboPubsub(n.api_url) for n in nodes]
-    model = np.random.default_rng(7).standard_normal(D).astype(np.float32)
+    d = D_SLICED if settings.get("aggregation") == "reduce-scatter" else D
+    model = np.random.default_rng(7).standard_normal(d).astype(np.float32)
     genesis = await AgreedSession.commit_genesis(stores[0], model)
     network = CometNetwork(4, binary=cometbft_binary, timing=timing)
     sessions: list[AgreedSession] = []
@@ -121,8 +133,9 @@ async def federation(
         await asyncio.to_thread(network.wait_for_height, 1, timeout=30)
         for store, pubsub, validator in zip(stores, pubsubs, network, strict=True):
             session = AgreedSession(
-                store, pubsub, SESSION, genesis, config, validator_rpc=validator.rpc_url
-            )
+                store, pubsub, SESSION, genesis, config, validator_rpc=validator.rpc_url,
+                faults=faults(members).get(len(sessions)),
+            )  # fmt: skip
             await session.start(model)
             sessions.append(session)
         yield Federation(sessions, stores, pubsubs, network, genesis, members)
@@ -136,14 +149,15 @@ async def federation(
             await store.aclose()
 
 
-def _gradient(peer: int, r: int) -> np.ndarray[Any, np.dtype[np.float32]]:
-    return np.random.default_rng([peer, r]).standard_normal(D).astype(np.float32)
+def _gradient(peer: int, r: int, d: int = D) -> np.ndarray[Any, np.dtype[np.float32]]:
+    return np.random.default_rng([peer, r]).standard_normal(d).astype(np.float32)
 
 
 async def _round(fed: Federation, r: int, who: list[int]) -> list[AgreedRoundResult]:
+    d = fed.sessions[0].model.size
     return list(
         await asyncio.gather(
-            *(fed.sessions[i].run_round(_gradient(i, r), weight=1 + i) for i in who)
+            *(fed.sessions[i].run_round(_gradient(i, r, d), weight=1 + i) for i in who)
         )
     )
 
@@ -181,6 +195,69 @@ async def test_three_rounds_reach_one_record_on_every_member(federation: Federat
     headers = [v.rpc("block", height=str(height))["block"]["header"] for v in fed.network]
     hashes = {header["app_hash"] for header in headers}
     assert len(hashes) == 1
+
+
+@pytest.mark.parametrize("federation", [SLICED], indirect=True)
+async def test_reduce_scatter_rounds_on_the_chain_equal_the_all_to_all_update(
+    federation: Federation,
+) -> None:
+    """The chain decides the roster from attested roots; the reducers' slices make the model.
+
+    Each round's model is the all-to-all update of its roster (recomputed here), every
+    validator's app finalizes the record, which names one slice record per member, and the
+    chain of records re-verifies (slices re-aggregated) from the head.
+    """
+    fed = federation
+    base = fed.sessions[0].model.copy()
+    for r in range(2):
+        result = _one_record(await _round(fed, r, [0, 1, 2, 3]))
+        assert result.aggregation == "reduce-scatter"
+        assert len(result.slices) == 4
+        assert not result.missing
+        entries = result.roster.entries
+        grads = [_gradient(fed.members.index(e.peer), r, D_SLICED) for e in entries]
+        want = deterministic_update(base, grads, [e.weight for e in entries], 0.5)
+        assert np.array_equal(fed.sessions[3].model, want)
+        base = want
+        views = [await _app_view(fed, i, r) for i in range(4)]
+        assert {(v.status, v.record) for v in views} == {("final", str(result.record))}
+    records = await verify_agreed_history(
+        fed.stores[2], result.record, session=SESSION, genesis=fed.genesis
+    )
+    assert [rec.round for rec in records] == [0, 1]
+    assert all(rec.slices is not None and len(rec.slices) == 4 for rec in records)
+
+
+@pytest.mark.parametrize(
+    "federation", [{**SLICED, "faults": lambda members: {1: Censor(members[2])}}], indirect=True
+)
+async def test_a_false_missing_claim_on_the_chain_drops_nobody_and_names_the_claimant(
+    federation: Federation,
+) -> None:
+    """Issue 32, attack 6, on the chain: member 1 claims in every slice it reduces that it could
+    not fetch member 2's. Member 2 stays in every roster and slice; the claimant is rejected;
+    the honest three finalize one record per round (the claimant's result is not theirs)."""
+    fed, censor, victim = federation, 1, federation.members[2]
+    base = fed.sessions[0].model.copy()
+    for r in range(2):
+        d = D_SLICED
+        outcomes = await asyncio.gather(
+            *(s.run_round(_gradient(i, r, d), weight=1 + i) for i, s in enumerate(fed.sessions)),
+            return_exceptions=True,  # the claimant's own view of the round is its business
+        )
+        honest = [o for i, o in enumerate(outcomes) if i != censor]
+        assert all(isinstance(o, AgreedRoundResult) for o in honest), outcomes
+        results = [o for o in honest if isinstance(o, AgreedRoundResult)]
+        result = _one_record(results)
+        assert victim in result.roster.peers
+        assert result.missing == ()
+        assert all("false missing claim" in o.rejected[fed.members[censor]] for o in results)
+        entries = result.roster.entries
+        grads = [_gradient(fed.members.index(e.peer), r, d) for e in entries]
+        base = deterministic_update(base, grads, [e.weight for e in entries], 0.5)
+        assert np.array_equal(fed.sessions[0].model, base)
+        views = [await _app_view(fed, i, r) for i in range(4)]
+        assert {(v.status, v.record) for v in views} == {("final", str(result.record))}
 
 
 async def _hijack_roster(fed: Federation, r: int, base: CID) -> bytes:

@@ -235,10 +235,8 @@ class AgreedConfig:
             raise InvalidGradient("learning_rate must be finite")
         if self.aggregation not in AGGREGATIONS:
             raise InvalidGradient(f"aggregation must be one of {AGGREGATIONS}")
-        if self.control not in CONTROLS or (
-            self.control == "cometbft" and self.aggregation != "all-to-all"
-        ):
-            raise InvalidGradient(f"control must be one of {CONTROLS} (cometbft: all-to-all)")
+        if self.control not in CONTROLS:
+            raise InvalidGradient(f"control must be one of {CONTROLS}")
         values_per_chunk(self.chunk_bytes)  # checks its range
         self._check_timing()
         if self.model_replicas is not None and self.model_replicas < 1:

@@ -333,7 +333,7 @@ class AgreedSession:
             members=self._members,
         )  # fmt: skip
         aggregate = AggregateStep(self.store, board, slicing)
-        control = await self._open_control(roster)
+        control = await self._open_control(roster, sliced=slicing is not None)
         self._started = _Started(board, messages, roster, aggregate, slicing, control)
         heard = self.pubsub.subscribe(self.topic)
         self._tasks = [
@@ -341,21 +341,16 @@ class AgreedSession:
             asyncio.create_task(self._announcer.run()),
         ]
 
-    async def _open_control(self, roster: RosterPhase) -> RoundControl:
+    async def _open_control(self, roster: RosterPhase, *, sliced: bool) -> RoundControl:
         """Return the session's control plane (``config.control``; see :mod:`.control`)."""
         if self.validator_rpc is None or self.config.control != "cometbft":
             return PubsubControl(roster)
         signer = await self.pubsub.signer()
         rpc = CometRpc(self.validator_rpc)
         return CometControl(
-            rpc,
-            signer,
-            self.session,
-            self.genesis,
-            self._fetcher,
-            self._members,
-            board=roster.board,
-        )
+            rpc, signer, self.session, self.genesis, self._fetcher, self._members,
+            board=roster.board, sliced=sliced,
+        )  # fmt: skip
 
     async def _open_slicing(self) -> SliceStep | None:
         """Decide the session's mode (:func:`~.slicing.choose_slicing`, logged); start its step.

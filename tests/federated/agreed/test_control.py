@@ -1,4 +1,4 @@
-"""The control-plane setting: pubsub by default, cometbft only with a validator, all-to-all."""
+"""The control-plane setting: pubsub by default, cometbft only with a validator, any aggregation."""
 
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ def test_control_is_pubsub_unless_asked() -> None:
     assert AgreedConfig(members=MEMBERS, control="cometbft").control == "cometbft"
     with pytest.raises(InvalidGradient, match="control"):
         AgreedConfig(members=MEMBERS, control="raft")  # type: ignore[arg-type]
-    with pytest.raises(InvalidGradient, match="all-to-all"):
-        AgreedConfig(members=MEMBERS, control="cometbft", aggregation="reduce-scatter")
+    for aggregation in ("reduce-scatter", "auto"):
+        config = AgreedConfig(members=MEMBERS, control="cometbft", aggregation=aggregation)
+        assert (config.control, config.aggregation) == ("cometbft", aggregation)
 
 
 async def test_a_cometbft_session_needs_its_validator() -> None:

@@ -165,6 +165,11 @@ class CometControl:
     board
         What the session heard on pubsub: contributions there are attested once they verify,
         before the chain lists them (``None``: only the chain's are attested).
+    sliced
+        Reduce-scatter rounds: ``fetcher`` checks roots only (a chunked contribution's
+        manifest), so an attestation says its root verified and is served; the reducers fetch
+        the slices after the chain's roster, as on the pubsub plane. The roster is never
+        guessed (a sliced run on a guess the chain overrules would have to be run again).
     """
 
     def __init__(
@@ -177,8 +182,10 @@ class CometControl:
         members: MemberTracker | None = None,
         *,
         board: RoundBoard | None = None,
+        sliced: bool = False,
     ) -> None:
         self.rpc, self._signer, self._fetcher, self._board = rpc, signer, fetcher, board
+        self._sliced = sliced
         self._session, self._genesis = session, genesis
         self._members = members
         self._guessed: dict[int, bytes] = {}  # round -> digest of the roster guessed
@@ -332,7 +339,8 @@ class CometControl:
         deadline = ctx.started + ctx.config.round_timeout
         await self._submit(tx, f"round {r} contribution", deadline)
         _phase(r, "contribution sent")
-        attesting = _Attesting({ctx.peer}, {}, asyncio.Event(), ctx.config.admission is None)
+        guessing = ctx.config.admission is None and not self._sliced
+        attesting = _Attesting({ctx.peer}, {}, asyncio.Event(), guessing)
         self._forget_before(r)
         try:
             seen, next_look = 0, 0.0
@@ -581,7 +589,10 @@ class CometControl:
                 attesting.committed.set()
 
     async def _adopt(self, ctx: RoundContext, view: RoundView, deadline: float) -> AdoptedRoster:
-        """Fetch the decided roster's contributions (retrying until ``deadline``); adopt it."""
+        """Fetch the decided roster's contributions (retrying until ``deadline``); adopt it.
+
+        Reduce-scatter: their roots, checked; the slices are the aggregate step's.
+        """
         lines: tuple[RosterLine, ...] = view.roster or ()
         gradients = [await self._values(ctx, line, deadline) for line in lines]
         entries = {  # each entry signed by its owner's contribution transaction
@@ -594,7 +605,8 @@ class CometControl:
         )  # fmt: skip
         block = roster.to_block()
         logger.debug("round %d: chain roster %s (%d entries)", ctx.number, block.cid, len(lines))
-        return AdoptedRoster(block.cid, roster, block, tuple(gradients), member_set)
+        values = None if self._sliced else tuple(gradients)
+        return AdoptedRoster(block.cid, roster, block, values, member_set)
 
     def _member_set(self, view: RoundView) -> tuple[MemberSet, CID] | None:
         """Return the ``gradfed.members`` record of the change the round's close made, if any.
