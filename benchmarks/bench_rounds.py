@@ -521,7 +521,9 @@ def comet_main(args: argparse.Namespace) -> None:
     """``--control cometbft``: agreed rounds on a chain against the pubsub plane, per block."""
     timings = {arm: block_timing(arm) for arm in args.block_intervals}
     print(f"agreed round latency, pubsub vs CometBFT control plane, d = {args.dim:,} floats,"
+          f" {args.aggregation} on both planes,"
           f" one process + one Kubo daemon (+ one validator and its app) per peer")  # fmt: skip
+    aggregation = args.aggregation
     print(f"{time.strftime('%Y-%m-%d %H:%M')}, load average {load()}")
     for arm, timing in timings.items():
         print(
@@ -532,15 +534,18 @@ def comet_main(args: argparse.Namespace) -> None:
         with KuboSwarm(n) as swarm:
             genesis = str(asyncio.run(model_cid(initial_model(args.dim))))
             tag = f"wa{n}-{os.getpid()}"
-            run_protocol(swarm, "agreed", args.dim, WARMUP_ROUNDS, 0.0, tag, args.done_timeout)
+            run_protocol(
+                swarm, "agreed", args.dim, WARMUP_ROUNDS, 0.0, tag, args.done_timeout, aggregation
+            )
             arms: dict[str, list[list[tuple[float, int]]]] = {"pubsub": []}
             arms.update({f"comet {arm}": [] for arm in timings})
             blocks = {arm: (0, 0.0) for arm in timings}  # blocks made, seconds, over the arm
             for block in range(args.blocks):  # alternated: every arm sees the same load drift
                 tag = f"{n}-{block}-{os.getpid()}"
                 groups, _, _ = run_protocol(
-                    swarm, "agreed", args.dim, args.rounds, 0.0, f"ap{tag}", args.done_timeout
-                )
+                    swarm, "agreed", args.dim, args.rounds, 0.0, f"ap{tag}", args.done_timeout,
+                    aggregation,
+                )  # fmt: skip
                 arms["pubsub"] += groups
                 for index, (arm, timing) in enumerate(timings.items()):
                     session_tag = f"ac{index}-{tag}"
@@ -551,7 +556,8 @@ def comet_main(args: argparse.Namespace) -> None:
                         first, t = network[0].latest()[0], time.monotonic()
                         groups, _, _ = run_protocol(
                             swarm, "agreed-comet", args.dim, args.rounds, 0.0, session_tag,
-                            args.done_timeout, validators=[v.rpc_url for v in network],
+                            args.done_timeout, aggregation,
+                            validators=[v.rpc_url for v in network],
                         )  # fmt: skip
                         made, seconds = blocks[arm]
                         last = network[0].latest()[0]

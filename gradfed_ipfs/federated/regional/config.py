@@ -10,12 +10,14 @@ from multiformats import CID
 
 from ..._types import CIDLike, FloatArray
 from ...cid import parse_cid
+from ...cometbft.abci import RoundsGenesis
 from ...errors import ConfigError
 from ...formats.agreed.roster import Roster
 from ...formats.pubsub import session_topic
-from ...formats.regional import COMBINES, MAX_REGION_CHARS, MAX_REGIONS, Combine
+from ...formats.regional import COMBINES, MAX_REGION_CHARS, MAX_REGIONS, Combine, region_session
 from ...tensor.regional import combine_region_means, region_mean
-from ..agreed.config import AgreedConfig
+from ..agreed.config import CONTROLS, AgreedConfig, Control
+from ..agreed.control import rounds_genesis
 
 __all__ = [
     "REGION_MEAN",
@@ -111,6 +113,12 @@ class RegionalConfig:
         As in :class:`~gradfed_ipfs.federated.agreed.config.AgreedConfig`, per region.
     round_timeout
         Bound on each region's roster, and on hearing every combined region's record.
+    control
+        Where each region decides its rounds: ``"pubsub"``, or ``"cometbft"``: a chain of
+        the region's members per region (:meth:`chain_genesis`; each peer passes its own
+        validator to :class:`~.session.RegionalSession`). The votes and the combine stay on
+        the top-level pubsub topic: with every region's record final on its chain, honest
+        members of a region all vote for the same record.
     """
 
     regions: Mapping[str, str]
@@ -123,6 +131,7 @@ class RegionalConfig:
     announce_interval: float = 0.25
     max_announce_interval: float = 1.0
     fetch_timeout: float = 30.0
+    control: Control = "pubsub"
     _members: dict[str, tuple[str, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -144,6 +153,8 @@ class RegionalConfig:
             raise ConfigError(f"no peer is in an allowed region {allowed}")
         if self.min_peers is not None and self.min_peers < 1:
             raise ConfigError(f"min_peers must be >= 1, got {self.min_peers}")
+        if self.control not in CONTROLS:
+            raise ConfigError(f"control must be one of {CONTROLS}, got {self.control!r}")
         object.__setattr__(self, "allowed", allowed)
         object.__setattr__(self, "regions", dict(self.regions))
         object.__setattr__(self, "_members", {r: tuple(sorted(p)) for r, p in members.items()})
@@ -184,7 +195,18 @@ class RegionalConfig:
             fetch_timeout=self.fetch_timeout,
             rule=REGION_MEAN,
             model_every=1,  # the other regions fetch each round's region mean by its CID
+            control=self.control,
         )
+
+    def chain_genesis(self, session: str, genesis: CIDLike, region: str) -> RoundsGenesis:
+        """Return the genesis of ``region``'s round chain (``control="cometbft"``).
+
+        Its validators are the region's members (bind each to its peer ID as for an agreed
+        session); the chain decides the rounds of the region session
+        :func:`~gradfed_ipfs.formats.regional.region_session` names.
+        """
+        chain = region_session(session, region)
+        return rounds_genesis(chain, parse_cid(genesis), self.agreed(region))
 
 
 @dataclass(frozen=True)

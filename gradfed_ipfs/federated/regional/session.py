@@ -106,6 +106,9 @@ class RegionalSession:
         :meth:`AgreedSession.commit_genesis`): it fixes d and names every region session.
     config
         Regions, combine mode and timing.
+    validator_rpc
+        With ``config.control == "cometbft"``: ``http://127.0.0.1:PORT`` of this peer's own
+        validator of its region's chain (:meth:`~.config.RegionalConfig.chain_genesis`).
     """
 
     def __init__(
@@ -115,8 +118,11 @@ class RegionalSession:
         session: str,
         genesis: CIDLike,
         config: RegionalConfig,
+        *,
+        validator_rpc: str | None = None,
     ) -> None:
         self.store = store
+        self.validator_rpc = validator_rpc
         self.pubsub = pubsub
         self.session = session
         self.genesis = parse_cid(genesis)
@@ -163,6 +169,7 @@ class RegionalSession:
             region_session(self.session, region),
             self.genesis,
             self.config.agreed(region),
+            validator_rpc=self.validator_rpc,
         )
         self._board = VoteBoard(self.session, self.genesis, self.config.regions, self.pubsub.keys)
         await self._region.start(model)

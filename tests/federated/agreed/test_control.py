@@ -12,6 +12,7 @@ from gradfed_ipfs.federated.agreed import (
     AgreedSession,
     rounds_genesis,
 )
+from gradfed_ipfs.federated.regional import RegionalConfig, RegionalSession
 from gradfed_ipfs.kubo import MemoryPubsubBus
 from gradfed_ipfs.storage import MemoryBlockStore
 
@@ -43,3 +44,23 @@ async def test_the_chain_genesis_follows_the_session_config() -> None:
     chain = rounds_genesis("s", genesis, config)
     assert chain == RoundsGenesis("s", str(genesis), MEMBERS, 3, 2500, 7)
     assert (chain.members, chain.f) == (MEMBERS, 1)
+
+
+async def test_regions_take_the_control_plane_and_each_has_its_own_chain_genesis() -> None:
+    regions = {"peer-a": "eu", "peer-b": "eu", "peer-c": "us"}
+    config = RegionalConfig(regions, control="cometbft", min_peers=2)
+    assert {config.agreed(r).control for r in ("eu", "us")} == {"cometbft"}
+    store = MemoryBlockStore()
+    genesis = await AgreedSession.commit_genesis(store, np.zeros(4, np.float32))
+    chain = config.chain_genesis("lab", genesis, "eu")
+    assert (chain.session, chain.members, chain.min_peers) == (
+        "lab/region/eu",
+        ("peer-a", "peer-b"),
+        2,
+    )
+    with pytest.raises(ConfigError, match="control"):
+        RegionalConfig(regions, control="raft")  # type: ignore[arg-type]
+    bus = MemoryPubsubBus()
+    session = RegionalSession(store, bus.endpoint("peer-c"), "lab", genesis, config)
+    with pytest.raises(ConfigError, match="validator_rpc"):
+        await session.start(np.zeros(4, np.float32))
