@@ -677,18 +677,22 @@ class InsufficientPeers(FederatedError):
 class QuorumNotReached(InsufficientPeers):
     """An agreed round adopted no roster of at least ``need`` contributions by its deadline.
 
-    ``have`` counts the verified contributions (this peer's included) it held then.
+    ``have`` counts the verified contributions (this peer's included) it held then; a caller
+    that counts something else (a regional round: region records with enough votes) says what
+    in ``detail``.
     """
 
-    def __init__(self, round_number: int, have: int, need: int) -> None:
+    def __init__(
+        self, round_number: int, have: int, need: int, *, detail: str | None = None
+    ) -> None:
         super().__init__(round_number, need, have)
         self.round = round_number
         self.have = have
         self.need = need
-        self.args = (
-            f"round {round_number}: no roster with >= {need} contributions before the deadline "
-            f"(this peer saw {have})",
+        what = detail or (
+            f"no roster with >= {need} contributions before the deadline (this peer saw {have})"
         )
+        self.args = (f"round {round_number}: {what}",)
 
 
 class RoundMismatch(FederatedError):

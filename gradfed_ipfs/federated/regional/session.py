@@ -272,7 +272,10 @@ class RegionalSession:
                 self._name_other_votes(r, found, rejected)
                 return found
             if time.monotonic() >= deadline:
-                raise QuorumNotReached(r, len(found), len(combined))
+                missing = ", ".join(c for c in combined if c not in found)
+                raise QuorumNotReached(r, len(found), len(combined), detail=(
+                    f"no record of region(s) {missing} had enough signed votes by the deadline"
+                ))  # fmt: skip
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), 0.05)
 
