@@ -33,7 +33,10 @@ import numpy as np
 from .._types import FloatArray
 from ..adapters.layout import Layout
 from ..adapters.numpy import flatten, unflatten_list
+from ..cometbft.abci import RoundsGenesis
 from ..errors import ConfigError, GradfedError, InvalidGradient, QuorumNotReached, RoundMismatch
+from ..federated.agreed.control import rounds_genesis
+from ..federated.agreed.history import model_cid
 from ..federated.agreed.members import HeldRequest
 from ..federated.agreed.session import AgreedConfig, AgreedSession
 from ..federated.exchange.fetcher import check_values
@@ -302,6 +305,9 @@ class Peer(Generic[M]):
         With ``agreed.admission``: called once with each join, approval or leave this peer
         newly holds (:class:`~gradfed_ipfs.federated.agreed.members.HeldRequest`, agreed
         round numbers); the next roster it makes can carry it.
+    validator_rpc
+        With ``agreed.control == "cometbft"``: ``http://127.0.0.1:PORT`` of this member's own
+        validator (the chain's genesis: :meth:`chain_genesis`).
 
     With ``agreed.admission`` the member set changes from round to round (joins, leaves,
     evictions; :mod:`gradfed_ipfs.federated.agreed.membership`): each round samples from its
@@ -325,6 +331,7 @@ class Peer(Generic[M]):
         privacy: LocalDP | None = None,
         approvals: Callable[[], Collection[str]] | None = None,
         on_request: Callable[[HeldRequest], None] | None = None,
+        validator_rpc: str | None = None,
     ) -> None:
         if node is not None and store is None and pubsub is None:
             store, pubsub = node.store, node.pubsub
@@ -339,6 +346,7 @@ class Peer(Generic[M]):
         if agreed.admission is not None and isinstance(self.strategy, SecAgg):
             raise ConfigError("SecAgg needs a fixed member set (AgreedConfig.admission=None)")
         self.approvals, self.on_request = approvals, on_request
+        self.validator_rpc = validator_rpc
         self.client, self.adapter, self.config = client, adapter, config
         self.store, self.pubsub, self.session_name = store, pubsub, session
         initial = np.array(adapter.to_vector(initial_model), np.float32).reshape(-1)
@@ -365,6 +373,15 @@ class Peer(Generic[M]):
         self.session: AgreedSession | None = None
         self._ahead: tuple[int, asyncio.Task[_LocalWork]] | None = None
         self._leaving: asyncio.Task[None] | None = None
+
+    async def chain_genesis(self) -> RoundsGenesis:
+        """Return the genesis of this session's round chain (``agreed.control="cometbft"``).
+
+        The same on every member (it names the genesis model, metrics tail included, and the
+        agreed settings); bind each member's validator to it before :meth:`run`.
+        """
+        genesis = await model_cid(self._genesis_vector)
+        return rounds_genesis(self.session_name, genesis, self.agreed)
 
     @property
     def model_vector(self) -> FloatArray:
@@ -407,7 +424,7 @@ class Peer(Generic[M]):
         genesis = await AgreedSession.commit_genesis(self.store, self._genesis_vector)
         session = self.session = AgreedSession(
             self.store, self.pubsub, self.session_name, genesis, self.agreed,
-            on_request=self.on_request,
+            on_request=self.on_request, validator_rpc=self.validator_rpc,
         )  # fmt: skip
         await session.start(self._genesis_vector, joining=join)
         history = History(
