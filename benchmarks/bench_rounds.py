@@ -61,8 +61,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gradfed_ipfs.cometbft import DEFAULT_TIMING, BlockTiming, CometNetwork  # noqa: E402
-from gradfed_ipfs.cometbft.abci import validator_binding  # noqa: E402
+from gradfed_ipfs.cometbft import (  # noqa: E402
+    DEFAULT_TIMING,
+    BlockTiming,
+    CometNetwork,
+    launch_session_chain,
+)
 from gradfed_ipfs.errors import InsufficientPeers  # noqa: E402
 from gradfed_ipfs.federated.agreed import rounds_genesis  # noqa: E402
 from gradfed_ipfs.federated.agreed.history import model_cid  # noqa: E402
@@ -156,25 +160,19 @@ def start_chain(
     """Start ``len(swarm)`` validators for ``session``, each bound to its daemon's peer ID."""
     members = [d.peer_id for d in swarm]
     network = CometNetwork(len(swarm), timing=timing)
-    entries = network.prepare()
-
-    async def bindings() -> tuple[bytes, ...]:
-        signed = []
-        for daemon, entry in zip(swarm, entries, strict=True):
-            pubsub = KuboPubsub(daemon.api_url)
-            signer = await pubsub.signer()
-            signed.append(
-                await validator_binding(signer, session, network.chain_id, entry.key_bytes, 0)
-            )
-            await pubsub.aclose()
-        return tuple(signed)
-
     config = agreed_config(members, done_timeout, "all-to-all")
-    chain = dataclasses.replace(
-        rounds_genesis(session, genesis, config), bindings=asyncio.run(bindings())
-    )
-    network.launch(chain.to_dict())
-    network.wait_for_height(1, timeout=120)
+
+    async def launch() -> None:
+        pubsubs = [KuboPubsub(daemon.api_url) for daemon in swarm]
+        try:
+            signers = [await pubsub.signer() for pubsub in pubsubs]
+            chain = rounds_genesis(session, genesis, config)
+            await launch_session_chain(network, chain, signers, timeout=120)
+        finally:
+            for pubsub in pubsubs:
+                await pubsub.aclose()
+
+    asyncio.run(launch())
     return network
 
 

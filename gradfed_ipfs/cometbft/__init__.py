@@ -12,6 +12,7 @@ from .binary import COMETBFT_VERSION, default_cometbft_path, find_cometbft_binar
 from .config import DEFAULT_TIMING, BlockTiming, GenesisValidator
 from .finality import Finality, FinalityBundle, export_finality, verify_finality
 from .rpc import BroadcastResult, CometRpc, QueryResult, comet_call
+from .session_chain import launch_session_chain
 from .validator import CometNetwork, Validator, live_validator_pids
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "default_cometbft_path",
     "export_finality",
     "find_cometbft_binary",
+    "launch_session_chain",
     "live_validator_pids",
     "verify_finality",
 ]

@@ -30,6 +30,7 @@ from gradfed_ipfs.cometbft import (
     CometRpc,
     FinalityBundle,
     export_finality,
+    launch_session_chain,
     verify_finality,
 )
 from gradfed_ipfs.cometbft.abci import (
@@ -37,7 +38,6 @@ from gradfed_ipfs.cometbft.abci import (
     attestation_tx,
     contribution_tx,
     result_tx,
-    validator_binding,
 )
 from gradfed_ipfs.cometbft.abci.pb.cometbft.types.v1 import types_pb2, validator_pb2
 from gradfed_ipfs.errors import (
@@ -121,16 +121,8 @@ async def federation(
     sessions: list[AgreedSession] = []
     try:
         # Each member binds its validator's key to its peer ID: a statement its daemon signs.
-        entries = await asyncio.to_thread(network.prepare)
-        bindings = [
-            await validator_binding(
-                await pubsub.signer(), SESSION, network.chain_id, entry.key_bytes, 0
-            )
-            for pubsub, entry in zip(pubsubs, entries, strict=True)
-        ]
-        chain = replace(rounds_genesis(SESSION, genesis, config), bindings=tuple(bindings))
-        await asyncio.to_thread(network.launch, chain.to_dict())
-        await asyncio.to_thread(network.wait_for_height, 1, timeout=30)
+        signers = [await pubsub.signer() for pubsub in pubsubs]
+        await launch_session_chain(network, rounds_genesis(SESSION, genesis, config), signers)
         for store, pubsub, validator in zip(stores, pubsubs, network, strict=True):
             session = AgreedSession(
                 store, pubsub, SESSION, genesis, config, validator_rpc=validator.rpc_url,

@@ -29,9 +29,9 @@ from gradfed_ipfs.cometbft import (
     FinalityBundle,
     Validator,
     export_finality,
+    launch_session_chain,
     verify_finality,
 )
-from gradfed_ipfs.cometbft.abci import validator_binding
 from gradfed_ipfs.errors import FinalityNotProven, RoundVerificationFailed
 from gradfed_ipfs.federated.agreed import AgreedSession, rounds_genesis, verify_final_record
 from gradfed_ipfs.federated.agreed.control import check_chain_member_sets
@@ -151,14 +151,8 @@ async def test_ten_rounds_with_a_join_by_list_a_join_by_vote_and_a_leave_end_on_
     peers: list[Peer] = []
     try:
         genesis = await AgreedSession.commit_genesis(store, initial_model(DIM))
-        entries = await asyncio.to_thread(network.prepare)
-        bindings = [  # each founder's daemon signs its validator's key
-            await validator_binding(await p.signer(), session, network.chain_id, e.key_bytes, 0)
-            for p, e in zip(pubsubs, entries, strict=True)
-        ]
-        chain = replace(rounds_genesis(session, genesis, config), bindings=tuple(bindings))
-        await asyncio.to_thread(network.launch, chain.to_dict())
-        await asyncio.to_thread(network.wait_for_height, 1, timeout=30)
+        signers = [await p.signer() for p in pubsubs]  # each founder's daemon binds its key
+        await launch_session_chain(network, rounds_genesis(session, genesis, config), signers)
         full_nodes = [await asyncio.to_thread(network.add_node) for _ in range(2)]
         joiner_keys = [_own_key(node) for node in full_nodes]
         assert not set(joiner_keys) & _validator_keys(network[0])  # full nodes first

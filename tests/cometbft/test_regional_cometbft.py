@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from multiformats import CID
 
-from gradfed_ipfs.cometbft import CometNetwork, CometRpc
-from gradfed_ipfs.cometbft.abci import RoundView, validator_binding
+from gradfed_ipfs.cometbft import CometNetwork, CometRpc, launch_session_chain
+from gradfed_ipfs.cometbft.abci import RoundView
 from gradfed_ipfs.federated.agreed import AgreedSession
 from gradfed_ipfs.federated.regional import sign_vote
 from gradfed_ipfs.federated.regional.config import regional_topic
@@ -74,17 +74,8 @@ async def _chain(
     """Start ``region``'s chain, each validator bound to its member; return member -> RPC."""
     members = config.members(region)
     network = CometNetwork(len(members), binary=binary)
-    entries = await asyncio.to_thread(network.prepare)
-    name = region_session(SESSION, region)
-    bindings = [
-        await validator_binding(
-            await pubsubs[lab_ids.index(p)].signer(), name, network.chain_id, e.key_bytes, 0
-        )
-        for p, e in zip(members, entries, strict=True)
-    ]
-    chain = replace(config.chain_genesis(SESSION, genesis, region), bindings=tuple(bindings))
-    await asyncio.to_thread(network.launch, chain.to_dict())
-    await asyncio.to_thread(network.wait_for_height, 1, timeout=30)
+    signers = [await pubsubs[lab_ids.index(p)].signer() for p in members]
+    await launch_session_chain(network, config.chain_genesis(SESSION, genesis, region), signers)
     return network, {p: v.rpc_url for p, v in zip(members, network, strict=True)}
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +17,8 @@ import numpy as np
 import pytest
 
 from gradfed_ipfs import AgreedConfig
-from gradfed_ipfs.cometbft import CometNetwork, CometRpc
-from gradfed_ipfs.cometbft.abci import RoundView, validator_binding
+from gradfed_ipfs.cometbft import CometNetwork, CometRpc, launch_session_chain
+from gradfed_ipfs.cometbft.abci import RoundView
 from gradfed_ipfs.kubo import KuboPubsub
 from gradfed_ipfs.storage import KuboBlockStore
 from gradfed_ipfs.training import Client, FederationConfig, Peer, VectorAdapter
@@ -56,9 +55,8 @@ async def test_training_peers_on_the_chain_end_on_one_record_per_round(
         rounds=ROUNDS, final_evaluation=False
     )
     try:
-        entries = await asyncio.to_thread(network.prepare)
         peers = []
-        for i, (store, pubsub, validator) in enumerate(zip(stores, pubsubs, network, strict=True)):
+        for i, (store, pubsub) in enumerate(zip(stores, pubsubs, strict=True)):
             peers.append(
                 Peer(
                     store=store,
@@ -69,21 +67,14 @@ async def test_training_peers_on_the_chain_end_on_one_record_per_round(
                     config=config,
                     agreed=agreed,
                     session=SESSION,
-                    validator_rpc=validator.rpc_url,
                 )
             )
         genesis = await peers[0].chain_genesis()
         assert {str(await p.chain_genesis()) for p in peers} == {str(genesis)}
-        bindings = [
-            await validator_binding(
-                await pubsub.signer(), SESSION, network.chain_id, e.key_bytes, 0
-            )
-            for pubsub, e in zip(pubsubs, entries, strict=True)
-        ]
-        await asyncio.to_thread(
-            network.launch, replace(genesis, bindings=tuple(bindings)).to_dict()
-        )
-        await asyncio.to_thread(network.wait_for_height, 1, timeout=30)
+        signers = [await pubsub.signer() for pubsub in pubsubs]
+        await launch_session_chain(network, genesis, signers)
+        for peer, validator in zip(peers, network, strict=True):
+            peer.validator_rpc = validator.rpc_url  # its ports are known once it is prepared
         histories = await asyncio.gather(*(p.run(linger=10.0) for p in peers))
         for r in range(ROUNDS):
             entries_r = [next(e for e in h.entries if e.round == r) for h in histories]
