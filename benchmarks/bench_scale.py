@@ -99,6 +99,7 @@ class RoundRow:
     roster: int
     aggregation: str = ""
     resync: float = 0.0
+    gc: float = 0.0
     errors: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -106,13 +107,50 @@ class RoundRow:
         verdict = "one CID" if self.records == 1 and not self.errors else "DIVERGED"
         return (
             f"N={n:>5} round={self.round} wall={self.seconds:7.2f}s (+{self.resync:5.1f}s resync) "
-            f"cpu/member={1e3 * self.cpu / n:7.1f} ms  msgs/member={self.messages / n:6.1f} "
+            f"cpu/member={1e3 * self.cpu / n:7.1f} ms (gc {1e3 * self.gc / n:5.1f})  "
+            f"msgs/member={self.messages / n:6.1f} "
             f"bytes/member={self.bytes / n / 1e3:7.1f} kB  absent={self.absent:>3} "
             f"roster={self.roster:>5}/{self.ran} {self.aggregation} "
             f"records={self.records} {verdict}  "
             f"rss={_rss() / 2**30:5.2f} GiB load={os.getloadavg()[0]:4.1f}"
             + (f"  errors={self.errors[:3]}" if self.errors else "")
         )
+
+
+class GcClock:
+    """Seconds this process spent in the cyclic garbage collector (``gc.callbacks``).
+
+    In one process holding every member the collector walks all members' objects, so its cost
+    grows as N² a round although a member's own process would hold 1/N of them.
+    """
+
+    def __init__(self) -> None:
+        self.seconds, self._started = 0.0, 0.0
+        self.by_generation = [[0, 0.0] for _ in range(3)]  # collections, seconds
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            spent = time.perf_counter() - self._started
+            self.seconds += spent
+            self.by_generation[info["generation"]][0] += 1
+            self.by_generation[info["generation"]][1] += spent
+
+
+GC_CLOCK = GcClock()
+
+
+def scale_collector(members: int) -> None:
+    """Make full collections ``members`` times rarer, as in one process per member.
+
+    A full collection walks the whole heap: here ``members`` members' objects, each member's
+    process would walk its own. Young collections cost the same per allocation either way, and
+    so does a full one every ``10 · members`` (not 10) young-generation collections.
+    """
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, 10 * members)
 
 
 def _rss() -> int:
@@ -183,6 +221,8 @@ async def _catch_up(session: AgreedSession, target: int, timeout: float = 120.0)
 async def run_scale(args: argparse.Namespace, n: int) -> list[RoundRow]:
     """Run ``args.rounds`` rounds of ``n`` members; return one row per round."""
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, _dump_tasks)
+    if not args.gc_default:
+        scale_collector(n)
     config = config_for(args, n)
     store, bus = MemoryBlockStore(), MemoryPubsubBus()
     model = np.random.default_rng(args.seed).standard_normal(args.d).astype(np.float32)
@@ -220,7 +260,7 @@ async def _one_round(
     sent = sum(t.bytes for t in transports)
     gc.collect()
     watchdog = asyncio.create_task(_watch(args.watchdog))
-    cpu, started = _cpu(), time.monotonic()
+    cpu, started, collecting = _cpu(), time.monotonic(), GC_CLOCK.seconds
     outcomes = await asyncio.gather(
         *(
             sessions[i].run_round(
@@ -261,6 +301,7 @@ async def _one_round(
         max((len(res.roster.peers) for res in results), default=0),
         ",".join(sorted({res.aggregation for res in results})),
         synced_seconds,
+        GC_CLOCK.seconds - collecting,
         [e for e in errors if not e.startswith(QuorumNotReached.__name__)] or errors,
     )
 
@@ -280,6 +321,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--watchdog", type=float, default=300.0, help="dump tasks when a round takes this long"
+    )
+    parser.add_argument(
+        "--gc-default",
+        action="store_true",
+        help="Python's collector thresholds (default: full collections N times rarer)",
     )
     parser.add_argument("--profile", type=str, default="", help="write a cProfile here")
     parser.add_argument("--log", type=str, default="", help="log gradfed_ipfs at this level")

@@ -51,11 +51,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 from multiformats import CID
@@ -75,7 +76,7 @@ from ..exchange.records import carried_or_fetched
 from .config import SliceWork
 from .context import SliceRound
 from .plan import chain_senders, chain_sum, plan_slices, reducer_rankings
-from .reducer import Reducer
+from .reducer import Reducer, Serving
 
 __all__ = ["ChainRound"]
 
@@ -140,16 +141,18 @@ class ChainRound:
             for k, (offset, length) in enumerate(plan_slices(ctx.d, count, chunk_bytes))
         ]
 
-    def serving(self, phase: int, exclude: set[str]) -> list[Coroutine[Any, Any, None]]:
-        """Return this peer's steps of ``phase`` to run (one per step it is ranked for)."""
+    def serving(self, phase: int, exclude: set[str]) -> list[Serving]:
+        """Return this peer's steps of ``phase`` (it is ranked for each), with how to run each."""
         levels = [list(level) for level in zip(*self.chains, strict=True)]
         peer = self._reducer.peer
         return [
-            self._serve_step(chain, step.j, phase, exclude, levels[step.j])
+            (step, functools.partial(
+                self._serve_step, chain, step.j, phase, exclude, levels[step.j]
+            ))
             for chain in self.chains
             for step in chain
             if peer in step.rank
-        ]
+        ]  # fmt: skip
 
     async def _serve_step(
         self,

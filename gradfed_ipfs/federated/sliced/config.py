@@ -32,6 +32,11 @@ class ReduceScatterConfig:
     """Seconds before the next-ranked peer takes over a silent reducer's slice."""
     phase_timeout: float = 120.0
     """Longest wait for any one step (all slice records, all projections)."""
+    backups: int = 16
+    """Ranks of a slice (or chained step) that wait for their turn from the phase's start. A
+    peer ranked lower for a step joins only if the step has no record ``backups ·
+    reducer_timeout`` into the phase: every peer is ranked for each of about N steps, and N
+    waiting steps a peer were O(N) work a peer a phase (O(N²) in one process)."""
     concurrency: int = DEFAULT_CONCURRENCY
     chained: bool = False
     """Reduce each slice in :func:`~.slices.chain_groups` steps along the roster

@@ -52,6 +52,7 @@ a slice record's bytes, which spare every reader one fetch per slice).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import cast
@@ -71,7 +72,7 @@ from .config import ReduceScatterConfig, ReduceScatterResult, SliceWork
 from .context import SliceRound
 from .faults import SliceFaults
 from .plan import chain_groups, plan_slices, reducer_rankings
-from .reducer import Reducer
+from .reducer import Reducer, Serving
 from .transport import (
     CountingStore,
     MemorySliceBoard,
@@ -246,12 +247,14 @@ class ReduceScatterPeer:
         """Serve this peer's slices (or chain steps) of ``phase``; return each slice's record."""
         reducer = self._reducer
         if chain is None:
-            work = [
-                reducer.serve(ctx, p, phase, exclude, parts) for p in parts if self.peer in p.rank
+            work: list[Serving] = [
+                (p, functools.partial(reducer.serve, ctx, p, phase, exclude, parts))
+                for p in parts
+                if self.peer in p.rank
             ]
         else:
             work = chain.serving(phase, exclude)
-        serving = [asyncio.create_task(w) for w in work]
+        serving = asyncio.create_task(reducer.serve_ranked(ctx, phase, work, parts))
         try:
             ok = await self.board.wait_for(
                 lambda: reducer.filled(ctx, phase, parts, len(parts)),
@@ -260,7 +263,7 @@ class ReduceScatterPeer:
             if not ok:
                 raise TimeoutError(f"phase {phase}: not every slice record arrived")
         finally:
-            await asyncio.gather(*serving)
+            await serving
         # What every record of this phase names unless its reducer missed a sender: checked
         # once here instead of N times per record.
         try:

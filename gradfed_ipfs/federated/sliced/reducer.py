@@ -10,8 +10,8 @@ its fault hooks (:mod:`.faults`) are the only place a test or benchmark makes it
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection, Hashable
-from typing import cast
+from collections.abc import Awaitable, Callable, Collection, Hashable
+from typing import TypeAlias, cast
 
 from multiformats import CID
 
@@ -37,7 +37,10 @@ from .faults import SliceFaults
 from .plan import reduce_values
 from .transport import CountingStore, MemorySliceBoard, fetch_range
 
-__all__ = ["Reducer"]
+__all__ = ["Reducer", "Serving"]
+
+Serving: TypeAlias = tuple[SliceWork, Callable[[], Awaitable[None]]]
+"""A slice (or chained step) this peer is ranked for, and how to serve it."""
 
 
 class Reducer:
@@ -283,6 +286,33 @@ class Reducer:
             return
         block, values = await self.reduce(ctx, part, exclude, announced=True)
         await self.announce(ctx, phase, part.k, block, values)
+
+    async def serve_ranked(
+        self, ctx: SliceRound, phase: int, work: list[Serving], parts: list[SliceWork]
+    ) -> None:
+        """Serve ``work``: its first ``backups`` ranks at once, the others late if needed.
+
+        A step this peer ranks ``backups`` or lower for is served (waiting its turn from then)
+        only if it has no record ``backups · reducer_timeout`` into the phase, or once every
+        slice of ``parts`` has one, not at all: N waiting steps a peer cost O(N) a phase.
+        """
+        backups = self.config.backups
+        near = [serve() for part, serve in work if part.rank[self.peer] < backups]
+        deep = [(part, serve) for part, serve in work if part.rank[self.peer] >= backups]
+        await asyncio.gather(*near, self._serve_late(ctx, phase, deep, parts))
+
+    async def _serve_late(
+        self, ctx: SliceRound, phase: int, deep: list[Serving], parts: list[SliceWork]
+    ) -> None:
+        config = self.config
+        wait = config.backups * config.reducer_timeout
+        if not deep or wait >= config.phase_timeout:  # the phase is over by then
+            return
+        if await self.board.wait_for(lambda: self.filled(ctx, phase, parts, len(parts)), wait):
+            return
+        await asyncio.gather(
+            *(serve() for part, serve in deep if not self.records(ctx, phase, part))
+        )
 
     async def announce(
         self, ctx: SliceRound, phase: int, k: int, block: Block, values: FloatArray

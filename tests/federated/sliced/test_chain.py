@@ -116,6 +116,27 @@ async def test_a_silent_first_step_is_taken_over_by_its_next_ranked_peer() -> No
     assert taken.sender == rankings[0][1]
 
 
+async def test_a_step_whose_first_ranks_are_silent_is_served_late_by_a_lower_rank() -> None:
+    r = await make_round(8, d=D)
+    groups = 2
+    rankings = reducer_rankings(bytes(r.roster_cid), 4 * groups, r.roster.peers)
+    quiet = tuple(rankings[0][:2])  # step (0, 0)'s only ranks that wait from the start
+    results, board = await run_all(r, silent=quiet, config=chained(backups=2))
+    assert {res.model_cid for res in results.values()} == {await reference(r)}
+    (taken,) = [m for m in board.messages if m.kind == "partial" and m.k == 0]
+    assert taken.sender == rankings[0][2]
+
+
+async def test_steps_with_a_live_first_rank_are_served_by_it_alone() -> None:
+    r = await make_round(8, d=D)
+    results, board = await run_all(r, config=chained(backups=1, reducer_timeout=1.0))
+    assert {res.model_cid for res in results.values()} == {await reference(r)}
+    rankings = reducer_rankings(bytes(r.roster_cid), 4 * 2, r.roster.peers)
+    steps = [m for m in board.messages if m.kind == "partial"]
+    assert sorted(m.k for m in steps) == [0, 2, 4, 6]  # each step of j = 0 once
+    assert all(m.sender == rankings[m.k][0] for m in steps)
+
+
 class _GarbagePartials(SliceFaults):
     """Announces well-formed partial records whose values are NaN (no finite sum is)."""
 

@@ -151,6 +151,19 @@ async def test_a_silent_reducer_is_replaced_by_the_next_ranked_peer() -> None:
     assert len(senders) >= 2
 
 
+async def test_a_slice_whose_first_ranks_are_silent_is_served_late_by_a_lower_rank() -> None:
+    r = await make_round(5)
+    rankings = reducer_rankings(bytes(r.roster_cid), 5, r.roster.peers)
+    quiet = tuple(rankings[0][:2])  # slice 0's only ranks that wait from the start
+    config = ReduceScatterConfig(
+        chunk_bytes=CHUNK, learning_rate=LR, reducer_timeout=0.2, phase_timeout=20, backups=2
+    )
+    results, board = await run_all(r, silent=quiet, config=config)
+    assert {res.model_cid for res in results.values()} == {await reference(r)}
+    (taken,) = [m for m in board.messages if m.kind == "slice" and m.k == 0]
+    assert taken.sender == rankings[0][2]
+
+
 async def test_a_lying_reducer_is_proven_and_its_slice_recomputed() -> None:
     r = await make_round(6)
     liar = r.roster.peers[2]
