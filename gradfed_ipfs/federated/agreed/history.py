@@ -28,6 +28,7 @@ memory bus's ``bus.keys``), with or without ``recompute``.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Final
@@ -55,7 +56,11 @@ from ...formats.agreed.roster import (
 from ...formats.statement import PEER_ID_KEYS, KeyBook
 from ...storage.base import UNSET, BlockStore, Unset
 from ...storage.dag import fetch_gradient
-from ...tensor.deterministic import deterministic_update
+from ...tensor.deterministic import (
+    finish_update,
+    partial_update,
+    update_coefficients,
+)
 from ..exchange.encoded import encode_gradient
 from ..sliced.proofs import check_partial_frauds
 from .config import UpdateRule
@@ -445,7 +450,23 @@ async def load_round_inputs(
     if base is None:
         base = (await _base_of(store, record, rule))[0]
     model = np.asarray(base, np.float32).reshape(-1)
-    packing = record.packing
+    roster = await _round_roster(store, record)
+    try:
+        gradients = await asyncio.gather(
+            *(
+                fetch_gradient(
+                    store, entry.contribution, expected_length=model.size, packing=record.packing
+                )
+                for entry in roster.entries
+            )
+        )  # concurrently: one after another, N fetches cost N bitswap round trips
+    except (BlockStoreError, DecodeError, ShapeMismatch) as exc:
+        raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
+    return roster, model, list(gradients)
+
+
+async def _round_roster(store: BlockStore, record: AgreedRecord) -> Roster:
+    """Return the roster ``record`` aggregated: its own, less a sliced round's missing senders."""
     try:
         roster = await load_roster(store, record.roster)
         if (
@@ -457,17 +478,62 @@ async def load_round_inputs(
             raise RoundVerificationFailed(f"roster {record.roster} is not round {record.round}'s")
         if record.slices is not None:
             roster = await sliced_roster(store, record, roster)
-        gradients = await asyncio.gather(
-            *(
-                fetch_gradient(
-                    store, entry.contribution, expected_length=model.size, packing=packing
-                )
-                for entry in roster.entries
-            )
-        )  # concurrently: one after another, N fetches cost N bitswap round trips
     except (BlockStoreError, DecodeError, ShapeMismatch) as exc:
         raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
-    return roster, model, list(gradients)
+    return roster
+
+
+STREAM_WINDOW: Final = 16
+"""Contributions a fedavg recompute fetches ahead (:func:`_streamed_update`): its memory is
+this many gradients, not the roster's N (a thousand members at d = 1M: 64 MB, not 4 GB)."""
+
+
+async def _streamed_update(
+    store: BlockStore, record: AgreedRecord, roster: Roster, model: FloatArray
+) -> FloatArray:
+    """Return ``deterministic_update`` of ``roster`` on ``model``, bit for bit, streamed.
+
+    The contributions are folded into a float64 partial sum in roster order as they arrive
+    (:func:`~gradfed_ipfs.tensor.deterministic.partial_update`), at most
+    :data:`STREAM_WINDOW` held at once.
+
+    Raises
+    ------
+    RoundVerificationFailed
+        If a contribution cannot be fetched or decoded, or has another length than ``model``.
+    """
+    entries = roster.entries
+    coefficients = update_coefficients([entry.weight for entry in entries])
+    fetches: deque[asyncio.Task[FloatArray]] = deque()
+
+    def fetch_next() -> None:
+        entry = entries[done + len(fetches)]
+        fetches.append(
+            asyncio.create_task(
+                fetch_gradient(
+                    store, entry.contribution, expected_length=model.size, packing=record.packing
+                )
+            )
+        )
+
+    acc: np.ndarray | None = None
+    done = 0
+    try:
+        while done < len(entries):
+            while len(fetches) < STREAM_WINDOW and done + len(fetches) < len(entries):
+                fetch_next()
+            batch = [await fetches.popleft() for _ in range(min(len(fetches), STREAM_WINDOW // 2))]
+            acc = partial_update(acc, batch, coefficients[done : done + len(batch)])
+            done += len(batch)
+    except (BlockStoreError, DecodeError, ShapeMismatch) as exc:
+        raise RoundVerificationFailed(f"round {record.round}: {exc}") from exc
+    finally:
+        for task in fetches:
+            task.cancel()
+        await asyncio.gather(*fetches, return_exceptions=True)
+    if acc is None:
+        raise RoundVerificationFailed(f"round {record.round}: its roster is empty")
+    return finish_update(acc, model, record.learning_rate)
 
 
 async def recompute_round(
@@ -505,16 +571,17 @@ async def _recompute(
             f"round {record.round} used rule {record.rule!r}, not {rule.label(record.round)!r}"
         )
     model, state = await _base_of(store, record, rule) if base is None else base
+    if rule is None or record.rule is None:  # fedavg: summed as the contributions arrive
+        model = np.asarray(model, np.float32).reshape(-1)
+        roster = await _round_roster(store, record)
+        return roster, await _streamed_update(store, record, roster, model), None
     roster, model, gradients = await load_round_inputs(store, record, base=model)
-    if rule is not None and record.rule is not None:
-        new, new_state = rule.apply(model, roster, gradients, record.learning_rate, state)
-        if (None if new_state is None else bytes(await model_cid(new_state))) != (
-            None if record.state is None else bytes(record.state)
-        ):
-            raise RoundVerificationFailed(f"round {record.round}: the rule state does not match")
-        return roster, np.ascontiguousarray(new, np.float32).reshape(-1), new_state
-    weights = [entry.weight for entry in roster.entries]
-    return roster, deterministic_update(model, gradients, weights, record.learning_rate), None
+    new, new_state = rule.apply(model, roster, gradients, record.learning_rate, state)
+    if (None if new_state is None else bytes(await model_cid(new_state))) != (
+        None if record.state is None else bytes(record.state)
+    ):
+        raise RoundVerificationFailed(f"round {record.round}: the rule state does not match")
+    return roster, np.ascontiguousarray(new, np.float32).reshape(-1), new_state
 
 
 async def _base_of(store: BlockStore, record: AgreedRecord, rule: UpdateRule | None) -> ModelState:
