@@ -343,6 +343,22 @@ class _Samples:
             )
         return spot_values(vector, plan.ranges, self.indices)
 
+    @staticmethod
+    def weighted_means(
+        plan: CheckPlan, names: list[str], seen: Mapping[str, tuple[float, ...]], ks: list[int]
+    ) -> NDArray[np.float64]:
+        """Return ``Σ (w_i / W) · seen[i][k]`` over ``names`` for each slice of ``ks`` (fedavg).
+
+        One matrix-vector product for every slice of a set of inputs, not a Python sum per
+        slice (N·S terms a peer); the check's tolerance dwarfs the summation order's rounding.
+        """
+        weights = np.array([plan.weights[name] for name in names], np.float64)
+        values = np.array([[seen[name][k] for k in ks] for name in names], np.float64)
+        means: NDArray[np.float64] = np.einsum(
+            "i,ij->j", weights / weights.sum(), values.reshape(len(names), len(ks))
+        )
+        return means
+
     def fails(
         self,
         plan: CheckPlan,
@@ -350,15 +366,19 @@ class _Samples:
         names: list[str],
         seen: Mapping[str, tuple[float, ...]],
         result: FloatArray,
+        mean: float | None = None,
     ) -> bool:
-        """Return whether slice ``k``'s ``result`` fails the check against ``seen`` values."""
+        """Return whether slice ``k``'s ``result`` fails the check against ``seen`` values.
+
+        ``mean``: fedavg's :meth:`weighted_means` of slice ``k``, when computed already.
+        """
         (lo, n), weights = plan.ranges[k], plan.weights
         base = plan.base
         if plan.rule == "fedavg":
-            z, total = self.zs[k], sum(weights[name] for name in names)
-            expected = projection(z, base[lo : lo + n]) + plan.learning_rate * sum(
-                (weights[name] / total) * seen[name][k] for name in names
-            )
+            z = self.zs[k]
+            if mean is None:
+                mean = float(self.weighted_means(plan, names, seen, [k])[0])
+            expected = projection(z, base[lo : lo + n]) + plan.learning_rate * mean
             got = projection(z, result)
             return bool(abs(got - expected) > projection_tolerance(z, result, base[lo : lo + n]))
         ix, a, b = self.indices[k], self.starts[k], self.starts[k + 1]
@@ -413,14 +433,31 @@ async def check_slices(
     false: set[str] = set()
     if authors is not None:
         false = await _check_authors(samples, seen, messages, authors, computed, peer)
-    suspects = []
-    for k, record in enumerate(records):
-        names = [name for name, _ in record.inputs]
-        if not all(name in seen for name in names):
-            continue  # unverifiable without every input's values: kept as announced
-        if samples.fails(plan, k, names, seen, results[k]):
-            suspects.append(k)
+    suspects = _suspects(plan, samples, records, results, seen)
     return SliceCheck(suspects, seen, samples.zs, samples.indices, samples.starts, frozenset(false))
+
+
+def _suspects(
+    plan: CheckPlan,
+    samples: _Samples,
+    records: Sequence[SliceRecord],
+    results: Sequence[FloatArray],
+    seen: Mapping[str, tuple[float, ...]],
+) -> list[int]:
+    """Return the slices whose result fails its check (those with every input's values)."""
+    by_inputs: dict[tuple[str, ...], list[int]] = {}
+    for k, record in enumerate(records):
+        names = tuple(name for name, _ in record.inputs)
+        if all(name in seen for name in names):  # else unverifiable: kept as announced
+            by_inputs.setdefault(names, []).append(k)
+    suspects = []
+    for names, ks in by_inputs.items():  # slices of one exclusion set share their inputs
+        means = samples.weighted_means(plan, list(names), seen, ks) if samples.zs else None
+        for i, k in enumerate(ks):
+            mean = None if means is None else float(means[i])
+            if samples.fails(plan, k, list(names), seen, results[k], mean):
+                suspects.append(k)
+    return sorted(suspects)
 
 
 async def _check_authors(
