@@ -269,7 +269,10 @@ class RoundBoard:
 
     def state(self, round_number: int) -> RoundState:
         """Return (creating) the state of a round."""
-        return self.rounds.setdefault(round_number, RoundState())
+        state = self.rounds.get(round_number)
+        if state is None:  # not setdefault: a RoundState is five containers, asked O(N) a round
+            state = self.rounds[round_number] = RoundState()
+        return state
 
     def advance(self, round_number: int) -> None:
         """Make ``round_number`` current and forget rounds before its predecessor."""
