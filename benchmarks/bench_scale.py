@@ -5,9 +5,14 @@ Every member is an asyncio task of this process on one :class:`MemoryPubsubBus` 
 divided by N is a member's CPU. Each round a seeded ``--churn`` share of the members is absent
 (it does not contribute and catches up with :meth:`AgreedSession.resync` after the round);
 ``--loss`` drops that share of every member's incoming pubsub messages (seeded). Printed per
-round: wall time, CPU per member (ms), messages and bytes published per member, how many
-distinct record CIDs the members that ran the round ended on (``one CID`` when 1), the roster
-size, and the peak RSS.
+round: wall time, CPU per member (ms; of which in the garbage collector, and in the absent
+members' catch-up), messages and bytes published per member, how many distinct record CIDs the
+members that ran the round ended on (``one CID`` when 1), the roster size, and the peak RSS.
+
+Two things keep one process close to N member processes: the collector's full collections are
+made N times rarer (:func:`scale_collector`; ``--gc-default`` keeps Python's thresholds), and
+a ``get`` of a block announced before its put waits for the put (``MemoryBlockStore(
+wait_for_puts=...)``), as Kubo's does, instead of failing and being retried.
 
 Run::
 
@@ -100,6 +105,7 @@ class RoundRow:
     aggregation: str = ""
     resync: float = 0.0
     gc: float = 0.0
+    resync_cpu: float = 0.0
     errors: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -107,7 +113,8 @@ class RoundRow:
         verdict = "one CID" if self.records == 1 and not self.errors else "DIVERGED"
         return (
             f"N={n:>5} round={self.round} wall={self.seconds:7.2f}s (+{self.resync:5.1f}s resync) "
-            f"cpu/member={1e3 * self.cpu / n:7.1f} ms (gc {1e3 * self.gc / n:5.1f})  "
+            f"cpu/member={1e3 * self.cpu / n:7.1f} ms (gc {1e3 * self.gc / n:5.1f}, "
+            f"resync {1e3 * self.resync_cpu / n:5.1f})  "
             f"msgs/member={self.messages / n:6.1f} "
             f"bytes/member={self.bytes / n / 1e3:7.1f} kB  absent={self.absent:>3} "
             f"roster={self.roster:>5}/{self.ran} {self.aggregation} "
@@ -224,7 +231,8 @@ async def run_scale(args: argparse.Namespace, n: int) -> list[RoundRow]:
     if not args.gc_default:
         scale_collector(n)
     config = config_for(args, n)
-    store, bus = MemoryBlockStore(), MemoryPubsubBus()
+    # A get waits for the put as over Kubo: members announce a contribution before its put.
+    store, bus = MemoryBlockStore(wait_for_puts=config.fetch_timeout), MemoryPubsubBus()
     model = np.random.default_rng(args.seed).standard_normal(args.d).astype(np.float32)
     genesis = await AgreedSession.commit_genesis(store, model)
     transports = [
@@ -271,6 +279,7 @@ async def _one_round(
         return_exceptions=True,
     )
     seconds = time.monotonic() - started
+    round_cpu = _cpu() - cpu
     # The absent members catch up (their CPU is counted: a real member pays it too).
     target = max((sessions[i].round for i in running), default=0)
     synced = await asyncio.gather(
@@ -302,6 +311,7 @@ async def _one_round(
         ",".join(sorted({res.aggregation for res in results})),
         synced_seconds,
         GC_CLOCK.seconds - collecting,
+        cpu - round_cpu,
         [e for e in errors if not e.startswith(QuorumNotReached.__name__)] or errors,
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import dag_cbor
@@ -22,17 +23,25 @@ class MemoryBlockStore(AsyncClosing):
     Blocks are verified on ``put`` (unless this process hashed them: ``Block.hashed``) and
     again on ``get``, always (so tests that tamper with
     :attr:`blocks` see ``BlockCorrupt``). ``get`` of a missing block raises ``BlockNotFound`` at
-    once: there is no network to wait for. Pins are tracked; :meth:`collect_garbage` drops the
-    blocks no pin protects (a pinned dag-cbor block protects what it links, as in Kubo).
+    once (there is no network to wait for) unless ``wait_for_puts`` says to wait for its put.
+    Pins are tracked; :meth:`collect_garbage` drops the blocks no pin protects (a pinned
+    dag-cbor block protects what it links, as in Kubo).
 
     Parameters
     ----------
     max_block_size
         Largest accepted block in bytes (default 2 MiB, as Kubo).
+    wait_for_puts
+        Seconds (at most the call's ``timeout``) a ``get`` of a missing block waits for a put
+        of it before ``BlockNotFound``, as Kubo's waits for bitswap: simulated members that
+        announce a CID before its put lands (``AgreedSession`` does) then fetch it once, not
+        fail and retry. 0: not at all.
     """
 
-    def __init__(self, *, max_block_size: int = MAX_BLOCK_SIZE) -> None:
+    def __init__(self, *, max_block_size: int = MAX_BLOCK_SIZE, wait_for_puts: float = 0.0) -> None:
         self.max_block_size = max_block_size
+        self.wait_for_puts = wait_for_puts
+        self._puts: dict[bytes, asyncio.Event] = {}  # a missing block's get -> set by its put
         self.blocks: dict[bytes, tuple[CID, bytes]] = {}
         self.pins: set[bytes] = set()
         self.direct: set[bytes] = set()  # pins that do not protect linked blocks
@@ -47,6 +56,9 @@ class MemoryBlockStore(AsyncClosing):
             block.verify()
         key = bytes(block.cid)
         self.blocks[key] = (block.cid, block.data)
+        waited = self._puts.pop(key, None)
+        if waited is not None:
+            waited.set()
         if pin:
             self.pins.add(key)
             self.direct.discard(key)
@@ -54,16 +66,24 @@ class MemoryBlockStore(AsyncClosing):
         return block.cid
 
     async def get(self, cid: CIDLike, *, timeout: float | Unset = UNSET) -> Block:
-        """Return the verified block; ``BlockNotFound`` at once if absent."""
+        """Return the verified block; ``BlockNotFound`` if absent (see ``wait_for_puts``)."""
         parsed = parse_cid(cid)
+        key = bytes(parsed)
         await asyncio.sleep(0)
-        try:
-            _, data = self.blocks[bytes(parsed)]
-        except KeyError:
-            raise BlockNotFound(
-                f"Block not found for CID {cid_to_str(parsed)}", cid=parsed
-            ) from None
-        return Block.from_parts(parsed, data)
+        found = self.blocks.get(key)
+        if found is None and self.wait_for_puts > 0:
+            wait = self.wait_for_puts
+            if not isinstance(timeout, Unset):
+                wait = min(timeout, wait)
+            put = self._puts.setdefault(key, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(put.wait(), wait)
+            if self._puts.get(key) is put and not put.is_set():
+                del self._puts[key]  # not put in time: forget the wait
+            found = self.blocks.get(key)
+        if found is None:
+            raise BlockNotFound(f"Block not found for CID {cid_to_str(parsed)}", cid=parsed)
+        return Block.from_parts(parsed, found[1])
 
     async def has(self, cid: CIDLike) -> bool:
         """Return whether the block is stored."""
