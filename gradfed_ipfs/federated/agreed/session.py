@@ -1060,7 +1060,7 @@ class AgreedSession:
         stored = config.stores_model(r)
         await self._parts.messages.done(r, encoded[0].cid, record.cid)
         holders = model_holders(
-            self.session, self.genesis, r, config.members, adopted.roster.peers,
+            self.session, self.genesis, r, config.members, adopted.roster.peer_set,
             config.model_replicas,
         )  # fmt: skip
         holder = self.peer_id in holders

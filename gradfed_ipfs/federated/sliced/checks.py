@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
 from multiformats import CID
@@ -197,11 +198,11 @@ class SliceChecker:
             return {
                 (k, sender): (frozenset([q for q in p.ranking if q != sender][:VERIFIERS]), p)
                 for k, (p, (_, record, sender)) in enumerate(zip(parts, chosen, strict=True))
-                if sender in {name for name, _ in record.inputs}  # not missing: its values count
+                if sender in set(map(itemgetter(0), record.inputs))  # not missing: its values count
             }
         out: dict[tuple[int, str], tuple[frozenset[str], SliceWork]] = {}
         for k, steps in enumerate(chain.chains):
-            inputs = {name for name, _ in chosen[k][1].inputs}
+            inputs = set(map(itemgetter(0), chosen[k][1].inputs))  # at C speed: N a slice
             announced = [
                 {m.sender for m in self._reducer.records(ctx, phase, step)} & inputs
                 for step in steps[:-1]

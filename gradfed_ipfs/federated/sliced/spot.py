@@ -47,6 +47,7 @@ import hashlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Final
 
 import numpy as np
@@ -353,9 +354,9 @@ class _Samples:
         slice (N·S terms a peer); the check's tolerance dwarfs the summation order's rounding.
         """
         weights = np.array([plan.weights[name] for name in names], np.float64)
-        values = np.array([[seen[name][k] for k in ks] for name in names], np.float64)
+        values = np.array([seen[name] for name in names], np.float64)  # (inputs, slices)
         means: NDArray[np.float64] = np.einsum(
-            "i,ij->j", weights / weights.sum(), values.reshape(len(names), len(ks))
+            "i,ij->j", weights / weights.sum(), values.reshape(len(names), -1)[:, ks]
         )
         return means
 
@@ -407,7 +408,7 @@ async def check_slices(
     authors' own values (``None``: every sender's values taken on its word).
     """
     samples = _Samples.of(plan)
-    inputs = {name for record in records for name, _ in record.inputs}
+    inputs = {name for record in records for name in map(itemgetter(0), record.inputs)}
     fetch_absent = wait.fetch_absent
     awaited = inputs - wait.silent if fetch_absent is not None else inputs
     stall = wait.stall if fetch_absent is not None else None  # else waiting is the only way
@@ -446,9 +447,10 @@ def _suspects(
 ) -> list[int]:
     """Return the slices whose result fails its check (those with every input's values)."""
     by_inputs: dict[tuple[str, ...], list[int]] = {}
+    heard = seen.keys()
     for k, record in enumerate(records):
-        names = tuple(name for name, _ in record.inputs)
-        if all(name in seen for name in names):  # else unverifiable: kept as announced
+        names = tuple(map(itemgetter(0), record.inputs))
+        if heard >= set(names):  # else unverifiable: kept as announced
             by_inputs.setdefault(names, []).append(k)
     suspects = []
     for names, ks in by_inputs.items():  # slices of one exclusion set share their inputs
