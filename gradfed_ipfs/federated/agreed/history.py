@@ -505,23 +505,20 @@ async def _streamed_update(
     entries = roster.entries
     coefficients = update_coefficients([entry.weight for entry in entries])
     fetches: deque[asyncio.Task[FloatArray]] = deque()
-
-    def fetch_next() -> None:
-        entry = entries[done + len(fetches)]
-        fetches.append(
-            asyncio.create_task(
-                fetch_gradient(
-                    store, entry.contribution, expected_length=model.size, packing=record.packing
-                )
-            )
-        )
-
     acc: np.ndarray | None = None
-    done = 0
+    done = started = 0
     try:
         while done < len(entries):
-            while len(fetches) < STREAM_WINDOW and done + len(fetches) < len(entries):
-                fetch_next()
+            while len(fetches) < STREAM_WINDOW and started < len(entries):
+                contribution = entries[started].contribution
+                fetches.append(
+                    asyncio.create_task(
+                        fetch_gradient(
+                            store, contribution, expected_length=model.size, packing=record.packing
+                        )
+                    )
+                )
+                started += 1
             batch = [await fetches.popleft() for _ in range(min(len(fetches), STREAM_WINDOW // 2))]
             acc = partial_update(acc, batch, coefficients[done : done + len(batch)])
             done += len(batch)

@@ -367,18 +367,16 @@ class _Samples:
         names: list[str],
         seen: Mapping[str, tuple[float, ...]],
         result: FloatArray,
-        mean: float | None = None,
+        mean: float = 0.0,
     ) -> bool:
         """Return whether slice ``k``'s ``result`` fails the check against ``seen`` values.
 
-        ``mean``: fedavg's :meth:`weighted_means` of slice ``k``, when computed already.
+        ``mean``: fedavg's :meth:`weighted_means` of slice ``k`` (the robust rules ignore it).
         """
         (lo, n), weights = plan.ranges[k], plan.weights
         base = plan.base
         if plan.rule == "fedavg":
             z = self.zs[k]
-            if mean is None:
-                mean = float(self.weighted_means(plan, names, seen, [k])[0])
             expected = projection(z, base[lo : lo + n]) + plan.learning_rate * mean
             got = projection(z, result)
             return bool(abs(got - expected) > projection_tolerance(z, result, base[lo : lo + n]))
@@ -449,15 +447,15 @@ def _suspects(
     by_inputs: dict[tuple[str, ...], list[int]] = {}
     heard = seen.keys()
     for k, record in enumerate(records):
-        names = tuple(map(itemgetter(0), record.inputs))
-        if heard >= set(names):  # else unverifiable: kept as announced
-            by_inputs.setdefault(names, []).append(k)
+        inputs = tuple(map(itemgetter(0), record.inputs))
+        if heard >= set(inputs):  # else unverifiable: kept as announced
+            by_inputs.setdefault(inputs, []).append(k)
     suspects = []
-    for names, ks in by_inputs.items():  # slices of one exclusion set share their inputs
-        means = samples.weighted_means(plan, list(names), seen, ks) if samples.zs else None
-        for i, k in enumerate(ks):
-            mean = None if means is None else float(means[i])
-            if samples.fails(plan, k, list(names), seen, results[k], mean):
+    for key, ks in by_inputs.items():  # slices of one exclusion set share their inputs
+        names = list(key)
+        means = samples.weighted_means(plan, names, seen, ks) if samples.zs else np.zeros(len(ks))
+        for k, mean in zip(ks, means.tolist(), strict=True):
+            if samples.fails(plan, k, names, seen, results[k], mean):
                 suspects.append(k)
     return sorted(suspects)
 
